@@ -1,0 +1,70 @@
+"""Algorithms, one module each, behind one small interface (:class:`Algorithm`).
+
+Registry names equal module names; ablations are aliases that preset options.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from splitfl.algorithms.base import (
+    Algorithm,
+    ClientTask,
+    ClientUpdate,
+    RoundPlan,
+    RoundResult,
+)
+from splitfl.algorithms.fedavg import FedAvg
+from splitfl.algorithms.s2fl import S2FL
+from splitfl.algorithms.splitfed_v1 import SplitFedV1
+from splitfl.algorithms.splitfed_v2 import SplitFedV2
+
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (FedAvg, SplitFedV1, SplitFedV2, S2FL)
+}
+
+#: alias -> (algorithm, preset options). S²FL ablations follow §5.4.
+ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "sfl": ("splitfed_v1", {}),
+    "s2fl+R": ("s2fl", {"adaptive_split": False, "data_balance": False}),
+    "s2fl+B": ("s2fl", {"adaptive_split": False, "data_balance": True}),
+    "s2fl+M": ("s2fl", {"adaptive_split": True, "data_balance": False}),
+    "s2fl+MB": ("s2fl", {"adaptive_split": True, "data_balance": True}),
+}
+
+
+def algorithm_names() -> list[str]:
+    return sorted(ALGORITHMS) + sorted(ALIASES)
+
+
+def resolve_algorithm(
+    name: str, options: dict[str, dict[str, Any]]
+) -> tuple[type[Algorithm], Any]:
+    """Class and validated options for ``name`` (an algorithm or an alias).
+
+    Options come from ``options[<algorithm>]``, then the alias presets, then ``options[<alias>]``.
+    """
+    from splitfl.config import ConfigError, from_dict
+
+    if name in ALIASES:
+        base, preset = ALIASES[name]
+    elif name in ALGORITHMS:
+        base, preset = name, {}
+    else:
+        raise ConfigError("algorithm", f"unknown {name!r}; allowed: {', '.join(algorithm_names())}")
+    cls = ALGORITHMS[base]
+    merged = {**options.get(base, {}), **preset, **(options.get(name, {}) if name != base else {})}
+    return cls, from_dict(cls.Options, merged, prefix=f"options.{name}.")
+
+
+__all__ = [
+    "ALGORITHMS",
+    "ALIASES",
+    "Algorithm",
+    "ClientTask",
+    "ClientUpdate",
+    "RoundPlan",
+    "RoundResult",
+    "algorithm_names",
+    "resolve_algorithm",
+]

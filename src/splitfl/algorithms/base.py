@@ -1,0 +1,156 @@
+"""The algorithm interface: a few well-named hooks around a round plan.
+
+An algorithm never trains anything itself. Each round the runner asks it to
+
+1. :meth:`Algorithm.select_clients` — who participates,
+2. :meth:`Algorithm.plan_round` — each client's cut point, group (one server-side model copy
+   per group), batch size and local steps, and how the server processes a group,
+
+then an executor (``splitfl.engine``) runs the plan and returns the trained parts, the shared
+cost model turns the work into simulated time, and the algorithm
+
+3. :meth:`Algorithm.observe` — sees each client's measured round time, and
+4. :meth:`Algorithm.aggregate` — builds the next global model (default: S²FL Algorithm 1
+   layer-wise aggregation weighted by data size, which is FedAvg when nothing is split).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from splitfl.algorithms.aggregation import layerwise_aggregate
+
+if TYPE_CHECKING:
+    from splitfl.engine.context import RunContext
+
+#: How the server trains a group's copy: ``per_step`` = every iteration, the losses of all
+#: active members are combined into one loss (S²FL Eq. 3; a group of one is SplitFed V1);
+#: ``sequential`` = members are served one after another, each for all its steps (SplitFed V2).
+SERVER_MODES = ("per_step", "sequential")
+
+
+@dataclass
+class ClientTask:
+    """One participant's work in a round."""
+
+    client: int
+    cut: int
+    group: int = 0
+    batch_size: int = 32
+    steps: int = 1
+    lr: float = 0.01
+
+
+@dataclass
+class RoundPlan:
+    """What the executor must run this round.
+
+    Attributes:
+        tasks: One task per participant.
+        server_mode: One of :data:`SERVER_MODES`.
+        group_loss: ``mean`` (every sample of the group's union weighs the same) or ``sum``
+            (sum of the members' own mean losses) — S²FL Eq. (3).
+        device_grad: ``union`` = each device receives ∂loss/∂fx_i of the group loss (Eq. 4 as
+            printed); ``own`` = rescaled to the gradient of its own mean loss.
+        order: Order in which ``sequential`` mode serves clients.
+        info: Algorithm-specific facts logged with the round's metrics.
+    """
+
+    tasks: list[ClientTask]
+    server_mode: str = "per_step"
+    group_loss: str = "mean"
+    device_grad: str = "union"
+    order: list[int] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def groups(self) -> dict[int, list[ClientTask]]:
+        out: dict[int, list[ClientTask]] = {}
+        for task in self.tasks:
+            out.setdefault(task.group, []).append(task)
+        return out
+
+
+@dataclass
+class ClientUpdate:
+    """What a client hands back: its trained device part and how much it processed."""
+
+    client: int
+    cut: int
+    group: int
+    samples: int
+    steps: int
+    state: dict[str, torch.Tensor]
+    loss_sum: float
+
+
+@dataclass
+class RoundResult:
+    """Executor output: client updates and each group's trained server-side copy."""
+
+    updates: list[ClientUpdate]
+    server_states: dict[int, dict[str, torch.Tensor]]
+
+    @property
+    def train_loss(self) -> float:
+        samples = sum(u.samples for u in self.updates)
+        return sum(u.loss_sum for u in self.updates) / max(samples, 1)
+
+
+class Algorithm:
+    """Base class: uniform client selection, Algorithm-1 aggregation, no state.
+
+    Subclasses set ``name``, ``paper`` and ``Options`` (a frozen dataclass of their options) and
+    implement :meth:`plan_round`.
+    """
+
+    name: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+    Options: ClassVar[type] = object
+
+    def __init__(self, options: Any, ctx: RunContext):
+        self.options = options
+        self.ctx = ctx
+
+    # -- hooks -------------------------------------------------------------------------------
+    def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
+        """Uniformly sample ``train.clients_per_round`` clients without replacement."""
+        n = self.ctx.num_clients
+        k = self.ctx.config.train.clients_per_round
+        return sorted(int(c) for c in rng.choice(n, size=k, replace=False))
+
+    def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
+        raise NotImplementedError(f"{type(self).__name__} must implement plan_round")
+
+    def observe(self, round_idx: int, plan: RoundPlan, client_times: dict[int, float]) -> None:
+        """Called with every participant's simulated round time (after jitter)."""
+
+    def aggregate(
+        self, global_state: dict[str, torch.Tensor], plan: RoundPlan, result: RoundResult
+    ) -> dict[str, torch.Tensor]:
+        """S²FL Algorithm 1 with weights |D_i| (reduces to FedAvg for unsplit models)."""
+        weights = {u.client: float(self.ctx.data_sizes[u.client]) for u in result.updates}
+        return layerwise_aggregate(global_state, result.updates, result.server_states, weights)
+
+    # -- checkpointing -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+    # -- helpers for subclasses --------------------------------------------------------------
+    def make_task(self, client: int, cut: int, group: int = 0) -> ClientTask:
+        """A task with the run's batch size, learning rate and local steps for ``client``."""
+        t = self.ctx.config.train
+        return ClientTask(
+            client=client,
+            cut=cut,
+            group=group,
+            batch_size=t.batch_size,
+            steps=self.ctx.local_steps(client),
+            lr=t.lr,
+        )

@@ -1,0 +1,30 @@
+"""FedAvg (McMahan et al., AISTATS 2017): every device trains the whole model.
+
+The baseline of all four papers. Each selected client runs its local steps on the full model
+(cut = number of blocks, so nothing crosses to the server but the model itself), and the server
+averages the models weighted by data size |D_i|. Round time follows the shared cost model with
+the full model (S²FL Eq. 1 with ``|Wc| = |W|``, ``q = 0`` and ``F_s = 0``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from splitfl.algorithms.base import Algorithm, RoundPlan
+
+
+@dataclass(frozen=True)
+class FedAvgOptions:
+    """FedAvg has no options of its own (batch size, lr, local epochs live in ``train``)."""
+
+
+class FedAvg(Algorithm):
+    name = "fedavg"
+    paper = "McMahan et al. 2017; baseline in S²FL §5, RingSFL §4, MergeSFL §V, ParallelSFL §5"
+    Options = FedAvgOptions
+
+    def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
+        full = self.ctx.num_blocks
+        return RoundPlan(tasks=[self.make_task(c, full, group=i) for i, c in enumerate(clients)])

@@ -1,0 +1,291 @@
+"""Experiment configuration: frozen dataclasses as the schema, YAML files, ``key=value`` overrides.
+
+Everything is checked by :func:`validate` before any work starts; a bad value raises
+:class:`ConfigError`, whose message is one line naming the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value is invalid. ``str(err)`` is one line: ``<field>: <what is allowed>``."""
+
+    def __init__(self, field_path: str, message: str):
+        super().__init__(f"{field_path}: {message}")
+        self.field_path = field_path
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Dataset and partition. ``alpha`` is the Dirichlet concentration (S²FL's ``a``,
+    MergeSFL's ``δ``); ``p = 1/δ`` may be given instead (``p = 0`` means IID)."""
+
+    dataset: str = "digits"
+    root: str | None = None
+    partition: str = "dirichlet"
+    alpha: float | None = 0.5
+    p: float | None = None
+    classes_per_client: int = 2
+    num_clients: int = 20
+    min_samples: int = 10
+
+
+@dataclass(frozen=True)
+class DevicesConfig:
+    """Device population: a preset, its High:Mid:Low composition, seeded time jitter."""
+
+    preset: str = "s2fl_table1"
+    composition: str = "uniform"
+    jitter: float = 0.0
+    label_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local training. ``local_steps`` (if set) replaces ``local_epochs`` by a fixed number of
+    iterations per round. Defaults follow S²FL §5 (batch 128, SGD lr 0.01)."""
+
+    clients_per_round: int = 10
+    batch_size: int = 128
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    local_epochs: int = 1
+    local_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 1
+    batch_size: int = 1000
+    target_accuracy: float | None = None
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    out_dir: str = "runs"
+    name: str | None = None
+    checkpoint_every: int = 10
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """One experiment. ``options`` maps an algorithm name to its options (see ``splitfl list``).
+
+    ``threads`` sets torch's intra-op threads (default 1: per-client mini-batches of small
+    models run fastest single-threaded, and busy-waiting thread pools collapse when several
+    processes share a few cores; null keeps torch's default, better for big models on CPU).
+    """
+
+    algorithm: str = "s2fl"
+    model: str = "cnn_digits"
+    rounds: int = 30
+    seed: int = 0
+    executor: str = "sequential"
+    threads: int | None = 1
+    data: DataConfig = field(default_factory=DataConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> ExperimentConfig:
+        return dataclasses.replace(self, **changes)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check/convert ``value`` to annotation ``tp`` (int, float, bool, str, X | None, dict)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], path)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"expected a mapping, got {value!r}")
+        return from_dict(tp, value, path)
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(path, f"expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(path, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(path, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(path, f"expected a string, got {value!r}")
+        return value
+    raise ConfigError(path, f"unsupported type {_type_name(tp)}")
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(path, f"unknown field; allowed: {', '.join(names)}")
+        kwargs[key] = _coerce(value, hints[key], path)
+    for name in names:
+        if name not in kwargs and dataclasses.is_dataclass(hints[name]):
+            kwargs[name] = from_dict(hints[name], {}, f"{prefix}{name}.")
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` → (["a", "b", "c"], YAML-parsed value)."""
+    if "=" not in text:
+        raise ConfigError(text, "overrides must look like key=value (e.g. train.lr=0.05)")
+    key, raw = text.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of a raw config mapping with dotted ``key=value`` overrides applied."""
+    import copy
+
+    out = copy.deepcopy(data)
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = out
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(".".join(keys), "cannot set a field inside a non-mapping value")
+        node[keys[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None):
+    """Read a YAML config (or defaults when ``path`` is None), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError("config", f"file not found: {p}")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError("config", f"{p} must hold a mapping of fields")
+        data = loaded
+    data = apply_overrides(data, overrides or [])
+    config = from_dict(ExperimentConfig, data)
+    validate(config)
+    return config
+
+
+def dump_config(config: ExperimentConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check(ok: bool, path: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(path, message)
+
+
+def _choice(value: str, allowed: list[str], path: str) -> None:
+    _check(value in allowed, path, f"unknown {value!r}; allowed: {', '.join(allowed)}")
+
+
+def validate(config: ExperimentConfig) -> None:
+    """Static checks of every field (names, ranges). Data-dependent checks (more clients than
+    samples, cut points of the model) run in :func:`splitfl.engine.context.build_context`
+    before the run directory is created."""
+    from splitfl.algorithms import algorithm_names, resolve_algorithm
+    from splitfl.data import PARTITIONERS, dataset_names
+    from splitfl.engine.executor import EXECUTORS
+    from splitfl.models import model_names
+    from splitfl.system.devices import COMPOSITIONS, PRESETS
+
+    _choice(config.algorithm, algorithm_names(), "algorithm")
+    _choice(config.model, model_names(), "model")
+    _choice(config.executor, sorted(EXECUTORS), "executor")
+    _check(
+        config.threads is None or config.threads >= 1, "threads", "must be >= 1 or null"
+    )
+    _check(config.rounds >= 1, "rounds", f"must be >= 1 (got {config.rounds})")
+    d = config.data
+    _choice(d.dataset, dataset_names(), "data.dataset")
+    _choice(d.partition, sorted(PARTITIONERS), "data.partition")
+    if d.partition == "dirichlet":
+        _check(
+            d.p is not None or d.alpha is not None, "data.alpha", "set alpha > 0 (or p >= 0)"
+        )
+        if d.p is None:
+            _check(d.alpha > 0, "data.alpha", f"must be > 0 (got {d.alpha})")
+        else:
+            _check(d.p >= 0, "data.p", f"must be >= 0 (got {d.p}); p = 1/alpha, 0 = IID")
+    _check(d.classes_per_client >= 1, "data.classes_per_client", "must be >= 1")
+    _check(d.num_clients >= 1, "data.num_clients", f"must be >= 1 (got {d.num_clients})")
+    _check(d.min_samples >= 1, "data.min_samples", f"must be >= 1 (got {d.min_samples})")
+    v = config.devices
+    _choice(v.preset, sorted(PRESETS), "devices.preset")
+    _choice(v.composition, list(COMPOSITIONS), "devices.composition")
+    _check(v.jitter >= 0, "devices.jitter", f"must be >= 0 (got {v.jitter})")
+    _check(v.label_bytes >= 0, "devices.label_bytes", "must be >= 0")
+    t = config.train
+    _check(
+        1 <= t.clients_per_round <= d.num_clients,
+        "train.clients_per_round",
+        f"must be in [1, data.num_clients={d.num_clients}] (got {t.clients_per_round})",
+    )
+    _check(t.batch_size >= 1, "train.batch_size", f"must be >= 1 (got {t.batch_size})")
+    _check(t.lr > 0, "train.lr", f"must be > 0 (got {t.lr})")
+    _check(0 <= t.momentum < 1, "train.momentum", f"must be in [0, 1) (got {t.momentum})")
+    _check(t.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+    _check(t.local_epochs >= 1, "train.local_epochs", f"must be >= 1 (got {t.local_epochs})")
+    _check(
+        t.local_steps is None or t.local_steps >= 1, "train.local_steps", "must be >= 1 or null"
+    )
+    e = config.eval
+    _check(e.every >= 1, "eval.every", "must be >= 1")
+    _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
+    _check(
+        e.target_accuracy is None or 0 < e.target_accuracy <= 1,
+        "eval.target_accuracy",
+        "must be in (0, 1] or null",
+    )
+    _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
+    for name, opts in config.options.items():
+        _choice(name, algorithm_names(), f"options.{name}")
+        _check(isinstance(opts, dict), f"options.{name}", "must be a mapping of option: value")
+    _, options = resolve_algorithm(config.algorithm, config.options)
+    del options  # resolving validates the chosen algorithm's options

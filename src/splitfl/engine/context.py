@@ -1,0 +1,151 @@
+"""Everything a run needs that does not change from round to round: data, clients, devices,
+model, cost profile. Built (and checked against the data) before any run directory exists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.data import DatasetBundle, load_dataset, partition_indices
+from splitfl.data.partition import label_histograms
+from splitfl.engine.seeding import rng_for
+from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
+from splitfl.system import ClientCost, Population, draw_population, split_client_cost
+
+
+def batch_sizes(num_samples: int, batch_size: int, steps: int) -> list[int]:
+    """Sizes of ``steps`` consecutive mini-batches cycling over epochs of ``num_samples``."""
+    per_epoch = [batch_size] * (num_samples // batch_size)
+    if num_samples % batch_size:
+        per_epoch.append(num_samples % batch_size)
+    return [per_epoch[i % len(per_epoch)] for i in range(steps)]
+
+
+@dataclass
+class RunContext:
+    config: ExperimentConfig
+    bundle: DatasetBundle
+    client_indices: list[np.ndarray]
+    label_hist: np.ndarray
+    population: Population
+    model: BlockModel
+    profile: ModelProfile
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_indices)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.model.num_blocks
+
+    @property
+    def cut_points(self) -> tuple[int, ...]:
+        return self.model.cut_points
+
+    @cached_property
+    def data_sizes(self) -> np.ndarray:
+        return np.array([len(ix) for ix in self.client_indices], dtype=np.int64)
+
+    def local_steps(self, client: int, batch_size: int | None = None) -> int:
+        """Iterations per round: ``train.local_steps`` or ``local_epochs`` epochs of batches."""
+        t = self.config.train
+        if t.local_steps is not None:
+            return t.local_steps
+        b = batch_size or t.batch_size
+        return t.local_epochs * -(-int(self.data_sizes[client]) // b)
+
+    def round_samples(self, client: int, batch_size: int, steps: int) -> int:
+        return sum(batch_sizes(int(self.data_sizes[client]), batch_size, steps))
+
+    def client_cost(self, client: int, cut: int, samples: int) -> ClientCost:
+        return split_client_cost(
+            self.profile,
+            cut,
+            samples,
+            self.population.devices[client],
+            self.population.server,
+            self.config.devices.label_bytes,
+        )
+
+    def nominal_time(self, client: int, cut: int) -> float:
+        """Eq. (1) time of ``client`` at ``cut`` with the run's batch size, no jitter."""
+        b = self.config.train.batch_size
+        samples = self.round_samples(client, b, self.local_steps(client, b))
+        return self.client_cost(client, cut, samples).time
+
+    def resolve_cut(self, cut: int | None, algorithm: str) -> int:
+        """An algorithm's ``cut`` option, or the model's last candidate cut when null."""
+        if cut is None:
+            return self.cut_points[-1]
+        if not 1 <= cut < self.num_blocks:
+            raise ConfigError(
+                f"options.{algorithm}.cut",
+                f"must be in [1, {self.num_blocks - 1}] for model {self.config.model} "
+                f"(candidates {list(self.cut_points)}); got {cut}",
+            )
+        return cut
+
+
+def _dirichlet_alpha(config: ExperimentConfig) -> tuple[str, float | None]:
+    """``p = 1/δ`` convention: p = 0 means IID."""
+    d = config.data
+    if d.partition == "dirichlet" and d.p is not None:
+        return ("iid", None) if d.p == 0 else ("dirichlet", 1.0 / d.p)
+    return d.partition, d.alpha
+
+
+def build_context(config: ExperimentConfig) -> RunContext:
+    """Load data, partition it, draw devices, build the model and its profile.
+
+    Raises:
+        ConfigError: where the config does not fit the data or the model.
+        DatasetNotFoundError: where the dataset's files are missing.
+    """
+    d = config.data
+    bundle = load_dataset(d.dataset, d.root)
+    n_train = len(bundle.train)
+    if d.num_clients * d.min_samples > n_train:
+        raise ConfigError(
+            "data.num_clients",
+            f"{d.num_clients} clients x min_samples {d.min_samples} exceeds the "
+            f"{n_train} training samples of {d.dataset}",
+        )
+    scheme, alpha = _dirichlet_alpha(config)
+    if scheme == "natural" and bundle.train.writers is None:
+        raise ConfigError("data.partition", f"'natural' needs writer ids; {d.dataset} has none")
+    try:
+        parts = partition_indices(
+            scheme,
+            bundle.train.y.numpy(),
+            d.num_clients,
+            rng_for(config.seed, "partition"),
+            alpha=alpha,
+            classes_per_client=d.classes_per_client,
+            writers=bundle.train.writers,
+            min_samples=d.min_samples,
+        )
+    except ValueError as err:
+        raise ConfigError("data.partition", str(err).splitlines()[0]) from err
+    hist = label_histograms(bundle.train.y.numpy(), parts, bundle.num_classes)
+    population = draw_population(
+        config.devices.preset, d.num_clients, rng_for(config.seed, "devices"),
+        config.devices.composition,
+    )
+    torch.manual_seed(config.seed)
+    try:
+        model = build_model(config.model, bundle.input_shape, bundle.num_classes)
+        with torch.no_grad():
+            model.eval()(bundle.train.x[:2])
+    except (RuntimeError, ValueError) as err:
+        raise ConfigError(
+            "model",
+            f"{config.model} does not fit {d.dataset} inputs {bundle.input_shape}: "
+            f"{str(err).splitlines()[0]}",
+        ) from err
+    profile = profile_model(config.model, bundle.input_shape, bundle.num_classes)
+    return RunContext(config, bundle, parts, hist, population, model, profile)

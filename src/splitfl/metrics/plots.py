@@ -1,0 +1,49 @@
+"""PNG plots: accuracy vs round and vs simulated time, for one run or several."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str = "") -> Path:
+    """Two panels — test accuracy vs round and vs simulated time — one line per run."""
+    fig, (ax_round, ax_time) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, rows in runs.items():
+        evals = [r for r in rows if r.get("test_acc") is not None]
+        if not evals:
+            continue
+        acc = [100 * r["test_acc"] for r in evals]
+        ax_round.plot([r["round"] for r in evals], acc, label=name)
+        ax_time.plot([r["sim_time"] for r in evals], acc, label=name)
+    ax_round.set_xlabel("round")
+    ax_time.set_xlabel("simulated time (s)")
+    for ax in (ax_round, ax_time):
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_waiting(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Bar chart of average waiting time per algorithm."""
+    names = list(summaries)
+    values = [summaries[n]["avg_waiting"] or 0.0 for n in names]
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 3.5))
+    ax.bar(names, values, color="tab:orange")
+    ax.set_ylabel("avg waiting time per round (s)")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,89 @@
+"""Run summaries from per-round metric rows: final/best accuracy, time and traffic to target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def to_target(rows: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
+    """First round whose test accuracy reaches ``target``: its simulated time and traffic."""
+    if target is None:
+        return {"round": None, "sim_time": None, "traffic_bytes": None}
+    for row in rows:
+        acc = row.get("test_acc")
+        if acc is not None and acc >= target:
+            return {
+                "round": row["round"],
+                "sim_time": row["sim_time"],
+                "traffic_bytes": row["traffic_total_cum"],
+            }
+    return {"round": None, "sim_time": None, "traffic_bytes": None}
+
+
+def summarize(rows: list[dict[str, Any]], target: float | None, status: str = "ok") -> dict:
+    """Summary of a run (what ``summary.json`` holds and ``compare`` tabulates)."""
+    evals = [r for r in rows if r.get("test_acc") is not None]
+    waits = [r["avg_waiting"] for r in rows]
+    last = rows[-1] if rows else {}
+    return {
+        "status": status,
+        "rounds": len(rows),
+        "final_acc": evals[-1]["test_acc"] if evals else None,
+        "best_acc": max(r["test_acc"] for r in evals) if evals else None,
+        "final_loss": evals[-1]["test_loss"] if evals else None,
+        "sim_time": last.get("sim_time", 0.0),
+        "wall_time": last.get("wall_time", 0.0),
+        "traffic_bytes": last.get("traffic_total_cum", 0.0),
+        "energy_j": sum(r.get("energy_j", 0.0) for r in rows),
+        "avg_waiting": sum(waits) / len(waits) if waits else None,
+        "target_accuracy": target,
+        "to_target": to_target(rows, target),
+    }
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _fmt(value: Any, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "pct":
+        return f"{100 * value:.2f}"
+    if kind == "time":
+        return f"{value:,.0f}s" if value >= 100 else f"{value:.2f}s"
+    if kind == "bytes":
+        return f"{value / 1e6:,.1f}M"
+    return str(value)
+
+
+def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """Markdown table of ``{algorithm: summary}`` (the ``splitfl compare`` output)."""
+    target = next(iter(summaries.values()))["target_accuracy"] if summaries else None
+    tgt = f"{100 * target:.0f}%" if target else "target"
+    header = [
+        "algorithm", "final acc %", "best acc %", f"time to {tgt}", f"traffic to {tgt}",
+        "total sim time", "avg waiting", "status",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, s in summaries.items():
+        cells = [
+            name,
+            _fmt(s["final_acc"], "pct"),
+            _fmt(s["best_acc"], "pct"),
+            _fmt(s["to_target"]["sim_time"], "time"),
+            _fmt(s["to_target"]["traffic_bytes"], "bytes"),
+            _fmt(s["sim_time"], "time"),
+            _fmt(s["avg_waiting"], "time"),
+            s["status"],
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""Models as ordered lists of blocks, and the split of a model into a device and a server part.
+
+Every model in splitfl is a :class:`BlockModel`: an ``nn.ModuleList`` of blocks run in order.
+A *cut point* ``c`` (``1 <= c <= len(blocks)``) means blocks ``[0, c)`` run on the device and
+blocks ``[c, n)`` on the server; ``c == n`` is the whole model on the device (FedAvg).
+
+Parameter names are the same in the whole model and in its parts (``blocks.<i>.<name>``), so
+aggregation (e.g. S²FL Algorithm 1) works on plain state dicts keyed by the full model's names,
+and :func:`block_index` tells which block a parameter belongs to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+class BlockModel(nn.Module):
+    """An ordered list of blocks with declared candidate cut points.
+
+    Args:
+        blocks: The blocks, run in order.
+        cut_points: Candidate cut points, strictly increasing, each in ``[1, len(blocks) - 1]``.
+            S²FL uses three of them (``Wc1 < Wc2 < Wc3``).
+        name: Registry name of the model.
+    """
+
+    def __init__(self, blocks: Sequence[nn.Module], cut_points: Sequence[int], name: str = ""):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.cut_points = tuple(int(c) for c in cut_points)
+        self.name = name
+        n = len(self.blocks)
+        if list(self.cut_points) != sorted(set(self.cut_points)) or not all(
+            1 <= c < n for c in self.cut_points
+        ):
+            raise ValueError(f"cut points {self.cut_points} must be increasing within [1, {n - 1}]")
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def forward(self, x: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        for block in self.blocks[start:stop]:
+            x = block(x)
+        return x
+
+
+class ModelPart(nn.Module):
+    """A contiguous range ``[start, stop)`` of a :class:`BlockModel`'s blocks.
+
+    The blocks are shared with the model it was cut from (no copy); ``copy.deepcopy`` a part to
+    train it independently. Its ``state_dict`` keys equal the full model's keys.
+    """
+
+    def __init__(self, model: BlockModel, start: int, stop: int):
+        super().__init__()
+        if not 0 <= start <= stop <= model.num_blocks:
+            raise ValueError(f"invalid block range [{start}, {stop}) of {model.num_blocks} blocks")
+        self.start, self.stop = start, stop
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(start, stop)})
+
+    def forward(self, x: torch.Tensor, start: int | None = None) -> torch.Tensor:
+        """Run blocks from global index ``start`` (default: this part's first block) to the end."""
+        first = self.start if start is None else start
+        if not self.start <= first <= self.stop:
+            raise ValueError(f"start {first} outside part [{self.start}, {self.stop})")
+        for i in range(first, self.stop):
+            x = self.blocks[str(i)](x)
+        return x
+
+
+def split(model: BlockModel, cut: int) -> tuple[ModelPart, ModelPart]:
+    """Split ``model`` at ``cut`` into (device part = blocks[:cut], server part = blocks[cut:]).
+
+    ``server(device(x))`` equals ``model(x)`` exactly, since both parts share the model's blocks.
+    """
+    if not 1 <= cut <= model.num_blocks:
+        raise ValueError(f"cut {cut} outside [1, {model.num_blocks}]")
+    return ModelPart(model, 0, cut), ModelPart(model, cut, model.num_blocks)
+
+
+def block_index(param_name: str) -> int:
+    """Block index of a full-model state-dict key ``blocks.<i>.…``."""
+    parts = param_name.split(".")
+    if len(parts) < 2 or parts[0] != "blocks":
+        raise ValueError(f"not a block parameter name: {param_name!r}")
+    return int(parts[1])

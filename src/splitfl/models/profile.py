@@ -1,0 +1,146 @@
+"""Per-block cost profile of a :class:`BlockModel`: parameters, FLOPs and activation sizes.
+
+FLOPs are *measured* with :class:`torch.utils.flop_counter.FlopCounterMode` (forward plus
+backward of one training step), not written by hand, and divided by the batch size to give a
+per-sample figure. Profiles are cached per (model name, input shape, num_classes).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from splitfl.models.base import BlockModel
+
+BYTES_PER_ELEMENT = 4  # fp32 parameters, activations and gradients on the wire
+PROFILE_BATCH = 2  # batch used to measure FLOPs; >1 so BatchNorm runs in training mode
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    """Cost facts of one block for one input shape.
+
+    Attributes:
+        params: Number of trainable parameters.
+        param_bytes: Bytes of the block's state sent over the network (parameters and buffers).
+        flops_per_sample: Forward + backward FLOPs for one sample (measured).
+        out_elements: Output activation elements per sample.
+        out_bytes: Output activation bytes per sample (``out_elements * 4``).
+    """
+
+    params: int
+    param_bytes: int
+    flops_per_sample: float
+    out_elements: int
+    out_bytes: int
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Per-block costs of a model, with the sums that the cost model needs for a cut point."""
+
+    blocks: tuple[BlockCost, ...]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def part_bytes(self, start: int, stop: int) -> int:
+        """|W| in bytes of blocks [start, stop)."""
+        return sum(b.param_bytes for b in self.blocks[start:stop])
+
+    def part_flops(self, start: int, stop: int) -> float:
+        """Forward+backward FLOPs per sample of blocks [start, stop)."""
+        return sum(b.flops_per_sample for b in self.blocks[start:stop])
+
+    def device_bytes(self, cut: int) -> int:
+        """|Wc|: bytes of the device part for cut point ``cut``."""
+        return self.part_bytes(0, cut)
+
+    def device_flops(self, cut: int) -> float:
+        """Per-sample forward+backward FLOPs of the device part."""
+        return self.part_flops(0, cut)
+
+    def server_flops(self, cut: int) -> float:
+        """Per-sample forward+backward FLOPs of the server part."""
+        return self.part_flops(cut, self.num_blocks)
+
+    def activation_bytes(self, cut: int) -> int:
+        """q: bytes per sample of the activation sent at cut ``cut`` (0 for the full model)."""
+        return 0 if cut >= self.num_blocks else self.blocks[cut - 1].out_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.part_bytes(0, self.num_blocks)
+
+    @property
+    def total_flops(self) -> float:
+        return self.part_flops(0, self.num_blocks)
+
+
+def _count_flops(fn) -> int:
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def measure_profile(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProfile:
+    """Measure each block's cost for per-sample input shape ``input_shape``.
+
+    Each block is run in training mode on a batch of :data:`PROFILE_BATCH` samples; the input
+    requires grad for every block but the first (as in split training, where the gradient of the
+    activation is sent back), and the backward of the summed output is counted with the forward.
+    """
+    # Dropout in training mode draws random numbers: fork the RNG so that profiling (cached, so
+    # run only on first use) never shifts the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        return _measure(copy.deepcopy(model).train(), input_shape)
+
+
+def _measure(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProfile:
+    x = torch.zeros(PROFILE_BATCH, *input_shape)
+    costs = []
+    for i, block in enumerate(model.blocks):
+        inp = x.detach().requires_grad_(i > 0)
+
+        def step(block=block, inp=inp):
+            out = block(inp)
+            if out.requires_grad:
+                out.float().sum().backward()
+            return out
+
+        flops = _count_flops(step)
+        with torch.no_grad():
+            out = block(x)
+        params = sum(p.numel() for p in block.parameters())
+        state_elems = sum(t.numel() for t in block.state_dict().values())
+        out_elems = int(out[0].numel())
+        costs.append(
+            BlockCost(
+                params=params,
+                param_bytes=state_elems * BYTES_PER_ELEMENT,
+                flops_per_sample=flops / PROFILE_BATCH,
+                out_elements=out_elems,
+                out_bytes=out_elems * BYTES_PER_ELEMENT,
+            )
+        )
+        x = out.detach()
+    return ModelProfile(tuple(costs))
+
+
+@lru_cache(maxsize=64)
+def _cached_profile(name: str, input_shape: tuple[int, ...], num_classes: int) -> ModelProfile:
+    from splitfl.models.registry import build_model
+
+    with torch.random.fork_rng(devices=[]):  # building the model draws its random init
+        return measure_profile(build_model(name, input_shape, num_classes), input_shape)
+
+
+def profile_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> ModelProfile:
+    """Cached :func:`measure_profile` of registered model ``name``."""
+    return _cached_profile(name, tuple(input_shape), int(num_classes))

@@ -1,0 +1,10 @@
+"""Model zoo: importing this package registers every model."""
+
+from splitfl.models.zoo import (  # noqa: F401
+    alexnet,
+    lenet,
+    mobilenet,
+    resnet,
+    small,
+    vgg,
+)

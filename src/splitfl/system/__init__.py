@@ -1,0 +1,19 @@
+"""System heterogeneity: device profiles, the shared cost model and the simulated clock."""
+
+from splitfl.system.clock import SimClock, jitter_factors
+from splitfl.system.cost import LINKS, ClientCost, Traffic, round_times, split_client_cost
+from splitfl.system.devices import PRESETS, DeviceProfile, Population, draw_population
+
+__all__ = [
+    "LINKS",
+    "PRESETS",
+    "ClientCost",
+    "DeviceProfile",
+    "Population",
+    "SimClock",
+    "Traffic",
+    "draw_population",
+    "jitter_factors",
+    "round_times",
+    "split_client_cost",
+]

@@ -1,0 +1,114 @@
+"""The cost model shared by every algorithm: bytes on each link, FLOPs, and S²FL Eq. (1) time.
+
+A client's round consists of: downloading its model part, ``samples`` forward+backward passes
+through it, sending activations (and labels) up and receiving activation gradients down for
+every sample, the server's forward+backward through the rest, and uploading the model part.
+S²FL Eq. (1) for one local epoch over ``p`` samples::
+
+    T = (2|Wc| + 2 p q) / R  +  F_c / Comp_c  +  F_s / Comp_s
+
+with ``F_c = p · flops_c`` and ``F_s = p · flops_s`` (per-sample forward+backward FLOPs). Here
+``samples`` generalises ``p`` to several local iterations or epochs, model bytes travel on the
+download and upload link at their own rates (``R`` for both in S²FL), and label bytes (not in
+Eq. 1) can be counted with ``label_bytes > 0``. FedAvg is the case ``cut == n_blocks``: the full
+model goes down and up, no activations, no server compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from splitfl.models.profile import ModelProfile
+from splitfl.system.devices import DeviceProfile
+
+LINKS = ("model_down", "model_up", "activations_up", "gradients_down", "labels_up")
+
+
+@dataclass
+class Traffic:
+    """Bytes per link and direction, summed over clients."""
+
+    model_down: float = 0.0
+    model_up: float = 0.0
+    activations_up: float = 0.0
+    gradients_down: float = 0.0
+    labels_up: float = 0.0
+
+    def add(self, other: Traffic) -> Traffic:
+        for link in LINKS:
+            setattr(self, link, getattr(self, link) + getattr(other, link))
+        return self
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, link) for link in LINKS)
+
+    def to_dict(self) -> dict[str, float]:
+        return {link: getattr(self, link) for link in LINKS}
+
+
+@dataclass
+class ClientCost:
+    """One client's work in a round and its time on the simulated clock (S²FL Eq. 1)."""
+
+    traffic: Traffic
+    device_flops: float
+    server_flops: float
+    comm_time: float
+    device_time: float
+    server_time: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def time(self) -> float:
+        return self.comm_time + self.device_time + self.server_time
+
+
+def split_client_cost(
+    profile: ModelProfile,
+    cut: int,
+    samples: int,
+    device: DeviceProfile,
+    server: DeviceProfile,
+    label_bytes: int = 0,
+) -> ClientCost:
+    """Cost of one client training blocks ``[0, cut)`` on ``samples`` samples (Eq. 1).
+
+    Args:
+        profile: Per-block costs of the model.
+        cut: Cut point; ``cut == profile.num_blocks`` means the whole model on the device.
+        samples: Samples processed in the round (``p`` × local epochs).
+        device: The client's profile (``Comp_c`` = ``device.flops``, ``R`` = its link rates).
+        server: The server profile (``Comp_s``).
+        label_bytes: Bytes per label sent with the activations (Eq. 1 uses 0).
+    """
+    model_bytes = profile.device_bytes(cut)
+    q = profile.activation_bytes(cut)
+    split = cut < profile.num_blocks
+    traffic = Traffic(
+        model_down=model_bytes,
+        model_up=model_bytes,
+        activations_up=samples * q,
+        gradients_down=samples * q,
+        labels_up=samples * label_bytes if split else 0.0,
+    )
+    up = traffic.model_up + traffic.activations_up + traffic.labels_up
+    down = traffic.model_down + traffic.gradients_down
+    device_flops = samples * profile.device_flops(cut)
+    server_flops = samples * profile.server_flops(cut)
+    return ClientCost(
+        traffic=traffic,
+        device_flops=device_flops,
+        server_flops=server_flops,
+        comm_time=up / device.uplink + down / device.downlink,
+        device_time=device_flops / device.flops,
+        server_time=server_flops / server.flops,
+    )
+
+
+def round_times(client_times: dict[int, float]) -> tuple[float, dict[int, float]]:
+    """Round time (max over participants) and each participant's waiting time (round − own)."""
+    if not client_times:
+        return 0.0, {}
+    round_time = max(client_times.values())
+    return round_time, {c: round_time - t for c, t in client_times.items()}

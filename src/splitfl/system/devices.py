@@ -1,0 +1,102 @@
+"""Device and server profiles, and presets that draw a heterogeneous population of devices."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Capabilities of one device (or of the server).
+
+    Attributes:
+        flops: Compute speed in FLOP/s (``Comp_c`` in S²FL Eq. 1).
+        uplink: Upload rate in bytes/s (``R``).
+        downlink: Download rate in bytes/s (S²FL uses one rate ``R`` for both directions).
+        d2d: Device-to-device rate in bytes/s, or ``None`` where the preset has no D2D links.
+        power: Power draw while computing, in watts (for energy accounting).
+        kind: Human-readable label of the preset kind (e.g. ``"flops=High,rate=Low"``).
+    """
+
+    flops: float
+    uplink: float
+    downlink: float
+    d2d: float | None = None
+    power: float = 5.0
+    kind: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Population:
+    """The devices of a run (one profile per client) and the server profile."""
+
+    devices: tuple[DeviceProfile, ...]
+    server: DeviceProfile
+
+
+#: S²FL Table 1: three FLOPS levels and three transfer-rate levels, drawn independently.
+S2FL_TABLE1_FLOPS = {"High": 2e10, "Mid": 1e10, "Low": 5e9}
+S2FL_TABLE1_RATE = {"High": 5e6, "Mid": 2e6, "Low": 1e6}
+S2FL_SERVER = DeviceProfile(flops=5e10, uplink=1e7, downlink=1e7, power=300.0, kind="server")
+
+#: High:Mid:Low proportions of S²FL §5.3 ("conf 1" = 5:3:2, "conf 2" = 2:3:5).
+COMPOSITIONS = {"uniform": (1, 1, 1), "5:3:2": (5, 3, 2), "2:3:5": (2, 3, 5)}
+
+
+def _draw_levels(n: int, composition: str, rng: np.random.Generator) -> list[str]:
+    """Draw ``n`` quality levels with exact High:Mid:Low proportions, in random order."""
+    weights = np.asarray(COMPOSITIONS[composition], dtype=float)
+    counts = np.floor(weights / weights.sum() * n).astype(int)
+    for i in np.argsort(-(weights / weights.sum() * n - counts))[: n - counts.sum()]:
+        counts[i] += 1
+    levels = [lvl for lvl, c in zip(("High", "Mid", "Low"), counts, strict=True) for _ in range(c)]
+    return list(rng.permutation(levels))
+
+
+def s2fl_table1(n: int, rng: np.random.Generator, composition: str = "uniform") -> Population:
+    """S²FL Table 1 devices: FLOPS level and rate level drawn independently (9 kinds).
+
+    With ``composition`` other than ``uniform`` both the FLOPS levels and the rate levels follow
+    the High:Mid:Low proportions (§5.3 "in both FLOPS settings and transfer rate settings").
+    """
+    flops_levels = _draw_levels(n, composition, rng)
+    rate_levels = _draw_levels(n, composition, rng)
+    devices = tuple(
+        DeviceProfile(
+            flops=S2FL_TABLE1_FLOPS[f],
+            uplink=S2FL_TABLE1_RATE[r],
+            downlink=S2FL_TABLE1_RATE[r],
+            d2d=S2FL_TABLE1_RATE[r],
+            power=5.0,
+            kind=f"flops={f},rate={r}",
+        )
+        for f, r in zip(flops_levels, rate_levels, strict=True)
+    )
+    return Population(devices, S2FL_SERVER)
+
+
+def homogeneous(n: int, rng: np.random.Generator, composition: str = "uniform") -> Population:
+    """Identical mid-level devices (a control with no system heterogeneity)."""
+    dev = DeviceProfile(flops=1e10, uplink=2e6, downlink=2e6, d2d=2e6, power=5.0, kind="mid")
+    return Population(tuple(dev for _ in range(n)), S2FL_SERVER)
+
+
+PRESETS: dict[str, Callable[..., Population]] = {
+    "s2fl_table1": s2fl_table1,
+    "homogeneous": homogeneous,
+}
+
+
+def draw_population(
+    preset: str, n: int, rng: np.random.Generator, composition: str = "uniform"
+) -> Population:
+    """Draw ``n`` device profiles from ``preset`` with ``rng`` (deterministic given the seed)."""
+    if preset not in PRESETS:
+        raise KeyError(f"unknown device preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[preset](n, rng, composition)

@@ -1,0 +1,197 @@
+"""Tiny deterministic dataset files in the real on-disk formats, for loader tests.
+
+Each writer puts files into ``dir`` using the dataset's conventional sub-layout and returns
+the raw arrays it wrote (uint8 images, labels, writer ids) so tests can compare.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+
+
+def _idx_bytes(arr: np.ndarray) -> bytes:
+    """Encode a uint8 array as idx: magic ``0 0 0x08 ndim``, big-endian uint32 dims, data."""
+    header = struct.pack(">BBBB", 0, 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape)
+    return header + np.ascontiguousarray(arr, dtype=np.uint8).tobytes()
+
+
+def write_mnist_idx(
+    dir: Path,
+    n_train: int = 60,
+    n_test: int = 20,
+    gz: bool = True,
+    writer_ids: bool = False,
+    folder: str = "MNIST",
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """Write ``dir/<folder>/raw/`` idx files (+ ``dir/<folder>/mnist-writer-ids.csv.gz``)."""
+    rng = np.random.default_rng(seed)
+    raw = Path(dir) / folder / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    out = {
+        "train_x": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        "train_y": (np.arange(n_train) % 10).astype(np.uint8),
+        "test_x": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        "test_y": (np.arange(n_test) % 10).astype(np.uint8),
+        "train_w": rng.integers(0, 5, n_train),
+        "test_w": 100 + rng.integers(0, 3, n_test),
+    }
+    files = {
+        "train-images-idx3-ubyte": out["train_x"],
+        "train-labels-idx1-ubyte": out["train_y"],
+        "t10k-images-idx3-ubyte": out["test_x"],
+        "t10k-labels-idx1-ubyte": out["test_y"],
+    }
+    for name, arr in files.items():
+        data = _idx_bytes(arr)
+        if gz:
+            (raw / f"{name}.gz").write_bytes(gzip.compress(data, mtime=0))
+        else:
+            (raw / name).write_bytes(data)
+    if writer_ids:
+        lines = ["split,index,label,writer_id,hsf_series"]
+        for split, p in (("train", "train"), ("test", "test")):
+            for i, (y, w) in enumerate(zip(out[f"{p}_y"], out[f"{p}_w"], strict=True)):
+                lines.append(f"{split},{i},{y},{w},{i % 2 * 4}")
+        text = "\n".join(lines) + "\n"
+        (raw.parent / "mnist-writer-ids.csv.gz").write_bytes(gzip.compress(text.encode(), mtime=0))
+    return out
+
+
+def _cifar_batch(rng: np.random.Generator, n: int, label_keys: dict[str, int]) -> dict:
+    batch: dict = {
+        "batch_label": "fixture batch",
+        "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+        "filenames": [f"img_{i}.png" for i in range(n)],
+    }
+    for key, classes in label_keys.items():
+        batch[key] = [int(v) for v in rng.integers(0, classes, n)]
+    return batch
+
+
+def _dump(path: Path, obj: dict) -> None:
+    with open(path, "wb") as fh:
+        pickle.dump(obj, fh, protocol=2)
+
+
+def write_cifar10(dir: Path, n_per_batch: int = 10, seed: int = 0) -> dict[str, np.ndarray]:
+    """Write ``dir/cifar-10-batches-py/`` (five data batches, test batch, meta)."""
+    rng = np.random.default_rng(seed)
+    folder = Path(dir) / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    batches = [_cifar_batch(rng, n_per_batch, {"labels": 10}) for _ in range(6)]
+    for i, batch in enumerate(batches[:5], start=1):
+        _dump(folder / f"data_batch_{i}", batch)
+    _dump(folder / "test_batch", batches[5])
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship"]
+    meta = {"num_cases_per_batch": n_per_batch, "label_names": names + ["truck"], "num_vis": 3072}
+    _dump(folder / "batches.meta", meta)
+    return {
+        "train_x": np.concatenate([b["data"] for b in batches[:5]]),
+        "train_y": np.concatenate([b["labels"] for b in batches[:5]]),
+        "test_x": batches[5]["data"],
+        "test_y": np.asarray(batches[5]["labels"]),
+    }
+
+
+def write_cifar100(dir: Path, n: int = 30, seed: int = 0) -> dict[str, np.ndarray]:
+    """Write ``dir/cifar-100-python/`` (``train``, ``test``, ``meta``)."""
+    rng = np.random.default_rng(seed)
+    folder = Path(dir) / "cifar-100-python"
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = {"fine_labels": 100, "coarse_labels": 20}
+    train, test = _cifar_batch(rng, n, keys), _cifar_batch(rng, max(n // 3, 1), keys)
+    _dump(folder / "train", train)
+    _dump(folder / "test", test)
+    meta = {
+        "fine_label_names": [f"f{i}" for i in range(100)],
+        "coarse_label_names": [f"c{i}" for i in range(20)],
+    }
+    _dump(folder / "meta", meta)
+    return {
+        "train_x": train["data"],
+        "train_fine": np.asarray(train["fine_labels"]),
+        "train_coarse": np.asarray(train["coarse_labels"]),
+        "test_x": test["data"],
+        "test_fine": np.asarray(test["fine_labels"]),
+    }
+
+
+def femnist_arrays(
+    n_writers: int = 6, samples_per_writer: int = 8, test_only: int = 2, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Synthetic FEMNIST in npz form; writers numbered by first appearance (train, then test).
+
+    The first ``n_writers - test_only`` writers have train and test samples, the last
+    ``test_only`` only test samples (as in the real LEAF sample). ``split``: 0 = train, 1 = test.
+    """
+    rng = np.random.default_rng(seed)
+    n_train_w = n_writers - test_only
+    n_tr = samples_per_writer - max(samples_per_writer // 4, 1)
+    writer, split = [], []
+    for w in range(n_train_w):  # train part first, writer by writer
+        writer += [w] * n_tr
+        split += [0] * n_tr
+    for w in range(n_writers):  # then test
+        n_te = samples_per_writer - n_tr if w < n_train_w else samples_per_writer
+        writer += [w] * n_te
+        split += [1] * n_te
+    n = len(writer)
+    x = np.full((n, 28, 28), 255, dtype=np.uint8)
+    x[:, 6:22, 6:22] = rng.integers(0, 256, (n, 16, 16), dtype=np.uint8)
+    return {
+        "x": x,
+        "y": rng.integers(0, 62, n).astype(np.uint8),
+        "writer": np.asarray(writer, dtype=np.int32),
+        "split": np.asarray(split, dtype=np.uint8),
+        "writer_names": np.asarray([f"f{1000 + w}_{w:02d}" for w in range(n_writers)]),
+    }
+
+
+def write_femnist_npz(
+    dir: Path, n_writers: int = 6, samples_per_writer: int = 8, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Write ``dir/FEMNIST/femnist-fixture.npz`` in the compact layout."""
+    arrays = femnist_arrays(n_writers, samples_per_writer, seed=seed)
+    folder = Path(dir) / "FEMNIST"
+    folder.mkdir(parents=True, exist_ok=True)
+    leaf_file = np.zeros(len(arrays["y"]), dtype=np.int16)
+    np.savez_compressed(folder / "femnist-fixture.npz", leaf_file=leaf_file, **arrays)
+    return arrays
+
+
+def write_femnist_leaf(
+    dir: Path, n_writers: int = 6, samples_per_writer: int = 8, seed: int = 0, files: int = 2
+) -> dict[str, np.ndarray]:
+    """Write ``dir/FEMNIST/{train,test}/*.json`` (LEAF), the same images as the npz writer.
+
+    Writers are spread in order over ``files`` json files named like LEAF's
+    ``all_data_<i>_niid_05_keep_0_{train,test}_9.json``.
+    """
+    arrays = femnist_arrays(n_writers, samples_per_writer, seed=seed)
+    names = arrays["writer_names"]
+    for split_value, split in ((0, "train"), (1, "test")):
+        folder = Path(dir) / "FEMNIST" / split
+        folder.mkdir(parents=True, exist_ok=True)
+        mask = arrays["split"] == split_value
+        users = [int(w) for w in dict.fromkeys(arrays["writer"][mask].tolist())]
+        for f, chunk in enumerate(np.array_split(np.asarray(users, dtype=np.int64), files)):
+            mine = chunk.tolist()  # contiguous chunks keep the writer order across files
+            blob: dict = {"users": [], "num_samples": [], "user_data": {}}
+            for u in mine:
+                sel = mask & (arrays["writer"] == u)
+                blob["users"].append(str(names[u]))
+                blob["num_samples"].append(int(sel.sum()))
+                blob["user_data"][str(names[u])] = {
+                    "x": (arrays["x"][sel].reshape(-1, 784) / 255.0).tolist(),
+                    "y": arrays["y"][sel].astype(int).tolist(),
+                }
+            path = folder / f"all_data_{f}_niid_05_keep_0_{split}_9.json"
+            path.write_text(json.dumps(blob))
+    return arrays
