@@ -36,6 +36,15 @@ NUM_PARAMS = {  # 10 classes; known totals of the reference architectures
 }
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Batch-2 forwards gain nothing from threads, and stay fast on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def input_shape(name: str) -> tuple[int, ...]:
     if name in DIGITS:
         return (1, 8, 8)

@@ -1,3 +1,26 @@
-"""splitfl: split federated learning on heterogeneous edge devices."""
+"""splitfl: split federated learning on heterogeneous edge devices.
+
+Python API (mirrors the CLI)::
+
+    import splitfl
+    result = splitfl.run("configs/quickstart.yaml", ["rounds=5"])      # splitfl run
+    cmp = splitfl.compare("configs/quickstart.yaml", ["fedavg", "s2fl"])  # splitfl compare
+    splitfl.resume(result.run_dir)                                     # splitfl run --resume
+    splitfl.load_config("configs/quickstart.yaml")                     # splitfl validate
+"""
+
+from splitfl.config import ConfigError, ExperimentConfig, load_config
+from splitfl.engine import CompareResult, RunResult, compare, resume, run
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "CompareResult",
+    "ConfigError",
+    "ExperimentConfig",
+    "RunResult",
+    "compare",
+    "load_config",
+    "resume",
+    "run",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from splitfl.cli.main import main
+
+sys.exit(main())

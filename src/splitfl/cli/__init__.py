@@ -1,0 +1,1 @@
+"""The ``splitfl`` command line."""

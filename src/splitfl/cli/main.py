@@ -1,0 +1,149 @@
+"""``splitfl`` command line: run, compare, list, validate.
+
+Bad input (config values, missing data files) prints one line ``error: <field>: <allowed>`` and
+exits with code 2 before any run directory is written; a diverged run exits with code 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from splitfl.config import ConfigError
+
+EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3
+
+
+def _split_args(values: list[str]) -> tuple[str | None, list[str]]:
+    """First positional that is not ``key=value`` is the config path; the rest are overrides."""
+    config = None
+    overrides = []
+    for v in values:
+        if "=" in v or config is not None:
+            overrides.append(v)
+        else:
+            config = v
+    return config, overrides
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from splitfl.engine import resume, run
+    from splitfl.metrics.summary import comparison_table
+
+    config, overrides = _split_args(args.args)
+    progress = False if args.no_progress else None
+    if args.resume:
+        if config or overrides:
+            raise ConfigError("--resume", "takes only the run directory (its config is reused)")
+        result = resume(args.resume, progress=progress)
+    else:
+        if config is None:
+            raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")
+        run_dir = Path(args.out) if args.out else None
+        result = run(config, overrides, run_dir=run_dir, progress=progress)
+    print(comparison_table({result.config.algorithm: result.summary}))
+    print(f"run directory: {result.run_dir}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from splitfl.engine import compare
+
+    config, overrides = _split_args(args.args)
+    if config is None:
+        raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    result = compare(
+        config, algorithms, overrides, out_dir=args.out,
+        progress=False if args.no_progress else None,
+    )
+    print(result.table)
+    print(f"comparison directory: {result.out_dir} (accuracy.png, waiting.png, comparison.md)")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from splitfl.config import load_config
+    from splitfl.engine import prepare
+
+    config, overrides = _split_args(args.args)
+    cfg = load_config(config, overrides)
+    prep = prepare(cfg)
+    ctx = prep.ctx
+    print(
+        f"ok: {cfg.algorithm} on {cfg.data.dataset} ({len(ctx.bundle.train)} train samples, "
+        f"{ctx.num_clients} clients), model {cfg.model} ({ctx.num_blocks} blocks, "
+        f"cut points {list(ctx.cut_points)}), devices {cfg.devices.preset}, {cfg.rounds} rounds"
+    )
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from splitfl.algorithms import ALGORITHMS, ALIASES
+    from splitfl.data.base import DATASETS, dataset_names
+    from splitfl.models.registry import MODELS, model_names
+    from splitfl.system.devices import COMPOSITIONS, PRESETS
+
+    print("algorithms:")
+    for name, cls in sorted(ALGORITHMS.items()):
+        print(f"  {name:14s} {cls.paper}")
+    for name, (base, preset) in sorted(ALIASES.items()):
+        print(f"  {name:14s} alias of {base} with {preset or 'defaults'}")
+    print("models:")
+    for name in model_names():
+        print(f"  {name:14s} {MODELS[name].description}")
+    print("datasets:")
+    for name in dataset_names():
+        print(f"  {name:14s} {DATASETS[name].description}")
+    print("device presets:")
+    for name, fn in sorted(PRESETS.items()):
+        doc = (fn.__doc__ or "").strip().splitlines()[0]
+        print(f"  {name:14s} {doc}")
+    print(f"  compositions: {', '.join(COMPOSITIONS)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="splitfl", description="Split federated learning on heterogeneous devices."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run one experiment: splitfl run CONFIG [key=value ...]")
+    p.add_argument("args", nargs="*", metavar="CONFIG [key=value ...]")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run")
+    p.add_argument("--out", metavar="RUN_DIR", help="run directory (default: output.out_dir/…)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_run)
+    p = sub.add_parser("compare", help="run several algorithms on one config and tabulate")
+    p.add_argument("args", nargs="+", metavar="CONFIG [key=value ...]")
+    p.add_argument("--algorithms", required=True, help="comma-separated, e.g. fedavg,s2fl")
+    p.add_argument("--out", metavar="DIR", help="comparison directory")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(fn=cmd_compare)
+    p = sub.add_parser("validate", help="check a config (and its data) without running")
+    p.add_argument("args", nargs="+", metavar="CONFIG [key=value ...]")
+    p.set_defaults(fn=cmd_validate)
+    p = sub.add_parser("list", help="algorithms, models, datasets, device presets")
+    p.set_defaults(fn=cmd_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from splitfl.data.base import DatasetNotFoundError
+    from splitfl.engine.executor import NonFiniteLossError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, DatasetNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except NonFiniteLossError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_DIVERGED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

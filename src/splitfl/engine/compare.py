@@ -1,0 +1,73 @@
+"""Run several algorithms on one config — same seed, partition, devices and client selection —
+and tabulate them (the Python twin of ``splitfl compare``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.engine.runner import RunResult, as_config, prepare, run
+from splitfl.metrics.plots import plot_accuracy, plot_waiting
+from splitfl.metrics.summary import comparison_table, summarize
+
+#: Without ``eval.target_accuracy``, the common target is this fraction of the lowest best
+#: accuracy among the compared runs (so every algorithm reaches it), rounded down to 0.5 %.
+DEFAULT_TARGET_FRACTION = 0.95
+
+
+@dataclass
+class CompareResult:
+    out_dir: Path
+    runs: dict[str, RunResult]
+    summaries: dict[str, dict[str, Any]]
+    table: str
+    target: float | None
+
+
+def common_target(runs: dict[str, RunResult], configured: float | None) -> float | None:
+    if configured is not None:
+        return configured
+    bests = [r.summary["best_acc"] for r in runs.values() if r.summary["best_acc"] is not None]
+    if not bests:
+        return None
+    return int(min(bests) * DEFAULT_TARGET_FRACTION * 200) / 200
+
+
+def compare(
+    config: ExperimentConfig | str | Path | dict,
+    algorithms: list[str],
+    overrides: list[str] | None = None,
+    out_dir: str | Path | None = None,
+    progress: bool | None = None,
+) -> CompareResult:
+    """Run each of ``algorithms`` with ``config`` and write a comparison directory.
+
+    Every configuration is validated (and its data checked) before the first run starts.
+    """
+    if not algorithms:
+        raise ConfigError("--algorithms", "name at least one algorithm")
+    base = as_config(config, overrides)
+    configs = {a: as_config(base.replace(algorithm=a)) for a in algorithms}
+    for cfg in configs.values():
+        prepare(cfg)
+    folder = Path(out_dir) if out_dir is not None else (
+        Path(base.output.out_dir) / f"compare-{base.data.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    runs = {a: run(cfg, run_dir=folder / a.replace("+", "_plus_"), progress=progress)
+            for a, cfg in configs.items()}
+    target = common_target(runs, base.eval.target_accuracy)
+    summaries = {
+        a: summarize(r.metrics, target, r.summary["status"]) for a, r in runs.items()
+    }
+    table = comparison_table(summaries)
+    (folder / "comparison.md").write_text(table + "\n")
+    (folder / "summary.json").write_text(json.dumps(summaries, indent=2))
+    title = f"{base.data.dataset} / {base.model} / {base.data.partition}"
+    plot_accuracy({a: r.metrics for a, r in runs.items()}, folder / "accuracy.png", title)
+    plot_waiting(summaries, folder / "waiting.png")
+    return CompareResult(folder, runs, summaries, table, target)
