@@ -126,7 +126,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a mapping, got {value!r}")
-        return from_dict(tp, value, path)
+        return from_dict(tp, value, f"{path}.")
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a mapping, got {value!r}")

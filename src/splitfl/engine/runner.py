@@ -165,6 +165,21 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
     )
     t0 = time.perf_counter() - wall_offset
     status = "ok"
+    def checkpoint(rounds_done: int) -> None:
+        _save_checkpoint(
+            run_dir,
+            {
+                "round": rounds_done,
+                "global_state": global_state,
+                "algorithm": algorithm.state_dict(),
+                "clock": clock.now,
+                "traffic": cum.to_dict(),
+                "seed_rule": "streams derived from (seed, purpose, round)",
+            },
+        )
+
+    if start is None:
+        checkpoint(0)
     try:
         for r in bar:
             torch.manual_seed(derive_seed(config.seed, "torch", r))
@@ -216,17 +231,7 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
             with open(run_dir / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(row) + "\n")
             if (r + 1) % config.output.checkpoint_every == 0 or r + 1 == config.rounds:
-                _save_checkpoint(
-                    run_dir,
-                    {
-                        "round": r + 1,
-                        "global_state": global_state,
-                        "algorithm": algorithm.state_dict(),
-                        "clock": clock.now,
-                        "traffic": cum.to_dict(),
-                        "seed_rule": "streams derived from (seed, purpose, round)",
-                    },
-                )
+                checkpoint(r + 1)
     except NonFiniteLossError as err:
         status = f"diverged at round {r + 1}: {err}"
         raise NonFiniteLossError(

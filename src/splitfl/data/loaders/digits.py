@@ -11,7 +11,9 @@ from splitfl.data.base import ArrayDataset, DatasetBundle, register_dataset
 
 
 @register_dataset("digits", "scikit-learn's bundled 8x8 digits (embedded, no download)", False)
-def load_digits(root: Path | None = None, test_fraction: float = 0.2, seed: int = 0) -> DatasetBundle:
+def load_digits(
+    root: Path | None = None, test_fraction: float = 0.2, seed: int = 0
+) -> DatasetBundle:
     """Digits scaled to [0, 1] and standardised, split train/test with a fixed permutation."""
     from sklearn.datasets import load_digits as sk_load_digits
 
