@@ -88,3 +88,12 @@ def test_console_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "splitfl", "list"], capture_output=True,
                           text=True, check=False)
     assert proc.returncode == 0 and "algorithms:" in proc.stdout
+
+
+def test_overrides_may_follow_options(tmp_path, capsys):
+    path = _write(tmp_path, tiny_config(rounds=1))
+    code = main(["compare", str(path), "--algorithms", "fedavg", "--no-progress",
+                 "--out", str(tmp_path / "c"), "train.lr=0.2"])
+    assert code == 0
+    assert yaml.safe_load((tmp_path / "c" / "fedavg" / "config.yaml").read_text())["train"][
+        "lr"] == 0.2

@@ -134,7 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     from splitfl.data.base import DatasetNotFoundError
     from splitfl.engine.executor import NonFiniteLossError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    stray = [e for e in extra if "=" not in e or e.startswith("-")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:  # key=value overrides given after an option, e.g. after --algorithms
+        args.args = [*getattr(args, "args", []), *extra]
     try:
         return args.fn(args)
     except (ConfigError, DatasetNotFoundError) as err:
