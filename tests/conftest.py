@@ -17,8 +17,13 @@ def tiny_config(**changes):
         "model": "cnn_digits",
         "rounds": 4,
         "seed": 3,
-        "data": {"dataset": "digits", "partition": "dirichlet", "alpha": 0.5,
-                 "num_clients": 12, "min_samples": 8},
+        "data": {
+            "dataset": "digits",
+            "partition": "dirichlet",
+            "alpha": 0.5,
+            "num_clients": 12,
+            "min_samples": 8,
+        },
         "train": {"clients_per_round": 6, "batch_size": 16, "lr": 0.05},
         "output": {"progress": False, "checkpoint_every": 2},
     }

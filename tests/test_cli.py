@@ -76,8 +76,20 @@ def test_run_resume_and_compare(tmp_path, capsys):
     assert main(["run", str(path), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
     assert "| s2fl |" in capsys.readouterr().out
     assert main(["run", "--resume", str(tmp_path / "r"), "--no-progress"]) == 0
-    assert main(["compare", str(path), "--algorithms", "fedavg,s2fl", "--out",
-                 str(tmp_path / "c"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(path),
+                "--algorithms",
+                "fedavg,s2fl",
+                "--out",
+                str(tmp_path / "c"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "| fedavg |" in out and "| s2fl |" in out
     for name in ("comparison.md", "accuracy.png", "waiting.png", "fedavg/metrics.jsonl"):
@@ -85,15 +97,28 @@ def test_run_resume_and_compare(tmp_path, capsys):
 
 
 def test_console_entry_point(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "splitfl", "list"], capture_output=True,
-                          text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "splitfl", "list"], capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0 and "algorithms:" in proc.stdout
 
 
 def test_overrides_may_follow_options(tmp_path, capsys):
     path = _write(tmp_path, tiny_config(rounds=1))
-    code = main(["compare", str(path), "--algorithms", "fedavg", "--no-progress",
-                 "--out", str(tmp_path / "c"), "train.lr=0.2"])
+    code = main(
+        [
+            "compare",
+            str(path),
+            "--algorithms",
+            "fedavg",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "c"),
+            "train.lr=0.2",
+        ]
+    )
     assert code == 0
-    assert yaml.safe_load((tmp_path / "c" / "fedavg" / "config.yaml").read_text())["train"][
-        "lr"] == 0.2
+    assert (
+        yaml.safe_load((tmp_path / "c" / "fedavg" / "config.yaml").read_text())["train"]["lr"]
+        == 0.2
+    )

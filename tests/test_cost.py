@@ -30,8 +30,11 @@ def test_eq1_matches_hand_computation():
     expected = (2 * 1200 + 2 * p * 32) / 1e6 + p * 3e6 / 1e9 + p * 3e6 / 5e10
     assert cost.time == pytest.approx(expected, rel=1e-12)
     assert cost.traffic.to_dict() == {
-        "model_down": 1200, "model_up": 1200, "activations_up": 3200,
-        "gradients_down": 3200, "labels_up": 0,
+        "model_down": 1200,
+        "model_up": 1200,
+        "activations_up": 3200,
+        "gradients_down": 3200,
+        "labels_up": 0,
     }
 
 
@@ -63,8 +66,9 @@ def test_clock_never_goes_backwards_and_jitter_is_seeded():
     assert jitter_factors([1, 2], 0.0, np.random.default_rng(0)) == {1: 1.0, 2: 1.0}
 
 
-@pytest.mark.parametrize("composition,counts", [("uniform", (4, 3, 3)), ("5:3:2", (5, 3, 2)),
-                                                ("2:3:5", (2, 3, 5))])
+@pytest.mark.parametrize(
+    "composition,counts", [("uniform", (4, 3, 3)), ("5:3:2", (5, 3, 2)), ("2:3:5", (2, 3, 5))]
+)
 def test_s2fl_table1_population(composition, counts):
     pop = draw_population("s2fl_table1", 10, np.random.default_rng(0), composition)
     flops = [d.flops for d in pop.devices]

@@ -29,8 +29,15 @@ def test_every_algorithm_runs_deterministically(algorithm, tmp_path):
     times = [r["sim_time"] for r in a.metrics]
     assert all(t2 > t1 for t1, t2 in zip(times, times[1:], strict=False))
     assert a.metrics[-1]["test_acc"] is not None
-    for name in ("config.yaml", "clients.json", "metrics.jsonl", "summary.json", "accuracy.png",
-                 "model.pt", "checkpoints/last.pt"):
+    for name in (
+        "config.yaml",
+        "clients.json",
+        "metrics.jsonl",
+        "summary.json",
+        "accuracy.png",
+        "model.pt",
+        "checkpoints/last.pt",
+    ):
         assert (a.run_dir / name).exists(), name
 
 
@@ -66,8 +73,9 @@ def test_s2fl_warmup_cycles_cut_points_then_adapts(tmp_path):
 
 def test_s2fl_adaptive_cuts_follow_the_time_table(tmp_path):
     """After warm-up each device's cut is the one closest to the median of the table."""
-    res = splitfl.run(tiny_config(rounds=4, **{"options.s2fl.time_table_update": "last"}),
-                      run_dir=tmp_path / "s")
+    res = splitfl.run(
+        tiny_config(rounds=4, **{"options.s2fl.time_table_update": "last"}), run_dir=tmp_path / "s"
+    )
     prep = prepare(res.config)
     row = res.metrics[3]
     from splitfl.algorithms.s2fl import closest_to_median
@@ -77,8 +85,10 @@ def test_s2fl_adaptive_cuts_follow_the_time_table(tmp_path):
     for r in res.metrics[:3]:
         for c, k, t in zip(r["clients"], r["cuts"], r["client_times"], strict=True):
             prior.setdefault(c, {})[k] = t
-    full = {c: {k: prior.get(c, {}).get(k, prep.ctx.nominal_time(c, k))
-                for k in prep.ctx.cut_points} for c in row["clients"]}
+    full = {
+        c: {k: prior.get(c, {}).get(k, prep.ctx.nominal_time(c, k)) for k in prep.ctx.cut_points}
+        for c in row["clients"]
+    }
     expected, _ = closest_to_median(full)
     assert [expected[c] for c in row["clients"]] == row["cuts"]
 
@@ -87,8 +97,9 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path):
     cfg = tiny_config(rounds=5, **{"output.checkpoint_every": 2})
     full = splitfl.run(cfg, run_dir=tmp_path / "full")
     # simulate a crash after round 4: keep the round-4 checkpoint, extra metric rows
-    part = splitfl.run(tiny_config(rounds=4, **{"output.checkpoint_every": 2}),
-                       run_dir=tmp_path / "part")
+    part = splitfl.run(
+        tiny_config(rounds=4, **{"output.checkpoint_every": 2}), run_dir=tmp_path / "part"
+    )
     (part.run_dir / "config.yaml").write_text((full.run_dir / "config.yaml").read_text())
     (part.run_dir / "model.pt").unlink()
     resumed = splitfl.resume(part.run_dir)
@@ -101,23 +112,27 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path):
 
 def test_resume_after_midway_checkpoint_truncates_metrics(tmp_path):
     cfg = tiny_config(rounds=3, **{"output.checkpoint_every": 2})
-    full = splitfl.run(tiny_config(rounds=3, **{"output.checkpoint_every": 2}),
-                       run_dir=tmp_path / "full")
+    full = splitfl.run(
+        tiny_config(rounds=3, **{"output.checkpoint_every": 2}), run_dir=tmp_path / "full"
+    )
     run_dir = tmp_path / "cut"
     splitfl.run(cfg, run_dir=run_dir)
     # roll the checkpoint back to round 2 by re-running 2 rounds into a fresh directory
-    two = splitfl.run(tiny_config(rounds=2, **{"output.checkpoint_every": 2}),
-                      run_dir=tmp_path / "two")
+    two = splitfl.run(
+        tiny_config(rounds=2, **{"output.checkpoint_every": 2}), run_dir=tmp_path / "two"
+    )
     (run_dir / "checkpoints" / "last.pt").write_bytes(
-        (two.run_dir / "checkpoints" / "last.pt").read_bytes())
+        (two.run_dir / "checkpoints" / "last.pt").read_bytes()
+    )
     resumed = splitfl.resume(run_dir)
     assert [r["round"] for r in resumed.metrics] == [1, 2, 3]
     assert resumed.metrics[-1]["test_acc"] == full.metrics[-1]["test_acc"]
 
 
 def test_non_finite_loss_stops_with_checkpoint_kept(tmp_path):
-    cfg = tiny_config(algorithm="fedavg", model="mlp", rounds=6, **{"train.lr": 1e8,
-                                                        "output.checkpoint_every": 1})
+    cfg = tiny_config(
+        algorithm="fedavg", model="mlp", rounds=6, **{"train.lr": 1e8, "output.checkpoint_every": 1}
+    )
     with pytest.raises(NonFiniteLossError, match="last good checkpoint"):
         splitfl.run(cfg, run_dir=tmp_path / "d")
     summary = json.loads((tmp_path / "d" / "summary.json").read_text())

@@ -6,11 +6,13 @@ Python API (mirrors the CLI)::
     result = splitfl.run("configs/quickstart.yaml", ["rounds=5"])      # splitfl run
     cmp = splitfl.compare("configs/quickstart.yaml", ["fedavg", "s2fl"])  # splitfl compare
     splitfl.resume(result.run_dir)                                     # splitfl run --resume
-    splitfl.load_config("configs/quickstart.yaml")                     # splitfl validate
+    splitfl.validate("configs/quickstart.yaml")                        # splitfl validate
+    splitfl.catalog()                                                  # splitfl list
 """
 
+from splitfl.catalog import catalog
 from splitfl.config import ConfigError, ExperimentConfig, load_config
-from splitfl.engine import CompareResult, RunResult, compare, resume, run
+from splitfl.engine import CompareResult, RunResult, compare, resume, run, validate
 
 __version__ = "0.1.0"
 
@@ -23,4 +25,6 @@ __all__ = [
     "load_config",
     "resume",
     "run",
+    "catalog",
+    "validate",
 ]

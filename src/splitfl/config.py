@@ -238,17 +238,13 @@ def validate(config: ExperimentConfig) -> None:
     _choice(config.algorithm, algorithm_names(), "algorithm")
     _choice(config.model, model_names(), "model")
     _choice(config.executor, sorted(EXECUTORS), "executor")
-    _check(
-        config.threads is None or config.threads >= 1, "threads", "must be >= 1 or null"
-    )
+    _check(config.threads is None or config.threads >= 1, "threads", "must be >= 1 or null")
     _check(config.rounds >= 1, "rounds", f"must be >= 1 (got {config.rounds})")
     d = config.data
     _choice(d.dataset, dataset_names(), "data.dataset")
     _choice(d.partition, sorted(PARTITIONERS), "data.partition")
     if d.partition == "dirichlet":
-        _check(
-            d.p is not None or d.alpha is not None, "data.alpha", "set alpha > 0 (or p >= 0)"
-        )
+        _check(d.p is not None or d.alpha is not None, "data.alpha", "set alpha > 0 (or p >= 0)")
         if d.p is None:
             _check(d.alpha > 0, "data.alpha", f"must be > 0 (got {d.alpha})")
         else:
@@ -272,9 +268,7 @@ def validate(config: ExperimentConfig) -> None:
     _check(0 <= t.momentum < 1, "train.momentum", f"must be in [0, 1) (got {t.momentum})")
     _check(t.weight_decay >= 0, "train.weight_decay", "must be >= 0")
     _check(t.local_epochs >= 1, "train.local_epochs", f"must be >= 1 (got {t.local_epochs})")
-    _check(
-        t.local_steps is None or t.local_steps >= 1, "train.local_steps", "must be >= 1 or null"
-    )
+    _check(t.local_steps is None or t.local_steps >= 1, "train.local_steps", "must be >= 1 or null")
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")

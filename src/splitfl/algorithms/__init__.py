@@ -37,9 +37,7 @@ def algorithm_names() -> list[str]:
     return sorted(ALGORITHMS) + sorted(ALIASES)
 
 
-def resolve_algorithm(
-    name: str, options: dict[str, dict[str, Any]]
-) -> tuple[type[Algorithm], Any]:
+def resolve_algorithm(name: str, options: dict[str, dict[str, Any]]) -> tuple[type[Algorithm], Any]:
     """Class and validated options for ``name`` (an algorithm or an alias).
 
     Options come from ``options[<algorithm>]``, then the alias presets, then ``options[<alias>]``.

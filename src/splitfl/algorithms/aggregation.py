@@ -61,4 +61,3 @@ def layerwise_aggregate(
         else:
             out[key] = torch.round(total / weight_sum).to(current.dtype)
     return out
-

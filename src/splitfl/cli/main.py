@@ -56,7 +56,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     result = compare(
-        config, algorithms, overrides, out_dir=args.out,
+        config,
+        algorithms,
+        overrides,
+        out_dir=args.out,
         progress=False if args.no_progress else None,
     )
     print(result.table)
@@ -65,43 +68,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from splitfl.config import load_config
-    from splitfl.engine import prepare
+    from splitfl.engine import validate
 
     config, overrides = _split_args(args.args)
-    cfg = load_config(config, overrides)
-    prep = prepare(cfg)
-    ctx = prep.ctx
-    print(
-        f"ok: {cfg.algorithm} on {cfg.data.dataset} ({len(ctx.bundle.train)} train samples, "
-        f"{ctx.num_clients} clients), model {cfg.model} ({ctx.num_blocks} blocks, "
-        f"cut points {list(ctx.cut_points)}), devices {cfg.devices.preset}, {cfg.rounds} rounds"
-    )
+    print(validate(config, overrides))
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from splitfl.algorithms import ALGORITHMS, ALIASES
-    from splitfl.data.base import DATASETS, dataset_names
-    from splitfl.models.registry import MODELS, model_names
-    from splitfl.system.devices import COMPOSITIONS, PRESETS
+    from splitfl.catalog import catalog
 
-    print("algorithms:")
-    for name, cls in sorted(ALGORITHMS.items()):
-        print(f"  {name:14s} {cls.paper}")
-    for name, (base, preset) in sorted(ALIASES.items()):
-        print(f"  {name:14s} alias of {base} with {preset or 'defaults'}")
-    print("models:")
-    for name in model_names():
-        print(f"  {name:14s} {MODELS[name].description}")
-    print("datasets:")
-    for name in dataset_names():
-        print(f"  {name:14s} {DATASETS[name].description}")
-    print("device presets:")
-    for name, fn in sorted(PRESETS.items()):
-        doc = (fn.__doc__ or "").strip().splitlines()[0]
-        print(f"  {name:14s} {doc}")
-    print(f"  compositions: {', '.join(COMPOSITIONS)}")
+    for section, entries in catalog().items():
+        print(f"{section.replace('_', ' ')}:")
+        for name, description in entries.items():
+            print(f"  {name:14s} {description}")
     return 0
 
 

@@ -54,16 +54,21 @@ def compare(
     configs = {a: as_config(base.replace(algorithm=a)) for a in algorithms}
     for cfg in configs.values():
         prepare(cfg)
-    folder = Path(out_dir) if out_dir is not None else (
-        Path(base.output.out_dir) / f"compare-{base.data.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
+    folder = (
+        Path(out_dir)
+        if out_dir is not None
+        else (
+            Path(base.output.out_dir)
+            / f"compare-{base.data.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
+        )
     )
     folder.mkdir(parents=True, exist_ok=True)
-    runs = {a: run(cfg, run_dir=folder / a.replace("+", "_plus_"), progress=progress)
-            for a, cfg in configs.items()}
-    target = common_target(runs, base.eval.target_accuracy)
-    summaries = {
-        a: summarize(r.metrics, target, r.summary["status"]) for a, r in runs.items()
+    runs = {
+        a: run(cfg, run_dir=folder / a.replace("+", "_plus_"), progress=progress)
+        for a, cfg in configs.items()
     }
+    target = common_target(runs, base.eval.target_accuracy)
+    summaries = {a: summarize(r.metrics, target, r.summary["status"]) for a, r in runs.items()}
     table = comparison_table(summaries)
     (folder / "comparison.md").write_text(table + "\n")
     (folder / "summary.json").write_text(json.dumps(summaries, indent=2))

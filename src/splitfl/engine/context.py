@@ -133,7 +133,9 @@ def build_context(config: ExperimentConfig) -> RunContext:
         raise ConfigError("data.partition", str(err).splitlines()[0]) from err
     hist = label_histograms(bundle.train.y.numpy(), parts, bundle.num_classes)
     population = draw_population(
-        config.devices.preset, d.num_clients, rng_for(config.seed, "devices"),
+        config.devices.preset,
+        d.num_clients,
+        rng_for(config.seed, "devices"),
         config.devices.composition,
     )
     torch.manual_seed(config.seed)

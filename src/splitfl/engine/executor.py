@@ -117,9 +117,7 @@ class SequentialExecutor:
                     )
                 )
             if server is not None:
-                server_states[group] = {
-                    k: v.detach().cpu() for k, v in server.state_dict().items()
-                }
+                server_states[group] = {k: v.detach().cpu() for k, v in server.state_dict().items()}
         return RoundResult(updates=updates, server_states=server_states)
 
     def _split_step(self, workers, server, server_opt, step, fetch, plan: RoundPlan) -> None:

@@ -56,6 +56,20 @@ def prepare(config: ExperimentConfig) -> Prepared:
     return Prepared(config, ctx, cls(options, ctx))
 
 
+def validate(
+    config: ExperimentConfig | str | Path | dict, overrides: list[str] | None = None
+) -> str:
+    """Check a config and that it fits its data and model, without running (``splitfl
+    validate``). Returns a one-line description; raises ConfigError / DatasetNotFoundError."""
+    cfg = as_config(config, overrides)
+    ctx = prepare(cfg).ctx
+    return (
+        f"ok: {cfg.algorithm} on {cfg.data.dataset} ({len(ctx.bundle.train)} train samples, "
+        f"{ctx.num_clients} clients), model {cfg.model} ({ctx.num_blocks} blocks, "
+        f"cut points {list(ctx.cut_points)}), devices {cfg.devices.preset}, {cfg.rounds} rounds"
+    )
+
+
 def new_run_dir(config: ExperimentConfig, parent: Path | None = None) -> Path:
     base = parent or Path(config.output.out_dir)
     name = config.output.name or (
@@ -160,11 +174,17 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
     test = ctx.bundle.test
     show = config.output.progress if progress is None else progress
     bar = tqdm(
-        range(first_round, config.rounds), initial=first_round, total=config.rounds,
-        desc=config.algorithm, disable=not show, leave=False, dynamic_ncols=True,
+        range(first_round, config.rounds),
+        initial=first_round,
+        total=config.rounds,
+        desc=config.algorithm,
+        disable=not show,
+        leave=False,
+        dynamic_ncols=True,
     )
     t0 = time.perf_counter() - wall_offset
     status = "ok"
+
     def checkpoint(rounds_done: int) -> None:
         _save_checkpoint(
             run_dir,

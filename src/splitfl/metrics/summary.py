@@ -70,8 +70,14 @@ def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
     target = next(iter(summaries.values()))["target_accuracy"] if summaries else None
     tgt = f"{100 * target:.0f}%" if target else "target"
     header = [
-        "algorithm", "final acc %", "best acc %", f"time to {tgt}", f"traffic to {tgt}",
-        "total sim time", "avg waiting", "status",
+        "algorithm",
+        "final acc %",
+        "best acc %",
+        f"time to {tgt}",
+        f"traffic to {tgt}",
+        "total sim time",
+        "avg waiting",
+        "status",
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, s in summaries.items():

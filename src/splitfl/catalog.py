@@ -1,0 +1,25 @@
+"""What is registered: the Python twin of ``splitfl list``."""
+
+from __future__ import annotations
+
+
+def catalog() -> dict[str, dict[str, str]]:
+    """``{"algorithms"|"models"|"datasets"|"device_presets": {name: description}}``."""
+    from splitfl.algorithms import ALGORITHMS, ALIASES
+    from splitfl.data.base import DATASETS, dataset_names
+    from splitfl.models.registry import MODELS, model_names
+    from splitfl.system.devices import COMPOSITIONS, PRESETS
+
+    algorithms = {name: cls.paper for name, cls in sorted(ALGORITHMS.items())}
+    for name, (base, preset) in sorted(ALIASES.items()):
+        algorithms[name] = f"alias of {base} with {preset or 'defaults'}"
+    presets = {
+        name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in sorted(PRESETS.items())
+    }
+    return {
+        "algorithms": algorithms,
+        "models": {name: MODELS[name].description for name in model_names()},
+        "datasets": {name: DATASETS[name].description for name in dataset_names()},
+        "device_presets": presets,
+        "compositions": {name: ":".join(map(str, w)) for name, w in COMPOSITIONS.items()},
+    }
