@@ -290,10 +290,14 @@ def test_dirichlet_small_alpha_more_skewed():
     assert max_fraction(0.1) > max_fraction(100.0) + 0.3
 
 
-def test_dirichlet_impossible_min_samples_raises():
+def test_dirichlet_impossible_min_samples_raises_and_hard_draws_are_topped_up():
     labels = np.repeat([0, 1], 50)
-    with pytest.raises(ValueError, match="attempts"):
-        partition_indices("dirichlet", labels, 30, np.random.default_rng(0), alpha=0.001)
+    with pytest.raises(ValueError, match="cannot give"):
+        partition_indices(
+            "dirichlet", labels, 30, np.random.default_rng(0), alpha=0.001, min_samples=4
+        )
+    parts = partition_indices("dirichlet", labels, 30, np.random.default_rng(0), alpha=0.001)
+    assert min(len(p) for p in parts) >= 1
     with pytest.raises(ValueError, match="cannot give"):
         partition_indices("iid", labels, 30, np.random.default_rng(0), min_samples=5)
 
@@ -373,3 +377,28 @@ def test_real_shared_datasets_load():
         "natural", mnist.train.y.numpy(), 50, np.random.default_rng(0), writers=mnist.train.writers
     )
     assert len(parts) == 50
+
+
+def test_dirichlet_cap_makes_small_alpha_feasible_and_bounds_sizes():
+    # Prepare: 500 samples, 10 balanced classes, 50 clients, alpha 0.1, min 5
+    labels = np.repeat(np.arange(10), 50)
+    # Execute
+    parts = partition_indices(
+        "dirichlet",
+        labels,
+        50,
+        np.random.default_rng(0),
+        alpha=0.1,
+        dirichlet_cap=True,
+        min_samples=5,
+    )
+    # Assert: disjoint cover, min honoured; a capped client stops at the first class that
+    # takes it past N/n = 10 samples, so no client holds more than 10 + one class (50)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(500))
+    assert min(len(p) for p in parts) >= 5
+    # without the cap no draw reaches min 5 here: the top-up still guarantees it
+    parts = partition_indices(
+        "dirichlet", labels, 50, np.random.default_rng(0), alpha=0.1, min_samples=5
+    )
+    assert min(len(p) for p in parts) >= 5
+    assert sorted(np.concatenate(parts).tolist()) == list(range(500))

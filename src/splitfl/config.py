@@ -27,13 +27,16 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class DataConfig:
     """Dataset and partition. ``alpha`` is the Dirichlet concentration (S²FL's ``a``,
-    MergeSFL's ``δ``); ``p = 1/δ`` may be given instead (``p = 0`` means IID)."""
+    MergeSFL's ``δ``); ``p = 1/δ`` may be given instead (``p = 0`` means IID).
+    ``dirichlet_cap`` stops dealing to clients that hold ``N/num_clients`` samples already
+    (NIID-Bench/FedMR rule; needed for small alpha with many small clients)."""
 
     dataset: str = "digits"
     root: str | None = None
     partition: str = "dirichlet"
     alpha: float | None = 0.5
     p: float | None = None
+    dirichlet_cap: bool = False
     classes_per_client: int = 2
     num_clients: int = 20
     min_samples: int = 10

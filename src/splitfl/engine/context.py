@@ -125,6 +125,7 @@ def build_context(config: ExperimentConfig) -> RunContext:
             d.num_clients,
             rng_for(config.seed, "partition"),
             alpha=alpha,
+            dirichlet_cap=d.dirichlet_cap,
             classes_per_client=d.classes_per_client,
             writers=bundle.train.writers,
             min_samples=d.min_samples,
