@@ -14,9 +14,9 @@ Schemes (see :func:`partition_indices`):
   is ``alpha``; where a paper states ``p = 1/delta`` the config layer converts before calling.
   Draws are repeated (at most :data:`MAX_DIRICHLET_ATTEMPTS` times) until every client has
   ``min_samples``; if none does, the last draw is topped up by moving random samples from the
-  largest clients to the short ones (:func:`_top_up`). With ``cap=True`` a client that already holds ``N / num_clients`` samples
-  gets no share of later classes (the NIID-Bench rule also used by FedMR, the S²FL authors'
-  group), which makes small ``alpha`` with many small clients feasible.
+  largest clients to the short ones (:func:`_top_up`). With ``cap=True`` a client that
+  already holds ``N / num_clients`` samples gets no share of later classes (the NIID-Bench
+  rule also used by FedMR, the S²FL authors' group).
 * ``shards``: McMahan et al. 2017 pathological non-iid: sort by label, cut into
   ``num_clients * classes_per_client`` shards and give each client ``classes_per_client``
   shards, swapping shards between clients so that a client's shards come from distinct
