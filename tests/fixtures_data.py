@@ -10,6 +10,7 @@ import gzip
 import json
 import pickle
 import struct
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -195,3 +196,94 @@ def write_femnist_leaf(
             path = folder / f"all_data_{f}_niid_05_keep_0_{split}_9.json"
             path.write_text(json.dumps(blob))
     return arrays
+
+
+HAR_SIGNALS = [
+    f"{kind}_{axis}" for kind in ("body_acc", "body_gyro", "total_acc") for axis in "xyz"
+]
+
+
+def write_har(
+    dir: Path, n_train: int = 12, n_test: int = 6, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Write ``dir/UCI HAR Dataset/{train,test}/`` (inertial signals, ``y_*``, ``subject_*``).
+
+    Signal values have 4 decimals, written as in the official files (``%.7e``, leading and
+    double spaces), so ``float32(value)`` is exactly what a loader can recover. Returns
+    ``<split>_x`` ``[N, 128, 9]`` float64 (signals in the official order), ``<split>_y``
+    (1..6) and ``<split>_subject``.
+    """
+    rng = np.random.default_rng(seed)
+    base = Path(dir) / "UCI HAR Dataset"
+    out: dict[str, np.ndarray] = {}
+    for split, n, subjects in (("train", n_train, (1, 3, 5)), ("test", n_test, (2, 4))):
+        signals = base / split / "Inertial Signals"
+        signals.mkdir(parents=True, exist_ok=True)
+        x = np.round(rng.normal(0.0, 0.5, (n, 128, 9)), 4)
+        y = (np.arange(n) % 6 + 1).astype(np.int64)
+        subject = np.asarray([subjects[i % len(subjects)] for i in range(n)], dtype=np.int64)
+        for k, name in enumerate(HAR_SIGNALS):
+            rows = ["  " + "  ".join(f"{v:.7e}" for v in x[i, :, k]) for i in range(n)]
+            (signals / f"{name}_{split}.txt").write_text("\n".join(rows) + "\n")
+        (base / split / f"y_{split}.txt").write_text("".join(f"{v}\n" for v in y))
+        (base / split / f"subject_{split}.txt").write_text("".join(f"{v}\n" for v in subject))
+        out.update({f"{split}_x": x, f"{split}_y": y, f"{split}_subject": subject})
+    return out
+
+
+SPEECH_SPEAKERS = ("0a7c2a8d", "1b4c9b89", "c1d39ce8")
+SPEECH_LENGTHS = (16000, 9000, 12345, 16400)  # full, short (padded), short, long (trimmed)
+
+
+def _write_wav(path: Path, samples: np.ndarray, rate: int = 16000) -> None:
+    with wave.open(str(path), "wb") as fh:
+        fh.setnchannels(1)
+        fh.setsampwidth(2)
+        fh.setframerate(rate)
+        fh.writeframes(np.asarray(samples, dtype="<i2").tobytes())
+
+
+def write_speech_commands(
+    dir: Path, labels: tuple[str, ...] = ("yes", "no", "up"), per_label: int = 4, seed: int = 0
+) -> dict:
+    """Write ``dir/SpeechCommands/speech_commands_v0.02/`` with real 16-bit 16 kHz WAVs.
+
+    Clip ``i`` of a label is ``<speaker>_nohash_<i // 3>.wav`` with speaker
+    ``SPEECH_SPEAKERS[i % 3]`` and ``SPEECH_LENGTHS[i % 4]`` samples; clip 1 of every label goes
+    to ``validation_list.txt``, clip 2 to ``testing_list.txt``. A ``_background_noise_`` folder
+    (long WAV + README) and a top-level ``README.md`` are added and must be ignored.
+    Returns ``folder``, ``labels`` (sorted), ``files`` (relative path → int16 samples),
+    ``validation``, ``testing`` and ``train`` (sorted relative paths).
+    """
+    rng = np.random.default_rng(seed)
+    folder = Path(dir) / "SpeechCommands" / "speech_commands_v0.02"
+    files: dict[str, np.ndarray] = {}
+    validation, testing = [], []
+    for label in labels:
+        (folder / label).mkdir(parents=True, exist_ok=True)
+        for i in range(per_label):
+            rel = f"{label}/{SPEECH_SPEAKERS[i % 3]}_nohash_{i // 3}.wav"
+            samples = rng.integers(-32768, 32768, SPEECH_LENGTHS[i % 4]).astype(np.int16)
+            samples[0] = -32768  # the extreme maps to exactly -1.0
+            _write_wav(folder / rel, samples)
+            files[rel] = samples
+            if i == 1:
+                validation.append(rel)
+            elif i == 2:
+                testing.append(rel)
+    noise = folder / "_background_noise_"
+    noise.mkdir(parents=True, exist_ok=True)
+    _write_wav(noise / "white_noise.wav", rng.integers(-100, 100, 40000).astype(np.int16))
+    (noise / "README.md").write_text("background noise clips\n")
+    (folder / "README.md").write_text("Speech Commands fixture\n")
+    (folder / "validation_list.txt").write_text("".join(f"{r}\n" for r in validation))
+    (folder / "testing_list.txt").write_text("".join(f"{r}\n" for r in testing))
+    held = set(validation) | set(testing)
+    return {
+        "folder": folder,
+        "labels": sorted(labels),
+        "files": files,
+        "validation": sorted(validation),
+        "testing": sorted(testing),
+        "train": sorted(r for r in files if r not in held),
+    }

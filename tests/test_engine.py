@@ -86,7 +86,7 @@ def test_s2fl_adaptive_cuts_follow_the_time_table(tmp_path):
         for c, k, t in zip(r["clients"], r["cuts"], r["client_times"], strict=True):
             prior.setdefault(c, {})[k] = t
     full = {
-        c: {k: prior.get(c, {}).get(k, prep.ctx.nominal_time(c, k)) for k in prep.ctx.cut_points}
+        c: {k: prior.get(c, {}).get(k, prep.ctx.nominal_time(c, k, 3)) for k in prep.ctx.cut_points}
         for c in row["clients"]
     }
     expected, _ = closest_to_median(full)

@@ -45,7 +45,12 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+SHAPES = {"cnn_h": (1, 128, 9), "cnn_s": (1, 16000), "vgg16_image100": (3, 64, 64)}  # MergeSFL
+
+
 def input_shape(name: str) -> tuple[int, ...]:
+    if name in SHAPES:
+        return SHAPES[name]
     if name in DIGITS:
         return (1, 8, 8)
     if name in MNIST:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.system.cost import ClientCost
 
 if TYPE_CHECKING:
     from splitfl.engine.context import RunContext
@@ -100,6 +101,17 @@ class RoundResult:
         return sum(u.loss_sum for u in self.updates) / max(samples, 1)
 
 
+@dataclass
+class RoundReport:
+    """What the simulated clock measured in a round, as the algorithm's state estimation
+    would see it: each participant's time (after jitter) and cost breakdown."""
+
+    times: dict[int, float]
+    costs: dict[int, ClientCost]
+    jitter: dict[int, float]
+    round_time: float
+
+
 class Algorithm:
     """Base class: uniform client selection, Algorithm-1 aggregation, no state.
 
@@ -125,8 +137,8 @@ class Algorithm:
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         raise NotImplementedError(f"{type(self).__name__} must implement plan_round")
 
-    def observe(self, round_idx: int, plan: RoundPlan, client_times: dict[int, float]) -> None:
-        """Called with every participant's simulated round time (after jitter)."""
+    def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
+        """Called with every participant's measured round time and cost (after jitter)."""
 
     def aggregate(
         self, global_state: dict[str, torch.Tensor], plan: RoundPlan, result: RoundResult

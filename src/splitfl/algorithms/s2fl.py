@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.base import Algorithm, RoundPlan
+from splitfl.algorithms.base import Algorithm, RoundPlan, RoundReport
 from splitfl.algorithms.data_balance import balanced_groups, partition_cost
 
 
@@ -101,11 +101,11 @@ class S2FL(Algorithm):
             return list(range(self.ctx.num_clients))
         return super().select_clients(round_idx, rng)
 
-    def table_time(self, device: int, cut: int) -> float:
+    def table_time(self, device: int, cut: int, round_idx: int) -> float:
         """A time-table entry: measured (mean or last), else the Eq. (1) profile estimate."""
         entry = self.time_table.get(device, {}).get(cut)
         if entry is None:
-            return self.ctx.nominal_time(device, cut)
+            return self.ctx.nominal_time(device, cut, round_idx)
         total, count, last = entry
         return total / count if self.options.time_table_update == "mean" else last
 
@@ -115,7 +115,7 @@ class S2FL(Algorithm):
         if self.is_warmup(round_idx):
             cut = self.cut_points[round_idx]
             return {c: cut for c in clients}, {"split": "warm-up"}
-        table = {c: {k: self.table_time(c, k) for k in self.cut_points} for c in clients}
+        table = {c: {k: self.table_time(c, k, round_idx) for k in self.cut_points} for c in clients}
         choice, median = closest_to_median(table)
         return choice, {"split": "adaptive", "median_time": median}
 
@@ -145,12 +145,12 @@ class S2FL(Algorithm):
             info={**split_info, **group_info},
         )
 
-    def observe(self, round_idx: int, plan: RoundPlan, client_times: dict[int, float]) -> None:
+    def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         """§3.1: update the client time table with each device's measured time at its cut."""
         for task in plan.tasks:
             row = self.time_table.setdefault(task.client, {})
             total, count, _ = row.get(task.cut, [0.0, 0, 0.0])
-            t = client_times[task.client]
+            t = report.times[task.client]
             row[task.cut] = [total + t, count + 1, t]
 
     def state_dict(self) -> dict:

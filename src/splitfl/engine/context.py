@@ -12,8 +12,8 @@ import torch
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.data import DatasetBundle, load_dataset, partition_indices
 from splitfl.data.partition import label_histograms
-from splitfl.engine.seeding import rng_for
 from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
+from splitfl.seeding import rng_for
 from splitfl.system import ClientCost, Population, draw_population, split_client_cost
 
 
@@ -62,21 +62,22 @@ class RunContext:
     def round_samples(self, client: int, batch_size: int, steps: int) -> int:
         return sum(batch_sizes(int(self.data_sizes[client]), batch_size, steps))
 
-    def client_cost(self, client: int, cut: int, samples: int) -> ClientCost:
+    def client_cost(self, client: int, cut: int, samples: int, round_idx: int) -> ClientCost:
+        """Shared cost model (S²FL Eq. 1) for ``client``'s profile in round ``round_idx``."""
         return split_client_cost(
             self.profile,
             cut,
             samples,
-            self.population.devices[client],
+            self.population.at(client, round_idx),
             self.population.server,
             self.config.devices.label_bytes,
         )
 
-    def nominal_time(self, client: int, cut: int) -> float:
+    def nominal_time(self, client: int, cut: int, round_idx: int) -> float:
         """Eq. (1) time of ``client`` at ``cut`` with the run's batch size, no jitter."""
         b = self.config.train.batch_size
         samples = self.round_samples(client, b, self.local_steps(client, b))
-        return self.client_cost(client, cut, samples).time
+        return self.client_cost(client, cut, samples, round_idx).time
 
     def resolve_cut(self, cut: int | None, algorithm: str) -> int:
         """An algorithm's ``cut`` option, or the model's last candidate cut when null."""

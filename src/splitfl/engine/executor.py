@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from splitfl.algorithms.base import ClientTask, ClientUpdate, RoundPlan, RoundResult
-from splitfl.engine.seeding import derive_seed
 from splitfl.models import BlockModel, ModelPart
+from splitfl.seeding import derive_seed
 
 
 class NonFiniteLossError(RuntimeError):

@@ -3,7 +3,7 @@
 A run directory holds ``config.yaml`` (resolved), ``clients.json`` (label histograms and device
 profiles), ``metrics.jsonl`` (one row per round), ``summary.json``, ``accuracy.png`` and
 ``checkpoints/last.pt``. Optimisers are created afresh each round and every random stream is
-derived from ``(seed, purpose, round)`` (see :mod:`splitfl.engine.seeding`), so a checkpoint of
+derived from ``(seed, purpose, round)`` (see :mod:`splitfl.seeding`), so a checkpoint of
 the global model, the algorithm state and the clock is all a resume needs to reproduce an
 uninterrupted run exactly.
 """
@@ -21,12 +21,13 @@ import torch
 from tqdm import tqdm
 
 from splitfl.algorithms import Algorithm, resolve_algorithm
+from splitfl.algorithms.base import RoundReport
 from splitfl.config import ConfigError, ExperimentConfig, dump_config, load_config
 from splitfl.engine.context import RunContext, build_context
 from splitfl.engine.executor import NonFiniteLossError, evaluate, make_executor
-from splitfl.engine.seeding import derive_seed, rng_for
 from splitfl.metrics.plots import plot_accuracy
 from splitfl.metrics.summary import read_metrics, summarize, write_metrics
+from splitfl.seeding import derive_seed, rng_for
 from splitfl.system import LINKS, SimClock, Traffic, jitter_factors, round_times
 
 
@@ -206,13 +207,15 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
             clients = algorithm.select_clients(r, rng_for(config.seed, "select", r))
             plan = algorithm.plan_round(r, clients, rng_for(config.seed, "plan", r))
             result = executor.run_round(ctx, global_state, plan, derive_seed(config.seed, "b", r))
-            costs = {u.client: ctx.client_cost(u.client, u.cut, u.samples) for u in result.updates}
+            costs = {
+                u.client: ctx.client_cost(u.client, u.cut, u.samples, r) for u in result.updates
+            }
             jitter = jitter_factors(
                 sorted(costs), config.devices.jitter, rng_for(config.seed, "jitter", r)
             )
             times = {c: cost.time * jitter[c] for c, cost in costs.items()}
             round_time, waits = round_times(times)
-            algorithm.observe(r, plan, times)
+            algorithm.observe(r, plan, RoundReport(times, costs, jitter, round_time))
             global_state = algorithm.aggregate(global_state, plan, result)
             clock.advance(round_time)
             traffic = Traffic()
@@ -229,7 +232,7 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
                 "test_loss": None,
                 "avg_waiting": sum(waits.values()) / len(waits),
                 "energy_j": sum(
-                    c.device_time * jitter[k] * ctx.population.devices[k].power
+                    c.device_time * jitter[k] * ctx.population.at(k, r).power
                     for k, c in costs.items()
                 ),
                 **{f"bytes_{link}": getattr(traffic, link) for link in LINKS},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -32,12 +33,26 @@ class DeviceProfile:
         return asdict(self)
 
 
+class DeviceSchedule(Protocol):
+    """Time-varying devices: the profile of ``client`` in round ``round_idx`` (deterministic)."""
+
+    def __call__(self, client: int, round_idx: int) -> DeviceProfile: ...
+
+
 @dataclass(frozen=True)
 class Population:
-    """The devices of a run (one profile per client) and the server profile."""
+    """The devices of a run (one base profile per client), the server profile and, for
+    time-varying presets, a schedule giving each client's profile in a given round."""
 
     devices: tuple[DeviceProfile, ...]
     server: DeviceProfile
+    schedule: DeviceSchedule | None = None
+
+    def at(self, client: int, round_idx: int) -> DeviceProfile:
+        """Profile of ``client`` in round ``round_idx`` (the base profile if static)."""
+        if self.schedule is None:
+            return self.devices[client]
+        return self.schedule(client, round_idx)
 
 
 #: S²FL Table 1: three FLOPS levels and three transfer-rate levels, drawn independently.
@@ -81,6 +96,16 @@ def s2fl_table1(n: int, rng: np.random.Generator, composition: str = "uniform") 
     return Population(devices, S2FL_SERVER)
 
 
+def jetson80(n: int, rng: np.random.Generator, composition: str = "uniform") -> Population:
+    """MergeSFL §V-A testbed: 30 TX2, 40 NX, 10 AGX; modes redrawn every 20 rounds; 1-30 Mb/s.
+
+    See :mod:`splitfl.system.jetson` for the mode table and the bandwidth model.
+    """
+    from splitfl.system.jetson import jetson_population
+
+    return jetson_population(n, rng)
+
+
 def homogeneous(n: int, rng: np.random.Generator, composition: str = "uniform") -> Population:
     """Identical mid-level devices (a control with no system heterogeneity)."""
     dev = DeviceProfile(flops=1e10, uplink=2e6, downlink=2e6, d2d=2e6, power=5.0, kind="mid")
@@ -90,6 +115,7 @@ def homogeneous(n: int, rng: np.random.Generator, composition: str = "uniform") 
 PRESETS: dict[str, Callable[..., Population]] = {
     "s2fl_table1": s2fl_table1,
     "homogeneous": homogeneous,
+    "jetson80": jetson80,
 }
 
 

@@ -3,6 +3,7 @@
 from splitfl.models.zoo import (  # noqa: F401
     alexnet,
     lenet,
+    mergesfl_models,
     mobilenet,
     resnet,
     small,

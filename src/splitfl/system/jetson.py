@@ -1,0 +1,91 @@
+"""Preset ``jetson80``: the MergeSFL / ParallelSFL testbed of 80 NVIDIA Jetson workers.
+
+MergeSFL §V-A: 30 Jetson TX2 (4 performance modes), 40 Jetson NX and 10 Jetson AGX (8 modes
+each); "the AGX with highest performance mode achieves training by 100× faster than the TX2
+with lowest performance mode"; modes are changed at random every 20 rounds. Workers sit in
+four groups of 20 at 2, 8, 14 and 20 m from the WiFi routers; bandwidth fluctuates between
+1 and 30 Mb/s from round to round.
+
+The paper gives no per-mode speeds, so splitfl models *effective training* FLOP/s per mode as
+geometric ladders with the stated 100× end-to-end spread (AGX mode 0 = 1e12, TX2 slowest =
+1e10), and each distance group as a uniform bandwidth range narrowing toward the stated 1–30
+Mb/s extremes. With ``n != 80`` the 3:4:1 mix and the four groups are kept proportionally.
+Everything is drawn from the run's seed, per (client, mode period) and (client, round).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from splitfl.seeding import rng_for
+from splitfl.system.devices import DeviceProfile, Population
+
+MODE_PERIOD = 20  # rounds between random mode changes (MergeSFL §V-A)
+MBPS = 1e6 / 8  # bytes/s per Mb/s
+
+#: Effective training FLOP/s per mode (mode 0 fastest): TX2 4 modes, NX and AGX 8 modes.
+MODES = {
+    "TX2": tuple(float(v) for v in np.geomspace(4e10, 1e10, 4)),
+    "NX": tuple(float(v) for v in np.geomspace(2.5e11, 3e10, 8)),
+    "AGX": tuple(float(v) for v in np.geomspace(1e12, 1.2e11, 8)),
+}
+POWER_W = {"TX2": 15.0, "NX": 15.0, "AGX": 30.0}
+KIND_COUNTS = {"TX2": 30, "NX": 40, "AGX": 10}
+#: Bandwidth range (Mb/s) per distance group: 2 m, 8 m, 14 m, 20 m from the router.
+DISTANCE_MBPS = ((15.0, 30.0), (8.0, 22.0), (3.0, 14.0), (1.0, 8.0))
+#: Parameter server: a workstation (four 2080Ti); ingress measured like a worker link.
+SERVER = DeviceProfile(flops=5e13, uplink=1e9 / 8, downlink=1e9 / 8, power=250.0, kind="PS")
+
+
+@dataclass(frozen=True)
+class JetsonSchedule:
+    """Per-round profile of each worker: mode per 20-round period, bandwidth per round."""
+
+    kinds: tuple[str, ...]
+    groups: tuple[int, ...]
+    seed: int
+
+    def mode(self, client: int, round_idx: int) -> int:
+        period = round_idx // MODE_PERIOD
+        return int(
+            rng_for(self.seed, "mode", period, client).integers(len(MODES[self.kinds[client]]))
+        )
+
+    def bandwidth(self, client: int, round_idx: int) -> float:
+        low, high = DISTANCE_MBPS[self.groups[client]]
+        return float(rng_for(self.seed, "bw", round_idx, client).uniform(low, high)) * MBPS
+
+    def __call__(self, client: int, round_idx: int) -> DeviceProfile:
+        kind = self.kinds[client]
+        mode = self.mode(client, round_idx)
+        rate = self.bandwidth(client, round_idx)
+        return DeviceProfile(
+            flops=MODES[kind][mode],
+            uplink=rate,
+            downlink=rate,
+            d2d=rate,
+            power=POWER_W[kind],
+            kind=f"{kind}-mode{mode}-group{self.groups[client]}",
+        )
+
+
+def _proportional(n: int, weights: list[float]) -> list[int]:
+    w = np.asarray(weights, dtype=float) / sum(weights)
+    counts = np.floor(w * n).astype(int)
+    for i in np.argsort(-(w * n - counts))[: n - counts.sum()]:
+        counts[i] += 1
+    return counts.tolist()
+
+
+def jetson_population(n: int, rng: np.random.Generator) -> Population:
+    """``n`` Jetson workers (3:4:1 TX2:NX:AGX, four distance groups), shuffled with ``rng``."""
+    counts = _proportional(n, list(KIND_COUNTS.values()))
+    kinds = [k for k, c in zip(KIND_COUNTS, counts, strict=True) for _ in range(c)]
+    kinds = [str(k) for k in rng.permutation(kinds)]
+    groups = [g for g, c in enumerate(_proportional(n, [1, 1, 1, 1])) for _ in range(c)]
+    groups = [int(g) for g in rng.permutation(groups)]
+    schedule = JetsonSchedule(tuple(kinds), tuple(groups), int(rng.integers(2**62)))
+    base = tuple(schedule(c, 0) for c in range(n))
+    return Population(base, SERVER, schedule)

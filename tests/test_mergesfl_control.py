@@ -1,0 +1,258 @@
+"""MergeSFL §IV-A control module (Alg. 1, Eq. 5-14) on hand-made inputs."""
+
+import math
+
+import numpy as np
+import pytest
+
+from splitfl.algorithms.mergesfl_control import (
+    arrange_workers,
+    average_waiting_time,
+    bandwidth_feasible,
+    finetune_batch_sizes,
+    ga_select,
+    iid_reference,
+    iteration_times,
+    kl_divergence,
+    label_mixture,
+    moving_average,
+    priorities,
+    regulate_batch_sizes,
+    scale_to_budget,
+    waiting_increase,
+)
+
+
+def test_moving_average_eq5():
+    assert moving_average(None, 3.5) == 3.5
+    assert moving_average(10.0, 20.0) == pytest.approx(12.0)  # 0.8·10 + 0.2·20
+    assert moving_average(10.0, 20.0, alpha=0.0) == 20.0
+    assert moving_average(10.0, 20.0, alpha=1.0) == 10.0
+
+
+def test_eq9_batch_sizes_by_hand():
+    mu = np.array([0.5, 1.5, 2.0, 0.25])
+    beta = np.array([0.5, 0.5, 1.0, 0.25])  # μ+β = [1, 2, 3, 0.5]; fastest is worker 3
+    assert regulate_batch_sizes(mu, beta, 64).tolist() == [32, 16, 10, 64]
+    # a worker 1000x slower than the fastest still gets one sample
+    assert regulate_batch_sizes(np.array([1.0, 1000.0]), np.zeros(2), 64).tolist() == [64, 1]
+    # exact quotients are not floored down by float error: 0.1+0.2 vs 0.3
+    assert regulate_batch_sizes(np.array([0.3, 0.1]), np.array([0.0, 0.2]), 10).tolist() == [
+        10,
+        10,
+    ]
+
+
+def test_eq7_eq8_times():
+    batch = np.array([32, 16, 10, 64])
+    per_sample = np.array([1.0, 2.0, 3.0, 0.5])
+    times = iteration_times(batch, per_sample, np.zeros(4), tau=2)
+    assert times.tolist() == [64.0, 64.0, 60.0, 64.0]
+    assert average_waiting_time(times) == pytest.approx(1.0)  # (0 + 0 + 4 + 0) / 4
+    assert average_waiting_time(np.array([])) == 0.0
+
+
+def test_eq13_priorities():
+    # K+1 = [1, 2, 4], Σ = 7
+    assert priorities(np.array([0, 1, 3])).tolist() == pytest.approx([7.0, 3.5, 1.75])
+    assert priorities(np.zeros(5)).tolist() == [5.0] * 5
+
+
+def test_eq11_eq12_two_workers_two_classes_by_hand():
+    dists = np.array([[1.0, 0.0], [0.5, 0.5]])
+    batch = np.array([10, 30])
+    phi0 = iid_reference(dists)
+    assert phi0.tolist() == [0.75, 0.25]
+    phi = label_mixture(batch, dists, np.array([0, 1]))
+    assert phi.tolist() == pytest.approx([0.625, 0.375])  # (10·[1,0] + 30·[.5,.5]) / 40
+    assert label_mixture(batch, dists, np.array([True, True])).tolist() == phi.tolist()
+    assert label_mixture(batch, dists, np.array([False, True])).tolist() == [0.5, 0.5]
+    expected = 0.625 * math.log(0.625 / 0.75) + 0.375 * math.log(0.375 / 0.25)
+    assert kl_divergence(phi, phi0) == pytest.approx(expected)
+    with pytest.raises(ValueError):
+        label_mixture(np.array([0, 0]), dists, np.array([0, 1]))
+
+
+def test_kl_nonnegative_zero_iff_equal_and_zero_log_zero():
+    assert kl_divergence([1.0, 0.0], [0.5, 0.5]) == pytest.approx(math.log(2))  # 0·log 0 = 0
+    assert kl_divergence([0.2, 0.8], [0.2, 0.8]) == 0.0
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        p, q = rng.dirichlet(np.full(6, 0.5), size=2)
+        assert kl_divergence(p, q) > 0.0
+        assert kl_divergence(p, p) == pytest.approx(0.0, abs=1e-15)
+
+
+def test_eq10_bandwidth_feasible():
+    batch = np.array([10, 20, 30])
+    assert bandwidth_feasible(np.array([True, True, False]), batch, 2.0, 60.0)
+    assert not bandwidth_feasible(np.array([1, 2]), batch, 2.0, 99.0)
+    assert bandwidth_feasible(np.array([1, 2]), batch, 2.0, 100.0)
+    assert bandwidth_feasible(np.array([0, 1, 2]), np.full(3, 0.1), 1.0, 0.3)  # round-off
+
+
+def _random_instance(rng, n):
+    dists = rng.dirichlet(np.full(5, 0.3), size=n)
+    batch = rng.integers(1, 65, size=n)
+    cost = float(rng.uniform(0.5, 3.0))
+    budget = float(rng.uniform(batch.min() * cost, batch.sum() * cost))
+    prio = priorities(rng.integers(0, 6, size=n))
+    return dists, batch, cost, budget, prio
+
+
+def test_ga_never_violates_eq10():
+    rng = np.random.default_rng(1)
+    for trial in range(40):
+        n = int(rng.integers(1, 16))
+        dists, batch, cost, budget, prio = _random_instance(rng, n)
+        for seed in range(3):
+            sel = ga_select(
+                dists, batch, cost, budget, prio, np.random.default_rng(seed), 8, 6, 0.2
+            )
+            assert sel.size >= 1, trial
+            assert np.all(np.diff(sel) > 0)  # sorted, unique
+            assert batch[sel].sum() * cost <= budget * (1 + 1e-9), (trial, seed)
+            assert bandwidth_feasible(sel, batch, cost, budget)
+
+
+def test_ga_raises_when_no_single_worker_fits():
+    dists = np.eye(3)
+    with pytest.raises(ValueError, match="budget"):
+        ga_select(dists, np.array([10, 20, 30]), 1.0, 9.0, np.ones(3), np.random.default_rng(0))
+
+
+def _single_class_instance():
+    # 40 workers, 20 classes, worker i holds only class i % 20; the budget fits exactly 20
+    # workers, so only a set with one worker per class reaches Φ_h = Φ_0 (KL = 0): 2^20 of the
+    # C(40, 20) ≈ 1.4e11 sets of 20.
+    n, classes = 40, 20
+    dists = np.zeros((n, classes))
+    dists[np.arange(n), np.arange(n) % classes] = 1.0
+    return dists, np.full(n, 10), 1.0, 200.0, np.ones(n)
+
+
+def test_ga_beats_random_feasible_selections():
+    dists, batch, cost, budget, prio = _single_class_instance()
+    phi0 = iid_reference(dists)
+    rng = np.random.default_rng(7)
+    best_random = math.inf
+    for _ in range(200):
+        genes = rng.random(dists.shape[0]) < rng.random()
+        if not genes.any():
+            genes[rng.integers(genes.size)] = True
+        while not bandwidth_feasible(genes, batch, cost, budget):
+            on = np.flatnonzero(genes)
+            genes[on[rng.integers(on.size)]] = False
+        best_random = min(best_random, kl_divergence(label_mixture(batch, dists, genes), phi0))
+    assert best_random > 0.0
+    for seed in range(3):
+        sel = ga_select(dists, batch, cost, budget, prio, np.random.default_rng(seed))
+        kl = kl_divergence(label_mixture(batch, dists, sel), phi0)
+        assert kl <= best_random
+        assert kl == pytest.approx(0.0, abs=1e-12)
+        assert sorted(sel % 20) == list(range(20))
+
+
+def test_ga_deterministic_for_fixed_seed():
+    rng = np.random.default_rng(3)
+    dists, batch, cost, budget, prio = _random_instance(rng, 12)
+    runs = [
+        ga_select(dists, batch, cost, budget, prio, np.random.default_rng(42)) for _ in range(2)
+    ]
+    assert runs[0].tolist() == runs[1].tolist()
+
+
+def test_ga_initial_population_is_highest_priority_workers():
+    # population 1, no generations: the result is individual 0 = the m = ⌈N/2⌉ top-priority
+    # workers (ties to the lower index), which fit the budget and need no repair.
+    dists = np.eye(5)
+    prio = priorities(np.array([3, 0, 2, 0, 1]))  # top-3: workers 1, 3 (tie) then 4
+    sel = ga_select(
+        dists, np.ones(5), 1.0, 5.0, prio, np.random.default_rng(0), population=1, generations=0
+    )
+    assert sel.tolist() == [1, 3, 4]
+
+
+def test_finetune_reaches_epsilon_with_least_waiting_increase():
+    dists = np.array([[1.0, 0.0], [0.0, 1.0]])  # complementary labels
+    phi0 = np.array([0.5, 0.5])
+    d0 = np.array([10.0, 30.0])
+    eps = 1e-4
+    for per_sample in ([1.0, 2.0], [3.0, 2.0]):
+        r = np.array(per_sample)
+        out = finetune_batch_sizes(d0, r, np.zeros(2), dists, phi0, eps, 64)
+        kl = kl_divergence(label_mixture(out, dists, np.arange(2)), phi0)
+        assert kl <= eps + 1e-9
+        assert np.all((out >= 1) & (out <= 64))
+        delta = waiting_increase(out, d0, r, np.zeros(2))
+        naive = waiting_increase(np.array([20.0, 20.0]), d0, r, np.zeros(2))  # KL = 0
+        assert delta <= naive
+        # the cheaper worker is the one that moves: raise 10 → ~30, or lower 30 → ~10
+        cheaper = int(np.argmin(r))
+        assert abs(out[1 - cheaper] - d0[1 - cheaper]) < 1e-6
+        assert delta == pytest.approx(20.0 * r[cheaper] / 2, rel=0.05)
+
+
+def test_finetune_keeps_feasible_input_and_never_worsens_kl():
+    dists = np.array([[1.0, 0.0], [0.0, 1.0]])
+    phi0 = np.array([0.5, 0.5])
+    d0 = np.array([20.0, 21.0])
+    out = finetune_batch_sizes(d0, np.ones(2), np.zeros(2), dists, phi0, 0.01, 64)
+    assert out.tolist() == d0.tolist()
+    # unreachable ε: both workers lean to class 0; the best is as much of worker 1 as allowed
+    dists = np.array([[1.0, 0.0], [0.6, 0.4]])
+    d0 = np.array([32.0, 32.0])
+    kl0 = kl_divergence(label_mixture(d0, dists, np.arange(2)), phi0)
+    out = finetune_batch_sizes(d0, np.ones(2), np.zeros(2), dists, phi0, 1e-6, 64)
+    kl = kl_divergence(label_mixture(out, dists, np.arange(2)), phi0)
+    assert kl < kl0
+    assert out == pytest.approx([1.0, 64.0], abs=1e-3)
+    # nothing can help: same labels everywhere → d⁰ back
+    dists = np.array([[1.0, 0.0], [1.0, 0.0]])
+    out = finetune_batch_sizes(d0, np.ones(2), np.zeros(2), dists, phi0, 1e-6, 64)
+    assert kl_divergence(label_mixture(out, dists, np.arange(2)), phi0) <= math.log(2) + 1e-12
+
+
+def test_scale_to_budget_by_hand():
+    # factor in [10/3, 3.4): 10·s → 33, 20·s → 67, 100 bytes; s = 3.4 would use 102
+    assert scale_to_budget(np.array([10.0, 20.0]), 1.0, 100.0).tolist() == [33, 67]
+    assert scale_to_budget(np.array([10.0, 20.0]), 1.0, 100.0, max_batch=50).tolist() == [
+        50,
+        50,
+    ]
+    assert scale_to_budget(np.array([40.0, 80.0]), 1.0, 30.0).tolist() == [10, 20]  # down
+    with pytest.raises(ValueError):
+        scale_to_budget(np.array([5.0, 5.0, 5.0]), 1.0, 2.0)
+
+
+def test_scale_to_budget_never_exceeds_and_nearly_fills_budget():
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        size = int(rng.integers(1, 12))
+        batch = rng.uniform(1.0, 64.0, size=size)
+        cost = float(rng.uniform(0.1, 4.0))
+        budget = float(rng.uniform(size * cost, 2000.0 * cost))
+        out = scale_to_budget(batch, cost, budget)
+        assert out.dtype.kind == "i" and np.all(out >= 1)
+        used = out.sum() * cost
+        assert used <= budget * (1 + 1e-9)
+        assert budget - used < cost * max(out.max(), size)
+        capped = scale_to_budget(batch, cost, budget, max_batch=64)
+        assert np.all(capped <= 64) and capped.sum() * cost <= budget * (1 + 1e-9)
+
+
+def test_arrange_workers_end_to_end():
+    rng = np.random.default_rng(11)
+    n = 12
+    dists = rng.dirichlet(np.full(4, 0.3), size=n)
+    mu, beta = rng.uniform(0.5, 2.0, n), rng.uniform(0.1, 1.0, n)
+    sel, batch, info = arrange_workers(
+        dists, mu, beta, np.zeros(n), 1.0, 200.0, 64, 1e-3, np.random.default_rng(0)
+    )
+    assert np.all(np.diff(sel) > 0) and batch.shape == sel.shape
+    assert np.all((batch >= 1) & (batch <= 64)) and batch.sum() <= 200
+    assert info["bandwidth"] == batch.sum()
+    assert info["kl_finetuned"] <= info["kl_before"] + 1e-12
+    assert info["kl_after"] == pytest.approx(
+        kl_divergence(label_mixture(batch, dists[sel], np.arange(sel.size)), iid_reference(dists))
+    )
