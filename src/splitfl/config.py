@@ -55,11 +55,14 @@ class DevicesConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     """Local training. ``local_steps`` (if set) replaces ``local_epochs`` by a fixed number of
-    iterations per round. Defaults follow S²FL §5 (batch 128, SGD lr 0.01)."""
+    iterations per round. Defaults follow S²FL §5 (batch 128, SGD lr 0.01). The learning rate
+    of round h is ``max(lr_min, lr * lr_decay**h)`` (MergeSFL §V-A: 0.993 per round)."""
 
     clients_per_round: int = 10
     batch_size: int = 128
     lr: float = 0.01
+    lr_decay: float = 1.0
+    lr_min: float = 0.0
     momentum: float = 0.0
     weight_decay: float = 0.0
     local_epochs: int = 1
@@ -268,6 +271,8 @@ def validate(config: ExperimentConfig) -> None:
     )
     _check(t.batch_size >= 1, "train.batch_size", f"must be >= 1 (got {t.batch_size})")
     _check(t.lr > 0, "train.lr", f"must be > 0 (got {t.lr})")
+    _check(0 < t.lr_decay <= 1, "train.lr_decay", f"must be in (0, 1] (got {t.lr_decay})")
+    _check(t.lr_min >= 0, "train.lr_min", f"must be >= 0 (got {t.lr_min})")
     _check(0 <= t.momentum < 1, "train.momentum", f"must be in [0, 1) (got {t.momentum})")
     _check(t.weight_decay >= 0, "train.weight_decay", "must be >= 0")
     _check(t.local_epochs >= 1, "train.local_epochs", f"must be >= 1 (got {t.local_epochs})")

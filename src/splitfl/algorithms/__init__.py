@@ -15,12 +15,13 @@ from splitfl.algorithms.base import (
     RoundResult,
 )
 from splitfl.algorithms.fedavg import FedAvg
+from splitfl.algorithms.mergesfl import MergeSFL
 from splitfl.algorithms.s2fl import S2FL
 from splitfl.algorithms.splitfed_v1 import SplitFedV1
 from splitfl.algorithms.splitfed_v2 import SplitFedV2
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, SplitFedV1, SplitFedV2, S2FL)
+    cls.name: cls for cls in (FedAvg, SplitFedV1, SplitFedV2, S2FL, MergeSFL)
 }
 
 #: alias -> (algorithm, preset options). S²FL ablations follow §5.4.
@@ -30,6 +31,8 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     "s2fl+B": ("s2fl", {"adaptive_split": False, "data_balance": True}),
     "s2fl+M": ("s2fl", {"adaptive_split": True, "data_balance": False}),
     "s2fl+MB": ("s2fl", {"adaptive_split": True, "data_balance": True}),
+    "mergesfl-w/o-FM": ("mergesfl", {"feature_merging": False}),
+    "mergesfl-w/o-BR": ("mergesfl", {"batch_regulation": False}),
 }
 
 

@@ -58,6 +58,7 @@ class RoundPlan:
         device_grad: ``union`` = each device receives ∂loss/∂fx_i of the group loss (Eq. 4 as
             printed); ``own`` = rescaled to the gradient of its own mean loss.
         order: Order in which ``sequential`` mode serves clients.
+        server_lr: Learning rate of the server-side copies (default: the first task's).
         info: Algorithm-specific facts logged with the round's metrics.
     """
 
@@ -66,6 +67,7 @@ class RoundPlan:
     group_loss: str = "mean"
     device_grad: str = "union"
     order: list[int] = field(default_factory=list)
+    server_lr: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
     def groups(self) -> dict[int, list[ClientTask]]:
@@ -109,6 +111,7 @@ class RoundReport:
     times: dict[int, float]
     costs: dict[int, ClientCost]
     jitter: dict[int, float]
+    samples: dict[int, int]
     round_time: float
 
 
@@ -155,14 +158,13 @@ class Algorithm:
         del state
 
     # -- helpers for subclasses --------------------------------------------------------------
-    def make_task(self, client: int, cut: int, group: int = 0) -> ClientTask:
-        """A task with the run's batch size, learning rate and local steps for ``client``."""
-        t = self.ctx.config.train
+    def make_task(self, client: int, cut: int, group: int, round_idx: int) -> ClientTask:
+        """A task with the run's batch size, round learning rate and local steps."""
         return ClientTask(
             client=client,
             cut=cut,
             group=group,
-            batch_size=t.batch_size,
+            batch_size=self.ctx.config.train.batch_size,
             steps=self.ctx.local_steps(client),
-            lr=t.lr,
+            lr=self.ctx.lr_at(round_idx),
         )

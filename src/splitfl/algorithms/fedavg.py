@@ -27,4 +27,6 @@ class FedAvg(Algorithm):
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         full = self.ctx.num_blocks
-        return RoundPlan(tasks=[self.make_task(c, full, group=i) for i, c in enumerate(clients)])
+        return RoundPlan(
+            tasks=[self.make_task(c, full, i, round_idx) for i, c in enumerate(clients)]
+        )

@@ -136,7 +136,7 @@ class S2FL(Algorithm):
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         cuts, split_info = self.choose_cuts(round_idx, clients)
         groups, group_info = self.choose_groups(clients, rng)
-        tasks = [self.make_task(c, cuts[c], groups[c]) for c in clients]
+        tasks = [self.make_task(c, cuts[c], groups[c], round_idx) for c in clients]
         return RoundPlan(
             tasks=tasks,
             server_mode="per_step",

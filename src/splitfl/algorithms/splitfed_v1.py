@@ -32,5 +32,5 @@ class SplitFedV1(Algorithm):
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         cut = self.ctx.resolve_cut(self.options.cut, "splitfed_v1")
-        tasks = [self.make_task(c, cut, group=i) for i, c in enumerate(clients)]
+        tasks = [self.make_task(c, cut, i, round_idx) for i, c in enumerate(clients)]
         return RoundPlan(tasks=tasks, server_mode="per_step")

@@ -25,6 +25,6 @@ class SplitFedV2(Algorithm):
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         cut = self.ctx.resolve_cut(self.options.cut, "splitfed_v2")
-        tasks = [self.make_task(c, cut, group=0) for c in clients]
+        tasks = [self.make_task(c, cut, 0, round_idx) for c in clients]
         order = [int(c) for c in rng.permutation(clients)]
         return RoundPlan(tasks=tasks, server_mode="sequential", order=order)

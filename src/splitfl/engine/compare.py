@@ -4,6 +4,7 @@ and tabulate them (the Python twin of ``splitfl compare``)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +27,11 @@ class CompareResult:
     summaries: dict[str, dict[str, Any]]
     table: str
     target: float | None
+
+
+def safe_name(algorithm: str) -> str:
+    """A directory name for an algorithm or alias (``s2fl+B`` → ``s2fl_plus_B``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", algorithm.replace("+", "_plus_"))
 
 
 def common_target(runs: dict[str, RunResult], configured: float | None) -> float | None:
@@ -64,8 +70,7 @@ def compare(
     )
     folder.mkdir(parents=True, exist_ok=True)
     runs = {
-        a: run(cfg, run_dir=folder / a.replace("+", "_plus_"), progress=progress)
-        for a, cfg in configs.items()
+        a: run(cfg, run_dir=folder / safe_name(a), progress=progress) for a, cfg in configs.items()
     }
     target = common_target(runs, base.eval.target_accuracy)
     summaries = {a: summarize(r.metrics, target, r.summary["status"]) for a, r in runs.items()}

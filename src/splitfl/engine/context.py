@@ -59,6 +59,11 @@ class RunContext:
         b = batch_size or t.batch_size
         return t.local_epochs * -(-int(self.data_sizes[client]) // b)
 
+    def lr_at(self, round_idx: int) -> float:
+        """Learning rate of round ``round_idx``: ``max(lr_min, lr * lr_decay**round)``."""
+        t = self.config.train
+        return max(t.lr_min, t.lr * t.lr_decay**round_idx)
+
     def round_samples(self, client: int, batch_size: int, steps: int) -> int:
         return sum(batch_sizes(int(self.data_sizes[client]), batch_size, steps))
 

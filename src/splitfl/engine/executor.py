@@ -94,7 +94,8 @@ class SequentialExecutor:
             workers = [worker(t) for t in tasks]
             split_cuts = [t.cut for t in tasks if t.cut < n]
             server = copy.deepcopy(ModelPart(model, min(split_cuts), n)) if split_cuts else None
-            server_opt = _sgd(server, tasks[0].lr, ctx.config) if server is not None else None
+            lr = plan.server_lr if plan.server_lr is not None else tasks[0].lr
+            server_opt = _sgd(server, lr, ctx.config) if server is not None else None
             if plan.server_mode == "sequential":
                 order = {c: i for i, c in enumerate(plan.order)}
                 for w in sorted(workers, key=lambda w: order.get(w.task.client, 0)):

@@ -1,0 +1,229 @@
+"""MergeSFL (Liao et al., "MergeSFL: Split Federated Learning with Feature Merging and Batch
+Size Regulation"): spec ``papers/mergesfl.md`` §IV (Alg. 1, Eq. 5–17).
+
+* **State estimation (§IV-A, Eq. 5–6).** Per worker, moving averages (``ema`` = 0.8) of the
+  per-sample computing time μ and transmission time β. Participants report what they measured
+  on the simulated clock (device time and activation/gradient/label transfer per sample,
+  jitter included); every other worker reports a probe of its current state (its profile in
+  the previous round) — the paper has the PS "collect the latest" state from all workers.
+* **PS ingress budget B^h.** With ``ingress_mbps`` set, the PS's available ingress bandwidth
+  varies per round (uniform ±``ingress_jitter``, seeded) and B^h is the moving average of what
+  previous rounds observed. Eq. (10) compares bytes per *iteration*, so the budget in bytes is
+  B^h × the fastest worker's iteration time at the maximum batch (D·(μ_l+β_l), Eq. 7).
+  With ``ingress_mbps: null`` (default) the budget is the feature bytes of
+  ``train.clients_per_round`` workers at the maximum batch, so comparisons with baselines that
+  select ``clients_per_round`` workers use the same server ingress.
+* **Worker arrangement (Alg. 1):** :mod:`splitfl.algorithms.mergesfl_control` (Eq. 9 batch
+  regulation with D = ``train.batch_size``, Eq. 13 priorities, GA on KL(Φ_h‖Φ_0) under Eq. 10,
+  SLSQP fine-tuning to KL ≤ ``epsilon`` with minimal Eq. 14, proportional scaling to the budget).
+* **Training (§IV-B):** worker learning rate ∝ batch size (η_i = η·d_i/D, Eq. 15); feature
+  merging — every iteration the selected workers' activations are concatenated into one batch
+  for one top-model step on the mean loss over the merged batch (Eq. 16), and each worker gets
+  back its gradient slice rescaled to the gradient of its own mean loss (as the released code
+  does, ×Σd/d_i); τ = ``tau`` iterations per round; bottom models aggregated with weights ∝ d_i
+  (Eq. 17).
+* **Ablations (§V-D):** ``mergesfl-w/o-FM`` — no merging: the PS runs the top model separately
+  on each worker's features (one top-model copy per worker, averaged with Eq. 17 weights);
+  ``mergesfl-w/o-BR`` — every selected worker uses the same batch size, the average of the
+  regulated sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundReport
+from splitfl.algorithms.mergesfl_control import arrange_workers, moving_average
+from splitfl.seeding import rng_for
+
+MBPS = 1e6 / 8
+
+
+@dataclass(frozen=True)
+class MergeSFLOptions:
+    cut: int | None = None
+    tau: int = 30
+    ema: float = 0.8
+    epsilon: float = 0.01
+    ingress_mbps: float | None = None
+    ingress_jitter: float = 0.2
+    feature_merging: bool = True
+    batch_regulation: bool = True
+    lr_scaling: bool = True
+    ga_population: int = 20
+    ga_generations: int = 40
+    ga_mutation_rate: float = 0.05
+    ga_crossover_rate: float = 0.9
+    ga_elite: int = 2
+    init_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        from splitfl.config import ConfigError
+
+        checks = {
+            "tau": self.tau >= 1,
+            "ema": 0 <= self.ema < 1,
+            "epsilon": self.epsilon >= 0,
+            "ingress_mbps": self.ingress_mbps is None or self.ingress_mbps > 0,
+            "ingress_jitter": 0 <= self.ingress_jitter < 1,
+            "ga_population": self.ga_population >= 2,
+            "ga_generations": self.ga_generations >= 0,
+            "ga_mutation_rate": 0 <= self.ga_mutation_rate <= 1,
+            "ga_crossover_rate": 0 <= self.ga_crossover_rate <= 1,
+            "ga_elite": 0 <= self.ga_elite < self.ga_population,
+            "init_fraction": 0 < self.init_fraction <= 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ConfigError(
+                    f"options.mergesfl.{name}", f"invalid value {getattr(self, name)!r}"
+                )
+
+
+class MergeSFL(Algorithm):
+    name = "mergesfl"
+    paper = "Liao et al., MergeSFL §IV (Alg. 1, Eq. 5-17)"
+    Options = MergeSFLOptions
+
+    def __init__(self, options: MergeSFLOptions, ctx) -> None:
+        super().__init__(options, ctx)
+        n = ctx.num_clients
+        self.mu: list[float | None] = [None] * n
+        self.beta: list[float | None] = [None] * n
+        self.participation = np.zeros(n, dtype=np.int64)
+        self.ingress_estimate: float | None = None
+        self.measured_last: set[int] = set()
+
+    # -- state estimation ----------------------------------------------------------------------
+    @property
+    def cut(self) -> int:
+        return self.ctx.resolve_cut(self.options.cut, self.name)
+
+    def bytes_per_sample(self) -> float:
+        """c of Eq. (10): activation bytes (+ label bytes) of one sample at the cut."""
+        return float(
+            self.ctx.profile.activation_bytes(self.cut) + self.ctx.config.devices.label_bytes
+        )
+
+    def probe(self, client: int, round_idx: int) -> tuple[float, float]:
+        """Per-sample compute and transmission time of ``client``'s current state."""
+        dev = self.ctx.population.at(client, max(round_idx - 1, 0))
+        q = self.ctx.profile.activation_bytes(self.cut)
+        mu = self.ctx.profile.device_flops(self.cut) / dev.flops
+        beta = (q + self.ctx.config.devices.label_bytes) / dev.uplink + q / dev.downlink
+        return mu, beta
+
+    def estimates(self, round_idx: int) -> tuple[np.ndarray, np.ndarray]:
+        """Eq. (5)–(6) estimates for all workers: those that trained last round reported their
+        measurement in :meth:`observe`; every other worker reports a probe of its state."""
+        for c in range(self.ctx.num_clients):
+            if c not in self.measured_last:
+                mu_hat, beta_hat = self.probe(c, round_idx)
+                self.mu[c] = moving_average(self.mu[c], mu_hat, self.options.ema)
+                self.beta[c] = moving_average(self.beta[c], beta_hat, self.options.ema)
+        return np.asarray(self.mu, dtype=float), np.asarray(self.beta, dtype=float)
+
+    def true_ingress(self, round_idx: int) -> float:
+        j = self.options.ingress_jitter
+        factor = rng_for(self.ctx.config.seed, "ingress", round_idx).uniform(1 - j, 1 + j)
+        return self.options.ingress_mbps * MBPS * float(factor)
+
+    def budget(self, mu: np.ndarray, beta: np.ndarray) -> float:
+        """B^h in bytes per iteration (see module docstring)."""
+        d_max = self.ctx.config.train.batch_size
+        c = self.bytes_per_sample()
+        if self.options.ingress_mbps is None:
+            return self.ctx.config.train.clients_per_round * d_max * c
+        rate = self.ingress_estimate or self.options.ingress_mbps * MBPS
+        return rate * d_max * float(np.min(mu + beta))
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
+        """Alg. 1 chooses the workers itself (in :meth:`plan_round`); offer all of them."""
+        return list(range(self.ctx.num_clients))
+
+    def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
+        mu, beta = self.estimates(round_idx)
+        dists = self.ctx.label_hist / np.maximum(self.ctx.label_hist.sum(1, keepdims=True), 1)
+        d_max = self.ctx.config.train.batch_size
+        selected, batch, info = arrange_workers(
+            dists,
+            mu,
+            beta,
+            self.participation,
+            self.bytes_per_sample(),
+            self.budget(mu, beta),
+            d_max,
+            self.options.epsilon,
+            rng,
+            tau=self.options.tau,
+            population=self.options.ga_population,
+            generations=self.options.ga_generations,
+            mutation_rate=self.options.ga_mutation_rate,
+            crossover_rate=self.options.ga_crossover_rate,
+            elite=self.options.ga_elite,
+            init_fraction=self.options.init_fraction,
+        )
+        if not self.options.batch_regulation:
+            batch = np.full_like(batch, max(1, int(round(batch.mean()))))
+        lr = self.ctx.lr_at(round_idx)
+        tasks = []
+        for i, (c, d) in enumerate(zip(selected.tolist(), batch.tolist(), strict=True)):
+            scale = d / d_max if self.options.lr_scaling else 1.0
+            group = 0 if self.options.feature_merging else i
+            tasks.append(ClientTask(c, self.cut, group, int(d), self.options.tau, lr * scale))
+        info = {k: float(v) for k, v in info.items()}
+        info["batch_sizes"] = [int(d) for d in batch]
+        return RoundPlan(
+            tasks=tasks,
+            server_mode="per_step",
+            group_loss="mean",
+            device_grad="own",
+            server_lr=lr,
+            info=info,
+        )
+
+    def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
+        """Participants' measured μ̂, β̂ enter the moving averages; K_i and B^h are updated."""
+        self.measured_last = {t.client for t in plan.tasks}
+        for task in plan.tasks:
+            c, cost = task.client, report.costs[task.client]
+            samples = max(report.samples[c], 1)
+            jit = report.jitter[c]
+            dev = self.ctx.population.at(c, round_idx)
+            per_sample = (cost.traffic.activations_up + cost.traffic.labels_up) / dev.uplink
+            per_sample += cost.traffic.gradients_down / dev.downlink
+            self.mu[c] = moving_average(
+                self.mu[c], cost.device_time * jit / samples, self.options.ema
+            )
+            self.beta[c] = moving_average(
+                self.beta[c], per_sample * jit / samples, self.options.ema
+            )
+            self.participation[c] += 1
+        if self.options.ingress_mbps is not None:
+            self.ingress_estimate = moving_average(
+                self.ingress_estimate, self.true_ingress(round_idx), self.options.ema
+            )
+
+    def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
+        """Eq. (17): bottom models weighted by batch size d_i (top model: the PS's copy)."""
+        weights = {t.client: float(t.batch_size) for t in plan.tasks}
+        return layerwise_aggregate(global_state, result.updates, result.server_states, weights)
+
+    def state_dict(self) -> dict:
+        return {
+            "mu": list(self.mu),
+            "beta": list(self.beta),
+            "participation": self.participation.tolist(),
+            "ingress_estimate": self.ingress_estimate,
+            "measured_last": sorted(self.measured_last),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mu, self.beta = list(state["mu"]), list(state["beta"])
+        self.participation = np.asarray(state["participation"], dtype=np.int64)
+        self.ingress_estimate = state["ingress_estimate"]
+        self.measured_last = set(state["measured_last"])
