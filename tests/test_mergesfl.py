@@ -2,9 +2,9 @@
 
 import numpy as np
 import torch
-from conftest import tiny_config
 
 import splitfl
+from conftest import tiny_config
 from splitfl.algorithms.base import ClientTask, RoundPlan
 from splitfl.engine.executor import SequentialExecutor
 from splitfl.engine.runner import as_config, prepare
@@ -71,7 +71,7 @@ def test_state_estimation_moving_average_after_a_round(tmp_path):
     cfg = as_config(tiny_config(algorithm="mergesfl", rounds=1, **{"options.mergesfl.tau": 2}))
     prep = prepare(cfg)
     alg = prep.algorithm
-    mu0, beta0 = alg.estimates(0)
+    mu0, beta0 = alg.state.estimates(0)
     assert np.all(mu0 > 0) and np.all(beta0 > 0)
-    probe_mu, _ = alg.probe(3, 0)
+    probe_mu, _ = alg.state.probe(3, 0)
     assert mu0[3] == probe_mu  # first estimate = first report (Eq. 5 with no history)

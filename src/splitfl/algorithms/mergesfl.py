@@ -1,11 +1,9 @@
 """MergeSFL (Liao et al., "MergeSFL: Split Federated Learning with Feature Merging and Batch
 Size Regulation"): spec ``papers/mergesfl.md`` §IV (Alg. 1, Eq. 5–17).
 
-* **State estimation (§IV-A, Eq. 5–6).** Per worker, moving averages (``ema`` = 0.8) of the
-  per-sample computing time μ and transmission time β. Participants report what they measured
-  on the simulated clock (device time and activation/gradient/label transfer per sample,
-  jitter included); every other worker reports a probe of its current state (its profile in
-  the previous round) — the paper has the PS "collect the latest" state from all workers.
+* **State estimation (§IV-A, Eq. 5–6):** :class:`~splitfl.algorithms.state_estimation.
+  WorkerStateEstimator` (moving averages, ``ema`` = 0.8, of per-sample computing time μ and
+  transmission time β; shared with AdaSFL and ParallelSFL).
 * **PS ingress budget B^h.** With ``ingress_mbps`` set, the PS's available ingress bandwidth
   varies per round (uniform ±``ingress_jitter``, seeded) and B^h is the moving average of what
   previous rounds observed. Eq. (10) compares bytes per *iteration*, so the budget in bytes is
@@ -37,6 +35,7 @@ import numpy as np
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundReport
 from splitfl.algorithms.mergesfl_control import arrange_workers, moving_average
+from splitfl.algorithms.state_estimation import WorkerStateEstimator
 from splitfl.seeding import rng_for
 
 MBPS = 1e6 / 8
@@ -90,41 +89,13 @@ class MergeSFL(Algorithm):
 
     def __init__(self, options: MergeSFLOptions, ctx) -> None:
         super().__init__(options, ctx)
-        n = ctx.num_clients
-        self.mu: list[float | None] = [None] * n
-        self.beta: list[float | None] = [None] * n
-        self.participation = np.zeros(n, dtype=np.int64)
+        self.state = WorkerStateEstimator(ctx, self.cut, options.ema)
+        self.participation = np.zeros(ctx.num_clients, dtype=np.int64)
         self.ingress_estimate: float | None = None
-        self.measured_last: set[int] = set()
 
-    # -- state estimation ----------------------------------------------------------------------
     @property
     def cut(self) -> int:
         return self.ctx.resolve_cut(self.options.cut, self.name)
-
-    def bytes_per_sample(self) -> float:
-        """c of Eq. (10): activation bytes (+ label bytes) of one sample at the cut."""
-        return float(
-            self.ctx.profile.activation_bytes(self.cut) + self.ctx.config.devices.label_bytes
-        )
-
-    def probe(self, client: int, round_idx: int) -> tuple[float, float]:
-        """Per-sample compute and transmission time of ``client``'s current state."""
-        dev = self.ctx.population.at(client, max(round_idx - 1, 0))
-        q = self.ctx.profile.activation_bytes(self.cut)
-        mu = self.ctx.profile.device_flops(self.cut) / dev.flops
-        beta = (q + self.ctx.config.devices.label_bytes) / dev.uplink + q / dev.downlink
-        return mu, beta
-
-    def estimates(self, round_idx: int) -> tuple[np.ndarray, np.ndarray]:
-        """Eq. (5)–(6) estimates for all workers: those that trained last round reported their
-        measurement in :meth:`observe`; every other worker reports a probe of its state."""
-        for c in range(self.ctx.num_clients):
-            if c not in self.measured_last:
-                mu_hat, beta_hat = self.probe(c, round_idx)
-                self.mu[c] = moving_average(self.mu[c], mu_hat, self.options.ema)
-                self.beta[c] = moving_average(self.beta[c], beta_hat, self.options.ema)
-        return np.asarray(self.mu, dtype=float), np.asarray(self.beta, dtype=float)
 
     def true_ingress(self, round_idx: int) -> float:
         j = self.options.ingress_jitter
@@ -134,7 +105,7 @@ class MergeSFL(Algorithm):
     def budget(self, mu: np.ndarray, beta: np.ndarray) -> float:
         """B^h in bytes per iteration (see module docstring)."""
         d_max = self.ctx.config.train.batch_size
-        c = self.bytes_per_sample()
+        c = self.state.bytes_per_sample()
         if self.options.ingress_mbps is None:
             return self.ctx.config.train.clients_per_round * d_max * c
         rate = self.ingress_estimate or self.options.ingress_mbps * MBPS
@@ -146,7 +117,7 @@ class MergeSFL(Algorithm):
         return list(range(self.ctx.num_clients))
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
-        mu, beta = self.estimates(round_idx)
+        mu, beta = self.state.estimates(round_idx)
         dists = self.ctx.label_hist / np.maximum(self.ctx.label_hist.sum(1, keepdims=True), 1)
         d_max = self.ctx.config.train.batch_size
         selected, batch, info = arrange_workers(
@@ -154,7 +125,7 @@ class MergeSFL(Algorithm):
             mu,
             beta,
             self.participation,
-            self.bytes_per_sample(),
+            self.state.bytes_per_sample(),
             self.budget(mu, beta),
             d_max,
             self.options.epsilon,
@@ -188,21 +159,9 @@ class MergeSFL(Algorithm):
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         """Participants' measured μ̂, β̂ enter the moving averages; K_i and B^h are updated."""
-        self.measured_last = {t.client for t in plan.tasks}
+        self.state.observe(round_idx, plan, report)
         for task in plan.tasks:
-            c, cost = task.client, report.costs[task.client]
-            samples = max(report.samples[c], 1)
-            jit = report.jitter[c]
-            dev = self.ctx.population.at(c, round_idx)
-            per_sample = (cost.traffic.activations_up + cost.traffic.labels_up) / dev.uplink
-            per_sample += cost.traffic.gradients_down / dev.downlink
-            self.mu[c] = moving_average(
-                self.mu[c], cost.device_time * jit / samples, self.options.ema
-            )
-            self.beta[c] = moving_average(
-                self.beta[c], per_sample * jit / samples, self.options.ema
-            )
-            self.participation[c] += 1
+            self.participation[task.client] += 1
         if self.options.ingress_mbps is not None:
             self.ingress_estimate = moving_average(
                 self.ingress_estimate, self.true_ingress(round_idx), self.options.ema
@@ -215,15 +174,12 @@ class MergeSFL(Algorithm):
 
     def state_dict(self) -> dict:
         return {
-            "mu": list(self.mu),
-            "beta": list(self.beta),
+            "workers": self.state.state_dict(),
             "participation": self.participation.tolist(),
             "ingress_estimate": self.ingress_estimate,
-            "measured_last": sorted(self.measured_last),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.mu, self.beta = list(state["mu"]), list(state["beta"])
+        self.state.load_state_dict(state["workers"])
         self.participation = np.asarray(state["participation"], dtype=np.int64)
         self.ingress_estimate = state["ingress_estimate"]
-        self.measured_last = set(state["measured_last"])
