@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from splitfl.algorithms.adasfl import AdaSFL
 from splitfl.algorithms.base import (
     Algorithm,
     ClientTask,
@@ -16,12 +17,13 @@ from splitfl.algorithms.base import (
 )
 from splitfl.algorithms.fedavg import FedAvg
 from splitfl.algorithms.mergesfl import MergeSFL
+from splitfl.algorithms.pyramidfl import PyramidFL
 from splitfl.algorithms.s2fl import S2FL
 from splitfl.algorithms.splitfed_v1 import SplitFedV1
 from splitfl.algorithms.splitfed_v2 import SplitFedV2
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, SplitFedV1, SplitFedV2, S2FL, MergeSFL)
+    cls.name: cls for cls in (FedAvg, SplitFedV1, SplitFedV2, S2FL, MergeSFL, AdaSFL, PyramidFL)
 }
 
 #: alias -> (algorithm, preset options). S²FL ablations follow §5.4.

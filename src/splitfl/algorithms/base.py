@@ -112,6 +112,7 @@ class RoundReport:
     costs: dict[int, ClientCost]
     jitter: dict[int, float]
     samples: dict[int, int]
+    losses: dict[int, float]
     round_time: float
 
 

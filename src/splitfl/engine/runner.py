@@ -211,12 +211,15 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
                 u.client: ctx.client_cost(u.client, u.cut, u.samples, r) for u in result.updates
             }
             samples = {u.client: u.samples for u in result.updates}
+            losses = {u.client: u.loss_sum / max(u.samples, 1) for u in result.updates}
             jitter = jitter_factors(
                 sorted(costs), config.devices.jitter, rng_for(config.seed, "jitter", r)
             )
             times = {c: cost.time * jitter[c] for c, cost in costs.items()}
             round_time, waits = round_times(times)
-            algorithm.observe(r, plan, RoundReport(times, costs, jitter, samples, round_time))
+            algorithm.observe(
+                r, plan, RoundReport(times, costs, jitter, samples, losses, round_time)
+            )
             global_state = algorithm.aggregate(global_state, plan, result)
             clock.advance(round_time)
             traffic = Traffic()
