@@ -36,7 +36,13 @@ SERVER_MODES = ("per_step", "sequential")
 
 @dataclass
 class ClientTask:
-    """One participant's work in a round."""
+    """One participant's work in a round.
+
+    ``init_state`` (device-part state to start from instead of the global model) and
+    ``aux_state`` (auxiliary local-loss head) serve algorithms whose clients keep models between
+    aggregations; ``download_model``/``upload_model`` tell the cost model whether the device
+    part crosses the network this round.
+    """
 
     client: int
     cut: int
@@ -44,6 +50,10 @@ class ClientTask:
     batch_size: int = 32
     steps: int = 1
     lr: float = 0.01
+    init_state: dict[str, torch.Tensor] | None = None
+    aux_state: dict[str, torch.Tensor] | None = None
+    download_model: bool = True
+    upload_model: bool = True
 
 
 @dataclass
@@ -59,6 +69,11 @@ class RoundPlan:
             printed); ``own`` = rescaled to the gradient of its own mean loss.
         order: Order in which ``sequential`` mode serves clients.
         server_lr: Learning rate of the server-side copies (default: the first task's).
+        device_loss: ``server`` — devices are updated with the gradient the server sends back
+            (split learning); ``local`` — with the loss of an auxiliary head on the device
+            (a linear classifier on the activation), no gradient is sent back.
+        mixup_alpha: If set, the server also trains on mixup of the smashed data of random
+            pairs of a group's members (λ ~ Beta(α, α)), as LocFedMix-SL.
         info: Algorithm-specific facts logged with the round's metrics.
     """
 
@@ -68,6 +83,8 @@ class RoundPlan:
     device_grad: str = "union"
     order: list[int] = field(default_factory=list)
     server_lr: float | None = None
+    device_loss: str = "server"
+    mixup_alpha: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
     def groups(self) -> dict[int, list[ClientTask]]:
@@ -88,6 +105,7 @@ class ClientUpdate:
     steps: int
     state: dict[str, torch.Tensor]
     loss_sum: float
+    aux_state: dict[str, torch.Tensor] | None = None
 
 
 @dataclass

@@ -57,8 +57,28 @@ class _Worker:
     part: ModelPart
     optimizer: torch.optim.Optimizer
     batches: list[torch.Tensor]
+    aux: nn.Module | None = None
     samples: int = 0
     loss_sum: float = 0.0
+
+
+def aux_head(activation_elements: int, num_classes: int) -> nn.Module:
+    """The auxiliary local-loss head of ``device_loss: local`` plans: flatten + linear."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(activation_elements, num_classes))
+
+
+def _mix_pairs(sent, rng: np.random.Generator, alpha: float):
+    """Mixup of the smashed data of random pairs of members with equal cut points
+    (LocFedMix-SL): yields (mixed features, start block, y_a, y_b, λ ~ Beta(α, α))."""
+    order = rng.permutation(len(sent)).tolist()
+    for a, b in zip(order[0::2], order[1::2], strict=False):
+        (wa, _, fa, ya), (wb, _, fb, yb) = sent[a], sent[b]
+        if wa.task.cut != wb.task.cut:
+            continue
+        m = min(len(ya), len(yb))
+        lam = float(rng.beta(alpha, alpha))
+        mixed = lam * fa[:m].detach() + (1 - lam) * fb[:m].detach()
+        yield mixed, wa.task.cut, ya[:m], yb[:m], lam
 
 
 class SequentialExecutor:
@@ -78,16 +98,27 @@ class SequentialExecutor:
 
         def worker(task: ClientTask) -> _Worker:
             part = copy.deepcopy(ModelPart(model, 0, task.cut))
+            if task.init_state is not None:
+                part.load_state_dict(task.init_state)
             seed = derive_seed(round_seed, task.client)
             batches = client_batches(
                 ctx.client_indices[task.client], task.batch_size, task.steps, seed
             )
-            return _Worker(task, part, _sgd(part, task.lr, ctx.config), batches)
+            aux = None
+            trainable = nn.ModuleList([part])
+            if plan.device_loss == "local" and task.cut < n:
+                elems = ctx.profile.blocks[task.cut - 1].out_elements
+                aux = aux_head(elems, ctx.bundle.num_classes).to(self.device)
+                if task.aux_state is not None:
+                    aux.load_state_dict(task.aux_state)
+                trainable.append(aux)
+            return _Worker(task, part, _sgd(trainable, task.lr, ctx.config), batches, aux)
 
         def fetch(w: _Worker, step: int) -> tuple[torch.Tensor, torch.Tensor]:
             idx = w.batches[step]
             return x_all[idx].to(self.device), y_all[idx].to(self.device)
 
+        gen = np.random.default_rng(derive_seed(round_seed, "mix"))
         updates: list[ClientUpdate] = []
         server_states: dict[int, dict[str, torch.Tensor]] = {}
         for group, tasks in plan.groups().items():
@@ -100,11 +131,11 @@ class SequentialExecutor:
                 order = {c: i for i, c in enumerate(plan.order)}
                 for w in sorted(workers, key=lambda w: order.get(w.task.client, 0)):
                     for step in range(w.task.steps):
-                        self._split_step([w], server, server_opt, step, fetch, plan)
+                        self._split_step([w], server, server_opt, step, fetch, plan, gen)
             else:
                 for step in range(max(t.steps for t in tasks)):
                     active = [w for w in workers if step < w.task.steps]
-                    self._split_step(active, server, server_opt, step, fetch, plan)
+                    self._split_step(active, server, server_opt, step, fetch, plan, gen)
             for w in workers:
                 updates.append(
                     ClientUpdate(
@@ -113,49 +144,60 @@ class SequentialExecutor:
                         group=group,
                         samples=w.samples,
                         steps=w.task.steps,
-                        state={k: v.detach().cpu() for k, v in w.part.state_dict().items()},
+                        state=_detached(w.part.state_dict()),
                         loss_sum=w.loss_sum,
+                        aux_state=None if w.aux is None else _detached(w.aux.state_dict()),
                     )
                 )
             if server is not None:
-                server_states[group] = {k: v.detach().cpu() for k, v in server.state_dict().items()}
+                server_states[group] = _detached(server.state_dict())
         return RoundResult(updates=updates, server_states=server_states)
 
-    def _split_step(self, workers, server, server_opt, step, fetch, plan: RoundPlan) -> None:
+    def _split_step(self, workers, server, server_opt, step, fetch, plan, gen) -> None:
         """One iteration of a group: device forwards, one server step on the combined loss
-        (S²FL Eq. 3–4; a single worker is plain split learning), device backwards."""
+        (S²FL Eq. 3–4, MergeSFL Eq. 16; a single worker is plain split learning), then device
+        updates from the returned gradients (or from their local loss)."""
         local_only = [w for w in workers if server is None or w.task.cut >= server.stop]
         for w in local_only:  # whole model on the device (FedAvg)
             x, y = fetch(w, step)
             loss = F.cross_entropy(w.part(x), y)
-            _check_finite(loss, w.task.client)
-            w.optimizer.zero_grad()
-            loss.backward()
-            w.optimizer.step()
-            w.samples += len(y)
-            w.loss_sum += loss.item() * len(y)
+            self._device_update(w, loss, len(y), loss.item() * len(y))
         split = [w for w in workers if w not in local_only]
         if not split:
             return
-        sent, losses, sizes = [], [], []
+        sent = []
         for w in split:
             x, y = fetch(w, step)
             fx = w.part(x)
-            fx_server = fx.detach().requires_grad_()
-            loss_sum = F.cross_entropy(server(fx_server, start=w.task.cut), y, reduction="sum")
+            sent.append((w, fx, fx.detach().requires_grad_(), y))
+        losses = [
+            F.cross_entropy(server(fs, start=w.task.cut), y, reduction="sum")
+            for w, _, fs, y in sent
+        ]
+        for (w, *_), loss_sum in zip(sent, losses, strict=True):
             _check_finite(loss_sum, w.task.client)
-            sent.append((w, fx, fx_server))
-            losses.append(loss_sum)
-            sizes.append(len(y))
-        total = sum(sizes)
-        if plan.group_loss == "mean":
-            loss = torch.stack(losses).sum() / total
-        else:
-            loss = sum(ls / s for ls, s in zip(losses, sizes, strict=True))
+        sizes = [len(y) for *_, y in sent]
+        loss = self._group_loss(losses, sizes, plan)
+        if plan.mixup_alpha:
+            mixed_terms, mixed_n = [], 0
+            for fm, cut, ya, yb, lam in _mix_pairs(sent, gen, plan.mixup_alpha):
+                out = server(fm, start=cut)
+                mixed_terms.append(
+                    lam * F.cross_entropy(out, ya, reduction="sum")
+                    + (1 - lam) * F.cross_entropy(out, yb, reduction="sum")
+                )
+                mixed_n += len(ya)
+            if mixed_terms:
+                loss = (loss * sum(sizes) + torch.stack(mixed_terms).sum()) / (sum(sizes) + mixed_n)
         server_opt.zero_grad()
         loss.backward()
         server_opt.step()
-        for (w, fx, fx_server), ls, size in zip(sent, losses, sizes, strict=True):
+        total = sum(sizes)
+        for (w, fx, fx_server, y), loss_sum, size in zip(sent, losses, sizes, strict=True):
+            if plan.device_loss == "local":
+                local = F.cross_entropy(w.aux(fx), y)
+                self._device_update(w, local, size, loss_sum.item())
+                continue
             grad = fx_server.grad
             if plan.device_grad == "own" and plan.group_loss == "mean":
                 grad = grad * (total / size)
@@ -163,7 +205,27 @@ class SequentialExecutor:
             fx.backward(grad)
             w.optimizer.step()
             w.samples += size
-            w.loss_sum += ls.item()
+            w.loss_sum += loss_sum.item()
+
+    @staticmethod
+    def _group_loss(losses, sizes, plan: RoundPlan) -> torch.Tensor:
+        """S²FL Eq. (3): mean over the union of samples, or the sum of member means."""
+        if plan.group_loss == "mean":
+            return torch.stack(losses).sum() / sum(sizes)
+        return sum(ls / s for ls, s in zip(losses, sizes, strict=True))
+
+    @staticmethod
+    def _device_update(w: _Worker, loss: torch.Tensor, size: int, loss_sum: float) -> None:
+        _check_finite(loss, w.task.client)
+        w.optimizer.zero_grad()
+        loss.backward()
+        w.optimizer.step()
+        w.samples += size
+        w.loss_sum += loss_sum
+
+
+def _detached(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu() for k, v in state.items()}
 
 
 EXECUTORS = {"sequential": SequentialExecutor}
