@@ -16,6 +16,7 @@ from splitfl.algorithms.base import (
     RoundResult,
 )
 from splitfl.algorithms.fedavg import FedAvg
+from splitfl.algorithms.locfedmix_sl import LocFedMixSL
 from splitfl.algorithms.mergesfl import MergeSFL
 from splitfl.algorithms.pyramidfl import PyramidFL
 from splitfl.algorithms.s2fl import S2FL
@@ -23,7 +24,8 @@ from splitfl.algorithms.splitfed_v1 import SplitFedV1
 from splitfl.algorithms.splitfed_v2 import SplitFedV2
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, SplitFedV1, SplitFedV2, S2FL, MergeSFL, AdaSFL, PyramidFL)
+    cls.name: cls
+    for cls in (FedAvg, SplitFedV1, SplitFedV2, S2FL, MergeSFL, AdaSFL, PyramidFL, LocFedMixSL)
 }
 
 #: alias -> (algorithm, preset options). S²FL ablations follow §5.4.

@@ -67,8 +67,11 @@ class RunContext:
     def round_samples(self, client: int, batch_size: int, steps: int) -> int:
         return sum(batch_sizes(int(self.data_sizes[client]), batch_size, steps))
 
-    def client_cost(self, client: int, cut: int, samples: int, round_idx: int) -> ClientCost:
-        """Shared cost model (S²FL Eq. 1) for ``client``'s profile in round ``round_idx``."""
+    def client_cost(
+        self, client: int, cut: int, samples: int, round_idx: int, **flags: bool
+    ) -> ClientCost:
+        """Shared cost model (S²FL Eq. 1) for ``client``'s profile in round ``round_idx``;
+        ``flags``: ``model_down``, ``model_up``, ``gradients`` (see ``split_client_cost``)."""
         return split_client_cost(
             self.profile,
             cut,
@@ -76,6 +79,19 @@ class RunContext:
             self.population.at(client, round_idx),
             self.population.server,
             self.config.devices.label_bytes,
+            **flags,
+        )
+
+    def task_cost(self, task, samples: int, round_idx: int, device_loss: str) -> ClientCost:
+        """Cost of a planned task (a :class:`~splitfl.algorithms.base.ClientTask`)."""
+        return self.client_cost(
+            task.client,
+            task.cut,
+            samples,
+            round_idx,
+            model_down=task.download_model,
+            model_up=task.upload_model,
+            gradients=device_loss != "local",
         )
 
     def nominal_time(self, client: int, cut: int, round_idx: int) -> float:

@@ -207,8 +207,10 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
             clients = algorithm.select_clients(r, rng_for(config.seed, "select", r))
             plan = algorithm.plan_round(r, clients, rng_for(config.seed, "plan", r))
             result = executor.run_round(ctx, global_state, plan, derive_seed(config.seed, "b", r))
+            tasks = {t.client: t for t in plan.tasks}
             costs = {
-                u.client: ctx.client_cost(u.client, u.cut, u.samples, r) for u in result.updates
+                u.client: ctx.task_cost(tasks[u.client], u.samples, r, plan.device_loss)
+                for u in result.updates
             }
             samples = {u.client: u.samples for u in result.updates}
             losses = {u.client: u.loss_sum / max(u.samples, 1) for u in result.updates}

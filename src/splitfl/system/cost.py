@@ -71,6 +71,9 @@ def split_client_cost(
     device: DeviceProfile,
     server: DeviceProfile,
     label_bytes: int = 0,
+    model_down: bool = True,
+    model_up: bool = True,
+    gradients: bool = True,
 ) -> ClientCost:
     """Cost of one client training blocks ``[0, cut)`` on ``samples`` samples (Eq. 1).
 
@@ -81,15 +84,18 @@ def split_client_cost(
         device: The client's profile (``Comp_c`` = ``device.flops``, ``R`` = its link rates).
         server: The server profile (``Comp_s``).
         label_bytes: Bytes per label sent with the activations (Eq. 1 uses 0).
+        model_down, model_up: Whether the device part is downloaded / uploaded this round
+            (algorithms that aggregate less often than every round skip them).
+        gradients: Whether activation gradients come back (not with device-side local losses).
     """
     model_bytes = profile.device_bytes(cut)
     q = profile.activation_bytes(cut)
     split = cut < profile.num_blocks
     traffic = Traffic(
-        model_down=model_bytes,
-        model_up=model_bytes,
+        model_down=model_bytes if model_down else 0.0,
+        model_up=model_bytes if model_up else 0.0,
         activations_up=samples * q,
-        gradients_down=samples * q,
+        gradients_down=samples * q if gradients else 0.0,
         labels_up=samples * label_bytes if split else 0.0,
     )
     up = traffic.model_up + traffic.activations_up + traffic.labels_up
