@@ -51,8 +51,11 @@ def test_mixup_pairs_are_convex_combinations_of_equal_cut_members():
 
 
 def test_locfedmix_aggregates_every_k_rounds_and_sends_no_gradients(tmp_path):
-    cfg = tiny_config(algorithm="locfedmix_sl", rounds=2,
-                      **{"options.locfedmix_sl.tau": 2, "options.locfedmix_sl.aggregate_every": 2})
+    cfg = tiny_config(
+        algorithm="locfedmix_sl",
+        rounds=2,
+        **{"options.locfedmix_sl.tau": 2, "options.locfedmix_sl.aggregate_every": 2},
+    )
     res = splitfl.run(cfg, run_dir=tmp_path / "l")
     first, second = res.metrics
     assert first["bytes_gradients_down"] == 0 and second["bytes_gradients_down"] == 0
@@ -63,8 +66,11 @@ def test_locfedmix_aggregates_every_k_rounds_and_sends_no_gradients(tmp_path):
 
 
 def test_locfedmix_keeps_global_device_part_between_aggregations(tmp_path):
-    cfg = tiny_config(algorithm="locfedmix_sl", rounds=1,
-                      **{"options.locfedmix_sl.tau": 2, "options.locfedmix_sl.aggregate_every": 3})
+    cfg = tiny_config(
+        algorithm="locfedmix_sl",
+        rounds=1,
+        **{"options.locfedmix_sl.tau": 2, "options.locfedmix_sl.aggregate_every": 3},
+    )
     res = splitfl.run(cfg, run_dir=tmp_path / "l")
     from splitfl.engine.runner import as_config, prepare
 
@@ -94,6 +100,8 @@ def test_jetson80_population():
 
 
 def test_jetson80_runs_end_to_end_with_time_varying_clock(tmp_path):
-    res = splitfl.run(tiny_config(algorithm="fedavg", rounds=2, **{"devices.preset": "jetson80"}),
-                      run_dir=tmp_path / "j")
+    res = splitfl.run(
+        tiny_config(algorithm="fedavg", rounds=2, **{"devices.preset": "jetson80"}),
+        run_dir=tmp_path / "j",
+    )
     assert res.metrics[1]["sim_time"] > res.metrics[0]["sim_time"] > 0

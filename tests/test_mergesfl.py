@@ -50,8 +50,10 @@ def test_merged_top_model_step_is_one_step_on_the_concatenated_batch():
 
 
 def test_eq17_weights_by_batch_size(tmp_path):
-    res = splitfl.run(tiny_config(algorithm="mergesfl", rounds=1,
-                                  **{"options.mergesfl.tau": 2}), run_dir=tmp_path / "m")
+    res = splitfl.run(
+        tiny_config(algorithm="mergesfl", rounds=1, **{"options.mergesfl.tau": 2}),
+        run_dir=tmp_path / "m",
+    )
     row = res.metrics[0]
     assert len(row["plan_batch_sizes"]) == len(row["clients"])
     # budget default = clients_per_round x D x c per iteration (Eq. 10) is never exceeded
@@ -62,8 +64,10 @@ def test_eq17_weights_by_batch_size(tmp_path):
 
 
 def test_ablation_without_batch_regulation_uses_one_batch_size(tmp_path):
-    res = splitfl.run(tiny_config(algorithm="mergesfl-w/o-BR", rounds=1,
-                                  **{"options.mergesfl.tau": 2}), run_dir=tmp_path / "m")
+    res = splitfl.run(
+        tiny_config(algorithm="mergesfl-w/o-BR", rounds=1, **{"options.mergesfl.tau": 2}),
+        run_dir=tmp_path / "m",
+    )
     assert len(set(res.metrics[0]["plan_batch_sizes"])) == 1
 
 
@@ -75,3 +79,27 @@ def test_state_estimation_moving_average_after_a_round(tmp_path):
     assert np.all(mu0 > 0) and np.all(beta0 > 0)
     probe_mu, _ = alg.state.probe(3, 0)
     assert mu0[3] == probe_mu  # first estimate = first report (Eq. 5 with no history)
+
+
+def test_eq17_bottom_models_weighted_by_batch_size():
+    from splitfl.algorithms.base import ClientUpdate, RoundResult
+
+    prep = prepare(as_config(tiny_config(algorithm="mergesfl")))
+    alg, ctx = prep.algorithm, prep.ctx
+    cut = alg.cut
+    g = ctx.model.state_dict()
+    dev_keys = [k for k in g if int(k.split(".")[1]) < cut]
+    top = {k: v for k, v in g.items() if int(k.split(".")[1]) >= cut}
+
+    def update(client, value):
+        state = {
+            k: torch.full_like(g[k], value) if g[k].is_floating_point() else g[k] for k in dev_keys
+        }
+        return ClientUpdate(client, cut, 0, 1, 1, state, 0.0)
+
+    plan = RoundPlan([ClientTask(0, cut, 0, 4, 1), ClientTask(5, cut, 0, 12, 1)])
+    # data sizes differ from batch sizes: Eq. 17 must use d_i (4 and 12), not |D_i|
+    assert ctx.data_sizes[0] * 12 != ctx.data_sizes[5] * 4
+    out = alg.aggregate(g, plan, RoundResult([update(0, 1.0), update(5, 2.0)], {0: top}))
+    key = next(k for k in dev_keys if g[k].is_floating_point())
+    assert torch.allclose(out[key], torch.full_like(g[key], (4 * 1.0 + 12 * 2.0) / 16))
