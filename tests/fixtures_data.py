@@ -287,3 +287,44 @@ def write_speech_commands(
         "testing": sorted(testing),
         "train": sorted(r for r in files if r not in held),
     }
+
+
+QNLI_WORDS = (
+    "what", "when", "who", "is", "the", "of", "a", "river", "city", "year", "Paris", "Ünïcode",
+    "built", "in", "1889", "tower", "north", "empire", "won", "its", "Bob's", "x_y",
+)  # fmt: skip
+QNLI_LABELS = ("entailment", "not_entailment")
+
+
+def write_qnli(dir: Path, n_train: int = 20, n_test: int = 8, seed: int = 0) -> dict[str, list]:
+    """Write ``dir/QNLI/{train,dev,test}.tsv`` in the GLUE layout (tab-separated, header row).
+
+    Texts are random words of :data:`QNLI_WORDS` with punctuation; row 1 of each split starts with
+    an unbalanced double quote (read with ``QUOTE_NONE`` it is plain text), row 2 of train a
+    100-word sentence (truncated by any short ``seq_len``). ``test.tsv`` has no label column,
+    like GLUE's, and must be ignored. Returns ``<split>_q``, ``<split>_s`` (texts) and
+    ``<split>_y`` (label strings) for ``split`` in ``train``, ``dev``.
+    """
+    rng = np.random.default_rng(seed)
+    folder = Path(dir) / "QNLI"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def text(n: int, end: str) -> str:
+        return " ".join(str(w) for w in rng.choice(QNLI_WORDS, n)).capitalize() + end
+
+    out: dict[str, list] = {}
+    for split, n in (("train", n_train), ("dev", n_test)):
+        qs = [text(int(rng.integers(2, 8)), "?") for _ in range(n)]
+        ss = [text(int(rng.integers(3, 20)), ".") for _ in range(n)]
+        if n > 1:
+            qs[1] = '"What does Ünïcode mean?'
+        if split == "train" and n > 2:
+            ss[2] = text(100, ".")
+        ys = [QNLI_LABELS[int(v)] for v in rng.integers(0, 2, n)]
+        lines = ["index\tquestion\tsentence\tlabel"]
+        lines += [f"{i}\t{q}\t{s}\t{y}" for i, (q, s, y) in enumerate(zip(qs, ss, ys, strict=True))]
+        (folder / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        out.update({f"{split}_q": qs, f"{split}_s": ss, f"{split}_y": ys})
+    test = ["index\tquestion\tsentence"] + [f"{i}\tWhy?\tBecause." for i in range(3)]
+    (folder / "test.tsv").write_text("\n".join(test) + "\n", encoding="utf-8")
+    return out

@@ -35,6 +35,9 @@ def test_eq1_matches_hand_computation():
         "activations_up": 3200,
         "gradients_down": 3200,
         "labels_up": 0,
+        "d2d_model": 0,
+        "d2d_activations": 0,
+        "d2d_gradients": 0,
     }
 
 
@@ -77,3 +80,22 @@ def test_s2fl_table1_population(composition, counts):
         assert flops.count(S2FL_TABLE1_FLOPS[level]) == count
         assert rates.count(S2FL_TABLE1_RATE[level]) == count
     assert pop.server.flops == 5e10 and pop.server.uplink == 1e7
+
+
+def test_clustered_cost_by_hand():
+    """ParallelSFL: a bottom worker's round with a top worker (Eq. 9 and 15)."""
+    from splitfl.system import clustered_client_cost
+
+    dev = DeviceProfile(flops=1e9, uplink=1e6, downlink=1e6, d2d=4e6)
+    top = DeviceProfile(flops=4e9, uplink=2e6, downlink=2e6, d2d=8e6)
+    cost = clustered_client_cost(_profile(), cut=1, samples=10, steps=5, device=dev, top=top,
+                                 members=2, label_bytes=1)
+    # full model 1400 B to/from the PS over the top's 2e6 link, shared by 2 members
+    assert cost.traffic.model_down == cost.traffic.model_up == 700
+    # D2D at min(4e6, 8e6): bottom model 400 B each way + 10 x (64+1) up + 10 x 64 down
+    assert cost.traffic.d2d_model == 800 and cost.traffic.d2d_activations == 650
+    assert cost.traffic.d2d_gradients == 640
+    assert cost.comm_time == pytest.approx(2 * 1400 / 2e6 + (800 + 650 + 640) / 4e6)
+    assert cost.device_time == pytest.approx(10 * 1e6 / 1e9)
+    # the top worker processes both members' samples through blocks 1-2 (5e6 flops/sample)
+    assert cost.server_time == pytest.approx(2 * 10 * 5e6 / 4e9)

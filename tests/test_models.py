@@ -45,7 +45,12 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-SHAPES = {"cnn_h": (1, 128, 9), "cnn_s": (1, 16000), "vgg16_image100": (3, 64, 64)}  # MergeSFL
+SHAPES = {
+    "cnn_h": (1, 128, 9),  # MergeSFL
+    "cnn_s": (1, 16000),  # MergeSFL
+    "vgg16_image100": (3, 64, 64),  # MergeSFL
+    "transformer": (64,),  # token ids (QNLI)
+}
 
 
 def input_shape(name: str) -> tuple[int, ...]:

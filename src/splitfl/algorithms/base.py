@@ -162,6 +162,11 @@ class Algorithm:
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         """Called with every participant's measured round time and cost (after jitter)."""
 
+    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
+        """The shared cost model applied to a task (override where the topology differs,
+        e.g. clusters with top workers)."""
+        return self.ctx.task_cost(task, samples, round_idx, plan.device_loss)
+
     def aggregate(
         self, global_state: dict[str, torch.Tensor], plan: RoundPlan, result: RoundResult
     ) -> dict[str, torch.Tensor]:

@@ -209,7 +209,7 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
             result = executor.run_round(ctx, global_state, plan, derive_seed(config.seed, "b", r))
             tasks = {t.client: t for t in plan.tasks}
             costs = {
-                u.client: ctx.task_cost(tasks[u.client], u.samples, r, plan.device_loss)
+                u.client: algorithm.client_cost(tasks[u.client], u.samples, r, plan)
                 for u in result.updates
             }
             samples = {u.client: u.samples for u in result.updates}

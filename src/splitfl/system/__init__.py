@@ -1,7 +1,15 @@
 """System heterogeneity: device profiles, the shared cost model and the simulated clock."""
 
 from splitfl.system.clock import SimClock, jitter_factors
-from splitfl.system.cost import LINKS, ClientCost, Traffic, round_times, split_client_cost
+from splitfl.system.cost import (
+    LINKS,
+    ClientCost,
+    Traffic,
+    clustered_client_cost,
+    d2d_rate,
+    round_times,
+    split_client_cost,
+)
 from splitfl.system.devices import PRESETS, DeviceProfile, Population, draw_population
 
 __all__ = [
@@ -11,6 +19,8 @@ __all__ = [
     "DeviceProfile",
     "Population",
     "SimClock",
+    "clustered_client_cost",
+    "d2d_rate",
     "Traffic",
     "draw_population",
     "jitter_factors",

@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from splitfl.models.profile import ModelProfile
 from splitfl.system.devices import DeviceProfile
 
-LINKS = ("model_down", "model_up", "activations_up", "gradients_down", "labels_up")
+LINKS = (
+    "model_down",
+    "model_up",
+    "activations_up",
+    "gradients_down",
+    "labels_up",
+    "d2d_model",
+    "d2d_activations",
+    "d2d_gradients",
+)
 
 
 @dataclass
@@ -33,6 +42,9 @@ class Traffic:
     activations_up: float = 0.0
     gradients_down: float = 0.0
     labels_up: float = 0.0
+    d2d_model: float = 0.0
+    d2d_activations: float = 0.0
+    d2d_gradients: float = 0.0
 
     def add(self, other: Traffic) -> Traffic:
         for link in LINKS:
@@ -109,6 +121,61 @@ def split_client_cost(
         comm_time=up / device.uplink + down / device.downlink,
         device_time=device_flops / device.flops,
         server_time=server_flops / server.flops,
+    )
+
+
+def d2d_rate(a: DeviceProfile, b: DeviceProfile) -> float:
+    """Rate of the device-to-device link between ``a`` and ``b`` (the slower radio)."""
+    rates = [r for r in (a.d2d, b.d2d) if r is not None]
+    if not rates:
+        raise ValueError("device-to-device link needs a d2d rate on both devices")
+    return min(rates)
+
+
+def clustered_client_cost(
+    profile: ModelProfile,
+    cut: int,
+    samples: int,
+    steps: int,
+    device: DeviceProfile,
+    top: DeviceProfile,
+    members: int,
+    label_bytes: int = 0,
+) -> ClientCost:
+    """Cost of a bottom worker in a cluster whose *top worker* holds the top model
+    (ParallelSFL §3.3, Eq. 9 and 15).
+
+    Per iteration the worker computes its bottom part (μ_b), sends activations and labels to
+    the top worker and receives gradients over the device-to-device link (β_i,c), and waits for
+    the top worker to process the batches of all ``members`` bottom workers (N_c·μ_p). Per
+    round the top worker downloads and uploads the full model from/to the parameter server
+    (β_c, shared equally among the members in the accounting), and sends/collects the bottom
+    part to/from each member over D2D.
+    """
+    link = d2d_rate(device, top)
+    bottom_bytes = profile.device_bytes(cut)
+    full_bytes = profile.total_bytes
+    q = profile.activation_bytes(cut)
+    per_sample_top = profile.server_flops(cut)
+    traffic = Traffic(
+        model_down=full_bytes / members,
+        model_up=full_bytes / members,
+        d2d_model=2 * bottom_bytes,
+        d2d_activations=samples * (q + label_bytes),
+        d2d_gradients=samples * q,
+    )
+    ps_time = 2 * full_bytes / min(top.uplink, top.downlink)
+    d2d_time = (traffic.d2d_model + traffic.d2d_activations + traffic.d2d_gradients) / link
+    device_flops = samples * profile.device_flops(cut)
+    top_flops = members * samples * per_sample_top
+    return ClientCost(
+        traffic=traffic,
+        device_flops=device_flops,
+        server_flops=samples * per_sample_top,
+        comm_time=ps_time + d2d_time,
+        device_time=device_flops / device.flops,
+        server_time=top_flops / top.flops,
+        extra={"steps": float(steps)},
     )
 
 

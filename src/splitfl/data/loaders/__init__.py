@@ -1,3 +1,3 @@
 """Dataset loaders: importing this package registers every loader."""
 
-from splitfl.data.loaders import cifar, digits, femnist, har, mnist, speech  # noqa: F401
+from splitfl.data.loaders import cifar, digits, femnist, har, mnist, qnli, speech  # noqa: F401

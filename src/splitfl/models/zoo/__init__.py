@@ -7,5 +7,6 @@ from splitfl.models.zoo import (  # noqa: F401
     mobilenet,
     resnet,
     small,
+    transformer,
     vgg,
 )
