@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from splitfl.algorithms.adasampling import AdaSampling
 from splitfl.algorithms.adasfl import AdaSFL
 from splitfl.algorithms.base import (
     Algorithm,
@@ -16,6 +17,7 @@ from splitfl.algorithms.base import (
     RoundResult,
 )
 from splitfl.algorithms.fedavg import FedAvg
+from splitfl.algorithms.ifca import IFCA
 from splitfl.algorithms.locfedmix_sl import LocFedMixSL
 from splitfl.algorithms.mergesfl import MergeSFL
 from splitfl.algorithms.pyramidfl import PyramidFL
@@ -25,7 +27,18 @@ from splitfl.algorithms.splitfed_v2 import SplitFedV2
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
-    for cls in (FedAvg, SplitFedV1, SplitFedV2, S2FL, MergeSFL, AdaSFL, PyramidFL, LocFedMixSL)
+    for cls in (
+        FedAvg,
+        SplitFedV1,
+        SplitFedV2,
+        S2FL,
+        MergeSFL,
+        AdaSFL,
+        PyramidFL,
+        LocFedMixSL,
+        IFCA,
+        AdaSampling,
+    )
 }
 
 #: alias -> (algorithm, preset options). S²FL ablations follow §5.4.

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from splitfl.models.base import BlockModel
@@ -80,6 +81,38 @@ class ModelProfile:
     @property
     def total_flops(self) -> float:
         return self.part_flops(0, self.num_blocks)
+
+
+def _register_cpu_attention_flops() -> None:
+    """torch's FlopCounterMode has formulas for the CUDA attention kernels but not for the CPU
+    flash-attention kernel (and its backward); register the same formulas for them so
+    transformer blocks are not under-counted on CPU."""
+    aten = torch.ops.aten
+
+    def forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    def backward(grad_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kw):
+        return flop_counter.sdpa_backward_flop_count(
+            grad_shape, query_shape, key_shape, value_shape
+        )
+
+    pairs = [
+        ("_scaled_dot_product_flash_attention_for_cpu", forward),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", backward),
+    ]
+    for op_name, formula in pairs:
+        op = getattr(aten, op_name, None)
+        if (
+            op is None
+            or op in flop_counter.flop_registry
+            or op.default in flop_counter.flop_registry
+        ):
+            continue
+        flop_counter.register_flop_formula(op)(formula)
+
+
+_register_cpu_attention_flops()
 
 
 def _count_flops(fn) -> int:

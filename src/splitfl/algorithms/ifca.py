@@ -1,0 +1,115 @@
+"""IFCA (Ghosh et al., "An Efficient Framework for Clustered Federated Learning", NeurIPS
+2020) — baseline of ParallelSFL §5: clustered FL where each client picks the cluster model
+with the lowest loss on its own data.
+
+* ``num_clusters`` cluster models, initialised from different seeds.
+* Each round the selected clients download every cluster model, estimate their loss on up to
+  ``estimate_samples`` of their own training samples (seeded), choose the argmin (cluster
+  identity estimation) and train that model with local SGD (the "model averaging" variant).
+* The server averages each cluster's returned models (|D_i| weights); clusters no one chose
+  keep their model.
+* Evaluation on the central test set uses the cluster model chosen by the most clients so
+  far (IFCA evaluates per test client with labels; the central test set has no clients —
+  stated choice).
+* Cost: the whole model on the device, with ``num_clusters`` models downloaded per client.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundResult
+from splitfl.seeding import derive_seed
+
+
+@dataclass(frozen=True)
+class IFCAOptions:
+    num_clusters: int = 2
+    estimate_samples: int = 64
+
+    def __post_init__(self) -> None:
+        from splitfl.config import ConfigError
+
+        if self.num_clusters < 1:
+            raise ConfigError("options.ifca.num_clusters", "must be >= 1")
+        if self.estimate_samples < 1:
+            raise ConfigError("options.ifca.estimate_samples", "must be >= 1")
+
+
+class IFCA(Algorithm):
+    name = "ifca"
+    paper = "Ghosh et al., IFCA (NeurIPS 2020); baseline in ParallelSFL §5"
+    Options = IFCAOptions
+
+    def __init__(self, options: IFCAOptions, ctx) -> None:
+        super().__init__(options, ctx)
+        self.models: list[dict[str, torch.Tensor]] = []
+        for k in range(options.num_clusters):
+            model = copy.deepcopy(ctx.model)
+            if k > 0:  # cluster 0 is the run's initial model; others re-initialised
+                torch.manual_seed(derive_seed(ctx.config.seed, "ifca", k))
+                for module in model.modules():
+                    if hasattr(module, "reset_parameters") and module is not model:
+                        module.reset_parameters()
+            self.models.append({n: t.clone() for n, t in model.state_dict().items()})
+        self.chosen_count = np.zeros(options.num_clusters, dtype=np.int64)
+
+    def estimate_cluster(self, client: int, rng: np.random.Generator) -> int:
+        """Cluster identity: argmin over cluster models of the loss on the client's data."""
+        idx = self.ctx.client_indices[client]
+        take = rng.choice(idx, size=min(len(idx), self.options.estimate_samples), replace=False)
+        x = self.ctx.bundle.train.x[torch.as_tensor(take)]
+        y = self.ctx.bundle.train.y[torch.as_tensor(take)]
+        model = copy.deepcopy(self.ctx.model).eval()
+        losses = []
+        with torch.no_grad():
+            for state in self.models:
+                model.load_state_dict(state)
+                losses.append(F.cross_entropy(model(x), y).item())
+        return int(np.argmin(losses))
+
+    def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
+        full = self.ctx.num_blocks
+        tasks = []
+        for i, c in enumerate(clients):
+            k = self.estimate_cluster(c, rng)
+            task = self.make_task(c, full, i, round_idx)
+            task.init_state = self.models[k]
+            task.group = i
+            tasks.append((k, task))
+        return RoundPlan([t for _, t in tasks], info={"clusters": [k for k, _ in tasks]})
+
+    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
+        """Every cluster model is downloaded: (K−1) extra full-model downloads."""
+        cost = super().client_cost(task, samples, round_idx, plan)
+        extra = (self.options.num_clusters - 1) * self.ctx.profile.total_bytes
+        cost.traffic.model_down += extra
+        cost.comm_time += extra / self.ctx.population.at(task.client, round_idx).downlink
+        return cost
+
+    def aggregate(self, global_state, plan: RoundPlan, result: RoundResult) -> dict:
+        by_client = {u.client: u for u in result.updates}
+        for k in range(self.options.num_clusters):
+            members = [
+                by_client[t.client]
+                for t, kk in zip(plan.tasks, plan.info["clusters"], strict=True)
+                if kk == k
+            ]
+            if members:
+                weights = {u.client: float(self.ctx.data_sizes[u.client]) for u in members}
+                self.models[k] = layerwise_aggregate(self.models[k], members, {}, weights)
+                self.chosen_count[k] += len(members)
+        return {n: t.clone() for n, t in self.models[int(np.argmax(self.chosen_count))].items()}
+
+    def state_dict(self) -> dict:
+        return {"models": self.models, "chosen_count": self.chosen_count.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.models = state["models"]
+        self.chosen_count = np.asarray(state["chosen_count"], dtype=np.int64)
