@@ -20,6 +20,7 @@ from splitfl.algorithms.fedavg import FedAvg
 from splitfl.algorithms.ifca import IFCA
 from splitfl.algorithms.locfedmix_sl import LocFedMixSL
 from splitfl.algorithms.mergesfl import MergeSFL
+from splitfl.algorithms.parallelsfl import ParallelSFL
 from splitfl.algorithms.pyramidfl import PyramidFL
 from splitfl.algorithms.s2fl import S2FL
 from splitfl.algorithms.splitfed_v1 import SplitFedV1
@@ -38,6 +39,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         LocFedMixSL,
         IFCA,
         AdaSampling,
+        ParallelSFL,
     )
 }
 
@@ -50,6 +52,8 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     "s2fl+MB": ("s2fl", {"adaptive_split": True, "data_balance": True}),
     "mergesfl-w/o-FM": ("mergesfl", {"feature_merging": False}),
     "mergesfl-w/o-BR": ("mergesfl", {"batch_regulation": False}),
+    "parallelsfl-WC": ("parallelsfl", {"adaptive_tau": False}),
+    "parallelsfl-R": ("parallelsfl", {"random_clusters": True, "adaptive_tau": False}),
 }
 
 

@@ -40,8 +40,14 @@ KL_ATOL = 1e-9
 # --------------------------------------------------------------------------- state estimation
 
 
-def moving_average(previous: float | None, measured: float, alpha: float = 0.8) -> float:
-    """Eq. (5)/(6): ``α·previous + (1−α)·measured``; the first measurement is taken as is."""
+def moving_average(previous, measured, alpha: float = 0.8):
+    """Eq. (5)/(6): ``α·previous + (1−α)·measured``; the first measurement is taken as is.
+
+    Scalars give a float; arrays (e.g. ParallelSFL's pairwise β matrix, Eq. 7) an array.
+    """
+    if np.ndim(measured) > 0:
+        measured = np.asarray(measured, dtype=np.float64)
+        return measured.copy() if previous is None else alpha * previous + (1.0 - alpha) * measured
     if previous is None:
         return float(measured)
     return float(alpha * previous + (1.0 - alpha) * measured)
