@@ -22,9 +22,11 @@ from splitfl.algorithms.locfedmix_sl import LocFedMixSL
 from splitfl.algorithms.mergesfl import MergeSFL
 from splitfl.algorithms.parallelsfl import ParallelSFL
 from splitfl.algorithms.pyramidfl import PyramidFL
+from splitfl.algorithms.ringsfl import RingSFL
 from splitfl.algorithms.s2fl import S2FL
 from splitfl.algorithms.splitfed_v1 import SplitFedV1
 from splitfl.algorithms.splitfed_v2 import SplitFedV2
+from splitfl.algorithms.vanilla_sl import VanillaSL
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
@@ -40,6 +42,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         IFCA,
         AdaSampling,
         ParallelSFL,
+        RingSFL,
+        VanillaSL,
     )
 }
 
@@ -52,6 +56,7 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
     "s2fl+MB": ("s2fl", {"adaptive_split": True, "data_balance": True}),
     "mergesfl-w/o-FM": ("mergesfl", {"feature_merging": False}),
     "mergesfl-w/o-BR": ("mergesfl", {"batch_regulation": False}),
+    "ringsfl-v2": ("ringsfl", {"version": "v2"}),
     "parallelsfl-WC": ("parallelsfl", {"adaptive_tau": False}),
     "parallelsfl-R": ("parallelsfl", {"random_clusters": True, "adaptive_tau": False}),
 }

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.system.cost import ClientCost
+from splitfl.system.cost import ClientCost, round_times
 
 if TYPE_CHECKING:
     from splitfl.engine.context import RunContext
@@ -57,6 +57,17 @@ class ClientTask:
 
 
 @dataclass
+class RingSpec:
+    """RingSFL's ring for a round: client order, propagation lengths L_i (blocks), weights
+    a_i, and whether overlapping blocks use the dynamic learning rate (v2, Eq. 7)."""
+
+    order: list[int]
+    lengths: dict[int, int]
+    weights: dict[int, float]
+    dynamic_lr: bool = False
+
+
+@dataclass
 class RoundPlan:
     """What the executor must run this round.
 
@@ -74,6 +85,9 @@ class RoundPlan:
             (a linear classifier on the activation), no gradient is sent back.
         mixup_alpha: If set, the server also trains on mixup of the smashed data of random
             pairs of a group's members (λ ~ Beta(α, α)), as LocFedMix-SL.
+        chain_devices: In ``sequential`` mode, each client starts from the device part the
+            previous client trained (vanilla split learning) instead of the global one.
+        ring: If set, the round is RingSFL's ring training (tasks hold full models).
         info: Algorithm-specific facts logged with the round's metrics.
     """
 
@@ -85,6 +99,8 @@ class RoundPlan:
     server_lr: float | None = None
     device_loss: str = "server"
     mixup_alpha: float | None = None
+    chain_devices: bool = False
+    ring: RingSpec | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
     def groups(self) -> dict[int, list[ClientTask]]:
@@ -166,6 +182,10 @@ class Algorithm:
         """The shared cost model applied to a task (override where the topology differs,
         e.g. clusters with top workers)."""
         return self.ctx.task_cost(task, samples, round_idx, plan.device_loss)
+
+    def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
+        """Round time and per-client waiting: participants work in parallel (max)."""
+        return round_times(times)
 
     def aggregate(
         self, global_state: dict[str, torch.Tensor], plan: RoundPlan, result: RoundResult

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from splitfl.algorithms.base import ClientTask, ClientUpdate, RoundPlan, RoundResult
+from splitfl.engine.ring import ring_batch_update
 from splitfl.models import BlockModel, ModelPart
 from splitfl.seeding import derive_seed
 
@@ -118,6 +119,8 @@ class SequentialExecutor:
             idx = w.batches[step]
             return x_all[idx].to(self.device), y_all[idx].to(self.device)
 
+        if plan.ring is not None:
+            return self._run_ring(model, plan, worker, fetch)
         gen = np.random.default_rng(derive_seed(round_seed, "mix"))
         updates: list[ClientUpdate] = []
         server_states: dict[int, dict[str, torch.Tensor]] = {}
@@ -129,7 +132,11 @@ class SequentialExecutor:
             server_opt = _sgd(server, lr, ctx.config) if server is not None else None
             if plan.server_mode == "sequential":
                 order = {c: i for i, c in enumerate(plan.order)}
+                previous = None
                 for w in sorted(workers, key=lambda w: order.get(w.task.client, 0)):
+                    if plan.chain_devices and previous is not None:
+                        w.part.load_state_dict(previous.part.state_dict())
+                    previous = w
                     for step in range(w.task.steps):
                         self._split_step([w], server, server_opt, step, fetch, plan, gen)
             else:
@@ -152,6 +159,32 @@ class SequentialExecutor:
             if server is not None:
                 server_states[group] = _detached(server.state_dict())
         return RoundResult(updates=updates, server_states=server_states)
+
+    def _run_ring(self, model: BlockModel, plan: RoundPlan, worker, fetch) -> RoundResult:
+        """RingSFL (Alg. 1–2): full local models, every client's batch around the ring."""
+        ring = plan.ring
+        n = model.num_blocks
+        workers = {t.client: worker(t) for t in plan.tasks}
+        models = {c: copy.deepcopy(model) for c in workers}
+        lr = plan.tasks[0].lr
+        for step in range(max(t.steps for t in plan.tasks)):
+            active = {c: w for c, w in workers.items() if step < w.task.steps}
+            batches = {c: fetch(w, step) for c, w in active.items()}
+            losses = ring_batch_update(
+                models, ring.order, ring.lengths, batches, ring.weights, lr, ring.dynamic_lr
+            )
+            for c, loss in losses.items():
+                _check_finite(torch.tensor(loss), c)
+                size = len(batches[c][1])
+                active[c].samples += size
+                active[c].loss_sum += loss * size
+        updates = [
+            ClientUpdate(
+                c, n, i, w.samples, w.task.steps, _detached(models[c].state_dict()), w.loss_sum
+            )
+            for i, (c, w) in enumerate(workers.items())
+        ]
+        return RoundResult(updates=updates, server_states={})
 
     def _split_step(self, workers, server, server_opt, step, fetch, plan, gen) -> None:
         """One iteration of a group: device forwards, one server step on the combined loss

@@ -23,8 +23,13 @@ from splitfl.models.base import BlockModel
 
 
 def largest_remainder(shares: Sequence[float], total: int) -> list[int]:
-    """Integers ≥ 1 summing to ``total`` proportional to ``shares`` (largest-remainder rule
-    after giving every client one block: L_i = 1 + round-down of its share of the rest)."""
+    """Integers ≥ 1 summing to ``total`` proportional to ``shares``.
+
+    Rounding rule: floor of each exact share, the remaining blocks to the largest remainders
+    (ties: lower index); then every client left with 0 blocks takes one from the client with
+    the most blocks. Exact shares stay exact (C = 4:2:1:1 over 16 blocks → 8, 4, 2, 2), and
+    RingSFL's public sweeps come out as printed (e.g. 100:1:1:1:1 over 10 blocks → 6:1:1:1:1).
+    """
     n = len(shares)
     if total < n:
         raise ValueError(f"{total} blocks cannot give {n} clients at least one block each")
@@ -32,13 +37,13 @@ def largest_remainder(shares: Sequence[float], total: int) -> list[int]:
     if np.any(w <= 0):
         raise ValueError("propagation shares must be positive")
     ideal = w / w.sum() * total
-    base = np.maximum(np.floor(ideal).astype(int), 1)
-    while base.sum() > total:  # the ≥1 floor overshot: take from the largest
-        base[int(np.argmax(base - ideal))] -= 1
-    order = np.argsort(-(ideal - base), kind="stable")
-    for i in order[: total - base.sum()]:
-        base[i] += 1
-    return base.tolist()
+    lengths = np.floor(ideal).astype(int)
+    for i in np.argsort(-(ideal - lengths), kind="stable")[: total - lengths.sum()]:
+        lengths[i] += 1
+    for i in np.flatnonzero(lengths == 0):
+        lengths[int(np.argmax(lengths))] -= 1
+        lengths[i] = 1
+    return lengths.tolist()
 
 
 def propagation_lengths(power: Sequence[float], num_blocks: int) -> list[int]:

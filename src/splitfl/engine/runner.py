@@ -28,7 +28,7 @@ from splitfl.engine.executor import NonFiniteLossError, evaluate, make_executor
 from splitfl.metrics.plots import plot_accuracy
 from splitfl.metrics.summary import read_metrics, summarize, write_metrics
 from splitfl.seeding import derive_seed, rng_for
-from splitfl.system import LINKS, SimClock, Traffic, jitter_factors, round_times
+from splitfl.system import LINKS, SimClock, Traffic, jitter_factors
 
 
 @dataclass
@@ -218,7 +218,7 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
                 sorted(costs), config.devices.jitter, rng_for(config.seed, "jitter", r)
             )
             times = {c: cost.time * jitter[c] for c, cost in costs.items()}
-            round_time, waits = round_times(times)
+            round_time, waits = algorithm.round_time(times)
             algorithm.observe(
                 r, plan, RoundReport(times, costs, jitter, samples, losses, round_time)
             )

@@ -7,6 +7,7 @@ from splitfl.system.cost import (
     Traffic,
     clustered_client_cost,
     d2d_rate,
+    ring_client_cost,
     round_times,
     split_client_cost,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "SimClock",
     "clustered_client_cost",
     "d2d_rate",
+    "ring_client_cost",
     "Traffic",
     "draw_population",
     "jitter_factors",

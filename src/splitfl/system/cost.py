@@ -179,6 +179,44 @@ def clustered_client_cost(
     )
 
 
+def ring_client_cost(
+    profile: ModelProfile,
+    work: list[tuple[int, int, int, bool]],
+    device: DeviceProfile,
+    next_device: DeviceProfile,
+    prev_device: DeviceProfile,
+) -> ClientCost:
+    """Cost of one RingSFL client in a round (``papers/ringsfl.md`` §3.3, Alg. 2).
+
+    ``work`` lists the client's segments over the round as (first block, stop block, samples,
+    own batch): it computes forward+backward of blocks [first, stop) for ``samples`` samples
+    (p_i·M·N/C_i per mini-batch step in the paper's notation), sends the segment's output
+    forward to the next client, sends the gradient of the segment's input back to the previous
+    client (unless first == 0), and — for its own batches — sends the gradient of the logits
+    back to the client that computed them. The full model is downloaded from and uploaded to
+    the server once per round. The ring hops use the device-to-device rate of the link.
+    """
+    n = profile.num_blocks
+    flops = sum(samples * profile.part_flops(lo, hi) for lo, hi, samples, _ in work)
+    forward = sum(samples * profile.blocks[hi - 1].out_bytes for lo, hi, samples, _ in work)
+    backward = sum(samples * profile.blocks[lo - 1].out_bytes for lo, hi, samples, _ in work if lo)
+    backward += sum(samples * profile.blocks[n - 1].out_bytes for _, _, samples, own in work if own)
+    model = profile.total_bytes
+    traffic = Traffic(
+        model_down=model, model_up=model, d2d_activations=forward, d2d_gradients=backward
+    )
+    comm = model / device.downlink + model / device.uplink
+    comm += forward / d2d_rate(device, next_device) + backward / d2d_rate(device, prev_device)
+    return ClientCost(
+        traffic=traffic,
+        device_flops=flops,
+        server_flops=0.0,
+        comm_time=comm,
+        device_time=flops / device.flops,
+        server_time=0.0,
+    )
+
+
 def round_times(client_times: dict[int, float]) -> tuple[float, dict[int, float]]:
     """Round time (max over participants) and each participant's waiting time (round − own)."""
     if not client_times:

@@ -106,6 +106,26 @@ def jetson80(n: int, rng: np.random.Generator, composition: str = "uniform") -> 
     return jetson_population(n, rng)
 
 
+RINGSFL_PC = DeviceProfile(
+    flops=1e11, uplink=135e6 / 8, downlink=135e6 / 8, d2d=135e6 / 8, power=65.0, kind="PC"
+)
+RINGSFL_PI = DeviceProfile(
+    flops=5e9, uplink=135e6 / 8, downlink=135e6 / 8, d2d=135e6 / 8, power=6.4, kind="RaspberryPi"
+)
+
+
+def ringsfl_testbed(n: int, rng: np.random.Generator, composition: str = "uniform") -> Population:
+    """RingSFL §4.1.1 prototype: 2 PCs (65 W) then 3 Raspberry Pis (6.4 W), 135 Mb/s links.
+
+    Client order is kept (PCs are u_0, u_1 as in the paper; for n != 5 the 2:3 mix is kept).
+    The paper gives no FLOPS; splitfl uses 1e11 (PC) and 5e9 (Pi) effective FLOP/s, a 20x
+    spread in line with the public propagation-length sweeps (e.g. 6:1:1:1:1).
+    """
+    pcs = max(1, round(n * 2 / 5)) if n > 1 else 1
+    devices = tuple(RINGSFL_PC if i < pcs else RINGSFL_PI for i in range(n))
+    return Population(devices, RINGSFL_PC)
+
+
 def homogeneous(n: int, rng: np.random.Generator, composition: str = "uniform") -> Population:
     """Identical mid-level devices (a control with no system heterogeneity)."""
     dev = DeviceProfile(flops=1e10, uplink=2e6, downlink=2e6, d2d=2e6, power=5.0, kind="mid")
@@ -116,6 +136,7 @@ PRESETS: dict[str, Callable[..., Population]] = {
     "s2fl_table1": s2fl_table1,
     "homogeneous": homogeneous,
     "jetson80": jetson80,
+    "ringsfl_testbed": ringsfl_testbed,
 }
 
 

@@ -1,0 +1,105 @@
+"""``splitfl privacy leakage|attack``: RingSFL Eq. (8)/Fig. 5 and the DLG attack of §4.2.5.
+
+Wire into :func:`splitfl.cli.main.build_parser` with ``add_privacy_parser(sub)``. Bad values
+raise :class:`~splitfl.config.ConfigError` (``main`` prints one line and exits 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from splitfl.config import ConfigError
+
+FIG5_E = (0.1, 0.2, 0.4, 0.6)
+
+
+def _probability(value: float | None, flag: str) -> None:
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise ConfigError(flag, f"must be in [0, 1] (got {value})")
+
+
+def cmd_leakage(args: argparse.Namespace) -> int:
+    """Print P_i (Eq. 8) for ``--clients`` clients and write the Fig. 5 curve."""
+    from splitfl.privacy.leakage import leakage_curve, leakage_probability, plot_leakage_curve
+
+    e_prime = args.e if args.e_prime is None else args.e_prime
+    _probability(args.e, "--e")
+    _probability(e_prime, "--e-prime")
+    if args.clients < 1:
+        raise ConfigError("--clients", f"must be >= 1 (got {args.clients})")
+    if args.n_max < 2:
+        raise ConfigError("--n-max", f"must be >= 2 (got {args.n_max})")
+    n = args.clients
+    p = leakage_probability([args.e] * n, [e_prime] * n)
+    print(f"RingSFL Eq. (8): N = {n}, e = {args.e:g}, e' = {e_prime:g}")
+    print(f"{'client':>6}  {'e_i':>6}  {'e_i_prime':>9}  {'P_i':>12}")
+    for i, value in enumerate(p):
+        print(f"{i:>6}  {args.e:>6g}  {e_prime:>9g}  {value:>12.6g}")
+    e_values = sorted(set(FIG5_E) | {float(args.e)})
+    curve = leakage_curve(e_values, args.n_max)
+    out = Path(args.out)
+    png = plot_leakage_curve(curve, out / "leakage.png")
+    data = {
+        "clients": n,
+        "e": args.e,
+        "e_prime": e_prime,
+        "p": p.tolist(),
+        "curve": {"n": curve["n"], "curves": {f"{e:g}": v for e, v in curve["curves"].items()}},
+    }
+    (out / "leakage.json").write_text(json.dumps(data, indent=1))
+    print(f"Fig. 5 curve (e = e' in {', '.join(f'{e:g}' for e in e_values)}): {png}")
+    return 0
+
+
+def cmd_attack(args: argparse.Namespace) -> int:
+    """Run the DLG attack on FedAvg and RingSFL uploads; write results.json and attack.png."""
+    from dataclasses import replace
+
+    from splitfl.privacy.dlg import load_attack_config, run_attack, write_results
+
+    config_path = None
+    overrides = []
+    for value in args.args:
+        if "=" in value or config_path is not None:
+            overrides.append(value)
+        else:
+            config_path = value
+    config = load_attack_config(config_path, overrides)
+    if args.out:
+        config = replace(config, out=args.out)
+    results = run_attack(config)
+    json_path, png_path = write_results(results, config.out)
+    print(
+        f"DLG ({config.optimizer}, {config.label} label, {config.iterations} iterations) on "
+        f"{config.model}/{config.dataset}, {config.clients} clients, lengths {results['lengths']}"
+    )
+    for name, label in (("fedavg", "FedAvg"), ("ringsfl", "RingSFL")):
+        r = results[name]
+        print(
+            f"{label:8s} final cosine {r['final_cosine']:.4f}  max {r['max_cosine']:.4f}  "
+            f"gradient error {r['gradient_error']:.3g}  ({r['seconds']:.1f} s)"
+        )
+    print(f"results: {json_path}, {png_path}")
+    return 0
+
+
+def add_privacy_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``privacy leakage`` and ``privacy attack`` to a ``add_subparsers()`` object."""
+    parser = subparsers.add_parser(
+        "privacy", help="RingSFL privacy: leakage probability (Eq. 8), DLG attack (Fig. 15-16)"
+    )
+    sub = parser.add_subparsers(dest="privacy_command", required=True)
+    p = sub.add_parser("leakage", help="eavesdropper leakage probability P_i (Eq. 8, Fig. 5)")
+    p.add_argument("--clients", type=int, default=5, help="number of clients N (default 5)")
+    p.add_argument("--e", type=float, required=True, help="P(server link heard), in [0, 1]")
+    p.add_argument("--e-prime", type=float, help="P(ring link heard) (default: --e)")
+    p.add_argument("--n-max", type=int, default=20, help="largest N of the Fig. 5 curve")
+    p.add_argument("--out", default="runs/privacy-leakage", metavar="DIR", help="output folder")
+    p.set_defaults(fn=cmd_leakage)
+    p = sub.add_parser("attack", help="DLG on FedAvg vs RingSFL uploads (RingSFL §4.2.5)")
+    p.add_argument("args", nargs="*", metavar="CONFIG [key=value ...]")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: the config's out)")
+    p.set_defaults(fn=cmd_attack)
+    return parser

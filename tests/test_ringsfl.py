@@ -1,0 +1,103 @@
+"""RingSFL: propagation lengths, ring composition, FedAvg equivalence (Eq. 6), v1 vs v2."""
+
+import copy
+
+import pytest
+import torch
+
+import splitfl
+from conftest import tiny_config
+from splitfl.engine.ring import (
+    largest_remainder,
+    overlap_counts,
+    parse_ratios,
+    propagation_lengths,
+    ring_batch_update,
+    segments,
+)
+from splitfl.models import build_model
+
+RING = {
+    "model": "mlp",
+    "data.num_clients": 4,
+    "train.clients_per_round": 4,
+    "devices.preset": "ringsfl_testbed",
+    "train.local_steps": 1,
+}
+
+
+def test_propagation_lengths_by_hand():
+    # Eq. 3 with C = 4:2:1:1 over 16 blocks -> 8, 4, 2, 2 exactly
+    assert propagation_lengths([4, 2, 1, 1], 16) == [8, 4, 2, 2]
+    # shares 0.5, 0.3, 0.2 of 10 blocks with remainders: 5, 3, 2
+    assert largest_remainder([5, 3, 2], 10) == [5, 3, 2]
+    # every client gets >= 1 block even when its share rounds to 0; the sum stays W
+    lengths = propagation_lengths([100, 1, 1, 1, 1], 10)
+    assert lengths == [6, 1, 1, 1, 1] and sum(lengths) == 10
+    assert parse_ratios("6:1:1:1:1", 5, 10) == [6, 1, 1, 1, 1]
+    assert parse_ratios("13:1:1:1:1", 5, 17) == [13, 1, 1, 1, 1]
+    with pytest.raises(ValueError):
+        propagation_lengths([1, 1, 1], 2)
+
+
+def test_segments_and_overlap_counts():
+    order, lengths = [0, 1, 2], {0: 1, 1: 2, 2: 1}
+    assert segments(order, lengths, 1) == [(1, 0, 2), (2, 2, 3), (0, 3, 4)]
+    counts = overlap_counts(order, lengths, 4)
+    assert [sum(v) for v in counts.values()] == [3 * lengths[c] for c in order]
+    # u_1 runs blocks 1-2 for u_0's batch, 0-1 for its own, 2-3 for u_2's
+    assert counts[1] == [1, 2, 2, 1]
+
+
+def test_ring_forward_composes_to_the_full_model():
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 8, 8), 10).eval()
+    x = torch.randn(5, 1, 8, 8)
+    order, lengths = [0, 1, 2], {0: 2, 1: 1, 2: 1}
+    for start in order:
+        h = x
+        for _client, lo, hi in segments(order, lengths, start):
+            h = model(h, lo, hi)
+        assert torch.equal(h, model(x))
+
+
+def test_one_ringsfl_round_equals_a_fedavg_update(tmp_path):
+    """§3.4, Eq. (6): with the learning rate × N, one round (one step) is FedAvg's update."""
+    ring = splitfl.run(tiny_config(algorithm="ringsfl", rounds=1, **RING), run_dir=tmp_path / "r")
+    fed = splitfl.run(tiny_config(algorithm="fedavg", rounds=1, **RING), run_dir=tmp_path / "f")
+    a = torch.load(ring.run_dir / "model.pt", weights_only=True)
+    b = torch.load(fed.run_dir / "model.pt", weights_only=True)
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), k
+
+
+def test_v1_and_v2_differ_only_on_overlapping_blocks():
+    torch.manual_seed(1)
+    model = build_model("mlp", (1, 8, 8), 10)
+    order, lengths = [0, 1, 2], {0: 2, 1: 1, 2: 1}
+    batches = {c: (torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))) for c in order}
+    weights = {c: 1 / 3 for c in order}
+    v1 = {c: copy.deepcopy(model) for c in order}
+    v2 = {c: copy.deepcopy(model) for c in order}
+    ring_batch_update(v1, order, lengths, batches, weights, 0.1, dynamic_lr=False)
+    ring_batch_update(v2, order, lengths, batches, weights, 0.1, dynamic_lr=True)
+    counts = overlap_counts(order, lengths, 4)
+    for c in order:
+        for k in range(4):
+            p1 = [p for p in v1[c].blocks[k].parameters()]
+            p2 = [p for p in v2[c].blocks[k].parameters()]
+            same = all(torch.allclose(a, b) for a, b in zip(p1, p2, strict=True))
+            assert same == (counts[c][k] <= 1), (c, k, counts[c][k])
+
+
+def test_vanilla_sl_round_time_is_the_sum(tmp_path):
+    res = splitfl.run(tiny_config(algorithm="vanilla_sl", rounds=1), run_dir=tmp_path / "v")
+    row = res.metrics[0]
+    assert row["round_time"] == pytest.approx(sum(row["client_times"]))
+
+
+def test_ring_cost_counts_hops_and_energy(tmp_path):
+    res = splitfl.run(tiny_config(algorithm="ringsfl", rounds=1, **RING), run_dir=tmp_path / "r")
+    row = res.metrics[0]
+    assert row["bytes_d2d_activations"] > 0 and row["bytes_d2d_gradients"] > 0
+    assert row["bytes_activations_up"] == 0 and row["energy_j"] > 0
