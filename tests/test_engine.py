@@ -12,6 +12,23 @@ from splitfl.algorithms import ALGORITHMS, algorithm_names
 from splitfl.engine.executor import NonFiniteLossError
 from splitfl.engine.runner import prepare
 
+FAST = {
+    "options.mergesfl.tau": 2,
+    "options.adasfl.tau": 2,
+    "options.adasfl.tau_max": 4,
+    "options.locfedmix_sl.tau": 2,
+    "options.locfedmix_sl.aggregate_every": 2,
+    "options.parallelsfl.tau": 2,
+}
+#: RingSFL needs at most as many clients as model blocks: 4 clients on the 4-block MLP.
+RING = {"model": "mlp", "data.num_clients": 4, "train.clients_per_round": 4}
+
+
+def cfg_for(algorithm: str, **changes):
+    """A tiny config that fits ``algorithm`` (fast options, ring-sized for RingSFL)."""
+    extra = RING if algorithm.startswith("ringsfl") else {}
+    return tiny_config(algorithm=algorithm, **{**FAST, **extra, **changes})
+
 
 def _final_state(run_dir):
     return torch.load(run_dir / "model.pt", weights_only=True)
@@ -19,7 +36,7 @@ def _final_state(run_dir):
 
 @pytest.mark.parametrize("algorithm", algorithm_names())
 def test_every_algorithm_runs_deterministically(algorithm, tmp_path):
-    cfg = tiny_config(algorithm=algorithm, rounds=3)
+    cfg = cfg_for(algorithm, rounds=3)
     a = splitfl.run(cfg, run_dir=tmp_path / "a")
     b = splitfl.run(cfg, run_dir=tmp_path / "b")
     drop = ("wall_time",)
@@ -147,20 +164,11 @@ def test_same_selection_and_devices_across_algorithms(tmp_path):
     assert (a.run_dir / "clients.json").read_text() == (b.run_dir / "clients.json").read_text()
 
 
-FAST = {
-    "options.mergesfl.tau": 2,
-    "options.adasfl.tau": 2,
-    "options.adasfl.tau_max": 4,
-    "options.locfedmix_sl.tau": 2,
-    "options.locfedmix_sl.aggregate_every": 2,
-}
-
-
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_checkpoint_round_trip_for_every_algorithm(algorithm, tmp_path):
     """Conformance: stopping after round 2 and resuming gives an uninterrupted 3-round run."""
-    full = splitfl.run(tiny_config(algorithm=algorithm, rounds=3, **FAST), run_dir=tmp_path / "f")
-    part = splitfl.run(tiny_config(algorithm=algorithm, rounds=2, **FAST), run_dir=tmp_path / "p")
+    full = splitfl.run(cfg_for(algorithm, rounds=3), run_dir=tmp_path / "f")
+    part = splitfl.run(cfg_for(algorithm, rounds=2), run_dir=tmp_path / "p")
     (part.run_dir / "config.yaml").write_text((full.run_dir / "config.yaml").read_text())
     resumed = splitfl.resume(part.run_dir)
     a, b = _final_state(full.run_dir), _final_state(resumed.run_dir)

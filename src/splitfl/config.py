@@ -7,6 +7,7 @@ Everything is checked by :func:`validate` before any work starts; a bad value ra
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -174,12 +175,53 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` without YAML 1.1's base-60 numbers, so ``8:1:1:1:1`` stays a string
+    (plain ``safe_load`` reads it as the integer 1731661)."""
+    int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in rules if tag not in (int_tag, float_tag)]
+        for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    Loader.add_implicit_resolver(
+        int_tag,
+        re.compile(
+            r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"
+        ),
+        list("-+0123456789"),
+    )
+    Loader.add_implicit_resolver(
+        float_tag,
+        re.compile(
+            r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
+            r"|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+        ),
+        list("-+0123456789."),
+    )
+    return yaml.load(text, Loader=Loader)  # a SafeLoader subclass: safe
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """A YAML file holding a mapping (via :func:`load_yaml`), or a one-line ConfigError."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("config", f"file not found: {p}")
+    loaded = load_yaml(p.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ConfigError("config", f"{p} must hold a mapping of fields")
+    return loaded
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` → (["a", "b", "c"], YAML-parsed value)."""
     if "=" not in text:
         raise ConfigError(text, "overrides must look like key=value (e.g. train.lr=0.05)")
     key, raw = text.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+    return key.strip().split("."), load_yaml(raw) if raw.strip() else None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -200,15 +242,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None):
     """Read a YAML config (or defaults when ``path`` is None), apply overrides, validate."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError("config", f"file not found: {p}")
-        loaded = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError("config", f"{p} must hold a mapping of fields")
-        data = loaded
+    data = read_yaml_mapping(path) if path is not None else {}
     data = apply_overrides(data, overrides or [])
     config = from_dict(ExperimentConfig, data)
     validate(config)

@@ -1,4 +1,4 @@
-"""``splitfl`` command line: run, compare, list, validate.
+"""``splitfl`` command line: run, compare, list, validate, privacy.
 
 Bad input (config values, missing data files) prints one line ``error: <field>: <allowed>`` and
 exits with code 2 before any run directory is written; a diverged run exits with code 3.
@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_validate)
     p = sub.add_parser("list", help="algorithms, models, datasets, device presets")
     p.set_defaults(fn=cmd_list)
+    from splitfl.privacy.cli import add_privacy_parser
+
+    add_privacy_parser(sub)
     return parser
 
 

@@ -121,9 +121,10 @@ def observe_ringsfl(
 
 @dataclass
 class DLGResult:
-    """Reconstruction ``[B, *input_shape]``, per-iteration cosine to the true input (Eq. 9;
-    empty without ``true_x``) and gradient-matching loss; ``label`` is the inferred (iDLG) or
-    the final soft label's argmax per sample."""
+    """Reconstruction ``[B, *input_shape]`` (after the last finite iteration), the cosine to the
+    true input after each iteration (Eq. 9; empty without ``true_x``), the gradient-matching
+    loss of each iteration (normalised by ``Σ‖g‖²``; for L-BFGS the value at the iteration's
+    start) and ``label``: the inferred (iDLG) label or the final soft label's argmax."""
 
     reconstruction: torch.Tensor
     cosine_history: list[float] = field(default_factory=list)
@@ -167,11 +168,14 @@ def dlg_attack(
 ) -> DLGResult:
     """Reconstruct the input behind ``target_grads`` (parameter name → observed gradient).
 
-    Minimises ``Σ_params ‖∇_θ L(model(x̂), ŷ) − g‖²`` over the dummy input ``x̂`` (seeded standard
-    normal start) and, with ``label="soft"`` (DLG), a dummy label ``ŷ = softmax(z)``; with
-    ``label="idlg"`` (single sample only) ŷ is fixed to :func:`infer_label`. ``optimizer`` is
-    ``"lbfgs"`` (Zhu et al.; ``lr`` default 1, ``max_iter`` inner steps and strong-Wolfe line
-    search per iteration) or ``"adam"`` (``lr`` default 0.1, one step per iteration).
+    Minimises ``Σ_params ‖∇_θ L(model(x̂), ŷ) − g‖²`` (divided by the constant ``Σ‖g‖²`` so the
+    optimiser's tolerances do not depend on the gradients' scale) over the dummy input ``x̂``
+    (seeded standard normal start) and, with ``label="soft"`` (DLG), a dummy label
+    ``ŷ = softmax(z)``; with ``label="idlg"`` (single sample only) ŷ is fixed to
+    :func:`infer_label`. Only parameters named in ``target_grads`` are matched (pass a subset
+    to attack some layers only). ``optimizer`` is ``"lbfgs"`` (Zhu et al.; ``lr`` default 1,
+    ``max_iter`` inner steps and strong-Wolfe line search per iteration) or ``"adam"`` (``lr``
+    default 0.1, one step per iteration).
     ``model`` keeps its parameters (a private copy is attacked; its train/eval mode is kept).
     """
     if optimizer not in ("lbfgs", "adam"):
@@ -227,7 +231,7 @@ def dlg_attack(
     def closure() -> torch.Tensor:
         opt.zero_grad()
         loss = matching_loss()
-        loss.backward()
+        loss.backward(inputs=variables)
         return loss
 
     result = DLGResult(reconstruction=dummy_x.detach().clone())
@@ -323,62 +327,15 @@ def validate_attack(config: AttackConfig) -> None:
     )
 
 
-def _yaml_load(text: str):
-    """``yaml.safe_load`` without YAML 1.1's base-60 numbers, so ``8:1:1:1:1`` stays a string
-    (plain ``safe_load`` reads it as the integer 1731661)."""
-    import re
-
-    import yaml
-
-    int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.yaml_implicit_resolvers = {
-        first: [(tag, rx) for tag, rx in rules if tag not in (int_tag, float_tag)]
-        for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-    Loader.add_implicit_resolver(
-        int_tag,
-        re.compile(
-            r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"
-        ),
-        list("-+0123456789"),
-    )
-    Loader.add_implicit_resolver(
-        float_tag,
-        re.compile(
-            r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+"
-            r"|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-        ),
-        list("-+0123456789."),
-    )
-    return yaml.load(text, Loader=Loader)  # a SafeLoader subclass: safe
-
-
 def load_attack_config(
     path: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> AttackConfig:
     """Read an :class:`AttackConfig` from YAML (defaults when ``path`` is None), apply
     ``key=value`` overrides, validate. Ratios such as ``lengths: 8:1:1:1:1`` need no quotes."""
-    from splitfl.config import ConfigError, from_dict
+    from splitfl.config import apply_overrides, from_dict, read_yaml_mapping
 
-    data: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError("config", f"file not found: {p}")
-        data = _yaml_load(p.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ConfigError("config", f"{p} must hold a mapping of fields")
-    data = dict(data)
-    for text in overrides:
-        if "=" not in text:
-            raise ConfigError(text, "overrides must look like key=value (e.g. iterations=100)")
-        key, raw = text.split("=", 1)
-        data[key.strip()] = _yaml_load(raw) if raw.strip() else None
-    config = from_dict(AttackConfig, data)
+    data = read_yaml_mapping(path) if path is not None else {}
+    config = from_dict(AttackConfig, apply_overrides(data, list(overrides)))
     validate_attack(config)
     return config
 
