@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.algorithms.aggregation import layerwise_aggregate, weighted_average
 from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundResult
 from splitfl.models.base import block_index
 
@@ -51,16 +51,6 @@ class LocFedMixOptions:
             raise ConfigError("options.locfedmix_sl.aggregate_every", "must be >= 1")
         if self.mixup_alpha <= 0:
             raise ConfigError("options.locfedmix_sl.mixup_alpha", "must be > 0")
-
-
-def _average(states: list[dict[str, torch.Tensor]], weights: list[float]) -> dict:
-    total = float(sum(weights))
-    return {
-        k: sum(w * s[k].double() for s, w in zip(states, weights, strict=True))
-        .div(total)
-        .to(states[0][k].dtype)
-        for k in states[0]
-    }
 
 
 class LocFedMixSL(Algorithm):
@@ -121,8 +111,8 @@ class LocFedMixSL(Algorithm):
             }
         clients = sorted(self.local)
         w = [float(self.ctx.data_sizes[c]) for c in clients]
-        device = _average([self.local[c] for c in clients], w)
-        self.global_aux = _average([self.local_aux[c] for c in clients], w)
+        device = weighted_average([self.local[c] for c in clients], w)
+        self.global_aux = weighted_average([self.local_aux[c] for c in clients], w)
         self.local, self.local_aux = {}, {}
         return {**new, **device}
 
