@@ -165,7 +165,11 @@ class SequentialExecutor:
         ring = plan.ring
         n = model.num_blocks
         workers = {t.client: worker(t) for t in plan.tasks}
-        models = {c: copy.deepcopy(model) for c in workers}
+        # each client's local full model: its worker's (copied) blocks, no second copy
+        models = {
+            c: BlockModel([w.part.blocks[str(i)] for i in range(n)], model.cut_points)
+            for c, w in workers.items()
+        }
         lr = plan.tasks[0].lr
         for step in range(max(t.steps for t in plan.tasks)):
             active = {c: w for c, w in workers.items() if step < w.task.steps}
