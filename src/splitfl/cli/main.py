@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteLossError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_DIVERGED
+    except BrokenPipeError:  # output piped into e.g. `head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
