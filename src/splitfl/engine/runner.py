@@ -153,6 +153,42 @@ def as_config(config: Any, overrides: list[str] | None = None) -> ExperimentConf
     return load_config(config, overrides)
 
 
+def _measure(config, algorithm, plan, result, r: int) -> tuple[RoundReport, dict[int, float]]:
+    """The simulated clock's view of a round: each client's cost (shared cost model or the
+    algorithm's topology), seeded jitter, round time and waiting times."""
+    tasks = {t.client: t for t in plan.tasks}
+    costs = {
+        u.client: algorithm.client_cost(tasks[u.client], u.samples, r, plan) for u in result.updates
+    }
+    samples = {u.client: u.samples for u in result.updates}
+    losses = {u.client: u.loss_sum / max(u.samples, 1) for u in result.updates}
+    jitter = jitter_factors(sorted(costs), config.devices.jitter, rng_for(config.seed, "jitter", r))
+    times = {c: cost.time * jitter[c] for c, cost in costs.items()}
+    round_time, waits = algorithm.round_time(times)
+    return RoundReport(times, costs, jitter, samples, losses, round_time), waits
+
+
+def _round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r: int) -> dict:
+    """Per-round metrics (test accuracy is filled in by the caller when evaluated)."""
+    return {
+        "round_time": report.round_time,
+        "train_loss": result.train_loss,
+        "test_acc": None,
+        "test_loss": None,
+        "avg_waiting": sum(waits.values()) / len(waits),
+        "energy_j": sum(
+            c.device_time * report.jitter[k] * ctx.population.at(k, r).power
+            for k, c in report.costs.items()
+        ),
+        **{f"bytes_{link}": getattr(traffic, link) for link in LINKS},
+        "traffic_total": traffic.total,
+        "clients": [t.client for t in plan.tasks],
+        "cuts": [t.cut for t in plan.tasks],
+        "groups": [t.group for t in plan.tasks],
+        "client_times": [report.times[t.client] for t in plan.tasks],
+    }
+
+
 def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | None) -> RunResult:
     config, ctx, algorithm = prep.config, prep.ctx, prep.algorithm
     executor = make_executor(config.executor)
@@ -207,47 +243,20 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
             clients = algorithm.select_clients(r, rng_for(config.seed, "select", r))
             plan = algorithm.plan_round(r, clients, rng_for(config.seed, "plan", r))
             result = executor.run_round(ctx, global_state, plan, derive_seed(config.seed, "b", r))
-            tasks = {t.client: t for t in plan.tasks}
-            costs = {
-                u.client: algorithm.client_cost(tasks[u.client], u.samples, r, plan)
-                for u in result.updates
-            }
-            samples = {u.client: u.samples for u in result.updates}
-            losses = {u.client: u.loss_sum / max(u.samples, 1) for u in result.updates}
-            jitter = jitter_factors(
-                sorted(costs), config.devices.jitter, rng_for(config.seed, "jitter", r)
-            )
-            times = {c: cost.time * jitter[c] for c, cost in costs.items()}
-            round_time, waits = algorithm.round_time(times)
-            algorithm.observe(
-                r, plan, RoundReport(times, costs, jitter, samples, losses, round_time)
-            )
+            report, waits = _measure(config, algorithm, plan, result, r)
+            algorithm.observe(r, plan, report)
             global_state = algorithm.aggregate(global_state, plan, result)
-            clock.advance(round_time)
+            clock.advance(report.round_time)
             traffic = Traffic()
-            for cost in costs.values():
+            for cost in report.costs.values():
                 traffic.add(cost.traffic)
             cum.add(traffic)
             row = {
                 "round": r + 1,
                 "sim_time": clock.now,
-                "round_time": round_time,
                 "wall_time": time.perf_counter() - t0,
-                "train_loss": result.train_loss,
-                "test_acc": None,
-                "test_loss": None,
-                "avg_waiting": sum(waits.values()) / len(waits),
-                "energy_j": sum(
-                    c.device_time * jitter[k] * ctx.population.at(k, r).power
-                    for k, c in costs.items()
-                ),
-                **{f"bytes_{link}": getattr(traffic, link) for link in LINKS},
-                "traffic_total": traffic.total,
+                **_round_row(ctx, plan, result, report, waits, traffic, r),
                 "traffic_total_cum": cum.total,
-                "clients": [t.client for t in plan.tasks],
-                "cuts": [t.cut for t in plan.tasks],
-                "groups": [t.group for t in plan.tasks],
-                "client_times": [times[t.client] for t in plan.tasks],
                 **{f"plan_{k}": v for k, v in plan.info.items()},
             }
             if (r + 1) % config.eval.every == 0 or r + 1 == config.rounds:
