@@ -60,6 +60,8 @@ def _fmt(value: Any, kind: str) -> str:
         return f"{100 * value:.2f}"
     if kind == "time":
         return f"{value:,.0f}s" if value >= 100 else f"{value:.2f}s"
+    if kind == "energy":
+        return f"{value / 1e3:,.2f} kJ"
     if kind == "bytes":
         return f"{value / 1e6:,.1f}M"
     return str(value)
@@ -89,6 +91,7 @@ def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
             _fmt(s["to_target"]["traffic_bytes"], "bytes"),
             _fmt(s["sim_time"], "time"),
             _fmt(s["avg_waiting"], "time"),
+            _fmt(s.get("energy_j"), "energy"),
             s["status"],
         ]
         lines.append("| " + " | ".join(cells) + " |")
