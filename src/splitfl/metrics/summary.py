@@ -79,6 +79,7 @@ def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
         f"traffic to {tgt}",
         "total sim time",
         "avg waiting",
+        "energy",
         "status",
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
