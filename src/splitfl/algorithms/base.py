@@ -173,7 +173,8 @@ class Algorithm:
         return sorted(int(c) for c in rng.choice(n, size=k, replace=False))
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
-        raise NotImplementedError(f"{type(self).__name__} must implement plan_round")
+        """Each client's task and how the server processes the round (subclasses define it)."""
+        raise TypeError(f"{type(self).__name__} does not define plan_round")
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         """Called with every participant's measured round time and cost (after jitter)."""
