@@ -76,14 +76,11 @@ class IFCA(Algorithm):
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         full = self.ctx.num_blocks
-        tasks = []
-        for i, c in enumerate(clients):
-            k = self.estimate_cluster(c, rng)
-            task = self.make_task(c, full, i, round_idx)
+        clusters = [self.estimate_cluster(c, rng) for c in clients]
+        tasks = [self.make_task(c, full, i, round_idx) for i, c in enumerate(clients)]
+        for task, k in zip(tasks, clusters, strict=True):
             task.init_state = self.models[k]
-            task.group = i
-            tasks.append((k, task))
-        return RoundPlan([t for _, t in tasks], info={"clusters": [k for k, _ in tasks]})
+        return RoundPlan(tasks, info={"clusters": clusters})
 
     def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
         """Every cluster model is downloaded: (K−1) extra full-model downloads."""
