@@ -89,6 +89,9 @@ class OutputConfig:
 class ExperimentConfig:
     """One experiment. ``options`` maps an algorithm name to its options (see ``splitfl list``).
 
+    ``executor`` picks the training engine (``sequential`` reference loop or ``vectorized``
+    batched clients), ``device`` where it trains (``cpu``, ``cuda``, ``cuda:N`` or ``auto``),
+    ``precision`` ``fp32`` or ``bf16`` autocast, ``channels_last`` the image memory layout.
     ``threads`` sets torch's intra-op threads (default 1: per-client mini-batches of small
     models run fastest single-threaded, and busy-waiting thread pools collapse when several
     processes share a few cores; null keeps torch's default, better for big models on CPU).
@@ -99,6 +102,9 @@ class ExperimentConfig:
     rounds: int = 30
     seed: int = 0
     executor: str = "sequential"
+    device: str = "cpu"
+    precision: str = "fp32"
+    channels_last: bool = False
     threads: int | None = 1
     data: DataConfig = field(default_factory=DataConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
@@ -265,19 +271,45 @@ def _choice(value: str, allowed: list[str], path: str) -> None:
     _check(value in allowed, path, f"unknown {value!r}; allowed: {', '.join(allowed)}")
 
 
+def resolve_device(name: str) -> str:
+    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; other names unchanged."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _check_device(name: str) -> None:
+    import torch
+
+    ok = name in ("cpu", "auto") or (
+        name.startswith("cuda") and (name == "cuda" or name[5:].isdigit() and name[4] == ":")
+    )
+    _check(ok, "device", f"one of cpu, cuda, cuda:N, auto (got {name!r})")
+    if name.startswith("cuda"):
+        _check(
+            torch.cuda.is_available(),
+            "device",
+            f"{name} requested but no CUDA GPU is visible (torch.cuda.is_available() is False)",
+        )
+
+
 def validate(config: ExperimentConfig) -> None:
     """Static checks of every field (names, ranges). Data-dependent checks (more clients than
     samples, cut points of the model) run in :func:`splitfl.engine.context.build_context`
     before the run directory is created."""
     from splitfl.algorithms import algorithm_names, resolve_algorithm
     from splitfl.data import PARTITIONERS, dataset_names
-    from splitfl.engine.executor import EXECUTORS
+    from splitfl.engine.executor import EXECUTORS, PRECISIONS
     from splitfl.models import model_names
     from splitfl.system.devices import COMPOSITIONS, PRESETS
 
     _choice(config.algorithm, algorithm_names(), "algorithm")
     _choice(config.model, model_names(), "model")
     _choice(config.executor, sorted(EXECUTORS), "executor")
+    _check_device(config.device)
+    _choice(config.precision, list(PRECISIONS), "precision")
     _check(config.threads is None or config.threads >= 1, "threads", "must be >= 1 or null")
     _check(config.rounds >= 1, "rounds", f"must be >= 1 (got {config.rounds})")
     d = config.data

@@ -7,6 +7,7 @@ own code runs. Other executors (GPU-vectorised, networked) must return the same
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 
@@ -43,6 +44,26 @@ def client_batches(
         perm = pool[torch.randperm(len(pool), generator=gen)]
         out.extend(perm.split(batch_size))
     return out[:steps]
+
+
+#: ``precision`` values: fp32, or bf16 autocast of the forward passes (losses in fp32).
+PRECISIONS = ("fp32", "bf16")
+
+
+def precision_context(device: torch.device, precision: str):
+    """bf16 autocast on ``device`` (forward passes only), or nothing for fp32."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def to_memory_format(x: torch.Tensor) -> torch.Tensor:
+    """Channels-last layout for image batches (4-D, or 5-D stacked per client); others as is."""
+    if x.dim() == 4:
+        return x.contiguous(memory_format=torch.channels_last)
+    if x.dim() == 5:
+        return x.contiguous(memory_format=torch.channels_last_3d)
+    return x
 
 
 def _check_finite(loss: torch.Tensor, client: int) -> None:
@@ -85,8 +106,10 @@ def _mix_pairs(sent, rng: np.random.Generator, alpha: float):
 class SequentialExecutor:
     """Reference executor on one torch device (CPU by default)."""
 
-    def __init__(self, device: str = "cpu"):
+    def __init__(self, device: str = "cpu", precision: str = "fp32", channels_last: bool = False):
         self.device = torch.device(device)
+        self.precision = precision
+        self.channels_last = channels_last
 
     def run_round(
         self, ctx, global_state: dict[str, torch.Tensor], plan: RoundPlan, round_seed: int
@@ -94,6 +117,8 @@ class SequentialExecutor:
         model: BlockModel = copy.deepcopy(ctx.model).to(self.device)
         model.load_state_dict(global_state)
         model.train()
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
         x_all, y_all = ctx.bundle.train.x, ctx.bundle.train.y
         n = model.num_blocks
 
@@ -117,7 +142,8 @@ class SequentialExecutor:
 
         def fetch(w: _Worker, step: int) -> tuple[torch.Tensor, torch.Tensor]:
             idx = w.batches[step]
-            return x_all[idx].to(self.device), y_all[idx].to(self.device)
+            x = x_all[idx].to(self.device)
+            return (to_memory_format(x) if self.channels_last else x), y_all[idx].to(self.device)
 
         if plan.ring is not None:
             return self._run_ring(model, plan, worker, fetch)
@@ -190,6 +216,11 @@ class SequentialExecutor:
         ]
         return RoundResult(updates=updates, server_states={})
 
+    def _fwd(self, module: nn.Module, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        """``module(x)`` under the configured precision; logits/features back in fp32."""
+        with precision_context(self.device, self.precision):
+            return module(x, **kwargs).float()
+
     def _split_step(self, workers, server, server_opt, step, fetch, plan, gen) -> None:
         """One iteration of a group: device forwards, one server step on the combined loss
         (S²FL Eq. 3–4, MergeSFL Eq. 16; a single worker is plain split learning), then device
@@ -197,7 +228,7 @@ class SequentialExecutor:
         local_only = [w for w in workers if server is None or w.task.cut >= server.stop]
         for w in local_only:  # whole model on the device (FedAvg)
             x, y = fetch(w, step)
-            loss = F.cross_entropy(w.part(x), y)
+            loss = F.cross_entropy(self._fwd(w.part, x), y)
             self._device_update(w, loss, len(y), loss.item() * len(y))
         split = [w for w in workers if w not in local_only]
         if not split:
@@ -205,10 +236,10 @@ class SequentialExecutor:
         sent = []
         for w in split:
             x, y = fetch(w, step)
-            fx = w.part(x)
+            fx = self._fwd(w.part, x)
             sent.append((w, fx, fx.detach().requires_grad_(), y))
         losses = [
-            F.cross_entropy(server(fs, start=w.task.cut), y, reduction="sum")
+            F.cross_entropy(self._fwd(server, fs, start=w.task.cut), y, reduction="sum")
             for w, _, fs, y in sent
         ]
         for (w, *_), loss_sum in zip(sent, losses, strict=True):
@@ -218,7 +249,7 @@ class SequentialExecutor:
         if plan.mixup_alpha:
             mixed_terms, mixed_n = [], 0
             for fm, cut, ya, yb, lam in _mix_pairs(sent, gen, plan.mixup_alpha):
-                out = server(fm, start=cut)
+                out = self._fwd(server, fm, start=cut)
                 mixed_terms.append(
                     lam * F.cross_entropy(out, ya, reduction="sum")
                     + (1 - lam) * F.cross_entropy(out, yb, reduction="sum")
@@ -232,7 +263,7 @@ class SequentialExecutor:
         total = sum(sizes)
         for (w, fx, fx_server, y), loss_sum, size in zip(sent, losses, sizes, strict=True):
             if plan.device_loss == "local":
-                local = F.cross_entropy(w.aux(fx), y)
+                local = F.cross_entropy(self._fwd(w.aux, fx), y)
                 self._device_update(w, local, size, loss_sum.item())
                 continue
             grad = fx_server.grad
@@ -265,11 +296,21 @@ def _detached(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in state.items()}
 
 
-EXECUTORS = {"sequential": SequentialExecutor}
+def _vectorized(*args, **kwargs):
+    from splitfl.engine.vectorized import VectorizedExecutor
+
+    return VectorizedExecutor(*args, **kwargs)
 
 
-def make_executor(name: str) -> SequentialExecutor:
-    return EXECUTORS[name]()
+#: ``executor`` values: the reference loop, and the batched one (``engine/vectorized.py``).
+EXECUTORS = {"sequential": SequentialExecutor, "vectorized": _vectorized}
+
+
+def make_executor(
+    name: str, device: str = "cpu", precision: str = "fp32", channels_last: bool = False
+):
+    """The executor named by the config's ``executor`` on ``device``."""
+    return EXECUTORS[name](device, precision, channels_last)
 
 
 def evaluate(
@@ -277,10 +318,12 @@ def evaluate(
 ) -> tuple[float, float]:
     """Accuracy and mean cross-entropy of ``model`` on ``(x, y)`` in eval mode."""
     model.eval()
+    device = next(model.parameters()).device
     correct, loss_sum = 0, 0.0
     with torch.no_grad():
         for start in range(0, len(y), batch_size):
-            xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+            xb = x[start : start + batch_size].to(device)
+            yb = y[start : start + batch_size].to(device)
             logits = model(xb)
             loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
             correct += int((logits.argmax(1) == yb).sum())

@@ -10,6 +10,7 @@ uninterrupted run exactly.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import dataclass
@@ -22,7 +23,13 @@ from tqdm import tqdm
 
 from splitfl.algorithms import Algorithm, resolve_algorithm
 from splitfl.algorithms.base import RoundReport
-from splitfl.config import ConfigError, ExperimentConfig, dump_config, load_config
+from splitfl.config import (
+    ConfigError,
+    ExperimentConfig,
+    dump_config,
+    load_config,
+    resolve_device,
+)
 from splitfl.engine.context import RunContext, build_context
 from splitfl.engine.executor import NonFiniteLossError, evaluate, make_executor
 from splitfl.metrics.plots import plot_accuracy
@@ -191,7 +198,8 @@ def _round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, 
 
 def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | None) -> RunResult:
     config, ctx, algorithm = prep.config, prep.ctx, prep.algorithm
-    executor = make_executor(config.executor)
+    device = resolve_device(config.device)
+    executor = make_executor(config.executor, device, config.precision, config.channels_last)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     global_state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
@@ -207,7 +215,7 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
         rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["round"] <= first_round]
         wall_offset = rows[-1]["wall_time"] if rows else 0.0
     write_metrics(run_dir / "metrics.jsonl", rows)
-    eval_model = ctx.model
+    eval_model = ctx.model if device == "cpu" else copy.deepcopy(ctx.model).to(device)
     test = ctx.bundle.test
     show = config.output.progress if progress is None else progress
     bar = tqdm(
@@ -282,6 +290,6 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
         if rows:
             plot_accuracy({config.algorithm: rows}, run_dir / "accuracy.png", config.algorithm)
     if status == "ok":
-        eval_model.load_state_dict(global_state)
+        ctx.model.load_state_dict(global_state)
         torch.save(global_state, run_dir / "model.pt")
     return RunResult(run_dir, config, rows, summary)

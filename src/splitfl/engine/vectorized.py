@@ -1,0 +1,450 @@
+"""The vectorised executor: many simulated clients as one batched computation.
+
+Every client (and every server-side copy) of a round is a *row* of stacked parameter tensors;
+the clients that share a cut point and a batch length this step run as one ``torch.func.vmap``
+of ``functional_call`` over their rows (a batched/grouped convolution on the GPU), and so do
+their server-side copies (SplitFed V1's per-client copies, S²FL's per-group copies). Each
+iteration therefore costs a handful of large kernels instead of one small kernel per client.
+
+It computes exactly what :class:`~splitfl.engine.executor.SequentialExecutor` computes
+(tested to fp32 tolerance for every algorithm):
+
+* **Mixed cut points** — workers are bucketed per step by (cut, batch length); a server copy
+  whose members have different cuts gathers its rows into several buckets and receives the sum
+  of their gradients, as the sequential executor's group copy does.
+* **Unequal batch sizes** (MergeSFL, AdaSFL, the short last batch of an epoch) — *bucketing*,
+  not padding: a bucket holds only equal-length batches, so no sample is masked and BatchNorm
+  sees exactly the client's batch.
+* **BatchNorm** — running statistics are rows like the parameters: each client keeps its own.
+  A group's server copy is run by several members in one step; its running statistics are
+  combined afterwards in member order with the closed form of the sequential EMA
+  (:func:`chain_ema`), so they equal the sequential result.
+* **Optimiser** — SGD with momentum and weight decay applied row-wise (:func:`sgd_rows`), with
+  torch's semantics: a row (or a server block not traversed this step) that received no
+  gradient is not touched, its momentum buffer is created on its first update.
+* **Dropout** — ``vmap(randomness="different")``: the masks differ from the sequential run's
+  (same distribution), so models with dropout agree only statistically.
+
+Plans that are sequential by definition run on the reference executor: ``server_mode:
+sequential`` (SplitFed V2, vanilla SL — each client's step depends on the previous client's
+update), RingSFL's ring (every client's batch crosses segments of *other* clients' models
+whose ranges differ per start, Alg. 2) and LocFedMix-SL's mixup pairs (``mixup_alpha``).
+``fallbacks`` counts how often that happened.
+
+Memory scales with the round's participants: only their rows are stacked; the other
+registered clients hold nothing but their data indices and algorithm state.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+
+from splitfl.algorithms.base import ClientUpdate, RoundPlan, RoundResult
+from splitfl.engine.executor import (
+    NonFiniteLossError,
+    SequentialExecutor,
+    client_batches,
+    precision_context,
+    to_memory_format,
+)
+from splitfl.models import BlockModel, ModelPart, block_index
+from splitfl.seeding import derive_seed
+
+
+@dataclass
+class RowStack:
+    """Stacked copies ("rows") of one module's state, trained with row-wise SGD.
+
+    ``params`` are leaf tensors ``[rows, ...]`` that collect gradients; ``buffers`` (BatchNorm
+    running statistics) are updated in place; ``momentum``/``started`` hold SGD's buffers.
+    """
+
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    lr: torch.Tensor
+    momentum: dict[str, torch.Tensor] = field(default_factory=dict)
+    started: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def from_states(
+        cls, module: nn.Module, states: list[dict[str, torch.Tensor]], lrs: list[float], device
+    ) -> RowStack:
+        names = dict(module.named_parameters())
+        params, buffers = {}, {}
+        for key in module.state_dict():
+            stacked = torch.stack([s[key] for s in states]).to(device)
+            if key in names:
+                params[key] = stacked.requires_grad_(True)
+            else:
+                buffers[key] = stacked
+        lr = torch.tensor(lrs, dtype=torch.float32, device=device)
+        return cls(params, buffers, lr)
+
+    @property
+    def rows(self) -> int:
+        return len(self.lr)
+
+    def row_state(self, row: int, keys: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        chosen = list(keys) if keys is not None else [*self.params, *self.buffers]
+        both = {**self.params, **self.buffers}
+        return {k: both[k][row].detach().cpu().clone() for k in chosen}
+
+    def gather(self, rows: torch.Tensor, keys: Iterable[str]) -> tuple[dict, dict]:
+        """Parameters (differentiable w.r.t. the stack) and buffer copies of ``rows``; the
+        stack's own tensors when ``rows`` is every row in order (no copy)."""
+        full = len(rows) == self.rows and bool((rows == torch.arange(self.rows)).all())
+        params, buffers = {}, {}
+        for k in keys:
+            if k in self.params:
+                params[k] = self.params[k] if full else self.params[k][rows]
+            elif k in self.buffers:
+                buffers[k] = self.buffers[k] if full else self.buffers[k][rows]
+        return params, buffers
+
+    def zero_grad(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+
+def _expand(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return values.view(-1, *([1] * (like.dim() - 1)))
+
+
+def sgd_rows(
+    stack: RowStack, masks: dict[str, torch.Tensor], momentum: float, weight_decay: float
+) -> None:
+    """``torch.optim.SGD`` (no dampening, not Nesterov) applied to each row independently:
+    d = g + λ·p; b = d on a row's first update, else μ·b + d; p ← p − η_row·b. Rows where
+    ``masks[name]`` is False (no gradient this step) are left untouched."""
+    with torch.no_grad():
+        for name, p in stack.params.items():
+            g = p.grad
+            mask = masks.get(name)
+            if g is None or mask is None or not bool(mask.any()):
+                continue
+            d = g.add(p, alpha=weight_decay) if weight_decay else g
+            if momentum:
+                started = stack.started.setdefault(
+                    name, torch.zeros(stack.rows, dtype=torch.bool, device=p.device)
+                )
+                buf = stack.momentum.get(name)
+                fresh = (
+                    d.clone()
+                    if buf is None
+                    else torch.where(_expand(started, d), buf.mul(momentum).add_(d), d)
+                )
+                buf = fresh if buf is None else torch.where(_expand(mask, d), fresh, buf)
+                stack.momentum[name] = buf
+                started |= mask
+                d = buf
+            step = p - _expand(stack.lr, p) * d
+            p.copy_(torch.where(_expand(mask, p), step, p))
+
+
+def chain_ema(start: torch.Tensor, results: torch.Tensor, momentum: float) -> torch.Tensor:
+    """The running statistic after k BatchNorm updates applied one after another, from k
+    updates that each started from ``start``: with r_i = (1−m)·r0 + m·s_i,
+    r_k = (1−m)^k·r0 + Σ_i (1−m)^(k−i)·(r_i − (1−m)·r0)."""
+    k = results.shape[0]
+    keep = 1.0 - momentum
+    powers = torch.tensor(
+        [keep ** (k - 1 - i) for i in range(k)], dtype=results.dtype, device=results.device
+    )
+    deltas = results - keep * start
+    return keep**k * start + (_expand(powers, deltas) * deltas).sum(0)
+
+
+def _bn_momenta(module: nn.Module) -> dict[str, float | None]:
+    """``prefix.running_mean``/``running_var`` → the BatchNorm's momentum."""
+    out: dict[str, float | None] = {}
+    for name, m in module.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            for b in ("running_mean", "running_var", "num_batches_tracked"):
+                out[f"{name}.{b}"] = m.momentum
+    return out
+
+
+@dataclass
+class _Row:
+    """A worker of the round: its stack, row, batches and counters."""
+
+    task: object
+    cut: int
+    row: int
+    group_row: int
+    batches: list[torch.Tensor]
+    samples: int = 0
+    loss_sum: float = 0.0
+
+
+class VectorizedExecutor:
+    """Runs all participants of a round as batched computations (see the module docstring)."""
+
+    def __init__(self, device: str = "cpu", precision: str = "fp32", channels_last: bool = False):
+        self.device = torch.device(device)
+        self.precision = precision
+        self.channels_last = channels_last
+        self.reference = SequentialExecutor(device, precision, channels_last)
+        self.fallbacks = 0
+        self._data: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    @staticmethod
+    def batchable(plan: RoundPlan, model: BlockModel) -> bool:
+        """Whether the plan runs vectorised (else: the reference executor)."""
+        if plan.ring is not None or plan.server_mode != "per_step" or plan.mixup_alpha:
+            return False
+        if plan.device_loss != "server":
+            return False
+        return all(
+            m.momentum is not None
+            for m in model.modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        )
+
+    def _train_data(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = ctx.bundle.train.x, ctx.bundle.train.y
+        if self._data is None or self._data[0] != id(x):
+            self._data = (id(x), x.to(self.device), y.to(self.device))
+        return self._data[1], self._data[2]
+
+    # -- the round --------------------------------------------------------------------------
+    def run_round(
+        self, ctx, global_state: dict[str, torch.Tensor], plan: RoundPlan, round_seed: int
+    ) -> RoundResult:
+        if not self.batchable(plan, ctx.model):
+            self.fallbacks += 1
+            return self.reference.run_round(ctx, global_state, plan, round_seed)
+        model: BlockModel = copy.deepcopy(ctx.model).to(self.device)
+        model.load_state_dict(global_state)
+        model.train()
+        n = model.num_blocks
+        x_all, y_all = self._train_data(ctx)
+        groups = plan.groups()
+
+        # rows: one device stack per cut point, one server stack over the groups that split
+        by_cut: dict[int, list] = {}
+        for tasks in groups.values():
+            for t in tasks:
+                by_cut.setdefault(t.cut, []).append(t)
+        split_groups = [g for g, ts in groups.items() if any(t.cut < n for t in ts)]
+        group_row = {g: i for i, g in enumerate(split_groups)}
+        device_stacks: dict[int, RowStack] = {}
+        rows: dict[int, _Row] = {}
+        for cut, tasks in by_cut.items():
+            part = ModelPart(model, 0, cut)
+            base = part.state_dict()
+            states = [base if t.init_state is None else {**base, **t.init_state} for t in tasks]
+            device_stacks[cut] = RowStack.from_states(
+                part, states, [t.lr for t in tasks], self.device
+            )
+            for i, t in enumerate(tasks):
+                seed = derive_seed(round_seed, t.client)
+                batches = client_batches(ctx.client_indices[t.client], t.batch_size, t.steps, seed)
+                rows[t.client] = _Row(t, cut, i, group_row.get(t.group, -1), batches)
+        server_stack, server_lo, server_part = None, n, None
+        if split_groups:
+            server_lo = min(t.cut for g in split_groups for t in groups[g] if t.cut < n)
+            server_part = ModelPart(model, server_lo, n)
+            base = server_part.state_dict()
+            lrs = [
+                plan.server_lr if plan.server_lr is not None else groups[g][0].lr
+                for g in split_groups
+            ]
+            server_stack = RowStack.from_states(
+                server_part, [base] * len(split_groups), lrs, self.device
+            )
+        momenta = _bn_momenta(server_part) if server_part is not None else {}
+        member_order = [[rows[t.client] for t in groups[g] if t.cut < n] for g in split_groups]
+        cfg = ctx.config.train
+        for step in range(max(t.steps for t in plan.tasks)):
+            active = [r for r in rows.values() if step < r.task.steps]
+            self._step(
+                model,
+                active,
+                step,
+                device_stacks,
+                server_stack,
+                member_order,
+                momenta,
+                plan,
+                x_all,
+                y_all,
+            )
+            for cut, stack in device_stacks.items():
+                on = torch.zeros(stack.rows, dtype=torch.bool, device=self.device)
+                for r in active:
+                    if r.cut == cut:
+                        on[r.row] = True
+                sgd_rows(stack, dict.fromkeys(stack.params, on), cfg.momentum, cfg.weight_decay)
+                stack.zero_grad()
+            if server_stack is not None:
+                masks = self._server_masks(server_stack, member_order, step, n)
+                sgd_rows(server_stack, masks, cfg.momentum, cfg.weight_decay)
+                server_stack.zero_grad()
+
+        updates, server_states = [], {}
+        for g, tasks in groups.items():
+            for t in tasks:
+                r = rows[t.client]
+                state = device_stacks[r.cut].row_state(r.row)
+                updates.append(
+                    ClientUpdate(t.client, t.cut, g, r.samples, t.steps, state, r.loss_sum)
+                )
+            if g in group_row:
+                lo = min(t.cut for t in tasks if t.cut < n)
+                keys = [
+                    k for k in server_stack.params | server_stack.buffers if block_index(k) >= lo
+                ]
+                server_states[g] = server_stack.row_state(group_row[g], keys)
+        return RoundResult(updates=updates, server_states=server_states)
+
+    def _server_masks(self, stack: RowStack, members, step: int, n: int) -> dict:
+        """Server row g, block b is updated iff an active member of g has cut ≤ b."""
+        first = torch.full((stack.rows,), n, dtype=torch.long, device=self.device)
+        for g, rows in enumerate(members):
+            cuts = [r.cut for r in rows if step < r.task.steps]
+            if cuts:
+                first[g] = min(cuts)
+        return {k: first <= block_index(k) for k in stack.params}
+
+    # -- one iteration of every active worker ----------------------------------------------
+    def _forward(self, module: nn.Module, params, buffers, x, **kwargs) -> torch.Tensor:
+        def call(p, b, xb):
+            return functional_call(module, (p, b), (xb,), kwargs)
+
+        with precision_context(self.device, self.precision):
+            return vmap(call, randomness="different")(params, buffers, x).float()
+
+    def _batch(self, bucket: list[_Row], step: int, x_all, y_all):
+        idx = torch.stack([r.batches[step] for r in bucket]).to(self.device)
+        x = x_all[idx]
+        if self.channels_last:
+            x = to_memory_format(x)
+        return x, y_all[idx]
+
+    def _step(
+        self,
+        model,
+        active,
+        step,
+        device_stacks,
+        server_stack,
+        member_order,
+        momenta,
+        plan,
+        x_all,
+        y_all,
+    ) -> None:
+        n = model.num_blocks
+        buckets: dict[tuple[int, int], list[_Row]] = {}
+        for r in active:
+            buckets.setdefault((r.cut, len(r.batches[step])), []).append(r)
+        sent = []  # (bucket, fx, fx_server, y, per-row loss sums)
+        for (cut, _), bucket in buckets.items():
+            stack = device_stacks[cut]
+            part = ModelPart(model, 0, cut)
+            row_idx = torch.tensor([r.row for r in bucket], device=self.device)
+            params, buffers = stack.gather(row_idx, part.state_dict())
+            x, y = self._batch(bucket, step, x_all, y_all)
+            out = self._forward(part, params, buffers, x)
+            self._scatter_buffers(stack, row_idx, buffers)
+            if cut >= n:  # the whole model on the device (FedAvg)
+                losses = _row_losses(out, y)
+                _check_finite(losses, bucket)
+                (losses / y.shape[1]).sum().backward()
+                _account(bucket, losses, y.shape[1])
+                continue
+            fx_server = out.detach().requires_grad_(True)
+            sent.append((bucket, out, fx_server, y))
+        if not sent:
+            return
+        group_loss: dict[int, list] = {}
+        bn_results: dict[str, list] = {}
+        for bucket, _, fs, y in sent:
+            cut = bucket[0].cut
+            part = ModelPart(model, cut, n)
+            grows = torch.tensor([r.group_row for r in bucket], device=self.device)
+            params, buffers = server_stack.gather(grows, part.state_dict())
+            buffers = {k: v.clone() for k, v in buffers.items()}
+            out = self._forward(part, params, buffers, fs, start=cut)
+            losses = _row_losses(out, y)
+            _check_finite(losses, bucket)
+            for i, r in enumerate(bucket):
+                group_loss.setdefault(r.group_row, []).append((r, losses[i], y.shape[1]))
+                for k, v in buffers.items():
+                    bn_results.setdefault(k, []).append((r, v[i]))
+        total = []
+        for members in group_loss.values():
+            sums = torch.stack([ls for _, ls, _ in members])
+            sizes = [s for *_, s in members]
+            if plan.group_loss == "mean":
+                total.append(sums.sum() / sum(sizes))
+            else:
+                total.append(sum(ls / s for _, ls, s in members))
+        torch.stack(total).sum().backward()
+        self._combine_server_buffers(server_stack, bn_results, member_order, momenta)
+        for bucket, fx, fs, y in sent:
+            grad = fs.grad
+            if plan.device_grad == "own" and plan.group_loss == "mean":
+                scale = [sum(s for *_, s in group_loss[r.group_row]) / y.shape[1] for r in bucket]
+                grad = grad * _expand(torch.tensor(scale, device=grad.device), grad)
+            fx.backward(grad)
+            losses = torch.stack(
+                [next(ls for m, ls, _ in group_loss[r.group_row] if m is r) for r in bucket]
+            )
+            _account(bucket, losses.detach(), y.shape[1])
+
+    @staticmethod
+    def _scatter_buffers(stack: RowStack, rows: torch.Tensor, buffers: dict) -> None:
+        """Write the running statistics a gathered forward updated back to their rows."""
+        for k, v in buffers.items():
+            if v is not stack.buffers[k]:
+                stack.buffers[k][rows] = v
+
+    @staticmethod
+    def _combine_server_buffers(stack, results, member_order, momenta) -> None:
+        """Each group's BatchNorm statistics after its members' forwards in order (chain_ema)."""
+        if stack is None:
+            return
+        rank = {id(r): i for members in member_order for i, r in enumerate(members)}
+        with torch.no_grad():
+            for key, items in results.items():
+                by_group: dict[int, list] = {}
+                for r, v in items:
+                    by_group.setdefault(r.group_row, []).append((rank[id(r)], v))
+                for g, vals in by_group.items():
+                    vals.sort(key=lambda p: p[0])
+                    start = stack.buffers[key][g]
+                    if key.endswith("num_batches_tracked"):
+                        stack.buffers[key][g] = start + len(vals)
+                    else:
+                        chained = chain_ema(start, torch.stack([v for _, v in vals]), momenta[key])
+                        stack.buffers[key][g] = chained
+
+
+def _row_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-row summed cross-entropy of ``[rows, batch, classes]`` logits."""
+    flat = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
+    return flat.view(y.shape).sum(1)
+
+
+def _check_finite(losses: torch.Tensor, bucket: list[_Row]) -> None:
+    bad = ~torch.isfinite(losses)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise NonFiniteLossError(
+            f"non-finite training loss ({losses[i].item()}) at client {bucket[i].task.client}"
+        )
+
+
+def _account(bucket: list[_Row], losses: torch.Tensor, size: int) -> None:
+    for r, loss in zip(bucket, losses.detach().tolist(), strict=True):
+        r.samples += size
+        r.loss_sum += loss
