@@ -127,8 +127,18 @@ def test_overrides_may_follow_options(tmp_path, capsys):
 def test_comparison_table_columns_line_up():
     from splitfl.metrics.summary import comparison_table, summarize
 
-    rows = [{"round": 1, "sim_time": 2.0, "wall_time": 0.1, "test_acc": 0.5, "test_loss": 1.0,
-             "avg_waiting": 0.5, "energy_j": 1500.0, "traffic_total_cum": 2e6}]
+    rows = [
+        {
+            "round": 1,
+            "sim_time": 2.0,
+            "wall_time": 0.1,
+            "test_acc": 0.5,
+            "test_loss": 1.0,
+            "avg_waiting": 0.5,
+            "energy_j": 1500.0,
+            "traffic_total_cum": 2e6,
+        }
+    ]
     table = comparison_table({"a": summarize(rows, 0.4)})
     widths = {line.count("|") for line in table.splitlines()}
     assert len(widths) == 1 and "1.50 kJ" in table and "2.0M" in table

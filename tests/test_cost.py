@@ -88,8 +88,9 @@ def test_clustered_cost_by_hand():
 
     dev = DeviceProfile(flops=1e9, uplink=1e6, downlink=1e6, d2d=4e6)
     top = DeviceProfile(flops=4e9, uplink=2e6, downlink=2e6, d2d=8e6)
-    cost = clustered_client_cost(_profile(), cut=1, samples=10, steps=5, device=dev, top=top,
-                                 members=2, label_bytes=1)
+    cost = clustered_client_cost(
+        _profile(), cut=1, samples=10, steps=5, device=dev, top=top, members=2, label_bytes=1
+    )
     # full model 1400 B to/from the PS over the top's 2e6 link, shared by 2 members
     assert cost.traffic.model_down == cost.traffic.model_up == 700
     # D2D at min(4e6, 8e6): bottom model 400 B each way + 10 x (64+1) up + 10 x 64 down

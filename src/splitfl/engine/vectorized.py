@@ -96,17 +96,32 @@ class RowStack:
         both = {**self.params, **self.buffers}
         return {k: both[k][row].detach().cpu().clone() for k in chosen}
 
-    def gather(self, rows: torch.Tensor, keys: Iterable[str]) -> tuple[dict, dict]:
-        """Parameters (differentiable w.r.t. the stack) and buffer copies of ``rows``; the
-        stack's own tensors when ``rows`` is every row in order (no copy)."""
-        full = len(rows) == self.rows and bool((rows == torch.arange(self.rows)).all())
+    def gather(self, rows: list[int], keys: Iterable[str]) -> tuple[dict, dict]:
+        """Parameters (differentiable w.r.t. the stack) and buffers of ``rows``: the stack's
+        own tensors when ``rows`` is every row in order (updated in place by BatchNorm), else
+        parameter views/copies and buffer copies (see :meth:`scatter_buffers`)."""
+        if rows == list(range(self.rows)):
+            pick = None
+        elif len(rows) == 1:
+            pick = slice(rows[0], rows[0] + 1)
+        else:
+            pick = torch.tensor(rows, device=self.lr.device)
         params, buffers = {}, {}
         for k in keys:
             if k in self.params:
-                params[k] = self.params[k] if full else self.params[k][rows]
+                params[k] = self.params[k] if pick is None else self.params[k][pick]
             elif k in self.buffers:
-                buffers[k] = self.buffers[k] if full else self.buffers[k][rows]
+                # a copy unless every row: BatchNorm saves its buffers for backward, so two
+                # buckets updating views of one stack in place would invalidate each other
+                buffers[k] = self.buffers[k] if pick is None else self.buffers[k][pick].clone()
         return params, buffers
+
+    def scatter_buffers(self, rows: list[int], buffers: dict[str, torch.Tensor]) -> None:
+        """Write buffers that :meth:`gather` copied (and a forward updated) back to ``rows``."""
+        if rows != list(range(self.rows)):
+            index = torch.tensor(rows, device=self.lr.device)
+            for k, v in buffers.items():
+                self.buffers[k][index] = v
 
     def zero_grad(self) -> None:
         for p in self.params.values():
@@ -320,6 +335,9 @@ class VectorizedExecutor:
             return functional_call(module, (p, b), (xb,), kwargs)
 
         with precision_context(self.device, self.precision):
+            if x.shape[0] == 1:  # one row: plain call on row views, no vmap overhead
+                one = {k: v[0] for k, v in params.items()}, {k: v[0] for k, v in buffers.items()}
+                return call(*one, x[0]).unsqueeze(0).float()
             return vmap(call, randomness="different")(params, buffers, x).float()
 
     def _batch(self, bucket: list[_Row], step: int, x_all, y_all):
@@ -350,11 +368,11 @@ class VectorizedExecutor:
         for (cut, _), bucket in buckets.items():
             stack = device_stacks[cut]
             part = ModelPart(model, 0, cut)
-            row_idx = torch.tensor([r.row for r in bucket], device=self.device)
+            row_idx = [r.row for r in bucket]
             params, buffers = stack.gather(row_idx, part.state_dict())
             x, y = self._batch(bucket, step, x_all, y_all)
             out = self._forward(part, params, buffers, x)
-            self._scatter_buffers(stack, row_idx, buffers)
+            stack.scatter_buffers(row_idx, buffers)
             if cut >= n:  # the whole model on the device (FedAvg)
                 losses = _row_losses(out, y)
                 _check_finite(losses, bucket)
@@ -370,7 +388,7 @@ class VectorizedExecutor:
         for bucket, _, fs, y in sent:
             cut = bucket[0].cut
             part = ModelPart(model, cut, n)
-            grows = torch.tensor([r.group_row for r in bucket], device=self.device)
+            grows = [r.group_row for r in bucket]
             params, buffers = server_stack.gather(grows, part.state_dict())
             buffers = {k: v.clone() for k, v in buffers.items()}
             out = self._forward(part, params, buffers, fs, start=cut)
@@ -400,13 +418,6 @@ class VectorizedExecutor:
                 [next(ls for m, ls, _ in group_loss[r.group_row] if m is r) for r in bucket]
             )
             _account(bucket, losses.detach(), y.shape[1])
-
-    @staticmethod
-    def _scatter_buffers(stack: RowStack, rows: torch.Tensor, buffers: dict) -> None:
-        """Write the running statistics a gathered forward updated back to their rows."""
-        for k, v in buffers.items():
-            if v is not stack.buffers[k]:
-                stack.buffers[k][rows] = v
 
     @staticmethod
     def _combine_server_buffers(stack, results, member_order, momenta) -> None:

@@ -1,3 +1,12 @@
 """Dataset loaders: importing this package registers every loader."""
 
-from splitfl.data.loaders import cifar, digits, femnist, har, mnist, qnli, speech  # noqa: F401
+from splitfl.data.loaders import (  # noqa: F401
+    cifar,
+    digits,
+    femnist,
+    har,
+    mnist,
+    qnli,
+    speech,
+    synthetic,
+)

@@ -1,0 +1,159 @@
+"""The vectorised executor computes what the sequential reference computes."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import splitfl
+from conftest import tiny_config
+from splitfl.algorithms import ALGORITHMS
+from splitfl.algorithms.base import ClientTask, RoundPlan
+from splitfl.config import ConfigError
+from splitfl.engine.executor import SequentialExecutor
+from splitfl.engine.runner import as_config, prepare
+from splitfl.engine.vectorized import RowStack, VectorizedExecutor, chain_ema, sgd_rows
+from test_engine import cfg_for
+
+#: lr 0.01 keeps the runs out of the chaotic regime where fp32 rounding differences between
+#: any two summation orders grow to 1e-2 within a few rounds (seen at lr 0.05, momentum 0.9).
+HARD = {"train.lr": 0.01, "train.momentum": 0.9, "train.weight_decay": 1e-4}
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_vectorized_equals_sequential(algorithm, tmp_path):
+    runs = {
+        ex: splitfl.run(cfg_for(algorithm, rounds=2, executor=ex, **HARD), run_dir=tmp_path / ex)
+        for ex in ("sequential", "vectorized")
+    }
+    a, b = (torch.load(r.run_dir / "model.pt", weights_only=True) for r in runs.values())
+    for key in a:
+        assert torch.allclose(a[key].float(), b[key].float(), atol=1e-5, rtol=0), key
+    for ra, rb in zip(runs["sequential"].metrics, runs["vectorized"].metrics, strict=True):
+        assert ra["sim_time"] == rb["sim_time"]
+        assert ra["train_loss"] == pytest.approx(rb["train_loss"], rel=1e-5)
+        assert ra["test_acc"] == pytest.approx(rb["test_acc"], abs=2e-3)
+
+
+def test_mixed_cuts_unequal_batches_and_steps_in_one_group():
+    """One server copy shared by members with different cuts, batch sizes and step counts (the
+    hard case: per-block server masks, BatchNorm chaining across buckets, short last batch)."""
+    prep = prepare(as_config(tiny_config(**HARD)))
+    ctx = prep.ctx
+    tasks = [
+        ClientTask(client=0, cut=1, group=0, batch_size=8, steps=3, lr=0.01),
+        ClientTask(client=1, cut=2, group=0, batch_size=16, steps=2, lr=0.01),
+        ClientTask(client=2, cut=1, group=0, batch_size=16, steps=4, lr=0.01),
+        ClientTask(client=3, cut=2, group=1, batch_size=12, steps=2, lr=0.02),
+        ClientTask(client=4, cut=ctx.model.num_blocks, group=2, batch_size=16, steps=2, lr=0.01),
+    ]
+    state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+    for group_loss, device_grad in (("mean", "own"), ("sum", "union")):
+        plan = RoundPlan(tasks, "per_step", group_loss, device_grad, server_lr=0.03)
+        torch.manual_seed(0)
+        ref = SequentialExecutor().run_round(ctx, state, plan, round_seed=7)
+        torch.manual_seed(0)
+        got = VectorizedExecutor().run_round(ctx, state, plan, round_seed=7)
+        assert [u.client for u in ref.updates] == [u.client for u in got.updates]
+        for u, v in zip(ref.updates, got.updates, strict=True):
+            assert (u.samples, u.steps, u.group) == (v.samples, v.steps, v.group)
+            assert u.loss_sum == pytest.approx(v.loss_sum, rel=1e-5)
+            assert u.state.keys() == v.state.keys()
+            for k in u.state:
+                assert torch.allclose(u.state[k].float(), v.state[k].float(), atol=1e-6), k
+        assert ref.server_states.keys() == got.server_states.keys()
+        for g, s in ref.server_states.items():
+            assert s.keys() == got.server_states[g].keys()
+            for k in s:
+                assert torch.allclose(s[k].float(), got.server_states[g][k].float(), atol=1e-6)
+
+
+def test_sgd_rows_equals_torch_sgd_per_row():
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 2)
+    copies = [copy.deepcopy(lin) for _ in range(3)]
+    lrs = [0.1, 0.05, 0.2]
+    stack = RowStack.from_states(lin, [c.state_dict() for c in copies], lrs, "cpu")
+    opts = [
+        torch.optim.SGD(c.parameters(), lr=lr, momentum=0.9, weight_decay=0.01)
+        for c, lr in zip(copies, lrs, strict=True)
+    ]
+    active = [[True, True, False], [True, False, True], [True, True, True]]
+    for step, on in enumerate(active):
+        x = torch.randn(3, 4, 3)
+        for i, (c, opt) in enumerate(zip(copies, opts, strict=True)):
+            if on[i]:
+                opt.zero_grad()
+                c(x[i]).pow(2).sum().backward()
+                opt.step()
+        out = torch.func.vmap(lambda p, xb: torch.func.functional_call(lin, p, (xb,)))(
+            stack.params, x
+        )
+        mask = torch.tensor(on)
+        (out.pow(2).sum(dim=(1, 2)) * mask).sum().backward()
+        sgd_rows(stack, dict.fromkeys(stack.params, mask), 0.9, 0.01)
+        stack.zero_grad()
+        for i, c in enumerate(copies):
+            for name, p in c.named_parameters():
+                assert torch.allclose(stack.params[name][i], p, atol=1e-7), (step, i, name)
+
+
+def test_chain_ema_equals_batchnorm_applied_in_order():
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(4, momentum=0.3)
+    start = bn.running_mean.clone()
+    singles = []
+    batches = [torch.randn(5, 4) + i for i in range(3)]
+    for xb in batches:
+        one = copy.deepcopy(bn)
+        one(xb)
+        singles.append(one.running_mean.clone())
+    for xb in batches:
+        bn(xb)
+    chained = chain_ema(start, torch.stack(singles), 0.3)
+    assert torch.allclose(chained, bn.running_mean, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["splitfed_v2", "vanilla_sl", "ringsfl", "locfedmix_sl"])
+def test_sequential_by_definition_plans_use_the_reference(algorithm):
+    prep = prepare(as_config(cfg_for(algorithm)))
+    ctx, alg = prep.ctx, prep.algorithm
+    import numpy as np
+
+    plan = alg.plan_round(
+        0, alg.select_clients(0, np.random.default_rng(0)), np.random.default_rng(1)
+    )
+    assert not VectorizedExecutor.batchable(plan, ctx.model)
+    ex = VectorizedExecutor()
+    ex.run_round(ctx, ctx.model.state_dict(), plan, round_seed=1)
+    assert ex.fallbacks == 1
+
+
+def test_bf16_and_channels_last_options_run(tmp_path):
+    cfg = tiny_config(
+        algorithm="s2fl", rounds=2, executor="vectorized", precision="bf16", channels_last=True
+    )
+    res = splitfl.run(cfg, run_dir=tmp_path / "r")
+    assert res.summary["status"] == "ok"
+    assert 0.0 < res.metrics[-1]["test_acc"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"executor": "gpu"}, "executor"),
+        ({"precision": "fp8"}, "precision"),
+        ({"device": "tpu"}, "device"),
+    ],
+)
+def test_bad_engine_settings_are_rejected(changes, field):
+    with pytest.raises(ConfigError) as err:
+        splitfl.validate(tiny_config(**changes))
+    assert str(err.value).startswith(field)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_without_gpu_is_one_line_error():
+    with pytest.raises(ConfigError, match="no CUDA GPU"):
+        splitfl.validate(tiny_config(device="cuda"))
