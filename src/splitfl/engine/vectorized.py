@@ -25,11 +25,14 @@ It computes exactly what :class:`~splitfl.engine.executor.SequentialExecutor` co
 * **Dropout** — ``vmap(randomness="different")``: the masks differ from the sequential run's
   (same distribution), so models with dropout agree only statistically.
 
+* **RingSFL's ring** — every start's batch visits blocks 0…W−1 in order, block b on the model
+  of whichever client's segment covers it (Alg. 2), so block b of all starts is one vmap over
+  the owners' rows; a client's block crossed by several starts collects the sum of their
+  gradients and chains their BatchNorm updates, and v2 scales each block's rate by |U_j,(k)|.
+
 Plans that are sequential by definition run on the reference executor: ``server_mode:
 sequential`` (SplitFed V2, vanilla SL — each client's step depends on the previous client's
-update), RingSFL's ring (every client's batch crosses segments of *other* clients' models
-whose ranges differ per start, Alg. 2) and LocFedMix-SL's mixup pairs (``mixup_alpha``).
-``fallbacks`` counts how often that happened.
+update) and LocFedMix-SL's mixup pairs (``mixup_alpha``). ``fallbacks`` counts them.
 
 Memory scales with the round's participants: only their rows are stacked; the other
 registered clients hold nothing but their data indices and algorithm state.
@@ -54,6 +57,7 @@ from splitfl.engine.executor import (
     precision_context,
     to_memory_format,
 )
+from splitfl.engine.ring import overlap_counts, segments
 from splitfl.models import BlockModel, ModelPart, block_index
 from splitfl.seeding import derive_seed
 
@@ -213,7 +217,9 @@ class VectorizedExecutor:
     @staticmethod
     def batchable(plan: RoundPlan, model: BlockModel) -> bool:
         """Whether the plan runs vectorised (else: the reference executor)."""
-        if plan.ring is not None or plan.server_mode != "per_step" or plan.mixup_alpha:
+        if plan.ring is not None:
+            return True
+        if plan.server_mode != "per_step" or plan.mixup_alpha:
             return False
         if plan.device_loss != "server":
             return False
@@ -239,6 +245,8 @@ class VectorizedExecutor:
         model: BlockModel = copy.deepcopy(ctx.model).to(self.device)
         model.load_state_dict(global_state)
         model.train()
+        if plan.ring is not None:
+            return self._run_ring(ctx, model, plan, round_seed)
         n = model.num_blocks
         x_all, y_all = self._train_data(ctx)
         groups = plan.groups()
@@ -421,23 +429,118 @@ class VectorizedExecutor:
 
     @staticmethod
     def _combine_server_buffers(stack, results, member_order, momenta) -> None:
-        """Each group's BatchNorm statistics after its members' forwards in order (chain_ema)."""
+        """Each group's BatchNorm statistics after its members' forwards in order."""
         if stack is None:
             return
         rank = {id(r): i for members in member_order for i, r in enumerate(members)}
-        with torch.no_grad():
-            for key, items in results.items():
-                by_group: dict[int, list] = {}
-                for r, v in items:
-                    by_group.setdefault(r.group_row, []).append((rank[id(r)], v))
-                for g, vals in by_group.items():
-                    vals.sort(key=lambda p: p[0])
-                    start = stack.buffers[key][g]
-                    if key.endswith("num_batches_tracked"):
-                        stack.buffers[key][g] = start + len(vals)
-                    else:
-                        chained = chain_ema(start, torch.stack([v for _, v in vals]), momenta[key])
-                        stack.buffers[key][g] = chained
+        ranked = {
+            key: [(r.group_row, rank[id(r)], v) for r, v in items] for key, items in results.items()
+        }
+        chain_buffers(stack, ranked, momenta)
+
+    # -- RingSFL ------------------------------------------------------------------------------
+    def _run_ring(self, ctx, model: BlockModel, plan: RoundPlan, round_seed: int) -> RoundResult:
+        """RingSFL's BatchUpdate (Alg. 2) for every start at once: each start's batch visits
+        blocks 0…W−1 in order, block b on the model of the client whose segment covers b, so
+        block b of all starts is one vmap over the owners' rows (a row appears once per start
+        through it and collects the sum of their gradients, as the sequential ring does)."""
+        ring = plan.ring
+        n = model.num_blocks
+        x_all, y_all = self._train_data(ctx)
+        full = ModelPart(model, 0, n)
+        base = full.state_dict()
+        tasks = plan.tasks
+        states = [base if t.init_state is None else {**base, **t.init_state} for t in tasks]
+        stack = RowStack.from_states(full, states, [t.lr for t in tasks], self.device)
+        row = {t.client: i for i, t in enumerate(tasks)}
+        blocks = [ModelPart(model, b, b + 1) for b in range(n)]
+        block_keys = [list(part.state_dict()) for part in blocks]
+        momenta = _bn_momenta(full)
+        owner = {}
+        for t in tasks:
+            for client, lo, hi in segments(ring.order, ring.lengths, t.client):
+                for b in range(lo, hi):
+                    owner[t.client, b] = row[client]
+        workers = [
+            _Row(
+                t,
+                n,
+                i,
+                i,
+                client_batches(
+                    ctx.client_indices[t.client],
+                    t.batch_size,
+                    t.steps,
+                    derive_seed(round_seed, t.client),
+                ),
+            )
+            for i, t in enumerate(tasks)
+        ]
+        lr = tasks[0].lr
+        for step in range(max(t.steps for t in tasks)):
+            active = [w for w in workers if step < w.task.steps]
+            buckets: dict[int, list[_Row]] = {}
+            for w in active:
+                buckets.setdefault(len(w.batches[step]), []).append(w)
+            rank = {id(w): i for i, w in enumerate(active)}
+            results: dict[str, list] = {}
+            total = []
+            for bucket in buckets.values():
+                x, y = self._batch(bucket, step, x_all, y_all)
+                h = x
+                for b, part in enumerate(blocks):
+                    rows = [owner[w.task.client, b] for w in bucket]
+                    params, buffers = stack.gather(rows, block_keys[b])
+                    buffers = {k: v.clone() for k, v in buffers.items()}
+                    h = self._forward(part, params, buffers, h)
+                    for k, v in buffers.items():
+                        results.setdefault(k, []).extend(
+                            (r, rank[id(w)], v[i])
+                            for i, (r, w) in enumerate(zip(rows, bucket, strict=True))
+                        )
+                means = _row_losses(h, y) / y.shape[1]
+                _check_finite(means, bucket)
+                weights = torch.tensor([ring.weights[w.task.client] for w in bucket])
+                total.append((weights.to(means.device) * means).sum())
+                for w, loss in zip(bucket, means.detach().tolist(), strict=True):
+                    w.samples += y.shape[1]
+                    w.loss_sum += loss * y.shape[1]
+            torch.stack(total).sum().backward()
+            chain_buffers(stack, results, momenta)
+            counts = overlap_counts(ring.order, ring.lengths, n, [w.task.client for w in active])
+            with torch.no_grad():
+                for key, p in stack.params.items():
+                    b = block_index(key)
+                    per_row = [counts[t.client][b] for t in tasks]
+                    rates = [lr * (c if ring.dynamic_lr else 1) * (c > 0) for c in per_row]
+                    p.sub_(_expand(torch.tensor(rates, device=p.device), p) * p.grad)
+            stack.zero_grad()
+        updates = [
+            ClientUpdate(
+                w.task.client, n, i, w.samples, w.task.steps, stack.row_state(i), w.loss_sum
+            )
+            for i, w in enumerate(workers)
+        ]
+        return RoundResult(updates=updates, server_states={})
+
+
+def chain_buffers(stack: RowStack, results: dict[str, list], momenta: dict) -> None:
+    """Set each row's BatchNorm statistics to the result of its forwards in rank order:
+    ``results[key]`` holds ``(row, rank, value after that forward alone)``; see
+    :func:`chain_ema`."""
+    with torch.no_grad():
+        for key, items in results.items():
+            by_row: dict[int, list] = {}
+            for r, rank, v in items:
+                by_row.setdefault(r, []).append((rank, v))
+            for r, vals in by_row.items():
+                vals.sort(key=lambda p: p[0])
+                start = stack.buffers[key][r]
+                if key.endswith("num_batches_tracked"):
+                    stack.buffers[key][r] = start + len(vals)
+                else:
+                    values = torch.stack([v for _, v in vals])
+                    stack.buffers[key][r] = chain_ema(start, values, momenta[key])
 
 
 def _row_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
