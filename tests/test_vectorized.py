@@ -11,7 +11,7 @@ from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS
 from splitfl.algorithms.base import ClientTask, RoundPlan
 from splitfl.config import ConfigError
-from splitfl.engine.executor import SequentialExecutor
+from splitfl.engine.executor import EXECUTORS, SequentialExecutor
 from splitfl.engine.runner import as_config, prepare
 from splitfl.engine.vectorized import RowStack, VectorizedExecutor, chain_ema, sgd_rows
 from test_engine import cfg_for
@@ -21,8 +21,19 @@ from test_engine import cfg_for
 HARD = {"train.lr": 0.01, "train.momentum": 0.9, "train.weight_decay": 1e-4}
 
 
+@pytest.fixture(params=[True, False], ids=["vmap", "rows"])
+def use_vmap(request, monkeypatch):
+    """Both ways of running a bucket: one vmap (GPU default) and row by row (CPU default)."""
+    monkeypatch.setitem(
+        EXECUTORS,
+        "vectorized",
+        lambda *a: VectorizedExecutor(*a, use_vmap=request.param),
+    )
+    return request.param
+
+
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_vectorized_equals_sequential(algorithm, tmp_path):
+def test_vectorized_equals_sequential(algorithm, use_vmap, tmp_path):
     runs = {
         ex: splitfl.run(cfg_for(algorithm, rounds=2, executor=ex, **HARD), run_dir=tmp_path / ex)
         for ex in ("sequential", "vectorized")
@@ -36,7 +47,7 @@ def test_vectorized_equals_sequential(algorithm, tmp_path):
         assert ra["test_acc"] == pytest.approx(rb["test_acc"], abs=2e-3)
 
 
-def test_mixed_cuts_unequal_batches_and_steps_in_one_group():
+def test_mixed_cuts_unequal_batches_and_steps_in_one_group(use_vmap):
     """One server copy shared by members with different cuts, batch sizes and step counts (the
     hard case: per-block server masks, BatchNorm chaining across buckets, short last batch)."""
     prep = prepare(as_config(tiny_config(**HARD)))
@@ -54,7 +65,7 @@ def test_mixed_cuts_unequal_batches_and_steps_in_one_group():
         torch.manual_seed(0)
         ref = SequentialExecutor().run_round(ctx, state, plan, round_seed=7)
         torch.manual_seed(0)
-        got = VectorizedExecutor().run_round(ctx, state, plan, round_seed=7)
+        got = VectorizedExecutor(use_vmap=use_vmap).run_round(ctx, state, plan, round_seed=7)
         assert [u.client for u in ref.updates] == [u.client for u in got.updates]
         for u, v in zip(ref.updates, got.updates, strict=True):
             assert (u.samples, u.steps, u.group) == (v.samples, v.steps, v.group)
@@ -131,7 +142,7 @@ def test_sequential_by_definition_plans_use_the_reference(algorithm):
 
 
 @pytest.mark.parametrize("version", ["ringsfl", "ringsfl-v2"])
-def test_ring_with_batchnorm_equals_sequential(version):
+def test_ring_with_batchnorm_equals_sequential(version, use_vmap):
     """RingSFL on a BatchNorm CNN with uneven lengths: several starts run through the same
     client's blocks, so its running statistics chain and its gradients add up."""
     changes = {
@@ -150,7 +161,7 @@ def test_ring_with_batchnorm_equals_sequential(version):
     assert len(set(plan.ring.lengths.values())) > 1  # uneven: blocks shared by several starts
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
     ref = SequentialExecutor().run_round(ctx, state, plan, round_seed=3)
-    ex = VectorizedExecutor()
+    ex = VectorizedExecutor(use_vmap=use_vmap)
     got = ex.run_round(ctx, state, plan, round_seed=3)
     assert ex.fallbacks == 0
     for u, v in zip(ref.updates, got.updates, strict=True):

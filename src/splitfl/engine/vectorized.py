@@ -206,8 +206,18 @@ class _Row:
 class VectorizedExecutor:
     """Runs all participants of a round as batched computations (see the module docstring)."""
 
-    def __init__(self, device: str = "cpu", precision: str = "fp32", channels_last: bool = False):
+    def __init__(
+        self,
+        device: str = "cpu",
+        precision: str = "fp32",
+        channels_last: bool = False,
+        use_vmap: bool | None = None,
+    ):
         self.device = torch.device(device)
+        #: vmap the rows of a bucket (default on GPUs), or call them one by one on row views
+        #: (default on CPU, where vmap's grouped convolutions are slower than separate ones:
+        #: 13.5 s vs 8.9 s for 10 ResNet-8 clients at batch 128 on 2 cores)
+        self.use_vmap = self.device.type != "cpu" if use_vmap is None else use_vmap
         self.precision = precision
         self.channels_last = channels_last
         self.reference = SequentialExecutor(device, precision, channels_last)
@@ -343,10 +353,16 @@ class VectorizedExecutor:
             return functional_call(module, (p, b), (xb,), kwargs)
 
         with precision_context(self.device, self.precision):
-            if x.shape[0] == 1:  # one row: plain call on row views, no vmap overhead
-                one = {k: v[0] for k, v in params.items()}, {k: v[0] for k, v in buffers.items()}
-                return call(*one, x[0]).unsqueeze(0).float()
-            return vmap(call, randomness="different")(params, buffers, x).float()
+            if self.use_vmap and x.shape[0] > 1:
+                return vmap(call, randomness="different")(params, buffers, x).float()
+            outs = []  # row by row on row views (BatchNorm buffers via per-row copies)
+            for i in range(x.shape[0]):
+                own = {k: v[i].clone() for k, v in buffers.items()}
+                outs.append(call({k: v[i] for k, v in params.items()}, own, x[i]))
+                with torch.no_grad():
+                    for k, v in own.items():
+                        buffers[k][i] = v
+            return torch.stack(outs).float()
 
     def _batch(self, bucket: list[_Row], step: int, x_all, y_all):
         idx = torch.stack([r.batches[step] for r in bucket]).to(self.device)
