@@ -77,12 +77,21 @@ class EvalConfig:
     target_accuracy: float | None = None
 
 
+#: Optional per-round metric loggers for ``output.tracking`` and the package each needs.
+TRACKERS = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+
+
 @dataclass(frozen=True)
 class OutputConfig:
+    """Where and how a run is written. ``tracking`` lists optional loggers that receive each
+    round's metrics row (``tensorboard``, ``mlflow``; extras of the same names); the run
+    directory stays the source of truth."""
+
     out_dir: str = "runs"
     name: str | None = None
     checkpoint_every: int = 10
     progress: bool = True
+    tracking: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a mapping, got {value!r}")
         return dict(value)
+    if origin is list:
+        if isinstance(value, str):  # `output.tracking=mlflow` means [mlflow]
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(path, f"expected a list, got {value!r}")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [v if item is Any else _coerce(v, item, path) for v in value]
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -224,19 +240,23 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), load_yaml(raw) if raw.strip() else None
 
 
+def set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    """Set ``data[k0][k1]...[kn] = value`` in place, creating mappings on the way."""
+    node = data
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(".".join(keys), "cannot set a field inside a non-mapping value")
+    node[keys[-1]] = value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of a raw config mapping with dotted ``key=value`` overrides applied."""
     import copy
 
     out = copy.deepcopy(data)
     for text in overrides:
-        keys, value = parse_override(text)
-        node = out
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ConfigError(".".join(keys), "cannot set a field inside a non-mapping value")
-        node[keys[-1]] = value
+        set_dotted(out, *parse_override(text))
     return out
 
 
@@ -263,6 +283,21 @@ def _check(ok: bool, path: str, message: str) -> None:
 
 def _choice(value: str, allowed: list[str], path: str) -> None:
     _check(value in allowed, path, f"unknown {value!r}; allowed: {', '.join(allowed)}")
+
+
+def _validate_tracking(tracking: list[str]) -> None:
+    """Known tracker names, each installed (its extra), before any work starts."""
+    import importlib.util
+    import sys
+
+    for name in tracking:
+        _choice(name, list(TRACKERS), "output.tracking")
+        package = TRACKERS[name]
+        _check(
+            package in sys.modules or importlib.util.find_spec(package) is not None,
+            "output.tracking",
+            f"{name!r} needs the {package} package: pip install 'splitfl[{name}]'",
+        )
 
 
 def validate(config: ExperimentConfig) -> None:
@@ -320,6 +355,7 @@ def validate(config: ExperimentConfig) -> None:
         "must be in (0, 1] or null",
     )
     _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
+    _validate_tracking(config.output.tracking)
     for name, opts in config.options.items():
         _choice(name, algorithm_names(), f"options.{name}")
         _check(isinstance(opts, dict), f"options.{name}", "must be a mapping of option: value")
