@@ -225,8 +225,8 @@ def _cell_text(stat: tuple[float | None, float | None, int], kind: str, n: int) 
 
 
 def _table(cells: list[Cell], axes: list[str], target: float | None) -> tuple[list, list]:
-    """Header and rows (strings) of the report table: one row per cell, then one per run
-    that did not finish."""
+    """Header and rows (strings) of the report table: one row per cell with a finished run,
+    then one per run that did not finish."""
     keys = [a for a in axes if a != "seed"] or ["run"]
     tgt = f"{100 * target:.0f}%" if target else "target"
     header = [*keys, "n", *(h.format(t=tgt) for _, h, _, _ in METRICS), "status"]
@@ -239,7 +239,8 @@ def _table(cells: list[Cell], axes: list[str], target: float | None) -> tuple[li
         not_done = len(cell.runs) - n_ok
         stats = [_cell_text(cell.stats[key], kind, n_ok) for key, _, kind, _ in METRICS]
         count = str(n_ok) if not not_done else f"{n_ok}/{len(cell.runs)}"
-        rows.append([*ids, count, *stats, "ok" if not not_done else f"{not_done} not done"])
+        if n_ok:  # a cell with no finished run shows only as its failed rows
+            rows.append([*ids, count, *stats, "ok" if not not_done else f"{not_done} not done"])
         for run in cell.runs:
             if run.status != "done":
                 error = (run.error or "").replace("\n", " ")[:160]
