@@ -285,16 +285,23 @@ def _choice(value: str, allowed: list[str], path: str) -> None:
     _check(value in allowed, path, f"unknown {value!r}; allowed: {', '.join(allowed)}")
 
 
-def _validate_tracking(tracking: list[str]) -> None:
-    """Known tracker names, each installed (its extra), before any work starts."""
+def _installed(package: str) -> bool:
+    """Importable without importing it (a ``None`` entry in ``sys.modules`` blocks it)."""
     import importlib.util
     import sys
 
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    return importlib.util.find_spec(package) is not None
+
+
+def _validate_tracking(tracking: list[str]) -> None:
+    """Known tracker names, each installed (its extra), before any work starts."""
     for name in tracking:
         _choice(name, list(TRACKERS), "output.tracking")
         package = TRACKERS[name]
         _check(
-            package in sys.modules or importlib.util.find_spec(package) is not None,
+            _installed(package),
             "output.tracking",
             f"{name!r} needs the {package} package: pip install 'splitfl[{name}]'",
         )
