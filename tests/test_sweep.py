@@ -230,3 +230,28 @@ def test_sweep_on_a_local_ray_instance_matches_local_executor(tmp_path):
     for name in NAMES:
         assert _rows(tmp_path / "ray" / name) == _rows(local.out_dir / name)
     assert (tmp_path / "ray" / "report.html").exists()
+
+
+PAPER_SWEEPS = sorted(Path(__file__).parents[1].glob("benchmarks/papers/*/sweep*.yaml"))
+
+
+@pytest.mark.parametrize("path", PAPER_SWEEPS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_paper_sweep_files_expand_to_valid_trials(path):
+    from splitfl.data.base import DatasetNotFoundError
+    from splitfl.sweeps.execute import check_data
+
+    trials = expand(load_sweep(path))
+    assert len(trials) > 1 and len({t.name for t in trials}) == len(trials)
+    assert [t.error for t in trials if t.error] == []
+    assert "seed" in trials[0].values  # mean ± std over seeds
+    try:  # data and model checks on the first trial, where the data is available
+        (checked,) = check_data(trials[:1])
+    except DatasetNotFoundError:
+        pytest.skip("data not available")
+    if checked.error and "not found" in checked.error:
+        pytest.skip(f"data not available: {checked.error}")
+    assert checked.error is None
+
+
+def test_paper_sweeps_cover_every_paper():
+    assert {p.parent.name for p in PAPER_SWEEPS} == {"s2fl", "ringsfl", "mergesfl", "parallelsfl"}
