@@ -102,7 +102,7 @@ class Killed(BaseException):
 
 
 def test_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, monkeypatch):
-    path = _sweep_file(tmp_path, rounds=4)
+    path = _sweep_file(tmp_path, rounds=3)  # checkpoints after rounds 2 and 3
     full = splitfl.sweep(path, out_dir=tmp_path / "full", executor="local", progress=False)
     assert full.ok
 

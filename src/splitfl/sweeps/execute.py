@@ -198,15 +198,20 @@ def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:
     return not path.exists() or from_dict(ExperimentConfig, load_yaml(path.read_text())) == config
 
 
-def check_data(trials: list[Trial]) -> list[Trial]:
-    """Data/model checks (``splitfl validate``) for each valid trial; a failing one comes back
-    with its error and no config."""
+def check_data(trials: list[Trial], folder: Path | None = None) -> list[Trial]:
+    """Data/model checks (``splitfl validate``) for each valid trial (skipping those already
+    finished in ``folder``); a failing one comes back with its error and no config."""
     from splitfl.data.base import DatasetNotFoundError
     from splitfl.engine.runner import prepare
 
     out = []
     for t in trials:
-        if t.config is not None:
+        finished = (
+            folder is not None
+            and t.config is not None
+            and (run_state(folder / t.name, t.config.rounds) in FINAL)
+        )
+        if t.config is not None and not finished:
             try:
                 prepare(t.config)
             except (ConfigError, DatasetNotFoundError) as err:
@@ -323,10 +328,10 @@ def sweep(
         spec = SweepSpec(**{**spec.__dict__, "overrides": [*spec.overrides, *overrides]})
     if executor == "ray":
         import_ray()
-    trials = check_data(expand(spec))
+    folder = sweep_dir_for(spec, out_dir)
+    trials = check_data(expand(spec), folder)
     if not keep_going:
         _reject_invalid(trials)
-    folder = sweep_dir_for(spec, out_dir)
     for t in trials:
         if t.config is not None and not _same_config(folder / t.name, t.config):
             raise ConfigError(
