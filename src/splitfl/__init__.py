@@ -8,11 +8,15 @@ Python API (mirrors the CLI)::
     splitfl.resume(result.run_dir)                                     # splitfl run --resume
     splitfl.validate("configs/quickstart.yaml")                        # splitfl validate
     splitfl.catalog()                                                  # splitfl list
+    splitfl.sweep("sweep.yaml", executor="local")                      # splitfl sweep
+    splitfl.report("runs/my-sweep")                                    # splitfl report
 """
 
 from splitfl.catalog import catalog
 from splitfl.config import ConfigError, ExperimentConfig, load_config
 from splitfl.engine import CompareResult, RunResult, compare, resume, run, validate
+from splitfl.metrics.report import ReportResult, report
+from splitfl.sweeps import SweepResult, sweep
 
 __version__ = "0.1.0"
 
@@ -20,11 +24,15 @@ __all__ = [
     "CompareResult",
     "ConfigError",
     "ExperimentConfig",
+    "ReportResult",
     "RunResult",
+    "SweepResult",
     "compare",
     "load_config",
     "resume",
     "run",
     "catalog",
+    "report",
+    "sweep",
     "validate",
 ]

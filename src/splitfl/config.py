@@ -77,12 +77,21 @@ class EvalConfig:
     target_accuracy: float | None = None
 
 
+#: Optional per-round metric loggers for ``output.tracking`` and the package each needs.
+TRACKERS = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+
+
 @dataclass(frozen=True)
 class OutputConfig:
+    """Where and how a run is written. ``tracking`` lists optional loggers that receive each
+    round's metrics row (``tensorboard``, ``mlflow``; extras of the same names); the run
+    directory stays the source of truth."""
+
     out_dir: str = "runs"
     name: str | None = None
     checkpoint_every: int = 10
     progress: bool = True
+    tracking: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -144,6 +153,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a mapping, got {value!r}")
         return dict(value)
+    if origin is list:
+        if isinstance(value, str):  # `output.tracking=mlflow` means [mlflow]
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(path, f"expected a list, got {value!r}")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [v if item is Any else _coerce(v, item, path) for v in value]
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -230,19 +246,23 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), load_yaml(raw) if raw.strip() else None
 
 
+def set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    """Set ``data[k0][k1]...[kn] = value`` in place, creating mappings on the way."""
+    node = data
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(".".join(keys), "cannot set a field inside a non-mapping value")
+    node[keys[-1]] = value
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of a raw config mapping with dotted ``key=value`` overrides applied."""
     import copy
 
     out = copy.deepcopy(data)
     for text in overrides:
-        keys, value = parse_override(text)
-        node = out
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if not isinstance(node, dict):
-                raise ConfigError(".".join(keys), "cannot set a field inside a non-mapping value")
-        node[keys[-1]] = value
+        set_dotted(out, *parse_override(text))
     return out
 
 
@@ -292,6 +312,28 @@ def _check_device(name: str) -> None:
             torch.cuda.is_available(),
             "device",
             f"{name} requested but no CUDA GPU is visible (torch.cuda.is_available() is False)",
+        )
+
+
+def _installed(package: str) -> bool:
+    """Importable without importing it (a ``None`` entry in ``sys.modules`` blocks it)."""
+    import importlib.util
+    import sys
+
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    return importlib.util.find_spec(package) is not None
+
+
+def _validate_tracking(tracking: list[str]) -> None:
+    """Known tracker names, each installed (its extra), before any work starts."""
+    for name in tracking:
+        _choice(name, list(TRACKERS), "output.tracking")
+        package = TRACKERS[name]
+        _check(
+            _installed(package),
+            "output.tracking",
+            f"{name!r} needs the {package} package: pip install 'splitfl[{name}]'",
         )
 
 
@@ -352,6 +394,7 @@ def validate(config: ExperimentConfig) -> None:
         "must be in (0, 1] or null",
     )
     _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
+    _validate_tracking(config.output.tracking)
     for name, opts in config.options.items():
         _choice(name, algorithm_names(), f"options.{name}")
         _check(isinstance(opts, dict), f"options.{name}", "must be a mapping of option: value")

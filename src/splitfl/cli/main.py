@@ -1,7 +1,8 @@
-"""``splitfl`` command line: run, compare, list, validate, privacy.
+"""``splitfl`` command line: run, compare, sweep, report, list, validate, privacy.
 
 Bad input (config values, missing data files) prints one line ``error: <field>: <allowed>`` and
-exits with code 2 before any run directory is written; a diverged run exits with code 3.
+exits with code 2 before any run directory is written; a diverged run exits with code 3; a
+sweep in which some trial did not finish exits with code 1 (the others still ran).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from splitfl.config import ConfigError
 
+EXIT_TRIALS_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
 
@@ -67,6 +69,44 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from splitfl.sweeps import sweep
+
+    spec, overrides = _split_args(args.args)
+    if args.resume:
+        if spec:
+            raise ConfigError(
+                "--resume", "takes only the sweep directory (its sweep.yaml is reused)"
+            )
+        spec = args.resume
+    if spec is None:
+        raise ConfigError(
+            "SWEEP", "give a sweep file (e.g. benchmarks/papers/s2fl/sweep_mnist.yaml)"
+        )
+    result = sweep(
+        spec,
+        out_dir=args.out,
+        executor=args.executor,
+        address=args.address,
+        gpus_per_trial=args.gpus_per_trial,
+        cpus_per_trial=args.cpus_per_trial,
+        keep_going=args.keep_going,
+        overrides=overrides,
+    )
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(result.counts.items()))
+    print(f"sweep directory: {result.out_dir} ({counts}; report.md, report.html)")
+    return 0 if result.ok else EXIT_TRIALS_FAILED
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from splitfl.metrics.report import report
+
+    result = report(args.dir, out_dir=args.out, target=args.target)
+    print(result.table)
+    print(f"report: {result.files['report.html']} (report.md, report.csv, plots)")
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from splitfl.engine import validate
 
@@ -102,6 +142,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="comparison directory")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=cmd_compare)
+    p = sub.add_parser(
+        "sweep",
+        help="run every combination of a sweep file's axes as trials (Ray or local)",
+        description="Trials write ordinary run directories under one sweep directory; running "
+        "the same sweep into the same directory again resumes it. --executor picks how trials "
+        "are run (ray or local), not the training engine (the config field `executor`).",
+    )
+    p.add_argument("args", nargs="*", metavar="SWEEP.yaml [key=value ...]")
+    p.add_argument("--out", metavar="DIR", help="sweep directory (default: <out_dir>/<name>)")
+    p.add_argument("--resume", metavar="DIR", help="resume the sweep in DIR (its sweep.yaml)")
+    p.add_argument("--executor", choices=["ray", "local"], default="ray", help="trial executor")
+    p.add_argument("--address", help="Ray cluster: auto or ray://host:10001 (default: local)")
+    p.add_argument("--gpus-per-trial", type=float, default=0.0, metavar="G")
+    p.add_argument("--cpus-per-trial", type=float, default=1.0, metavar="C")
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="record invalid trials as failed and run the others (default: stop before running)",
+    )
+    p.set_defaults(fn=cmd_sweep)
+    p = sub.add_parser("report", help="table (mean ± std over seeds), plots and an HTML page")
+    p.add_argument("dir", metavar="DIR", help="a sweep, comparison or run directory")
+    p.add_argument("--out", metavar="DIR", help="where to write (default: DIR)")
+    p.add_argument("--target", type=float, help="accuracy target in (0, 1] for time/traffic")
+    p.set_defaults(fn=cmd_report)
     p = sub.add_parser("validate", help="check a config (and its data) without running")
     p.add_argument("args", nargs="+", metavar="CONFIG [key=value ...]")
     p.set_defaults(fn=cmd_validate)

@@ -13,11 +13,9 @@ from typing import Any
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.engine.runner import RunResult, as_config, prepare, run
 from splitfl.metrics.plots import plot_accuracy, plot_waiting
-from splitfl.metrics.summary import comparison_table, summarize
+from splitfl.metrics.summary import DEFAULT_TARGET_FRACTION, comparison_table, summarize, target_for
 
-#: Without ``eval.target_accuracy``, the common target is this fraction of the lowest best
-#: accuracy among the compared runs (so every algorithm reaches it), rounded down to 0.5 %.
-DEFAULT_TARGET_FRACTION = 0.95
+__all__ = ["DEFAULT_TARGET_FRACTION", "CompareResult", "common_target", "compare", "safe_name"]
 
 
 @dataclass
@@ -35,12 +33,7 @@ def safe_name(algorithm: str) -> str:
 
 
 def common_target(runs: dict[str, RunResult], configured: float | None) -> float | None:
-    if configured is not None:
-        return configured
-    bests = [r.summary["best_acc"] for r in runs.values() if r.summary["best_acc"] is not None]
-    if not bests:
-        return None
-    return int(min(bests) * DEFAULT_TARGET_FRACTION * 200) / 200
+    return target_for([r.summary["best_acc"] for r in runs.values()], configured)
 
 
 def compare(

@@ -34,6 +34,7 @@ from splitfl.engine.context import RunContext, build_context
 from splitfl.engine.executor import NonFiniteLossError, evaluate, make_executor
 from splitfl.metrics.plots import plot_accuracy
 from splitfl.metrics.summary import read_metrics, summarize, write_metrics
+from splitfl.metrics.tracking import make_trackers
 from splitfl.seeding import derive_seed, rng_for
 from splitfl.system import LINKS, SimClock, Traffic, jitter_factors
 
@@ -245,6 +246,7 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
 
     if start is None:
         checkpoint(0)
+    trackers = make_trackers(config, run_dir)  # output.tracking (none by default)
     try:
         for r in bar:
             torch.manual_seed(derive_seed(config.seed, "torch", r))
@@ -276,6 +278,7 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
             rows.append(row)
             with open(run_dir / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(row) + "\n")
+            trackers.log_round(row)
             if (r + 1) % config.output.checkpoint_every == 0 or r + 1 == config.rounds:
                 checkpoint(r + 1)
     except NonFiniteLossError as err:
@@ -285,6 +288,7 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
         ) from err
     finally:
         bar.close()
+        trackers.close()
         summary = summarize(rows, config.eval.target_accuracy, status)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         if rows:

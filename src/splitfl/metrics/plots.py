@@ -35,15 +35,35 @@ def plot_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str 
     return path
 
 
-def plot_waiting(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
-    """Bar chart of average waiting time per algorithm."""
-    names = list(summaries)
-    values = [summaries[n]["avg_waiting"] or 0.0 for n in names]
+def plot_bars(
+    values: dict[str, float | None],
+    path: Path,
+    ylabel: str,
+    errors: dict[str, float | None] | None = None,
+    color: str = "tab:orange",
+) -> Path:
+    """Bar chart, one bar per name (``None`` → 0), optional error bars (e.g. std over seeds)."""
+    names = list(values)
+    heights = [values[n] or 0.0 for n in names]
+    yerr = [(errors or {}).get(n) or 0.0 for n in names] if errors else None
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 3.5))
-    ax.bar(names, values, color="tab:orange")
-    ax.set_ylabel("avg waiting time per round (s)")
+    ax.bar(names, heights, yerr=yerr, capsize=4 if yerr else 0, color=color)
+    ax.set_ylabel(ylabel)
     ax.grid(axis="y", alpha=0.3)
+    if max((len(n) for n in names), default=0) > 12:
+        ax.tick_params(axis="x", labelrotation=30)
+        plt.setp(ax.get_xticklabels(), ha="right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_waiting(
+    summaries: dict[str, dict[str, Any]],
+    path: Path,
+    errors: dict[str, float | None] | None = None,
+) -> Path:
+    """Bar chart of average waiting time per algorithm (or per cell, with std error bars)."""
+    values = {n: s["avg_waiting"] for n, s in summaries.items()}
+    return plot_bars(values, path, "avg waiting time per round (s)", errors)

@@ -6,6 +6,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+#: Without ``eval.target_accuracy``, the common target is this fraction of the lowest best
+#: accuracy among the compared runs (so every run reaches it), rounded down to 0.5 %.
+DEFAULT_TARGET_FRACTION = 0.95
+
+
+def target_for(best_accs: list[float | None], configured: float | None) -> float | None:
+    """The common accuracy target of several runs (``compare`` and ``report``): the
+    configured one, else :data:`DEFAULT_TARGET_FRACTION` of the lowest best accuracy."""
+    if configured is not None:
+        return configured
+    bests = [b for b in best_accs if b is not None]
+    if not bests:
+        return None
+    return int(min(bests) * DEFAULT_TARGET_FRACTION * 200) / 200
+
 
 def to_target(rows: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
     """First round whose test accuracy reaches ``target``: its simulated time and traffic."""
@@ -53,7 +68,8 @@ def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _fmt(value: Any, kind: str) -> str:
+def format_value(value: Any, kind: str) -> str:
+    """One table cell: ``pct`` (0-1 → %), ``time`` (s), ``energy`` (J → kJ), ``bytes``."""
     if value is None:
         return "-"
     if kind == "pct":
@@ -86,13 +102,13 @@ def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
     for name, s in summaries.items():
         cells = [
             name,
-            _fmt(s["final_acc"], "pct"),
-            _fmt(s["best_acc"], "pct"),
-            _fmt(s["to_target"]["sim_time"], "time"),
-            _fmt(s["to_target"]["traffic_bytes"], "bytes"),
-            _fmt(s["sim_time"], "time"),
-            _fmt(s["avg_waiting"], "time"),
-            _fmt(s.get("energy_j"), "energy"),
+            format_value(s["final_acc"], "pct"),
+            format_value(s["best_acc"], "pct"),
+            format_value(s["to_target"]["sim_time"], "time"),
+            format_value(s["to_target"]["traffic_bytes"], "bytes"),
+            format_value(s["sim_time"], "time"),
+            format_value(s["avg_waiting"], "time"),
+            format_value(s.get("energy_j"), "energy"),
             s["status"],
         ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -1,0 +1,200 @@
+"""Sweep files: load and validate them, and expand their grid into named trials.
+
+A sweep file (YAML)::
+
+    name: digits-grid              # optional; default: the file's stem
+    base: ../configs/quickstart.yaml   # a config file, relative to the sweep file
+    overrides: [rounds=20]         # optional, applied to every trial (same as `splitfl run`)
+    axes:                          # every combination is one trial
+      algorithm: [fedavg, s2fl]
+      seed: [0, 1, 2]
+      data.alpha: [0.1, 0.5]
+    out_dir: runs                  # optional; the sweep directory is <out_dir>/<name>
+
+Axis keys are the dotted paths ``key=value`` overrides accept. Trials are ordered as
+``itertools.product`` over the axes in file order (the first axis varies slowest) and named
+from their axis values, e.g. ``algorithm-fedavg_seed-0_alpha-0.1``, so names and order are
+deterministic. The resolved copy written to the sweep directory (``sweep.yaml``) holds the
+base config inline (``base`` may be a mapping), so ``splitfl sweep --resume DIR`` needs
+nothing else.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from splitfl.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    from_dict,
+    load_yaml,
+    read_yaml_mapping,
+    set_dotted,
+    validate,
+)
+from splitfl.engine.compare import safe_name
+
+SWEEP_FIELDS = ("name", "base", "base_source", "overrides", "axes", "out_dir")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A validated sweep file. ``base`` is the raw base config mapping (before overrides)."""
+
+    name: str
+    base: dict[str, Any]
+    axes: dict[str, list[Any]]
+    overrides: list[str] = field(default_factory=list)
+    out_dir: str | None = None
+    base_source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved sweep file (``sweep.yaml`` in the sweep directory)."""
+        return {
+            "name": self.name,
+            "base_source": self.base_source,
+            "overrides": list(self.overrides),
+            "axes": {k: list(v) for k, v in self.axes.items()},
+            "out_dir": self.out_dir,
+            "base": copy.deepcopy(self.base),
+        }
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One combination of axis values. ``config`` is None when it failed validation, and
+    ``error`` then holds the one-line :class:`ConfigError` message."""
+
+    index: int
+    name: str
+    values: dict[str, Any]
+    config: ExperimentConfig | None
+    error: str | None = None
+
+    @property
+    def overrides(self) -> list[str]:
+        """The axis values as ``key=value`` overrides (``splitfl run BASE <these>``)."""
+        return [f"{k}={format_override_value(v)}" for k, v in self.values.items()]
+
+
+def format_override_value(value: Any) -> str:
+    """``value`` as the text after ``key=`` that parses back to the same value."""
+    if isinstance(value, str) and load_yaml(value) == value:
+        return value
+    return json.dumps(value)
+
+
+def _check_sweep_mapping(data: dict[str, Any]) -> None:
+    for key in data:
+        if key not in SWEEP_FIELDS:
+            raise ConfigError(f"sweep.{key}", f"unknown field; allowed: {', '.join(SWEEP_FIELDS)}")
+    if "base" not in data:
+        raise ConfigError("sweep.base", "name the base config (base: path/to/config.yaml)")
+    axes = data.get("axes") or {}
+    if not isinstance(axes, dict):
+        raise ConfigError("sweep.axes", "must map dotted config keys to lists of values")
+    for key, values in axes.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"sweep.axes.{key}", f"must be a non-empty list (got {values!r})")
+        if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
+            raise ConfigError(f"sweep.axes.{key}", f"repeated values in {values!r}")
+    overrides = data.get("overrides") or []
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError("sweep.overrides", "must be a list of key=value strings")
+
+
+def _resolve_base(base: Any, folder: Path) -> tuple[dict[str, Any], str | None]:
+    """The base config mapping and where it came from (a path relative to the sweep file)."""
+    if isinstance(base, dict):
+        return copy.deepcopy(base), None
+    if not isinstance(base, str):
+        raise ConfigError("sweep.base", f"must be a config path or mapping (got {base!r})")
+    path = (folder / base).resolve()
+    if not path.is_file():
+        raise ConfigError("sweep.base", f"file not found: {path}")
+    return read_yaml_mapping(path), str(path)
+
+
+def load_sweep(
+    source: str | Path | dict[str, Any], overrides: list[str] | None = None
+) -> SweepSpec:
+    """Read and validate a sweep file (or mapping); ``overrides`` are appended to its own.
+
+    Raises :class:`ConfigError` (``sweep.<field>: ...``) for a malformed sweep file; trial
+    configs are validated by :func:`expand`.
+    """
+    if isinstance(source, dict):
+        data, folder, stem = copy.deepcopy(source), Path.cwd(), "sweep"
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError("sweep", f"file not found: {path}")
+        data, folder, stem = read_yaml_mapping(path), path.parent, path.stem
+    _check_sweep_mapping(data)
+    base, base_source = _resolve_base(data["base"], folder)
+    name = data.get("name") or stem
+    if not isinstance(name, str) or safe_name(name) != name:
+        raise ConfigError("sweep.name", f"use letters, digits, '_', '.', '-' (got {name!r})")
+    return SweepSpec(
+        name=name,
+        base=base,
+        axes={k: list(v) for k, v in (data.get("axes") or {}).items()},
+        overrides=[*(data.get("overrides") or []), *(overrides or [])],
+        out_dir=data.get("out_dir"),
+        base_source=data.get("base_source") or base_source,
+    )
+
+
+def _label(key: str, keys: list[str]) -> str:
+    """Short axis label for trial names: the last dotted part unless two axes share it."""
+    last = key.split(".")[-1]
+    return last if sum(k.split(".")[-1] == last for k in keys) == 1 else key
+
+
+def _value_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def trial_name(values: dict[str, Any]) -> str:
+    """Directory name of a trial: ``label-value`` per axis joined by ``_`` (``base`` if none)."""
+    keys = list(values)
+    parts = [f"{_label(k, keys)}-{_value_text(v)}" for k, v in values.items()]
+    return safe_name("_".join(parts)) if parts else "base"
+
+
+def trial_config(spec: SweepSpec, values: dict[str, Any]) -> ExperimentConfig:
+    """The validated config of one trial: base, then the sweep's overrides, then its values."""
+    data = apply_overrides(spec.base, spec.overrides)
+    for key, value in values.items():
+        set_dotted(data, key.split("."), copy.deepcopy(value))
+    config = from_dict(ExperimentConfig, data)
+    validate(config)
+    return config
+
+
+def expand(spec: SweepSpec) -> list[Trial]:
+    """Every combination of axis values as a :class:`Trial` (deterministic order and names).
+
+    Each trial's config is validated here; an invalid one gets ``config=None`` and its
+    one-line error, so the caller can report all of them before anything runs.
+    """
+    keys = list(spec.axes)
+    trials: list[Trial] = []
+    seen: set[str] = set()
+    for i, combo in enumerate(itertools.product(*(spec.axes[k] for k in keys))):
+        values = dict(zip(keys, combo, strict=True))
+        name = trial_name(values)
+        if name in seen:  # two values that sanitise to the same text
+            name = f"{name}-{i}"
+        seen.add(name)
+        try:
+            trials.append(Trial(i, name, values, trial_config(spec, values)))
+        except ConfigError as err:
+            trials.append(Trial(i, name, values, None, str(err)))
+    return trials
