@@ -33,6 +33,8 @@ import time
 from datetime import date
 from pathlib import Path
 
+from splitfl.config import set_dotted
+
 #: name → (algorithm, model, registered clients, clients per round, batch, extra overrides)
 WORKLOADS: dict[str, tuple[str, str, int, int, int, dict]] = {
     "resnet8-sfl-10": ("splitfed_v1", "resnet8", 100, 10, 128, {}),
@@ -81,11 +83,7 @@ def workload_config(name: str, executor: str, args) -> dict:
     if algorithm == "mergesfl":
         extra = {**extra, "options.mergesfl.tau": args.steps}
     for key, value in extra.items():
-        node = cfg
-        *path, last = key.split(".")
-        for k in path:
-            node = node.setdefault(k, {})
-        node[last] = value
+        set_dotted(cfg, key.split("."), value)
     return cfg
 
 

@@ -203,6 +203,20 @@ class _Row:
     loss_sum: float = 0.0
 
 
+@dataclass
+class _Round:
+    """What every step of a (non-ring) round works on."""
+
+    model: BlockModel
+    plan: RoundPlan
+    device_stacks: dict[int, RowStack]
+    server_stack: RowStack | None
+    member_order: list[list[_Row]]
+    momenta: dict[str, float | None]
+    x_all: torch.Tensor
+    y_all: torch.Tensor
+
+
 class VectorizedExecutor:
     """Runs all participants of a round as batched computations (see the module docstring)."""
 
@@ -296,20 +310,12 @@ class VectorizedExecutor:
         momenta = _bn_momenta(server_part) if server_part is not None else {}
         member_order = [[rows[t.client] for t in groups[g] if t.cut < n] for g in split_groups]
         cfg = ctx.config.train
+        round_ = _Round(
+            model, plan, device_stacks, server_stack, member_order, momenta, x_all, y_all
+        )
         for step in range(max(t.steps for t in plan.tasks)):
             active = [r for r in rows.values() if step < r.task.steps]
-            self._step(
-                model,
-                active,
-                step,
-                device_stacks,
-                server_stack,
-                member_order,
-                momenta,
-                plan,
-                x_all,
-                y_all,
-            )
+            self._step(round_, active, step)
             for cut, stack in device_stacks.items():
                 on = torch.zeros(stack.rows, dtype=torch.bool, device=self.device)
                 for r in active:
@@ -371,19 +377,13 @@ class VectorizedExecutor:
             x = to_memory_format(x)
         return x, y_all[idx]
 
-    def _step(
-        self,
-        model,
-        active,
-        step,
-        device_stacks,
-        server_stack,
-        member_order,
-        momenta,
-        plan,
-        x_all,
-        y_all,
-    ) -> None:
+    def _step(self, round_: _Round, active: list[_Row], step: int) -> None:
+        """One iteration of every active worker (the batched twin of the sequential
+        executor's ``_split_step``)."""
+        model, plan = round_.model, round_.plan
+        device_stacks, server_stack = round_.device_stacks, round_.server_stack
+        member_order, momenta = round_.member_order, round_.momenta
+        x_all, y_all = round_.x_all, round_.y_all
         n = model.num_blocks
         buckets: dict[tuple[int, int], list[_Row]] = {}
         for r in active:
