@@ -47,9 +47,11 @@ def test_vectorized_equals_sequential(algorithm, use_vmap, tmp_path):
         assert ra["test_acc"] == pytest.approx(rb["test_acc"], abs=2e-3)
 
 
-def test_mixed_cuts_unequal_batches_and_steps_in_one_group(use_vmap):
+@pytest.mark.parametrize("max_rows", [None, 2])
+def test_mixed_cuts_unequal_batches_and_steps_in_one_group(use_vmap, max_rows):
     """One server copy shared by members with different cuts, batch sizes and step counts (the
-    hard case: per-block server masks, BatchNorm chaining across buckets, short last batch)."""
+    hard case: per-block server masks, BatchNorm chaining across buckets, short last batch),
+    all in one batched call or packed two rows (whole groups) per call."""
     prep = prepare(as_config(tiny_config(**HARD)))
     ctx = prep.ctx
     tasks = [
@@ -65,7 +67,8 @@ def test_mixed_cuts_unequal_batches_and_steps_in_one_group(use_vmap):
         torch.manual_seed(0)
         ref = SequentialExecutor().run_round(ctx, state, plan, round_seed=7)
         torch.manual_seed(0)
-        got = VectorizedExecutor(use_vmap=use_vmap).run_round(ctx, state, plan, round_seed=7)
+        ex = VectorizedExecutor(use_vmap=use_vmap, max_rows=max_rows)
+        got = ex.run_round(ctx, state, plan, round_seed=7)
         assert [u.client for u in ref.updates] == [u.client for u in got.updates]
         for u, v in zip(ref.updates, got.updates, strict=True):
             assert (u.samples, u.steps, u.group) == (v.samples, v.steps, v.group)
