@@ -121,11 +121,13 @@ class RowStack:
         return params, buffers
 
     def scatter_buffers(self, rows: list[int], buffers: dict[str, torch.Tensor]) -> None:
-        """Write buffers that :meth:`gather` copied (and a forward updated) back to ``rows``."""
-        if rows != list(range(self.rows)):
-            index = torch.tensor(rows, device=self.lr.device)
+        """Write per-row buffers (copies a forward updated) back to ``rows``; tensors that are
+        the stack's own were updated in place already."""
+        index = torch.tensor(rows, device=self.lr.device)
+        with torch.no_grad():
             for k, v in buffers.items():
-                self.buffers[k][index] = v
+                if v is not self.buffers[k]:
+                    self.buffers[k][index] = v
 
     def zero_grad(self) -> None:
         for p in self.params.values():
@@ -377,21 +379,39 @@ class VectorizedExecutor:
         return {k: first <= block_index(k) for k in stack.params}
 
     # -- one iteration of every active worker ----------------------------------------------
-    def _forward(self, module: nn.Module, params, buffers, x, **kwargs) -> torch.Tensor:
+    def _forward(
+        self,
+        module: nn.Module,
+        stack: RowStack,
+        rows: list[int],
+        x: torch.Tensor,
+        keep_stack_buffers: bool = False,
+        **kwargs,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``module`` with the state of ``stack``'s ``rows`` (row i on ``x[i]``): one vmap, or
+        row by row on views of the stacked parameters. Returns the outputs and each row's
+        buffers after its forward; the stack's buffers are updated in place only where they
+        are the returned tensors and ``keep_stack_buffers`` is False."""
+        keys = list(module.state_dict())
+
         def call(p, b, xb):
             return functional_call(module, (p, b), (xb,), kwargs)
 
         with precision_context(self.device, self.precision):
-            if self.use_vmap and x.shape[0] > 1:
-                return vmap(call, randomness="different")(params, buffers, x).float()
-            outs = []  # row by row on row views (BatchNorm buffers via per-row copies)
-            for i in range(x.shape[0]):
-                own = {k: v[i].clone() for k, v in buffers.items()}
-                outs.append(call({k: v[i] for k, v in params.items()}, own, x[i]))
-                with torch.no_grad():
-                    for k, v in own.items():
-                        buffers[k][i] = v
-            return torch.stack(outs).float()
+            if self.use_vmap and len(rows) > 1:
+                params, buffers = stack.gather(rows, keys)
+                if keep_stack_buffers:
+                    buffers = {k: v.clone() for k, v in buffers.items()}
+                out = vmap(call, randomness="different")(params, buffers, x)
+                return out.float(), buffers
+            outs, after = [], {k: [] for k in keys if k in stack.buffers}
+            for i, r in enumerate(rows):
+                own = {k: stack.buffers[k][r].clone() for k in after}
+                params = {k: stack.params[k][r] for k in keys if k in stack.params}
+                outs.append(call(params, own, x[i]))
+                for k, v in own.items():
+                    after[k].append(v)
+            return torch.stack(outs).float(), {k: torch.stack(v) for k, v in after.items()}
 
     def _batch(self, bucket: list[_Row], step: int, x_all, y_all):
         idx = torch.stack([r.batches[step] for r in bucket]).to(self.device)
@@ -416,9 +436,8 @@ class VectorizedExecutor:
             stack = device_stacks[cut]
             part = ModelPart(model, 0, cut)
             row_idx = [r.row for r in bucket]
-            params, buffers = stack.gather(row_idx, part.state_dict())
             x, y = self._batch(bucket, step, x_all, y_all)
-            out = self._forward(part, params, buffers, x)
+            out, buffers = self._forward(part, stack, row_idx, x)
             stack.scatter_buffers(row_idx, buffers)
             if cut >= n:  # the whole model on the device (FedAvg)
                 losses = _row_losses(out, y)
@@ -436,9 +455,9 @@ class VectorizedExecutor:
             cut = bucket[0].cut
             part = ModelPart(model, cut, n)
             grows = [r.group_row for r in bucket]
-            params, buffers = server_stack.gather(grows, part.state_dict())
-            buffers = {k: v.clone() for k, v in buffers.items()}
-            out = self._forward(part, params, buffers, fs, start=cut)
+            out, buffers = self._forward(
+                part, server_stack, grows, fs, keep_stack_buffers=True, start=cut
+            )
             losses = _row_losses(out, y)
             _check_finite(losses, bucket)
             for i, r in enumerate(bucket):
@@ -493,7 +512,6 @@ class VectorizedExecutor:
         stack = RowStack.from_states(full, states, [t.lr for t in tasks], self.device)
         row = {t.client: i for i, t in enumerate(tasks)}
         blocks = [ModelPart(model, b, b + 1) for b in range(n)]
-        block_keys = [list(part.state_dict()) for part in blocks]
         momenta = _bn_momenta(full)
         owner = {}
         for t in tasks:
@@ -529,9 +547,7 @@ class VectorizedExecutor:
                 h = x
                 for b, part in enumerate(blocks):
                     rows = [owner[w.task.client, b] for w in bucket]
-                    params, buffers = stack.gather(rows, block_keys[b])
-                    buffers = {k: v.clone() for k, v in buffers.items()}
-                    h = self._forward(part, params, buffers, h)
+                    h, buffers = self._forward(part, stack, rows, h, keep_stack_buffers=True)
                     for k, v in buffers.items():
                         results.setdefault(k, []).extend(
                             (r, rank[id(w)], v[i])
