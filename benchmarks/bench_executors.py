@@ -16,6 +16,7 @@ Usage::
     python benchmarks/bench_executors.py                       # every workload, CPU
     python benchmarks/bench_executors.py --device cuda --precision fp32 bf16
     python benchmarks/bench_executors.py --workloads resnet8-sfl-10 --steps 3
+    python benchmarks/bench_executors.py --executors sequential,vectorized:rows,vectorized:vmap
 
 Data: ``synthetic_cifar`` (generated CIFAR-shaped images; no files needed). Results are
 printed as a Markdown table and written as JSON to ``--out``.
@@ -94,13 +95,17 @@ def measure(name: str, executor: str, args) -> dict:
     from splitfl.config import resolve_device
     from splitfl.engine.executor import make_executor
     from splitfl.engine.runner import _measure, as_config, prepare
+    from splitfl.engine.vectorized import VectorizedExecutor
     from splitfl.seeding import derive_seed, rng_for
 
-    cfg = as_config(workload_config(name, executor, args))
+    engine, _, mode = executor.partition(":")  # vectorized:rows / vectorized:vmap force a mode
+    cfg = as_config(workload_config(name, engine, args))
     prep = prepare(cfg)
     ctx, algorithm = prep.ctx, prep.algorithm
     device = resolve_device(cfg.device)
     ex = make_executor(cfg.executor, device, cfg.precision, cfg.channels_last)
+    if mode:
+        ex = VectorizedExecutor(device, cfg.precision, cfg.channels_last, use_vmap=mode == "vmap")
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
     cuda = device.startswith("cuda")
     for r in range(cfg.rounds):

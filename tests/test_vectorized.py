@@ -139,7 +139,7 @@ def test_sequential_by_definition_plans_use_the_reference(algorithm):
         0, alg.select_clients(0, np.random.default_rng(0)), np.random.default_rng(1)
     )
     assert not VectorizedExecutor.batchable(plan, ctx.model)
-    ex = VectorizedExecutor()
+    ex = VectorizedExecutor(use_vmap=True)
     ex.run_round(ctx, ctx.model.state_dict(), plan, round_seed=1)
     assert ex.fallbacks == 1
 
@@ -201,3 +201,9 @@ def test_bad_engine_settings_are_rejected(changes, field):
 def test_cuda_without_gpu_is_one_line_error():
     with pytest.raises(ConfigError, match="no CUDA GPU"):
         splitfl.validate(tiny_config(device="cuda"))
+
+
+def test_cpu_default_is_the_reference_loop_and_gpu_default_is_vmap():
+    assert VectorizedExecutor("cpu").mode == "reference"
+    assert VectorizedExecutor("cpu", use_vmap=False).mode == "rows"
+    assert VectorizedExecutor("cuda").mode == "vmap"  # constructing touches no GPU

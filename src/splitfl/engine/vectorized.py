@@ -231,10 +231,17 @@ class VectorizedExecutor:
         max_rows: int | None = None,
     ):
         self.device = torch.device(device)
-        #: vmap the rows of a bucket (default on GPUs), or call them one by one on row views
-        #: (default on CPU, where vmap's grouped convolutions are slower than separate ones:
-        #: 13.5 s vs 8.9 s for 10 ResNet-8 clients at batch 128 on 2 cores)
-        self.use_vmap = self.device.type != "cpu" if use_vmap is None else use_vmap
+        #: How buckets run: ``vmap`` (default on GPUs), ``rows`` (one call per row on views of
+        #: the stacked state) or ``reference`` (default on CPU: the sequential loop itself).
+        #: On 2 CPU cores neither batched mode beats the loop — vmap's grouped convolutions
+        #: took 13.5 s vs 8.9 s for 10 ResNet-8 clients at batch 128, and ``rows`` ran at
+        #: 0.79–0.94× sequential (benchmarks/README.md) — so CPU runs use the loop unless a
+        #: mode is forced with ``use_vmap`` (the tests force both).
+        if use_vmap is None:
+            self.mode = "vmap" if self.device.type != "cpu" else "reference"
+        else:
+            self.mode = "vmap" if use_vmap else "rows"
+        self.use_vmap = self.mode == "vmap"
         #: rows per batched call: all of a step's workers on GPUs; one group at a time on CPU,
         #: where batching gains nothing and holding every client's activations costs (100
         #: ResNet-8 clients at batch 128: 38 s vs 17 s sequential before this limit)
@@ -270,6 +277,8 @@ class VectorizedExecutor:
     def run_round(
         self, ctx, global_state: dict[str, torch.Tensor], plan: RoundPlan, round_seed: int
     ) -> RoundResult:
+        if self.mode == "reference":
+            return self.reference.run_round(ctx, global_state, plan, round_seed)
         if not self.batchable(plan, ctx.model):
             self.fallbacks += 1
             return self.reference.run_round(ctx, global_state, plan, round_seed)
