@@ -68,27 +68,46 @@ def enumerate_partitions(members: Sequence[int], sizes: Sequence[int]) -> Iterat
                 yield [group, *tail]
 
 
+def _distances(counts: np.ndarray) -> np.ndarray:
+    """Eq. (2) for many groups at once from their summed histograms ``[..., classes]``."""
+    total = counts.sum(axis=-1, keepdims=True)
+    share = np.divide(counts, total, out=np.zeros_like(counts), where=total > 0)
+    dist = np.sqrt(np.sum((share - 1.0 / counts.shape[-1]) ** 2, axis=-1))
+    return np.where(total[..., 0] > 0, dist, 0.0)
+
+
 def _swap_search(hist: np.ndarray, groups: list[list[int]]) -> tuple[float, list[list[int]]]:
-    """Best-improvement pairwise swaps between groups until no swap helps."""
-    cost = partition_cost(hist, groups)
-    improved = True
-    while improved:
-        improved = False
-        best = (cost, None)
+    """Best-improvement pairwise swaps between groups until no swap helps.
+
+    Every swap of a pair of groups is scored at once from the groups' summed histograms:
+    swapping i ∈ a with j ∈ b moves ``h_j − h_i`` into a and out of b.
+    """
+    hist = np.asarray(hist, dtype=np.float64)
+    sums = np.stack([hist[g].sum(axis=0) for g in groups])
+    dists = _distances(sums)
+    cost = float(dists.sum())
+    while True:
+        best, move = cost, None
         for a, b in itertools.combinations(range(len(groups)), 2):
-            for i, j in itertools.product(range(len(groups[a])), range(len(groups[b]))):
-                ga, gb = list(groups[a]), list(groups[b])
-                ga[i], gb[j] = gb[j], ga[i]
-                new = cost - partition_cost(hist, [groups[a], groups[b]])
-                new += partition_cost(hist, [ga, gb])
-                if new < best[0] - 1e-12:
-                    best = (new, (a, b, ga, gb))
-        if best[1] is not None:
-            a, b, ga, gb = best[1]
-            groups[a], groups[b] = ga, gb
-            cost = best[0]
-            improved = True
-    return cost, groups
+            delta = hist[groups[b]][None, :, :] - hist[groups[a]][:, None, :]  # [i, j, C]
+            new = (
+                cost
+                - dists[a]
+                - dists[b]
+                + _distances(sums[a] + delta)
+                + _distances(sums[b] - delta)
+            )
+            i, j = np.unravel_index(int(np.argmin(new)), new.shape)
+            if new[i, j] < best - 1e-12:
+                best, move = float(new[i, j]), (a, b, int(i), int(j))
+        if move is None:
+            return cost, groups
+        a, b, i, j = move
+        groups[a][i], groups[b][j] = groups[b][j], groups[a][i]
+        for g in (a, b):
+            sums[g] = hist[groups[g]].sum(axis=0)
+        dists[[a, b]] = _distances(sums[[a, b]])
+        cost = best
 
 
 def balanced_groups(
