@@ -13,20 +13,27 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def plot_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str = "") -> Path:
     """Two panels — test accuracy vs round and vs simulated time — one line per run."""
-    fig, (ax_round, ax_time) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, rows in runs.items():
+    many = len(runs) > 6  # legend beside the panels, and line styles beyond 10 colours
+    fig, (ax_round, ax_time) = plt.subplots(1, 2, figsize=(14 if many else 11, 4))
+    styles = ("-", "--", ":", "-.")
+    for k, (name, rows) in enumerate(runs.items()):
         evals = [r for r in rows if r.get("test_acc") is not None]
         if not evals:
             continue
         acc = [100 * r["test_acc"] for r in evals]
-        ax_round.plot([r["round"] for r in evals], acc, label=name)
-        ax_time.plot([r["sim_time"] for r in evals], acc, label=name)
+        style = {"label": name, "linestyle": styles[(k // 10) % len(styles)]}
+        ax_round.plot([r["round"] for r in evals], acc, **style)
+        ax_time.plot([r["sim_time"] for r in evals], acc, **style)
     ax_round.set_xlabel("round")
     ax_time.set_xlabel("simulated time (s)")
     for ax in (ax_round, ax_time):
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
-        ax.legend()
+    if many:
+        ax_time.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
+    else:
+        ax_round.legend()
+        ax_time.legend()
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -25,7 +25,13 @@ from typing import Any
 
 from splitfl.config import ConfigError, ExperimentConfig, load_yaml
 from splitfl.metrics.plots import plot_accuracy, plot_bars, plot_waiting
-from splitfl.metrics.summary import format_value, read_metrics, summarize, target_for
+from splitfl.metrics.summary import (
+    format_value,
+    read_metrics,
+    summarize,
+    target_for,
+    target_label,
+)
 
 SWEEP_INDEX = "trials.json"
 PLOTS = ("accuracy_vs_time.png", "waiting.png", "traffic_to_target.png")
@@ -228,7 +234,7 @@ def _table(cells: list[Cell], axes: list[str], target: float | None) -> tuple[li
     """Header and rows (strings) of the report table: one row per cell with a finished run,
     then one per run that did not finish."""
     keys = [a for a in axes if a != "seed"] or ["run"]
-    tgt = f"{100 * target:.0f}%" if target else "target"
+    tgt = target_label(target)
     header = [*keys, "n", *(h.format(t=tgt) for _, h, _, _ in METRICS), "status"]
     rows, failed = [], []
     for cell in cells:
@@ -296,7 +302,7 @@ def write_plots(cells: list[Cell], out: Path, target: float | None, title: str) 
         {lab: c.stats["avg_waiting"][1] for lab, c in zip(labels, done, strict=True)},
     )
     mb = lambda v: None if v is None else v / 1e6  # noqa: E731
-    tgt = f"{100 * target:.0f}%" if target else "target"
+    tgt = target_label(target)
     files["traffic_to_target.png"] = plot_bars(
         {lab: mb(c.stats["traffic_to_target"][0]) for lab, c in zip(labels, done, strict=True)},
         out / "traffic_to_target.png",

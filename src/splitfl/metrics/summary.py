@@ -11,6 +11,11 @@ from typing import Any
 DEFAULT_TARGET_FRACTION = 0.95
 
 
+def target_label(target: float | None) -> str:
+    """``0.915`` → ``91.5%`` (column headers of time/traffic to target)."""
+    return f"{100 * target:.4g}%" if target else "target"
+
+
 def target_for(best_accs: list[float | None], configured: float | None) -> float | None:
     """The common accuracy target of several runs (``compare`` and ``report``): the
     configured one, else :data:`DEFAULT_TARGET_FRACTION` of the lowest best accuracy."""
@@ -86,7 +91,7 @@ def format_value(value: Any, kind: str) -> str:
 def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
     """Markdown table of ``{algorithm: summary}`` (the ``splitfl compare`` output)."""
     target = next(iter(summaries.values()))["target_accuracy"] if summaries else None
-    tgt = f"{100 * target:.0f}%" if target else "target"
+    tgt = target_label(target)
     header = [
         "algorithm",
         "final acc %",
