@@ -237,20 +237,12 @@ PAPER_SWEEPS = sorted(Path(__file__).parents[1].glob("benchmarks/papers/*/sweep*
 
 @pytest.mark.parametrize("path", PAPER_SWEEPS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_paper_sweep_files_expand_to_valid_trials(path):
-    from splitfl.data.base import DatasetNotFoundError
-    from splitfl.sweeps.execute import check_data
-
+    """Every trial's config passes validation (static checks; the data itself lives outside
+    the repository and is checked by ``splitfl sweep`` before a real sweep starts)."""
     trials = expand(load_sweep(path))
     assert len(trials) > 1 and len({t.name for t in trials}) == len(trials)
     assert [t.error for t in trials if t.error] == []
     assert "seed" in trials[0].values  # mean ± std over seeds
-    try:  # data and model checks on the first trial, where the data is available
-        (checked,) = check_data(trials[:1])
-    except DatasetNotFoundError:
-        pytest.skip("data not available")
-    if checked.error and "not found" in checked.error:
-        pytest.skip(f"data not available: {checked.error}")
-    assert checked.error is None
 
 
 def test_paper_sweeps_cover_every_paper():
