@@ -11,23 +11,9 @@ from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS, algorithm_names
 from splitfl.engine.executor import NonFiniteLossError
 from splitfl.engine.runner import prepare
+from splitfl.testing import config_for
 
-FAST = {
-    "options.mergesfl.tau": 2,
-    "options.adasfl.tau": 2,
-    "options.adasfl.tau_max": 4,
-    "options.locfedmix_sl.tau": 2,
-    "options.locfedmix_sl.aggregate_every": 2,
-    "options.parallelsfl.tau": 2,
-}
-#: RingSFL needs at most as many clients as model blocks: 4 clients on the 4-block MLP.
-RING = {"model": "mlp", "data.num_clients": 4, "train.clients_per_round": 4}
-
-
-def cfg_for(algorithm: str, **changes):
-    """A tiny config that fits ``algorithm`` (fast options, ring-sized for RingSFL)."""
-    extra = RING if algorithm.startswith("ringsfl") else {}
-    return tiny_config(algorithm=algorithm, **{**FAST, **extra, **changes})
+cfg_for = config_for
 
 
 def _final_state(run_dir):
