@@ -29,15 +29,11 @@ def scalar_metrics(row: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def flat_params(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def flat_params(data: dict[str, Any]) -> dict[str, str]:
     """A nested config mapping as dotted ``key: str(value)`` pairs (MLflow parameters)."""
-    out: dict[str, str] = {}
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            out.update(flat_params(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = str(value)[:500]
-    return out
+    from splitfl.metrics.report import flatten
+
+    return {k: str(v)[:500] for k, v in flatten(data).items()}
 
 
 class TensorBoardTracker:
