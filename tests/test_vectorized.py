@@ -221,3 +221,7 @@ def test_cpu_default_is_the_reference_loop_and_gpu_default_is_vmap():
     assert VectorizedExecutor("cpu").mode == "reference"
     assert VectorizedExecutor("cpu", use_vmap=False).mode == "rows"
     assert VectorizedExecutor("cuda").mode == "vmap"  # constructing touches no GPU
+
+
+def test_every_executor_is_listed():
+    assert set(splitfl.catalog()["executors"]) == set(EXECUTORS)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 def catalog() -> dict[str, dict[str, str]]:
-    """``{"algorithms"|"models"|"datasets"|"device_presets": {name: description}}``."""
+    """``{"algorithms"|"models"|"datasets"|"device_presets"|"compositions"|"executors":
+    {name: description}}``."""
     from splitfl.algorithms import ALGORITHMS, ALIASES
     from splitfl.data.base import DATASETS, dataset_names
     from splitfl.models.registry import MODELS, model_names
@@ -22,4 +23,9 @@ def catalog() -> dict[str, dict[str, str]]:
         "datasets": {name: DATASETS[name].description for name in dataset_names()},
         "device_presets": presets,
         "compositions": {name: ":".join(map(str, w)) for name, w in COMPOSITIONS.items()},
+        "executors": {
+            "sequential": "reference loop: one client after another (the papers' own code)",
+            "vectorized": "clients batched as rows of stacked parameters (vmap on GPUs; the "
+            "reference loop on CPU unless forced); same results",
+        },
     }
