@@ -75,6 +75,7 @@ class RowStack:
     lr: torch.Tensor
     momentum: dict[str, torch.Tensor] = field(default_factory=dict)
     started: dict[str, torch.Tensor] = field(default_factory=dict)
+    row_leaves: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def from_states(
@@ -132,6 +133,31 @@ class RowStack:
     def zero_grad(self) -> None:
         for p in self.params.values():
             p.grad = None
+        self.row_leaves.clear()
+
+    def row_param(self, key: str, row: int) -> torch.Tensor:
+        """Row ``row`` of parameter ``key`` as its own leaf for this step (shares the stack's
+        storage). Row-by-row calls differentiate these instead of views of the stack, whose
+        backward would materialise a full-stack-sized gradient per row;
+        :meth:`collect_row_grads` moves their gradients into the stack."""
+        leaf = self.row_leaves.get((key, row))
+        if leaf is None:
+            leaf = self.params[key][row].detach().requires_grad_(True)
+            self.row_leaves[key, row] = leaf
+        return leaf
+
+    def collect_row_grads(self) -> None:
+        """Add the row leaves' gradients into the stacked parameters' ``.grad``."""
+        if not self.row_leaves:
+            return
+        for (key, row), leaf in self.row_leaves.items():
+            if leaf.grad is None:
+                continue
+            p = self.params[key]
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            p.grad[row] += leaf.grad
+        self.row_leaves.clear()
 
 
 def _expand(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -144,6 +170,7 @@ def sgd_rows(
     """``torch.optim.SGD`` (no dampening, not Nesterov) applied to each row independently:
     d = g + λ·p; b = d on a row's first update, else μ·b + d; p ← p − η_row·b. Rows where
     ``masks[name]`` is False (no gradient this step) are left untouched."""
+    stack.collect_row_grads()
     with torch.no_grad():
         for name, p in stack.params.items():
             g = p.grad
@@ -416,7 +443,7 @@ class VectorizedExecutor:
             outs, after = [], {k: [] for k in keys if k in stack.buffers}
             for i, r in enumerate(rows):
                 own = {k: stack.buffers[k][r].clone() for k in after}
-                params = {k: stack.params[k][r] for k in keys if k in stack.params}
+                params = {k: stack.row_param(k, r) for k in keys if k in stack.params}
                 outs.append(call(params, own, x[i]))
                 for k, v in own.items():
                     after[k].append(v)
@@ -572,6 +599,7 @@ class VectorizedExecutor:
             torch.stack(total).sum().backward()
             chain_buffers(stack, results, momenta)
             counts = overlap_counts(ring.order, ring.lengths, n, [w.task.client for w in active])
+            stack.collect_row_grads()
             with torch.no_grad():
                 for key, p in stack.params.items():
                     b = block_index(key)
