@@ -171,29 +171,36 @@ def sgd_rows(
     d = g + λ·p; b = d on a row's first update, else μ·b + d; p ← p − η_row·b. Rows where
     ``masks[name]`` is False (no gradient this step) are left untouched."""
     stack.collect_row_grads()
+    lrs = stack.lr.tolist()
+    same_lr = lrs[0] if all(lr == lrs[0] for lr in lrs) else None
     with torch.no_grad():
         for name, p in stack.params.items():
             g = p.grad
             mask = masks.get(name)
             if g is None or mask is None or not bool(mask.any()):
                 continue
-            d = g.add(p, alpha=weight_decay) if weight_decay else g
+            every = bool(mask.all())
+            d = g.add_(p, alpha=weight_decay) if weight_decay else g
             if momentum:
                 started = stack.started.setdefault(
                     name, torch.zeros(stack.rows, dtype=torch.bool, device=p.device)
                 )
                 buf = stack.momentum.get(name)
-                fresh = (
-                    d.clone()
-                    if buf is None
-                    else torch.where(_expand(started, d), buf.mul(momentum).add_(d), d)
-                )
-                buf = fresh if buf is None else torch.where(_expand(mask, d), fresh, buf)
+                if buf is None:
+                    buf = d.clone()
+                elif every and bool(started.all()):  # the common case, in place
+                    buf.mul_(momentum).add_(d)
+                else:
+                    fresh = torch.where(_expand(started, d), buf.mul(momentum).add_(d), d)
+                    buf = torch.where(_expand(mask, d), fresh, buf)
                 stack.momentum[name] = buf
                 started |= mask
                 d = buf
-            step = p - _expand(stack.lr, p) * d
-            p.copy_(torch.where(_expand(mask, p), step, p))
+            if every and same_lr is not None:
+                p.add_(d, alpha=-same_lr)
+            else:
+                step = p - _expand(stack.lr, p) * d
+                p.copy_(torch.where(_expand(mask, p), step, p))
 
 
 def chain_ema(start: torch.Tensor, results: torch.Tensor, momentum: float) -> torch.Tensor:
