@@ -265,12 +265,12 @@ class VectorizedExecutor:
         max_rows: int | None = None,
     ):
         self.device = torch.device(device)
-        #: How buckets run: ``vmap`` (default on GPUs), ``rows`` (one call per row on views of
-        #: the stacked state) or ``reference`` (default on CPU: the sequential loop itself).
-        #: On 2 CPU cores neither batched mode beats the loop — vmap's grouped convolutions
-        #: took 13.5 s vs 8.9 s for 10 ResNet-8 clients at batch 128, and ``rows`` ran at
-        #: 0.79–0.94× sequential (benchmarks/README.md) — so CPU runs use the loop unless a
-        #: mode is forced with ``use_vmap`` (the tests force both).
+        #: How buckets run: ``vmap`` (default on GPUs), ``rows`` (one call per row on row
+        #: leaves sharing the stacked state) or ``reference`` (default on CPU: the sequential
+        #: loop itself). On 2 CPU cores neither batched mode reliably beats the loop — vmap's
+        #: grouped convolutions ran at 0.49× for 10 ResNet-8 clients at batch 128, ``rows`` at
+        #: 0.70–1.25× (benchmarks/README.md) — so CPU runs use the loop unless a mode is
+        #: forced with ``use_vmap`` (the tests force both).
         if use_vmap is None:
             self.mode = "vmap" if self.device.type != "cpu" else "reference"
         else:
