@@ -160,3 +160,25 @@ def test_checkpoint_round_trip_for_every_algorithm(algorithm, tmp_path):
     a, b = _final_state(full.run_dir), _final_state(resumed.run_dir)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert resumed.metrics[-1]["sim_time"] == full.metrics[-1]["sim_time"]
+
+
+def test_threads_limits_torch_and_blas_during_the_run_only(tmp_path, monkeypatch):
+    """``threads: 1`` holds BLAS (numpy/scipy) to one thread while the run lasts, so scipy's
+    optimisers give the same digits in a shell and in a Ray worker; limits are restored."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from splitfl.engine.executor import SequentialExecutor
+
+    seen = []
+    original = SequentialExecutor.run_round
+
+    def spy(self, *args, **kwargs):
+        seen.extend(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SequentialExecutor, "run_round", spy)
+    with threadpool_limits(limits=2, user_api="blas"):
+        splitfl.run(tiny_config(rounds=1, threads=1), run_dir=tmp_path / "r")
+        after = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    assert seen and set(seen) == {1}
+    assert after and set(after) == {2}  # back to the outer limit

@@ -101,9 +101,11 @@ class ExperimentConfig:
     ``executor`` picks the training engine (``sequential`` reference loop or ``vectorized``
     batched clients), ``device`` where it trains (``cpu``, ``cuda``, ``cuda:N`` or ``auto``),
     ``precision`` ``fp32`` or ``bf16`` autocast, ``channels_last`` the image memory layout.
-    ``threads`` sets torch's intra-op threads (default 1: per-client mini-batches of small
-    models run fastest single-threaded, and busy-waiting thread pools collapse when several
-    processes share a few cores; null keeps torch's default, better for big models on CPU).
+    ``threads`` sets torch's intra-op threads and the BLAS libraries' threads during the run
+    (default 1: per-client mini-batches of small models run fastest single-threaded, busy-waiting
+    thread pools collapse when several processes share a few cores, and scipy's optimisers give
+    the same digits in a shell and in a Ray worker; null keeps the libraries' defaults, better
+    for big models on CPU).
     """
 
     algorithm: str = "s2fl"

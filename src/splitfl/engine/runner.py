@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
 from splitfl.algorithms import Algorithm, resolve_algorithm
@@ -201,8 +202,12 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
     config, ctx, algorithm = prep.config, prep.ctx, prep.algorithm
     device = resolve_device(config.device)
     executor = make_executor(config.executor, device, config.precision, config.channels_last)
+    blas = None
     if config.threads is not None:
+        # torch's and the BLAS libraries' (numpy/scipy: MergeSFL's SLSQP, …) thread counts:
+        # a run gives the same numbers wherever it runs (Ray workers default BLAS to 1 thread)
         torch.set_num_threads(config.threads)
+        blas = threadpool_limits(limits=config.threads, user_api="blas")
     global_state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
     clock, cum = SimClock(), Traffic()
     first_round, wall_offset = 0, 0.0
@@ -288,6 +293,8 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
         ) from err
     finally:
         bar.close()
+        if blas is not None:
+            blas.restore_original_limits()
         trackers.close()
         summary = summarize(rows, config.eval.target_accuracy, status)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
