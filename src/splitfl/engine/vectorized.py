@@ -104,13 +104,8 @@ class RowStack:
     def gather(self, rows: list[int], keys: Iterable[str]) -> tuple[dict, dict]:
         """Parameters (differentiable w.r.t. the stack) and buffers of ``rows``: the stack's
         own tensors when ``rows`` is every row in order (updated in place by BatchNorm), else
-        parameter views/copies and buffer copies (see :meth:`scatter_buffers`)."""
-        if rows == list(range(self.rows)):
-            pick = None
-        elif len(rows) == 1:
-            pick = slice(rows[0], rows[0] + 1)
-        else:
-            pick = torch.tensor(rows, device=self.lr.device)
+        copies (see :meth:`scatter_buffers`)."""
+        pick = None if rows == list(range(self.rows)) else torch.tensor(rows, device=self.lr.device)
         params, buffers = {}, {}
         for k in keys:
             if k in self.params:
@@ -251,6 +246,18 @@ class _Round:
     momenta: dict[str, float | None]
     x_all: torch.Tensor
     y_all: torch.Tensor
+    parts: dict[tuple[int, int], tuple[ModelPart, list[str]]] = field(default_factory=dict)
+
+    def part(self, start: int, stop: int) -> tuple[ModelPart, list[str]]:
+        """Blocks ``[start, stop)`` of the round's model and their state keys (built once)."""
+        if (start, stop) not in self.parts:
+            self.parts[start, stop] = _part(self.model, start, stop)
+        return self.parts[start, stop]
+
+
+def _part(model: BlockModel, start: int, stop: int) -> tuple[ModelPart, list[str]]:
+    part = ModelPart(model, start, stop)
+    return part, list(part.state_dict())
 
 
 class VectorizedExecutor:
@@ -275,11 +282,10 @@ class VectorizedExecutor:
             self.mode = "vmap" if self.device.type != "cpu" else "reference"
         else:
             self.mode = "vmap" if use_vmap else "rows"
-        self.use_vmap = self.mode == "vmap"
         #: rows per batched call: all of a step's workers on GPUs; one group at a time on CPU,
         #: where batching gains nothing and holding every client's activations costs (100
         #: ResNet-8 clients at batch 128: 38 s vs 17 s sequential before this limit)
-        self.max_rows = max_rows if max_rows is not None else (None if self.use_vmap else 1)
+        self.max_rows = max_rows if max_rows is not None else (None if self.mode == "vmap" else 1)
         self.precision = precision
         self.channels_last = channels_last
         self.reference = SequentialExecutor(device, precision, channels_last)
@@ -288,18 +294,17 @@ class VectorizedExecutor:
 
     @staticmethod
     def batchable(plan: RoundPlan, model: BlockModel) -> bool:
-        """Whether the plan runs vectorised (else: the reference executor)."""
-        if plan.ring is not None:
-            return True
-        if plan.server_mode != "per_step" or plan.mixup_alpha:
-            return False
-        if plan.device_loss != "server":
-            return False
-        return all(
+        """Whether the plan runs vectorised (else: the reference executor). BatchNorm with a
+        cumulative average (``momentum=None``) has no closed-form chaining (:func:`chain_ema`)."""
+        ema_norms = all(
             m.momentum is not None
             for m in model.modules()
             if isinstance(m, nn.modules.batchnorm._BatchNorm)
         )
+        if plan.ring is not None:
+            return ema_norms
+        split_plan = plan.server_mode == "per_step" and plan.device_loss == "server"
+        return split_plan and not plan.mixup_alpha and ema_norms
 
     def _train_data(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = ctx.bundle.train.x, ctx.bundle.train.y
@@ -425,6 +430,7 @@ class VectorizedExecutor:
     def _forward(
         self,
         module: nn.Module,
+        keys: list[str],
         stack: RowStack,
         rows: list[int],
         x: torch.Tensor,
@@ -432,16 +438,16 @@ class VectorizedExecutor:
         **kwargs,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``module`` with the state of ``stack``'s ``rows`` (row i on ``x[i]``): one vmap, or
-        row by row on views of the stacked parameters. Returns the outputs and each row's
+        row by row on row leaves of the stacked parameters. Returns the outputs and each row's
         buffers after its forward; the stack's buffers are updated in place only where they
-        are the returned tensors and ``keep_stack_buffers`` is False."""
-        keys = list(module.state_dict())
+        are the returned tensors and ``keep_stack_buffers`` is False. ``keys``: the module's
+        state keys."""
 
         def call(p, b, xb):
             return functional_call(module, (p, b), (xb,), kwargs)
 
         with precision_context(self.device, self.precision):
-            if self.use_vmap and len(rows) > 1:
+            if self.mode == "vmap" and len(rows) > 1:
                 params, buffers = stack.gather(rows, keys)
                 if keep_stack_buffers:
                     buffers = {k: v.clone() for k, v in buffers.items()}
@@ -466,21 +472,20 @@ class VectorizedExecutor:
     def _step(self, round_: _Round, active: list[_Row], step: int) -> None:
         """One iteration of every active worker (the batched twin of the sequential
         executor's ``_split_step``)."""
-        model, plan = round_.model, round_.plan
+        plan = round_.plan
         device_stacks, server_stack = round_.device_stacks, round_.server_stack
         member_order, momenta = round_.member_order, round_.momenta
         x_all, y_all = round_.x_all, round_.y_all
-        n = model.num_blocks
+        n = round_.model.num_blocks
         buckets: dict[tuple[int, int], list[_Row]] = {}
         for r in active:
             buckets.setdefault((r.cut, len(r.batches[step])), []).append(r)
-        sent = []  # (bucket, fx, fx_server, y, per-row loss sums)
+        sent = []  # (bucket, fx, fx_server, y)
         for (cut, _), bucket in buckets.items():
             stack = device_stacks[cut]
-            part = ModelPart(model, 0, cut)
             row_idx = [r.row for r in bucket]
             x, y = self._batch(bucket, step, x_all, y_all)
-            out, buffers = self._forward(part, stack, row_idx, x)
+            out, buffers = self._forward(*round_.part(0, cut), stack, row_idx, x)
             stack.scatter_buffers(row_idx, buffers)
             if cut >= n:  # the whole model on the device (FedAvg)
                 losses = _row_losses(out, y)
@@ -494,38 +499,35 @@ class VectorizedExecutor:
             return
         group_loss: dict[int, list] = {}
         bn_results: dict[str, list] = {}
+        server_losses = []
         for bucket, _, fs, y in sent:
             cut = bucket[0].cut
-            part = ModelPart(model, cut, n)
             grows = [r.group_row for r in bucket]
             out, buffers = self._forward(
-                part, server_stack, grows, fs, keep_stack_buffers=True, start=cut
+                *round_.part(cut, n), server_stack, grows, fs, keep_stack_buffers=True, start=cut
             )
             losses = _row_losses(out, y)
             _check_finite(losses, bucket)
+            server_losses.append(losses)
             for i, r in enumerate(bucket):
-                group_loss.setdefault(r.group_row, []).append((r, losses[i], y.shape[1]))
+                group_loss.setdefault(r.group_row, []).append((losses[i], y.shape[1]))
                 for k, v in buffers.items():
                     bn_results.setdefault(k, []).append((r, v[i]))
+        group_samples = {g: sum(s for _, s in members) for g, members in group_loss.items()}
         total = []
-        for members in group_loss.values():
-            sums = torch.stack([ls for _, ls, _ in members])
-            sizes = [s for *_, s in members]
+        for g, members in group_loss.items():
             if plan.group_loss == "mean":
-                total.append(sums.sum() / sum(sizes))
+                total.append(torch.stack([ls for ls, _ in members]).sum() / group_samples[g])
             else:
-                total.append(sum(ls / s for _, ls, s in members))
+                total.append(sum(ls / s for ls, s in members))
         torch.stack(total).sum().backward()
         self._combine_server_buffers(server_stack, bn_results, member_order, momenta)
-        for bucket, fx, fs, y in sent:
+        for (bucket, fx, fs, y), losses in zip(sent, server_losses, strict=True):
             grad = fs.grad
             if plan.device_grad == "own" and plan.group_loss == "mean":
-                scale = [sum(s for *_, s in group_loss[r.group_row]) / y.shape[1] for r in bucket]
+                scale = [group_samples[r.group_row] / y.shape[1] for r in bucket]
                 grad = grad * _expand(torch.tensor(scale, device=grad.device), grad)
             fx.backward(grad)
-            losses = torch.stack(
-                [next(ls for m, ls, _ in group_loss[r.group_row] if m is r) for r in bucket]
-            )
             _account(bucket, losses.detach(), y.shape[1])
 
     @staticmethod
@@ -554,7 +556,7 @@ class VectorizedExecutor:
         states = [base if t.init_state is None else {**base, **t.init_state} for t in tasks]
         stack = RowStack.from_states(full, states, [t.lr for t in tasks], self.device)
         row = {t.client: i for i, t in enumerate(tasks)}
-        blocks = [ModelPart(model, b, b + 1) for b in range(n)]
+        blocks = [_part(model, b, b + 1) for b in range(n)]
         momenta = _bn_momenta(full)
         owner = {}
         for t in tasks:
@@ -588,9 +590,9 @@ class VectorizedExecutor:
             for bucket in buckets.values():
                 x, y = self._batch(bucket, step, x_all, y_all)
                 h = x
-                for b, part in enumerate(blocks):
+                for b, (part, keys) in enumerate(blocks):
                     rows = [owner[w.task.client, b] for w in bucket]
-                    h, buffers = self._forward(part, stack, rows, h, keep_stack_buffers=True)
+                    h, buffers = self._forward(part, keys, stack, rows, h, keep_stack_buffers=True)
                     for k, v in buffers.items():
                         results.setdefault(k, []).extend(
                             (r, rank[id(w)], v[i])
@@ -606,13 +608,17 @@ class VectorizedExecutor:
             torch.stack(total).sum().backward()
             chain_buffers(stack, results, momenta)
             counts = overlap_counts(ring.order, ring.lengths, n, [w.task.client for w in active])
+            rates = [  # per block, per row: lr (v2: × |U_j,(k)|), 0 where no batch passed
+                torch.tensor(
+                    [lr * (c if ring.dynamic_lr else 1) * (c > 0) for c in per_row],
+                    device=self.device,
+                )
+                for per_row in zip(*(counts[t.client] for t in tasks), strict=True)
+            ]
             stack.collect_row_grads()
             with torch.no_grad():
                 for key, p in stack.params.items():
-                    b = block_index(key)
-                    per_row = [counts[t.client][b] for t in tasks]
-                    rates = [lr * (c if ring.dynamic_lr else 1) * (c > 0) for c in per_row]
-                    p.sub_(_expand(torch.tensor(rates, device=p.device), p) * p.grad)
+                    p.sub_(_expand(rates[block_index(key)], p) * p.grad)
             stack.zero_grad()
         updates = [
             ClientUpdate(
