@@ -26,6 +26,12 @@ class NonFiniteLossError(RuntimeError):
     """Training produced a NaN/inf loss."""
 
 
+def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in fp32 when autocast produced a lower precision; fp32/fp64 kept as they are
+    (fp64 runs are how the equivalence tests compare executors free of kernel-order noise)."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
 def _sgd(module: nn.Module, lr: float, config) -> torch.optim.Optimizer:
     params = [p for p in module.parameters() if p.requires_grad]
     return torch.optim.SGD(
@@ -134,7 +140,8 @@ class SequentialExecutor:
             trainable = nn.ModuleList([part])
             if plan.device_loss == "local" and task.cut < n:
                 elems = ctx.profile.blocks[task.cut - 1].out_elements
-                aux = aux_head(elems, ctx.bundle.num_classes).to(self.device)
+                dtype = next(model.parameters()).dtype
+                aux = aux_head(elems, ctx.bundle.num_classes).to(self.device, dtype)
                 if task.aux_state is not None:
                     aux.load_state_dict(task.aux_state)
                 trainable.append(aux)
@@ -219,7 +226,7 @@ class SequentialExecutor:
     def _fwd(self, module: nn.Module, x: torch.Tensor, **kwargs) -> torch.Tensor:
         """``module(x)`` under the configured precision; logits/features back in fp32."""
         with precision_context(self.device, self.precision):
-            return module(x, **kwargs).float()
+            return at_least_fp32(module(x, **kwargs))
 
     def _split_step(self, workers, server, server_opt, step, fetch, plan, gen) -> None:
         """One iteration of a group: device forwards, one server step on the combined loss

@@ -57,9 +57,19 @@ class Prepared:
     algorithm: Algorithm
 
 
-def prepare(config: ExperimentConfig) -> Prepared:
-    """Build the context and the algorithm; every check that needs the data runs here."""
+def prepare(config: ExperimentConfig, dtype: torch.dtype | None = None) -> Prepared:
+    """Build the context and the algorithm; every check that needs the data runs here.
+
+    ``dtype`` (tests only, e.g. ``torch.float64``) converts the model and the data before the
+    algorithm copies anything from them. Executor equivalence is checked in float64: there the
+    rounding noise of different kernel choices (oneDNN's grouped convolutions under vmap vs.
+    one convolution per client differ by ~1e-7 in fp32, amplified by small-batch BatchNorm)
+    falls to ~1e-16, while a real discrepancy stays of the order of the update itself."""
     ctx = build_context(config)
+    if dtype is not None:
+        ctx.model.to(dtype)
+        for split in (ctx.bundle.train, ctx.bundle.test):
+            split.x = split.x.to(dtype)
     cls, options = resolve_algorithm(config.algorithm, config.options)
     if getattr(options, "cut", None) is not None:
         ctx.resolve_cut(options.cut, config.algorithm)

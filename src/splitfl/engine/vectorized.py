@@ -53,6 +53,7 @@ from splitfl.algorithms.base import ClientUpdate, RoundPlan, RoundResult
 from splitfl.engine.executor import (
     NonFiniteLossError,
     SequentialExecutor,
+    at_least_fp32,
     client_batches,
     precision_context,
     to_memory_format,
@@ -89,7 +90,8 @@ class RowStack:
                 params[key] = stacked.requires_grad_(True)
             else:
                 buffers[key] = stacked
-        lr = torch.tensor(lrs, dtype=torch.float32, device=device)
+        dtype = next(iter(params.values())).dtype if params else torch.float32
+        lr = torch.tensor(lrs, dtype=dtype, device=device)
         return cls(params, buffers, lr)
 
     @property
@@ -452,7 +454,7 @@ class VectorizedExecutor:
                 if keep_stack_buffers:
                     buffers = {k: v.clone() for k, v in buffers.items()}
                 out = vmap(call, randomness="different")(params, buffers, x)
-                return out.float(), buffers
+                return at_least_fp32(out), buffers
             outs, after = [], {k: [] for k in keys if k in stack.buffers}
             for i, r in enumerate(rows):
                 own = {k: stack.buffers[k][r].clone() for k in after}
@@ -460,7 +462,7 @@ class VectorizedExecutor:
                 outs.append(call(params, own, x[i]))
                 for k, v in own.items():
                     after[k].append(v)
-            return torch.stack(outs).float(), {k: torch.stack(v) for k, v in after.items()}
+            return at_least_fp32(torch.stack(outs)), {k: torch.stack(v) for k, v in after.items()}
 
     def _batch(self, bucket: list[_Row], step: int, x_all, y_all):
         idx = torch.stack([r.batches[step] for r in bucket]).to(self.device)
@@ -526,7 +528,8 @@ class VectorizedExecutor:
             grad = fs.grad
             if plan.device_grad == "own" and plan.group_loss == "mean":
                 scale = [group_samples[r.group_row] / y.shape[1] for r in bucket]
-                grad = grad * _expand(torch.tensor(scale, device=grad.device), grad)
+                factor = torch.tensor(scale, dtype=grad.dtype, device=grad.device)
+                grad = grad * _expand(factor, grad)
             fx.backward(grad)
             _account(bucket, losses.detach(), y.shape[1])
 
@@ -600,7 +603,9 @@ class VectorizedExecutor:
                         )
                 means = _row_losses(h, y) / y.shape[1]
                 _check_finite(means, bucket)
-                weights = torch.tensor([ring.weights[w.task.client] for w in bucket])
+                weights = torch.tensor(
+                    [ring.weights[w.task.client] for w in bucket], dtype=means.dtype
+                )
                 total.append((weights.to(means.device) * means).sum())
                 for w, loss in zip(bucket, means.detach().tolist(), strict=True):
                     w.samples += y.shape[1]
@@ -611,6 +616,7 @@ class VectorizedExecutor:
             rates = [  # per block, per row: lr (v2: × |U_j,(k)|), 0 where no batch passed
                 torch.tensor(
                     [lr * (c if ring.dynamic_lr else 1) * (c > 0) for c in per_row],
+                    dtype=stack.lr.dtype,
                     device=self.device,
                 )
                 for per_row in zip(*(counts[t.client] for t in tasks), strict=True)
@@ -650,7 +656,7 @@ def chain_buffers(stack: RowStack, results: dict[str, list], momenta: dict) -> N
 
 def _row_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Per-row summed cross-entropy of ``[rows, batch, classes]`` logits."""
-    flat = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
+    flat = F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), y.flatten(), reduction="none")
     return flat.view(y.shape).sum(1)
 
 
