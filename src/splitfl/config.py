@@ -30,7 +30,10 @@ class DataConfig:
     """Dataset and partition. ``alpha`` is the Dirichlet concentration (S²FL's ``a``,
     MergeSFL's ``δ``); ``p = 1/δ`` may be given instead (``p = 0`` means IID).
     ``dirichlet_cap`` stops dealing to clients that hold ``N/num_clients`` samples already
-    (NIID-Bench/FedMR rule; needed for small alpha with many small clients)."""
+    (NIID-Bench/FedMR rule; needed for small alpha with many small clients).
+    ``verify`` compares standard files (MNIST, Fashion-MNIST, CIFAR-10/100) holding the canonical
+    number of samples with their published MD5s: ``warn`` (one line naming the file), ``strict``
+    (an error) or ``off``."""
 
     dataset: str = "digits"
     root: str | None = None
@@ -41,6 +44,7 @@ class DataConfig:
     classes_per_client: int = 2
     num_clients: int = 20
     min_samples: int = 10
+    verify: str = "warn"
 
 
 @dataclass(frozen=True)
@@ -345,6 +349,7 @@ def validate(config: ExperimentConfig) -> None:
     before the run directory is created."""
     from splitfl.algorithms import algorithm_names, resolve_algorithm
     from splitfl.data import PARTITIONERS, dataset_names
+    from splitfl.data.base import VERIFY_MODES
     from splitfl.engine.executor import EXECUTORS, PRECISIONS
     from splitfl.models import model_names
     from splitfl.system.devices import COMPOSITIONS, PRESETS
@@ -368,6 +373,7 @@ def validate(config: ExperimentConfig) -> None:
     _check(d.classes_per_client >= 1, "data.classes_per_client", "must be >= 1")
     _check(d.num_clients >= 1, "data.num_clients", f"must be >= 1 (got {d.num_clients})")
     _check(d.min_samples >= 1, "data.min_samples", f"must be >= 1 (got {d.min_samples})")
+    _choice(d.verify, list(VERIFY_MODES), "data.verify")
     v = config.devices
     _choice(v.preset, sorted(PRESETS), "devices.preset")
     _choice(v.composition, list(COMPOSITIONS), "devices.composition")

@@ -178,10 +178,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_data_warnings() -> None:
+    """Show :class:`~splitfl.data.base.DatasetWarning` as one ``warning: ...`` line (like the
+    ``error: ...`` lines); other warnings keep Python's format."""
+    import warnings
+
+    from splitfl.data.base import DatasetWarning
+
+    shown = warnings.showwarning
+    if getattr(shown, "splitfl_data", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+        if issubclass(category, DatasetWarning):
+            print(f"warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show.splitfl_data = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
-    from splitfl.data.base import DatasetNotFoundError
+    from splitfl.data.base import DatasetError
     from splitfl.engine.executor import NonFiniteLossError
 
+    _one_line_data_warnings()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     stray = [e for e in extra if "=" not in e or e.startswith("-")]
@@ -191,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         args.args = [*getattr(args, "args", []), *extra]
     try:
         return args.fn(args)
-    except (ConfigError, DatasetNotFoundError) as err:
+    except (ConfigError, DatasetError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except NonFiniteLossError as err:

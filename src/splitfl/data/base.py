@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,8 +11,28 @@ import numpy as np
 import torch
 
 
-class DatasetNotFoundError(FileNotFoundError):
+class DatasetError(ValueError):
+    """A dataset cannot be used; ``str(err)`` is one line naming the file or folder at fault.
+
+    The CLI turns it into ``error: ...`` with exit code 2 before any run directory exists."""
+
+
+class DatasetNotFoundError(DatasetError, FileNotFoundError):
     """A dataset's files are missing; the message names the path and the expected files."""
+
+
+class DatasetFileError(DatasetError):
+    """A dataset file is corrupt or inconsistent (unreadable, wrong counts, shapes, dtypes or
+    labels, or, with ``data.verify: strict``, not the canonical file); the message names it."""
+
+
+class DatasetWarning(UserWarning):
+    """Something about a dataset's files is worth a one-line note (e.g. a checksum differs)."""
+
+
+#: ``data.verify`` modes: compare standard files with their published checksums and warn,
+#: fail, or skip the comparison (see :mod:`splitfl.data.loaders._checksums`).
+VERIFY_MODES = ("warn", "strict", "off")
 
 
 @dataclass
@@ -77,13 +98,54 @@ def dataset_names() -> list[str]:
     return sorted(DATASETS)
 
 
-def load_dataset(name: str, root: str | Path | None = None, **options) -> DatasetBundle:
-    """Load registered dataset ``name`` from ``root`` (ignored by embedded datasets)."""
+def load_dataset(
+    name: str, root: str | Path | None = None, verify: str = "warn", **options
+) -> DatasetBundle:
+    """Load registered dataset ``name`` from ``root`` (ignored by embedded datasets).
+
+    ``verify`` (one of :data:`VERIFY_MODES`) goes to the loaders that know published checksums
+    (MNIST, Fashion-MNIST, CIFAR-10/100). Every bundle is checked by :func:`check_bundle`.
+    Raises :class:`DatasetError` (one line) for missing, corrupt or inconsistent files.
+    """
     _load_all()
     if name not in DATASETS:
         raise KeyError(f"unknown dataset {name!r}; choose one of {', '.join(sorted(DATASETS))}")
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
     spec = DATASETS[name]
-    return spec.loader(Path(root) if root is not None else None, **options)
+    if "verify" in inspect.signature(spec.loader).parameters:
+        options["verify"] = verify
+    bundle = spec.loader(Path(root) if root is not None else None, **options)
+    check_bundle(bundle, f"{name}: files in {root}")
+    return bundle
+
+
+def _check_split(part: ArrayDataset, split: str, bundle: DatasetBundle, where: str) -> None:
+    def fail(message: str) -> None:
+        raise DatasetFileError(f"{where}: {split} split {message}")
+
+    n = len(part.x)
+    if n == 0:
+        fail("holds no samples")
+    if part.y.dtype != torch.int64 or tuple(part.y.shape) != (n,):
+        fail(f"labels must be int64 [{n}], got {part.y.dtype} {list(part.y.shape)}")
+    if tuple(part.x.shape[1:]) != tuple(bundle.input_shape):
+        fail(f"inputs have shape {list(part.x.shape[1:])}, expected {list(bundle.input_shape)}")
+    lo, hi = int(part.y.min()), int(part.y.max())
+    if lo < 0 or hi >= bundle.num_classes:
+        fail(f"labels span {lo}..{hi}, outside 0..{bundle.num_classes - 1}")
+    if part.writers is not None and part.writers.shape != (n,):
+        fail(f"has {part.writers.shape[0]} writer ids for {n} samples")
+    if part.x.is_floating_point() and not bool(torch.isfinite(part.x).all()):
+        fail("holds NaN or infinite input values")
+
+
+def check_bundle(bundle: DatasetBundle, where: str) -> None:
+    """Invariants every loader's output must meet, whatever the format: both splits non-empty,
+    int64 labels in ``0..num_classes-1``, inputs of ``input_shape``, finite values, one writer
+    id per sample. Raises a one-line :class:`DatasetFileError` starting with ``where``."""
+    for split, part in (("train", bundle.train), ("test", bundle.test)):
+        _check_split(part, split, bundle, where)
 
 
 def require_files(folder: Path, names: list[str], dataset: str) -> None:

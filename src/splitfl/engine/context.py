@@ -121,15 +121,26 @@ def _dirichlet_alpha(config: ExperimentConfig) -> tuple[str, float | None]:
     return d.partition, d.alpha
 
 
+def _check_label_range(config: ExperimentConfig, bundle: DatasetBundle, outputs: int) -> None:
+    """Every label must index one of the model's ``outputs`` logits (else cross-entropy fails
+    mid-run with an IndexError)."""
+    top = max(int(bundle.train.y.max()), int(bundle.test.y.max()))
+    if top >= outputs:
+        raise ConfigError(
+            "model",
+            f"{config.model} has {outputs} outputs but {config.data.dataset} labels reach {top}",
+        )
+
+
 def build_context(config: ExperimentConfig) -> RunContext:
     """Load data, partition it, draw devices, build the model and its profile.
 
     Raises:
         ConfigError: where the config does not fit the data or the model.
-        DatasetNotFoundError: where the dataset's files are missing.
+        DatasetError: where the dataset's files are missing, corrupt or inconsistent.
     """
     d = config.data
-    bundle = load_dataset(d.dataset, d.root)
+    bundle = load_dataset(d.dataset, d.root, verify=d.verify)
     n_train = len(bundle.train)
     if d.num_clients * d.min_samples > n_train:
         raise ConfigError(
@@ -165,12 +176,13 @@ def build_context(config: ExperimentConfig) -> RunContext:
     try:
         model = build_model(config.model, bundle.input_shape, bundle.num_classes)
         with torch.no_grad():
-            model.eval()(bundle.train.x[:2])
+            logits = model.eval()(bundle.train.x[:2])
     except (RuntimeError, ValueError) as err:
         raise ConfigError(
             "model",
             f"{config.model} does not fit {d.dataset} inputs {bundle.input_shape}: "
             f"{str(err).splitlines()[0]}",
         ) from err
+    _check_label_range(config, bundle, int(logits.shape[-1]))
     profile = profile_model(config.model, bundle.input_shape, bundle.num_classes)
     return RunContext(config, bundle, parts, hist, population, model, profile)

@@ -80,7 +80,7 @@ def validate(
     config: ExperimentConfig | str | Path | dict, overrides: list[str] | None = None
 ) -> str:
     """Check a config and that it fits its data and model, without running (``splitfl
-    validate``). Returns a one-line description; raises ConfigError / DatasetNotFoundError."""
+    validate``). Returns a one-line description; raises ConfigError / DatasetError."""
     cfg = as_config(config, overrides)
     ctx = prepare(cfg).ctx
     return (

@@ -201,7 +201,7 @@ def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:
 def check_data(trials: list[Trial], folder: Path | None = None) -> list[Trial]:
     """Data/model checks (``splitfl validate``) for each valid trial (skipping those already
     finished in ``folder``); a failing one comes back with its error and no config."""
-    from splitfl.data.base import DatasetNotFoundError
+    from splitfl.data.base import DatasetError
     from splitfl.engine.runner import prepare
 
     out = []
@@ -214,7 +214,7 @@ def check_data(trials: list[Trial], folder: Path | None = None) -> list[Trial]:
         if t.config is not None and not finished:
             try:
                 prepare(t.config)
-            except (ConfigError, DatasetNotFoundError) as err:
+            except (ConfigError, DatasetError) as err:
                 t = Trial(t.index, t.name, t.values, None, str(err))
         out.append(t)
     return out

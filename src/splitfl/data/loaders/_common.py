@@ -1,14 +1,68 @@
-"""Helpers shared by the on-disk loaders: locating a dataset's folder and normalising images."""
+"""Helpers shared by the on-disk loaders: locating a dataset's folder, turning decoding failures
+and inconsistent contents into one-line errors that name the file, normalising images."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from splitfl.data.base import ArrayDataset, DatasetNotFoundError
+from splitfl.data.base import ArrayDataset, DatasetError, DatasetFileError, DatasetNotFoundError
+
+
+def file_error(dataset: str, path: Path | str, message: str) -> DatasetFileError:
+    """The one-line error ``<dataset>: <path>: <message>``."""
+    return DatasetFileError(f"{dataset}: {path}: {message}")
+
+
+@contextmanager
+def reading(dataset: str, path: Path | str) -> Iterator[None]:
+    """Decode ``path`` inside this block; any failure becomes a one-line :class:`DatasetFileError`.
+
+    The decoders of the standard formats (gzip/zlib, idx, pickle, zip/npz, json, csv, wave,
+    numpy's text parser) raise a dozen unrelated exception types on truncated or bit-flipped
+    input (``EOFError``, ``zlib.error``, ``BadZipFile``, ``UnpicklingError``, ``KeyError``,
+    ``UnicodeDecodeError``, ...); every one of them means the file is unusable, so all
+    ``Exception``s are reported as such, naming the file and the decoder's first message line.
+    ``DatasetError`` passes through unchanged (it names its file already).
+    """
+    try:
+        yield
+    except DatasetError:
+        raise
+    except Exception as err:  # noqa: BLE001  (see the docstring)
+        detail = (str(err).strip().splitlines() or [""])[0][:200]
+        reason = f"{type(err).__name__}: {detail}" if detail else type(err).__name__
+        raise file_error(dataset, path, f"unreadable or corrupt ({reason})") from err
+
+
+def check_labels(
+    labels: object, num_classes: int, dataset: str, path: Path | str, count: int | None = None
+) -> np.ndarray:
+    """``labels`` as int64 ``[N]``, checked: integers, one per sample (``count``), each in
+    ``0..num_classes-1``; else a one-line :class:`DatasetFileError` naming ``path``."""
+    arr = np.asarray(labels)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise file_error(
+            dataset,
+            path,
+            f"labels must be a list of integers, got {arr.dtype} array of shape {list(arr.shape)}",
+        )
+    if count is not None and len(arr) != count:
+        raise file_error(dataset, path, f"holds {len(arr)} labels for {count} samples")
+    arr = arr.astype(np.int64)
+    bad = np.flatnonzero((arr < 0) | (arr >= num_classes))
+    if bad.size:
+        i = int(bad[0])
+        raise file_error(
+            dataset,
+            path,
+            f"label {arr[i]} at index {i} is outside 0..{num_classes - 1} ({bad.size} such labels)",
+        )
+    return arr
 
 
 def _has_all(folder: Path, names: Sequence[str], suffixes: Sequence[str]) -> bool:

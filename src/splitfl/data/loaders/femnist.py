@@ -14,6 +14,10 @@ Two on-disk formats, looked for in ``root/FEMNIST/`` or ``root`` itself:
 
 Both give float32 ``[N, 1, 28, 28]`` as ``(x/255 - 0.5)/0.5`` (npz) = ``(x - 0.5)/0.5`` (json):
 identical tensors for identical images; the LEAF white background is kept (it becomes +1).
+Checks (one-line :class:`~splitfl.data.base.DatasetFileError` naming the file): the npz/json
+decodes; npz ``x`` is uint8 ``[N, 28, 28]`` (or ``[N, 784]``) and ``y``/``writer``/``split``
+are integer ``[N]``; json users have as many 784-value rows in [0, 1] as labels; labels are in
+0..61; both splits are non-empty.
 LEAF writers get ids in order of first appearance (train files, then test files, files in
 natural order), so a writer has the same id in train and test.
 """
@@ -27,9 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from splitfl.data.base import DatasetBundle, DatasetNotFoundError, register_dataset
-from splitfl.data.loaders._common import to_dataset
+from splitfl.data.loaders._common import check_labels, file_error, reading, to_dataset
 
 NPZ_KEYS = ("x", "y", "writer", "split")
+NUM_CLASSES = 62
 _MEAN, _STD = (0.5,), (0.5,)
 
 
@@ -42,19 +47,65 @@ def _bundle(train: tuple, test: tuple) -> DatasetBundle:
         x, y, w = part
         return to_dataset(x.reshape(-1, 1, 28, 28), y, _MEAN, _STD, w)
 
-    return DatasetBundle("femnist", make(train), make(test), 62, (1, 28, 28))
+    return DatasetBundle("femnist", make(train), make(test), NUM_CLASSES, (1, 28, 28))
+
+
+def _npz_arrays(path: Path) -> tuple[np.ndarray, ...]:
+    """``x, y, writer, split`` of the npz at ``path``, checked for dtypes and shapes."""
+    with reading("femnist", path), np.load(path) as z:
+        missing = [k for k in NPZ_KEYS if k not in z.files]
+        if missing:
+            raise file_error("femnist", path, f"lacks keys {', '.join(missing)}")
+        x, y, w, split = (z[k] for k in NPZ_KEYS)
+    n = len(x) if x.ndim else 0
+    if x.dtype != np.uint8 or x.shape[1:] not in ((28, 28), (784,)):
+        raise file_error(
+            "femnist", path, f"x is {x.dtype} {list(x.shape)}, expected uint8 [N, 28, 28]"
+        )
+    for key, arr in (("writer", w), ("split", split)):
+        if arr.shape != (n,) or arr.dtype.kind not in "iu":
+            got = f"{arr.dtype} {list(arr.shape)}"
+            raise file_error("femnist", path, f"{key} is {got}, expected integers [{n}]")
+    return x, check_labels(y, NUM_CLASSES, "femnist", path, count=n), w, split
 
 
 def load_femnist_npz(path: Path, train_split_value: int = 0) -> DatasetBundle:
     """Load the compact npz layout (see the module docstring)."""
-    with np.load(path) as z:
-        missing = [k for k in NPZ_KEYS if k not in z.files]
-        if missing:
-            raise ValueError(f"femnist: {path} lacks keys {', '.join(missing)}")
-        x, y, w, split = (z[k] for k in NPZ_KEYS)
+    x, y, w, split = _npz_arrays(path)
     is_train = split == train_split_value
-    parts = [(x[m], y[m].astype(np.int64), w[m].astype(np.int64)) for m in (is_train, ~is_train)]
+    if is_train.all() or not is_train.any():
+        side = "train" if not is_train.any() else "test"
+        raise file_error(
+            "femnist", path, f"no {side} samples (split == {train_split_value} marks train)"
+        )
+    parts = [(x[m], y[m], w[m].astype(np.int64)) for m in (is_train, ~is_train)]
     return _bundle(parts[0], parts[1])
+
+
+def _leaf_user(path: Path, blob: dict, user: str) -> tuple[np.ndarray, np.ndarray]:
+    """One LEAF user's images ``[n, 784]`` in [0, 1] and labels, checked."""
+    data = blob["user_data"][user]
+    x = np.asarray(data["x"], dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] != 784:
+        raise file_error(
+            "femnist", path, f"user {user}: x has shape {list(x.shape)}, expected [n, 784]"
+        )
+    if not np.isfinite(x).all() or x.min(initial=0) < 0 or x.max(initial=0) > 1:
+        raise file_error("femnist", path, f"user {user}: x values outside [0, 1]")
+    y = check_labels(data["y"], NUM_CLASSES, "femnist", f"{path} (user {user})", count=len(x))
+    return x, y
+
+
+def _read_leaf(path: Path) -> dict:
+    with reading("femnist", path), open(path) as fh:
+        blob = json.load(fh)
+    if (
+        not isinstance(blob, dict)
+        or not isinstance(blob.get("users"), list)
+        or not isinstance(blob.get("user_data"), dict)
+    ):
+        raise file_error("femnist", path, "expected a LEAF json object with users and user_data")
+    return blob
 
 
 def load_femnist_leaf(train_dir: Path, test_dir: Path) -> DatasetBundle:
@@ -64,14 +115,14 @@ def load_femnist_leaf(train_dir: Path, test_dir: Path) -> DatasetBundle:
     for folder in (train_dir, test_dir):
         xs, ys, ws = [], [], []
         for path in sorted(folder.glob("*.json"), key=_natural_key):
-            with open(path) as fh:
-                blob = json.load(fh)
+            blob = _read_leaf(path)
             for user in blob["users"]:
-                data = blob["user_data"][user]
+                with reading("femnist", path):
+                    x, y = _leaf_user(path, blob, user)
                 wid = ids.setdefault(user, len(ids))
-                xs.append(np.asarray(data["x"], dtype=np.float64).reshape(-1, 784))
-                ys.append(np.asarray(data["y"], dtype=np.int64))
-                ws.append(np.full(len(data["y"]), wid, dtype=np.int64))
+                xs.append(x)
+                ys.append(y)
+                ws.append(np.full(len(y), wid, dtype=np.int64))
         if not xs:
             raise DatasetNotFoundError(f"femnist: no LEAF users in {folder}/*.json")
         parts.append((np.concatenate(xs), np.concatenate(ys), np.concatenate(ws)))

@@ -11,6 +11,10 @@ As MergeSFL (``ymliao98/MergeSFL``, CNN-H input, see the public-implementation f
 raw inertial signals are stacked, in :data:`SIGNALS` order, into float32 ``[N, 1, 128, 9]``
 (no normalisation) and labels become 0..5. Subject ids are kept as ``ArrayDataset.writers``
 (train and test volunteers are disjoint), so a by-subject natural partition works.
+
+Checks (one-line :class:`~splitfl.data.base.DatasetFileError` naming the file): every file
+parses as numbers, signal files hold 128 finite values per row, all files of a split hold the
+same number of rows, labels are 1..6.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 import torch
 
 from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetNotFoundError, register_dataset
+from splitfl.data.loaders._common import file_error, reading
 
 SIGNALS = [
     "body_acc_x",
@@ -44,26 +49,40 @@ def split_files(split: str) -> list[str]:
     return signals + [f"{split}/y_{split}.txt", f"{split}/subject_{split}.txt"]
 
 
-def _read_ints(path: Path) -> np.ndarray:
-    return np.loadtxt(path, dtype=np.int64, ndmin=1)
+def _read_ints(path: Path, count: int) -> np.ndarray:
+    """One integer per row, ``count`` rows."""
+    with reading("har", path):
+        arr = np.loadtxt(path, dtype=np.int64, ndmin=1)
+    if arr.ndim != 1 or len(arr) != count:
+        raise file_error("har", path, f"holds {list(arr.shape)} values, expected {count} rows")
+    return arr
+
+
+def _read_signal(path: Path) -> np.ndarray:
+    """``[N, 128]`` finite float32 readings of one signal file."""
+    with reading("har", path):
+        arr = np.loadtxt(path, dtype=np.float64, ndmin=2)
+    if arr.shape[1] != WINDOW:
+        raise file_error("har", path, f"has {arr.shape[1]} values per row, expected {WINDOW}")
+    if not np.isfinite(arr).all():
+        raise file_error("har", path, "holds NaN or infinite readings")
+    return arr.astype(np.float32)
 
 
 def _read_split(folder: Path, split: str) -> ArrayDataset:
-    signals = []
-    for name in SIGNALS:
-        path = folder / split / "Inertial Signals" / f"{name}_{split}.txt"
-        arr = np.loadtxt(path, dtype=np.float64, ndmin=2)
-        if arr.shape[1] != WINDOW:
-            raise ValueError(f"har: {path} has {arr.shape[1]} values per row, expected {WINDOW}")
-        signals.append(arr.astype(np.float32))
-    y = _read_ints(folder / split / f"y_{split}.txt")
-    subjects = _read_ints(folder / split / f"subject_{split}.txt")
-    n = len(y)
-    counts = {s.shape[0] for s in signals} | {len(subjects)}
-    if counts != {n}:
-        raise ValueError(f"har: {split} files in {folder} disagree on the number of windows")
-    if n and (y.min() < 1 or y.max() > NUM_CLASSES):
-        raise ValueError(f"har: labels in {folder / split} outside 1..{NUM_CLASSES}")
+    paths = [folder / split / "Inertial Signals" / f"{name}_{split}.txt" for name in SIGNALS]
+    signals = [_read_signal(p) for p in paths]
+    n = len(signals[0])
+    for path, arr in zip(paths, signals, strict=True):
+        if len(arr) != n:
+            raise file_error("har", path, f"holds {len(arr)} windows but {paths[0].name} {n}")
+    y_path = folder / split / f"y_{split}.txt"
+    y = _read_ints(y_path, n)
+    bad = np.flatnonzero((y < 1) | (y > NUM_CLASSES))
+    if bad.size:
+        i = int(bad[0])
+        raise file_error("har", y_path, f"label {y[i]} in row {i + 1} is outside 1..{NUM_CLASSES}")
+    subjects = _read_ints(folder / split / f"subject_{split}.txt", n)
     x = np.stack(signals, axis=-1)[:, None]  # [N, 1, 128, 9]
     return ArrayDataset(
         torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y - 1), subjects.copy()

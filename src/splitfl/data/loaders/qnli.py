@@ -8,7 +8,9 @@ is the test split (as ParallelSFL's 104,743 / 5,463 counts, paper §5.1).
 
 The files are read with ``csv`` (tab delimiter, ``QUOTE_NONE``: QNLI text holds stray quote
 characters). A row whose field count differs from the header's, or whose label is neither
-``entailment`` nor ``not_entailment``, is skipped and counted; a warning names the count.
+``entailment`` nor ``not_entailment``, is skipped and counted; a warning names the count. A file
+that cannot be decoded (not UTF-8, broken header) or holds no well-formed row is a one-line
+:class:`~splitfl.data.base.DatasetFileError` naming it.
 
 Tokenizer (deterministic, no vocabulary download): lower-case, split into runs of Unicode
 letters/digits, word ``w`` → ``2 + crc32(utf-8(w)) mod (VOCAB_SIZE - 2)``; id 0 is PAD and id 1
@@ -30,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splitfl.data.base import ArrayDataset, DatasetBundle, register_dataset
-from splitfl.data.loaders._common import find_folder
+from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetWarning, register_dataset
+from splitfl.data.loaders._common import file_error, find_folder, reading
 from splitfl.models.zoo.transformer import PAD_ID, SEP_ID, VOCAB_SIZE
 
 LABELS = {"entailment": 0, "not_entailment": 1}
@@ -76,7 +78,8 @@ def read_tsv(path: Path, limit: int | None = None) -> QnliRows:
         reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
         header = next(reader, None)
         if header is None or not set(COLUMNS) <= set(header):
-            raise ValueError(f"qnli: {path} header {header} lacks columns {', '.join(COLUMNS)}")
+            missing = ", ".join(COLUMNS)
+            raise file_error("qnli", path, f"header {header} lacks columns {missing}")
         q_col, s_col, y_col = (header.index(c) for c in COLUMNS)
         for row in reader:
             if limit is not None and len(rows.labels) >= limit:
@@ -91,9 +94,13 @@ def read_tsv(path: Path, limit: int | None = None) -> QnliRows:
 
 
 def _encode(path: Path, seq_len: int, limit: int | None) -> ArrayDataset:
-    rows = read_tsv(path, limit)
+    with reading("qnli", path):
+        rows = read_tsv(path, limit)
+    if not rows.labels:
+        raise file_error("qnli", path, f"holds no well-formed rows ({rows.skipped} malformed)")
     if rows.skipped:
-        warnings.warn(f"qnli: skipped {rows.skipped} malformed rows of {path}", stacklevel=2)
+        msg = f"qnli: skipped {rows.skipped} malformed rows of {path}"
+        warnings.warn(msg, DatasetWarning, stacklevel=2)
     cache: dict[str, list[int]] = {}  # questions repeat across QNLI rows
 
     def ids(text: str) -> list[int]:

@@ -15,6 +15,8 @@ trimmed to 16,000 samples: ``[N, 1, 16000]`` (raw waveform at 16 kHz as in Merge
 the PyTorch M5 tutorial). Writers are speaker ids (file name before ``_nohash_``) numbered in
 sorted order over both splits. The full set is about 105k clips, ~6.7 GB as float32;
 ``max_per_class`` keeps the first files (sorted by path) of each class in each split.
+An unreadable WAV or list file (truncated header, not RIFF, not UTF-8) is a one-line
+:class:`~splitfl.data.base.DatasetFileError` naming it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 
 from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetNotFoundError, register_dataset
-from splitfl.data.loaders._common import find_folder
+from splitfl.data.loaders._common import file_error, find_folder, reading
 
 SAMPLE_RATE = 16_000
 NUM_SAMPLES = 16_000  # one second
@@ -39,9 +41,11 @@ def read_wav(path: Path, length: int = NUM_SAMPLES) -> np.ndarray:
     """16-bit mono 16 kHz WAV → float32 ``[length]`` in [-1, 1), zero-padded or trimmed."""
     with wave.open(str(path), "rb") as fh:
         if fh.getsampwidth() != 2 or fh.getnchannels() != 1 or fh.getframerate() != SAMPLE_RATE:
-            raise ValueError(
-                f"speech_commands: {path} is not 16-bit mono {SAMPLE_RATE} Hz "
-                f"({8 * fh.getsampwidth()}-bit, {fh.getnchannels()} ch, {fh.getframerate()} Hz)"
+            raise file_error(
+                "speech_commands",
+                path,
+                f"is not 16-bit mono {SAMPLE_RATE} Hz "
+                f"({8 * fh.getsampwidth()}-bit, {fh.getnchannels()} ch, {fh.getframerate()} Hz)",
             )
         frames = fh.readframes(min(fh.getnframes(), length))
     samples = np.frombuffer(frames, dtype="<i2")
@@ -56,7 +60,9 @@ def speaker_of(rel_path: str) -> str:
 
 
 def _read_list(path: Path) -> list[str]:
-    lines = (line.strip().replace("\\", "/") for line in path.read_text().splitlines())
+    with reading("speech_commands", path):
+        text = path.read_text(encoding="utf-8")
+    lines = (line.strip().replace("\\", "/") for line in text.splitlines())
     return [line for line in lines if line]
 
 
@@ -79,7 +85,8 @@ def _to_dataset(
 ) -> ArrayDataset:
     x = np.empty((len(files), 1, NUM_SAMPLES), dtype=np.float32)
     for i, rel in enumerate(files):
-        x[i, 0] = read_wav(folder / rel)
+        with reading("speech_commands", folder / rel):
+            x[i, 0] = read_wav(folder / rel)
     y = np.asarray([labels[rel.split("/", 1)[0]] for rel in files], dtype=np.int64)
     w = np.asarray([speakers[speaker_of(rel)] for rel in files], dtype=np.int64)
     return ArrayDataset(torch.from_numpy(x), torch.from_numpy(y), w)
