@@ -251,21 +251,20 @@ class S2FL(Algorithm):
         cuts, split_info = self.choose_cuts(round_idx, clients)
         groups, group_info = self.choose_groups(clients, rng)
         tasks = [self.make_task(c, cuts[c], groups[c], round_idx) for c in clients]
-        plan = RoundPlan(
+        return RoundPlan(
             tasks=tasks,
             server_mode="per_step",
             group_loss=self.options.group_loss,
             device_grad=self.options.device_grad,
             info={**split_info, **group_info},
         )
-        self._round = (plan, {})
-        return plan
 
     def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
         """The shared cost model; remembered for pricing the group barrier in round_time."""
         cost = super().client_cost(task, samples, round_idx, plan)
-        if self._round[0] is plan:
-            self._round[1][task.client] = (task, cost, samples)
+        if self._round[0] is not plan:
+            self._round = (plan, {})
+        self._round[1][task.client] = (task, cost, samples)
         return cost
 
     def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
