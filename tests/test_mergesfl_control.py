@@ -216,8 +216,9 @@ def test_finetune_keeps_feasible_input_and_never_worsens_kl():
 def test_scale_to_budget_by_hand():
     # factor in [10/3, 3.4): 10·s → 33, 20·s → 67, 100 bytes; s = 3.4 would use 102
     assert scale_to_budget(np.array([10.0, 20.0]), 1.0, 100.0).tolist() == [33, 67]
+    # one common factor capped at D / max d = 50/20: the largest reaches D, ratio 1:2 kept
     assert scale_to_budget(np.array([10.0, 20.0]), 1.0, 100.0, max_batch=50).tolist() == [
-        50,
+        25,
         50,
     ]
     assert scale_to_budget(np.array([40.0, 80.0]), 1.0, 30.0).tolist() == [10, 20]  # down
@@ -256,3 +257,76 @@ def test_arrange_workers_end_to_end():
     assert info["kl_after"] == pytest.approx(
         kl_divergence(label_mixture(batch, dists[sel], np.arange(sel.size)), iid_reference(dists))
     )
+
+
+def test_regulation_keeps_zero_batches_for_workers_slower_than_d_times_the_fastest():
+    # per-sample times 1, 2, 40, 100 with D = 32: 32, 16, ⌊0.8⌋ = 0, ⌊0.32⌋ = 0
+    r = np.array([1.0, 2.0, 40.0, 100.0])
+    assert regulate_batch_sizes(r, np.zeros(4), 32, min_batch=0).tolist() == [32, 16, 0, 0]
+    assert regulate_batch_sizes(r, np.zeros(4), 32).tolist() == [32, 16, 1, 1]  # AdaSFL's floor
+
+
+def test_arrange_workers_never_selects_workers_whose_batch_would_be_zero():
+    # 2 fast workers with one class each, 2 too-slow workers holding the other classes: the
+    # KL-only GA would love the slow ones, but they cannot keep pace even at one sample
+    dists = np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]], dtype=float)
+    mu, beta = np.array([1.0, 2.0, 40.0, 100.0]), np.zeros(4)
+    sel, batch, info = arrange_workers(
+        dists, mu, beta, np.zeros(4), 1.0, 1000.0, 32, 1.0, np.random.default_rng(0)
+    )
+    assert sel.tolist() == [0, 1] and info["excluded"] == 2
+    # line 7: one common factor capped so the largest batch is D = 32; 32:16 kept
+    assert batch.tolist() == [32, 16]
+
+
+def test_scale_to_budget_common_factor_keeps_proportions_and_largest_reaches_d():
+    # room for everything: s = 64/16 = 4 -> 8·4, 12·4, 16·4 (largest = D, ratios 2:3:4 kept)
+    assert scale_to_budget(np.array([8.0, 12.0, 16.0]), 1.0, 1e6, max_batch=64).tolist() == [
+        32,
+        48,
+        64,
+    ]
+    # budget binds first: largest s with 8s + 12s + 16s <= 72 (floored) is s = 2
+    assert scale_to_budget(np.array([8.0, 12.0, 16.0]), 1.0, 72.0, max_batch=64).tolist() == [
+        16,
+        24,
+        32,
+    ]
+
+
+def _synthetic_80(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """80 jetson80 workers (100x compute spread, 1-30 Mb/s) on a compute-heavy model."""
+    from splitfl.system.devices import draw_population
+
+    pop = draw_population("jetson80", 80, np.random.default_rng(seed))
+    q = 1600.0
+    mu = np.array([1e9 / pop.at(c, 0).flops for c in range(80)])
+    beta = np.array([2 * q / pop.at(c, 0).uplink for c in range(80)])
+    dists = np.random.default_rng(100 + seed).dirichlet(np.full(10, 0.5), size=80)
+    return dists, mu, beta
+
+
+@pytest.mark.parametrize("seed", [1, 2, 4])  # draws with workers > 32x slower than the fastest
+def test_ga_selection_iteration_time_spread_is_at_most_2x_on_80_workers(seed):
+    """Eq. (9) sizes of the selected workers keep their iteration times within 2x of each other
+    (floored at 1, slow workers made 2-3.3x stragglers that the GA selected)."""
+    dists, mu, beta = _synthetic_80(seed)
+    q, d_max = 1600.0, 32
+    sel, _, info = arrange_workers(
+        dists,
+        mu,
+        beta,
+        np.zeros(80),
+        q,
+        10 * d_max * q,
+        d_max,
+        0.01,
+        np.random.default_rng(seed),
+        tau=10,
+    )
+    r = mu + beta
+    eq9 = np.maximum(np.floor(d_max * r.min() / r[sel] * (1 + 1e-9)), 1)
+    times = eq9 * r[sel]
+    assert times.max() / times.min() <= 2.0
+    assert np.all(np.floor(d_max * r.min() / r[sel] * (1 + 1e-9)) >= 1)
+    assert info["excluded"] > 0

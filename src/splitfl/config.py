@@ -49,12 +49,16 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class DevicesConfig:
-    """Device population: a preset, its High:Mid:Low composition, seeded time jitter."""
+    """Device population: a preset, its High:Mid:Low composition, seeded time jitter, and
+    time-varying speed/bandwidth (``variation``: σ of per-client log-normal factors on FLOPS and
+    on link rates, redrawn every ``variation_period`` rounds; 0 = static profiles)."""
 
     preset: str = "s2fl_table1"
     composition: str = "uniform"
     jitter: float = 0.0
     label_bytes: int = 0
+    variation: float = 0.0
+    variation_period: int = 1
 
 
 @dataclass(frozen=True)
@@ -379,6 +383,8 @@ def validate(config: ExperimentConfig) -> None:
     _choice(v.composition, list(COMPOSITIONS), "devices.composition")
     _check(v.jitter >= 0, "devices.jitter", f"must be >= 0 (got {v.jitter})")
     _check(v.label_bytes >= 0, "devices.label_bytes", "must be >= 0")
+    _check(v.variation >= 0, "devices.variation", f"must be >= 0 (got {v.variation})")
+    _check(v.variation_period >= 1, "devices.variation_period", "must be >= 1")
     t = config.train
     _check(
         1 <= t.clients_per_round <= d.num_clients,

@@ -11,7 +11,8 @@ minimiser of their product
 (p_i = |D_i|/Σ|D|, G_i a bound on client i's gradient norm, t_i its round time) — the
 structure of the paper's solution; splitfl estimates G_i by a moving average of
 ‖w_i − w‖ / (η·steps) of the client's last update (mean of known values for unseen clients)
-and t_i by its measured round time (Eq. 1 profile estimate until measured). Aggregation is
+and t_i by its measured round time (until measured: the median of the measured clients'
+times, 1.0 before any — no device profile is read). Aggregation is
 the unbiased estimator w ← w + Σ_k p_{i_k} / (K·q_{i_k}) · (w_{i_k} − w). Full model on the
 devices (FL), as in the paper.
 """
@@ -25,6 +26,7 @@ import torch
 
 from splitfl.algorithms.base import Algorithm, RoundPlan, RoundReport, RoundResult
 from splitfl.algorithms.mergesfl_control import moving_average
+from splitfl.algorithms.state_estimation import fill_unmeasured
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,7 @@ class AdaSampling(Algorithm):
         known = [g for g in self.grad_norm if g is not None]
         default_g = float(np.mean(known)) if known else 1.0
         g = np.array([default_g if v is None else v for v in self.grad_norm])
-        full = self.ctx.num_blocks
-        t = np.array(
-            [
-                self.ctx.nominal_time(c, full, round_idx) if v is None else v
-                for c, v in enumerate(self.time)
-            ]
-        )
+        t = fill_unmeasured(self.time)  # never measured: median measured time, no profile
         return sampling_probabilities(p, g, t, self.options.min_probability)
 
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:

@@ -3,17 +3,19 @@ Size Regulation"): spec ``papers/mergesfl.md`` §IV (Alg. 1, Eq. 5–17).
 
 * **State estimation (§IV-A, Eq. 5–6):** :class:`~splitfl.algorithms.state_estimation.
   WorkerStateEstimator` (moving averages, ``ema`` = 0.8, of per-sample computing time μ and
-  transmission time β; shared with AdaSFL and ParallelSFL).
+  transmission time β measured on the clock in the worker's own rounds; shared with AdaSFL).
 * **PS ingress budget B^h.** With ``ingress_mbps`` set, the PS's available ingress bandwidth
   varies per round (uniform ±``ingress_jitter``, seeded) and B^h is the moving average of what
   previous rounds observed. Eq. (10) compares bytes per *iteration*, so the budget in bytes is
   B^h × the fastest worker's iteration time at the maximum batch (D·(μ_l+β_l), Eq. 7).
   With ``ingress_mbps: null`` (default) the budget is the feature bytes of
   ``train.clients_per_round`` workers at the maximum batch, so comparisons with baselines that
-  select ``clients_per_round`` workers use the same server ingress.
+  select ``clients_per_round`` workers use the same server ingress; the same rule applies
+  before any worker has been measured (μ, β unknown).
 * **Worker arrangement (Alg. 1):** :mod:`splitfl.algorithms.mergesfl_control` (Eq. 9 batch
-  regulation with D = ``train.batch_size``, Eq. 13 priorities, GA on KL(Φ_h‖Φ_0) under Eq. 10,
-  SLSQP fine-tuning to KL ≤ ``epsilon`` with minimal Eq. 14, proportional scaling to the budget).
+  regulation with D = ``train.batch_size``, workers whose Eq. 9 batch is 0 not selectable,
+  Eq. 13 priorities, GA on KL(Φ_h‖Φ_0) under Eq. 10, SLSQP fine-tuning to KL ≤ ``epsilon``
+  with minimal Eq. 14, one common scale factor to the budget with the largest batch ≤ D).
 * **Training (§IV-B):** worker learning rate ∝ batch size (η_i = η·d_i/D, Eq. 15); feature
   merging — every iteration the selected workers' activations are concatenated into one batch
   for one top-model step on the mean loss over the merged batch (Eq. 16), and each worker gets
@@ -106,7 +108,7 @@ class MergeSFL(Algorithm):
         """B^h in bytes per iteration (see module docstring)."""
         d_max = self.ctx.config.train.batch_size
         c = self.state.bytes_per_sample()
-        if self.options.ingress_mbps is None:
+        if self.options.ingress_mbps is None or not self.state.any_measured:
             return self.ctx.config.train.clients_per_round * d_max * c
         rate = self.ingress_estimate or self.options.ingress_mbps * MBPS
         return rate * d_max * float(np.min(mu + beta))

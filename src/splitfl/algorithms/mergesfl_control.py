@@ -14,7 +14,11 @@ Algorithm 1 (worker arrangement and configuration in round h):
 Readings of the paper where it is silent or ambiguous (see ``reference/spec-gaps.md``):
 
 * Eq. (9) as printed, ``d_i = d_l·⌊(μ_l+β_l)/(μ_i+β_i)⌋``, floors a ratio ≤ 1 and gives 0 to
-  every worker slower than l; it is read as ``d_i = max(1, ⌊D·(μ_l+β_l)/(μ_i+β_i)⌋)``.
+  every worker slower than l; it is read as ``d_i = ⌊D·(μ_l+β_l)/(μ_i+β_i)⌋``, and workers
+  whose d_i is 0 cannot keep pace with l even at one sample, so they are not selectable this
+  round (flooring them at 1 made stragglers the KL-only GA happily picked).
+* Line 7 scales all sizes by one common factor, capped so the largest reaches D (capping each
+  size at D separately breaks the proportionality of Eq. 9).
 * GA settings (population, generations, rates, elite count, m = ⌈init_fraction·N⌉) and ε are
   arguments, since the paper does not give them.
 * Line 6 ("a Lagrange dual problem") is solved numerically with SLSQP on the equivalent primal
@@ -56,13 +60,17 @@ def moving_average(previous, measured, alpha: float = 0.8):
 # ------------------------------------------------------------------------ batch size and time
 
 
-def regulate_batch_sizes(mu: np.ndarray, beta: np.ndarray, max_batch: int) -> np.ndarray:
-    """Eq. (9), lines 1-2 of Alg. 1: ``d_i = max(1, ⌊D·(μ_l+β_l)/(μ_i+β_i)⌋)``.
+def regulate_batch_sizes(
+    mu: np.ndarray, beta: np.ndarray, max_batch: int, min_batch: int = 1
+) -> np.ndarray:
+    """Eq. (9), lines 1-2 of Alg. 1: ``d_i = max(min_batch, ⌊D·(μ_l+β_l)/(μ_i+β_i)⌋)``.
 
     ``l = argmin(μ+β)`` is the fastest worker and gets ``D = max_batch``. The printed Eq. (9)
     floors the ratio before multiplying by ``d_l`` (which would give 0 to every slower worker),
-    so the product is floored instead, with a floor of 1 sample. A relative 1e-9 guard keeps
-    exact quotients (e.g. 64·0.5/1) from rounding down by float error.
+    so the product is floored instead. ``min_batch = 0`` keeps the 0 of workers that cannot
+    keep pace with l even at one sample (MergeSFL excludes them, :func:`arrange_workers`);
+    ``min_batch = 1`` gives them one sample (AdaSFL, which shortens their τ instead). A relative
+    1e-9 guard keeps exact quotients (e.g. 64·0.5/1) from rounding down by float error.
     """
     per_sample = np.asarray(mu, dtype=np.float64) + np.asarray(beta, dtype=np.float64)
     if per_sample.size == 0:
@@ -71,7 +79,7 @@ def regulate_batch_sizes(mu: np.ndarray, beta: np.ndarray, max_batch: int) -> np
         raise ValueError("μ_i + β_i must be positive for every worker")
     ideal = max_batch * per_sample.min() / per_sample
     batch = np.floor(ideal * (1.0 + 1e-9)).astype(np.int64)
-    return np.clip(batch, 1, max_batch)
+    return np.clip(batch, min_batch, max_batch)
 
 
 def iteration_times(
@@ -194,6 +202,7 @@ def ga_select(
     crossover_rate: float = 0.9,
     elite: int = 2,
     init_fraction: float = 0.5,
+    phi0: np.ndarray | None = None,
 ) -> np.ndarray:
     """Lines 3-5 of Alg. 1: genetic search for the worker set minimising ``KL(Φ_h ‖ Φ_0)``.
 
@@ -215,8 +224,9 @@ def ga_select(
       probability ``crossover_rate`` (else a copy of the first parent), independent bit-flip
       mutation with probability ``mutation_rate`` per gene, then repair.
 
-    Deterministic for a given ``rng`` state. Raises ``ValueError`` if no single worker fits
-    the budget. Returns the best set found, as sorted worker indices.
+    ``phi0`` overrides Φ_0 (when ``label_dists`` holds only the eligible workers, Φ_0 is still
+    the mean over all N). Deterministic for a given ``rng`` state. Raises ``ValueError`` if no
+    single worker fits the budget. Returns the best set found, as sorted worker indices.
     """
     dists = np.asarray(label_dists, dtype=np.float64)
     d = np.asarray(batch, dtype=np.float64)
@@ -230,7 +240,7 @@ def ga_select(
         raise ValueError(
             f"bandwidth budget {budget} is below the smallest worker's use {cost.min()} (Eq. 10)"
         )
-    phi0 = iid_reference(dists)
+    phi0 = iid_reference(dists) if phi0 is None else np.asarray(phi0, dtype=np.float64)
     population = max(1, population)
     elite = min(max(0, elite), population)
 
@@ -388,7 +398,7 @@ def finetune_batch_sizes(
 
 
 def _scaled(batch: np.ndarray, factor: float, cap: int | None) -> np.ndarray:
-    out = np.maximum(np.floor(batch * factor), 1.0)
+    out = np.maximum(np.floor(batch * factor * (1.0 + 1e-9)), 1.0)
     if cap is not None:
         out = np.minimum(out, cap)
     return out.astype(np.int64)
@@ -397,14 +407,16 @@ def _scaled(batch: np.ndarray, factor: float, cap: int | None) -> np.ndarray:
 def scale_to_budget(
     batch: np.ndarray, bytes_per_sample: float, budget: float, max_batch: int | None = None
 ) -> np.ndarray:
-    """Line 7 of Alg. 1: one common factor s, ``d_i' = max(1, ⌊s·d_i⌋)`` (capped at max_batch).
+    """Line 7 of Alg. 1: one common factor s for all, ``d_i' = max(1, ⌊s·d_i⌋)``.
 
     s is the largest factor whose integer sizes still satisfy Eq. (10), ``Σ d_i'·c ≤ B``, found
-    by bisection on s (the use is a non-decreasing step function of s). Flooring after scaling
-    loses less than one sample per worker, so the unused budget is below ``c·(number of workers
-    whose size steps up at the next breakpoint)``. If every worker is capped at ``max_batch``
-    within budget, all get ``max_batch``. Raises ``ValueError`` if even one sample per worker
-    exceeds the budget. Integers ≥ 1 are returned.
+    by bisection on s (the use is a non-decreasing step function of s). With ``max_batch`` = D,
+    s is capped at ``D / max_i d_i`` so the largest batch reaches at most D and the sizes stay
+    proportional ("scale up or down proportionally"); capping each size at D separately
+    would flatten the ratios that align the workers' iteration times (Eq. 9). Flooring after
+    scaling loses less than one sample per worker, so below the cap the unused budget is below
+    ``c·(number of workers whose size steps up at the next breakpoint)``. Raises
+    ``ValueError`` if even one sample per worker exceeds the budget. Integers ≥ 1 are returned.
     """
     d = np.asarray(batch, dtype=np.float64)
     if d.size == 0:
@@ -418,8 +430,11 @@ def scale_to_budget(
 
     if d.size * bytes_per_sample > limit:
         raise ValueError(f"{d.size} workers at one sample each exceed the budget {budget}")
-    hi = (max(budget / bytes_per_sample + 1.0, max_batch or 0) + 1.0) / d.min()
-    if used(hi) <= limit:  # only reachable when every worker is capped
+    if max_batch is None:
+        hi = (budget / bytes_per_sample + 2.0) / d.min()
+    else:
+        hi = max_batch / d.max()
+    if used(hi) <= limit:  # the cap (largest batch = D) binds before the budget
         return _scaled(d, hi, max_batch)
     lo = 0.0
     for _ in range(200):
@@ -455,15 +470,28 @@ def arrange_workers(
     indices) and an info dict: ``kl_before`` (GA set with Eq. 9 sizes), ``kl_finetuned`` (after
     line 6), ``kl_after`` (final integer sizes), ``delta`` (Eq. 14 of line 6),
     ``waiting_time`` (Eq. 8 over the selected workers, final sizes), ``bandwidth`` (Σ d_i·c).
-    ``ga_options`` are passed to :func:`ga_select`.
+    ``ga_options`` are passed to :func:`ga_select`. Workers whose Eq. (9) batch is 0 (slower
+    per sample than D× the fastest worker: even one sample would make them stragglers) are not
+    offered to the GA; ``excluded`` counts them. Φ_0 stays the mean over all N workers.
     """
     dists = np.asarray(label_dists, dtype=np.float64)
     mu = np.asarray(mu, dtype=np.float64)
     beta = np.asarray(beta, dtype=np.float64)
-    batch = regulate_batch_sizes(mu, beta, max_batch)
-    prio = priorities(participation)
-    selected = ga_select(dists, batch, bytes_per_sample, budget, prio, rng, **ga_options)
+    batch = regulate_batch_sizes(mu, beta, max_batch, min_batch=0)
     phi0 = iid_reference(dists)
+    eligible = np.flatnonzero(batch >= 1)
+    prio = priorities(participation)[eligible]
+    chosen = ga_select(
+        dists[eligible],
+        batch[eligible],
+        bytes_per_sample,
+        budget,
+        prio,
+        rng,
+        phi0=phi0,
+        **ga_options,
+    )
+    selected = eligible[chosen]
     d0 = batch[selected].astype(np.float64)
     kl_before = kl_divergence(label_mixture(d0, dists[selected], np.arange(selected.size)), phi0)
     tuned = finetune_batch_sizes(
@@ -480,5 +508,6 @@ def arrange_workers(
         "delta": waiting_increase(tuned, d0, mu[selected], beta[selected]),
         "waiting_time": average_waiting_time(times),
         "bandwidth": float(final.sum() * bytes_per_sample),
+        "excluded": float(batch.size - eligible.size),
     }
     return selected, final, info

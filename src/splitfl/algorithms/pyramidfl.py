@@ -28,6 +28,7 @@ import numpy as np
 
 from splitfl.algorithms.base import Algorithm, RoundPlan, RoundReport
 from splitfl.algorithms.mergesfl_control import moving_average
+from splitfl.algorithms.state_estimation import fill_unmeasured
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,12 @@ class PyramidFL(Algorithm):
         self.last_round = [0] * n
 
     def expected_time(self, client: int, steps: int, round_idx: int) -> float:
+        """Measured time per step × steps; never measured: the median measured per-step time
+        (1.0 before any measurement) — no device profile is read."""
+        del round_idx
         per_step = self.time_per_step[client]
-        if per_step is None:  # never measured: its advertised profile (Eq. 1, whole model)
-            return self.ctx.nominal_time(client, self.ctx.num_blocks, round_idx)
+        if per_step is None:
+            per_step = float(fill_unmeasured(self.time_per_step)[client])
         return per_step * steps
 
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:

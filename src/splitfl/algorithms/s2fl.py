@@ -3,14 +3,28 @@ Federated Learning"): adaptive sliding model split + data balance-based training
 aggregation. Spec: ``papers/s2fl.md`` §3 (Algorithms 1–2, Eq. 1–4), defaults from §5.
 
 * **Adaptive sliding split (§3.1).** The model has K candidate cut points (``Wc1 < … < WcK``).
-  Warm-up: in round r < K every selected device uses cut point r (``warmup_all_devices`` makes
-  every device take part in warm-up rounds, as the paper's text suggests; off by default as in
-  the issue spec). The *client time table* records each device's measured round time per cut
-  (Eq. 1 on the simulated clock, incl. jitter), as the mean of its observations
-  (``time_table_update: mean``) or the latest (``last``). Afterwards the x selected devices'
-  x·K entries give a median, and each device gets the cut whose entry is closest to it.
-  Entries never measured are estimated from the device's nominal profile with Eq. (1) (the fed
-  server would know each device's FLOPS and rate from registration) — stated choice.
+  Warm-up: in round r < K every device uses cut point r; ``warmup_all_devices`` (default, as
+  §3.1 says: the Fed Server "sends Wc to all the devices") makes every device take part in the
+  warm-up rounds, so each one has measured every cut; off, only the round's selected devices
+  do. The *client time table* records each device's measured round time per cut (what the
+  simulated clock reported for it, incl. jitter and time-varying devices), as the mean of its
+  observations (``time_table_update: mean``) or the latest (``last``). Afterwards the x
+  selected devices' x·K entries give a median, and each device gets the cut whose entry is
+  closest to it. An entry the device never measured is Eq. (1) with the device's *measured*
+  compute speed, transfer rate and server speed (:func:`measured_device`: its measured FLOPs /
+  compute time, bytes / transfer time, server FLOPs / server time over its observations, or
+  the latest), i.e. its measured cuts scaled by FLOPs and bytes; a device never measured at
+  all gets, per cut, the median of the measured devices' entries — never the device profile.
+* **Lock-step groups.** A group's server copy takes one step per iteration on its members'
+  combined loss, so iteration k of the group ends when every member that still has a k-th
+  step has delivered it; a member's next step starts when the gradients of the group step
+  come back. :func:`lockstep_finish` prices this barrier on the clock: members' transfers and
+  compute are split into model download, per-iteration work (∝ batch size) and model upload
+  (from the clock's report for each member), and the round lasts until the last member's
+  upload. With equal step counts and batch sizes this equals the slowest member's own time;
+  when step counts differ (e.g. one local epoch over different data sizes) the barrier adds
+  time. A member's reported time stays its own busy time, so the barrier counts as waiting.
+  (Jitter scales each member's phases as a whole.)
 * **Data balance grouping (§3.2).** The round's devices are split into ``ceil(x/group_size)``
   groups of near-equal size minimising Σ Eq. (2) (exact when small, else swap heuristic — see
   :mod:`splitfl.algorithms.data_balance`). One server-side copy per group is trained every
@@ -36,8 +50,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.base import Algorithm, RoundPlan, RoundReport
+from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundReport
 from splitfl.algorithms.data_balance import balanced_groups, partition_cost
+from splitfl.engine.context import batch_sizes
+from splitfl.system.cost import ClientCost, round_times, split_client_cost
+from splitfl.system.devices import DeviceProfile
+
+#: Phases of a lock-step member: (model download time, per-iteration times, model upload time).
+Phases = tuple[float, list[float], float]
 
 
 @dataclass(frozen=True)
@@ -47,7 +67,7 @@ class S2FLOptions:
     group_size: int = 5
     exact_limit: int = 20000
     restarts: int = 8
-    warmup_all_devices: bool = False
+    warmup_all_devices: bool = True
     time_table_update: str = "mean"
     group_loss: str = "mean"
     device_grad: str = "own"
@@ -85,6 +105,73 @@ def closest_to_median(table: dict[int, dict[int, float]]) -> tuple[dict[int, int
     return choice, median
 
 
+def measured_device(obs: list[float]) -> tuple[DeviceProfile, DeviceProfile]:
+    """A device's and the server's effective speeds as measured on the clock.
+
+    ``obs`` = [device FLOPs, device compute time, bytes moved, transfer time, server FLOPs,
+    server time] (sums over observations, or the latest). Rates are work / time (∞ when no
+    time was spent), so Eq. (1) with them reproduces every measured time at the measured cut
+    and scales it by FLOPs and bytes at other cuts.
+    """
+
+    def rate(work: float, time: float) -> float:
+        return work / time if time > 0 else math.inf
+
+    link = rate(obs[2], obs[3])
+    device = DeviceProfile(flops=rate(obs[0], obs[1]), uplink=link, downlink=link, kind="measured")
+    server = DeviceProfile(flops=rate(obs[4], obs[5]), uplink=math.inf, downlink=math.inf)
+    return device, server
+
+
+def cost_observation(cost: ClientCost, jitter: float) -> list[float]:
+    """The work and measured time components of one round's report (see measured_device)."""
+    return [
+        cost.device_flops,
+        cost.device_time * jitter,
+        cost.traffic.total,
+        cost.comm_time * jitter,
+        cost.server_flops,
+        cost.server_time * jitter,
+    ]
+
+
+def lockstep_finish(members: dict[int, Phases]) -> dict[int, float]:
+    """Finish time of each member of one lock-step group (S²FL Alg. 2 lines 11-23).
+
+    Iteration k of the group ends at ``E_k = max over members with a k-th step of
+    (start_k + t_ik)`` with ``start_1`` = the member's model download time and ``start_k =
+    E_{k-1}`` (gradients of the group step return); a member finishes at ``E_{s_i}`` plus its
+    model upload time (download + upload if it has no step).
+    """
+    finish = {c: pre + post for c, (pre, its, post) in members.items() if not its}
+    end = 0.0
+    for k in range(max((len(its) for _, its, _ in members.values()), default=0)):
+        active = [(pre, its[k]) for pre, its, _ in members.values() if len(its) > k]
+        end = max((pre if k == 0 else end) + t for pre, t in active)
+        finish.update({c: end + post for c, (_, its, post) in members.items() if len(its) == k + 1})
+    return finish
+
+
+def member_phases(
+    task: ClientTask, cost: ClientCost, samples: int, data_size: int, measured: float
+) -> Phases:
+    """Split a member's reported time into download, per-iteration work and upload.
+
+    Transfer time is divided between model download, model upload and per-sample features in
+    proportion to bytes; per-sample work (features, device and server compute) is spread over
+    the iterations in proportion to their batch sizes. ``measured`` (the clock's time for the
+    member, incl. jitter) rescales the phases so they add up to it.
+    """
+    traffic, total = cost.traffic, cost.traffic.total
+    pre = cost.comm_time * traffic.model_down / total if total > 0 else 0.0
+    post = cost.comm_time * traffic.model_up / total if total > 0 else 0.0
+    work = cost.time - pre - post
+    scale = measured / cost.time if cost.time > 0 else 1.0
+    sizes = batch_sizes(data_size, task.batch_size, task.steps)
+    its = [scale * work * b / max(samples, 1) for b in sizes]
+    return scale * pre, its, scale * post
+
+
 class S2FL(Algorithm):
     name = "s2fl"
     paper = "Yan et al., S²FL §3 (Alg. 1–2, Eq. 1–4)"
@@ -94,6 +181,12 @@ class S2FL(Algorithm):
         super().__init__(options, ctx)
         # time_table[device][cut] = [sum of observed times, count, last observed time]
         self.time_table: dict[int, dict[int, list[float]]] = {}
+        # measured[device] = {"sum": cost_observation summed, "last": the latest one}
+        self.measured: dict[int, dict[str, list[float]]] = {}
+        self._round: tuple[RoundPlan | None, dict[int, tuple[ClientTask, ClientCost, int]]] = (
+            None,
+            {},
+        )
 
     @property
     def cut_points(self) -> tuple[int, ...]:
@@ -108,12 +201,27 @@ class S2FL(Algorithm):
         return super().select_clients(round_idx, rng)
 
     def table_time(self, device: int, cut: int, round_idx: int) -> float:
-        """A time-table entry: measured (mean or last), else the Eq. (1) profile estimate."""
+        """A time-table entry: measured (mean or last), else estimated from measurements."""
+        del round_idx  # entries change only with measurements
         entry = self.time_table.get(device, {}).get(cut)
         if entry is None:
-            return self.ctx.nominal_time(device, cut, round_idx)
+            return self.estimated_time(device, cut)
         total, count, last = entry
         return total / count if self.options.time_table_update == "mean" else last
+
+    def estimated_time(self, device: int, cut: int) -> float:
+        """An unmeasured entry: Eq. (1) at ``cut`` with the device's measured speeds; for a
+        device never measured, the median of the measured devices' entries at ``cut``."""
+        if device in self.measured:
+            key = "sum" if self.options.time_table_update == "mean" else "last"
+            dev, server = measured_device(self.measured[device][key])
+            b = self.ctx.config.train.batch_size
+            samples = self.ctx.round_samples(device, b, self.ctx.local_steps(device, b))
+            label_bytes = self.ctx.config.devices.label_bytes
+            return split_client_cost(self.ctx.profile, cut, samples, dev, server, label_bytes).time
+        at_cut = [self.table_time(d, cut, 0) for d, row in self.time_table.items() if cut in row]
+        known = at_cut or [r[0] / r[1] for row in self.time_table.values() for r in row.values()]
+        return float(np.median(known)) if known else 0.0
 
     def choose_cuts(self, round_idx: int, clients: list[int]) -> tuple[dict[int, int], dict]:
         if not self.options.adaptive_split:
@@ -151,19 +259,56 @@ class S2FL(Algorithm):
             info={**split_info, **group_info},
         )
 
+    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
+        """The shared cost model; remembered for pricing the group barrier in round_time."""
+        cost = super().client_cost(task, samples, round_idx, plan)
+        if self._round[0] is not plan:
+            self._round = (plan, {})
+        self._round[1][task.client] = (task, cost, samples)
+        return cost
+
+    def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
+        """Round time with each group's lock-step barrier (:func:`lockstep_finish`); a
+        member's waiting time is the round time minus its own busy time."""
+        round_time, _ = round_times(times)
+        plan, seen = self._round
+        if plan is not None and plan.server_mode == "per_step":
+            for members in plan.groups().values():
+                phases = {
+                    t.client: member_phases(
+                        *seen[t.client], int(self.ctx.data_sizes[t.client]), times[t.client]
+                    )
+                    for t in members
+                    if t.client in seen and t.client in times
+                }
+                if len(phases) > 1:
+                    round_time = max(round_time, *lockstep_finish(phases).values())
+        return round_time, {c: round_time - t for c, t in times.items()}
+
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
-        """§3.1: update the client time table with each device's measured time at its cut."""
+        """§3.1: update the client time table with each device's measured time at its cut,
+        and its measured speeds (for entries it has not measured)."""
         for task in plan.tasks:
-            row = self.time_table.setdefault(task.client, {})
+            c = task.client
+            row = self.time_table.setdefault(c, {})
             total, count, _ = row.get(task.cut, [0.0, 0, 0.0])
-            t = report.times[task.client]
+            t = report.times[c]
             row[task.cut] = [total + t, count + 1, t]
+            obs = cost_observation(report.costs[c], report.jitter[c])
+            prev = self.measured.get(c, {}).get("sum", [0.0] * len(obs))
+            self.measured[c] = {"sum": [a + b for a, b in zip(prev, obs, strict=True)], "last": obs}
 
     def state_dict(self) -> dict:
-        return {"time_table": {d: dict(r) for d, r in self.time_table.items()}}
+        return {
+            "time_table": {d: dict(r) for d, r in self.time_table.items()},
+            "measured": {d: dict(m) for d, m in self.measured.items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.time_table = {
             int(d): {int(k): list(v) for k, v in row.items()}
             for d, row in state["time_table"].items()
+        }
+        self.measured = {
+            int(d): {k: list(v) for k, v in m.items()} for d, m in state.get("measured", {}).items()
         }

@@ -1,14 +1,17 @@
-"""Worker state estimation shared by MergeSFL (§IV-A, Eq. 5–6), AdaSFL and ParallelSFL (§4.2).
+"""Worker state estimation shared by MergeSFL (§IV-A, Eq. 5–6) and AdaSFL.
 
 Per worker, moving averages (weight ``alpha`` on the history, 0.8 in the papers) of
 
 * μ — computing time per sample of the worker's bottom model, and
 * β — transmission time per sample (activation up, gradient down, label up),
 
-fed by what participants measured on the simulated clock (jitter included). Workers that did
-not train in the previous round report a probe of their current state (their profile in the
-previous round), as the papers have the parameter server collect the latest state from every
-worker at the start of a round.
+fed only by what the simulated clock reported for the worker's own rounds
+(``RoundReport.costs`` with the round's jitter; see :func:`measured_per_sample`) — never by the
+device profile, so with time-varying devices the estimates lag the truth as the papers' do.
+A worker that did not train keeps its last estimate (it has recorded nothing new; MergeSFL's
+"latest" state). A worker never measured gets the median of the measured workers' estimates
+(the PS's best guess without information), or 1.0 before anyone has been measured (all
+workers equal; only ratios matter for Eq. 9) — stated choice.
 """
 
 from __future__ import annotations
@@ -17,6 +20,39 @@ import numpy as np
 
 from splitfl.algorithms.base import RoundPlan, RoundReport
 from splitfl.algorithms.mergesfl_control import moving_average
+from splitfl.system.cost import ClientCost
+
+#: Traffic links that carry per-sample features (their time is β); the rest is model transfer.
+FEATURE_LINKS = (
+    "activations_up",
+    "gradients_down",
+    "labels_up",
+    "d2d_activations",
+    "d2d_gradients",
+)
+
+
+def fill_unmeasured(values: list[float | None], default: float = 1.0) -> np.ndarray:
+    """Estimates with ``None`` (never measured) replaced by the median of the measured ones,
+    or by ``default`` when nothing has been measured yet."""
+    known = [v for v in values if v is not None]
+    fill = float(np.median(known)) if known else default
+    return np.array([fill if v is None else v for v in values], dtype=float)
+
+
+def measured_per_sample(cost: ClientCost, jitter: float, samples: int) -> tuple[float, float]:
+    """μ̂, β̂ of one worker from what the clock reported for its round (Eq. 5–6 inputs).
+
+    μ̂ = measured device compute time / samples; β̂ = the share of the measured transfer time
+    that moved per-sample features (activations, gradients, labels), split from the model
+    transfers in proportion to bytes (exact when up- and downlink rates are equal, as in every
+    preset), / samples.
+    """
+    total = cost.traffic.total
+    feature = sum(getattr(cost.traffic, link) for link in FEATURE_LINKS)
+    share = feature / total if total > 0 else 0.0
+    n = max(samples, 1)
+    return cost.device_time * jitter / n, cost.comm_time * jitter * share / n
 
 
 class WorkerStateEstimator:
@@ -27,51 +63,36 @@ class WorkerStateEstimator:
         n = ctx.num_clients
         self.mu: list[float | None] = [None] * n
         self.beta: list[float | None] = [None] * n
-        self.measured_last: set[int] = set()
 
     def bytes_per_sample(self) -> float:
         """Activation (+ label) bytes one sample sends up at the cut (``c`` of MergeSFL Eq. 10)."""
         q = self.ctx.profile.activation_bytes(self.cut)
         return float(q + self.ctx.config.devices.label_bytes)
 
-    def _per_sample(self, client: int, round_idx: int) -> tuple[float, float]:
-        dev = self.ctx.population.at(client, round_idx)
-        q = self.ctx.profile.activation_bytes(self.cut)
-        mu = self.ctx.profile.device_flops(self.cut) / dev.flops
-        beta = (q + self.ctx.config.devices.label_bytes) / dev.uplink + q / dev.downlink
-        return mu, beta
-
-    def probe(self, client: int, round_idx: int) -> tuple[float, float]:
-        """The state a worker reports before round ``round_idx`` (its previous-round profile)."""
-        return self._per_sample(client, max(round_idx - 1, 0))
+    @property
+    def any_measured(self) -> bool:
+        return any(v is not None for v in self.mu)
 
     def estimates(self, round_idx: int) -> tuple[np.ndarray, np.ndarray]:
-        """Eq. (5)–(6) for all workers; non-participants of the last round report a probe."""
-        for c in range(self.ctx.num_clients):
-            if c not in self.measured_last:
-                mu_hat, beta_hat = self.probe(c, round_idx)
-                self.mu[c] = moving_average(self.mu[c], mu_hat, self.alpha)
-                self.beta[c] = moving_average(self.beta[c], beta_hat, self.alpha)
-        return np.asarray(self.mu, dtype=float), np.asarray(self.beta, dtype=float)
+        """Eq. (5)–(6) estimates for all workers before round ``round_idx`` (never-measured
+        workers: median of the measured ones, see the module docstring)."""
+        del round_idx  # estimates change only with measurements
+        return fill_unmeasured(self.mu), fill_unmeasured(self.beta)
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
-        """Participants' measured per-sample times (μ̂ from device time, β̂ from the activation,
-        gradient and label transfers, both with the round's jitter) enter the averages."""
-        self.measured_last = {t.client for t in plan.tasks}
+        """Participants' measured per-sample times (:func:`measured_per_sample`) enter the
+        moving averages (Eq. 5–6); nobody else's estimate moves."""
+        del round_idx
         for task in plan.tasks:
             c = task.client
-            mu_hat, beta_hat = self._per_sample(c, round_idx)
-            jit = report.jitter[c]
-            self.mu[c] = moving_average(self.mu[c], mu_hat * jit, self.alpha)
-            self.beta[c] = moving_average(self.beta[c], beta_hat * jit, self.alpha)
+            mu_hat, beta_hat = measured_per_sample(
+                report.costs[c], report.jitter[c], report.samples[c]
+            )
+            self.mu[c] = moving_average(self.mu[c], mu_hat, self.alpha)
+            self.beta[c] = moving_average(self.beta[c], beta_hat, self.alpha)
 
     def state_dict(self) -> dict:
-        return {
-            "mu": list(self.mu),
-            "beta": list(self.beta),
-            "measured_last": sorted(self.measured_last),
-        }
+        return {"mu": list(self.mu), "beta": list(self.beta)}
 
     def load_state_dict(self, state: dict) -> None:
         self.mu, self.beta = list(state["mu"]), list(state["beta"])
-        self.measured_last = set(state["measured_last"])

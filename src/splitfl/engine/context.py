@@ -15,6 +15,7 @@ from splitfl.data.partition import label_histograms
 from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
 from splitfl.seeding import rng_for
 from splitfl.system import ClientCost, Population, draw_population, split_client_cost
+from splitfl.system.devices import with_variation
 
 
 def batch_sizes(num_samples: int, batch_size: int, steps: int) -> list[int]:
@@ -172,6 +173,8 @@ def build_context(config: ExperimentConfig) -> RunContext:
         rng_for(config.seed, "devices"),
         config.devices.composition,
     )
+    v = config.devices
+    population = with_variation(population, v.variation, v.variation_period, config.seed)
     torch.manual_seed(config.seed)
     try:
         model = build_model(config.model, bundle.input_shape, bundle.num_classes)

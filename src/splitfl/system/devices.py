@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
 import numpy as np
+
+from splitfl.seeding import rng_for
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,47 @@ def homogeneous(n: int, rng: np.random.Generator, composition: str = "uniform") 
     """Identical mid-level devices (a control with no system heterogeneity)."""
     dev = DeviceProfile(flops=1e10, uplink=2e6, downlink=2e6, d2d=2e6, power=5.0, kind="mid")
     return Population(tuple(dev for _ in range(n)), S2FL_SERVER)
+
+
+@dataclass(frozen=True)
+class VariedSchedule:
+    """Time-varying devices on top of any preset (``devices.variation``).
+
+    In period ``p = round // period`` client c's FLOPS are multiplied by ``exp(N(0, σ²))`` and
+    its up-, down- and D2D rates by an independent ``exp(N(0, σ²))`` (median 1), both drawn
+    from ``(seed, "variation", p, c)`` — background load and changing radio conditions, as the
+    jetson80 preset's mode and bandwidth redraws. The papers give no such model for S²FL's
+    devices; σ and the period are config values (stated choice).
+    """
+
+    base: Population
+    sigma: float
+    period: int
+    seed: int
+
+    def factors(self, client: int, round_idx: int) -> tuple[float, float]:
+        rng = rng_for(self.seed, "variation", round_idx // self.period, client)
+        speed, rate = rng.lognormal(0.0, self.sigma, size=2)
+        return float(speed), float(rate)
+
+    def __call__(self, client: int, round_idx: int) -> DeviceProfile:
+        dev = self.base.at(client, round_idx)
+        speed, rate = self.factors(client, round_idx)
+        return replace(
+            dev,
+            flops=dev.flops * speed,
+            uplink=dev.uplink * rate,
+            downlink=dev.downlink * rate,
+            d2d=None if dev.d2d is None else dev.d2d * rate,
+        )
+
+
+def with_variation(population: Population, sigma: float, period: int, seed: int) -> Population:
+    """``population`` with :class:`VariedSchedule` applied (unchanged when ``sigma`` is 0)."""
+    if sigma <= 0:
+        return population
+    schedule = VariedSchedule(population, sigma, period, seed)
+    return Population(population.devices, population.server, schedule)
 
 
 PRESETS: dict[str, Callable[..., Population]] = {
