@@ -38,16 +38,38 @@ class _W:
         self.task = type("T", (), {"cut": cut})()
 
 
+def _member(cut: int, label: int, rows: int, value: float):
+    return (_W(cut), None, torch.full((rows, 2), value), torch.full((rows,), label))
+
+
 def test_mixup_pairs_are_convex_combinations_of_equal_cut_members():
-    fa, fb = torch.ones(3, 2), torch.zeros(4, 2)
-    ya, yb = torch.tensor([0, 1, 2]), torch.tensor([3, 3, 3, 3])
-    sent = [(_W(2), None, fa, ya), (_W(2), None, fb, yb), (_W(3), None, fb, yb)]
+    # Prepare: 4 members at one cut point; member k has k+3 rows of value k+1 and label k
+    sent = [_member(2, k, k + 3, float(k + 1)) for k in range(4)]
+    # Execute
     pairs = list(_mix_pairs(sent, np.random.default_rng(0), alpha=1.0))
+    # Assert: a random perfect matching (2 pairs), each member mixed once
+    assert len(pairs) == 2
+    members = sorted(int(y[0]) for _, _, y1, y2, _ in pairs for y in (y1, y2))
+    assert members == [0, 1, 2, 3]
     for mixed, cut, y1, y2, lam in pairs:
-        assert 0 <= lam <= 1 and mixed.shape[0] == len(y1) == len(y2)
-        assert cut in (2, 3)
-    # members with different cut points are never mixed
-    assert all(len(p[2]) == 3 for p in pairs)
+        a, b = int(y1[0]), int(y2[0])
+        m = min(a, b) + 3  # rows of the shorter member
+        assert cut == 2 and 0 <= lam <= 1
+        assert mixed.shape == (m, 2) and len(y1) == len(y2) == m
+        expected = lam * (a + 1) + (1 - lam) * (b + 1)
+        assert torch.allclose(mixed, torch.full((m, 2), expected))
+
+
+def test_mixup_never_pairs_members_with_different_cut_points():
+    # labels 0, 1 at cut 2; labels 2, 3 at cut 3
+    sent = [_member(2, 0, 3, 1.0), _member(2, 1, 3, 2.0)]
+    sent += [_member(3, 2, 3, 3.0), _member(3, 3, 3, 4.0)]
+    found = 0
+    for seed in range(10):
+        for _, cut, y1, y2, _ in _mix_pairs(sent, np.random.default_rng(seed), alpha=1.0):
+            found += 1
+            assert {int(y1[0]), int(y2[0])} == ({0, 1} if cut == 2 else {2, 3})
+    assert found > 0  # some seeds pair equal-cut members
 
 
 def test_locfedmix_aggregates_every_k_rounds_and_sends_no_gradients(tmp_path):
