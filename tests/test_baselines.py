@@ -9,7 +9,7 @@ import torch
 import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.adasfl import local_frequencies
-from splitfl.algorithms.pyramidfl import oort_utility
+from splitfl.algorithms.pyramidfl import dropout_ratios, normalise_stats, oort_utility
 from splitfl.engine.executor import _mix_pairs
 from splitfl.system.devices import draw_population
 from splitfl.system.jetson import MBPS, MODE_PERIOD, MODES
@@ -31,6 +31,78 @@ def test_oort_utility_by_hand():
     assert oort_utility(2.0, 1, 10, time=20.0, preferred=10.0, alpha=2) == pytest.approx(
         (2 + bonus) * 0.25
     )
+
+
+def test_oort_normalisation_by_hand():
+    # clip at sorted[int(4 * 0.5)] = 3; low = 0.999 · 1; span from the unclipped max (as
+    # oort.py get_norm): 100 - 0.999 = 99.001
+    got = normalise_stats({0: 1.0, 1: 2.0, 2: 3.0, 3: 100.0}, clip_bound=0.5)
+    span = 99.001
+    assert got == pytest.approx(
+        {0: 0.001 / span, 1: 1.001 / span, 2: 2.001 / span, 3: 2.001 / span}
+    )
+
+
+def test_staleness_bonus_matters_after_normalisation():
+    # raw utilities |D_i|·L_i of order 10^2: client 1 (higher utility) was selected in round 9,
+    # client 0 in round 1. Raw: the bonus gap (~0.33) cannot beat the utility gap of 20;
+    # normalised: it does (the scaled exploration term of Oort/PyramidFL).
+    raw = {0: 480.0, 1: 500.0, 2: 100.0}
+    last = {0: 1, 1: 9, 2: 9}
+
+    def best(stats):
+        score = {c: oort_utility(stats[c], last[c], 10, 1.0, 1.0, 2) for c in stats}
+        return max(score, key=score.get)
+
+    assert best(raw) == 1
+    assert best(normalise_stats(raw, clip_bound=0.98)) == 0
+
+
+def test_pyramidfl_dropout_ratios_by_rank():
+    # utilities 5, None (never measured), 9, 1 -> ranks 1, 3, 0, 2; K = 4, (0.6 - 0.1)/4 = 0.125
+    got = dropout_ratios([5.0, None, 9.0, 1.0], low=0.1, high=0.6)
+    assert got == pytest.approx([0.225, 0.475, 0.1, 0.35])
+
+
+def test_pyramidfl_full_dropout_uploads_buffers_only_and_keeps_parameters(tmp_path):
+    from splitfl.engine.runner import as_config, prepare
+
+    cfg = tiny_config(
+        algorithm="pyramidfl",
+        rounds=1,
+        **{"options.pyramidfl.dropout_low": 1.0, "options.pyramidfl.dropout_high": 1.0},
+    )
+    res = splitfl.run(cfg, run_dir=tmp_path / "p")
+    (row,) = res.metrics
+    model = prepare(as_config(cfg)).ctx.model
+    start = model.state_dict()
+    params = {k for k, _ in model.named_parameters()}
+    buffers = sum(v.numel() for k, v in start.items() if k not in params)
+    assert row["bytes_model_up"] == len(row["clients"]) * buffers * 4
+    final = torch.load(res.run_dir / "model.pt", weights_only=True)
+    assert all(torch.equal(final[k], start[k]) for k in params)  # nobody uploaded them
+    assert any(not torch.equal(final[k], start[k]) for k in start if k.endswith("running_mean"))
+
+
+def test_pyramidfl_dropped_tensor_is_averaged_over_uploaders(tmp_path):
+    from splitfl.algorithms.base import ClientUpdate, RoundPlan, RoundResult
+    from splitfl.engine.runner import as_config, prepare
+
+    algo = prepare(as_config(tiny_config(algorithm="pyramidfl"))).algorithm
+    glob = {k: torch.zeros_like(v) for k, v in algo.ctx.model.state_dict().items()}
+    key = next(iter(algo.param_bytes))
+    n = algo.ctx.num_blocks
+    states = [{k: torch.full_like(v, float(c + 1)) for k, v in glob.items()} for c in range(3)]
+    updates = [ClientUpdate(c, n, 0, 1, 1, states[c], 0.0) for c in range(3)]
+    algo.dropped = {0: {key}, 1: set(), 2: set()}
+    new = algo.aggregate(glob, RoundPlan([]), RoundResult(updates, {}))
+    d = algo.ctx.data_sizes[:3].astype(float)
+    assert torch.allclose(
+        new[key], torch.full_like(glob[key], (2 * d[1] + 3 * d[2]) / (d[1] + d[2]))
+    )
+    other = [k for k in algo.param_bytes if k != key][0]
+    everyone = (d[0] + 2 * d[1] + 3 * d[2]) / d.sum()
+    assert torch.allclose(new[other], torch.full_like(glob[other], everyone))
 
 
 class _W:
