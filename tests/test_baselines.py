@@ -199,3 +199,34 @@ def test_jetson80_runs_end_to_end_with_time_varying_clock(tmp_path):
         run_dir=tmp_path / "j",
     )
     assert res.metrics[1]["sim_time"] > res.metrics[0]["sim_time"] > 0
+
+
+def test_splitfl_list_marks_proxy_baselines_with_a_reason(capsys):
+    from splitfl.cli.main import main
+
+    assert main(["list"]) == 0
+    lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines() if ln.strip()}
+    for name in ("adasfl", "locfedmix_sl", "adasampling", "ifca"):
+        assert "[proxy: " in lines[name] and "follow" in lines[name]
+    for name in ("pyramidfl", "mergesfl", "parallelsfl", "ringsfl", "s2fl", "fedavg"):
+        assert "proxy" not in lines[name]
+
+
+def test_comparison_and_report_tables_mark_proxies():
+    from splitfl.metrics.report import _cell_id, _label
+    from splitfl.metrics.summary import comparison_table
+
+    summary = {
+        "target_accuracy": 0.5,
+        "final_acc": 0.9,
+        "best_acc": 0.9,
+        "to_target": {"sim_time": 1.0, "traffic_bytes": 1.0},
+        "sim_time": 2.0,
+        "avg_waiting": 0.1,
+        "status": "ok",
+    }
+    table = comparison_table({"ifca": summary, "parallelsfl": summary})
+    assert "| ifca (proxy) |" in table and "| parallelsfl |" in table
+    assert _cell_id("algorithm", "adasfl") == "adasfl (proxy)"
+    assert _cell_id("data.p", "adasfl") == "adasfl"
+    assert _label({"algorithm": "locfedmix_sl", "data.p": 10}, "") == "locfedmix_sl (proxy), p=10"
