@@ -14,6 +14,9 @@ structure of the paper's solution; splitfl estimates G_i by a moving average of
 and t_i by its measured round time (Eq. 1 profile estimate until measured). Aggregation is
 the unbiased estimator w ← w + Σ_k p_{i_k} / (K·q_{i_k}) · (w_{i_k} − w). Full model on the
 devices (FL), as in the paper.
+
+Marked **proxy** (``splitfl.proxies``): the paper's text is not here, so the sampling
+rule cannot be checked against its exact formula.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ implements the three mechanisms the paper's title and the citing papers name:
 
 Fixed batch size (``train.batch_size``) and fixed local iterations (``tau``) for every client;
 clients are selected uniformly at random.
+
+Marked **proxy** (``splitfl.proxies``): the local loss uses a linear auxiliary head, not
+the paper's InfoPro-style auxiliary network.
 """
 
 from __future__ import annotations
