@@ -9,7 +9,7 @@ import torch
 import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.adasfl import local_frequencies
-from splitfl.algorithms.pyramidfl import oort_utility
+from splitfl.algorithms.pyramidfl import dropout_ratios, normalise_stats, oort_utility
 from splitfl.engine.executor import _mix_pairs
 from splitfl.system.devices import draw_population
 from splitfl.system.jetson import MBPS, MODE_PERIOD, MODES
@@ -33,21 +33,115 @@ def test_oort_utility_by_hand():
     )
 
 
+def test_oort_normalisation_by_hand():
+    # clip at sorted[int(4 * 0.5)] = 3; low = 0.999 · 1; span from the unclipped max (as
+    # oort.py get_norm): 100 - 0.999 = 99.001
+    got = normalise_stats({0: 1.0, 1: 2.0, 2: 3.0, 3: 100.0}, clip_bound=0.5)
+    span = 99.001
+    assert got == pytest.approx(
+        {0: 0.001 / span, 1: 1.001 / span, 2: 2.001 / span, 3: 2.001 / span}
+    )
+
+
+def test_staleness_bonus_matters_after_normalisation():
+    # raw utilities |D_i|·L_i of order 10^2: client 1 (higher utility) was selected in round 9,
+    # client 0 in round 1. Raw: the bonus gap (~0.33) cannot beat the utility gap of 20;
+    # normalised: it does (the scaled exploration term of Oort/PyramidFL).
+    raw = {0: 480.0, 1: 500.0, 2: 100.0}
+    last = {0: 1, 1: 9, 2: 9}
+
+    def best(stats):
+        score = {c: oort_utility(stats[c], last[c], 10, 1.0, 1.0, 2) for c in stats}
+        return max(score, key=score.get)
+
+    assert best(raw) == 1
+    assert best(normalise_stats(raw, clip_bound=0.98)) == 0
+
+
+def test_pyramidfl_dropout_ratios_by_rank():
+    # utilities 5, None (never measured), 9, 1 -> ranks 1, 3, 0, 2; K = 4, (0.6 - 0.1)/4 = 0.125
+    got = dropout_ratios([5.0, None, 9.0, 1.0], low=0.1, high=0.6)
+    assert got == pytest.approx([0.225, 0.475, 0.1, 0.35])
+
+
+def test_pyramidfl_full_dropout_uploads_buffers_only_and_keeps_parameters(tmp_path):
+    from splitfl.engine.runner import as_config, prepare
+
+    cfg = tiny_config(
+        algorithm="pyramidfl",
+        rounds=1,
+        **{"options.pyramidfl.dropout_low": 1.0, "options.pyramidfl.dropout_high": 1.0},
+    )
+    res = splitfl.run(cfg, run_dir=tmp_path / "p")
+    (row,) = res.metrics
+    model = prepare(as_config(cfg)).ctx.model
+    start = model.state_dict()
+    params = {k for k, _ in model.named_parameters()}
+    buffers = sum(v.numel() for k, v in start.items() if k not in params)
+    assert row["bytes_model_up"] == len(row["clients"]) * buffers * 4
+    final = torch.load(res.run_dir / "model.pt", weights_only=True)
+    assert all(torch.equal(final[k], start[k]) for k in params)  # nobody uploaded them
+    assert any(not torch.equal(final[k], start[k]) for k in start if k.endswith("running_mean"))
+
+
+def test_pyramidfl_dropped_tensor_is_averaged_over_uploaders(tmp_path):
+    from splitfl.algorithms.base import ClientUpdate, RoundPlan, RoundResult
+    from splitfl.engine.runner import as_config, prepare
+
+    algo = prepare(as_config(tiny_config(algorithm="pyramidfl"))).algorithm
+    glob = {k: torch.zeros_like(v) for k, v in algo.ctx.model.state_dict().items()}
+    key = next(iter(algo.param_bytes))
+    n = algo.ctx.num_blocks
+    states = [{k: torch.full_like(v, float(c + 1)) for k, v in glob.items()} for c in range(3)]
+    updates = [ClientUpdate(c, n, 0, 1, 1, states[c], 0.0) for c in range(3)]
+    algo.dropped = {0: {key}, 1: set(), 2: set()}
+    new = algo.aggregate(glob, RoundPlan([]), RoundResult(updates, {}))
+    d = algo.ctx.data_sizes[:3].astype(float)
+    assert torch.allclose(
+        new[key], torch.full_like(glob[key], (2 * d[1] + 3 * d[2]) / (d[1] + d[2]))
+    )
+    other = [k for k in algo.param_bytes if k != key][0]
+    everyone = (d[0] + 2 * d[1] + 3 * d[2]) / d.sum()
+    assert torch.allclose(new[other], torch.full_like(glob[other], everyone))
+
+
 class _W:
     def __init__(self, cut):
         self.task = type("T", (), {"cut": cut})()
 
 
+def _member(cut: int, label: int, rows: int, value: float):
+    return (_W(cut), None, torch.full((rows, 2), value), torch.full((rows,), label))
+
+
 def test_mixup_pairs_are_convex_combinations_of_equal_cut_members():
-    fa, fb = torch.ones(3, 2), torch.zeros(4, 2)
-    ya, yb = torch.tensor([0, 1, 2]), torch.tensor([3, 3, 3, 3])
-    sent = [(_W(2), None, fa, ya), (_W(2), None, fb, yb), (_W(3), None, fb, yb)]
+    # Prepare: 4 members at one cut point; member k has k+3 rows of value k+1 and label k
+    sent = [_member(2, k, k + 3, float(k + 1)) for k in range(4)]
+    # Execute
     pairs = list(_mix_pairs(sent, np.random.default_rng(0), alpha=1.0))
+    # Assert: a random perfect matching (2 pairs), each member mixed once
+    assert len(pairs) == 2
+    members = sorted(int(y[0]) for _, _, y1, y2, _ in pairs for y in (y1, y2))
+    assert members == [0, 1, 2, 3]
     for mixed, cut, y1, y2, lam in pairs:
-        assert 0 <= lam <= 1 and mixed.shape[0] == len(y1) == len(y2)
-        assert cut in (2, 3)
-    # members with different cut points are never mixed
-    assert all(len(p[2]) == 3 for p in pairs)
+        a, b = int(y1[0]), int(y2[0])
+        m = min(a, b) + 3  # rows of the shorter member
+        assert cut == 2 and 0 <= lam <= 1
+        assert mixed.shape == (m, 2) and len(y1) == len(y2) == m
+        expected = lam * (a + 1) + (1 - lam) * (b + 1)
+        assert torch.allclose(mixed, torch.full((m, 2), expected))
+
+
+def test_mixup_never_pairs_members_with_different_cut_points():
+    # labels 0, 1 at cut 2; labels 2, 3 at cut 3
+    sent = [_member(2, 0, 3, 1.0), _member(2, 1, 3, 2.0)]
+    sent += [_member(3, 2, 3, 3.0), _member(3, 3, 3, 4.0)]
+    found = 0
+    for seed in range(10):
+        for _, cut, y1, y2, _ in _mix_pairs(sent, np.random.default_rng(seed), alpha=1.0):
+            found += 1
+            assert {int(y1[0]), int(y2[0])} == ({0, 1} if cut == 2 else {2, 3})
+    assert found > 0  # some seeds pair equal-cut members
 
 
 def test_locfedmix_aggregates_every_k_rounds_and_sends_no_gradients(tmp_path):
@@ -105,3 +199,34 @@ def test_jetson80_runs_end_to_end_with_time_varying_clock(tmp_path):
         run_dir=tmp_path / "j",
     )
     assert res.metrics[1]["sim_time"] > res.metrics[0]["sim_time"] > 0
+
+
+def test_splitfl_list_marks_proxy_baselines_with_a_reason(capsys):
+    from splitfl.cli.main import main
+
+    assert main(["list"]) == 0
+    lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines() if ln.strip()}
+    for name in ("adasfl", "locfedmix_sl", "adasampling", "ifca"):
+        assert "[proxy: " in lines[name] and "follow" in lines[name]
+    for name in ("pyramidfl", "mergesfl", "parallelsfl", "ringsfl", "s2fl", "fedavg"):
+        assert "proxy" not in lines[name]
+
+
+def test_comparison_and_report_tables_mark_proxies():
+    from splitfl.metrics.report import _cell_id, _label
+    from splitfl.metrics.summary import comparison_table
+
+    summary = {
+        "target_accuracy": 0.5,
+        "final_acc": 0.9,
+        "best_acc": 0.9,
+        "to_target": {"sim_time": 1.0, "traffic_bytes": 1.0},
+        "sim_time": 2.0,
+        "avg_waiting": 0.1,
+        "status": "ok",
+    }
+    table = comparison_table({"ifca": summary, "parallelsfl": summary})
+    assert "| ifca (proxy) |" in table and "| parallelsfl |" in table
+    assert _cell_id("algorithm", "adasfl") == "adasfl (proxy)"
+    assert _cell_id("data.p", "adasfl") == "adasfl"
+    assert _label({"algorithm": "locfedmix_sl", "data.p": 10}, "") == "locfedmix_sl (proxy), p=10"

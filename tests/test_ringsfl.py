@@ -101,3 +101,51 @@ def test_ring_cost_counts_hops_and_energy(tmp_path):
     row = res.metrics[0]
     assert row["bytes_d2d_activations"] > 0 and row["bytes_d2d_gradients"] > 0
     assert row["bytes_activations_up"] == 0 and row["energy_j"] > 0
+
+
+def test_shared_round_steps_split_e_b_updates_over_the_chain():
+    from splitfl.algorithms.vanilla_sl import shared_steps
+
+    assert shared_steps(7, [4, 0, 2, 1, 3]) == {4: 2, 0: 2, 2: 1, 1: 1, 3: 1}
+    assert shared_steps(40, [0, 1, 2, 3, 4]) == dict.fromkeys(range(5), 8)
+    assert shared_steps(3, [0, 1, 2, 3, 4]) == dict.fromkeys(range(5), 1)  # >= 1 each
+
+
+@pytest.mark.parametrize("round_steps, updates", [("per_client", 5 * 7), ("shared", 7)])
+def test_vanilla_sl_round_size(tmp_path, round_steps, updates):
+    # Prepare: 5 IID clients (full batches of 16), 7 local steps each
+    cfg = tiny_config(
+        algorithm="vanilla_sl",
+        rounds=1,
+        **{
+            "data.partition": "iid",
+            "data.num_clients": 5,
+            "train.clients_per_round": 5,
+            "train.local_steps": 7,
+            "options.vanilla_sl.round_steps": round_steps,
+        },
+    )
+    # Execute
+    (row,) = splitfl.run(cfg, run_dir=tmp_path / "v").metrics
+    # Assert: RingSFL §4.1.3 round = E·B updates across the chain, not N·E·B
+    assert sum(row["plan_local_steps"]) == updates
+    from splitfl.engine.runner import as_config, prepare
+
+    ctx = prepare(as_config(cfg)).ctx
+    q = ctx.profile.activation_bytes(ctx.cut_points[-1])
+    assert row["bytes_activations_up"] == updates * 16 * q  # samples actually processed
+
+
+def test_vanilla_sl_rejects_unknown_round_steps():
+    with pytest.raises(splitfl.ConfigError, match="round_steps"):
+        splitfl.validate(
+            tiny_config(algorithm="vanilla_sl", **{"options.vanilla_sl.round_steps": "ring"})
+        )
+
+
+@pytest.mark.parametrize("field", ["momentum", "weight_decay"])
+def test_ringsfl_rejects_momentum_and_weight_decay(field):
+    from splitfl.testing import config_for
+
+    with pytest.raises(splitfl.ConfigError, match=f"train.{field}.*plain SGD"):
+        splitfl.validate(config_for("ringsfl", **{f"train.{field}": 0.5}))

@@ -15,6 +15,9 @@ and t_i by its measured round time (until measured: the median of the measured c
 times, 1.0 before any — no device profile is read). Aggregation is
 the unbiased estimator w ← w + Σ_k p_{i_k} / (K·q_{i_k}) · (w_{i_k} − w). Full model on the
 devices (FL), as in the paper.
+
+Marked **proxy** (``splitfl.proxies``): the paper's text is not here, so the sampling
+rule cannot be checked against its exact formula.
 """
 
 from __future__ import annotations

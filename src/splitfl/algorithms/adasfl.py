@@ -16,6 +16,9 @@ splitfl implements the mechanisms the citing papers name, with MergeSFL's shared
 * learning rate ∝ batch size; the PS trains the top model on each worker's features
   separately (one top-model copy per worker, as SplitFed V1 — no feature merging);
 * aggregation weighted by samples processed, d_i·τ_i.
+
+Marked **proxy** (``splitfl.proxies``): τ_i is the heuristic above, not the paper's
+control (its text is not here and the released code does not run).
 """
 
 from __future__ import annotations

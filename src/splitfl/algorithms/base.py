@@ -184,6 +184,13 @@ class Algorithm:
         e.g. clusters with top workers)."""
         return self.ctx.task_cost(task, samples, round_idx, plan.device_loss)
 
+    def idle_costs(self, plan: RoundPlan, round_idx: int) -> dict[int, ClientCost]:
+        """Transfers of clients that do not train this round but must send something (e.g.
+        LocFedMix-SL's earlier clients uploading their device parts at an aggregation round);
+        charged as traffic, and their time bounds the round. Default: none."""
+        del plan, round_idx
+        return {}
+
     def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
         """Round time and per-client waiting: participants work in parallel (max)."""
         return round_times(times)

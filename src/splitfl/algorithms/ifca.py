@@ -12,6 +12,9 @@ with the lowest loss on its own data.
   far (IFCA evaluates per test client with labels; the central test set has no clients —
   stated choice).
 * Cost: the whole model on the device, with ``num_clusters`` models downloaded per client.
+
+Marked **proxy** (``splitfl.proxies``): the central-test-set evaluation with the most
+chosen cluster model is not IFCA's per-client evaluation.
 """
 
 from __future__ import annotations

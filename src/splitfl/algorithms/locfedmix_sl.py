@@ -14,13 +14,19 @@ implements the three mechanisms the paper's title and the citing papers name:
   ``aggregate_every`` rounds ("reduce the aggregation frequency of bottom models to save
   traffic", MergeSFL §V); in between, clients keep their own device parts, so only clients
   that have not trained since the last aggregation download the global part, and parts are
-  uploaded only in aggregation rounds.
+  uploaded only in aggregation rounds — by every client whose part is averaged: the round's
+  participants at the end of their training, and the earlier rounds' clients (idle this
+  round) in parallel with it (:meth:`LocFedMixSL.idle_costs`; their upload time bounds the
+  round like a participant's).
 * **Mix** — the server keeps one top model and trains it every iteration on all received
   smashed data plus mixup of the smashed data of random client pairs (λ ~ Beta(α, α),
   ``mixup_alpha``).
 
 Fixed batch size (``train.batch_size``) and fixed local iterations (``tau``) for every client;
 clients are selected uniformly at random.
+
+Marked **proxy** (``splitfl.proxies``): the local loss uses a linear auxiliary head, not
+the paper's InfoPro-style auxiliary network.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import torch
 from splitfl.algorithms.aggregation import layerwise_aggregate, weighted_average
 from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundResult
 from splitfl.models.base import block_index
+from splitfl.system.cost import ClientCost
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,20 @@ class LocFedMixSL(Algorithm):
             mixup_alpha=self.options.mixup_alpha,
             info={"aggregated": upload},
         )
+
+    def idle_costs(self, plan: RoundPlan, round_idx: int) -> dict[int, ClientCost]:
+        """At an aggregation round, the device-part upload of every client in the local table
+        that is not a participant (upload only: no compute, download, activations)."""
+        if not plan.info["aggregated"]:
+            return {}
+        training = {t.client for t in plan.tasks}
+        return {
+            c: self.ctx.client_cost(
+                c, self.cut, 0, round_idx, model_down=False, model_up=True, gradients=False
+            )
+            for c in sorted(self.local)
+            if c not in training
+        }
 
     def aggregate(self, global_state, plan: RoundPlan, result: RoundResult) -> dict:
         """Top model: the server's copy. Device parts: kept per client; FedAvg-ed (with the

@@ -1,21 +1,34 @@
 """PyramidFL (Li et al., MobiCom 2022): fine-grained client selection for FL — baseline of
 MergeSFL §V. The whole model trains on each device (as FedAvg).
 
-PyramidFL extends Oort's utility-based selection. splitfl implements:
+The PyramidFL paper's text is not in this repository; splitfl follows its released code
+(``liecn/PyramidFL``: ``oort/oort.py``, ``training/param_server.py``, ``training/learner.py``)
+and MergeSFL §V's description:
 
 * **Selection** (Oort, which PyramidFL builds on): a client's statistical utility is
   ``|D_i| · L_i`` with ``L_i`` its mean training loss when last selected (Oort uses
-  ``|B_i|·sqrt(mean loss²)``; the executor reports the mean loss), plus the staleness bonus
-  ``sqrt(0.1·ln(h) / h_i)`` (h_i = round of last selection); its system utility multiplies by
-  ``(T / t_i)^alpha`` when its expected round time t_i exceeds the preferred duration T
-  (the ``pacer_percentile`` of the expected times of explored clients). A fraction ε of the
-  slots (``explore`` decaying by ``explore_decay`` per round, floor ``explore_min``) goes to
-  never-selected clients at random; the rest to the highest utilities.
-* **Fine-grained local work:** PyramidFL lets each selected client use its own resources —
-  faster clients run more local iterations and slower ones less (PyramidFL also drops parts of
-  the model for slow clients; splitfl adapts iterations only — stated simplification):
+  ``|B_i|·sqrt(mean loss²)``; the executor reports the mean loss), *min-max normalised* over
+  the explored clients after clipping at the ``clip_bound`` quantile (``oort.py get_norm``:
+  min × 0.999, range from the unclipped max, ≥ 1e-4), plus the staleness bonus
+  ``sqrt(0.1·ln(h) / h_i)`` (h_i = round of last selection) — on the normalised scale the
+  bonus is of the same order as the utility (unnormalised it is inert next to |D_i|·L_i of
+  order 10²–10³); its system utility multiplies by ``(T / t_i)^alpha`` when its expected
+  round time t_i exceeds the preferred duration T (the ``pacer_percentile`` of the expected
+  times of explored clients). A fraction ε of the slots (``explore`` decaying by
+  ``explore_decay`` per round, floor ``explore_min``) goes to never-selected clients at
+  random; the rest to the highest utilities.
+* **Fine-grained local work:** faster clients run more local iterations and slower ones less:
   ``steps_i = clip(round(steps · T_h / t_i), steps·min_factor, steps·max_factor)`` with
-  ``T_h`` the median expected time of the round's selected clients.
+  ``T_h`` the median expected time of the round's selected clients (the released code's
+  slack-based rule differs in form; stated simplification).
+* **Partial-model dropout** (``dropout``; ``param_server.py prune_client_tasks`` and
+  ``learner.py``): the selected client ranked r-th (0 = highest statistical utility, never
+  measured clients last) drops each parameter tensor of its update with probability
+  ``dropout_low + r·(dropout_high − dropout_low)/K`` (K = clients per round; defaults 0.1/0.6
+  as the released code), drawn from the round's seeded plan stream. A dropped tensor is not
+  uploaded (the upload bytes and time shrink; buffers are always sent) and is averaged over
+  the clients that did upload it (|D_i| weights; kept from the global model if none did) —
+  the released code adds a zero update instead, which shrinks the step; stated choice.
 * Aggregation: FedAvg, |D_i|-weighted.
 """
 
@@ -26,9 +39,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.base import Algorithm, RoundPlan, RoundReport
+from splitfl.algorithms.aggregation import weighted_average
+from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.algorithms.mergesfl_control import moving_average
 from splitfl.algorithms.state_estimation import fill_unmeasured
+from splitfl.models.profile import BYTES_PER_ELEMENT
+from splitfl.system.cost import ClientCost
 
 
 @dataclass(frozen=True)
@@ -41,9 +57,20 @@ class PyramidFLOptions:
     min_factor: float = 0.25
     max_factor: float = 3.0
     ema: float = 0.8
+    clip_bound: float = 0.98
+    dropout: bool = True
+    dropout_low: float = 0.1
+    dropout_high: float = 0.6
 
     def __post_init__(self) -> None:
         from splitfl.config import ConfigError
+
+        if not 0 <= self.dropout_low <= self.dropout_high <= 1:
+            raise ConfigError(
+                "options.pyramidfl.dropout_low", "need 0 <= dropout_low <= dropout_high <= 1"
+            )
+        if not 0 < self.clip_bound <= 1:
+            raise ConfigError("options.pyramidfl.clip_bound", "must be in (0, 1]")
 
         if not 0 <= self.explore_min <= self.explore <= 1:
             raise ConfigError("options.pyramidfl.explore", "need 0 <= explore_min <= explore <= 1")
@@ -66,6 +93,26 @@ def oort_utility(
     return utility
 
 
+def normalise_stats(stats: dict[int, float], clip_bound: float) -> dict[int, float]:
+    """Oort's reward normalisation (``oort.py get_norm``): clip at the ``clip_bound`` quantile
+    of the sorted rewards, then (r − 0.999·min) / max(max − 0.999·min, 1e-4) with the
+    unclipped max, as the released code."""
+    values = sorted(stats.values())
+    clip = values[min(int(len(values) * clip_bound), len(values) - 1)]
+    low = values[0] * 0.999
+    span = max(values[-1] - low, 1e-4)
+    return {c: (min(v, clip) - low) / span for c, v in stats.items()}
+
+
+def dropout_ratios(stats: list[float | None], low: float, high: float) -> list[float]:
+    """Per selected client: ``low + rank·(high − low)/K``, rank 0 = highest statistical
+    utility (unmeasured clients rank last, in order) — ``param_server.py``."""
+    k = len(stats)
+    order = sorted(range(k), key=lambda i: (stats[i] is None, -(stats[i] or 0.0), i))
+    rank = {i: r for r, i in enumerate(order)}
+    return [low + rank[i] * (high - low) / k for i in range(k)]
+
+
 class PyramidFL(Algorithm):
     name = "pyramidfl"
     paper = "Li et al., PyramidFL (MobiCom 2022); baseline in MergeSFL §V"
@@ -77,6 +124,10 @@ class PyramidFL(Algorithm):
         self.stat: list[float | None] = [None] * n
         self.time_per_step: list[float | None] = [None] * n
         self.last_round = [0] * n
+        #: parameter tensors each client of the current round does not upload (dropout)
+        self.dropped: dict[int, set[str]] = {}
+        model = ctx.model
+        self.param_bytes = {k: p.numel() * BYTES_PER_ELEMENT for k, p in model.named_parameters()}
 
     def expected_time(self, client: int, steps: int, round_idx: int) -> float:
         """Measured time per step × steps; never measured: the median measured per-step time
@@ -102,9 +153,10 @@ class PyramidFL(Algorithm):
         if explored and k > n_explore:
             times = {c: self.expected_time(c, self.ctx.local_steps(c), round_idx) for c in explored}
             preferred = float(np.percentile(list(times.values()), o.pacer_percentile))
+            stat = normalise_stats({c: self.stat[c] for c in explored}, o.clip_bound)
             score = {
                 c: oort_utility(
-                    self.stat[c], self.last_round[c], round_idx, times[c], preferred, o.alpha
+                    stat[c], self.last_round[c], round_idx, times[c], preferred, o.alpha
                 )
                 for c in explored
             }
@@ -120,9 +172,45 @@ class PyramidFL(Algorithm):
         for task, t in zip(tasks, times, strict=True):
             factor = min(max(deadline / t, o.min_factor), o.max_factor)
             task.steps = max(1, int(round(task.steps * factor)))
-        return RoundPlan(
-            tasks, info={"local_steps": [t.steps for t in tasks], "deadline": deadline}
-        )
+        ratios = self.draw_dropout(tasks, rng)
+        info = {"local_steps": [t.steps for t in tasks], "deadline": deadline}
+        if o.dropout:
+            info["dropout_ratio"] = ratios
+        return RoundPlan(tasks, info=info)
+
+    def draw_dropout(self, tasks: list[ClientTask], rng: np.random.Generator) -> list[float]:
+        """Each client's dropout ratio and the parameter tensors it drops (seeded)."""
+        self.dropped = {}
+        o = self.options
+        if not o.dropout:
+            return [0.0] * len(tasks)
+        ratios = dropout_ratios([self.stat[t.client] for t in tasks], o.dropout_low, o.dropout_high)
+        keys = list(self.param_bytes)
+        for task, ratio in zip(tasks, ratios, strict=True):
+            draws = rng.random(len(keys))
+            self.dropped[task.client] = {k for k, u in zip(keys, draws, strict=True) if u < ratio}
+        return ratios
+
+    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
+        """The shared cost model, less the dropped tensors' upload bytes and time."""
+        cost: ClientCost = super().client_cost(task, samples, round_idx, plan)
+        saved = sum(self.param_bytes[k] for k in self.dropped.get(task.client, ()))
+        if saved:
+            cost.traffic.model_up -= saved
+            cost.comm_time -= saved / self.ctx.population.at(task.client, round_idx).uplink
+        return cost
+
+    def aggregate(self, global_state, plan: RoundPlan, result: RoundResult) -> dict:
+        """FedAvg; a dropped tensor is averaged over the clients that uploaded it."""
+        new = super().aggregate(global_state, plan, result)
+        for key in sorted(set().union(*self.dropped.values()) if self.dropped else ()):
+            kept = [u for u in result.updates if key not in self.dropped.get(u.client, ())]
+            if not kept:
+                new[key] = global_state[key].clone()
+                continue
+            w = [float(self.ctx.data_sizes[u.client]) for u in kept]
+            new[key] = weighted_average([{key: u.state[key]} for u in kept], w)[key]
+        return new
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         for task in plan.tasks:

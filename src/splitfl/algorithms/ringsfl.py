@@ -8,9 +8,10 @@ Heterogeneity"): spec ``papers/ringsfl.md`` §3 (Alg. 1–2, Eq. 1–7).
   (:func:`splitfl.engine.ring.largest_remainder`), or explicit ratios ``prop_lens: "6:1:1:1:1"``
   rounded the same way. Aggregation weights a_i = D_i/ΣD.
 * Training: :func:`splitfl.engine.ring.ring_batch_update` (Alg. 2) every local step, plain SGD
-  with the learning rate multiplied by N (``lr_compensation``, §3.4) so a round equals a FedAvg
-  update (Eq. 6; tested). ``version: v2`` multiplies the rate of overlapping blocks by
-  |U_i,(j)| (Eq. 7); the public code was not found to do this, the paper is followed.
+  (``train.momentum``/``weight_decay`` other than 0 are rejected, not ignored) with the
+  learning rate multiplied by N (``lr_compensation``, §3.4) so a round equals a FedAvg update
+  (Eq. 6; tested). ``version: v2`` multiplies the rate of overlapping blocks by |U_i,(j)|
+  (Eq. 7); the public code was not found to do this, the paper is followed.
 * Server aggregation: plain average of the blended models (Eq. 5).
 * Time and energy: :func:`splitfl.system.cost.ring_client_cost` per client (its segments'
   compute at its FLOPS, ring hops over D2D links, model download/upload); energy = busy
@@ -48,6 +49,20 @@ class RingSFLOptions:
                 raise ConfigError("options.ringsfl.prop_lens", "ratios like 6:1:1:1:1") from err
 
 
+def check_plain_sgd(train) -> None:
+    """RingSFL's ring step is plain SGD (Alg. 2 and Eq. 6-7; the authors' code uses no momentum
+    or weight decay): reject a config that asks for either rather than ignore it."""
+    from splitfl.config import ConfigError
+
+    for name in ("momentum", "weight_decay"):
+        value = getattr(train, name)
+        if value:
+            raise ConfigError(
+                f"train.{name}",
+                f"RingSFL trains with plain SGD (Alg. 2, Eq. 6-7); must be 0 (got {value})",
+            )
+
+
 class RingSFL(Algorithm):
     name = "ringsfl"
     paper = "Shen et al., RingSFL §3 (Alg. 1-2, Eq. 1-7)"
@@ -68,6 +83,7 @@ class RingSFL(Algorithm):
                 raise ConfigError("options.ringsfl.order", f"a permutation of 0..{n - 1}")
         if n > w:
             raise ConfigError("data.num_clients", f"RingSFL needs <= {w} clients (model blocks)")
+        check_plain_sgd(ctx.config.train)
         try:
             if options.prop_lens is not None:
                 lengths = parse_ratios(options.prop_lens, n, w)

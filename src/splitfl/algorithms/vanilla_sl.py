@@ -7,27 +7,81 @@ batches — RingSFL counts that as a round for comparison), with the single serv
 at every step. The round is sequential, so its time is the *sum* of the clients' times and a
 client waits for all the others. The global model after the round is the last client's device
 part and the server part.
+
+Round size (``round_steps``; RingSFL §4.1.3: "when vanilla SL updates local_epoch_num ×
+batch_num steps, we treat it as a round"):
+
+* ``per_client`` (default) — every client runs its own local steps, so a round is N × E·B
+  updates (N× RingSFL's definition; kept as the default for the other papers' configs);
+* ``shared`` — RingSFL's round: E·B updates in all (E·B = the mean of the participants' local
+  steps, rounded), split among the clients in turn: ⌊E·B/N⌋ each, one more for the first
+  E·B mod N in the round's order, and at least one per client (a round is max(E·B, N)
+  updates). The authors' code (``StalRingSFL/alg/vanilla_sl.py``) hands the model to the next
+  client after every batch; here each client runs its share as one block of consecutive steps
+  (the executor's sequential chain) — the same number of updates per client and round.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from splitfl.algorithms.base import Algorithm, RoundPlan
-from splitfl.algorithms.splitfed_v1 import SplitFedOptions
+from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan
 from splitfl.models.base import block_index
+
+#: ``round_steps`` values (see the module docstring).
+ROUND_STEPS = ("per_client", "shared")
+
+
+@dataclass(frozen=True)
+class VanillaSLOptions:
+    """``cut``: block index of the split (null = the model's last candidate cut);
+    ``round_steps``: ``per_client`` or ``shared`` (RingSFL §4.1.3)."""
+
+    cut: int | None = None
+    round_steps: str = "per_client"
+
+    def __post_init__(self) -> None:
+        from splitfl.config import ConfigError
+
+        if self.round_steps not in ROUND_STEPS:
+            raise ConfigError(
+                "options.vanilla_sl.round_steps",
+                f"allowed: {', '.join(ROUND_STEPS)} (got {self.round_steps!r})",
+            )
+
+
+def shared_steps(total: int, order: list[int]) -> dict[int, int]:
+    """RingSFL §4.1.3 round of ``total`` updates split over ``order``: ⌊total/N⌋ each, one
+    more for the first ``total mod N`` clients, at least one per client."""
+    base, extra = divmod(total, len(order))
+    return {c: max(1, base + (i < extra)) for i, c in enumerate(order)}
 
 
 class VanillaSL(Algorithm):
     name = "vanilla_sl"
     paper = "Gupta & Raskar 2018; RingSFL §4.1.3 baseline"
-    Options = SplitFedOptions
+    Options = VanillaSLOptions
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         cut = self.ctx.resolve_cut(self.options.cut, self.name)
         tasks = [self.make_task(c, cut, 0, round_idx) for c in clients]
         order = [int(c) for c in rng.permutation(clients)]
-        return RoundPlan(tasks, server_mode="sequential", order=order, chain_devices=True)
+        if self.options.round_steps == "shared":
+            self._share_steps(tasks, order)
+        info = {"local_steps": [t.steps for t in tasks]}
+        return RoundPlan(
+            tasks, server_mode="sequential", order=order, chain_devices=True, info=info
+        )
+
+    @staticmethod
+    def _share_steps(tasks: list[ClientTask], order: list[int]) -> None:
+        """``round_steps: shared``: E·B updates per round across the chain (in place)."""
+        total = int(round(sum(t.steps for t in tasks) / len(tasks)))
+        steps = shared_steps(total, order)
+        for task in tasks:
+            task.steps = steps[task.client]
 
     def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
         """Sequential clients: the round lasts the sum; each waits for all the others."""

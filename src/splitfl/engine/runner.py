@@ -184,21 +184,33 @@ def _measure(config, algorithm, plan, result, r: int) -> tuple[RoundReport, dict
     jitter = jitter_factors(sorted(costs), config.devices.jitter, rng_for(config.seed, "jitter", r))
     times = {c: cost.time * jitter[c] for c, cost in costs.items()}
     round_time, waits = algorithm.round_time(times)
+    idle = algorithm.idle_costs(plan, r)  # non-participants' transfers (e.g. deferred uploads)
+    if idle:
+        rng = rng_for(config.seed, "jitter-idle", r)
+        jitter.update(jitter_factors(sorted(idle), config.devices.jitter, rng))
+        idle_times = {c: cost.time * jitter[c] for c, cost in idle.items()}
+        round_time, all_waits = algorithm.round_time({**times, **idle_times})
+        waits = {c: all_waits[c] for c in times}
+        costs = {**costs, **idle}
     return RoundReport(times, costs, jitter, samples, losses, round_time), waits
 
 
 def _round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r: int) -> dict:
-    """Per-round metrics (test accuracy is filled in by the caller when evaluated)."""
+    """Per-round metrics (test accuracy is filled in by the caller when evaluated). Energy:
+    busy device compute time × power per client (jitter applied)."""
+    energy = {
+        k: c.device_time * report.jitter[k] * ctx.population.at(k, r).power
+        for k, c in report.costs.items()
+    }
     return {
         "round_time": report.round_time,
         "train_loss": result.train_loss,
         "test_acc": None,
         "test_loss": None,
         "avg_waiting": sum(waits.values()) / len(waits),
-        "energy_j": sum(
-            c.device_time * report.jitter[k] * ctx.population.at(k, r).power
-            for k, c in report.costs.items()
-        ),
+        "energy_j": sum(energy.values()),
+        # per participant, aligned with "clients" (RingSFL Fig. 14); idle transfers use none
+        "energy_j_by_client": [energy.get(t.client, 0.0) for t in plan.tasks],
         **{f"bytes_{link}": getattr(traffic, link) for link in LINKS},
         "traffic_total": traffic.total,
         "clients": [t.client for t in plan.tasks],

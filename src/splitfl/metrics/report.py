@@ -32,6 +32,7 @@ from splitfl.metrics.summary import (
     target_for,
     target_label,
 )
+from splitfl.proxies import display_name
 
 SWEEP_INDEX = "trials.json"
 PLOTS = ("accuracy_vs_time.png", "waiting.png", "traffic_to_target.png")
@@ -201,8 +202,16 @@ def common_configured_target(records: list[RunRecord]) -> float | None:
 
 
 def _label(values: dict[str, Any], fallback: str) -> str:
-    parts = [str(v) if k == "algorithm" else f"{k.split('.')[-1]}={v}" for k, v in values.items()]
+    parts = [
+        display_name(str(v)) if k == "algorithm" else f"{k.split('.')[-1]}={v}"
+        for k, v in values.items()
+    ]
     return ", ".join(parts) or fallback
+
+
+def _cell_id(key: str, value: Any) -> str:
+    """A table cell naming an axis value; proxy baselines are marked (``ifca (proxy)``)."""
+    return display_name(str(value)) if key == "algorithm" else str(value)
 
 
 def _mean_curve(runs: list[RunRecord]) -> list[dict[str, Any]]:
@@ -239,7 +248,9 @@ def _table(cells: list[Cell], axes: list[str], target: float | None) -> tuple[li
     rows, failed = [], []
     for cell in cells:
         ids = (
-            [str(cell.values[k]) for k in keys] if cell.values else [_label({}, cell.runs[0].name)]
+            [_cell_id(k, cell.values[k]) for k in keys]
+            if cell.values
+            else [_label({}, cell.runs[0].name)]
         )
         n_ok = len(cell.done)
         not_done = len(cell.runs) - n_ok

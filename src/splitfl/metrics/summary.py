@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from splitfl.proxies import display_name
+
 #: Without ``eval.target_accuracy``, the common target is this fraction of the lowest best
 #: accuracy among the compared runs (so every run reaches it), rounded down to 0.5 %.
 DEFAULT_TARGET_FRACTION = 0.95
@@ -106,7 +108,7 @@ def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, s in summaries.items():
         cells = [
-            name,
+            display_name(name),
             format_value(s["final_acc"], "pct"),
             format_value(s["best_acc"], "pct"),
             format_value(s["to_target"]["sim_time"], "time"),
