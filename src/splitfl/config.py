@@ -45,12 +45,19 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class DevicesConfig:
-    """Device population: a preset, its High:Mid:Low composition, seeded time jitter."""
+    """Device population: a preset, its High:Mid:Low composition, seeded time jitter.
+
+    ``contention``: participants' concurrent transfers share the server's link (and a top
+    worker's D2D radio), see ``splitfl.system.cost``; ``false`` = S²FL Eq. (1) exactly.
+    ``d2d_rate``: device-to-device rate in B/s for every device (null = the preset's).
+    """
 
     preset: str = "s2fl_table1"
     composition: str = "uniform"
     jitter: float = 0.0
     label_bytes: int = 0
+    contention: bool = True
+    d2d_rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -373,6 +380,10 @@ def validate(config: ExperimentConfig) -> None:
     _choice(v.composition, list(COMPOSITIONS), "devices.composition")
     _check(v.jitter >= 0, "devices.jitter", f"must be >= 0 (got {v.jitter})")
     _check(v.label_bytes >= 0, "devices.label_bytes", "must be >= 0")
+    _check(isinstance(v.contention, bool), "devices.contention", "must be true or false")
+    _check(
+        v.d2d_rate is None or v.d2d_rate > 0, "devices.d2d_rate", f"must be > 0 (got {v.d2d_rate})"
+    )
     t = config.train
     _check(
         1 <= t.clients_per_round <= d.num_clients,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.system.cost import ClientCost, round_times
+from splitfl.system.cost import ClientCost, round_times, share_server_link
 
 if TYPE_CHECKING:
     from splitfl.engine.context import RunContext
@@ -183,6 +183,18 @@ class Algorithm:
         """The shared cost model applied to a task (override where the topology differs,
         e.g. clusters with top workers)."""
         return self.ctx.task_cost(task, samples, round_idx, plan.device_loss)
+
+    def share_links(
+        self, costs: dict[int, ClientCost], plan: RoundPlan, round_idx: int
+    ) -> dict[int, ClientCost]:
+        """The round's costs with the server link shared by the participants' transfers
+        (``devices.contention``, :func:`~splitfl.system.cost.share_server_link`); transfers of
+        a plan that chains its clients (vanilla SL) never overlap. Override where the topology
+        accounts for sharing itself."""
+        pop = self.ctx.population
+        if not (self.ctx.config.devices.contention and pop.shared_server):
+            return costs
+        return share_server_link(costs, pop.server, concurrent=not plan.chain_devices)
 
     def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
         """Round time and per-client waiting: participants work in parallel (max)."""

@@ -160,6 +160,7 @@ def build_context(config: ExperimentConfig) -> RunContext:
         d.num_clients,
         rng_for(config.seed, "devices"),
         config.devices.composition,
+        config.devices.d2d_rate,
     )
     torch.manual_seed(config.seed)
     try:

@@ -169,6 +169,7 @@ def _measure(config, algorithm, plan, result, r: int) -> tuple[RoundReport, dict
     costs = {
         u.client: algorithm.client_cost(tasks[u.client], u.samples, r, plan) for u in result.updates
     }
+    costs = algorithm.share_links(costs, plan, r)
     samples = {u.client: u.samples for u in result.updates}
     losses = {u.client: u.loss_sum / max(u.samples, 1) for u in result.updates}
     jitter = jitter_factors(sorted(costs), config.devices.jitter, rng_for(config.seed, "jitter", r))
@@ -186,7 +187,7 @@ def _round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, 
         "test_loss": None,
         "avg_waiting": sum(waits.values()) / len(waits),
         "energy_j": sum(
-            c.device_time * report.jitter[k] * ctx.population.at(k, r).power
+            c.device_time * report.jitter[k] * ctx.population.at(k, r).power + c.helper_energy
             for k, c in report.costs.items()
         ),
         **{f"bytes_{link}": getattr(traffic, link) for link in LINKS},
