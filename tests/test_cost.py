@@ -82,21 +82,52 @@ def test_s2fl_table1_population(composition, counts):
     assert pop.server.flops == 5e10 and pop.server.uplink == 1e7
 
 
-def test_clustered_cost_by_hand():
-    """ParallelSFL: a bottom worker's round with a top worker (Eq. 9 and 15)."""
-    from splitfl.system import clustered_client_cost
+def _cluster(m1_compute: float = 0.020, m1_link: float = 2e6, top_d2d: float = 4e6):
+    from splitfl.system import ClusterLoad, MemberLoad
 
-    dev = DeviceProfile(flops=1e9, uplink=1e6, downlink=1e6, d2d=4e6)
-    top = DeviceProfile(flops=4e9, uplink=2e6, downlink=2e6, d2d=8e6)
-    cost = clustered_client_cost(
-        _profile(), cut=1, samples=10, steps=5, device=dev, top=top, members=2, label_bytes=1
+    members = (
+        MemberLoad(0.010, 0.002, 4e6, 4000, 2000, 400),
+        MemberLoad(m1_compute, 0.002, m1_link, 4000, 2000, 400),
     )
-    # full model 1400 B to/from the PS over the top's 2e6 link, shared by 2 members
-    assert cost.traffic.model_down == cost.traffic.model_up == 700
-    # D2D at min(4e6, 8e6): bottom model 400 B each way + 10 x (64+1) up + 10 x 64 down
-    assert cost.traffic.d2d_model == 800 and cost.traffic.d2d_activations == 650
-    assert cost.traffic.d2d_gradients == 640
-    assert cost.comm_time == pytest.approx(2 * 1400 / 2e6 + (800 + 650 + 640) / 4e6)
-    assert cost.device_time == pytest.approx(10 * 1e6 / 1e9)
-    # the top worker processes both members' samples through blocks 1-2 (5e6 flops/sample)
-    assert cost.server_time == pytest.approx(2 * 10 * 5e6 / 4e9)
+    return ClusterLoad(members, top_d2d, top_uplink=2e6, top_downlink=2e6, model_bytes=1400)
+
+
+def test_cluster_times_by_hand():
+    """ParallelSFL cluster (Eq. 9, 15): FIFO top worker, members share the top's D2D radio."""
+    from splitfl.system import cluster_times
+
+    # Execute: the top's 4e6 radio is shared by pair links 4e6 and 2e6 -> 2e6 each
+    (ct,) = cluster_times([_cluster()], server=None)
+    # Assert: arrivals 0.010 + 4000/2e6 = 0.012 and 0.022; top 0.002 each; gradients 0.001
+    assert ct.d2d_rates == (2e6, 2e6)
+    assert ct.member_iteration == pytest.approx((0.015, 0.025), rel=1e-12)
+    # Eq. 9 holds where batches do not queue: t_i = mu_b + beta + mu_p
+    assert ct.member_iteration[0] == pytest.approx(0.010 + 6000 / 2e6 + 0.002)
+    # beta_c: PS down + bottom parts out and back over D2D + PS up
+    assert ct.beta_c == pytest.approx(1400 / 2e6 + 2 * 400 / 2e6 + 1400 / 2e6)
+    assert ct.round_time(5) == pytest.approx(5 * 0.025 + ct.beta_c)
+    # without contention each member has its pair link: 0.011 -> 0.0135, 0.022 -> 0.025
+    (free,) = cluster_times([_cluster()], server=None, contention=False)
+    assert free.member_iteration == pytest.approx((0.0135, 0.025), rel=1e-12)
+
+
+def test_cluster_top_worker_queues_batches_that_arrive_together():
+    from splitfl.system import cluster_times
+
+    # both batches arrive at 0.012: the second waits for the first (0.002) before its own
+    (ct,) = cluster_times([_cluster(m1_compute=0.010, m1_link=4e6)], server=None)
+    assert ct.member_iteration == pytest.approx((0.015, 0.017), rel=1e-12)
+
+
+def test_cluster_top_workers_share_the_server_link():
+    from splitfl.system import ClusterLoad, cluster_times
+
+    server = DeviceProfile(flops=1e12, uplink=3e6, downlink=3e6)
+    empty = ClusterLoad((), 4e6, 2e6, 2e6, 1400)
+    times = cluster_times([_cluster(), _cluster(), empty], server)
+    # two active top workers with 2e6 links share 3e6: 1.5e6 each; a top-only cluster costs 0
+    assert times[0].ps_rates == times[1].ps_rates == (1.5e6, 1.5e6)
+    assert times[0].beta_c == pytest.approx(2 * 1400 / 1.5e6 + 2 * 400 / 2e6)
+    assert times[2].round_time(3) == 0.0 and times[2].ps_rates == (2e6, 2e6)
+    alone = cluster_times([_cluster(), _cluster()], server, contention=False)
+    assert alone[0].ps_rates == (2e6, 2e6)

@@ -49,9 +49,14 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class DevicesConfig:
-    """Device population: a preset, its High:Mid:Low composition, seeded time jitter, and
-    time-varying speed/bandwidth (``variation``: σ of per-client log-normal factors on FLOPS and
-    on link rates, redrawn every ``variation_period`` rounds; 0 = static profiles)."""
+    """Device population: a preset, its High:Mid:Low composition, seeded time jitter.
+
+    ``variation``: σ of per-client log-normal factors on FLOPS and on link rates, redrawn every
+    ``variation_period`` rounds (time-varying devices; 0 = static profiles).
+    ``contention``: participants' concurrent transfers share the server's link (and a top
+    worker's D2D radio), see ``splitfl.system.cost``; ``false`` = S²FL Eq. (1) exactly.
+    ``d2d_rate``: device-to-device rate in B/s for every device (null = the preset's).
+    """
 
     preset: str = "s2fl_table1"
     composition: str = "uniform"
@@ -59,6 +64,8 @@ class DevicesConfig:
     label_bytes: int = 0
     variation: float = 0.0
     variation_period: int = 1
+    contention: bool = True
+    d2d_rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -385,6 +392,10 @@ def validate(config: ExperimentConfig) -> None:
     _check(v.label_bytes >= 0, "devices.label_bytes", "must be >= 0")
     _check(v.variation >= 0, "devices.variation", f"must be >= 0 (got {v.variation})")
     _check(v.variation_period >= 1, "devices.variation_period", "must be >= 1")
+    _check(isinstance(v.contention, bool), "devices.contention", "must be true or false")
+    _check(
+        v.d2d_rate is None or v.d2d_rate > 0, "devices.d2d_rate", f"must be > 0 (got {v.d2d_rate})"
+    )
     t = config.train
     _check(
         1 <= t.clients_per_round <= d.num_clients,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.system.cost import ClientCost, round_times
+from splitfl.system.cost import ClientCost, round_times, share_server_link
 
 if TYPE_CHECKING:
     from splitfl.engine.context import RunContext
@@ -190,6 +190,18 @@ class Algorithm:
         charged as traffic, and their time bounds the round. Default: none."""
         del plan, round_idx
         return {}
+
+    def share_links(
+        self, costs: dict[int, ClientCost], plan: RoundPlan, round_idx: int
+    ) -> dict[int, ClientCost]:
+        """The round's costs with the server link shared by the participants' transfers
+        (``devices.contention``, :func:`~splitfl.system.cost.share_server_link`); transfers of
+        a plan that chains its clients (vanilla SL) never overlap. Override where the topology
+        accounts for sharing itself."""
+        pop = self.ctx.population
+        if not (self.ctx.config.devices.contention and pop.shared_server):
+            return costs
+        return share_server_link(costs, pop.server, concurrent=not plan.chain_devices)
 
     def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
         """Round time and per-client waiting: participants work in parallel (max)."""

@@ -12,16 +12,25 @@ with weights N_c·τ_c (Eq. 18). With per-worker weights τ_c in
 Eq. (4) followed by Eq. (18) and each cluster's top copy gets weight N_c·τ_c.
 
 * **State monitoring (§4.2, Eq. 6–7):** moving averages (``ema``) of each worker's bottom
-  iteration time μ_b, top iteration time per bottom batch μ_p and pairwise transmission times
-  β_ij (probes of the previous round's profiles; D2D rate = the slower radio).
-  Ingress budget of worker i (Eq. 8): its download rate × a reference iteration time (the
-  median over workers of μ_b + mean_j β_ij) × ``ingress_scale`` — bytes it can receive per
+  iteration time μ_b (μ_p = μ_b × the model's fixed top/bottom FLOP ratio, "we only monitor
+  μ_b"), pairwise transmission times β_ij (per-iteration bytes over the slower of the two D2D
+  radios), each worker's D2D radio and PS link rates. Every estimate comes from what the clock
+  reported for the last round (``RoundReport.costs``): a bottom worker's measured compute, its
+  radio, and its top worker's radio, compute and PS rates; a worker keeps its last reported
+  values until it reports again. Before anything is reported (round 0) the PS starts from the
+  workers' announced profiles of round 0 (the state collection that precedes training).
+  Ingress budget of worker i (Eq. 8): its D2D radio × a reference iteration time (the median
+  over workers of μ_b + mean_j β_ij) × ``ingress_scale`` — bytes it can receive per
   iteration; b = D·(q + label bytes).
-* **Clustering (Alg. 1) and τ_c (Eq. 15–17):** :mod:`splitfl.algorithms.parallelsfl_control`
-  (K-means on label-distribution vectors with K = ``k`` or N/5, greedy top/bottom assignment
-  under Eq. 8/10, swap fine-tuning of Σ U_c with ``lam``, per-cluster τ_c).
-* **Cost:** :func:`~splitfl.system.cost.clustered_client_cost` — D2D traffic (bottom model,
-  activations, gradients) separate from top↔PS model traffic.
+* **Clustering (Alg. 1):** :mod:`splitfl.algorithms.parallelsfl_control` (K-means on
+  label-distribution vectors with K = ``k`` or N/5, greedy top/bottom assignment under
+  Eq. 8/10, swap fine-tuning of Σ U_c with ``lam``), on the paper's per-pair Eq. (9) times.
+* **τ_c (Eq. 15–17) and the clock:** one cluster time model,
+  :func:`splitfl.system.cluster.cluster_times` (FIFO top worker, members sharing the top
+  worker's D2D radio, top workers sharing the server link, model traffic β_c), evaluated on the
+  estimates by the planner and on the true profiles by the clock; the Eq. (16) cluster waiting
+  is logged as planned (``plan_cluster_waiting``) and as charged (``plan_cluster_waiting_clock``).
+  The top worker's compute energy is charged to its members' costs.
 * **Ablations (§5.4):** ``parallelsfl-WC`` (fixed τ for every cluster) and ``parallelsfl-R``
   (random clusters and top workers, fixed τ).
 """
@@ -35,8 +44,9 @@ import numpy as np
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundReport
 from splitfl.algorithms.mergesfl_control import moving_average
-from splitfl.algorithms.parallelsfl_control import plan_clusters
-from splitfl.system.cost import clustered_client_cost, d2d_rate
+from splitfl.algorithms.parallelsfl_control import Cluster, plan_clusters, round_waiting
+from splitfl.system.cluster import ClusterLoad, ClusterTime, MemberLoad, cluster_times
+from splitfl.system.cost import ClientCost, Traffic, d2d_rate
 
 
 @dataclass(frozen=True)
@@ -78,39 +88,57 @@ class ParallelSFL(Algorithm):
         self.mu_b: np.ndarray | None = None
         self.mu_p: np.ndarray | None = None
         self.beta: np.ndarray | None = None
+        self.d2d: np.ndarray | None = None
+        self.ps: np.ndarray | None = None  # [N, 2]: PS uplink, downlink (B/s)
+        self.seen: dict[str, np.ndarray] = {}  # latest reported mu_b, d2d, up, down per worker
         self.tops: dict[int, int] = {}
         self.members: dict[int, int] = {}
+        self._clock_cache: tuple[tuple[int, int], dict[int, tuple[ClusterTime, ClusterLoad]]]
+        self._clock_cache = ((-1, 0), {})
 
-    # -- state monitoring (Eq. 6-7) ------------------------------------------------------------
+    # -- per-iteration sizes ---------------------------------------------------------------------
     def bytes_per_iteration(self) -> float:
+        """b: smashed data + labels one bottom worker sends per iteration (Eq. 8)."""
         d = self.ctx.config.train.batch_size
         return d * (
             self.ctx.profile.activation_bytes(self.cut) + self.ctx.config.devices.label_bytes
         )
 
-    def probe(self, round_idx: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        devices = [
-            self.ctx.population.at(c, max(round_idx - 1, 0)) for c in range(self.ctx.num_clients)
-        ]
-        d = self.ctx.config.train.batch_size
+    def gradient_bytes(self) -> float:
+        return self.ctx.config.train.batch_size * self.ctx.profile.activation_bytes(self.cut)
+
+    def compute_ratio(self) -> float:
+        """μ_p / μ_b on one device: the top and bottom submodels' FLOPs per sample (fixed)."""
         prof = self.ctx.profile
-        flops = np.array([dev.flops for dev in devices])
-        mu_b = d * prof.device_flops(self.cut) / flops
-        mu_p = d * prof.server_flops(self.cut) / flops
-        per_iter = self.bytes_per_iteration() + d * prof.activation_bytes(self.cut)
-        n = len(devices)
-        beta = np.zeros((n, n))
-        for i in range(n):
-            for j in range(i + 1, n):
-                beta[i, j] = beta[j, i] = per_iter / d2d_rate(devices[i], devices[j])
-        return mu_b, mu_p, beta
+        return prof.server_flops(self.cut) / prof.device_flops(self.cut)
+
+    # -- state monitoring (Eq. 6-7) ------------------------------------------------------------
+    def announced(self) -> dict[str, np.ndarray]:
+        """Round-0 state collection: the workers' announced profiles (before any report)."""
+        devices = [self.ctx.population.at(c, 0) for c in range(self.ctx.num_clients)]
+        d = self.ctx.config.train.batch_size
+        per_batch = d * self.ctx.profile.device_flops(self.cut)
+        return {
+            "mu_b": np.array([per_batch / dev.flops for dev in devices]),
+            "d2d": np.array([d2d_rate(dev, dev) for dev in devices]),
+            "up": np.array([dev.uplink for dev in devices]),
+            "down": np.array([dev.downlink for dev in devices]),
+        }
 
     def estimates(self, round_idx: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        mu_b, mu_p, beta = self.probe(round_idx)
-        a = self.options.ema
-        self.mu_b = moving_average(self.mu_b, mu_b, a)
-        self.mu_p = moving_average(self.mu_p, mu_p, a)
+        """Eq. (6)-(7): moving averages of the latest reported states (see module docs)."""
+        if not self.seen:
+            self.seen = self.announced()
+        seen, a = self.seen, self.options.ema
+        beta = (self.bytes_per_iteration() + self.gradient_bytes()) / np.minimum.outer(
+            seen["d2d"], seen["d2d"]
+        )
+        np.fill_diagonal(beta, 0.0)
+        self.mu_b = moving_average(self.mu_b, seen["mu_b"], a)
+        self.mu_p = self.mu_b * self.compute_ratio()
         self.beta = moving_average(self.beta, beta, a)
+        self.d2d = moving_average(self.d2d, seen["d2d"], a)
+        self.ps = moving_average(self.ps, np.stack([seen["up"], seen["down"]], axis=1), a)
         return self.mu_b, self.mu_p, self.beta
 
     def ingress(self, round_idx: int, mu_b: np.ndarray, beta: np.ndarray) -> np.ndarray:
@@ -118,8 +146,31 @@ class ParallelSFL(Algorithm):
         n = len(mu_b)
         mean_beta = beta.sum(1) / max(n - 1, 1)
         t_ref = float(np.median(mu_b + mean_beta))
-        down = np.array([self.ctx.population.at(c, round_idx).downlink for c in range(n)])
-        return down * t_ref * self.options.ingress_scale
+        return self.d2d * t_ref * self.options.ingress_scale
+
+    # -- the cluster time model (Eq. 9, 15), shared with the clock ------------------------------
+    def _server(self):
+        pop = self.ctx.population
+        return pop.server if pop.shared_server else None
+
+    def _planned_load(self, top: int, members: list[int]) -> ClusterLoad:
+        """A cluster's load from the estimates (full batches of the run's batch size)."""
+        up, down = self.bytes_per_iteration(), self.gradient_bytes()
+        bottom = self.ctx.profile.device_bytes(self.cut)
+        loads = tuple(
+            MemberLoad(
+                self.mu_b[i], self.mu_p[top], (up + down) / self.beta[i, top], up, down, bottom
+            )
+            for i in members
+        )
+        ps_up, ps_down = self.ps[top]
+        return ClusterLoad(loads, self.d2d[top], ps_up, ps_down, self.ctx.profile.total_bytes)
+
+    def planned_times(self, clusters: list[Cluster]) -> tuple[np.ndarray, np.ndarray]:
+        """``(t_c,o, β_c)`` per cluster on the estimates, for Eq. (15)-(17)."""
+        loads = [self._planned_load(int(t), [int(i) for i in m]) for t, m in clusters]
+        times = cluster_times(loads, self._server(), self.ctx.config.devices.contention)
+        return np.array([c.t_co for c in times]), np.array([c.beta_c for c in times])
 
     # -- hooks ---------------------------------------------------------------------------------
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
@@ -129,13 +180,6 @@ class ParallelSFL(Algorithm):
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         mu_b, mu_p, beta = self.estimates(round_idx)
         dists = self.ctx.label_hist / np.maximum(self.ctx.label_hist.sum(1, keepdims=True), 1)
-        full = self.ctx.profile.total_bytes
-        beta_ps = np.array(
-            [
-                2 * full / self.ctx.population.at(c, max(round_idx - 1, 0)).uplink
-                for c in range(self.ctx.num_clients)
-            ]
-        )
         o = self.options
         clusters, taus, info = plan_clusters(
             dists,
@@ -148,10 +192,10 @@ class ParallelSFL(Algorithm):
             tau=o.tau,
             k=o.k,
             lam=o.lam,
-            beta_ps=beta_ps,
             max_passes=o.max_passes,
             random_assignment=o.random_clusters,
             adaptive_tau=o.adaptive_tau,
+            cluster_time=self.planned_times,
         )
         lr = self.ctx.lr_at(round_idx)
         d = self.ctx.config.train.batch_size
@@ -166,27 +210,105 @@ class ParallelSFL(Algorithm):
         summary["taus"] = [int(t) for t in taus if t > 0]
         return RoundPlan(tasks, "per_step", "mean", "own", server_lr=lr, info=summary)
 
+    def _clock_clusters(
+        self, plan: RoundPlan, round_idx: int
+    ) -> dict[int, tuple[ClusterTime, ClusterLoad]]:
+        """The clock's view: every cluster of the plan on the true profiles of the round."""
+        if self._clock_cache[0] == (round_idx, id(plan)):
+            return self._clock_cache[1]
+        pop, prof = self.ctx.population, self.ctx.profile
+        q, label = prof.activation_bytes(self.cut), self.ctx.config.devices.label_bytes
+        groups = sorted(plan.groups().items())
+        loads = []
+        for g, tasks in groups:
+            top = pop.at(self.tops[g], round_idx)
+            members = []
+            for t in tasks:
+                dev = pop.at(t.client, round_idx)
+                per = self.ctx.round_samples(t.client, t.batch_size, t.steps) / t.steps
+                members.append(
+                    MemberLoad(
+                        per * prof.device_flops(self.cut) / dev.flops,
+                        per * prof.server_flops(self.cut) / top.flops,
+                        d2d_rate(dev, top),
+                        per * (q + label),
+                        per * q,
+                        prof.device_bytes(self.cut),
+                    )
+                )
+            loads.append(
+                ClusterLoad(
+                    tuple(members), d2d_rate(top, top), top.uplink, top.downlink, prof.total_bytes
+                )
+            )
+        times = cluster_times(loads, self._server(), self.ctx.config.devices.contention)
+        out = {g: (ct, load) for (g, _), ct, load in zip(groups, times, loads, strict=True)}
+        self._clock_cache = ((round_idx, id(plan)), out)
+        return out
+
     def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
-        pop = self.ctx.population
-        return clustered_client_cost(
-            self.ctx.profile,
-            task.cut,
-            samples,
-            task.steps,
-            pop.at(task.client, round_idx),
-            pop.at(self.tops[task.group], round_idx),
-            self.members[task.group],
-            self.ctx.config.devices.label_bytes,
+        """A bottom worker's round on :func:`~splitfl.system.cluster.cluster_times`: its own
+        time is ``τ_c·t_i + β_c`` (Eq. 9, 15); the PS model traffic is split equally among the
+        members in the accounting; the top worker's compute for its batches is ``server_*``
+        (its queueing included in ``server_time``) and its energy ``helper_energy``."""
+        ct, load = self._clock_clusters(plan, round_idx)[task.group]
+        k = [t.client for t in plan.groups()[task.group]].index(task.client)
+        m, rate, t_i = load.members[k], ct.d2d_rates[k], ct.member_iteration[k]
+        steps, prof = task.steps, self.ctx.profile
+        transfer = (m.up_bytes + m.down_bytes) / rate
+        top = self.ctx.population.at(self.tops[task.group], round_idx)
+        n_c, full = len(load.members), prof.total_bytes
+        traffic = Traffic(
+            model_down=full / n_c,
+            model_up=full / n_c,
+            d2d_model=2 * m.model_bytes,
+            d2d_activations=steps * m.up_bytes,
+            d2d_gradients=steps * m.down_bytes,
+        )
+        extra = {
+            "steps": float(steps),
+            "d2d_own": self.ctx.population.at(task.client, round_idx).d2d,
+            "d2d_link": m.link,
+            "d2d_rate": rate,
+            "top_d2d": load.top_d2d,
+            "top_compute": steps * m.top_compute,
+            "top_uplink": load.top_uplink,
+            "top_downlink": load.top_downlink,
+            "cluster_time": ct.round_time(steps),
+        }
+        return ClientCost(
+            traffic=traffic,
+            device_flops=samples * prof.device_flops(self.cut),
+            server_flops=samples * prof.server_flops(self.cut),
+            comm_time=steps * transfer + ct.beta_c,
+            device_time=steps * m.compute,
+            server_time=steps * (t_i - m.compute - transfer),
+            extra=extra,
+            helper_energy=steps * m.top_compute * top.power,
         )
 
+    def share_links(self, costs, plan: RoundPlan, round_idx: int):
+        """Sharing is part of the cluster model already (top radio and server link)."""
+        return costs
+
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
-        """Measured per-iteration bottom compute times (with jitter) refine μ_b."""
+        """Record what the clock reported for each bottom worker (its measured compute and
+        radio; its top worker's radio, compute and PS rates) for the next round's Eq. (6)-(7)
+        estimates, and log the measured Eq. (16) cluster waiting."""
+        d, ratio = self.ctx.config.train.batch_size, self.compute_ratio()
+        cluster_time: dict[int, float] = {}
         for task in plan.tasks:
-            cost = report.costs[task.client]
-            measured = cost.device_time * report.jitter[task.client] / max(task.steps, 1)
-            self.mu_b[task.client] = moving_average(
-                self.mu_b[task.client], measured, self.options.ema
-            )
+            c, top, cost = task.client, self.tops[task.group], report.costs[task.client]
+            batches = max(report.samples[c], 1) / d  # measured times are scaled to batch d
+            self.seen["mu_b"][c] = cost.device_time * report.jitter[c] / batches
+            self.seen["d2d"][c] = cost.extra["d2d_own"]
+            self.seen["d2d"][top] = cost.extra["top_d2d"]
+            self.seen["mu_b"][top] = cost.extra["top_compute"] / batches / ratio
+            self.seen["up"][top] = cost.extra["top_uplink"]
+            self.seen["down"][top] = cost.extra["top_downlink"]
+            cluster_time[task.group] = max(cluster_time.get(task.group, 0.0), report.times[c])
+        t_c = np.array(list(cluster_time.values()))
+        plan.info["cluster_waiting_clock"] = round_waiting(t_c, t_c > 0)["cluster_waiting"]
 
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
         """Eq. (4) + Eq. (18): per-worker weight τ_c (cluster weight N_c·τ_c)."""
@@ -194,7 +316,10 @@ class ParallelSFL(Algorithm):
         return layerwise_aggregate(global_state, result.updates, result.server_states, weights)
 
     def state_dict(self) -> dict:
-        return {"mu_b": self.mu_b, "mu_p": self.mu_p, "beta": self.beta}
+        names = ("mu_b", "mu_p", "beta", "d2d", "ps")
+        return {**{k: getattr(self, k) for k in names}, "seen": self.seen}
 
     def load_state_dict(self, state: dict) -> None:
-        self.mu_b, self.mu_p, self.beta = state["mu_b"], state["mu_p"], state["beta"]
+        for k in ("mu_b", "mu_p", "beta", "d2d", "ps"):
+            setattr(self, k, state.get(k))
+        self.seen = state.get("seen", {})

@@ -54,7 +54,7 @@ one result.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,6 +81,7 @@ __all__ = [
     "moving_average",
     "plan_clusters",
     "random_clusters",
+    "round_waiting",
     "swap_finetune",
     "top_capacity_ok",
     "total_utility",
@@ -691,18 +692,24 @@ def plan_clusters(
     max_passes: int = 20,
     random_assignment: bool = False,
     adaptive_tau: bool = True,
+    cluster_time: Callable[[list[Cluster]], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[list[Cluster], np.ndarray, dict[str, Any]]:
     """Alg. 1 lines 1-11 plus Eq. (15)-(17) for one round.
 
     ``k`` defaults to ``max(1, N // 5)``; ``beta_ps[i]`` is worker i's time to upload the
-    submodels to the PS (``β_c = beta_ps[top_c]``, default 0). Variants:
+    submodels to the PS (``β_c = beta_ps[top_c]``, default 0). ``cluster_time``, if given,
+    maps the final clusters to ``(t_c,o, β_c)`` per cluster for Eq. (15)-(17) in place of
+    Eq. (9) and ``beta_ps`` (ParallelSFL passes the clock's cluster model,
+    :func:`splitfl.system.cluster.cluster_times`). Variants:
     ``random_assignment=True`` replaces the plan by :func:`random_clusters` with the greedy
     plan's cluster sizes and skips line 11 (ParallelSFL-R); ``adaptive_tau=False`` gives every
     training cluster τ (ParallelSFL-WC; -R uses both). Returns the clusters, τ_c (int64, 0 for
     top-only clusters) and an info dict: ``sum_utility`` (Σ U_c), ``sum_utility_greedy``
     (before line 11), ``mean_kl`` and ``mean_waiting`` (Eq. 13 / Eq. 11 averaged over the
     clusters that train), ``n_clusters``, ``n_top_only``, ``w_scale``, ``kl_scale``,
-    ``t_co`` and ``beta_c`` (per-cluster lists), ``round_time`` (max_c of Eq. 15).
+    ``t_co`` and ``beta_c`` (per-cluster lists), ``round_time`` (max_c of Eq. 15),
+    ``cluster_times`` (Eq. 15 per cluster) and ``cluster_waiting`` (Eq. 16 over the clusters
+    that train).
     """
     dists = np.asarray(label_dists, dtype=np.float64)
     n = dists.shape[0]
@@ -719,9 +726,12 @@ def plan_clusters(
         clusters = swap_finetune(
             greedy, dists, phi0, mu_b, mu_p, beta, bandwidth, b, *scales, max_passes=max_passes
         )
-    t_co = np.array([cluster_iteration_time(m, t, mu_b, mu_p, beta) for t, m in clusters])
-    ps = np.zeros(n) if beta_ps is None else np.asarray(beta_ps, dtype=np.float64)
-    beta_c = np.array([ps[t] for t, _ in clusters], dtype=np.float64)
+    if cluster_time is None:
+        t_co = np.array([cluster_iteration_time(m, t, mu_b, mu_p, beta) for t, m in clusters])
+        ps = np.zeros(n) if beta_ps is None else np.asarray(beta_ps, dtype=np.float64)
+        beta_c = np.array([ps[t] for t, _ in clusters], dtype=np.float64)
+    else:
+        t_co, beta_c = (np.asarray(a, dtype=np.float64) for a in cluster_time(clusters))
     if adaptive_tau:
         taus = local_frequencies(clusters, t_co, beta_c, tau)
     else:
@@ -740,8 +750,19 @@ def plan_clusters(
         "kl_scale": kl_scale,
         "t_co": t_co.tolist(),
         "beta_c": beta_c.tolist(),
-        "round_time": float(np.max(taus * t_co + np.where(taus > 0, beta_c, 0.0)))
-        if len(clusters)
-        else 0.0,
     }
+    info.update(round_waiting(taus * t_co + np.where(taus > 0, beta_c, 0.0), taus > 0))
     return clusters, taus, info
+
+
+def round_waiting(t_c: np.ndarray, active: np.ndarray) -> dict[str, Any]:
+    """Eq. (15)-(16): the round time ``t = max_c t_c`` and the clusters' average waiting
+    ``W = (1/C) Σ_c (t − t_c)`` over the ``active`` (training) clusters (0 if none)."""
+    t_c = np.asarray(t_c, dtype=np.float64)
+    live = t_c[np.asarray(active, dtype=bool)]
+    t = float(live.max()) if live.size else 0.0
+    return {
+        "round_time": t,
+        "cluster_times": t_c.tolist(),
+        "cluster_waiting": float((t - live).mean()) if live.size else 0.0,
+    }

@@ -179,6 +179,7 @@ def _measure(config, algorithm, plan, result, r: int) -> tuple[RoundReport, dict
     costs = {
         u.client: algorithm.client_cost(tasks[u.client], u.samples, r, plan) for u in result.updates
     }
+    costs = algorithm.share_links(costs, plan, r)
     samples = {u.client: u.samples for u in result.updates}
     losses = {u.client: u.loss_sum / max(u.samples, 1) for u in result.updates}
     jitter = jitter_factors(sorted(costs), config.devices.jitter, rng_for(config.seed, "jitter", r))
@@ -197,20 +198,24 @@ def _measure(config, algorithm, plan, result, r: int) -> tuple[RoundReport, dict
 
 def _round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r: int) -> dict:
     """Per-round metrics (test accuracy is filled in by the caller when evaluated). Energy:
-    busy device compute time × power per client (jitter applied)."""
+    busy device compute time × power per client (jitter applied), plus helpers' compute
+    energy (``ClientCost.helper_energy``: a ParallelSFL top worker serving the client)."""
     energy = {
         k: c.device_time * report.jitter[k] * ctx.population.at(k, r).power
         for k, c in report.costs.items()
     }
+    helpers = sum(c.helper_energy for c in report.costs.values())
     return {
         "round_time": report.round_time,
         "train_loss": result.train_loss,
         "test_acc": None,
         "test_loss": None,
         "avg_waiting": sum(waits.values()) / len(waits),
-        "energy_j": sum(energy.values()),
+        # device compute of the participants plus that of helpers (ParallelSFL's top workers)
+        "energy_j": sum(energy.values()) + helpers,
         # per participant, aligned with "clients" (RingSFL Fig. 14); idle transfers use none
         "energy_j_by_client": [energy.get(t.client, 0.0) for t in plan.tasks],
+        "energy_j_helpers": helpers,
         **{f"bytes_{link}": getattr(traffic, link) for link in LINKS},
         "traffic_total": traffic.total,
         "clients": [t.client for t in plan.tasks],

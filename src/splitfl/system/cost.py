@@ -12,11 +12,19 @@ with ``F_c = p · flops_c`` and ``F_s = p · flops_s`` (per-sample forward+backw
 download and upload link at their own rates (``R`` for both in S²FL), and label bytes (not in
 Eq. 1) can be counted with ``label_bytes > 0``. FedAvg is the case ``cut == n_blocks``: the full
 model goes down and up, no activations, no server compute.
+
+**Shared server link** (``devices.contention``, default on; not in Eq. 1): ``R`` above is the
+client's own link, but every participant's transfers also cross the server's link (S²FL
+Table 1: 1e7 B/s; MergeSFL's PS ingress budget B^h). :func:`share_server_link` gives each
+transfer the rate ``min(own link, max-min fair share of the server link)`` among the round's
+concurrent transfers in the same direction (:func:`max_min_share`). With ``contention: false``
+the times are Eq. (1) exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from splitfl.models.profile import ModelProfile
 from splitfl.system.devices import DeviceProfile
@@ -70,6 +78,13 @@ class ClientCost:
     device_time: float
     server_time: float
     extra: dict[str, float] = field(default_factory=dict)
+    #: (uplink, downlink) rates of the client's own link to the server that ``comm_time``
+    #: charged the server-side bytes at; ``None`` where the cost has no client↔server link
+    #: (its topology accounts for sharing itself). Used by :func:`share_server_link`.
+    server_link: tuple[float, float] | None = None
+    #: Energy (J) other devices spend computing for this client (e.g. a top worker's compute
+    #: for the client's batches); added to the round's energy.
+    helper_energy: float = 0.0
 
     @property
     def time(self) -> float:
@@ -121,6 +136,7 @@ def split_client_cost(
         comm_time=up / device.uplink + down / device.downlink,
         device_time=device_flops / device.flops,
         server_time=server_flops / server.flops,
+        server_link=(device.uplink, device.downlink),
     )
 
 
@@ -130,53 +146,6 @@ def d2d_rate(a: DeviceProfile, b: DeviceProfile) -> float:
     if not rates:
         raise ValueError("device-to-device link needs a d2d rate on both devices")
     return min(rates)
-
-
-def clustered_client_cost(
-    profile: ModelProfile,
-    cut: int,
-    samples: int,
-    steps: int,
-    device: DeviceProfile,
-    top: DeviceProfile,
-    members: int,
-    label_bytes: int = 0,
-) -> ClientCost:
-    """Cost of a bottom worker in a cluster whose *top worker* holds the top model
-    (ParallelSFL §3.3, Eq. 9 and 15).
-
-    Per iteration the worker computes its bottom part (μ_b), sends activations and labels to
-    the top worker and receives gradients over the device-to-device link (β_i,c), and waits for
-    the top worker to process the batches of all ``members`` bottom workers (N_c·μ_p). Per
-    round the top worker downloads and uploads the full model from/to the parameter server
-    (β_c, shared equally among the members in the accounting), and sends/collects the bottom
-    part to/from each member over D2D.
-    """
-    link = d2d_rate(device, top)
-    bottom_bytes = profile.device_bytes(cut)
-    full_bytes = profile.total_bytes
-    q = profile.activation_bytes(cut)
-    per_sample_top = profile.server_flops(cut)
-    traffic = Traffic(
-        model_down=full_bytes / members,
-        model_up=full_bytes / members,
-        d2d_model=2 * bottom_bytes,
-        d2d_activations=samples * (q + label_bytes),
-        d2d_gradients=samples * q,
-    )
-    ps_time = 2 * full_bytes / min(top.uplink, top.downlink)
-    d2d_time = (traffic.d2d_model + traffic.d2d_activations + traffic.d2d_gradients) / link
-    device_flops = samples * profile.device_flops(cut)
-    top_flops = members * samples * per_sample_top
-    return ClientCost(
-        traffic=traffic,
-        device_flops=device_flops,
-        server_flops=samples * per_sample_top,
-        comm_time=ps_time + d2d_time,
-        device_time=device_flops / device.flops,
-        server_time=top_flops / top.flops,
-        extra={"steps": float(steps)},
-    )
 
 
 def ring_client_cost(
@@ -214,6 +183,7 @@ def ring_client_cost(
         comm_time=comm,
         device_time=flops / device.flops,
         server_time=0.0,
+        server_link=(device.uplink, device.downlink),
     )
 
 
@@ -223,3 +193,72 @@ def round_times(client_times: dict[int, float]) -> tuple[float, dict[int, float]
         return 0.0, {}
     round_time = max(client_times.values())
     return round_time, {c: round_time - t for c, t in client_times.items()}
+
+
+def max_min_share(caps: Sequence[float], capacity: float) -> list[float]:
+    """Max-min fair (water-filling) rates of concurrent flows sharing a link of ``capacity``.
+
+    Flow ``k`` can go no faster than ``caps[k]`` (its own link). Flows are filled in order of
+    increasing cap: each gets ``min(cap, remaining capacity / flows left)``, so a flow whose own
+    link is slower than its fair share keeps its own rate and leaves the rest to the others,
+    and no flow gets more than ``capacity / n`` unless others need less. Where the caps sum to
+    at most ``capacity`` every flow gets exactly its cap. Example: four 5e6 B/s flows into a
+    1e7 B/s link get 2.5e6 each; caps (1e6, 1e6, 1e6, 5e6) get (1e6, 1e6, 1e6, 5e6).
+    """
+    if not capacity > 0:
+        raise ValueError(f"shared link capacity must be > 0 (got {capacity})")
+    if any(not c > 0 for c in caps):
+        raise ValueError(f"every flow's own rate must be > 0 (got {list(caps)})")
+    rates = [0.0] * len(caps)
+    left = capacity
+    order = sorted(range(len(caps)), key=lambda k: caps[k])
+    for done, k in enumerate(order):
+        rates[k] = min(caps[k], left / (len(caps) - done))
+        left -= rates[k]
+    return rates
+
+
+def server_bytes(traffic: Traffic) -> tuple[float, float]:
+    """Bytes a client sends to (ingress) and receives from (egress) the server in a round."""
+    ingress = traffic.model_up + traffic.activations_up + traffic.labels_up
+    return ingress, traffic.model_down + traffic.gradients_down
+
+
+def share_server_link(
+    costs: dict[int, ClientCost], server: DeviceProfile, concurrent: bool = True
+) -> dict[int, ClientCost]:
+    """Server-link contention: each client's server-side transfers at their shared rate.
+
+    The server receives at ``server.downlink`` (ingress) and sends at ``server.uplink``
+    (egress). With ``concurrent`` (participants train in parallel), the round's transfers in
+    one direction are taken to overlap for their whole duration, and each client's rate is its
+    :func:`max_min_share` of the server link, capped by its own link; the rates are not
+    re-allocated when a client finishes early, so the model errs on the slow side. Without
+    ``concurrent`` (clients served one after another, e.g. vanilla SL) each transfer has the
+    server link to itself: ``min(own link, server)``. Only ``comm_time`` changes, by
+    ``bytes · (1/shared − 1/own)`` per direction, i.e. not at all where the server link does not
+    bind. Costs without a ``server_link`` pass through unchanged.
+    """
+    linked = {c: cost for c, cost in costs.items() if cost.server_link is not None}
+    shares: dict[int, list[float]] = {c: list(cost.server_link) for c, cost in linked.items()}
+    for direction, capacity in enumerate((server.downlink, server.uplink)):
+        flows = [c for c, cost in linked.items() if server_bytes(cost.traffic)[direction] > 0]
+        caps = [shares[c][direction] for c in flows]
+        if concurrent:
+            rates = max_min_share(caps, capacity)
+        else:
+            rates = [min(cap, capacity) for cap in caps]
+        for c, rate in zip(flows, rates, strict=True):
+            shares[c][direction] = rate
+    out = dict(costs)
+    for c, cost in linked.items():
+        extra_time = sum(
+            b * (1.0 / rate - 1.0 / own)
+            for b, rate, own in zip(
+                server_bytes(cost.traffic), shares[c], cost.server_link, strict=True
+            )
+            if b > 0
+        )
+        extra = {**cost.extra, "server_in_rate": shares[c][0], "server_out_rate": shares[c][1]}
+        out[c] = replace(cost, comm_time=cost.comm_time + extra_time, extra=extra)
+    return out

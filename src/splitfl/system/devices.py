@@ -44,11 +44,17 @@ class DeviceSchedule(Protocol):
 @dataclass(frozen=True)
 class Population:
     """The devices of a run (one base profile per client), the server profile and, for
-    time-varying presets, a schedule giving each client's profile in a given round."""
+    time-varying presets, a schedule giving each client's profile in a given round.
+
+    ``shared_server``: whether the preset defines the server's bandwidth, so that the
+    participants' transfers share it (``devices.contention``); ``False`` where the server
+    profile stands in for compute only.
+    """
 
     devices: tuple[DeviceProfile, ...]
     server: DeviceProfile
     schedule: DeviceSchedule | None = None
+    shared_server: bool = True
 
     def at(self, client: int, round_idx: int) -> DeviceProfile:
         """Profile of ``client`` in round ``round_idx`` (the base profile if static)."""
@@ -125,7 +131,8 @@ def ringsfl_testbed(n: int, rng: np.random.Generator, composition: str = "unifor
     """
     pcs = max(1, round(n * 2 / 5)) if n > 1 else 1
     devices = tuple(RINGSFL_PC if i < pcs else RINGSFL_PI for i in range(n))
-    return Population(devices, RINGSFL_PC)
+    # the paper gives no server bandwidth: the PC profile stands in for the server's FLOPS only
+    return Population(devices, RINGSFL_PC, shared_server=False)
 
 
 def homogeneous(n: int, rng: np.random.Generator, composition: str = "uniform") -> Population:
@@ -172,7 +179,7 @@ def with_variation(population: Population, sigma: float, period: int, seed: int)
     if sigma <= 0:
         return population
     schedule = VariedSchedule(population, sigma, period, seed)
-    return Population(population.devices, population.server, schedule)
+    return replace(population, schedule=schedule)
 
 
 PRESETS: dict[str, Callable[..., Population]] = {
@@ -183,10 +190,37 @@ PRESETS: dict[str, Callable[..., Population]] = {
 }
 
 
+@dataclass(frozen=True)
+class D2DOverride:
+    """A schedule whose profiles all have device-to-device rate ``rate``."""
+
+    schedule: DeviceSchedule
+    rate: float
+
+    def __call__(self, client: int, round_idx: int) -> DeviceProfile:
+        return replace(self.schedule(client, round_idx), d2d=self.rate)
+
+
+def with_d2d_rate(population: Population, rate: float) -> Population:
+    """``population`` with every device's D2D rate set to ``rate`` B/s (``devices.d2d_rate``:
+    RingSFL §4.2.3 / Fig. 11-12 sweep the D2D rate; ParallelSFL's clusters use it too)."""
+    if not rate > 0:
+        raise ValueError(f"d2d rate must be > 0 (got {rate})")
+    devices = tuple(replace(d, d2d=rate) for d in population.devices)
+    schedule = None if population.schedule is None else D2DOverride(population.schedule, rate)
+    return replace(population, devices=devices, schedule=schedule)
+
+
 def draw_population(
-    preset: str, n: int, rng: np.random.Generator, composition: str = "uniform"
+    preset: str,
+    n: int,
+    rng: np.random.Generator,
+    composition: str = "uniform",
+    d2d_rate: float | None = None,
 ) -> Population:
-    """Draw ``n`` device profiles from ``preset`` with ``rng`` (deterministic given the seed)."""
+    """Draw ``n`` device profiles from ``preset`` with ``rng`` (deterministic given the seed);
+    ``d2d_rate`` (B/s) replaces every device's D2D rate."""
     if preset not in PRESETS:
         raise KeyError(f"unknown device preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[preset](n, rng, composition)
+    population = PRESETS[preset](n, rng, composition)
+    return population if d2d_rate is None else with_d2d_rate(population, d2d_rate)

@@ -1,0 +1,145 @@
+"""Shared-link contention in the cost model: max-min shares, the server link, D2D override."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import splitfl
+from conftest import tiny_config
+from splitfl.config import ConfigError
+from splitfl.engine.runner import as_config, prepare
+from splitfl.models.profile import BlockCost, ModelProfile
+from splitfl.system import (
+    DeviceProfile,
+    draw_population,
+    max_min_share,
+    share_server_link,
+    split_client_cost,
+)
+
+SERVER = DeviceProfile(flops=5e10, uplink=1e7, downlink=1e7)
+
+
+def _profile() -> ModelProfile:
+    return ModelProfile(
+        (
+            BlockCost(100, 400, 1e6, 16, 64),
+            BlockCost(200, 800, 2e6, 8, 32),
+            BlockCost(50, 200, 3e6, 1, 4),
+        )
+    )
+
+
+def _costs(rates: list[float], cut: int = 2, samples: int = 100) -> dict:
+    devices = [DeviceProfile(flops=1e9, uplink=r, downlink=r) for r in rates]
+    return {
+        c: split_client_cost(_profile(), cut, samples, d, SERVER) for c, d in enumerate(devices)
+    }
+
+
+def test_max_min_share_by_hand():
+    assert max_min_share([5e6] * 4, 1e7) == [2.5e6] * 4
+    # caps that fit keep their own rate exactly
+    assert max_min_share([1e6, 1e6, 1e6, 5e6], 1e7) == [1e6, 1e6, 1e6, 5e6]
+    # the slow flow keeps 1e6, the other two split the remaining 6e6
+    assert max_min_share([5e6, 1e6, 5e6], 7e6) == [3e6, 1e6, 3e6]
+    assert max_min_share([], 1e7) == []
+    with pytest.raises(ValueError, match="capacity"):
+        max_min_share([1e6], 0.0)
+    with pytest.raises(ValueError, match="own rate"):
+        max_min_share([0.0], 1e7)
+
+
+def test_four_clients_share_the_server_link_by_hand():
+    # Prepare: 4 clients with 5e6 B/s links into a 1e7 B/s server (S2FL Table 1)
+    costs = _costs([5e6] * 4)
+    # Execute
+    shared = share_server_link(costs, SERVER)
+    # Assert: each transfer at 2.5e6; up = |Wc| + p*q = 1200 + 3200, down the same
+    for c, cost in shared.items():
+        assert cost.comm_time == pytest.approx(2 * (1200 + 3200) / 2.5e6, rel=1e-12)
+        assert cost.extra["server_in_rate"] == cost.extra["server_out_rate"] == 2.5e6
+        assert cost.device_time == costs[c].device_time
+        assert cost.server_time == costs[c].server_time
+        assert cost.traffic is costs[c].traffic
+    # the input costs are not modified (pure Eq. 1 still there)
+    assert costs[0].comm_time == pytest.approx(2 * 4400 / 5e6, rel=1e-12)
+
+
+def test_unbinding_and_sequential_transfers_keep_eq1_exactly():
+    costs = _costs([1e6, 1e6, 1e6, 5e6])  # 8e6 in total: the server does not bind
+    shared = share_server_link(costs, SERVER)
+    assert [c.time for c in shared.values()] == [c.time for c in costs.values()]
+    many = _costs([5e6] * 4)
+    one_at_a_time = share_server_link(many, SERVER, concurrent=False)
+    assert [c.time for c in one_at_a_time.values()] == [c.time for c in many.values()]
+
+
+def test_sharing_counts_every_server_byte_and_skips_costs_without_server_link():
+    costs = _costs([5e6, 5e6], cut=3)  # FedAvg: full model down and up, no activations
+    costs[0].traffic.model_down += 1400  # e.g. IFCA's extra cluster model
+    costs[0].comm_time += 1400 / 5e6
+    costs[2] = dataclasses.replace(costs[1], server_link=None)
+    shared = share_server_link(costs, SERVER)
+    # egress: 2800 B and 1400 B at 5e6 each (two flows into 1e7 and one is excluded)
+    assert shared[0].comm_time == pytest.approx((1400 + 2800) / 5e6, rel=1e-12)
+    three = share_server_link({**costs, 2: costs[1]}, SERVER)
+    assert three[0].comm_time == pytest.approx(1400 / (1e7 / 3) + 2800 / (1e7 / 3))
+    assert shared[2] is costs[2]
+
+
+def test_contention_off_reproduces_pure_eq1(tmp_path):
+    """Old numbers (before contention existed) and Eq. (1) client by client."""
+    cfg = tiny_config(algorithm="s2fl", rounds=1, **{"devices.contention": False})
+    row = splitfl.run(cfg, run_dir=tmp_path / "off").metrics[0]
+    assert row["round_time"] == pytest.approx(0.59759722112, rel=1e-12)
+    prep = prepare(as_config(cfg))
+    ctx = prep.ctx
+    for client, cut, t in zip(row["clients"], row["cuts"], row["client_times"], strict=True):
+        steps = ctx.local_steps(client)
+        samples = ctx.round_samples(client, ctx.config.train.batch_size, steps)
+        assert t == pytest.approx(ctx.client_cost(client, cut, samples, 0).time, rel=1e-12)
+
+
+def test_contention_on_slows_clients_to_their_server_share(tmp_path):
+    # 6 homogeneous clients with 2e6 links into the 1e7 server: 1e7/6 each way
+    changes = {"devices.preset": "homogeneous", "algorithm": "fedavg", "rounds": 1}
+    on = splitfl.run(tiny_config(**changes), run_dir=tmp_path / "on").metrics[0]
+    off_changes = {**changes, "devices.contention": False}
+    off = splitfl.run(tiny_config(**off_changes), run_dir=tmp_path / "off").metrics[0]
+    ctx = prepare(as_config(tiny_config(**changes))).ctx
+    model = ctx.profile.total_bytes
+    for t_on, t_off in zip(on["client_times"], off["client_times"], strict=True):
+        assert t_on - t_off == pytest.approx(2 * model * (6 / 1e7 - 1 / 2e6), rel=1e-9)
+    assert on["round_time"] > off["round_time"]
+
+
+def test_vanilla_sl_clients_never_share(tmp_path):
+    changes = {"devices.preset": "homogeneous", "algorithm": "vanilla_sl", "rounds": 1}
+    on = splitfl.run(tiny_config(**changes), run_dir=tmp_path / "on").metrics[0]
+    off_changes = {**changes, "devices.contention": False}
+    off = splitfl.run(tiny_config(**off_changes), run_dir=tmp_path / "off").metrics[0]
+    assert on["client_times"] == off["client_times"]
+
+
+def test_d2d_rate_override_and_presets_without_server_bandwidth():
+    pop = draw_population("jetson80", 8, np.random.default_rng(0), d2d_rate=3e6)
+    assert {d.d2d for d in pop.devices} == {3e6}
+    assert {pop.at(c, 41).d2d for c in range(8)} == {3e6}  # time-varying schedule too
+    assert (
+        pop.at(3, 41).uplink
+        == draw_population("jetson80", 8, np.random.default_rng(0)).at(3, 41).uplink
+    )
+    ring = draw_population("ringsfl_testbed", 5, np.random.default_rng(0))
+    assert not ring.shared_server and pop.shared_server
+    ctx = prepare(as_config(tiny_config(**{"devices.d2d_rate": 1e5}))).ctx
+    assert {ctx.population.at(c, 0).d2d for c in range(ctx.num_clients)} == {1e5}
+
+
+@pytest.mark.parametrize(
+    "key,value", [("devices.d2d_rate", 0.0), ("devices.d2d_rate", -1.0), ("devices.contention", 2)]
+)
+def test_bad_contention_config_is_one_line_error(key, value):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        as_config(tiny_config(**{key: value}))
