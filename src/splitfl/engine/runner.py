@@ -385,23 +385,23 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
         dynamic_ncols=True,
     )
     t0 = time.perf_counter() - (st.rows[-1]["wall_time"] if st.rows else 0.0)
-    status, boundary = "ok", True
+    status, consistent = "ok", True  # False while a round has changed the model or algorithm
     if start is None:
         st.checkpoint(run_dir, algorithm)
     trackers = make_trackers(config, run_dir)  # output.tracking (none by default)
     try:
         with _sigterm_as_interrupt():
             for r in bar:
-                boundary = False  # the model/algorithm may be mid-round from here on
+                consistent = False
                 row = _play_round(prep, executor, st, r, eval_model, t0)
+                _record(run_dir, st, row)
+                consistent = True  # model, algorithm, clock and rows all after round r + 1
                 if row["test_acc"] is not None:
                     bar.set_postfix(acc=f"{row['test_acc']:.3f}", sim=f"{st.clock.now:.0f}s")
-                _record(run_dir, st, row)
                 trackers.log_round(row)
                 check_explosion(st.rows, st.initial_loss, config.train)
                 if (r + 1) % config.output.checkpoint_every == 0 or r + 1 == config.rounds:
                     st.checkpoint(run_dir, algorithm)
-                boundary = True
     except NonFiniteLossError as err:
         status = f"diverged at round {r + 1}: {err}"
         raise NonFiniteLossError(
@@ -409,8 +409,8 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
         ) from err
     except KeyboardInterrupt as err:
         status = f"interrupted at round {len(st.rows)}"
-        if boundary and st.checkpoint_round < len(st.rows):
-            st.checkpoint(run_dir, algorithm)  # the state is exactly that after the last row
+        if consistent and st.checkpoint_round < len(st.rows):
+            st.checkpoint(run_dir, algorithm)  # nothing is lost; mid-round, the last one stays
         raise RunInterrupted(
             f"{status} of {config.rounds}; checkpoint at round {st.checkpoint_round} kept in "
             f"{run_dir / 'checkpoints'}; continue with: splitfl run --resume {run_dir}"
