@@ -19,6 +19,7 @@ from splitfl.config import ConfigError
 from splitfl.dirlock import DirectoryLockedError, hold_lock
 from splitfl.engine import runner
 from splitfl.engine.checkpoint import decode_numpy, encode_numpy
+from splitfl.engine.guards import LossExplosionError, check_explosion
 from splitfl.metrics.summary import read_metrics, summarize
 from splitfl.testing import tiny_config
 
@@ -49,15 +50,15 @@ def full(tmp_path_factory):
 
 
 def _stop_in_round(monkeypatch, round_index, exc):
-    """Make ``_play_round`` raise ``exc`` when it starts round ``round_index`` (0-based)."""
-    play = runner._play_round
+    """Raise ``exc`` as round ``round_index`` (0-based) starts (its torch seed is derived)."""
+    derive = runner.derive_seed
 
-    def stop(prep, executor, st, r, *args):
-        if r == round_index:
+    def stop(seed, *parts):
+        if parts == ("torch", round_index):
             raise exc
-        return play(prep, executor, st, r, *args)
+        return derive(seed, *parts)
 
-    monkeypatch.setattr(runner, "_play_round", stop)
+    monkeypatch.setattr(runner, "derive_seed", stop)
 
 
 def _killed_run(tmp_path, monkeypatch):
@@ -273,12 +274,12 @@ class _Train:
 
 def test_explosion_needs_k_consecutive_rounds_above_the_factor():
     rows = [{"train_loss": v} for v in (2.0, 250.0, 1.0, 201.0, 250.0)]
-    runner.check_explosion(rows, 2.0, _Train(100, 3))  # 250, 1, 201: not all above 200
-    runner.check_explosion(rows[:4], 2.0, _Train(100, 2))  # 1, 201
-    runner.check_explosion(rows, 2.0, _Train(None, 2))  # disabled
-    runner.check_explosion(rows, 2.0, _Train(100, 0))  # disabled
-    with pytest.raises(runner.LossExplosionError, match="250 > 100 x initial loss 2 for 2"):
-        runner.check_explosion(rows, 2.0, _Train(100, 2))  # 201, 250 > 200
+    check_explosion(rows, 2.0, _Train(100, 3))  # 250, 1, 201: not all above 200
+    check_explosion(rows[:4], 2.0, _Train(100, 2))  # 1, 201
+    check_explosion(rows, 2.0, _Train(None, 2))  # disabled
+    check_explosion(rows, 2.0, _Train(100, 0))  # disabled
+    with pytest.raises(LossExplosionError, match="250 > 100 x initial loss 2 for 2"):
+        check_explosion(rows, 2.0, _Train(100, 2))  # 201, 250 > 200
 
 
 @pytest.mark.parametrize("value", ["0.5", "1", "-3"])

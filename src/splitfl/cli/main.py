@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_DIVERGED
     except KeyboardInterrupt as err:
-        print(f"interrupted: {err}" if str(err) else "interrupted", file=sys.stderr)
+        print(str(err) or "interrupted", file=sys.stderr)  # the run's message says where
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # output piped into e.g. `head`
         sys.stderr.close()

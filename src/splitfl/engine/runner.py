@@ -12,12 +12,8 @@ from __future__ import annotations
 
 import copy
 import json
-import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -40,6 +36,7 @@ from splitfl.dirlock import hold_lock
 from splitfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from splitfl.engine.context import RunContext, build_context
 from splitfl.engine.executor import NonFiniteLossError, evaluate, make_executor
+from splitfl.engine.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
 from splitfl.metrics.plots import plot_accuracy
 from splitfl.metrics.summary import summarize
 from splitfl.metrics.tracking import make_trackers
@@ -206,53 +203,6 @@ def _round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, 
     }
 
 
-class LossExplosionError(NonFiniteLossError):
-    """The training loss stayed above ``train.explode_factor`` × the initial loss for
-    ``train.explode_rounds`` rounds in a row: the run diverged without reaching NaN/inf."""
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM stopped a run; the message says where and how to resume it."""
-
-
-def check_explosion(rows: list[dict[str, Any]], initial_loss: float | None, train) -> None:
-    """Stop a run whose training loss exploded without becoming NaN/inf.
-
-    Raises :class:`LossExplosionError` when the last ``train.explode_rounds`` rows all have
-    ``train_loss > train.explode_factor * initial_loss``, where ``initial_loss`` is the test
-    loss of the initial global model. (Not the first round's training loss: with a huge
-    learning rate that is already exploded, e.g. 1.6e24 with ``lr=1e6`` on the quickstart.)
-    ``explode_factor`` or ``explode_rounds`` 0/null disables the check.
-    """
-    factor, k = train.explode_factor, train.explode_rounds
-    if not factor or not k or initial_loss is None or len(rows) < k:
-        return
-    limit = factor * initial_loss
-    if all(r["train_loss"] > limit for r in rows[-k:]):
-        raise LossExplosionError(
-            f"train loss {rows[-1]['train_loss']:.3g} > {factor:g} x initial loss "
-            f"{initial_loss:.3g} for {k} rounds (train.explode_factor, train.explode_rounds)"
-        )
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt (the Ctrl-C path) while the body runs; signal
-    handlers can only be set in the main thread, elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 @dataclass
 class LoopState:
     """What the round loop carries and a checkpoint stores."""
@@ -301,8 +251,13 @@ def _start_state(prep: Prepared, start: dict | None, eval_model, run_dir: Path) 
         clock.now = start["clock"]
         lines = [json.dumps(r) + "\n" for r in start["rows"]]
         st = LoopState(
-            start["global_state"], clock, Traffic(**start["traffic"]), start["rows"], lines,
-            start.get("initial_loss"), start["round"],
+            start["global_state"],
+            clock,
+            Traffic(**start["traffic"]),
+            start["rows"],
+            lines,
+            start.get("initial_loss"),
+            start["round"],
         )
         _note_restored(run_dir / "metrics.jsonl", lines)
     (run_dir / "metrics.jsonl").write_text("".join(st.lines))
@@ -390,7 +345,7 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
         st.checkpoint(run_dir, algorithm)
     trackers = make_trackers(config, run_dir)  # output.tracking (none by default)
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             for r in bar:
                 consistent = False
                 row = _play_round(prep, executor, st, r, eval_model, t0)
