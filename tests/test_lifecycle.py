@@ -127,6 +127,23 @@ def test_damaged_checkpoint_is_one_line_and_exit_2(damage, tmp_path, monkeypatch
     assert err.count("\n") == 1 and "damaged or not a splitfl checkpoint" in err, err
 
 
+@pytest.mark.parametrize(
+    "other,message",
+    [
+        ({"algorithm": "fedavg"}, "the checkpoint's state does not fit s2fl"),
+        ({"model": "mlp"}, "model parameters do not match the config's model"),
+    ],
+)
+def test_checkpoint_of_another_run_is_one_line(other, message, tmp_path, monkeypatch, capsys):
+    run_dir = _killed_run(tmp_path, monkeypatch)
+    donor = splitfl.run(tiny_config(rounds=2, **other), run_dir=tmp_path / "donor")
+    ckpt = "checkpoints/last.pt"
+    (run_dir / ckpt).write_bytes((donor.run_dir / ckpt).read_bytes())
+    assert main(["run", "--resume", str(run_dir), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
 def test_checkpoint_rows_must_match_its_round(tmp_path, monkeypatch, capsys):
     run_dir = _killed_run(tmp_path, monkeypatch)
     path = run_dir / "checkpoints" / "last.pt"

@@ -70,12 +70,12 @@ def _damaged(path: Path, why: str) -> ConfigError:
     return ConfigError("--resume", f"{path} is damaged or not a splitfl checkpoint ({why})")
 
 
-def load_checkpoint(path: Path, model_keys: list[str], rounds: int) -> dict[str, Any]:
+def load_checkpoint(path: Path, model_shapes: dict[str, torch.Size], rounds: int) -> dict[str, Any]:
     """Read and check a checkpoint; ``state["rows"]`` are its metric rows (rounds 1..round).
 
     Raises:
         ConfigError: one line, for any file that is not a complete splitfl checkpoint of a
-            run with these model keys and at most ``rounds`` rounds.
+            run whose model has these state shapes and at most ``rounds`` rounds.
     """
     try:
         state = torch.load(path, weights_only=True, map_location="cpu")
@@ -89,8 +89,11 @@ def load_checkpoint(path: Path, model_keys: list[str], rounds: int) -> dict[str,
     k = state["round"]
     if not isinstance(k, int) or not 0 <= k <= rounds:
         raise _damaged(path, f"round {k!r} outside 0..{rounds}")
-    if not isinstance(state["global_state"], dict) or sorted(state["global_state"]) != sorted(
-        model_keys
+    model = state["global_state"]
+    if (
+        not isinstance(model, dict)
+        or sorted(model) != sorted(model_shapes)
+        or any(not torch.is_tensor(v) or v.shape != model_shapes[k] for k, v in model.items())
     ):
         raise _damaged(path, "its model parameters do not match the config's model")
     state["rows"] = parse_rows(state["metrics"], k, path)

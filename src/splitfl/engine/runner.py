@@ -5,7 +5,10 @@ profiles), ``metrics.jsonl`` (one row per round), ``summary.json``, ``accuracy.p
 ``checkpoints/last.pt``. Optimisers are created afresh each round and every random stream is
 derived from ``(seed, purpose, round)`` (see :mod:`splitfl.seeding`), so a checkpoint of
 the global model, the algorithm state and the clock is all a resume needs to reproduce an
-uninterrupted run exactly.
+uninterrupted run exactly. The checkpoint also holds the metric rows up to its round and is
+the source of truth on resume (:mod:`splitfl.engine.checkpoint`); a run directory is locked
+while a process works in it (:mod:`splitfl.dirlock`); Ctrl-C/SIGTERM and exploding losses are
+handled in :mod:`splitfl.engine.guards`.
 """
 
 from __future__ import annotations
@@ -147,8 +150,8 @@ def resume(run_dir: str | Path, progress: bool | None = None) -> RunResult:
         ckpt_path = path / "checkpoints" / "last.pt"
         start = None
         if ckpt_path.exists():
-            keys = list(prepared.ctx.model.state_dict())
-            start = load_checkpoint(ckpt_path, keys, config.rounds)
+            shapes = {k: v.shape for k, v in prepared.ctx.model.state_dict().items()}
+            start = load_checkpoint(ckpt_path, shapes, config.rounds)
         return _loop(prepared, path, start=start, progress=progress)
 
 
@@ -246,14 +249,22 @@ def _start_state(prep: Prepared, start: dict | None, eval_model, run_dir: Path) 
             initial = evaluate(eval_model, test.x, test.y, config.eval.batch_size)[1]
         st = LoopState(global_state, SimClock(), Traffic(), [], [], initial)
     else:
-        algorithm.load_state_dict(start["algorithm"])
         clock = SimClock()
         clock.now = start["clock"]
-        lines = [json.dumps(r) + "\n" for r in start["rows"]]
+        lines = str(start["metrics"]).splitlines(keepends=True)
+        try:
+            algorithm.load_state_dict(start["algorithm"])
+            cum = Traffic(**start["traffic"])
+        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as err:
+            raise ConfigError(
+                "--resume",
+                f"the checkpoint's state does not fit {config.algorithm} "
+                f"({type(err).__name__}: {err}); damaged or from another run?",
+            ) from None
         st = LoopState(
             start["global_state"],
             clock,
-            Traffic(**start["traffic"]),
+            cum,
             start["rows"],
             lines,
             start.get("initial_loss"),
