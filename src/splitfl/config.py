@@ -83,6 +83,12 @@ class TrainConfig:
     weight_decay: float = 0.0
     local_epochs: int = 1
     local_steps: int | None = None
+    #: Explosion check (a divergence that never reaches NaN/inf): stop with exit code 3 when
+    #: the round's training loss exceeds ``explode_factor`` × the initial model's test loss
+    #: for ``explode_rounds`` rounds in a row (the papers are silent; a careful default that
+    #: the shipped configs stay far below, even with lr=1); 0 or null disables.
+    explode_factor: float | None = 100.0
+    explode_rounds: int | None = 3
 
 
 @dataclass(frozen=True)
@@ -410,6 +416,9 @@ def validate(config: ExperimentConfig) -> None:
     _check(t.weight_decay >= 0, "train.weight_decay", "must be >= 0")
     _check(t.local_epochs >= 1, "train.local_epochs", f"must be >= 1 (got {t.local_epochs})")
     _check(t.local_steps is None or t.local_steps >= 1, "train.local_steps", "must be >= 1 or null")
+    f, k = t.explode_factor, t.explode_rounds
+    _check(not f or f > 1, "train.explode_factor", f"must be > 1, or 0/null to disable (got {f})")
+    _check(not k or k >= 1, "train.explode_rounds", f"must be >= 1, or 0/null to disable (got {k})")
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")

@@ -1,8 +1,10 @@
 """``splitfl`` command line: run, compare, sweep, report, list, validate, privacy.
 
 Bad input (config values, missing data files) prints one line ``error: <field>: <allowed>`` and
-exits with code 2 before any run directory is written; a diverged run exits with code 3; a
-sweep in which some trial did not finish exits with code 1 (the others still ran).
+exits with code 2 before any run directory is written (so does a run or sweep directory that
+another process holds, or a damaged checkpoint); a diverged run (NaN/inf or exploding loss)
+exits with code 3; a sweep in which some trial did not finish exits with code 1 (the others
+still ran); Ctrl-C or SIGTERM exits with code 130 after recording where the run stopped.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from splitfl.config import ConfigError
 EXIT_TRIALS_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 
 
 def _split_args(values: list[str]) -> tuple[str | None, list[str]]:
@@ -219,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteLossError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_DIVERGED
+    except KeyboardInterrupt as err:
+        print(str(err) or "interrupted", file=sys.stderr)  # the run's message says where
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # output piped into e.g. `head`
         sys.stderr.close()
         return 0

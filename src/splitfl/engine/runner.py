@@ -5,13 +5,17 @@ profiles), ``metrics.jsonl`` (one row per round), ``summary.json``, ``accuracy.p
 ``checkpoints/last.pt``. Optimisers are created afresh each round and every random stream is
 derived from ``(seed, purpose, round)`` (see :mod:`splitfl.seeding`), so a checkpoint of
 the global model, the algorithm state and the clock is all a resume needs to reproduce an
-uninterrupted run exactly.
+uninterrupted run exactly. The checkpoint also holds the metric rows up to its round and is
+the source of truth on resume (:mod:`splitfl.engine.checkpoint`); a run directory is locked
+while a process works in it (:mod:`splitfl.dirlock`); Ctrl-C/SIGTERM and exploding losses are
+handled in :mod:`splitfl.engine.guards`.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,10 +35,13 @@ from splitfl.config import (
     load_config,
     resolve_device,
 )
+from splitfl.dirlock import hold_lock
+from splitfl.engine.checkpoint import load_checkpoint, save_checkpoint
 from splitfl.engine.context import RunContext, build_context
 from splitfl.engine.executor import NonFiniteLossError, evaluate, make_executor
+from splitfl.engine.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
 from splitfl.metrics.plots import plot_accuracy
-from splitfl.metrics.summary import read_metrics, summarize, write_metrics
+from splitfl.metrics.summary import summarize
 from splitfl.metrics.tracking import make_trackers
 from splitfl.seeding import derive_seed, rng_for
 from splitfl.system import LINKS, SimClock, Traffic, jitter_factors
@@ -115,11 +122,7 @@ def _write_clients(ctx: RunContext, path: Path) -> None:
 
 
 def _save_checkpoint(run_dir: Path, state: dict[str, Any]) -> None:
-    folder = run_dir / "checkpoints"
-    folder.mkdir(exist_ok=True)
-    tmp = folder / "last.pt.tmp"
-    torch.save(state, tmp)
-    tmp.replace(folder / "last.pt")
+    save_checkpoint(run_dir, state)
 
 
 def run(
@@ -140,9 +143,10 @@ def run(
     prepared = prepare(config)
     path = Path(run_dir) if run_dir is not None else new_run_dir(config)
     path.mkdir(parents=True, exist_ok=False)
-    dump_config(config, path / "config.yaml")
-    _write_clients(prepared.ctx, path / "clients.json")
-    return _loop(prepared, path, start=None, progress=progress)
+    with hold_lock(path):
+        dump_config(config, path / "config.yaml")
+        _write_clients(prepared.ctx, path / "clients.json")
+        return _loop(prepared, path, start=None, progress=progress)
 
 
 def resume(run_dir: str | Path, progress: bool | None = None) -> RunResult:
@@ -150,11 +154,15 @@ def resume(run_dir: str | Path, progress: bool | None = None) -> RunResult:
     path = Path(run_dir)
     if not (path / "config.yaml").exists():
         raise ConfigError("--resume", f"{path} is not a run directory (no config.yaml)")
-    config = load_config(path / "config.yaml")
-    prepared = prepare(config)
-    ckpt_path = path / "checkpoints" / "last.pt"
-    start = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() else None
-    return _loop(prepared, path, start=start, progress=progress)
+    with hold_lock(path):
+        config = load_config(path / "config.yaml")
+        prepared = prepare(config)
+        ckpt_path = path / "checkpoints" / "last.pt"
+        start = None
+        if ckpt_path.exists():
+            shapes = {k: v.shape for k, v in prepared.ctx.model.state_dict().items()}
+            start = load_checkpoint(ckpt_path, shapes, config.rounds)
+        return _loop(prepared, path, start=start, progress=progress)
 
 
 def as_config(config: Any, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -225,6 +233,127 @@ def _round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, 
     }
 
 
+@dataclass
+class LoopState:
+    """What the round loop carries and a checkpoint stores."""
+
+    global_state: dict[str, torch.Tensor]
+    clock: SimClock
+    cum: Traffic
+    rows: list[dict[str, Any]]
+    lines: list[str]  # rows as written to metrics.jsonl (the checkpoint keeps the same text)
+    initial_loss: float | None
+    checkpoint_round: int = 0
+
+    def checkpoint(self, run_dir: Path, algorithm: Algorithm) -> None:
+        """Checkpoint after the last recorded round (rows and model agree)."""
+        done = len(self.rows)
+        _save_checkpoint(
+            run_dir,
+            {
+                "round": done,
+                "global_state": self.global_state,
+                "algorithm": algorithm.state_dict(),
+                "clock": self.clock.now,
+                "traffic": self.cum.to_dict(),
+                "initial_loss": self.initial_loss,
+                "metrics": "".join(self.lines),
+                "seed_rule": "streams derived from (seed, purpose, round)",
+            },
+        )
+        self.checkpoint_round = done
+
+
+def _start_state(prep: Prepared, start: dict | None, eval_model, run_dir: Path) -> LoopState:
+    """A fresh loop state, or the checkpoint's (its rows replace ``metrics.jsonl``)."""
+    config, ctx, algorithm = prep.config, prep.ctx, prep.algorithm
+    if start is None:
+        global_state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+        initial = None
+        if config.train.explode_factor and config.train.explode_rounds:
+            eval_model.load_state_dict(global_state)
+            test = ctx.bundle.test
+            initial = evaluate(eval_model, test.x, test.y, config.eval.batch_size)[1]
+        st = LoopState(global_state, SimClock(), Traffic(), [], [], initial)
+    else:
+        clock = SimClock()
+        clock.now = start["clock"]
+        lines = str(start["metrics"]).splitlines(keepends=True)
+        try:
+            algorithm.load_state_dict(start["algorithm"])
+            cum = Traffic(**start["traffic"])
+        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as err:
+            raise ConfigError(
+                "--resume",
+                f"the checkpoint's state does not fit {config.algorithm} "
+                f"({type(err).__name__}: {err}); damaged or from another run?",
+            ) from None
+        st = LoopState(
+            start["global_state"],
+            clock,
+            cum,
+            start["rows"],
+            lines,
+            start.get("initial_loss"),
+            start["round"],
+        )
+        _note_restored(run_dir / "metrics.jsonl", lines)
+    (run_dir / "metrics.jsonl").write_text("".join(st.lines))
+    return st
+
+
+def _note_restored(path: Path, lines: list[str]) -> None:
+    """Say so when ``metrics.jsonl`` lost rows the checkpoint has (they are restored)."""
+    old = path.read_text().splitlines(keepends=True) if path.exists() else []
+    if old[: len(lines)] != lines:
+        print(
+            f"note: {path} disagreed with the checkpoint (missing, truncated or damaged rows); "
+            f"restored its {len(lines)} rows from the checkpoint",
+            file=sys.stderr,
+        )
+
+
+def _play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: float) -> dict:
+    """One round: select → plan → execute → cost → observe → aggregate → evaluate; returns
+    its metrics row (``st`` holds the new model, clock and traffic)."""
+    config, ctx, algorithm = prep.config, prep.ctx, prep.algorithm
+    torch.manual_seed(derive_seed(config.seed, "torch", r))
+    clients = algorithm.select_clients(r, rng_for(config.seed, "select", r))
+    plan = algorithm.plan_round(r, clients, rng_for(config.seed, "plan", r))
+    result = executor.run_round(ctx, st.global_state, plan, derive_seed(config.seed, "b", r))
+    report, waits = _measure(config, algorithm, plan, result, r)
+    algorithm.observe(r, plan, report)
+    st.global_state = algorithm.aggregate(st.global_state, plan, result)
+    st.clock.advance(report.round_time)
+    traffic = Traffic()
+    for cost in report.costs.values():
+        traffic.add(cost.traffic)
+    st.cum.add(traffic)
+    row = {
+        "round": r + 1,
+        "sim_time": st.clock.now,
+        "wall_time": time.perf_counter() - t0,
+        **_round_row(ctx, plan, result, report, waits, traffic, r),
+        "traffic_total_cum": st.cum.total,
+        **{f"plan_{k}": v for k, v in plan.info.items()},
+    }
+    if (r + 1) % config.eval.every == 0 or r + 1 == config.rounds:
+        eval_model.load_state_dict(st.global_state)
+        test = ctx.bundle.test
+        row["test_acc"], row["test_loss"] = evaluate(
+            eval_model, test.x, test.y, config.eval.batch_size
+        )
+    return row
+
+
+def _record(run_dir: Path, st: LoopState, row: dict[str, Any]) -> None:
+    line = json.dumps(row) + "\n"
+    st.rows.append(row)
+    st.lines.append(line)
+    with open(run_dir / "metrics.jsonl", "a") as fh:
+        fh.write(line)
+
+
 def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | None) -> RunResult:
     config, ctx, algorithm = prep.config, prep.ctx, prep.algorithm
     device = resolve_device(config.device)
@@ -235,21 +364,9 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
         # a run gives the same numbers wherever it runs (Ray workers default BLAS to 1 thread)
         torch.set_num_threads(config.threads)
         blas = threadpool_limits(limits=config.threads, user_api="blas")
-    global_state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
-    clock, cum = SimClock(), Traffic()
-    first_round, wall_offset = 0, 0.0
-    rows: list[dict[str, Any]] = []
-    if start is not None:
-        global_state = start["global_state"]
-        algorithm.load_state_dict(start["algorithm"])
-        clock.now = start["clock"]
-        cum = Traffic(**start["traffic"])
-        first_round = start["round"]
-        rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["round"] <= first_round]
-        wall_offset = rows[-1]["wall_time"] if rows else 0.0
-    write_metrics(run_dir / "metrics.jsonl", rows)
     eval_model = ctx.model if device == "cpu" else copy.deepcopy(ctx.model).to(device)
-    test = ctx.bundle.test
+    st = _start_state(prep, start, eval_model, run_dir)
+    first_round = len(st.rows)
     show = config.output.progress if progress is None else progress
     bar = tqdm(
         range(first_round, config.rounds),
@@ -260,74 +377,46 @@ def _loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | No
         leave=False,
         dynamic_ncols=True,
     )
-    t0 = time.perf_counter() - wall_offset
-    status = "ok"
-
-    def checkpoint(rounds_done: int) -> None:
-        _save_checkpoint(
-            run_dir,
-            {
-                "round": rounds_done,
-                "global_state": global_state,
-                "algorithm": algorithm.state_dict(),
-                "clock": clock.now,
-                "traffic": cum.to_dict(),
-                "seed_rule": "streams derived from (seed, purpose, round)",
-            },
-        )
-
+    t0 = time.perf_counter() - (st.rows[-1]["wall_time"] if st.rows else 0.0)
+    status, consistent = "ok", True  # False while a round has changed the model or algorithm
     if start is None:
-        checkpoint(0)
+        st.checkpoint(run_dir, algorithm)
     trackers = make_trackers(config, run_dir)  # output.tracking (none by default)
     try:
-        for r in bar:
-            torch.manual_seed(derive_seed(config.seed, "torch", r))
-            clients = algorithm.select_clients(r, rng_for(config.seed, "select", r))
-            plan = algorithm.plan_round(r, clients, rng_for(config.seed, "plan", r))
-            result = executor.run_round(ctx, global_state, plan, derive_seed(config.seed, "b", r))
-            report, waits = _measure(config, algorithm, plan, result, r)
-            algorithm.observe(r, plan, report)
-            global_state = algorithm.aggregate(global_state, plan, result)
-            clock.advance(report.round_time)
-            traffic = Traffic()
-            for cost in report.costs.values():
-                traffic.add(cost.traffic)
-            cum.add(traffic)
-            row = {
-                "round": r + 1,
-                "sim_time": clock.now,
-                "wall_time": time.perf_counter() - t0,
-                **_round_row(ctx, plan, result, report, waits, traffic, r),
-                "traffic_total_cum": cum.total,
-                **{f"plan_{k}": v for k, v in plan.info.items()},
-            }
-            if (r + 1) % config.eval.every == 0 or r + 1 == config.rounds:
-                eval_model.load_state_dict(global_state)
-                row["test_acc"], row["test_loss"] = evaluate(
-                    eval_model, test.x, test.y, config.eval.batch_size
-                )
-                bar.set_postfix(acc=f"{row['test_acc']:.3f}", sim=f"{clock.now:.0f}s")
-            rows.append(row)
-            with open(run_dir / "metrics.jsonl", "a") as fh:
-                fh.write(json.dumps(row) + "\n")
-            trackers.log_round(row)
-            if (r + 1) % config.output.checkpoint_every == 0 or r + 1 == config.rounds:
-                checkpoint(r + 1)
+        with sigterm_as_interrupt():
+            for r in bar:
+                consistent = False
+                row = _play_round(prep, executor, st, r, eval_model, t0)
+                _record(run_dir, st, row)
+                consistent = True  # model, algorithm, clock and rows all after round r + 1
+                if row["test_acc"] is not None:
+                    bar.set_postfix(acc=f"{row['test_acc']:.3f}", sim=f"{st.clock.now:.0f}s")
+                trackers.log_round(row)
+                check_explosion(st.rows, st.initial_loss, config.train)
+                if (r + 1) % config.output.checkpoint_every == 0 or r + 1 == config.rounds:
+                    st.checkpoint(run_dir, algorithm)
     except NonFiniteLossError as err:
         status = f"diverged at round {r + 1}: {err}"
         raise NonFiniteLossError(
             f"{status}; last good checkpoint kept in {run_dir / 'checkpoints'}"
+        ) from err
+    except KeyboardInterrupt as err:
+        status = f"interrupted at round {len(st.rows)}"
+        if consistent and st.checkpoint_round < len(st.rows):
+            st.checkpoint(run_dir, algorithm)  # nothing is lost; mid-round, the last one stays
+        raise RunInterrupted(
+            f"{status} of {config.rounds}; checkpoint at round {st.checkpoint_round} kept in "
+            f"{run_dir / 'checkpoints'}; continue with: splitfl run --resume {run_dir}"
         ) from err
     finally:
         bar.close()
         if blas is not None:
             blas.restore_original_limits()
         trackers.close()
-        summary = summarize(rows, config.eval.target_accuracy, status)
+        summary = summarize(st.rows, config.eval.target_accuracy, status, config.rounds)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        if rows:
-            plot_accuracy({config.algorithm: rows}, run_dir / "accuracy.png", config.algorithm)
-    if status == "ok":
-        ctx.model.load_state_dict(global_state)
-        torch.save(global_state, run_dir / "model.pt")
-    return RunResult(run_dir, config, rows, summary)
+        if st.rows:
+            plot_accuracy({config.algorithm: st.rows}, run_dir / "accuracy.png", config.algorithm)
+    ctx.model.load_state_dict(st.global_state)
+    torch.save(st.global_state, run_dir / "model.pt")
+    return RunResult(run_dir, config, st.rows, summary)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from splitfl.config import ConfigError
 from splitfl.proxies import display_name
 
 #: Without ``eval.target_accuracy``, the common target is this fraction of the lowest best
@@ -44,14 +45,42 @@ def to_target(rows: list[dict[str, Any]], target: float | None) -> dict[str, Any
     return {"round": None, "sim_time": None, "traffic_bytes": None}
 
 
-def summarize(rows: list[dict[str, Any]], target: float | None, status: str = "ok") -> dict:
-    """Summary of a run (what ``summary.json`` holds and ``compare`` tabulates)."""
+def missing_rounds(rows: list[dict[str, Any]]) -> list[int]:
+    """Rounds in ``1..last round`` that have no row (a summary must not hide them)."""
+    have = {r.get("round") for r in rows}
+    last = max((k for k in have if isinstance(k, int)), default=0)
+    return [k for k in range(1, last + 1) if k not in have]
+
+
+def checked_status(rows: list[dict[str, Any]], status: str, planned: int | None) -> str:
+    """``status``, unless rows are missing (appended) or an ``ok`` run stopped short of
+    ``planned`` rounds (then ``incomplete: ...``): never ``ok`` for an incomplete run."""
+    missing = missing_rounds(rows)
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+        gap = f"missing rows for {len(missing)} rounds ({shown})"
+        return f"incomplete: {gap}" if status == "ok" else f"{status}; {gap}"
+    done = rows[-1].get("round", len(rows)) if rows else 0
+    if status == "ok" and planned is not None and done < planned:
+        return f"incomplete: {done} of {planned} rounds"
+    return status
+
+
+def summarize(
+    rows: list[dict[str, Any]],
+    target: float | None,
+    status: str = "ok",
+    planned: int | None = None,
+) -> dict:
+    """Summary of a run (what ``summary.json`` holds and ``compare`` tabulates); ``planned``
+    is the configured number of rounds (see :func:`checked_status`)."""
     evals = [r for r in rows if r.get("test_acc") is not None]
     waits = [r["avg_waiting"] for r in rows]
     last = rows[-1] if rows else {}
     return {
-        "status": status,
+        "status": checked_status(rows, status, planned),
         "rounds": len(rows),
+        "missing_rounds": missing_rounds(rows),
         "final_acc": evals[-1]["test_acc"] if evals else None,
         "best_acc": max(r["test_acc"] for r in evals) if evals else None,
         "final_loss": evals[-1]["test_loss"] if evals else None,
@@ -66,9 +95,22 @@ def summarize(rows: list[dict[str, Any]], target: float | None, status: str = "o
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` (none if it is missing); a damaged line is a one-line
+    :class:`~splitfl.config.ConfigError` naming the file and line."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            raise ConfigError(str(path), f"line {i} is not a JSON metrics row (damaged file?)")
+        rows.append(row)
+    return rows
 
 
 def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:

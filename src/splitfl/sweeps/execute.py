@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from splitfl.config import ConfigError, ExperimentConfig, from_dict, load_yaml
+from splitfl.dirlock import hold_lock
 from splitfl.sweeps.spec import SweepSpec, Trial, expand, load_sweep
 
 TRIAL_EXECUTORS = ("ray", "local")
@@ -233,6 +234,30 @@ def _reject_invalid(trials: list[Trial]) -> None:
         )
 
 
+#: What makes two sweeps the same one (not where their files were read from).
+SAME_SWEEP_KEYS = ("name", "base", "overrides", "axes")
+
+
+def check_same_sweep(folder: Path, spec: SweepSpec) -> None:
+    """Refuse (one line) a sweep directory whose ``sweep.yaml`` holds a different sweep;
+    the same sweep again is a resume."""
+    path = folder / "sweep.yaml"
+    if not path.is_file():
+        return
+    try:
+        old = load_yaml(path.read_text()) or {}
+    except yaml.YAMLError:
+        old = {}
+    new = load_yaml(yaml.safe_dump(spec.to_dict(), sort_keys=False))  # same round trip
+    differ = [k for k in SAME_SWEEP_KEYS if not isinstance(old, dict) or old.get(k) != new[k]]
+    if differ:
+        raise ConfigError(
+            "--out",
+            f"{folder} holds a different config: another sweep (its sweep.yaml differs in "
+            f"{', '.join(differ)}); use another --out, or --resume {folder} to continue it",
+        )
+
+
 def sweep_dir_for(spec: SweepSpec, out_dir: str | Path | None) -> Path:
     """``out_dir`` if given, else ``<sweep out_dir or runs>/<name>`` (stable, so running the
     same command again resumes)."""
@@ -329,6 +354,8 @@ def sweep(
     if executor == "ray":
         import_ray()
     folder = sweep_dir_for(spec, out_dir)
+    check_same_sweep(folder, spec)
+    resources = (cpus_per_trial, gpus_per_trial)
     trials = check_data(expand(spec), folder)
     if not keep_going:
         _reject_invalid(trials)
@@ -339,6 +366,26 @@ def sweep(
                 f"{folder / t.name} holds a different config (sweep changed?); use another --out",
             )
     folder.mkdir(parents=True, exist_ok=True)
+    with hold_lock(folder, "sweep"):
+        check_same_sweep(folder, spec)  # again, now that no other process can write it
+        index = _run_sweep(folder, spec, trials, executor, progress, address, resources)
+        if report:
+            from splitfl.metrics.report import report as write_report
+
+            write_report(folder)
+    return SweepResult(folder, list(index.entries.values()))
+
+
+def _run_sweep(
+    folder: Path,
+    spec: SweepSpec,
+    trials: list[Trial],
+    executor: str,
+    progress: bool,
+    address: str | None,
+    resources: tuple[float, float],
+) -> Index:
+    """Write ``sweep.yaml`` and the index, then run the unfinished trials (under the lock)."""
     (folder / "sweep.yaml").write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
     index = Index(folder, spec, trials)
     jobs: list[Job] = []
@@ -383,9 +430,5 @@ def sweep(
     if executor == "local":
         run_local(jobs, on_start, on_done)
     else:
-        run_ray(jobs, on_start, on_done, address, cpus_per_trial, gpus_per_trial)
-    if report:
-        from splitfl.metrics.report import report as write_report
-
-        write_report(folder)
-    return SweepResult(folder, list(index.entries.values()))
+        run_ray(jobs, on_start, on_done, address, *resources)
+    return index

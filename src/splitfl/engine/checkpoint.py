@@ -1,0 +1,114 @@
+"""Checkpoints: the single source of truth a resumed run restarts from.
+
+``checkpoints/last.pt`` holds the global model, the algorithm state, the clock, the
+cumulative traffic, the initial loss (for the explosion check) and the ``metrics.jsonl``
+lines of every round up to its round. On resume the metric rows come from the checkpoint and
+``metrics.jsonl`` is rewritten from them, so an emptied, missing, truncated or damaged
+``metrics.jsonl`` cannot drop rows and the resumed run still equals an uninterrupted one.
+
+Checkpoints are read with ``torch.load(weights_only=True)``: only tensors, containers,
+numbers and strings. NumPy arrays in an algorithm's state (ParallelSFL's moving averages)
+are stored as tensors tagged :data:`NUMPY_TAG` and turned back on load. A file that is not
+such a checkpoint (truncated, foreign, or written before splitfl stored metrics in it) is a
+one-line :class:`~splitfl.config.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from splitfl.config import ConfigError
+
+FORMAT = "splitfl-checkpoint"
+VERSION = 2
+NUMPY_TAG = "__numpy__"
+REQUIRED = ("round", "global_state", "algorithm", "clock", "traffic", "metrics")
+
+
+def encode_numpy(obj: Any) -> Any:
+    """``obj`` with NumPy arrays/scalars replaced by ``{NUMPY_TAG: tensor}`` (loadable with
+    ``weights_only=True``); object arrays are refused."""
+    if isinstance(obj, np.ndarray | np.generic):
+        arr = np.asarray(obj)
+        if arr.dtype == object:
+            raise TypeError("object arrays cannot be checkpointed")
+        return {NUMPY_TAG: torch.from_numpy(arr.copy()), "scalar": isinstance(obj, np.generic)}
+    if isinstance(obj, dict):
+        return {k: encode_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(encode_numpy(v) for v in obj)
+    return obj
+
+
+def decode_numpy(obj: Any) -> Any:
+    """Inverse of :func:`encode_numpy` (same dtypes, shapes and values)."""
+    if isinstance(obj, dict):
+        if NUMPY_TAG in obj:
+            arr = obj[NUMPY_TAG].numpy()
+            return arr[()] if obj.get("scalar") else arr
+        return {k: decode_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(decode_numpy(v) for v in obj)
+    return obj
+
+
+def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> None:
+    """Write ``run_dir/checkpoints/last.pt`` atomically (a kill leaves the old or the new)."""
+    folder = run_dir / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / "last.pt.tmp"
+    torch.save({"format": FORMAT, "version": VERSION, **encode_numpy(state)}, tmp)
+    tmp.replace(folder / "last.pt")
+
+
+def _damaged(path: Path, why: str) -> ConfigError:
+    return ConfigError("--resume", f"{path} is damaged or not a splitfl checkpoint ({why})")
+
+
+def load_checkpoint(path: Path, model_shapes: dict[str, torch.Size], rounds: int) -> dict[str, Any]:
+    """Read and check a checkpoint; ``state["rows"]`` are its metric rows (rounds 1..round).
+
+    Raises:
+        ConfigError: one line, for any file that is not a complete splitfl checkpoint of a
+            run whose model has these state shapes and at most ``rounds`` rounds.
+    """
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # noqa: BLE001 - truncated zip, pickle garbage, foreign objects
+        raise _damaged(path, str(err).strip().splitlines()[0][:120] or type(err).__name__) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise _damaged(path, "no splitfl checkpoint header; written by an older splitfl?")
+    missing = [k for k in REQUIRED if k not in state]
+    if missing:
+        raise _damaged(path, f"missing {', '.join(missing)}")
+    k = state["round"]
+    if not isinstance(k, int) or not 0 <= k <= rounds:
+        raise _damaged(path, f"round {k!r} outside 0..{rounds}")
+    model = state["global_state"]
+    if (
+        not isinstance(model, dict)
+        or sorted(model) != sorted(model_shapes)
+        or any(not torch.is_tensor(v) or v.shape != model_shapes[k] for k, v in model.items())
+    ):
+        raise _damaged(path, "its model parameters do not match the config's model")
+    state["rows"] = parse_rows(state["metrics"], k, path)
+    state["algorithm"] = decode_numpy(state["algorithm"])
+    return state
+
+
+def parse_rows(text: Any, rounds: int, path: Path) -> list[dict[str, Any]]:
+    """The checkpoint's ``metrics.jsonl`` text as rows; exactly rounds ``1..rounds``."""
+    try:
+        rows = [json.loads(line) for line in str(text).splitlines()]
+    except ValueError:
+        raise _damaged(path, "its metric rows are not JSON") from None
+    if [r.get("round") if isinstance(r, dict) else None for r in rows] != list(
+        range(1, rounds + 1)
+    ):
+        raise _damaged(path, f"its metric rows are not rounds 1..{rounds}")
+    return rows
