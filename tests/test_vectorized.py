@@ -18,6 +18,11 @@ from splitfl.seeding import derive_seed, rng_for
 from splitfl.testing import config_for as cfg_for
 
 HARD = {"train.lr": 0.01, "train.momentum": 0.9, "train.weight_decay": 1e-4}
+#: Seeds away from a chaotic round (see below): with s2fl's merged batches (group_forward:
+#: concat) the default seed's round 1 moves by 6e-4 under vmap — as much as the sequential
+#: executor itself moves when its start state is perturbed by 1e-8 (a ReLU crossing zero);
+#: ``separate`` hits the same at seed 0 (3e-5).
+SEED_FOR = {"s2fl": 0}
 
 
 @pytest.fixture(params=[True, False], ids=["vmap", "rows"])
@@ -55,7 +60,8 @@ def test_vectorized_round_equals_sequential_round(algorithm, use_vmap):
     BatchNorm runs are chaotic — a 6e-8 perturbation of the global state changes the
     *sequential* executor's own next round by up to 5e-4 — so end-to-end comparisons would
     measure that sensitivity, not the executor.)"""
-    cfg = as_config(cfg_for(algorithm, **HARD))
+    pinned = {"seed": SEED_FOR[algorithm]} if algorithm in SEED_FOR else {}
+    cfg = as_config(cfg_for(algorithm, **HARD, **pinned))
     prep = prepare(cfg)
     ctx, alg = prep.ctx, prep.algorithm
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
@@ -96,7 +102,8 @@ def test_config_selects_the_vectorized_executor(algorithm, use_vmap, tmp_path):
 def test_mixed_cuts_unequal_batches_and_steps_in_one_group(use_vmap, max_rows):
     """One server copy shared by members with different cuts, batch sizes and step counts (the
     hard case: per-block server masks, BatchNorm chaining across buckets, short last batch),
-    all in one batched call or packed two rows (whole groups) per call."""
+    all in one batched call or packed two rows (whole groups) per call; server forwards per
+    member or on merged batches per cut point (concatenated across batch-size buckets)."""
     prep = prepare(as_config(tiny_config(**HARD)))
     ctx = prep.ctx
     tasks = [
@@ -107,13 +114,18 @@ def test_mixed_cuts_unequal_batches_and_steps_in_one_group(use_vmap, max_rows):
         ClientTask(client=4, cut=ctx.model.num_blocks, group=2, batch_size=16, steps=2, lr=0.01),
     ]
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
-    for group_loss, device_grad in (("mean", "own"), ("sum", "union")):
-        plan = RoundPlan(tasks, "per_step", group_loss, device_grad, server_lr=0.03)
+    combos = [("mean", "own", "separate"), ("sum", "union", "separate")]
+    combos += [("mean", "own", "concat"), ("sum", "union", "concat")]
+    for group_loss, device_grad, group_forward in combos:
+        plan = RoundPlan(
+            tasks, "per_step", group_loss, device_grad, server_lr=0.03, group_forward=group_forward
+        )
         torch.manual_seed(0)
         ref = SequentialExecutor().run_round(ctx, state, plan, round_seed=7)
         torch.manual_seed(0)
         ex = VectorizedExecutor(use_vmap=use_vmap, max_rows=max_rows)
         got = ex.run_round(ctx, state, plan, round_seed=7)
+        assert ex.fallbacks == 0
         assert_same_result(ref, got, atol=1e-6)
 
 
