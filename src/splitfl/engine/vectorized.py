@@ -19,6 +19,10 @@ It computes exactly what :class:`~splitfl.engine.executor.SequentialExecutor` co
   A group's server copy is run by several members in one step; its running statistics are
   combined afterwards in member order with the closed form of the sequential EMA
   (:func:`chain_ema`), so they equal the sequential result.
+* **Merged batches** (``group_forward: concat``, MergeSFL/S²FL) — per group and cut point the
+  members' smashed data are concatenated (across batch-length buckets) into one server-row
+  batch; merged batches of equal cut and length share one batched call, and the per-member
+  losses are slices of its output, so no plan of this kind falls back.
 * **Optimiser** — SGD with momentum and weight decay applied row-wise (:func:`sgd_rows`), with
   torch's semantics: a row (or a server block not traversed this step) that received no
   gradient is not touched, its momentum buffer is created on its first update.
