@@ -107,7 +107,8 @@ def test_config_selects_the_vectorized_executor(algorithm, use_vmap, tmp_path):
 def test_mixed_cuts_unequal_batches_and_steps_in_one_group(use_vmap, max_rows):
     """One server copy shared by members with different cuts, batch sizes and step counts (the
     hard case: per-block server masks, BatchNorm chaining across buckets, short last batch),
-    all in one batched call or packed two rows (whole groups) per call."""
+    all in one batched call or packed two rows (whole groups) per call; server forwards per
+    member or on merged batches per cut point (concatenated across batch-size buckets)."""
     prep = prepare(as_config(tiny_config(**HARD)), dtype=torch.float64)
     ctx = prep.ctx
     tasks = [
@@ -118,13 +119,18 @@ def test_mixed_cuts_unequal_batches_and_steps_in_one_group(use_vmap, max_rows):
         ClientTask(client=4, cut=ctx.model.num_blocks, group=2, batch_size=16, steps=2, lr=0.01),
     ]
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
-    for group_loss, device_grad in (("mean", "own"), ("sum", "union")):
-        plan = RoundPlan(tasks, "per_step", group_loss, device_grad, server_lr=0.03)
+    combos = [("mean", "own", "separate"), ("sum", "union", "separate")]
+    combos += [("mean", "own", "concat"), ("sum", "union", "concat")]
+    for group_loss, device_grad, group_forward in combos:
+        plan = RoundPlan(
+            tasks, "per_step", group_loss, device_grad, server_lr=0.03, group_forward=group_forward
+        )
         torch.manual_seed(0)
         ref = SequentialExecutor().run_round(ctx, state, plan, round_seed=7)
         torch.manual_seed(0)
         ex = VectorizedExecutor(use_vmap=use_vmap, max_rows=max_rows)
         got = ex.run_round(ctx, state, plan, round_seed=7)
+        assert ex.fallbacks == 0
         assert_same_result(ref, got, atol=F64_ATOL)
 
 

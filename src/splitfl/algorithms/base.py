@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 #: active members are combined into one loss (S²FL Eq. 3; a group of one is SplitFed V1);
 #: ``sequential`` = members are served one after another, each for all its steps (SplitFed V2).
 SERVER_MODES = ("per_step", "sequential")
+#: How a ``per_step`` group's server part is run on its members' smashed data: ``concat`` =
+#: one forward/backward on the concatenation of the active members that share a cut point
+#: (MergeSFL Eq. 16's mixed feature sequence; S²FL's "larger batches"), so layers that couple
+#: samples (BatchNorm) see the merged batch; ``separate`` = one forward per member.
+GROUP_FORWARDS = ("concat", "separate")
 
 
 @dataclass
@@ -89,6 +94,11 @@ class RoundPlan:
             previous client trained (vanilla split learning) instead of the global one.
         ring: If set, the round is RingSFL's ring training (tasks hold full models).
         info: Algorithm-specific facts logged with the round's metrics.
+        group_forward: One of :data:`GROUP_FORWARDS`. With ``concat``, members with different
+            cut points cannot share a server input: each cut point's members form their own
+            merged batch (one forward per distinct cut, in member order). The per-member
+            losses are slices of the merged output, so ``group_loss``/``device_grad`` apply
+            unchanged; without sample-coupling layers both choices compute the same.
     """
 
     tasks: list[ClientTask]
@@ -102,6 +112,7 @@ class RoundPlan:
     chain_devices: bool = False
     ring: RingSpec | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    group_forward: str = "separate"
 
     def groups(self) -> dict[int, list[ClientTask]]:
         out: dict[int, list[ClientTask]] = {}

@@ -21,7 +21,12 @@ Size Regulation"): spec ``papers/mergesfl.md`` §IV (Alg. 1, Eq. 5–17).
   for one top-model step on the mean loss over the merged batch (Eq. 16), and each worker gets
   back its gradient slice rescaled to the gradient of its own mean loss (as the released code
   does, ×Σd/d_i); τ = ``tau`` iterations per round; bottom models aggregated with weights ∝ d_i
-  (Eq. 17).
+  (Eq. 17). ``merge: concat`` (default) runs the top model once on the concatenated features
+  (``RoundPlan.group_forward``), so its BatchNorm layers normalise the mixed batch; ``separate``
+  runs it on each worker's features and sums the losses (same step without BatchNorm). The
+  loss is the mean over the merged batch — Eq. (16)'s ∇̃F_p of the mixed sequence, the released
+  code's ``CrossEntropyLoss()`` on the concatenation — and the ×Σd/d_i slice rescale makes each
+  worker's gradient that of its own mean loss, i.e. what it would get in plain SFL.
 * **Ablations (§V-D):** ``mergesfl-w/o-FM`` — no merging: the PS runs the top model separately
   on each worker's features (one top-model copy per worker, averaged with Eq. 17 weights);
   ``mergesfl-w/o-BR`` — every selected worker uses the same batch size, the average of the
@@ -35,7 +40,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundReport
+from splitfl.algorithms.base import (
+    GROUP_FORWARDS,
+    Algorithm,
+    ClientTask,
+    RoundPlan,
+    RoundReport,
+)
 from splitfl.algorithms.mergesfl_control import arrange_workers, moving_average
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
 from splitfl.seeding import rng_for
@@ -60,9 +71,13 @@ class MergeSFLOptions:
     ga_crossover_rate: float = 0.9
     ga_elite: int = 2
     init_fraction: float = 0.5
+    merge: str = "concat"
 
     def __post_init__(self) -> None:
         from splitfl.config import ConfigError
+
+        if self.merge not in GROUP_FORWARDS:
+            raise ConfigError("options.mergesfl.merge", f"allowed: {', '.join(GROUP_FORWARDS)}")
 
         checks = {
             "tau": self.tau >= 1,
@@ -157,6 +172,7 @@ class MergeSFL(Algorithm):
             device_grad="own",
             server_lr=lr,
             info=info,
+            group_forward=self.options.merge,
         )
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:

@@ -37,6 +37,17 @@ aggregation. Spec: ``papers/s2fl.md`` §3 (Algorithms 1–2, Eq. 1–4), default
   ``union`` vs 88.8 % with ``own``; benchmarks/papers/s2fl/README.md). Reading ∪ as the *sum*
   of the members' mean losses (``group_loss: sum``) also gives each device its own-mean
   gradient, so ``own`` matches Eq. 4 under that reading of Eq. 3.
+* **Group forward (``group_forward``).** ``concat`` (default): every iteration the server part
+  runs once on the concatenation of the smashed data of a group's members that share a cut
+  point; ``separate``: once per member. Reading: the abstract's "combining features uploaded by
+  devices with different data distributions to generate multiple larger batches with a uniform
+  distribution for back-propagation" (and the introduction's "each server-side model portion is
+  trained by more IID features") describes one larger batch per group; Alg. 2 lines 13–17
+  (y_i = W_s(fx_i), loss_i, loss = ∪ loss_i) are the same computation written per member, since
+  the logits y_i and losses loss_i are slices of the merged batch's — the two differ only in
+  layers that couple samples (BatchNorm), where only ``concat`` gives the "larger batch with a
+  uniform distribution". Members at different cut points cannot share a server input (their
+  smashed data have different shapes): each cut point's members form their own merged batch.
 * **Aggregation (§3.3, Algorithm 1):** :func:`splitfl.algorithms.aggregation.layerwise_aggregate`.
 
 Ablations (§5.4): ``s2fl+R`` (neither mechanism: every device on WcK, one server copy per
@@ -50,7 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundReport
+from splitfl.algorithms.base import GROUP_FORWARDS, Algorithm, ClientTask, RoundPlan, RoundReport
 from splitfl.algorithms.data_balance import balanced_groups, partition_cost
 from splitfl.engine.context import batch_sizes
 from splitfl.system.cost import ClientCost, round_times, split_client_cost
@@ -71,6 +82,7 @@ class S2FLOptions:
     time_table_update: str = "mean"
     group_loss: str = "mean"
     device_grad: str = "own"
+    group_forward: str = "concat"
 
     def __post_init__(self) -> None:
         from splitfl.config import ConfigError
@@ -83,6 +95,8 @@ class S2FLOptions:
             raise ConfigError("options.s2fl.group_loss", "allowed: mean, sum")
         if self.device_grad not in ("union", "own"):
             raise ConfigError("options.s2fl.device_grad", "allowed: union, own")
+        if self.group_forward not in GROUP_FORWARDS:
+            raise ConfigError("options.s2fl.group_forward", f"allowed: {', '.join(GROUP_FORWARDS)}")
         if self.exact_limit < 1 or self.restarts < 1:
             raise ConfigError("options.s2fl.exact_limit", "exact_limit and restarts must be >= 1")
 
@@ -257,6 +271,7 @@ class S2FL(Algorithm):
             group_loss=self.options.group_loss,
             device_grad=self.options.device_grad,
             info={**split_info, **group_info},
+            group_forward=self.options.group_forward,
         )
 
     def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):

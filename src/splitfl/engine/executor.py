@@ -245,10 +245,7 @@ class SequentialExecutor:
             x, y = fetch(w, step)
             fx = self._fwd(w.part, x)
             sent.append((w, fx, fx.detach().requires_grad_(), y))
-        losses = [
-            F.cross_entropy(self._fwd(server, fs, start=w.task.cut), y, reduction="sum")
-            for w, _, fs, y in sent
-        ]
+        losses = self._server_losses(server, sent, plan.group_forward)
         for (w, *_), loss_sum in zip(sent, losses, strict=True):
             _check_finite(loss_sum, w.task.client)
         sizes = [len(y) for *_, y in sent]
@@ -281,6 +278,31 @@ class SequentialExecutor:
             w.optimizer.step()
             w.samples += size
             w.loss_sum += loss_sum.item()
+
+    def _server_losses(self, server, sent, group_forward: str) -> list[torch.Tensor]:
+        """Each member's summed cross-entropy on the group's server part. ``separate``: one
+        forward per member. ``concat`` (MergeSFL Eq. 16, S²FL's merged batches): one forward
+        per cut point on its members' concatenated smashed data (member order), the output
+        sliced back per member; autograd slices the input gradient the same way."""
+        if group_forward == "separate":
+            return [
+                F.cross_entropy(self._fwd(server, fs, start=w.task.cut), y, reduction="sum")
+                for w, _, fs, y in sent
+            ]
+        if group_forward != "concat":
+            raise ValueError(f"group_forward must be concat or separate (got {group_forward!r})")
+        by_cut: dict[int, list[int]] = {}
+        for i, (w, *_) in enumerate(sent):
+            by_cut.setdefault(w.task.cut, []).append(i)
+        losses: list[torch.Tensor] = [torch.zeros(())] * len(sent)
+        for cut, members in by_cut.items():
+            fs = torch.cat([sent[i][2] for i in members])
+            y = torch.cat([sent[i][3] for i in members])
+            per_sample = F.cross_entropy(self._fwd(server, fs, start=cut), y, reduction="none")
+            sizes = [len(sent[i][3]) for i in members]
+            for i, part in zip(members, per_sample.split(sizes), strict=True):
+                losses[i] = part.sum()
+        return losses
 
     @staticmethod
     def _group_loss(losses, sizes, plan: RoundPlan) -> torch.Tensor:

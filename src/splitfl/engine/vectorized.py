@@ -19,6 +19,10 @@ It computes exactly what :class:`~splitfl.engine.executor.SequentialExecutor` co
   A group's server copy is run by several members in one step; its running statistics are
   combined afterwards in member order with the closed form of the sequential EMA
   (:func:`chain_ema`), so they equal the sequential result.
+* **Merged batches** (``group_forward: concat``, MergeSFL/S²FL) — per group and cut point the
+  members' smashed data are concatenated (across batch-length buckets) into one server-row
+  batch; merged batches of equal cut and length share one batched call, and the per-member
+  losses are slices of its output, so no plan of this kind falls back.
 * **Optimiser** — SGD with momentum and weight decay applied row-wise (:func:`sgd_rows`), with
   torch's semantics: a row (or a server block not traversed this step) that received no
   gradient is not touched, its momentum buffer is created on its first update.
@@ -499,22 +503,15 @@ class VectorizedExecutor:
             sent.append((bucket, out, fx_server, y))
         if not sent:
             return
+        if plan.group_forward == "concat":
+            server_losses, bn_results = self._server_concat(round_, sent)
+        else:
+            server_losses, bn_results = self._server_separate(round_, sent)
         group_loss: dict[int, list] = {}
-        bn_results: dict[str, list] = {}
-        server_losses = []
-        for bucket, _, fs, y in sent:
-            cut = bucket[0].cut
-            grows = [r.group_row for r in bucket]
-            out, buffers = self._forward(
-                *round_.part(cut, n), server_stack, grows, fs, keep_stack_buffers=True, start=cut
-            )
-            losses = _row_losses(out, y)
+        for (bucket, _, _, y), losses in zip(sent, server_losses, strict=True):
             _check_finite(losses, bucket)
-            server_losses.append(losses)
             for i, r in enumerate(bucket):
                 group_loss.setdefault(r.group_row, []).append((losses[i], y.shape[1]))
-                for k, v in buffers.items():
-                    bn_results.setdefault(k, []).append((r, v[i]))
         group_samples = {g: sum(s for _, s in members) for g, members in group_loss.items()}
         total = []
         for g, members in group_loss.items():
@@ -532,6 +529,63 @@ class VectorizedExecutor:
                 grad = grad * _expand(factor, grad)
             fx.backward(grad)
             _account(bucket, losses.detach(), y.shape[1])
+
+    def _server_separate(self, round_: _Round, sent: list) -> tuple[list, dict]:
+        """Server forwards per device bucket, member by member (``group_forward: separate``):
+        each bucket's per-row summed losses, and BatchNorm results keyed by member."""
+        n, stack = round_.model.num_blocks, round_.server_stack
+        server_losses, bn_results = [], {}
+        for bucket, _, fs, y in sent:
+            cut = bucket[0].cut
+            grows = [r.group_row for r in bucket]
+            out, buffers = self._forward(
+                *round_.part(cut, n), stack, grows, fs, keep_stack_buffers=True, start=cut
+            )
+            server_losses.append(_row_losses(out, y))
+            for i, r in enumerate(bucket):
+                for k, v in buffers.items():
+                    bn_results.setdefault(k, []).append((r, v[i]))
+        return server_losses, bn_results
+
+    def _server_concat(self, round_: _Round, sent: list) -> tuple[list, dict]:
+        """``group_forward: concat`` (MergeSFL Eq. 16): per group and cut point, the members'
+        smashed data concatenated in member order (across device buckets) is one server row's
+        batch; merged batches of equal cut and length run as one batched call. Returns what
+        :meth:`_server_separate` returns; a merged batch's BatchNorm result is ranked by its
+        first member (the sequential executor's order of cut points)."""
+        n, stack = round_.model.num_blocks, round_.server_stack
+        rank = {id(r): k for members in round_.member_order for k, r in enumerate(members)}
+        merged: dict[tuple[int, int], list[tuple[_Row, int, int]]] = {}
+        for j, (bucket, *_) in enumerate(sent):
+            for i, r in enumerate(bucket):
+                merged.setdefault((r.group_row, r.cut), []).append((r, j, i))
+        calls: dict[tuple[int, int], list[list[tuple[_Row, int, int]]]] = {}
+        for (_, cut), members in merged.items():
+            members.sort(key=lambda m: rank[id(m[0])])
+            length = sum(sent[j][3].shape[1] for _, j, _ in members)
+            calls.setdefault((cut, length), []).append(members)
+        member_loss: dict[tuple[int, int], torch.Tensor] = {}
+        bn_results: dict[str, list] = {}
+        for (cut, _), batches in calls.items():
+            x = torch.stack([torch.cat([sent[j][2][i] for _, j, i in b]) for b in batches])
+            y = torch.stack([torch.cat([sent[j][3][i] for _, j, i in b]) for b in batches])
+            grows = [b[0][0].group_row for b in batches]
+            out, buffers = self._forward(
+                *round_.part(cut, n), stack, grows, x, keep_stack_buffers=True, start=cut
+            )
+            per_sample = F.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none")
+            per_sample = per_sample.view(y.shape)
+            for row, b in enumerate(batches):
+                sizes = [sent[j][3].shape[1] for _, j, _ in b]
+                for (_, j, i), part in zip(b, per_sample[row].split(sizes), strict=True):
+                    member_loss[j, i] = part.sum()
+                for k, v in buffers.items():
+                    bn_results.setdefault(k, []).append((b[0][0], v[row]))
+        server_losses = [
+            torch.stack([member_loss[j, i] for i in range(len(bucket))])
+            for j, (bucket, *_) in enumerate(sent)
+        ]
+        return server_losses, bn_results
 
     @staticmethod
     def _combine_server_buffers(stack, results, member_order, momenta) -> None:
