@@ -66,6 +66,13 @@ CASES = [
         "options.splitfed_v1.cut: must be in [1, ",
     ),
     (
+        "other-order",
+        {"options.ringsfl.order": "a,b", "algorithm": "fedavg"},
+        [],
+        None,
+        "options.ringsfl.order: client ids like 0,2,1",
+    ),
+    (
         "alias-not-map",
         {"options.s2fl": 3, "algorithm": "s2fl+R"},
         [],
