@@ -2,11 +2,17 @@
 
 Everything is checked by :func:`validate` before any work starts; a bad value raises
 :class:`ConfigError`, whose message is one line naming the field and what is allowed.
+Integers must fit in 64 bits and floats must be finite; each float field has an allowed range
+(:data:`FLOAT_RANGES`). YAML text (files and override values) is refused with one line before
+it is expanded when it is larger than :data:`MAX_YAML_BYTES`, nests deeper than
+:data:`MAX_YAML_DEPTH` or holds more than :data:`MAX_YAML_VALUES` values once its aliases are
+expanded (an alias bomb); syntax errors and non-UTF-8 files are one-line errors too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -15,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from splitfl.yaml_limits import MAX_YAML_BYTES, yaml_limit_violation
 
 
 class ConfigError(ValueError):
@@ -159,6 +167,12 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for one-line messages."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**limit else "<huge int>"
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def _coerce(value: Any, tp: Any, path: str) -> Any:
     """Check/convert ``value`` to annotation ``tp`` (int, float, bool, str, X | None, dict)."""
     origin = typing.get_origin(tp)
@@ -170,38 +184,62 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         return _coerce(value, inner[0], path)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(path, f"expected a mapping, got {value!r}")
+            raise ConfigError(path, f"expected a mapping, got {_short(value)}")
         return from_dict(tp, value, f"{path}.")
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise ConfigError(path, f"expected a mapping, got {value!r}")
+            raise ConfigError(path, f"expected a mapping, got {_short(value)}")
         return dict(value)
     if origin is list:
         if isinstance(value, str):  # `output.tracking=mlflow` means [mlflow]
             value = [value]
         if not isinstance(value, list | tuple):
-            raise ConfigError(path, f"expected a list, got {value!r}")
+            raise ConfigError(path, f"expected a list, got {_short(value)}")
         (item,) = typing.get_args(tp) or (Any,)
         return [v if item is Any else _coerce(v, item, path) for v in value]
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(path, f"expected true or false, got {value!r}")
+        raise ConfigError(path, f"expected true or false, got {_short(value)}")
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(path, f"expected an integer, got {value!r}")
-        return value
+        return _coerce_int(value, path)
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(path, f"expected a number, got {value!r}")
-        return float(value)
+        return _coerce_float(value, path)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(path, f"expected a string, got {value!r}")
+            raise ConfigError(path, f"expected a string, got {_short(value)}")
         return value
     raise ConfigError(path, f"unsupported type {_type_name(tp)}")
+
+
+#: Integers must fit in a signed 64-bit integer (numpy, torch and seeds need that).
+INT_LIMIT = 2**63
+
+
+def _coerce_int(value: Any, path: str) -> int:
+    """An int (or an integral float) with ``|value| < 2**63``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if not (isinstance(value, float) and value.is_integer()):
+            raise ConfigError(path, f"expected an integer, got {_short(value)}")
+        value = int(value)
+    if not -INT_LIMIT < value < INT_LIMIT:
+        raise ConfigError(
+            path, f"must fit in a 64-bit integer (|value| < 2**63), got {_short(value)}"
+        )
+    return value
+
+
+def _coerce_float(value: Any, path: str) -> float:
+    """A finite float; nan and ±inf are refused everywhere a float is meant."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(path, f"expected a number, got {_short(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(path, f"must be a finite number, got {_short(value)}")
+    return number
 
 
 def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
@@ -220,9 +258,34 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     return cls(**kwargs)
 
 
-def load_yaml(text: str) -> Any:
+def load_yaml(text: str, field: str = "config", source: str = "YAML text") -> Any:
     """``yaml.safe_load`` without YAML 1.1's base-60 numbers, so ``8:1:1:1:1`` stays a string
-    (plain ``safe_load`` reads it as the integer 1731661)."""
+    (plain ``safe_load`` reads it as the integer 1731661).
+
+    Text beyond the bounds of :mod:`splitfl.yaml_limits` (size, nesting, expanded aliases) and
+    text that does not parse raise a one-line :class:`ConfigError` on ``field`` that names
+    ``source`` (a file, an override).
+    """
+    loader = _yaml_loader()
+    try:
+        problem = yaml_limit_violation(text, loader)
+        if problem is None:
+            return yaml.load(text, Loader=loader)  # a SafeLoader subclass: safe
+    except (yaml.YAMLError, ValueError, OverflowError) as err:
+        problem = f"invalid YAML: {_yaml_problem(err)}"
+    raise ConfigError(field, f"{source}: {problem}")
+
+
+def _yaml_problem(err: Exception) -> str:
+    """One line from a PyYAML error: its problem and where (line/column are 1-based)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return " ".join(f"{problem}{where}".split())[:200]
+
+
+def _yaml_loader() -> type:
+    """The SafeLoader subclass of :func:`load_yaml` (YAML 1.2-style ints and floats)."""
     int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 
     class Loader(yaml.SafeLoader):
@@ -247,15 +310,26 @@ def load_yaml(text: str) -> Any:
         ),
         list("-+0123456789."),
     )
-    return yaml.load(text, Loader=Loader)  # a SafeLoader subclass: safe
+    return Loader
 
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """A YAML file holding a mapping (via :func:`load_yaml`), or a one-line ConfigError."""
+    """A YAML file holding a mapping (via :func:`load_yaml`), or a one-line ConfigError.
+
+    Files above :data:`MAX_YAML_BYTES` are refused before they are read; the text must be
+    UTF-8 (a byte-order mark is allowed)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("config", f"file not found: {p}")
-    loaded = load_yaml(p.read_text()) or {}
+    try:
+        if p.stat().st_size > MAX_YAML_BYTES:
+            raise ConfigError("config", f"{p}: larger than {MAX_YAML_BYTES} bytes (MAX_YAML_BYTES)")
+        text = p.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError("config", f"{p}: not UTF-8 text (byte {err.start})") from err
+    except OSError as err:
+        raise ConfigError("config", f"{p}: cannot read ({err.strerror})") from err
+    loaded = load_yaml(text, "config", str(p)) or {}
     if not isinstance(loaded, dict):
         raise ConfigError("config", f"{p} must hold a mapping of fields")
     return loaded
@@ -266,7 +340,12 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(text, "overrides must look like key=value (e.g. train.lr=0.05)")
     key, raw = text.split("=", 1)
-    return key.strip().split("."), load_yaml(raw) if raw.strip() else None
+    keys = key.strip().split(".")
+    if not all(keys):
+        raise ConfigError(
+            "override", f"{text!r}: empty name in the key (want key=value, e.g. train.lr=0.05)"
+        )
+    return keys, load_yaml(raw, ".".join(keys), "override value") if raw.strip() else None
 
 
 def set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:
@@ -308,6 +387,63 @@ def dump_config(config: ExperimentConfig, path: Path) -> None:
 def _check(ok: bool, path: str, message: str) -> None:
     if not ok:
         raise ConfigError(path, message)
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed interval of a float field; ``lo_open``/``hi_open`` exclude that end point."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __str__(self) -> str:
+        left, right = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+        return f"{left}{self.lo:g}, {self.hi:g}{right}"
+
+    def violation(self, value: float) -> str | None:
+        """``must be > lo`` (or ``>=``, ``<``, ``<=``) where ``value`` is outside, else None."""
+        if value < self.lo or (self.lo_open and value == self.lo):
+            return f"must be {'>' if self.lo_open else '>='} {self.lo:g}"
+        if value > self.hi or (self.hi_open and value == self.hi):
+            return f"must be {'<' if self.hi_open else '<='} {self.hi:g}"
+        return None
+
+
+#: Allowed range of every float field (null, where allowed, is not checked). Upper ends the
+#: papers never approach guard against typos and overflow: alpha 1e6 is IID already (and
+#: p = 1/alpha up to 1e6), a log-normal jitter sigma of 10 already spans factors of e^±30,
+#: weight decay (an L2 coefficient, 5e-4 where the papers use it) above 1 is beyond any use;
+#: learning rates up to 1e9 stay allowed (a huge one is how divergence, exit 3, is tested).
+FLOAT_RANGES: dict[str, Range] = {
+    "data.alpha": Range(0, 1e6, lo_open=True),
+    "data.p": Range(0, 1e6),
+    "devices.jitter": Range(0, 10),
+    "devices.variation": Range(0, 10),
+    "devices.d2d_rate": Range(0, 1e15, lo_open=True),
+    "train.lr": Range(0, 1e9, lo_open=True),
+    "train.lr_decay": Range(0, 1, lo_open=True),
+    "train.lr_min": Range(0, 1e9),
+    "train.momentum": Range(0, 1, hi_open=True),
+    "train.weight_decay": Range(0, 1),
+    "train.explode_factor": Range(0, 1e30),
+    "eval.target_accuracy": Range(0, 1, lo_open=True),
+}
+#: ``seed`` feeds numpy's SeedSequence and torch.manual_seed: a non-negative 63-bit integer.
+SEED_LIMIT = 2**63
+#: Most torch/BLAS threads ``threads`` may ask for.
+MAX_THREADS = 4096
+
+
+def _check_float_ranges(config: ExperimentConfig) -> None:
+    """Every field of :data:`FLOAT_RANGES` that is set lies in its range."""
+    for path, allowed in FLOAT_RANGES.items():
+        value: Any = config
+        for part in path.split("."):
+            value = getattr(value, part)
+        problem = None if value is None else allowed.violation(value)
+        _check(problem is None, path, f"{problem} (got {value}); allowed {allowed}")
 
 
 def _choice(value: str, allowed: list[str], path: str) -> None:
@@ -376,17 +512,19 @@ def validate(config: ExperimentConfig) -> None:
     _choice(config.executor, sorted(EXECUTORS), "executor")
     _check_device(config.device)
     _choice(config.precision, list(PRECISIONS), "precision")
-    _check(config.threads is None or config.threads >= 1, "threads", "must be >= 1 or null")
+    _check(
+        config.threads is None or 1 <= config.threads <= MAX_THREADS,
+        "threads",
+        f"must be in [1, {MAX_THREADS}] or null (got {config.threads})",
+    )
     _check(config.rounds >= 1, "rounds", f"must be >= 1 (got {config.rounds})")
+    _check(0 <= config.seed < SEED_LIMIT, "seed", f"must be in [0, 2**63) (got {config.seed})")
+    _check_float_ranges(config)
     d = config.data
     _choice(d.dataset, dataset_names(), "data.dataset")
     _choice(d.partition, sorted(PARTITIONERS), "data.partition")
     if d.partition == "dirichlet":
         _check(d.p is not None or d.alpha is not None, "data.alpha", "set alpha > 0 (or p >= 0)")
-        if d.p is None:
-            _check(d.alpha > 0, "data.alpha", f"must be > 0 (got {d.alpha})")
-        else:
-            _check(d.p >= 0, "data.p", f"must be >= 0 (got {d.p}); p = 1/alpha, 0 = IID")
     _check(d.classes_per_client >= 1, "data.classes_per_client", "must be >= 1")
     _check(d.num_clients >= 1, "data.num_clients", f"must be >= 1 (got {d.num_clients})")
     _check(d.min_samples >= 1, "data.min_samples", f"must be >= 1 (got {d.min_samples})")
@@ -394,7 +532,6 @@ def validate(config: ExperimentConfig) -> None:
     v = config.devices
     _choice(v.preset, sorted(PRESETS), "devices.preset")
     _choice(v.composition, list(COMPOSITIONS), "devices.composition")
-    _check(v.jitter >= 0, "devices.jitter", f"must be >= 0 (got {v.jitter})")
     _check(v.label_bytes >= 0, "devices.label_bytes", "must be >= 0")
     _check(v.variation >= 0, "devices.variation", f"must be >= 0 (got {v.variation})")
     _check(v.variation_period >= 1, "devices.variation_period", "must be >= 1")
@@ -409,11 +546,6 @@ def validate(config: ExperimentConfig) -> None:
         f"must be in [1, data.num_clients={d.num_clients}] (got {t.clients_per_round})",
     )
     _check(t.batch_size >= 1, "train.batch_size", f"must be >= 1 (got {t.batch_size})")
-    _check(t.lr > 0, "train.lr", f"must be > 0 (got {t.lr})")
-    _check(0 < t.lr_decay <= 1, "train.lr_decay", f"must be in (0, 1] (got {t.lr_decay})")
-    _check(t.lr_min >= 0, "train.lr_min", f"must be >= 0 (got {t.lr_min})")
-    _check(0 <= t.momentum < 1, "train.momentum", f"must be in [0, 1) (got {t.momentum})")
-    _check(t.weight_decay >= 0, "train.weight_decay", "must be >= 0")
     _check(t.local_epochs >= 1, "train.local_epochs", f"must be >= 1 (got {t.local_epochs})")
     _check(t.local_steps is None or t.local_steps >= 1, "train.local_steps", "must be >= 1 or null")
     f, k = t.explode_factor, t.explode_rounds
@@ -422,15 +554,10 @@ def validate(config: ExperimentConfig) -> None:
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
-    _check(
-        e.target_accuracy is None or 0 < e.target_accuracy <= 1,
-        "eval.target_accuracy",
-        "must be in (0, 1] or null",
-    )
     _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
     _validate_tracking(config.output.tracking)
-    for name, opts in config.options.items():
+    for name in config.options:  # every algorithm's options, selected or not
         _choice(name, algorithm_names(), f"options.{name}")
-        _check(isinstance(opts, dict), f"options.{name}", "must be a mapping of option: value")
+        resolve_algorithm(name, config.options)
     _, options = resolve_algorithm(config.algorithm, config.options)
     del options  # resolving validates the chosen algorithm's options

@@ -69,7 +69,9 @@ def algorithm_names() -> list[str]:
 def resolve_algorithm(name: str, options: dict[str, dict[str, Any]]) -> tuple[type[Algorithm], Any]:
     """Class and validated options for ``name`` (an algorithm or an alias).
 
-    Options come from ``options[<algorithm>]``, then the alias presets, then ``options[<alias>]``.
+    Options come from ``options[<algorithm>]``, then the alias presets, then ``options[<alias>]``;
+    each given entry must be a mapping, checked against ``cls.Options`` (unknown keys, types,
+    ranges) whether or not ``name`` is the selected algorithm.
     """
     from splitfl.config import ConfigError, from_dict
 
@@ -80,6 +82,9 @@ def resolve_algorithm(name: str, options: dict[str, dict[str, Any]]) -> tuple[ty
     else:
         raise ConfigError("algorithm", f"unknown {name!r}; allowed: {', '.join(algorithm_names())}")
     cls = ALGORITHMS[base]
+    for key in dict.fromkeys((base, name)):
+        if not isinstance(options.get(key, {}), dict):
+            raise ConfigError(f"options.{key}", "must be a mapping of option: value")
     merged = {**options.get(base, {}), **preset, **(options.get(name, {}) if name != base else {})}
     return cls, from_dict(cls.Options, merged, prefix=f"options.{name}.")
 

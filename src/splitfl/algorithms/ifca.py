@@ -52,6 +52,12 @@ class IFCA(Algorithm):
 
     def __init__(self, options: IFCAOptions, ctx) -> None:
         super().__init__(options, ctx)
+        if options.num_clusters > ctx.num_clients:  # a cluster per client at most
+            from splitfl.config import ConfigError
+
+            raise ConfigError(
+                "options.ifca.num_clusters", f"must be <= data.num_clients ({ctx.num_clients})"
+            )
         self.models: list[dict[str, torch.Tensor]] = []
         for k in range(options.num_clusters):
             model = copy.deepcopy(ctx.model)

@@ -56,8 +56,8 @@ class LocFedMixOptions:
             raise ConfigError("options.locfedmix_sl.tau", f"must be >= 1 (got {self.tau})")
         if self.aggregate_every < 1:
             raise ConfigError("options.locfedmix_sl.aggregate_every", "must be >= 1")
-        if self.mixup_alpha <= 0:
-            raise ConfigError("options.locfedmix_sl.mixup_alpha", "must be > 0")
+        if not 0 < self.mixup_alpha <= 100:
+            raise ConfigError("options.locfedmix_sl.mixup_alpha", "must be in (0, 100]")
 
 
 class LocFedMixSL(Algorithm):

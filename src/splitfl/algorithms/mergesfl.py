@@ -82,8 +82,8 @@ class MergeSFLOptions:
         checks = {
             "tau": self.tau >= 1,
             "ema": 0 <= self.ema < 1,
-            "epsilon": self.epsilon >= 0,
-            "ingress_mbps": self.ingress_mbps is None or self.ingress_mbps > 0,
+            "epsilon": 0 <= self.epsilon <= 100,  # a KL bound; log(classes) is the most
+            "ingress_mbps": self.ingress_mbps is None or 0 < self.ingress_mbps <= 1e6,
             "ingress_jitter": 0 <= self.ingress_jitter < 1,
             "ga_population": self.ga_population >= 2,
             "ga_generations": self.ga_generations >= 0,

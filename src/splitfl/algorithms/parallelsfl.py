@@ -69,7 +69,7 @@ class ParallelSFLOptions:
             "lam": 0 <= self.lam <= 1,
             "k": self.k is None or self.k >= 1,
             "ema": 0 <= self.ema < 1,
-            "ingress_scale": self.ingress_scale > 0,
+            "ingress_scale": 0 < self.ingress_scale <= 1e6,
             "max_passes": self.max_passes >= 0,
         }
         for name, ok in checks.items():

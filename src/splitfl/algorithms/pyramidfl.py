@@ -78,8 +78,16 @@ class PyramidFLOptions:
             raise ConfigError(
                 "options.pyramidfl.min_factor", "need 0 < min_factor <= 1 <= max_factor"
             )
+        if self.max_factor > 100:
+            raise ConfigError("options.pyramidfl.max_factor", "must be <= 100")
         if not 0 < self.pacer_percentile <= 100:
             raise ConfigError("options.pyramidfl.pacer_percentile", "must be in (0, 100]")
+        if not 0 <= self.alpha <= 100:  # Oort's straggler penalty exponent
+            raise ConfigError("options.pyramidfl.alpha", f"must be in [0, 100] (got {self.alpha})")
+        if not 0 < self.explore_decay <= 1:
+            raise ConfigError("options.pyramidfl.explore_decay", "must be in (0, 1]")
+        if not 0 <= self.ema < 1:
+            raise ConfigError("options.pyramidfl.ema", f"must be in [0, 1) (got {self.ema})")
 
 
 def oort_utility(

@@ -47,6 +47,8 @@ class RingSFLOptions:
                 [float(p) for p in self.prop_lens.split(":")]
             except ValueError as err:
                 raise ConfigError("options.ringsfl.prop_lens", "ratios like 6:1:1:1:1") from err
+        if self.order is not None and not all(c.strip().isdigit() for c in self.order.split(",")):
+            raise ConfigError("options.ringsfl.order", "client ids like 0,2,1")
 
 
 def check_plain_sgd(train) -> None:

@@ -80,6 +80,10 @@ def prepare(config: ExperimentConfig, dtype: torch.dtype | None = None) -> Prepa
     cls, options = resolve_algorithm(config.algorithm, config.options)
     if getattr(options, "cut", None) is not None:
         ctx.resolve_cut(options.cut, config.algorithm)
+    for name in config.options:  # a non-selected algorithm's cut must fit the model too
+        cut = getattr(resolve_algorithm(name, config.options)[1], "cut", None)
+        if cut is not None:
+            ctx.resolve_cut(cut, name)
     return Prepared(config, ctx, cls(options, ctx))
 
 
