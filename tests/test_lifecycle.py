@@ -299,12 +299,15 @@ def test_explosion_needs_k_consecutive_rounds_above_the_factor():
         check_explosion(rows, 2.0, _Train(100, 2))  # 201, 250 > 200
 
 
-@pytest.mark.parametrize("value", ["0.5", "1", "-3"])
-def test_bad_explosion_settings_are_one_line_errors(value, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("value", "message"), [("0.5", "must be > 1"), ("1", "must be > 1"), ("-3", "must be >= 0")]
+)
+def test_bad_explosion_settings_are_one_line_errors(value, message, tmp_path, capsys):
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(CFG))
     assert main(["validate", str(cfg), f"train.explode_factor={value}"]) == 2
-    assert "train.explode_factor: must be > 1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"train.explode_factor: {message}" in err and err.count("\n") == 1
 
 
 def test_finite_loss_explosion_stops_with_exit_3(tmp_path, capsys):
