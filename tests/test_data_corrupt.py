@@ -273,6 +273,8 @@ def _cases() -> list[tuple[str, str, Callable[[Path], Path]]]:
          speech(lambda p: _flip(p, 0), "no/c1d39ce8_nohash_0.wav")),
         ("speech-list_not_utf8", "speech_commands",
          speech(lambda p: (p.write_bytes(b"\xff\xfe\xfa" * 5), p)[1], "testing_list.txt")),
+        ("speech-list_emptied", "speech_commands",  # found by benchmarks/fuzz_data.py
+         speech(lambda p: (p.write_bytes(b""), p)[1], "testing_list.txt")),
     ]  # fmt: skip
 
     def qnli(edit: Callable[[Path], Path], name: str = "train.tsv") -> Callable[[Path], Path]:

@@ -130,6 +130,10 @@ def load_speech_commands(
     present = set(every)
     train_files = [rel for rel in every if rel not in held_out]
     test_files = [rel for rel in lists[TEST_SPLITS[test_split]] if rel in present]
+    if not test_files:  # an empty or damaged list names the file, not just the folder
+        raise file_error(
+            "speech_commands", folder / TEST_SPLITS[test_split], "lists no WAV file that exists"
+        )
     cap = None if max_per_class is None else int(max_per_class)
     train_files, test_files = _cap(train_files, cap), _cap(test_files, cap)
     speakers = {s: i for i, s in enumerate(sorted({speaker_of(r) for r in every}))}
