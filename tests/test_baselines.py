@@ -85,8 +85,8 @@ def test_pyramidfl_full_dropout_uploads_buffers_only_and_keeps_parameters(tmp_pa
 
 
 def test_pyramidfl_dropped_tensor_is_averaged_over_uploaders(tmp_path):
-    from splitfl.algorithms.base import ClientUpdate, RoundPlan, RoundResult
     from splitfl.engine.runner import as_config, prepare
+    from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 
     algo = prepare(as_config(tiny_config(algorithm="pyramidfl"))).algorithm
     glob = {k: torch.zeros_like(v) for k, v in algo.ctx.model.state_dict().items()}

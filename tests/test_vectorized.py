@@ -9,11 +9,11 @@ from torch import nn
 import splitfl
 from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS
-from splitfl.algorithms.base import ClientTask, RoundPlan
 from splitfl.config import ConfigError
 from splitfl.engine.executor import EXECUTORS, SequentialExecutor
 from splitfl.engine.runner import _measure, as_config, prepare
 from splitfl.engine.vectorized import RowStack, VectorizedExecutor, chain_ema, sgd_rows
+from splitfl.plan import ClientTask, RoundPlan
 from splitfl.seeding import derive_seed, rng_for
 from splitfl.testing import config_for as cfg_for
 

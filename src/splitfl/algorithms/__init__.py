@@ -9,13 +9,7 @@ from typing import Any
 
 from splitfl.algorithms.adasampling import AdaSampling
 from splitfl.algorithms.adasfl import AdaSFL
-from splitfl.algorithms.base import (
-    Algorithm,
-    ClientTask,
-    ClientUpdate,
-    RoundPlan,
-    RoundResult,
-)
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.fedavg import FedAvg
 from splitfl.algorithms.ifca import IFCA
 from splitfl.algorithms.locfedmix_sl import LocFedMixSL
@@ -27,6 +21,7 @@ from splitfl.algorithms.s2fl import S2FL
 from splitfl.algorithms.splitfed_v1 import SplitFedV1
 from splitfl.algorithms.splitfed_v2 import SplitFedV2
 from splitfl.algorithms.vanilla_sl import VanillaSL
+from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls

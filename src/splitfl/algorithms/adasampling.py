@@ -27,9 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from splitfl.algorithms.base import Algorithm, RoundPlan, RoundReport, RoundResult
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl_control import moving_average
 from splitfl.algorithms.state_estimation import fill_unmeasured
+from splitfl.plan import RoundPlan, RoundReport, RoundResult
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundReport
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl_control import regulate_batch_sizes
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
+from splitfl.plan import ClientTask, RoundPlan, RoundReport
 
 
 @dataclass(frozen=True)

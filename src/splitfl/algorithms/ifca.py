@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundResult
+from splitfl.algorithms.base import Algorithm
+from splitfl.plan import ClientTask, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
 
 

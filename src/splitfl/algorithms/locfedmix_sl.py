@@ -37,8 +37,9 @@ import numpy as np
 import torch
 
 from splitfl.algorithms.aggregation import layerwise_aggregate, weighted_average
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundResult
+from splitfl.algorithms.base import Algorithm
 from splitfl.models.base import block_index
+from splitfl.plan import ClientTask, RoundPlan, RoundResult
 from splitfl.system.cost import ClientCost
 
 

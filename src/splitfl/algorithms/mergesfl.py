@@ -40,15 +40,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.algorithms.base import (
-    GROUP_FORWARDS,
-    Algorithm,
-    ClientTask,
-    RoundPlan,
-    RoundReport,
-)
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl_control import arrange_workers, moving_average
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
+from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport
 from splitfl.seeding import rng_for
 
 MBPS = 1e6 / 8

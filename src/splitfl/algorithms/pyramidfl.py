@@ -40,10 +40,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.algorithms.aggregation import weighted_average
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundReport, RoundResult
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl_control import moving_average
 from splitfl.algorithms.state_estimation import fill_unmeasured
 from splitfl.models.profile import BYTES_PER_ELEMENT
+from splitfl.plan import ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.system.cost import ClientCost
 
 

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan
+from splitfl.algorithms.base import Algorithm
 from splitfl.models.base import block_index
+from splitfl.plan import ClientTask, RoundPlan
 
 #: ``round_steps`` values (see the module docstring).
 ROUND_STEPS = ("per_client", "shared")

@@ -84,7 +84,7 @@ class RunContext:
         )
 
     def task_cost(self, task, samples: int, round_idx: int, device_loss: str) -> ClientCost:
-        """Cost of a planned task (a :class:`~splitfl.algorithms.base.ClientTask`)."""
+        """Cost of a planned task (a :class:`~splitfl.plan.ClientTask`)."""
         return self.client_cost(
             task.client,
             task.cut,

@@ -1,8 +1,8 @@
-"""Executors run a :class:`~splitfl.algorithms.base.RoundPlan`; the per-batch loop lives here.
+"""Executors run a :class:`~splitfl.plan.RoundPlan`; the per-batch loop lives here.
 
 :class:`SequentialExecutor` is the reference: clients one after another, the way the papers'
 own code runs. Other executors (GPU-vectorised, networked) must return the same
-:class:`~splitfl.algorithms.base.RoundResult` for the same plan.
+:class:`~splitfl.plan.RoundResult` for the same plan.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from splitfl.algorithms.base import ClientTask, ClientUpdate, RoundPlan, RoundResult
 from splitfl.engine.ring import ring_batch_update
 from splitfl.models import BlockModel, ModelPart
+from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
 
 

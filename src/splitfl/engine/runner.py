@@ -27,7 +27,6 @@ from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
 from splitfl.algorithms import Algorithm, resolve_algorithm
-from splitfl.algorithms.base import RoundReport
 from splitfl.config import (
     ConfigError,
     ExperimentConfig,
@@ -43,6 +42,7 @@ from splitfl.engine.guards import RunInterrupted, check_explosion, sigterm_as_in
 from splitfl.metrics.plots import plot_accuracy
 from splitfl.metrics.summary import summarize
 from splitfl.metrics.tracking import make_trackers
+from splitfl.plan import RoundReport
 from splitfl.seeding import derive_seed, rng_for
 from splitfl.system import LINKS, SimClock, Traffic, jitter_factors
 

@@ -259,8 +259,9 @@ class AttackConfig:
     """RingSFL §4.2.5 attack experiment: N clients holding one image each (the first N training
     images of ``dataset``); the eavesdropper attacks client 0's upload under FedAvg and RingSFL.
 
-    ``lengths`` are propagation-length ratios (``"8:1:1:1:1"``), rounded to the model's blocks by
-    :func:`splitfl.engine.ring.parse_ratios`. ``smooth_activations`` swaps ReLU for Sigmoid and
+    ``lengths`` are propagation-length ratios (``"8:1:1:1:1"``), rounded to the model's blocks
+    by :func:`splitfl.algorithms.ringsfl.parse_ratios`. ``smooth_activations`` swaps ReLU for
+    Sigmoid and
     ``init="uniform"`` draws every parameter from U(−0.5, 0.5) — both Zhu et al.'s DLG setup
     (``"default"`` keeps the registered model's initialisation). ``optimizer`` is ``lbfgs``
     (``iterations`` outer steps of up to 20 inner steps) or ``adam``; ``label`` is ``idlg``
@@ -397,9 +398,9 @@ def run_attack(config: AttackConfig) -> dict:
     ``label`` (the attack's label), ``gradient_error`` (relative L2 error of the observed
     gradient vs client 0's true gradient), ``seconds`` and ``reconstruction`` (a tensor).
     """
+    from splitfl.algorithms.ringsfl import parse_ratios
     from splitfl.config import ConfigError
     from splitfl.data.base import load_dataset
-    from splitfl.engine.ring import parse_ratios
 
     validate_attack(config)
     bundle = load_dataset(config.dataset, config.root)
