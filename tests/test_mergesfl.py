@@ -7,9 +7,9 @@ import torch
 import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.state_estimation import FEATURE_LINKS
-from splitfl.engine.executor import SequentialExecutor
-from splitfl.engine.runner import _measure, as_config, prepare
-from splitfl.engine.vectorized import VectorizedExecutor
+from splitfl.executors.sequential import SequentialExecutor
+from splitfl.executors.vectorized import VectorizedExecutor
+from splitfl.experiment.runner import _measure, as_config, prepare
 from splitfl.plan import ClientTask, RoundPlan
 from splitfl.seeding import rng_for
 from test_feature_merging import SEED, hand_concatenated_step

@@ -8,7 +8,7 @@ import torch
 
 import splitfl
 from conftest import tiny_config
-from splitfl.engine.runner import as_config, prepare
+from splitfl.experiment.runner import as_config, prepare
 from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundReport, RoundResult
 from splitfl.seeding import rng_for
 

@@ -8,7 +8,7 @@ import torch
 import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.ringsfl import largest_remainder, parse_ratios, propagation_lengths
-from splitfl.engine.ring import ring_batch_update
+from splitfl.executors.ring import ring_batch_update
 from splitfl.models import build_model
 from splitfl.plan import RingSpec
 
@@ -125,7 +125,7 @@ def test_vanilla_sl_round_size(tmp_path, round_steps, updates):
     (row,) = splitfl.run(cfg, run_dir=tmp_path / "v").metrics
     # Assert: RingSFL §4.1.3 round = E·B updates across the chain, not N·E·B
     assert sum(row["plan_local_steps"]) == updates
-    from splitfl.engine.runner import as_config, prepare
+    from splitfl.experiment.runner import as_config, prepare
 
     ctx = prepare(as_config(cfg)).ctx
     q = ctx.profile.activation_bytes(ctx.cut_points[-1])

@@ -63,7 +63,7 @@ import numpy as np
 
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.data_balance import balanced_groups, partition_cost
-from splitfl.engine.context import batch_sizes
+from splitfl.experiment.context import batch_sizes
 from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport
 from splitfl.system.cost import ClientCost, round_times, split_client_cost
 from splitfl.system.devices import DeviceProfile

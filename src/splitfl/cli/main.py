@@ -34,7 +34,7 @@ def _split_args(values: list[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from splitfl.engine import resume, run
+    from splitfl.experiment import resume, run
     from splitfl.metrics.summary import comparison_table
 
     config, overrides = _split_args(args.args)
@@ -54,7 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from splitfl.engine import compare
+    from splitfl.experiment import compare
 
     config, overrides = _split_args(args.args)
     if config is None:
@@ -111,7 +111,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from splitfl.engine import validate
+    from splitfl.experiment import validate
 
     config, overrides = _split_args(args.args)
     print(validate(config, overrides))
@@ -204,7 +204,7 @@ def _one_line_data_warnings() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from splitfl.data.base import DatasetError
-    from splitfl.engine.executor import NonFiniteLossError
+    from splitfl.executors import NonFiniteLossError
 
     _one_line_data_warnings()
     parser = build_parser()

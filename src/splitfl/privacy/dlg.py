@@ -5,7 +5,7 @@ turns it into a gradient and runs DLG [10] on it, scoring the reconstruction by 
 similarity to the true image (Eq. 9):  s = xᵀx̂ / (‖x‖₂ ‖x̂‖₂)  on flattened images.
 
 * FedAvg: client 0 uploads ``W' = W − lr·∇L(x_0)``, so ``(W − W')/lr`` is its exact gradient.
-* RingSFL: client 0 uploads a *blended* model (one :func:`~splitfl.engine.ring.ring_batch_update`
+* RingSFL: client 0 uploads a *blended* model (one :func:`~splitfl.executors.ring.ring_batch_update`
   with ``a_i = 1/N``): each of its blocks was trained by whichever clients' batches passed through
   it. The eavesdropper, not knowing the propagation lengths, takes ``(W − W_0')/(lr·a_0)`` as
   client 0's full gradient and runs the same attack.
@@ -101,7 +101,7 @@ def observe_ringsfl(
     starts from ``model`` and the weights are ``a_i = 1/N``. Returns the eavesdropper's
     pseudo-gradient ``(W − W_0')/(lr·a_0)`` of client 0's uploaded blended model.
     """
-    from splitfl.engine.ring import ring_batch_update
+    from splitfl.executors.ring import ring_batch_update
 
     n = len(xs)
     if len(ys) != n or len(lengths) != n:

@@ -92,8 +92,8 @@ def run_trial(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
     not raise: a diverged run or any exception is written to ``run_dir/error.json`` and
     returned as ``{"status": "diverged" | "failed", "error": ...}``.
     """
-    from splitfl.engine.executor import NonFiniteLossError
-    from splitfl.engine.runner import resume, run
+    from splitfl.executors import NonFiniteLossError
+    from splitfl.experiment.runner import resume, run
 
     path = Path(run_dir)
     cfg = from_dict(ExperimentConfig, config)
@@ -203,7 +203,7 @@ def check_data(trials: list[Trial], folder: Path | None = None) -> list[Trial]:
     """Data/model checks (``splitfl validate``) for each valid trial (skipping those already
     finished in ``folder``); a failing one comes back with its error and no config."""
     from splitfl.data.base import DatasetError
-    from splitfl.engine.runner import prepare
+    from splitfl.experiment.runner import prepare
 
     out = []
     for t in trials:

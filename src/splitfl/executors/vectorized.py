@@ -6,7 +6,7 @@ of ``functional_call`` over their rows (a batched/grouped convolution on the GPU
 their server-side copies (SplitFed V1's per-client copies, S²FL's per-group copies). Each
 iteration therefore costs a handful of large kernels instead of one small kernel per client.
 
-It computes exactly what :class:`~splitfl.engine.executor.SequentialExecutor` computes
+It computes exactly what :class:`~splitfl.executors.sequential.SequentialExecutor` computes
 (tested to fp32 tolerance for every algorithm):
 
 * **Mixed cut points** — workers are bucketed per step by (cut, batch length); a server copy
@@ -53,14 +53,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from splitfl.engine.executor import (
+from splitfl.executors.common import (
     NonFiniteLossError,
-    SequentialExecutor,
     at_least_fp32,
     client_batches,
     precision_context,
     to_memory_format,
 )
+from splitfl.executors.sequential import SequentialExecutor
 from splitfl.models import BlockModel, ModelPart, block_index
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
