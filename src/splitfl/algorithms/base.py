@@ -17,7 +17,7 @@ algorithm
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -25,9 +25,6 @@ import torch
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.plan import ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.system.cost import ClientCost, round_times, share_server_link
-
-if TYPE_CHECKING:
-    from splitfl.experiment.context import RunContext
 
 
 class Algorithm:
@@ -41,7 +38,9 @@ class Algorithm:
     paper: ClassVar[str] = ""
     Options: ClassVar[type] = object
 
-    def __init__(self, options: Any, ctx: RunContext):
+    def __init__(self, options: Any, ctx: Any):
+        """``ctx``: the run's :class:`~splitfl.experiment.context.RunContext` (handed in by the
+        experiment; algorithms never import it)."""
         self.options = options
         self.ctx = ctx
 

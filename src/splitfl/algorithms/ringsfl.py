@@ -27,6 +27,7 @@ import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
+from splitfl.config import ConfigError
 from splitfl.plan import ClientTask, RingSpec, RoundPlan
 from splitfl.system.cost import ring_client_cost
 
@@ -77,8 +78,6 @@ class RingSFLOptions:
     lr_compensation: bool = True
 
     def __post_init__(self) -> None:
-        from splitfl.config import ConfigError
-
         if self.version not in ("v1", "v2"):
             raise ConfigError("options.ringsfl.version", "allowed: v1, v2")
         if self.prop_lens is not None:
@@ -93,8 +92,6 @@ class RingSFLOptions:
 def check_plain_sgd(train) -> None:
     """RingSFL's ring step is plain SGD (Alg. 2 and Eq. 6-7; the authors' code uses no momentum
     or weight decay): reject a config that asks for either rather than ignore it."""
-    from splitfl.config import ConfigError
-
     for name in ("momentum", "weight_decay"):
         value = getattr(train, name)
         if value:
@@ -112,7 +109,6 @@ class RingSFL(Algorithm):
     def __init__(self, options: RingSFLOptions, ctx) -> None:
         super().__init__(options, ctx)
         n, w = ctx.num_clients, ctx.num_blocks
-        from splitfl.config import ConfigError
 
         self.order = list(range(n))
         if options.order is not None:

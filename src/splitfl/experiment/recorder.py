@@ -9,17 +9,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from splitfl.algorithms import Algorithm
+from splitfl.config import ExperimentConfig
 from splitfl.experiment.checkpoint import save_checkpoint
+from splitfl.experiment.round_step import LoopState
 from splitfl.metrics.plots import plot_accuracy
 from splitfl.metrics.summary import summarize
 from splitfl.metrics.tracking import make_trackers
-
-if TYPE_CHECKING:
-    from splitfl.algorithms import Algorithm
-    from splitfl.config import ExperimentConfig
-    from splitfl.experiment.round_step import LoopState
 
 
 class Recorder:

@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from splitfl.algorithms import Algorithm
+from splitfl.config import ExperimentConfig
 from splitfl.executors import evaluate
+from splitfl.experiment.context import RunContext
 from splitfl.plan import RoundPlan, RoundReport, RoundResult
 from splitfl.seeding import derive_seed, rng_for
 from splitfl.system import LINKS, SimClock, Traffic, jitter_factors
 
 if TYPE_CHECKING:
-    from splitfl.algorithms import Algorithm
-    from splitfl.config import ExperimentConfig
-    from splitfl.experiment.context import RunContext
-    from splitfl.experiment.runner import Prepared
+    from splitfl.experiment.runner import Prepared  # runner imports this module
 
 
 @dataclass

@@ -39,6 +39,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from splitfl.algorithms.ringsfl import parse_ratios
+from splitfl.config import ConfigError, apply_overrides, from_dict, read_yaml_mapping
+from splitfl.data import dataset_names
+from splitfl.data.base import load_dataset
+from splitfl.executors.ring import ring_batch_update
+from splitfl.models import build_model, model_names
 from splitfl.models.base import BlockModel
 
 # ----------------------------------------------------------------------------- observations
@@ -101,8 +107,6 @@ def observe_ringsfl(
     starts from ``model`` and the weights are ``a_i = 1/N``. Returns the eavesdropper's
     pseudo-gradient ``(W − W_0')/(lr·a_0)`` of client 0's uploaded blended model.
     """
-    from splitfl.executors.ring import ring_batch_update
-
     n = len(xs)
     if len(ys) != n or len(lengths) != n:
         raise ValueError(f"{n} samples but {len(ys)} labels and {len(lengths)} lengths")
@@ -293,10 +297,6 @@ ATTACK_CHOICES = {
 
 def validate_attack(config: AttackConfig) -> None:
     """Static checks of an :class:`AttackConfig`; raises :class:`~splitfl.config.ConfigError`."""
-    from splitfl.config import ConfigError
-    from splitfl.data import dataset_names
-    from splitfl.models import model_names
-
     def check(ok: bool, name: str, message: str) -> None:
         if not ok:
             raise ConfigError(name, message)
@@ -333,8 +333,6 @@ def load_attack_config(
 ) -> AttackConfig:
     """Read an :class:`AttackConfig` from YAML (defaults when ``path`` is None), apply
     ``key=value`` overrides, validate. Ratios such as ``lengths: 8:1:1:1:1`` need no quotes."""
-    from splitfl.config import apply_overrides, from_dict, read_yaml_mapping
-
     data = read_yaml_mapping(path) if path is not None else {}
     config = from_dict(AttackConfig, apply_overrides(data, list(overrides)))
     validate_attack(config)
@@ -365,9 +363,6 @@ def _relative_error(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]
 def build_attack_model(config: AttackConfig, input_shape: Sequence[int], num_classes: int):
     """The attacked model: registered ``config.model`` (seeded), optionally smoothed and
     re-initialised as in Zhu et al.; :class:`ConfigError` if it does not fit the input."""
-    from splitfl.config import ConfigError
-    from splitfl.models import build_model
-
     try:
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
@@ -398,10 +393,6 @@ def run_attack(config: AttackConfig) -> dict:
     ``label`` (the attack's label), ``gradient_error`` (relative L2 error of the observed
     gradient vs client 0's true gradient), ``seconds`` and ``reconstruction`` (a tensor).
     """
-    from splitfl.algorithms.ringsfl import parse_ratios
-    from splitfl.config import ConfigError
-    from splitfl.data.base import load_dataset
-
     validate_attack(config)
     bundle = load_dataset(config.dataset, config.root)
     n = config.clients

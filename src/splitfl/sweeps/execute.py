@@ -31,7 +31,11 @@ from typing import Any
 import yaml
 
 from splitfl.config import ConfigError, ExperimentConfig, from_dict, load_yaml
+from splitfl.data.base import DatasetError
 from splitfl.dirlock import hold_lock
+from splitfl.executors import NonFiniteLossError
+from splitfl.experiment.runner import prepare, resume, run
+from splitfl.metrics.report import report as write_report
 from splitfl.sweeps.spec import SweepSpec, Trial, expand, load_sweep
 
 TRIAL_EXECUTORS = ("ray", "local")
@@ -92,9 +96,6 @@ def run_trial(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
     not raise: a diverged run or any exception is written to ``run_dir/error.json`` and
     returned as ``{"status": "diverged" | "failed", "error": ...}``.
     """
-    from splitfl.executors import NonFiniteLossError
-    from splitfl.experiment.runner import resume, run
-
     path = Path(run_dir)
     cfg = from_dict(ExperimentConfig, config)
     state = run_state(path, cfg.rounds)
@@ -202,9 +203,6 @@ def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:
 def check_data(trials: list[Trial], folder: Path | None = None) -> list[Trial]:
     """Data/model checks (``splitfl validate``) for each valid trial (skipping those already
     finished in ``folder``); a failing one comes back with its error and no config."""
-    from splitfl.data.base import DatasetError
-    from splitfl.experiment.runner import prepare
-
     out = []
     for t in trials:
         finished = (
@@ -370,8 +368,6 @@ def sweep(
         check_same_sweep(folder, spec)  # again, now that no other process can write it
         index = _run_sweep(folder, spec, trials, executor, progress, address, resources)
         if report:
-            from splitfl.metrics.report import report as write_report
-
             write_report(folder)
     return SweepResult(folder, list(index.entries.values()))
 
