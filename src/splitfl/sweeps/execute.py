@@ -34,7 +34,7 @@ from splitfl.config import ConfigError, ExperimentConfig, from_dict, load_yaml
 from splitfl.data.base import DatasetError
 from splitfl.dirlock import hold_lock
 from splitfl.executors import NonFiniteLossError
-from splitfl.experiment.runner import prepare, resume, run
+from splitfl.experiment import runner  # looked up per call (tests replace runner.run)
 from splitfl.metrics.report import report as write_report
 from splitfl.sweeps.spec import SweepSpec, Trial, expand, load_sweep
 
@@ -105,11 +105,11 @@ def run_trial(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
         return {"status": state, "action": "kept", "summary": summary, "error": None}
     try:
         if state == "partial":
-            result = resume(path, progress=False)
+            result = runner.resume(path, progress=False)
         else:
             if path.exists():  # stopped before its config was written
                 shutil.rmtree(path)
-            result = run(cfg, run_dir=path, progress=False)
+            result = runner.run(cfg, run_dir=path, progress=False)
     except NonFiniteLossError as err:
         return {"status": "diverged", "action": state, "error": _write_error(path, "diverged", err)}
     except Exception as err:  # noqa: BLE001 - any trial failure is recorded, not raised
@@ -212,7 +212,7 @@ def check_data(trials: list[Trial], folder: Path | None = None) -> list[Trial]:
         )
         if t.config is not None and not finished:
             try:
-                prepare(t.config)
+                runner.prepare(t.config)
             except (ConfigError, DatasetError) as err:
                 t = Trial(t.index, t.name, t.values, None, str(err))
         out.append(t)
