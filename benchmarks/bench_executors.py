@@ -93,9 +93,9 @@ def measure(name: str, executor: str, args) -> dict:
     import torch
 
     from splitfl.config import resolve_device
-    from splitfl.engine.executor import make_executor
-    from splitfl.engine.runner import _measure, as_config, prepare
-    from splitfl.engine.vectorized import VectorizedExecutor
+    from splitfl.executors import make_executor
+    from splitfl.executors.vectorized import VectorizedExecutor
+    from splitfl.experiment.runner import _measure, as_config, prepare
     from splitfl.seeding import derive_seed, rng_for
 
     engine, _, mode = executor.partition(":")  # vectorized:rows / vectorized:vmap force a mode

@@ -39,7 +39,7 @@ def test_locfedmix_charges_the_upload_of_every_averaged_client(tmp_path):
 
 
 def test_locfedmix_idle_upload_bounds_the_round_time(tmp_path):
-    from splitfl.engine.runner import as_config, prepare
+    from splitfl.experiment.runner import as_config, prepare
 
     cfg = tiny_config(
         algorithm="locfedmix_sl",
@@ -62,7 +62,7 @@ def test_locfedmix_idle_upload_bounds_the_round_time(tmp_path):
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "splitfed_v1"])
 def test_energy_by_client_is_aligned_and_sums_to_energy(tmp_path, algorithm):
-    from splitfl.engine.runner import as_config, prepare
+    from splitfl.experiment.runner import as_config, prepare
 
     cfg = tiny_config(algorithm=algorithm, rounds=1, **{"train.local_steps": 2})
     (row,) = splitfl.run(cfg, run_dir=tmp_path / "e").metrics

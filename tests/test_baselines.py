@@ -10,7 +10,7 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.adasfl import local_frequencies
 from splitfl.algorithms.pyramidfl import dropout_ratios, normalise_stats, oort_utility
-from splitfl.engine.executor import _mix_pairs
+from splitfl.executors.sequential import _mix_pairs
 from splitfl.system.devices import draw_population
 from splitfl.system.jetson import MBPS, MODE_PERIOD, MODES
 
@@ -65,7 +65,7 @@ def test_pyramidfl_dropout_ratios_by_rank():
 
 
 def test_pyramidfl_full_dropout_uploads_buffers_only_and_keeps_parameters(tmp_path):
-    from splitfl.engine.runner import as_config, prepare
+    from splitfl.experiment.runner import as_config, prepare
 
     cfg = tiny_config(
         algorithm="pyramidfl",
@@ -85,8 +85,8 @@ def test_pyramidfl_full_dropout_uploads_buffers_only_and_keeps_parameters(tmp_pa
 
 
 def test_pyramidfl_dropped_tensor_is_averaged_over_uploaders(tmp_path):
-    from splitfl.algorithms.base import ClientUpdate, RoundPlan, RoundResult
-    from splitfl.engine.runner import as_config, prepare
+    from splitfl.experiment.runner import as_config, prepare
+    from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 
     algo = prepare(as_config(tiny_config(algorithm="pyramidfl"))).algorithm
     glob = {k: torch.zeros_like(v) for k, v in algo.ctx.model.state_dict().items()}
@@ -166,7 +166,7 @@ def test_locfedmix_keeps_global_device_part_between_aggregations(tmp_path):
         **{"options.locfedmix_sl.tau": 2, "options.locfedmix_sl.aggregate_every": 3},
     )
     res = splitfl.run(cfg, run_dir=tmp_path / "l")
-    from splitfl.engine.runner import as_config, prepare
+    from splitfl.experiment.runner import as_config, prepare
 
     prep = prepare(as_config(cfg))
     start = prep.ctx.model.state_dict()

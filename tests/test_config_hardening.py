@@ -21,8 +21,8 @@ from splitfl.config import (
     load_yaml,
     parse_override,
     read_yaml_mapping,
-    validate,
 )
+from splitfl.experiment.validation import validate_config as validate
 
 BOMB = (
     "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"

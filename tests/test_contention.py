@@ -8,7 +8,7 @@ import pytest
 import splitfl
 from conftest import tiny_config
 from splitfl.config import ConfigError
-from splitfl.engine.runner import as_config, prepare
+from splitfl.experiment.runner import as_config, prepare
 from splitfl.models.profile import BlockCost, ModelProfile
 from splitfl.system import (
     DeviceProfile,

@@ -370,8 +370,8 @@ def test_check_bundle_rejects_labels_inputs_and_empty_splits():
 def test_labels_beyond_the_models_outputs_are_a_config_error():
     # Prepare
     from splitfl.config import ConfigError
-    from splitfl.engine.context import _check_label_range
-    from splitfl.engine.runner import as_config
+    from splitfl.experiment.context import _check_label_range
+    from splitfl.experiment.runner import as_config
 
     cfg = as_config(tiny_config())
     bundle = load_dataset("digits")

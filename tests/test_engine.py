@@ -9,8 +9,8 @@ import torch
 import splitfl
 from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS, algorithm_names
-from splitfl.engine.executor import NonFiniteLossError
-from splitfl.engine.runner import prepare
+from splitfl.executors import NonFiniteLossError
+from splitfl.experiment.runner import prepare
 from splitfl.testing import config_for
 
 cfg_for = config_for
@@ -167,7 +167,7 @@ def test_threads_limits_torch_and_blas_during_the_run_only(tmp_path, monkeypatch
     optimisers give the same digits in a shell and in a Ray worker; limits are restored."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from splitfl.engine.executor import SequentialExecutor
+    from splitfl.executors.sequential import SequentialExecutor
 
     seen = []
     original = SequentialExecutor.run_round

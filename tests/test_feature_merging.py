@@ -11,12 +11,13 @@ import torch.nn.functional as F
 
 import splitfl
 from conftest import tiny_config
-from splitfl.algorithms.base import ClientTask, RoundPlan
 from splitfl.config import ConfigError
-from splitfl.engine.executor import SequentialExecutor, client_batches
-from splitfl.engine.runner import as_config, prepare
-from splitfl.engine.vectorized import VectorizedExecutor
+from splitfl.executors.common import client_batches
+from splitfl.executors.sequential import SequentialExecutor
+from splitfl.executors.vectorized import VectorizedExecutor
+from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import ModelPart
+from splitfl.plan import ClientTask, RoundPlan
 from splitfl.seeding import derive_seed
 
 SEED = 5

@@ -17,9 +17,9 @@ import splitfl
 from splitfl.cli.main import main
 from splitfl.config import ConfigError
 from splitfl.dirlock import DirectoryLockedError, hold_lock
-from splitfl.engine import runner
-from splitfl.engine.checkpoint import decode_numpy, encode_numpy
-from splitfl.engine.guards import LossExplosionError, check_explosion
+from splitfl.experiment import loop, round_step
+from splitfl.experiment.checkpoint import decode_numpy, encode_numpy
+from splitfl.experiment.guards import LossExplosionError, check_explosion
 from splitfl.metrics.summary import read_metrics, summarize
 from splitfl.testing import tiny_config
 
@@ -51,14 +51,14 @@ def full(tmp_path_factory):
 
 def _stop_in_round(monkeypatch, round_index, exc):
     """Raise ``exc`` as round ``round_index`` (0-based) starts (its torch seed is derived)."""
-    derive = runner.derive_seed
+    derive = round_step.derive_seed
 
     def stop(seed, *parts):
         if parts == ("torch", round_index):
             raise exc
         return derive(seed, *parts)
 
-    monkeypatch.setattr(runner, "derive_seed", stop)
+    monkeypatch.setattr(round_step, "derive_seed", stop)
 
 
 def _killed_run(tmp_path, monkeypatch):
@@ -247,14 +247,14 @@ def test_ctrl_c_mid_round_records_interrupted_and_resume_is_exact(
 
 
 def test_sigterm_between_rounds_checkpoints_the_last_round(full, tmp_path, monkeypatch):
-    check = runner.check_explosion
+    check = loop.check_explosion
 
     def sigterm_after_round_3(rows, *args):
         if len(rows) == 3:
             os.kill(os.getpid(), signal.SIGTERM)  # turned into KeyboardInterrupt by the loop
         return check(rows, *args)
 
-    monkeypatch.setattr(runner, "check_explosion", sigterm_after_round_3)
+    monkeypatch.setattr(loop, "check_explosion", sigterm_after_round_3)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt, match="checkpoint at round 3"):
         splitfl.run(CFG, run_dir=tmp_path / "run")

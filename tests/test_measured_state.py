@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from splitfl.algorithms.base import ClientTask, RoundPlan, RoundReport
 from splitfl.algorithms.s2fl import S2FL, S2FLOptions, lockstep_finish
-from splitfl.engine.runner import as_config, prepare
+from splitfl.experiment.runner import as_config, prepare
+from splitfl.plan import ClientTask, RoundPlan, RoundReport
 from splitfl.system.cost import ClientCost, Traffic
 from splitfl.system.devices import DeviceProfile, Population, draw_population, with_variation
 

@@ -6,11 +6,12 @@ import torch
 
 import splitfl
 from conftest import tiny_config
-from splitfl.algorithms.base import ClientTask, RoundPlan
 from splitfl.algorithms.state_estimation import FEATURE_LINKS
-from splitfl.engine.executor import SequentialExecutor
-from splitfl.engine.runner import _measure, as_config, prepare
-from splitfl.engine.vectorized import VectorizedExecutor
+from splitfl.executors.sequential import SequentialExecutor
+from splitfl.executors.vectorized import VectorizedExecutor
+from splitfl.experiment.round_step import measure as _measure
+from splitfl.experiment.runner import as_config, prepare
+from splitfl.plan import ClientTask, RoundPlan
 from splitfl.seeding import rng_for
 from test_feature_merging import SEED, hand_concatenated_step
 
@@ -141,7 +142,7 @@ def test_state_estimation_moving_averages_over_rounds():
 
 
 def test_eq17_bottom_models_weighted_by_batch_size():
-    from splitfl.algorithms.base import ClientUpdate, RoundResult
+    from splitfl.plan import ClientUpdate, RoundResult
 
     prep = prepare(as_config(tiny_config(algorithm="mergesfl")))
     alg, ctx = prep.algorithm, prep.ctx

@@ -8,8 +8,8 @@ import torch
 
 import splitfl
 from conftest import tiny_config
-from splitfl.algorithms.base import ClientTask, ClientUpdate, RoundPlan, RoundReport, RoundResult
-from splitfl.engine.runner import as_config, prepare
+from splitfl.experiment.runner import as_config, prepare
+from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundReport, RoundResult
 from splitfl.seeding import rng_for
 
 FAST = {"options.parallelsfl.tau": 3, "devices.preset": "jetson80", "data.num_clients": 20}

@@ -7,15 +7,10 @@ import torch
 
 import splitfl
 from conftest import tiny_config
-from splitfl.engine.ring import (
-    largest_remainder,
-    overlap_counts,
-    parse_ratios,
-    propagation_lengths,
-    ring_batch_update,
-    segments,
-)
+from splitfl.algorithms.ringsfl import largest_remainder, parse_ratios, propagation_lengths
+from splitfl.executors.ring import ring_batch_update
 from splitfl.models import build_model
+from splitfl.plan import RingSpec
 
 RING = {
     "model": "mlp",
@@ -42,8 +37,9 @@ def test_propagation_lengths_by_hand():
 
 def test_segments_and_overlap_counts():
     order, lengths = [0, 1, 2], {0: 1, 1: 2, 2: 1}
-    assert segments(order, lengths, 1) == [(1, 0, 2), (2, 2, 3), (0, 3, 4)]
-    counts = overlap_counts(order, lengths, 4)
+    ring = RingSpec(order, lengths, {})
+    assert ring.segments(1) == [(1, 0, 2), (2, 2, 3), (0, 3, 4)]
+    counts = ring.overlap_counts(4)
     assert [sum(v) for v in counts.values()] == [3 * lengths[c] for c in order]
     # u_1 runs blocks 1-2 for u_0's batch, 0-1 for its own, 2-3 for u_2's
     assert counts[1] == [1, 2, 2, 1]
@@ -56,7 +52,7 @@ def test_ring_forward_composes_to_the_full_model():
     order, lengths = [0, 1, 2], {0: 2, 1: 1, 2: 1}
     for start in order:
         h = x
-        for _client, lo, hi in segments(order, lengths, start):
+        for _client, lo, hi in RingSpec(order, lengths, {}).segments(start):
             h = model(h, lo, hi)
         assert torch.equal(h, model(x))
 
@@ -81,7 +77,7 @@ def test_v1_and_v2_differ_only_on_overlapping_blocks():
     v2 = {c: copy.deepcopy(model) for c in order}
     ring_batch_update(v1, order, lengths, batches, weights, 0.1, dynamic_lr=False)
     ring_batch_update(v2, order, lengths, batches, weights, 0.1, dynamic_lr=True)
-    counts = overlap_counts(order, lengths, 4)
+    counts = RingSpec(order, lengths, weights).overlap_counts(4)
     for c in order:
         for k in range(4):
             p1 = [p for p in v1[c].blocks[k].parameters()]
@@ -129,7 +125,7 @@ def test_vanilla_sl_round_size(tmp_path, round_steps, updates):
     (row,) = splitfl.run(cfg, run_dir=tmp_path / "v").metrics
     # Assert: RingSFL §4.1.3 round = E·B updates across the chain, not N·E·B
     assert sum(row["plan_local_steps"]) == updates
-    from splitfl.engine.runner import as_config, prepare
+    from splitfl.experiment.runner import as_config, prepare
 
     ctx = prepare(as_config(cfg)).ctx
     q = ctx.profile.activation_bytes(ctx.cut_points[-1])

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.algorithms.base import ClientUpdate
 from splitfl.algorithms.data_balance import (
     balance_distance,
     balanced_groups,
@@ -17,6 +16,7 @@ from splitfl.algorithms.data_balance import (
     partition_cost,
 )
 from splitfl.algorithms.s2fl import closest_to_median
+from splitfl.plan import ClientUpdate
 
 
 def test_closest_to_median_on_crafted_table():

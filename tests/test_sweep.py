@@ -10,7 +10,7 @@ import splitfl
 from conftest import tiny_config
 from splitfl.cli.main import main
 from splitfl.config import ConfigError
-from splitfl.engine import runner
+from splitfl.experiment import recorder, runner
 from splitfl.sweeps import expand, load_sweep
 
 NAMES = [
@@ -107,17 +107,17 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, monkey
     assert full.ok
 
     out = tmp_path / "killed"
-    save = runner._save_checkpoint
+    save = recorder.save_checkpoint
 
     def save_then_die(run_dir, state):
         save(run_dir, state)
         if run_dir.name == NAMES[1] and state["round"] == 2:
             raise Killed
 
-    monkeypatch.setattr(runner, "_save_checkpoint", save_then_die)
+    monkeypatch.setattr(recorder, "save_checkpoint", save_then_die)
     with pytest.raises(Killed):
         splitfl.sweep(path, out_dir=out, executor="local", progress=False, report=False)
-    monkeypatch.setattr(runner, "_save_checkpoint", save)
+    monkeypatch.setattr(recorder, "save_checkpoint", save)
     index = _index(out)
     assert [index[n]["status"] for n in NAMES] == ["done", "running", "pending", "pending"]
     mtime = (out / NAMES[0] / "metrics.jsonl").stat().st_mtime_ns

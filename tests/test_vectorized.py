@@ -9,11 +9,12 @@ from torch import nn
 import splitfl
 from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS
-from splitfl.algorithms.base import ClientTask, RoundPlan
 from splitfl.config import ConfigError
-from splitfl.engine.executor import EXECUTORS, SequentialExecutor
-from splitfl.engine.runner import _measure, as_config, prepare
-from splitfl.engine.vectorized import RowStack, VectorizedExecutor, chain_ema, sgd_rows
+from splitfl.executors import EXECUTORS, SequentialExecutor
+from splitfl.executors.vectorized import RowStack, VectorizedExecutor, chain_ema, sgd_rows
+from splitfl.experiment.round_step import measure as _measure
+from splitfl.experiment.runner import as_config, prepare
+from splitfl.plan import ClientTask, RoundPlan
 from splitfl.seeding import derive_seed, rng_for
 from splitfl.testing import config_for as cfg_for
 

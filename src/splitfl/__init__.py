@@ -13,8 +13,9 @@ Python API (mirrors the CLI)::
 """
 
 from splitfl.catalog import catalog
-from splitfl.config import ConfigError, ExperimentConfig, load_config
-from splitfl.engine import CompareResult, RunResult, compare, resume, run, validate
+from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.experiment import CompareResult, RunResult, compare, resume, run, validate
+from splitfl.experiment.validation import load_config
 from splitfl.metrics.report import ReportResult, report
 from splitfl.sweeps import SweepResult, sweep
 

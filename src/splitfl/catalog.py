@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+from splitfl.algorithms import ALGORITHMS, ALIASES
+from splitfl.data.base import DATASETS, dataset_names
+from splitfl.models.registry import MODELS, model_names
 from splitfl.proxies import PROXIES
+from splitfl.system.devices import COMPOSITIONS, PRESETS
 
 
 def catalog() -> dict[str, dict[str, str]]:
     """``{"algorithms"|"models"|"datasets"|"device_presets"|"compositions"|"executors":
     {name: description}}``; a proxy baseline's description starts with ``[proxy: reason]``
     (:mod:`splitfl.proxies`)."""
-    from splitfl.algorithms import ALGORITHMS, ALIASES
-    from splitfl.data.base import DATASETS, dataset_names
-    from splitfl.models.registry import MODELS, model_names
-    from splitfl.system.devices import COMPOSITIONS, PRESETS
-
     algorithms = {
         name: (f"[proxy: {PROXIES[name]}] " if name in PROXIES else "") + cls.paper
         for name, cls in sorted(ALGORITHMS.items())

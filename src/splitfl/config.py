@@ -369,7 +369,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None):
-    """Read a YAML config (or defaults when ``path`` is None), apply overrides, validate."""
+    """Read a YAML config (or defaults when ``path`` is None), apply overrides, run the static
+    checks (:func:`validate`); registry names are checked by
+    :func:`splitfl.experiment.validation.load_config`."""
     data = read_yaml_mapping(path) if path is not None else {}
     data = apply_overrides(data, overrides or [])
     config = from_dict(ExperimentConfig, data)
@@ -497,21 +499,13 @@ def _validate_tracking(tracking: list[str]) -> None:
 
 
 def validate(config: ExperimentConfig) -> None:
-    """Static checks of every field (names, ranges). Data-dependent checks (more clients than
-    samples, cut points of the model) run in :func:`splitfl.engine.context.build_context`
-    before the run directory is created."""
-    from splitfl.algorithms import algorithm_names, resolve_algorithm
-    from splitfl.data import PARTITIONERS, dataset_names
-    from splitfl.data.base import VERIFY_MODES
-    from splitfl.engine.executor import EXECUTORS, PRECISIONS
-    from splitfl.models import model_names
-    from splitfl.system.devices import COMPOSITIONS, PRESETS
-
-    _choice(config.algorithm, algorithm_names(), "algorithm")
-    _choice(config.model, model_names(), "model")
-    _choice(config.executor, sorted(EXECUTORS), "executor")
+    """Static checks of every field that needs no registry (ranges, counts, devices, trackers).
+    Names that live in registries (algorithm and its options, model, dataset, partition,
+    executor, device preset) are checked one layer up, by
+    :func:`splitfl.experiment.validation.validate_config`; data-dependent checks (more clients
+    than samples, cut points of the model) in
+    :func:`splitfl.experiment.context.build_context` before the run directory is created."""
     _check_device(config.device)
-    _choice(config.precision, list(PRECISIONS), "precision")
     _check(
         config.threads is None or 1 <= config.threads <= MAX_THREADS,
         "threads",
@@ -521,17 +515,12 @@ def validate(config: ExperimentConfig) -> None:
     _check(0 <= config.seed < SEED_LIMIT, "seed", f"must be in [0, 2**63) (got {config.seed})")
     _check_float_ranges(config)
     d = config.data
-    _choice(d.dataset, dataset_names(), "data.dataset")
-    _choice(d.partition, sorted(PARTITIONERS), "data.partition")
     if d.partition == "dirichlet":
         _check(d.p is not None or d.alpha is not None, "data.alpha", "set alpha > 0 (or p >= 0)")
     _check(d.classes_per_client >= 1, "data.classes_per_client", "must be >= 1")
     _check(d.num_clients >= 1, "data.num_clients", f"must be >= 1 (got {d.num_clients})")
     _check(d.min_samples >= 1, "data.min_samples", f"must be >= 1 (got {d.min_samples})")
-    _choice(d.verify, list(VERIFY_MODES), "data.verify")
     v = config.devices
-    _choice(v.preset, sorted(PRESETS), "devices.preset")
-    _choice(v.composition, list(COMPOSITIONS), "devices.composition")
     _check(v.label_bytes >= 0, "devices.label_bytes", "must be >= 0")
     _check(v.variation >= 0, "devices.variation", f"must be >= 0 (got {v.variation})")
     _check(v.variation_period >= 1, "devices.variation_period", "must be >= 1")
@@ -556,8 +545,3 @@ def validate(config: ExperimentConfig) -> None:
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
     _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
     _validate_tracking(config.output.tracking)
-    for name in config.options:  # every algorithm's options, selected or not
-        _choice(name, algorithm_names(), f"options.{name}")
-        resolve_algorithm(name, config.options)
-    _, options = resolve_algorithm(config.algorithm, config.options)
-    del options  # resolving validates the chosen algorithm's options

@@ -9,13 +9,7 @@ from typing import Any
 
 from splitfl.algorithms.adasampling import AdaSampling
 from splitfl.algorithms.adasfl import AdaSFL
-from splitfl.algorithms.base import (
-    Algorithm,
-    ClientTask,
-    ClientUpdate,
-    RoundPlan,
-    RoundResult,
-)
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.fedavg import FedAvg
 from splitfl.algorithms.ifca import IFCA
 from splitfl.algorithms.locfedmix_sl import LocFedMixSL
@@ -27,6 +21,8 @@ from splitfl.algorithms.s2fl import S2FL
 from splitfl.algorithms.splitfed_v1 import SplitFedV1
 from splitfl.algorithms.splitfed_v2 import SplitFedV2
 from splitfl.algorithms.vanilla_sl import VanillaSL
+from splitfl.config import ConfigError, from_dict
+from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
@@ -62,6 +58,17 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
+    """Add ``cls`` to :data:`ALGORITHMS` under ``cls.name`` (usable as a class decorator). An
+    algorithm that needs no new topology is one module plus this call."""
+    if not cls.name or not isinstance(cls.name, str):
+        raise ValueError(f"{cls.__name__} needs a non-empty class attribute 'name'")
+    if cls.name in ALIASES or ALGORITHMS.get(cls.name, cls) is not cls:
+        raise ValueError(f"algorithm name {cls.name!r} is already registered")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
 def algorithm_names() -> list[str]:
     return sorted(ALGORITHMS) + sorted(ALIASES)
 
@@ -73,8 +80,6 @@ def resolve_algorithm(name: str, options: dict[str, dict[str, Any]]) -> tuple[ty
     each given entry must be a mapping, checked against ``cls.Options`` (unknown keys, types,
     ranges) whether or not ``name`` is the selected algorithm.
     """
-    from splitfl.config import ConfigError, from_dict
-
     if name in ALIASES:
         base, preset = ALIASES[name]
     elif name in ALGORITHMS:
@@ -98,5 +103,6 @@ __all__ = [
     "RoundPlan",
     "RoundResult",
     "algorithm_names",
+    "register_algorithm",
     "resolve_algorithm",
 ]

@@ -27,9 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from splitfl.algorithms.base import Algorithm, RoundPlan, RoundReport, RoundResult
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl_control import moving_average
 from splitfl.algorithms.state_estimation import fill_unmeasured
+from splitfl.config import ConfigError
+from splitfl.plan import RoundPlan, RoundReport, RoundResult
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,6 @@ class AdaSamplingOptions:
     min_probability: float = 1e-4
 
     def __post_init__(self) -> None:
-        from splitfl.config import ConfigError
-
         if not 0 <= self.ema < 1:
             raise ConfigError("options.adasampling.ema", "must be in [0, 1)")
         if not 0 <= self.min_probability < 1:

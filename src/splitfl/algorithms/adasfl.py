@@ -28,9 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundReport
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl_control import regulate_batch_sizes
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
+from splitfl.config import ConfigError
+from splitfl.plan import ClientTask, RoundPlan, RoundReport
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,6 @@ class AdaSFLOptions:
     lr_scaling: bool = True
 
     def __post_init__(self) -> None:
-        from splitfl.config import ConfigError
-
         if not 1 <= self.tau_min <= self.tau <= self.tau_max:
             raise ConfigError("options.adasfl.tau", "need 1 <= tau_min <= tau <= tau_max")
         if not 0 <= self.ema < 1:

@@ -27,7 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundResult
+from splitfl.algorithms.base import Algorithm
+from splitfl.config import ConfigError
+from splitfl.plan import ClientTask, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
 
 
@@ -37,8 +39,6 @@ class IFCAOptions:
     estimate_samples: int = 64
 
     def __post_init__(self) -> None:
-        from splitfl.config import ConfigError
-
         if self.num_clusters < 1:
             raise ConfigError("options.ifca.num_clusters", "must be >= 1")
         if self.estimate_samples < 1:
@@ -53,7 +53,6 @@ class IFCA(Algorithm):
     def __init__(self, options: IFCAOptions, ctx) -> None:
         super().__init__(options, ctx)
         if options.num_clusters > ctx.num_clients:  # a cluster per client at most
-            from splitfl.config import ConfigError
 
             raise ConfigError(
                 "options.ifca.num_clusters", f"must be <= data.num_clients ({ctx.num_clients})"

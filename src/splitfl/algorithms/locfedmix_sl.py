@@ -37,8 +37,10 @@ import numpy as np
 import torch
 
 from splitfl.algorithms.aggregation import layerwise_aggregate, weighted_average
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundResult
+from splitfl.algorithms.base import Algorithm
+from splitfl.config import ConfigError
 from splitfl.models.base import block_index
+from splitfl.plan import ClientTask, RoundPlan, RoundResult
 from splitfl.system.cost import ClientCost
 
 
@@ -50,8 +52,6 @@ class LocFedMixOptions:
     mixup_alpha: float = 1.0
 
     def __post_init__(self) -> None:
-        from splitfl.config import ConfigError
-
         if self.tau < 1:
             raise ConfigError("options.locfedmix_sl.tau", f"must be >= 1 (got {self.tau})")
         if self.aggregate_every < 1:

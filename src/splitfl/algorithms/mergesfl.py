@@ -40,15 +40,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.algorithms.base import (
-    GROUP_FORWARDS,
-    Algorithm,
-    ClientTask,
-    RoundPlan,
-    RoundReport,
-)
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl_control import arrange_workers, moving_average
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
+from splitfl.config import ConfigError
+from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport
 from splitfl.seeding import rng_for
 
 MBPS = 1e6 / 8
@@ -74,8 +70,6 @@ class MergeSFLOptions:
     merge: str = "concat"
 
     def __post_init__(self) -> None:
-        from splitfl.config import ConfigError
-
         if self.merge not in GROUP_FORWARDS:
             raise ConfigError("options.mergesfl.merge", f"allowed: {', '.join(GROUP_FORWARDS)}")
 

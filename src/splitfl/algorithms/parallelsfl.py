@@ -42,9 +42,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundReport
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl_control import moving_average
 from splitfl.algorithms.parallelsfl_control import Cluster, plan_clusters, round_waiting
+from splitfl.config import ConfigError
+from splitfl.plan import ClientTask, RoundPlan, RoundReport
 from splitfl.system.cluster import ClusterLoad, ClusterTime, MemberLoad, cluster_times
 from splitfl.system.cost import ClientCost, Traffic, d2d_rate
 
@@ -62,8 +64,6 @@ class ParallelSFLOptions:
     max_passes: int = 20
 
     def __post_init__(self) -> None:
-        from splitfl.config import ConfigError
-
         checks = {
             "tau": self.tau >= 1,
             "lam": 0 <= self.lam <= 1,

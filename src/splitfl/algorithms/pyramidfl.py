@@ -40,10 +40,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.algorithms.aggregation import weighted_average
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan, RoundReport, RoundResult
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl_control import moving_average
 from splitfl.algorithms.state_estimation import fill_unmeasured
+from splitfl.config import ConfigError
 from splitfl.models.profile import BYTES_PER_ELEMENT
+from splitfl.plan import ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.system.cost import ClientCost
 
 
@@ -63,8 +65,6 @@ class PyramidFLOptions:
     dropout_high: float = 0.6
 
     def __post_init__(self) -> None:
-        from splitfl.config import ConfigError
-
         if not 0 <= self.dropout_low <= self.dropout_high <= 1:
             raise ConfigError(
                 "options.pyramidfl.dropout_low", "need 0 <= dropout_low <= dropout_high <= 1"

@@ -5,9 +5,9 @@ Heterogeneity"): spec ``papers/ringsfl.md`` §3 (Alg. 1–2, Eq. 1–7).
   commas; default by id).
 * Propagation lengths (in model *blocks*, e.g. ResNet-18 = 10): Eq. (3) L_i = C_i/ΣC·W from
   the devices' FLOPS, rounded to integers ≥ 1 summing to W by the largest-remainder rule
-  (:func:`splitfl.engine.ring.largest_remainder`), or explicit ratios ``prop_lens: "6:1:1:1:1"``
+  (:func:`largest_remainder`), or explicit ratios ``prop_lens: "6:1:1:1:1"``
   rounded the same way. Aggregation weights a_i = D_i/ΣD.
-* Training: :func:`splitfl.engine.ring.ring_batch_update` (Alg. 2) every local step, plain SGD
+* Training: :func:`splitfl.executors.ring.ring_batch_update` (Alg. 2) every local step, plain SGD
   (``train.momentum``/``weight_decay`` other than 0 are rejected, not ignored) with the
   learning rate multiplied by N (``lr_compensation``, §3.4) so a round equals a FedAvg update
   (Eq. 6; tested). ``version: v2`` multiplies the rate of overlapping blocks by |U_i,(j)|
@@ -20,14 +20,54 @@ Heterogeneity"): spec ``papers/ringsfl.md`` §3 (Alg. 1–2, Eq. 1–7).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.algorithms.base import Algorithm, ClientTask, RingSpec, RoundPlan
-from splitfl.engine.ring import parse_ratios, propagation_lengths, segments
+from splitfl.algorithms.base import Algorithm
+from splitfl.config import ConfigError
+from splitfl.plan import ClientTask, RingSpec, RoundPlan
 from splitfl.system.cost import ring_client_cost
+
+
+def largest_remainder(shares: Sequence[float], total: int) -> list[int]:
+    """Integers ≥ 1 summing to ``total`` proportional to ``shares``.
+
+    Rounding rule: floor of each exact share, the remaining blocks to the largest remainders
+    (ties: lower index); then every client left with 0 blocks takes one from the client with
+    the most blocks. Exact shares stay exact (C = 4:2:1:1 over 16 blocks → 8, 4, 2, 2), and
+    RingSFL's public sweeps come out as printed (e.g. 100:1:1:1:1 over 10 blocks → 6:1:1:1:1).
+    """
+    n = len(shares)
+    if total < n:
+        raise ValueError(f"{total} blocks cannot give {n} clients at least one block each")
+    w = np.asarray(shares, dtype=float)
+    if np.any(w <= 0):
+        raise ValueError("propagation shares must be positive")
+    ideal = w / w.sum() * total
+    lengths = np.floor(ideal).astype(int)
+    for i in np.argsort(-(ideal - lengths), kind="stable")[: total - lengths.sum()]:
+        lengths[i] += 1
+    for i in np.flatnonzero(lengths == 0):
+        lengths[int(np.argmax(lengths))] -= 1
+        lengths[i] = 1
+    return lengths.tolist()
+
+
+def propagation_lengths(power: Sequence[float], num_blocks: int) -> list[int]:
+    """Eq. (3): L_i = C_i / ΣC · W, rounded by :func:`largest_remainder`."""
+    return largest_remainder(power, num_blocks)
+
+
+def parse_ratios(spec: str, n: int, num_blocks: int) -> list[int]:
+    """Explicit ratios ``"6:1:1:1:1"`` → lengths (rounded as Eq. 3)."""
+    parts = [float(p) for p in spec.split(":")]
+    if len(parts) != n:
+        raise ValueError(f"{len(parts)} ratios for {n} clients")
+    return largest_remainder(parts, num_blocks)
+
 
 
 @dataclass(frozen=True)
@@ -38,8 +78,6 @@ class RingSFLOptions:
     lr_compensation: bool = True
 
     def __post_init__(self) -> None:
-        from splitfl.config import ConfigError
-
         if self.version not in ("v1", "v2"):
             raise ConfigError("options.ringsfl.version", "allowed: v1, v2")
         if self.prop_lens is not None:
@@ -54,8 +92,6 @@ class RingSFLOptions:
 def check_plain_sgd(train) -> None:
     """RingSFL's ring step is plain SGD (Alg. 2 and Eq. 6-7; the authors' code uses no momentum
     or weight decay): reject a config that asks for either rather than ignore it."""
-    from splitfl.config import ConfigError
-
     for name in ("momentum", "weight_decay"):
         value = getattr(train, name)
         if value:
@@ -73,7 +109,6 @@ class RingSFL(Algorithm):
     def __init__(self, options: RingSFLOptions, ctx) -> None:
         super().__init__(options, ctx)
         n, w = ctx.num_clients, ctx.num_blocks
-        from splitfl.config import ConfigError
 
         self.order = list(range(n))
         if options.order is not None:
@@ -121,7 +156,7 @@ class RingSFL(Algorithm):
         }
         work = []
         for start in ring.order:
-            for client, lo, hi in segments(ring.order, ring.lengths, start):
+            for client, lo, hi in ring.segments(start):
                 if client == task.client:
                     work.append((lo, hi, done[start], start == client))
         pos = ring.order.index(task.client)

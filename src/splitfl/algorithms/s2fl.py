@@ -61,9 +61,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.base import GROUP_FORWARDS, Algorithm, ClientTask, RoundPlan, RoundReport
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.data_balance import balanced_groups, partition_cost
-from splitfl.engine.context import batch_sizes
+from splitfl.config import ConfigError
+from splitfl.data.partition import batch_sizes
+from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport
 from splitfl.system.cost import ClientCost, round_times, split_client_cost
 from splitfl.system.devices import DeviceProfile
 
@@ -85,8 +87,6 @@ class S2FLOptions:
     group_forward: str = "concat"
 
     def __post_init__(self) -> None:
-        from splitfl.config import ConfigError
-
         if self.group_size < 1:
             raise ConfigError("options.s2fl.group_size", f"must be >= 1 (got {self.group_size})")
         if self.time_table_update not in ("mean", "last"):

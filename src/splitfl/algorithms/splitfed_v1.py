@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.base import Algorithm, RoundPlan
+from splitfl.algorithms.base import Algorithm
+from splitfl.plan import RoundPlan
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from splitfl.algorithms.base import Algorithm, RoundPlan
+from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.splitfed_v1 import SplitFedOptions
+from splitfl.plan import RoundPlan
 
 
 class SplitFedV2(Algorithm):

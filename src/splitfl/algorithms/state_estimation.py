@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from splitfl.algorithms.base import RoundPlan, RoundReport
 from splitfl.algorithms.mergesfl_control import moving_average
+from splitfl.plan import RoundPlan, RoundReport
 from splitfl.system.cost import ClientCost
 
 #: Traffic links that carry per-sample features (their time is β); the rest is model transfer.

@@ -27,8 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.base import Algorithm, ClientTask, RoundPlan
+from splitfl.algorithms.base import Algorithm
+from splitfl.config import ConfigError
 from splitfl.models.base import block_index
+from splitfl.plan import ClientTask, RoundPlan
 
 #: ``round_steps`` values (see the module docstring).
 ROUND_STEPS = ("per_client", "shared")
@@ -43,8 +45,6 @@ class VanillaSLOptions:
     round_steps: str = "per_client"
 
     def __post_init__(self) -> None:
-        from splitfl.config import ConfigError
-
         if self.round_steps not in ROUND_STEPS:
             raise ConfigError(
                 "options.vanilla_sl.round_steps",

@@ -13,7 +13,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from splitfl.catalog import catalog
 from splitfl.config import ConfigError
+from splitfl.data.base import DatasetError, DatasetWarning
+from splitfl.executors import NonFiniteLossError
+from splitfl.experiment import compare, resume, run, validate
+from splitfl.metrics.report import report
+from splitfl.metrics.summary import comparison_table
+from splitfl.privacy.cli import add_privacy_parser
+from splitfl.sweeps import sweep
 
 EXIT_TRIALS_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -34,9 +42,6 @@ def _split_args(values: list[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from splitfl.engine import resume, run
-    from splitfl.metrics.summary import comparison_table
-
     config, overrides = _split_args(args.args)
     progress = False if args.no_progress else None
     if args.resume:
@@ -54,8 +59,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from splitfl.engine import compare
-
     config, overrides = _split_args(args.args)
     if config is None:
         raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")
@@ -73,8 +76,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from splitfl.sweeps import sweep
-
     spec, overrides = _split_args(args.args)
     if args.resume:
         if spec:
@@ -89,7 +90,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     result = sweep(
         spec,
         out_dir=args.out,
-        executor=args.executor,
+        executor=args.backend,
         address=args.address,
         gpus_per_trial=args.gpus_per_trial,
         cpus_per_trial=args.cpus_per_trial,
@@ -102,8 +103,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from splitfl.metrics.report import report
-
     result = report(args.dir, out_dir=args.out, target=args.target)
     print(result.table)
     print(f"report: {result.files['report.html']} (report.md, report.csv, plots)")
@@ -111,16 +110,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from splitfl.engine import validate
-
     config, overrides = _split_args(args.args)
     print(validate(config, overrides))
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from splitfl.catalog import catalog
-
     for section, entries in catalog().items():
         print(f"{section.replace('_', ' ')}:")
         for name, description in entries.items():
@@ -149,13 +144,21 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep",
         help="run every combination of a sweep file's axes as trials (Ray or local)",
         description="Trials write ordinary run directories under one sweep directory; running "
-        "the same sweep into the same directory again resumes it. --executor picks how trials "
-        "are run (ray or local), not the training engine (the config field `executor`).",
+        "the same sweep into the same directory again resumes it. --backend picks how trials "
+        "are run (ray or local), not the training executor (the config field `executor`); "
+        "--executor is its deprecated old name.",
     )
     p.add_argument("args", nargs="*", metavar="SWEEP.yaml [key=value ...]")
     p.add_argument("--out", metavar="DIR", help="sweep directory (default: <out_dir>/<name>)")
     p.add_argument("--resume", metavar="DIR", help="resume the sweep in DIR (its sweep.yaml)")
-    p.add_argument("--executor", choices=["ray", "local"], default="ray", help="trial executor")
+    p.add_argument(
+        "--backend",
+        "--executor",  # deprecated alias (the name clashed with the config field `executor`)
+        dest="backend",
+        choices=["ray", "local"],
+        default="ray",
+        help="how trials run: ray or local (--executor: deprecated alias)",
+    )
     p.add_argument("--address", help="Ray cluster: auto or ray://host:10001 (default: local)")
     p.add_argument("--gpus-per-trial", type=float, default=0.0, metavar="G")
     p.add_argument("--cpus-per-trial", type=float, default=1.0, metavar="C")
@@ -175,7 +178,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_validate)
     p = sub.add_parser("list", help="algorithms, models, datasets, device presets")
     p.set_defaults(fn=cmd_list)
-    from splitfl.privacy.cli import add_privacy_parser
 
     add_privacy_parser(sub)
     return parser
@@ -186,7 +188,6 @@ def _one_line_data_warnings() -> None:
     ``error: ...`` lines); other warnings keep Python's format."""
     import warnings
 
-    from splitfl.data.base import DatasetWarning
 
     shown = warnings.showwarning
     if getattr(shown, "splitfl_data", False):
@@ -203,9 +204,6 @@ def _one_line_data_warnings() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from splitfl.data.base import DatasetError
-    from splitfl.engine.executor import NonFiniteLossError
-
     _one_line_data_warnings()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

@@ -260,3 +260,11 @@ def label_histograms(labels: np.ndarray, parts: list[np.ndarray], num_classes: i
             for p in parts
         ]
     ).astype(np.int64)
+
+
+def batch_sizes(num_samples: int, batch_size: int, steps: int) -> list[int]:
+    """Sizes of ``steps`` consecutive mini-batches cycling over epochs of ``num_samples``."""
+    per_epoch = [batch_size] * (num_samples // batch_size)
+    if num_samples % batch_size:
+        per_epoch.append(num_samples % batch_size)
+    return [per_epoch[i % len(per_epoch)] for i in range(steps)]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from splitfl.metrics.report import flatten
+
 
 class Tracker(Protocol):
     """Receives each round's metrics row; closed once at the end of the run."""
@@ -31,8 +33,6 @@ def scalar_metrics(row: dict[str, Any]) -> dict[str, float]:
 
 def flat_params(data: dict[str, Any]) -> dict[str, str]:
     """A nested config mapping as dotted ``key: str(value)`` pairs (MLflow parameters)."""
-    from splitfl.metrics.report import flatten
-
     return {k: str(v)[:500] for k, v in flatten(data).items()}
 
 

@@ -16,6 +16,7 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from splitfl.models.base import BlockModel
+from splitfl.models.registry import build_model
 
 BYTES_PER_ELEMENT = 4  # fp32 parameters, activations and gradients on the wire
 PROFILE_BATCH = 2  # batch used to measure FLOPs; >1 so BatchNorm runs in training mode
@@ -168,8 +169,6 @@ def _measure(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProfile:
 
 @lru_cache(maxsize=64)
 def _cached_profile(name: str, input_shape: tuple[int, ...], num_classes: int) -> ModelProfile:
-    from splitfl.models.registry import build_model
-
     with torch.random.fork_rng(devices=[]):  # building the model draws its random init
         return measure_profile(build_model(name, input_shape, num_classes), input_shape)
 

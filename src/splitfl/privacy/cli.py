@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 from splitfl.config import ConfigError
+from splitfl.privacy.dlg import load_attack_config, run_attack, write_results
+from splitfl.privacy.leakage import leakage_curve, leakage_probability, plot_leakage_curve
 
 FIG5_E = (0.1, 0.2, 0.4, 0.6)
 
@@ -22,8 +24,6 @@ def _probability(value: float | None, flag: str) -> None:
 
 def cmd_leakage(args: argparse.Namespace) -> int:
     """Print P_i (Eq. 8) for ``--clients`` clients and write the Fig. 5 curve."""
-    from splitfl.privacy.leakage import leakage_curve, leakage_probability, plot_leakage_curve
-
     e_prime = args.e if args.e_prime is None else args.e_prime
     _probability(args.e, "--e")
     _probability(e_prime, "--e-prime")
@@ -57,7 +57,6 @@ def cmd_attack(args: argparse.Namespace) -> int:
     """Run the DLG attack on FedAvg and RingSFL uploads; write results.json and attack.png."""
     from dataclasses import replace
 
-    from splitfl.privacy.dlg import load_attack_config, run_attack, write_results
 
     config_path = None
     overrides = []

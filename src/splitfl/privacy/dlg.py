@@ -5,7 +5,7 @@ turns it into a gradient and runs DLG [10] on it, scoring the reconstruction by 
 similarity to the true image (Eq. 9):  s = xᵀx̂ / (‖x‖₂ ‖x̂‖₂)  on flattened images.
 
 * FedAvg: client 0 uploads ``W' = W − lr·∇L(x_0)``, so ``(W − W')/lr`` is its exact gradient.
-* RingSFL: client 0 uploads a *blended* model (one :func:`~splitfl.engine.ring.ring_batch_update`
+* RingSFL: client 0 uploads a *blended* model (one :func:`~splitfl.executors.ring.ring_batch_update`
   with ``a_i = 1/N``): each of its blocks was trained by whichever clients' batches passed through
   it. The eavesdropper, not knowing the propagation lengths, takes ``(W − W_0')/(lr·a_0)`` as
   client 0's full gradient and runs the same attack.
@@ -39,6 +39,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from splitfl.algorithms.ringsfl import parse_ratios
+from splitfl.config import ConfigError, apply_overrides, from_dict, read_yaml_mapping
+from splitfl.data import dataset_names
+from splitfl.data.base import load_dataset
+from splitfl.executors.ring import ring_batch_update
+from splitfl.models import build_model, model_names
 from splitfl.models.base import BlockModel
 
 # ----------------------------------------------------------------------------- observations
@@ -101,8 +107,6 @@ def observe_ringsfl(
     starts from ``model`` and the weights are ``a_i = 1/N``. Returns the eavesdropper's
     pseudo-gradient ``(W − W_0')/(lr·a_0)`` of client 0's uploaded blended model.
     """
-    from splitfl.engine.ring import ring_batch_update
-
     n = len(xs)
     if len(ys) != n or len(lengths) != n:
         raise ValueError(f"{n} samples but {len(ys)} labels and {len(lengths)} lengths")
@@ -259,8 +263,9 @@ class AttackConfig:
     """RingSFL §4.2.5 attack experiment: N clients holding one image each (the first N training
     images of ``dataset``); the eavesdropper attacks client 0's upload under FedAvg and RingSFL.
 
-    ``lengths`` are propagation-length ratios (``"8:1:1:1:1"``), rounded to the model's blocks by
-    :func:`splitfl.engine.ring.parse_ratios`. ``smooth_activations`` swaps ReLU for Sigmoid and
+    ``lengths`` are propagation-length ratios (``"8:1:1:1:1"``), rounded to the model's blocks
+    by :func:`splitfl.algorithms.ringsfl.parse_ratios`. ``smooth_activations`` swaps ReLU for
+    Sigmoid and
     ``init="uniform"`` draws every parameter from U(−0.5, 0.5) — both Zhu et al.'s DLG setup
     (``"default"`` keeps the registered model's initialisation). ``optimizer`` is ``lbfgs``
     (``iterations`` outer steps of up to 20 inner steps) or ``adam``; ``label`` is ``idlg``
@@ -292,10 +297,6 @@ ATTACK_CHOICES = {
 
 def validate_attack(config: AttackConfig) -> None:
     """Static checks of an :class:`AttackConfig`; raises :class:`~splitfl.config.ConfigError`."""
-    from splitfl.config import ConfigError
-    from splitfl.data import dataset_names
-    from splitfl.models import model_names
-
     def check(ok: bool, name: str, message: str) -> None:
         if not ok:
             raise ConfigError(name, message)
@@ -332,8 +333,6 @@ def load_attack_config(
 ) -> AttackConfig:
     """Read an :class:`AttackConfig` from YAML (defaults when ``path`` is None), apply
     ``key=value`` overrides, validate. Ratios such as ``lengths: 8:1:1:1:1`` need no quotes."""
-    from splitfl.config import apply_overrides, from_dict, read_yaml_mapping
-
     data = read_yaml_mapping(path) if path is not None else {}
     config = from_dict(AttackConfig, apply_overrides(data, list(overrides)))
     validate_attack(config)
@@ -364,9 +363,6 @@ def _relative_error(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]
 def build_attack_model(config: AttackConfig, input_shape: Sequence[int], num_classes: int):
     """The attacked model: registered ``config.model`` (seeded), optionally smoothed and
     re-initialised as in Zhu et al.; :class:`ConfigError` if it does not fit the input."""
-    from splitfl.config import ConfigError
-    from splitfl.models import build_model
-
     try:
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
@@ -397,10 +393,6 @@ def run_attack(config: AttackConfig) -> dict:
     ``label`` (the attack's label), ``gradient_error`` (relative L2 error of the observed
     gradient vs client 0's true gradient), ``seconds`` and ``reconstruction`` (a tensor).
     """
-    from splitfl.config import ConfigError
-    from splitfl.data.base import load_dataset
-    from splitfl.engine.ring import parse_ratios
-
     validate_attack(config)
     bundle = load_dataset(config.dataset, config.root)
     n = config.clients

@@ -31,7 +31,11 @@ from typing import Any
 import yaml
 
 from splitfl.config import ConfigError, ExperimentConfig, from_dict, load_yaml
+from splitfl.data.base import DatasetError
 from splitfl.dirlock import hold_lock
+from splitfl.executors import NonFiniteLossError
+from splitfl.experiment import runner  # looked up per call (tests replace runner.run)
+from splitfl.metrics.report import report as write_report
 from splitfl.sweeps.spec import SweepSpec, Trial, expand, load_sweep
 
 TRIAL_EXECUTORS = ("ray", "local")
@@ -92,9 +96,6 @@ def run_trial(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
     not raise: a diverged run or any exception is written to ``run_dir/error.json`` and
     returned as ``{"status": "diverged" | "failed", "error": ...}``.
     """
-    from splitfl.engine.executor import NonFiniteLossError
-    from splitfl.engine.runner import resume, run
-
     path = Path(run_dir)
     cfg = from_dict(ExperimentConfig, config)
     state = run_state(path, cfg.rounds)
@@ -104,11 +105,11 @@ def run_trial(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
         return {"status": state, "action": "kept", "summary": summary, "error": None}
     try:
         if state == "partial":
-            result = resume(path, progress=False)
+            result = runner.resume(path, progress=False)
         else:
             if path.exists():  # stopped before its config was written
                 shutil.rmtree(path)
-            result = run(cfg, run_dir=path, progress=False)
+            result = runner.run(cfg, run_dir=path, progress=False)
     except NonFiniteLossError as err:
         return {"status": "diverged", "action": state, "error": _write_error(path, "diverged", err)}
     except Exception as err:  # noqa: BLE001 - any trial failure is recorded, not raised
@@ -202,9 +203,6 @@ def _same_config(run_dir: Path, config: ExperimentConfig) -> bool:
 def check_data(trials: list[Trial], folder: Path | None = None) -> list[Trial]:
     """Data/model checks (``splitfl validate``) for each valid trial (skipping those already
     finished in ``folder``); a failing one comes back with its error and no config."""
-    from splitfl.data.base import DatasetError
-    from splitfl.engine.runner import prepare
-
     out = []
     for t in trials:
         finished = (
@@ -214,7 +212,7 @@ def check_data(trials: list[Trial], folder: Path | None = None) -> list[Trial]:
         )
         if t.config is not None and not finished:
             try:
-                prepare(t.config)
+                runner.prepare(t.config)
             except (ConfigError, DatasetError) as err:
                 t = Trial(t.index, t.name, t.values, None, str(err))
         out.append(t)
@@ -370,8 +368,6 @@ def sweep(
         check_same_sweep(folder, spec)  # again, now that no other process can write it
         index = _run_sweep(folder, spec, trials, executor, progress, address, resources)
         if report:
-            from splitfl.metrics.report import report as write_report
-
             write_report(folder)
     return SweepResult(folder, list(index.entries.values()))
 

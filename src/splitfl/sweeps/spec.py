@@ -36,9 +36,9 @@ from splitfl.config import (
     load_yaml,
     read_yaml_mapping,
     set_dotted,
-    validate,
 )
-from splitfl.engine.compare import safe_name
+from splitfl.experiment.compare import safe_name
+from splitfl.experiment.validation import validate_config
 
 SWEEP_FIELDS = ("name", "base", "base_source", "overrides", "axes", "out_dir")
 
@@ -174,7 +174,7 @@ def trial_config(spec: SweepSpec, values: dict[str, Any]) -> ExperimentConfig:
     for key, value in values.items():
         set_dotted(data, key.split("."), copy.deepcopy(value))
     config = from_dict(ExperimentConfig, data)
-    validate(config)
+    validate_config(config)
     return config
 
 

@@ -6,7 +6,7 @@ of ``functional_call`` over their rows (a batched/grouped convolution on the GPU
 their server-side copies (SplitFed V1's per-client copies, S²FL's per-group copies). Each
 iteration therefore costs a handful of large kernels instead of one small kernel per client.
 
-It computes exactly what :class:`~splitfl.engine.executor.SequentialExecutor` computes
+It computes exactly what :class:`~splitfl.executors.sequential.SequentialExecutor` computes
 (tested to fp32 tolerance for every algorithm):
 
 * **Mixed cut points** — workers are bucketed per step by (cut, batch length); a server copy
@@ -53,17 +53,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from splitfl.algorithms.base import ClientUpdate, RoundPlan, RoundResult
-from splitfl.engine.executor import (
+from splitfl.executors.common import (
     NonFiniteLossError,
-    SequentialExecutor,
     at_least_fp32,
     client_batches,
     precision_context,
     to_memory_format,
 )
-from splitfl.engine.ring import overlap_counts, segments
+from splitfl.executors.sequential import SequentialExecutor
 from splitfl.models import BlockModel, ModelPart, block_index
+from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
 
 
@@ -617,7 +616,7 @@ class VectorizedExecutor:
         momenta = _bn_momenta(full)
         owner = {}
         for t in tasks:
-            for client, lo, hi in segments(ring.order, ring.lengths, t.client):
+            for client, lo, hi in ring.segments(t.client):
                 for b in range(lo, hi):
                     owner[t.client, b] = row[client]
         workers = [
@@ -666,7 +665,7 @@ class VectorizedExecutor:
                     w.loss_sum += loss * y.shape[1]
             torch.stack(total).sum().backward()
             chain_buffers(stack, results, momenta)
-            counts = overlap_counts(ring.order, ring.lengths, n, [w.task.client for w in active])
+            counts = ring.overlap_counts(n, [w.task.client for w in active])
             rates = [  # per block, per row: lr (v2: × |U_j,(k)|), 0 where no batch passed
                 torch.tensor(
                     [lr * (c if ring.dynamic_lr else 1) * (c > 0) for c in per_row],

@@ -11,19 +11,11 @@ import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.data import DatasetBundle, load_dataset, partition_indices
-from splitfl.data.partition import label_histograms
+from splitfl.data.partition import batch_sizes, label_histograms
 from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
 from splitfl.seeding import rng_for
 from splitfl.system import ClientCost, Population, draw_population, split_client_cost
 from splitfl.system.devices import with_variation
-
-
-def batch_sizes(num_samples: int, batch_size: int, steps: int) -> list[int]:
-    """Sizes of ``steps`` consecutive mini-batches cycling over epochs of ``num_samples``."""
-    per_epoch = [batch_size] * (num_samples // batch_size)
-    if num_samples % batch_size:
-        per_epoch.append(num_samples % batch_size)
-    return [per_epoch[i % len(per_epoch)] for i in range(steps)]
 
 
 @dataclass
@@ -84,7 +76,7 @@ class RunContext:
         )
 
     def task_cost(self, task, samples: int, round_idx: int, device_loss: str) -> ClientCost:
-        """Cost of a planned task (a :class:`~splitfl.algorithms.base.ClientTask`)."""
+        """Cost of a planned task (a :class:`~splitfl.plan.ClientTask`)."""
         return self.client_cost(
             task.client,
             task.cut,

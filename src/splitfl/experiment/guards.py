@@ -2,7 +2,7 @@
 
 Ctrl-C raises KeyboardInterrupt; :func:`sigterm_as_interrupt` turns SIGTERM into the same
 path, so either records ``interrupted at round k`` in ``summary.json`` (see
-:mod:`splitfl.engine.runner`) and the CLI exits with code 130.
+:mod:`splitfl.experiment.runner`) and the CLI exits with code 130.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from splitfl.engine.executor import NonFiniteLossError
+from splitfl.executors import NonFiniteLossError
 
 __all__ = ["LossExplosionError", "RunInterrupted", "check_explosion", "sigterm_as_interrupt"]
 

@@ -1,13 +1,12 @@
-"""Executors run a :class:`~splitfl.algorithms.base.RoundPlan`; the per-batch loop lives here.
+"""The reference executor: a :class:`~splitfl.plan.RoundPlan` run client by client.
 
 :class:`SequentialExecutor` is the reference: clients one after another, the way the papers'
 own code runs. Other executors (GPU-vectorised, networked) must return the same
-:class:`~splitfl.algorithms.base.RoundResult` for the same plan.
+:class:`~splitfl.plan.RoundResult` for the same plan.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from dataclasses import dataclass
 
@@ -16,65 +15,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from splitfl.algorithms.base import ClientTask, ClientUpdate, RoundPlan, RoundResult
-from splitfl.engine.ring import ring_batch_update
+from splitfl.executors.common import (
+    at_least_fp32,
+    aux_head,
+    check_finite,
+    client_batches,
+    detached,
+    precision_context,
+    sgd,
+    to_memory_format,
+)
+from splitfl.executors.ring import ring_batch_update
 from splitfl.models import BlockModel, ModelPart
+from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
-
-
-class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN/inf loss."""
-
-
-def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in fp32 when autocast produced a lower precision; fp32/fp64 kept as they are
-    (fp64 runs are how the equivalence tests compare executors free of kernel-order noise)."""
-    return t if t.dtype in (torch.float32, torch.float64) else t.float()
-
-
-def _sgd(module: nn.Module, lr: float, config) -> torch.optim.Optimizer:
-    params = [p for p in module.parameters() if p.requires_grad]
-    return torch.optim.SGD(
-        params, lr=lr, momentum=config.train.momentum, weight_decay=config.train.weight_decay
-    )
-
-
-def client_batches(
-    indices: np.ndarray, batch_size: int, steps: int, seed: int
-) -> list[torch.Tensor]:
-    """``steps`` mini-batches of sample indices, reshuffled every epoch (seeded)."""
-    gen = torch.Generator().manual_seed(seed)
-    pool = torch.as_tensor(indices, dtype=torch.long)
-    out: list[torch.Tensor] = []
-    while len(out) < steps:
-        perm = pool[torch.randperm(len(pool), generator=gen)]
-        out.extend(perm.split(batch_size))
-    return out[:steps]
-
-
-#: ``precision`` values: fp32, or bf16 autocast of the forward passes (losses in fp32).
-PRECISIONS = ("fp32", "bf16")
-
-
-def precision_context(device: torch.device, precision: str):
-    """bf16 autocast on ``device`` (forward passes only), or nothing for fp32."""
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def to_memory_format(x: torch.Tensor) -> torch.Tensor:
-    """Channels-last layout for image batches (4-D, or 5-D stacked per client); others as is."""
-    if x.dim() == 4:
-        return x.contiguous(memory_format=torch.channels_last)
-    if x.dim() == 5:
-        return x.contiguous(memory_format=torch.channels_last_3d)
-    return x
-
-
-def _check_finite(loss: torch.Tensor, client: int) -> None:
-    if not torch.isfinite(loss):
-        raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at client {client}")
 
 
 @dataclass
@@ -88,11 +42,6 @@ class _Worker:
     aux: nn.Module | None = None
     samples: int = 0
     loss_sum: float = 0.0
-
-
-def aux_head(activation_elements: int, num_classes: int) -> nn.Module:
-    """The auxiliary local-loss head of ``device_loss: local`` plans: flatten + linear."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(activation_elements, num_classes))
 
 
 def _mix_pairs(sent, rng: np.random.Generator, alpha: float):
@@ -145,7 +94,7 @@ class SequentialExecutor:
                 if task.aux_state is not None:
                     aux.load_state_dict(task.aux_state)
                 trainable.append(aux)
-            return _Worker(task, part, _sgd(trainable, task.lr, ctx.config), batches, aux)
+            return _Worker(task, part, sgd(trainable, task.lr, ctx.config.train), batches, aux)
 
         def fetch(w: _Worker, step: int) -> tuple[torch.Tensor, torch.Tensor]:
             idx = w.batches[step]
@@ -162,7 +111,7 @@ class SequentialExecutor:
             split_cuts = [t.cut for t in tasks if t.cut < n]
             server = copy.deepcopy(ModelPart(model, min(split_cuts), n)) if split_cuts else None
             lr = plan.server_lr if plan.server_lr is not None else tasks[0].lr
-            server_opt = _sgd(server, lr, ctx.config) if server is not None else None
+            server_opt = sgd(server, lr, ctx.config.train) if server is not None else None
             if plan.server_mode == "sequential":
                 order = {c: i for i, c in enumerate(plan.order)}
                 previous = None
@@ -184,13 +133,13 @@ class SequentialExecutor:
                         group=group,
                         samples=w.samples,
                         steps=w.task.steps,
-                        state=_detached(w.part.state_dict()),
+                        state=detached(w.part.state_dict()),
                         loss_sum=w.loss_sum,
-                        aux_state=None if w.aux is None else _detached(w.aux.state_dict()),
+                        aux_state=None if w.aux is None else detached(w.aux.state_dict()),
                     )
                 )
             if server is not None:
-                server_states[group] = _detached(server.state_dict())
+                server_states[group] = detached(server.state_dict())
         return RoundResult(updates=updates, server_states=server_states)
 
     def _run_ring(self, model: BlockModel, plan: RoundPlan, worker, fetch) -> RoundResult:
@@ -211,13 +160,13 @@ class SequentialExecutor:
                 models, ring.order, ring.lengths, batches, ring.weights, lr, ring.dynamic_lr
             )
             for c, loss in losses.items():
-                _check_finite(torch.tensor(loss), c)
+                check_finite(torch.tensor(loss), c)
                 size = len(batches[c][1])
                 active[c].samples += size
                 active[c].loss_sum += loss * size
         updates = [
             ClientUpdate(
-                c, n, i, w.samples, w.task.steps, _detached(models[c].state_dict()), w.loss_sum
+                c, n, i, w.samples, w.task.steps, detached(models[c].state_dict()), w.loss_sum
             )
             for i, (c, w) in enumerate(workers.items())
         ]
@@ -247,7 +196,7 @@ class SequentialExecutor:
             sent.append((w, fx, fx.detach().requires_grad_(), y))
         losses = self._server_losses(server, sent, plan.group_forward)
         for (w, *_), loss_sum in zip(sent, losses, strict=True):
-            _check_finite(loss_sum, w.task.client)
+            check_finite(loss_sum, w.task.client)
         sizes = [len(y) for *_, y in sent]
         loss = self._group_loss(losses, sizes, plan)
         if plan.mixup_alpha:
@@ -313,47 +262,9 @@ class SequentialExecutor:
 
     @staticmethod
     def _device_update(w: _Worker, loss: torch.Tensor, size: int, loss_sum: float) -> None:
-        _check_finite(loss, w.task.client)
+        check_finite(loss, w.task.client)
         w.optimizer.zero_grad()
         loss.backward()
         w.optimizer.step()
         w.samples += size
         w.loss_sum += loss_sum
-
-
-def _detached(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu() for k, v in state.items()}
-
-
-def _vectorized(*args, **kwargs):
-    from splitfl.engine.vectorized import VectorizedExecutor
-
-    return VectorizedExecutor(*args, **kwargs)
-
-
-#: ``executor`` values: the reference loop, and the batched one (``engine/vectorized.py``).
-EXECUTORS = {"sequential": SequentialExecutor, "vectorized": _vectorized}
-
-
-def make_executor(
-    name: str, device: str = "cpu", precision: str = "fp32", channels_last: bool = False
-):
-    """The executor named by the config's ``executor`` on ``device``."""
-    return EXECUTORS[name](device, precision, channels_last)
-
-
-def evaluate(
-    model: BlockModel, x: torch.Tensor, y: torch.Tensor, batch_size: int
-) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy of ``model`` on ``(x, y)`` in eval mode."""
-    model.eval()
-    device = next(model.parameters()).device
-    correct, loss_sum = 0, 0.0
-    with torch.no_grad():
-        for start in range(0, len(y), batch_size):
-            xb = x[start : start + batch_size].to(device)
-            yb = y[start : start + batch_size].to(device)
-            logits = model(xb)
-            loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
-            correct += int((logits.argmax(1) == yb).sum())
-    return correct / len(y), loss_sum / len(y)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfl.config import ConfigError, ExperimentConfig
-from splitfl.engine.runner import RunResult, as_config, prepare, run
+from splitfl.experiment.runner import RunResult, as_config, prepare, run
 from splitfl.metrics.plots import plot_accuracy, plot_waiting
 from splitfl.metrics.summary import DEFAULT_TARGET_FRACTION, comparison_table, summarize, target_for
 

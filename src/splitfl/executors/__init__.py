@@ -1,0 +1,35 @@
+"""Executors: the per-batch SFL loop that runs a :class:`~splitfl.plan.RoundPlan`.
+
+Every executor has ``run_round(ctx, global_state, plan, round_seed) -> RoundResult`` and must
+return the same result for the same plan: :class:`SequentialExecutor` is the reference,
+:class:`VectorizedExecutor` batches the clients of a step into one computation. Executors
+import the round contract (:mod:`splitfl.plan`), the models and the system layer, never an
+algorithm or the experiment.
+"""
+
+from __future__ import annotations
+
+from splitfl.executors.common import PRECISIONS, NonFiniteLossError, evaluate
+from splitfl.executors.sequential import SequentialExecutor
+from splitfl.executors.vectorized import VectorizedExecutor
+
+#: ``executor`` values: the reference loop, and the batched one (``executors/vectorized.py``).
+EXECUTORS = {"sequential": SequentialExecutor, "vectorized": VectorizedExecutor}
+
+
+def make_executor(
+    name: str, device: str = "cpu", precision: str = "fp32", channels_last: bool = False
+):
+    """The executor named by the config's ``executor`` on ``device``."""
+    return EXECUTORS[name](device, precision, channels_last)
+
+
+__all__ = [
+    "EXECUTORS",
+    "PRECISIONS",
+    "NonFiniteLossError",
+    "SequentialExecutor",
+    "VectorizedExecutor",
+    "evaluate",
+    "make_executor",
+]

@@ -1,0 +1,101 @@
+"""Helpers shared by every executor: batches, precision, memory format, SGD, evaluation.
+
+Executors (:mod:`splitfl.executors.sequential`, :mod:`splitfl.executors.vectorized`) run a
+:class:`~splitfl.plan.RoundPlan`; what they need of the run is the model, the data and the
+training hyperparameters (:class:`~splitfl.config.TrainConfig`), never the whole config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from splitfl.config import TrainConfig
+from splitfl.models import BlockModel
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN/inf loss."""
+
+
+def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in fp32 when autocast produced a lower precision; fp32/fp64 kept as they are
+    (fp64 runs are how the equivalence tests compare executors free of kernel-order noise)."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def sgd(module: nn.Module, lr: float, train: TrainConfig) -> torch.optim.Optimizer:
+    """Plain torch SGD over ``module``'s trainable parameters with the run's momentum and
+    weight decay (``train``: the run's :class:`~splitfl.config.TrainConfig`)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    return torch.optim.SGD(
+        params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay
+    )
+
+
+def client_batches(
+    indices: np.ndarray, batch_size: int, steps: int, seed: int
+) -> list[torch.Tensor]:
+    """``steps`` mini-batches of sample indices, reshuffled every epoch (seeded)."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.as_tensor(indices, dtype=torch.long)
+    out: list[torch.Tensor] = []
+    while len(out) < steps:
+        perm = pool[torch.randperm(len(pool), generator=gen)]
+        out.extend(perm.split(batch_size))
+    return out[:steps]
+
+
+#: ``precision`` values: fp32, or bf16 autocast of the forward passes (losses in fp32).
+PRECISIONS = ("fp32", "bf16")
+
+
+def precision_context(device: torch.device, precision: str):
+    """bf16 autocast on ``device`` (forward passes only), or nothing for fp32."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def to_memory_format(x: torch.Tensor) -> torch.Tensor:
+    """Channels-last layout for image batches (4-D, or 5-D stacked per client); others as is."""
+    if x.dim() == 4:
+        return x.contiguous(memory_format=torch.channels_last)
+    if x.dim() == 5:
+        return x.contiguous(memory_format=torch.channels_last_3d)
+    return x
+
+
+def check_finite(loss: torch.Tensor, client: int) -> None:
+    if not torch.isfinite(loss):
+        raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at client {client}")
+
+
+def aux_head(activation_elements: int, num_classes: int) -> nn.Module:
+    """The auxiliary local-loss head of ``device_loss: local`` plans: flatten + linear."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(activation_elements, num_classes))
+
+
+def detached(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu() for k, v in state.items()}
+
+
+def evaluate(
+    model: BlockModel, x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> tuple[float, float]:
+    """Accuracy and mean cross-entropy of ``model`` on ``(x, y)`` in eval mode."""
+    model.eval()
+    device = next(model.parameters()).device
+    correct, loss_sum = 0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(y), batch_size):
+            xb = x[start : start + batch_size].to(device)
+            yb = y[start : start + batch_size].to(device)
+            logits = model(xb)
+            loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
+            correct += int((logits.argmax(1) == yb).sum())
+    return correct / len(y), loss_sum / len(y)

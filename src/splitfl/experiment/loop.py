@@ -1,0 +1,131 @@
+"""The round loop around :func:`~splitfl.experiment.round_step.play_round`: thread limits, the
+start state (fresh or from a checkpoint), progress, recording and divergence handling.
+
+Optimisers are created afresh each round and every random stream is derived from
+``(seed, purpose, round)``, so a checkpoint of the global model, the algorithm state and the
+clock is all a resume needs to reproduce an uninterrupted run exactly. Ctrl-C/SIGTERM and
+exploding losses are handled in :mod:`splitfl.experiment.guards`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from threadpoolctl import threadpool_limits
+from tqdm import tqdm
+
+from splitfl.config import ConfigError, ExperimentConfig, resolve_device
+from splitfl.executors import NonFiniteLossError, make_executor
+from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
+from splitfl.experiment.recorder import Recorder
+from splitfl.experiment.round_step import LoopState, evaluate_state, play_round
+from splitfl.system import SimClock, Traffic
+
+if TYPE_CHECKING:
+    from splitfl.experiment.runner import Prepared
+
+
+@contextlib.contextmanager
+def thread_limits(threads: int | None) -> Iterator[None]:
+    """torch's and the BLAS libraries' (numpy/scipy: MergeSFL's SLSQP, …) thread counts: a
+    run gives the same numbers wherever it runs (Ray workers default BLAS to 1 thread)."""
+    if threads is None:
+        yield
+        return
+    torch.set_num_threads(threads)
+    blas = threadpool_limits(limits=threads, user_api="blas")
+    try:
+        yield
+    finally:
+        blas.restore_original_limits()
+
+
+def start_state(prep: Prepared, start: dict | None, eval_model, run_dir: Path):
+    """A fresh loop state and recorder, or the checkpoint's (its rows replace
+    ``metrics.jsonl``)."""
+    config, algorithm = prep.config, prep.algorithm
+    if start is None:
+        global_state = {k: v.clone() for k, v in prep.ctx.model.state_dict().items()}
+        initial = None
+        if config.train.explode_factor and config.train.explode_rounds:
+            initial = evaluate_state(prep.ctx, eval_model, global_state)[1]
+        return LoopState(global_state, SimClock(), Traffic(), initial), Recorder(run_dir, [], [], 0)
+    clock = SimClock()
+    clock.now = start["clock"]
+    try:
+        algorithm.load_state_dict(start["algorithm"])
+        cum = Traffic(**start["traffic"])
+    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise ConfigError(
+            "--resume",
+            f"the checkpoint's state does not fit {config.algorithm} "
+            f"({type(err).__name__}: {err}); damaged or from another run?",
+        ) from None
+    st = LoopState(start["global_state"], clock, cum, start.get("initial_loss"))
+    return st, Recorder.restored(run_dir, start)
+
+
+def _progress(config: ExperimentConfig, first: int, progress: bool | None) -> tqdm:
+    show = config.output.progress if progress is None else progress
+    return tqdm(
+        range(first, config.rounds),
+        initial=first,
+        total=config.rounds,
+        desc=config.algorithm,
+        disable=not show,
+        leave=False,
+        dynamic_ncols=True,
+    )
+
+
+def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | None):
+    """Play the rounds from ``start`` (None: a fresh run) to ``config.rounds``; returns the
+    summary and the final loop state."""
+    config, algorithm = prep.config, prep.algorithm
+    device = resolve_device(config.device)
+    executor = make_executor(config.executor, device, config.precision, config.channels_last)
+    with thread_limits(config.threads):
+        eval_model = prep.ctx.model if device == "cpu" else copy.deepcopy(prep.ctx.model).to(device)
+        st, rec = start_state(prep, start, eval_model, run_dir)
+        bar = _progress(config, len(rec.rows), progress)
+        t0 = time.perf_counter() - (rec.rows[-1]["wall_time"] if rec.rows else 0.0)
+        status, consistent = "ok", True  # False while a round has changed the model or algorithm
+        if start is None:
+            rec.checkpoint(st, algorithm)
+        rec.open_trackers(config)
+        try:
+            with sigterm_as_interrupt():
+                for r in bar:
+                    consistent = False
+                    row = play_round(prep, executor, st, r, eval_model, t0)
+                    rec.record(row)
+                    consistent = True  # model, algorithm, clock and rows all after round r + 1
+                    if row["test_acc"] is not None:
+                        bar.set_postfix(acc=f"{row['test_acc']:.3f}", sim=f"{st.clock.now:.0f}s")
+                    rec.log(row)
+                    check_explosion(rec.rows, st.initial_loss, config.train)
+                    if (r + 1) % config.output.checkpoint_every == 0 or r + 1 == config.rounds:
+                        rec.checkpoint(st, algorithm)
+        except NonFiniteLossError as err:
+            status = f"diverged at round {r + 1}: {err}"
+            raise NonFiniteLossError(
+                f"{status}; last good checkpoint kept in {run_dir / 'checkpoints'}"
+            ) from err
+        except KeyboardInterrupt as err:
+            status = f"interrupted at round {len(rec.rows)}"
+            if consistent and rec.checkpoint_round < len(rec.rows):
+                rec.checkpoint(st, algorithm)  # nothing is lost; mid-round, the last one stays
+            raise RunInterrupted(
+                f"{status} of {config.rounds}; checkpoint at round {rec.checkpoint_round} kept "
+                f"in {run_dir / 'checkpoints'}; continue with: splitfl run --resume {run_dir}"
+            ) from err
+        finally:
+            bar.close()
+            summary = rec.finish(config, status)
+    return summary, st, rec.rows

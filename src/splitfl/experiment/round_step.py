@@ -1,0 +1,130 @@
+"""One round of a run: select → plan → execute → cost → observe → aggregate → evaluate.
+
+:func:`play_round` is the whole round step; :func:`measure` is the simulated clock's view of
+the executed plan (shared cost model or the algorithm's topology, seeded jitter, waiting),
+and :func:`round_row` the round's metrics row. Every random stream is derived from
+``(seed, purpose, round)`` (:mod:`splitfl.seeding`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from splitfl.algorithms import Algorithm
+from splitfl.config import ExperimentConfig
+from splitfl.executors import evaluate
+from splitfl.experiment.context import RunContext
+from splitfl.plan import RoundPlan, RoundReport, RoundResult
+from splitfl.seeding import derive_seed, rng_for
+from splitfl.system import LINKS, SimClock, Traffic, jitter_factors
+
+if TYPE_CHECKING:
+    from splitfl.experiment.runner import Prepared  # runner imports this module
+
+
+@dataclass
+class LoopState:
+    """What the round loop carries from round to round (a checkpoint stores it)."""
+
+    global_state: dict[str, torch.Tensor]
+    clock: SimClock
+    cum: Traffic
+    initial_loss: float | None
+
+
+def measure(
+    config: ExperimentConfig, algorithm: Algorithm, plan: RoundPlan, result: RoundResult, r: int
+) -> tuple[RoundReport, dict[int, float]]:
+    """The simulated clock's view of a round: each client's cost (shared cost model or the
+    algorithm's topology), seeded jitter, round time and waiting times. The executor's
+    measured time and bytes, where it has them, are passed on to the report unchanged."""
+    tasks = {t.client: t for t in plan.tasks}
+    costs = {
+        u.client: algorithm.client_cost(tasks[u.client], u.samples, r, plan) for u in result.updates
+    }
+    costs = algorithm.share_links(costs, plan, r)
+    samples = {u.client: u.samples for u in result.updates}
+    losses = {u.client: u.loss_sum / max(u.samples, 1) for u in result.updates}
+    jitter = jitter_factors(sorted(costs), config.devices.jitter, rng_for(config.seed, "jitter", r))
+    times = {c: cost.time * jitter[c] for c, cost in costs.items()}
+    round_time, waits = algorithm.round_time(times)
+    idle = algorithm.idle_costs(plan, r)  # non-participants' transfers (e.g. deferred uploads)
+    if idle:
+        rng = rng_for(config.seed, "jitter-idle", r)
+        jitter.update(jitter_factors(sorted(idle), config.devices.jitter, rng))
+        idle_times = {c: cost.time * jitter[c] for c, cost in idle.items()}
+        round_time, all_waits = algorithm.round_time({**times, **idle_times})
+        waits = {c: all_waits[c] for c in times}
+        costs = {**costs, **idle}
+    report = RoundReport(times, costs, jitter, samples, losses, round_time)
+    report.measured_time, report.measured_bytes = result.measured_time, result.measured_bytes
+    return report, waits
+
+
+def round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r: int) -> dict:
+    """Per-round metrics (test accuracy is filled in by the caller when evaluated). Energy:
+    busy device compute time × power per client (jitter applied), plus helpers' compute
+    energy (``ClientCost.helper_energy``: a ParallelSFL top worker serving the client)."""
+    energy = {
+        k: c.device_time * report.jitter[k] * ctx.population.at(k, r).power
+        for k, c in report.costs.items()
+    }
+    helpers = sum(c.helper_energy for c in report.costs.values())
+    return {
+        "round_time": report.round_time,
+        "train_loss": result.train_loss,
+        "test_acc": None,
+        "test_loss": None,
+        "avg_waiting": sum(waits.values()) / len(waits),
+        # device compute of the participants plus that of helpers (ParallelSFL's top workers)
+        "energy_j": sum(energy.values()) + helpers,
+        # per participant, aligned with "clients" (RingSFL Fig. 14); idle transfers use none
+        "energy_j_by_client": [energy.get(t.client, 0.0) for t in plan.tasks],
+        "energy_j_helpers": helpers,
+        **{f"bytes_{link}": getattr(traffic, link) for link in LINKS},
+        "traffic_total": traffic.total,
+        "clients": [t.client for t in plan.tasks],
+        "cuts": [t.cut for t in plan.tasks],
+        "groups": [t.group for t in plan.tasks],
+        "client_times": [report.times[t.client] for t in plan.tasks],
+    }
+
+
+def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: float) -> dict:
+    """One round: select → plan → execute → cost → observe → aggregate → evaluate; returns
+    its metrics row (``st`` holds the new model, clock and traffic)."""
+    config, ctx, algorithm = prep.config, prep.ctx, prep.algorithm
+    torch.manual_seed(derive_seed(config.seed, "torch", r))
+    clients = algorithm.select_clients(r, rng_for(config.seed, "select", r))
+    plan = algorithm.plan_round(r, clients, rng_for(config.seed, "plan", r))
+    result = executor.run_round(ctx, st.global_state, plan, derive_seed(config.seed, "b", r))
+    report, waits = measure(config, algorithm, plan, result, r)
+    algorithm.observe(r, plan, report)
+    st.global_state = algorithm.aggregate(st.global_state, plan, result)
+    st.clock.advance(report.round_time)
+    traffic = Traffic()
+    for cost in report.costs.values():
+        traffic.add(cost.traffic)
+    st.cum.add(traffic)
+    row: dict[str, Any] = {
+        "round": r + 1,
+        "sim_time": st.clock.now,
+        "wall_time": time.perf_counter() - t0,
+        **round_row(ctx, plan, result, report, waits, traffic, r),
+        "traffic_total_cum": st.cum.total,
+        **{f"plan_{k}": v for k, v in plan.info.items()},
+    }
+    if (r + 1) % config.eval.every == 0 or r + 1 == config.rounds:
+        row["test_acc"], row["test_loss"] = evaluate_state(ctx, eval_model, st.global_state)
+    return row
+
+
+def evaluate_state(ctx: RunContext, eval_model, state: dict[str, torch.Tensor]) -> tuple:
+    """Accuracy and mean loss of ``state`` on the test split."""
+    eval_model.load_state_dict(state)
+    test = ctx.bundle.test
+    return evaluate(eval_model, test.x, test.y, ctx.config.eval.batch_size)

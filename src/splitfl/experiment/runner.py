@@ -1,0 +1,179 @@
+"""Running an experiment: config → prepared run (context + algorithm) → round loop → result.
+
+The round step is :func:`splitfl.experiment.round_step.play_round`, the loop around it
+:mod:`splitfl.experiment.loop`, the records :mod:`splitfl.experiment.recorder`. A run
+directory holds ``config.yaml`` (resolved), ``clients.json`` (label histograms and device
+profiles), ``metrics.jsonl`` (one row per round), ``summary.json``, ``accuracy.png`` and
+``checkpoints/last.pt``. Optimisers are created afresh each round and every random stream is
+derived from ``(seed, purpose, round)`` (see :mod:`splitfl.seeding`), so a checkpoint of
+the global model, the algorithm state and the clock is all a resume needs to reproduce an
+uninterrupted run exactly. The checkpoint also holds the metric rows up to its round and is
+the source of truth on resume (:mod:`splitfl.experiment.checkpoint`); a run directory is
+locked while a process works in it (:mod:`splitfl.dirlock`); Ctrl-C/SIGTERM and exploding
+losses are handled in :mod:`splitfl.experiment.guards`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from splitfl.algorithms import Algorithm, resolve_algorithm
+from splitfl.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    dump_config,
+    from_dict,
+)
+from splitfl.dirlock import hold_lock
+from splitfl.experiment.checkpoint import load_checkpoint
+from splitfl.experiment.context import RunContext, build_context
+from splitfl.experiment.loop import run_loop
+from splitfl.experiment.validation import load_config, validate_config
+
+
+@dataclass
+class RunResult:
+    """What :func:`run` returns: the run directory, its per-round metrics and its summary."""
+
+    run_dir: Path
+    config: ExperimentConfig
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+@dataclass
+class Prepared:
+    config: ExperimentConfig
+    ctx: RunContext
+    algorithm: Algorithm
+
+
+def prepare(config: ExperimentConfig, dtype: torch.dtype | None = None) -> Prepared:
+    """Build the context and the algorithm; every check that needs the data runs here.
+
+    ``dtype`` (tests only, e.g. ``torch.float64``) converts the model and the data before the
+    algorithm copies anything from them. Executor equivalence is checked in float64: there the
+    rounding noise of different kernel choices (oneDNN's grouped convolutions under vmap vs.
+    one convolution per client differ by ~1e-7 in fp32, amplified by small-batch BatchNorm)
+    falls to ~1e-16, while a real discrepancy stays of the order of the update itself."""
+    ctx = build_context(config)
+    if dtype is not None:
+        ctx.model.to(dtype)
+        for split in (ctx.bundle.train, ctx.bundle.test):
+            split.x = split.x.to(dtype)
+    cls, options = resolve_algorithm(config.algorithm, config.options)
+    if getattr(options, "cut", None) is not None:
+        ctx.resolve_cut(options.cut, config.algorithm)
+    for name in config.options:  # a non-selected algorithm's cut must fit the model too
+        cut = getattr(resolve_algorithm(name, config.options)[1], "cut", None)
+        if cut is not None:
+            ctx.resolve_cut(cut, name)
+    return Prepared(config, ctx, cls(options, ctx))
+
+
+def validate(
+    config: ExperimentConfig | str | Path | dict, overrides: list[str] | None = None
+) -> str:
+    """Check a config and that it fits its data and model, without running (``splitfl
+    validate``). Returns a one-line description; raises ConfigError / DatasetError."""
+    cfg = as_config(config, overrides)
+    ctx = prepare(cfg).ctx
+    return (
+        f"ok: {cfg.algorithm} on {cfg.data.dataset} ({len(ctx.bundle.train)} train samples, "
+        f"{ctx.num_clients} clients), model {cfg.model} ({ctx.num_blocks} blocks, "
+        f"cut points {list(ctx.cut_points)}), devices {cfg.devices.preset}, {cfg.rounds} rounds"
+    )
+
+
+def new_run_dir(config: ExperimentConfig, parent: Path | None = None) -> Path:
+    base = parent or Path(config.output.out_dir)
+    name = config.output.name or (
+        f"{config.algorithm}-{config.data.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
+    )
+    path, i = base / name, 1
+    while path.exists():
+        path, i = base / f"{name}-{i}", i + 1
+    return path
+
+
+def _write_clients(ctx: RunContext, path: Path) -> None:
+    clients = [
+        {
+            "client": c,
+            "samples": int(ctx.data_sizes[c]),
+            "label_histogram": ctx.label_hist[c].tolist(),
+            "device": ctx.population.devices[c].to_dict(),
+        }
+        for c in range(ctx.num_clients)
+    ]
+    path.write_text(json.dumps({"server": ctx.population.server.to_dict(), "clients": clients}))
+
+
+def run(
+    config: ExperimentConfig | str | Path | dict,
+    overrides: list[str] | None = None,
+    run_dir: str | Path | None = None,
+    progress: bool | None = None,
+) -> RunResult:
+    """Run one experiment (the Python twin of ``splitfl run``).
+
+    Args:
+        config: An :class:`ExperimentConfig`, a YAML path, or a mapping of fields.
+        overrides: ``key=value`` overrides (``train.lr=0.05``).
+        run_dir: Where to write; default ``output.out_dir/<algorithm>-<dataset>-<time>``.
+        progress: Show a progress bar (default: ``output.progress``).
+    """
+    config = as_config(config, overrides)
+    prepared = prepare(config)
+    path = Path(run_dir) if run_dir is not None else new_run_dir(config)
+    path.mkdir(parents=True, exist_ok=False)
+    with hold_lock(path):
+        dump_config(config, path / "config.yaml")
+        _write_clients(prepared.ctx, path / "clients.json")
+        return _finish(prepared, path, start=None, progress=progress)
+
+
+def resume(run_dir: str | Path, progress: bool | None = None) -> RunResult:
+    """Continue a stopped run from ``run_dir/checkpoints/last.pt`` (``splitfl run --resume``)."""
+    path = Path(run_dir)
+    if not (path / "config.yaml").exists():
+        raise ConfigError("--resume", f"{path} is not a run directory (no config.yaml)")
+    with hold_lock(path):
+        config = load_config(path / "config.yaml")
+        prepared = prepare(config)
+        ckpt_path = path / "checkpoints" / "last.pt"
+        start = None
+        if ckpt_path.exists():
+            shapes = {k: v.shape for k, v in prepared.ctx.model.state_dict().items()}
+            start = load_checkpoint(ckpt_path, shapes, config.rounds)
+        return _finish(prepared, path, start=start, progress=progress)
+
+
+def _finish(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | None):
+    """Play the rounds, then store the final model (``model.pt``)."""
+    summary, st, rows = run_loop(prep, run_dir, start, progress)
+    prep.ctx.model.load_state_dict(st.global_state)
+    torch.save(st.global_state, run_dir / "model.pt")
+    return RunResult(run_dir, prep.config, rows, summary)
+
+
+def as_config(config: Any, overrides: list[str] | None = None) -> ExperimentConfig:
+    """An :class:`ExperimentConfig` from a config, a mapping or a YAML path (+ overrides),
+    fully validated."""
+    if isinstance(config, ExperimentConfig):
+        if overrides:
+            config = from_dict(ExperimentConfig, apply_overrides(config.to_dict(), overrides))
+        validate_config(config)
+        return config
+    if isinstance(config, dict):
+        cfg = from_dict(ExperimentConfig, apply_overrides(config, overrides or []))
+        validate_config(cfg)
+        return cfg
+    return load_config(config, overrides)

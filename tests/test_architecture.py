@@ -1,0 +1,143 @@
+"""Layering: the direction of imports between packages, and a new algorithm as one file."""
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import splitfl
+from conftest import tiny_config
+from splitfl.algorithms import ALGORITHMS, Algorithm, register_algorithm
+from splitfl.cli.main import build_parser
+from splitfl.plan import RoundPlan
+
+SRC = Path(splitfl.__file__).parent
+
+#: Function-level imports allowed (plugin registration, the presets' import cycle, and
+#: annotations under TYPE_CHECKING): (module, imported module).
+ALLOWED_LATE = {
+    ("models/registry.py", "splitfl.models.zoo"),
+    ("data/base.py", "splitfl.data.loaders"),
+    ("system/devices.py", "splitfl.system.jetson"),
+}
+
+
+def _imports(path: Path) -> list[tuple[str, bool, bool]]:
+    """(imported splitfl module, inside a function, under TYPE_CHECKING) for every import."""
+    tree = ast.parse(path.read_text())
+    out: list[tuple[str, bool, bool]] = []
+
+    def visit(node, in_func: bool, in_tc: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            func = in_func or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            tc = in_tc or (isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test))
+            if isinstance(child, ast.Import):
+                out.extend((a.name, in_func, in_tc) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                out.append((child.module, in_func, in_tc))
+            visit(child, func, tc)
+
+    visit(tree, False, False)
+    return [(m, f, t) for m, f, t in out if m == "splitfl" or m.startswith("splitfl.")]
+
+
+def _modules(package: str) -> dict[str, list[tuple[str, bool, bool]]]:
+    root = SRC / package
+    paths = [root] if root.suffix == ".py" else sorted(root.rglob("*.py"))
+    return {str(p.relative_to(SRC)): _imports(p) for p in paths}
+
+
+def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [
+        f"{path} imports {mod}"
+        for path, imports in _modules(package).items()
+        for mod, _, _ in imports
+        if any(mod == f or mod.startswith(f + ".") for f in forbidden)
+    ]
+
+
+def test_algorithms_import_neither_executors_nor_experiment():
+    assert _offenders("algorithms", ("splitfl.executors", "splitfl.experiment")) == []
+
+
+def test_executors_import_no_algorithm_and_no_experiment():
+    assert _offenders("executors", ("splitfl.algorithms", "splitfl.experiment")) == []
+
+
+def test_config_and_plan_are_leaves():
+    registries = (
+        "splitfl.algorithms",
+        "splitfl.data",
+        "splitfl.models",
+        "splitfl.executors",
+        "splitfl.experiment",
+        "splitfl.system",
+        "splitfl.sweeps",
+    )
+    assert _offenders("config.py", registries) == []
+    # the round contract: only a type annotation of the cost model, never at run time
+    assert [m for m, _, tc in _imports(SRC / "plan.py") if not tc] == []
+
+
+def test_no_function_level_imports_but_plugin_registration():
+    late = {
+        (path, mod)
+        for package in ("",)
+        for path, imports in _modules(package).items()
+        for mod, in_func, tc in imports
+        if in_func and not tc
+    }
+    assert late <= ALLOWED_LATE, sorted(late - ALLOWED_LATE)
+
+
+@dataclass(frozen=True)
+class _ToyOptions:
+    pass
+
+
+class _WholeModelAverage(Algorithm):
+    """A toy algorithm defined only here: every client trains the whole model (FedAvg)."""
+
+    name = "toy_whole_model"
+    paper = "test only"
+    Options = _ToyOptions
+
+    def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
+        full = self.ctx.num_blocks
+        return RoundPlan(
+            tasks=[self.make_task(c, full, i, round_idx) for i, c in enumerate(clients)]
+        )
+
+
+@pytest.fixture
+def toy_registered():
+    register_algorithm(_WholeModelAverage)
+    yield _WholeModelAverage.name
+    del ALGORITHMS[_WholeModelAverage.name]
+
+
+def test_a_registered_toy_algorithm_runs_and_equals_fedavg(tmp_path, toy_registered):
+    toy = splitfl.run(tiny_config(algorithm=toy_registered, rounds=2), run_dir=tmp_path / "t")
+    fed = splitfl.run(tiny_config(algorithm="fedavg", rounds=2), run_dir=tmp_path / "f")
+    a = torch.load(toy.run_dir / "model.pt", weights_only=True)
+    b = torch.load(fed.run_dir / "model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["round_time"] for r in toy.metrics] == [r["round_time"] for r in fed.metrics]
+
+
+def test_registering_a_taken_name_is_refused():
+    class Clash(_WholeModelAverage):
+        name = "fedavg"
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_algorithm(Clash)
+
+
+@pytest.mark.parametrize("flag", ["--backend", "--executor"])
+def test_sweep_backend_flag_and_its_deprecated_alias(flag):
+    args = build_parser().parse_args(["sweep", "s.yaml", flag, "local"])
+    assert args.backend == "local"
+    assert build_parser().parse_args(["sweep", "s.yaml"]).backend == "ray"
