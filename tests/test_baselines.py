@@ -10,7 +10,7 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.adasfl import local_frequencies
 from splitfl.algorithms.pyramidfl import dropout_ratios, normalise_stats, oort_utility
-from splitfl.executors.sequential import _mix_pairs
+from splitfl.executors.roles import Smashed, mix_pairs
 from splitfl.system.devices import draw_population
 from splitfl.system.jetson import MBPS, MODE_PERIOD, MODES
 
@@ -105,20 +105,15 @@ def test_pyramidfl_dropped_tensor_is_averaged_over_uploaders(tmp_path):
     assert torch.allclose(new[other], torch.full_like(glob[other], everyone))
 
 
-class _W:
-    def __init__(self, cut):
-        self.task = type("T", (), {"cut": cut})()
-
-
-def _member(cut: int, label: int, rows: int, value: float):
-    return (_W(cut), None, torch.full((rows, 2), value), torch.full((rows,), label))
+def _member(cut: int, label: int, rows: int, value: float) -> Smashed:
+    return Smashed(label, cut, torch.full((rows, 2), value), torch.full((rows,), label))
 
 
 def test_mixup_pairs_are_convex_combinations_of_equal_cut_members():
     # Prepare: 4 members at one cut point; member k has k+3 rows of value k+1 and label k
     sent = [_member(2, k, k + 3, float(k + 1)) for k in range(4)]
     # Execute
-    pairs = list(_mix_pairs(sent, np.random.default_rng(0), alpha=1.0))
+    pairs = list(mix_pairs(sent, np.random.default_rng(0), alpha=1.0))
     # Assert: a random perfect matching (2 pairs), each member mixed once
     assert len(pairs) == 2
     members = sorted(int(y[0]) for _, _, y1, y2, _ in pairs for y in (y1, y2))
@@ -138,7 +133,7 @@ def test_mixup_never_pairs_members_with_different_cut_points():
     sent += [_member(3, 2, 3, 3.0), _member(3, 3, 3, 4.0)]
     found = 0
     for seed in range(10):
-        for _, cut, y1, y2, _ in _mix_pairs(sent, np.random.default_rng(seed), alpha=1.0):
+        for _, cut, y1, y2, _ in mix_pairs(sent, np.random.default_rng(seed), alpha=1.0):
             found += 1
             assert {int(y1[0]), int(y2[0])} == ({0, 1} if cut == 2 else {2, 3})
     assert found > 0  # some seeds pair equal-cut members

@@ -1,0 +1,260 @@
+"""The two roles of a split round: a client's **device** part and a group's **server** copy.
+
+A split-learning iteration is an exchange between them (S²FL Alg. 1, MergeSFL Alg. 1):
+
+* :class:`DeviceRole` — one client's device part (blocks ``[0, cut)``), its optimiser, its
+  mini-batches and (``device_loss: local``) its auxiliary head. ``forward`` sends smashed data
+  and labels, ``backward`` applies the activation gradient that comes back.
+* :class:`ServerRole` — one group's server-side copy: the group loss over its members' smashed
+  data (S²FL Eq. 3; MergeSFL Eq. 16's merged batch), one optimiser step, each member's
+  activation gradient (S²FL Eq. 4).
+
+Both are plain torch and know nothing of where the other runs: the sequential executor wires
+them in-process (:mod:`splitfl.executors.fleet`), the networked executor
+(:mod:`splitfl.net`) puts gRPC between them. The arithmetic is the same code in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from splitfl.config import TrainConfig
+from splitfl.executors.common import (
+    at_least_fp32,
+    check_finite,
+    client_batches,
+    detached,
+    precision_context,
+    sgd,
+    to_memory_format,
+)
+from splitfl.plan import ClientTask, RoundPlan
+from splitfl.seeding import derive_seed
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how tensors are computed: torch device, precision, image memory layout."""
+
+    device: torch.device
+    precision: str = "fp32"
+    channels_last: bool = False
+
+    def forward(self, module: nn.Module, x: torch.Tensor, **kwargs) -> torch.Tensor:
+        """``module(x)`` under the configured precision; logits/features back in fp32."""
+        with precision_context(self.device, self.precision):
+            return at_least_fp32(module(x, **kwargs))
+
+    def batch(self, x_all, y_all, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x_all[idx].to(self.device)
+        return (to_memory_format(x) if self.channels_last else x), y_all[idx].to(self.device)
+
+
+class DeviceRole:
+    """One client's side of a split round (its part, optimiser, batches, optional aux head).
+
+    ``x_all``/``y_all`` are the samples the device holds, indexed by the client's
+    ``indices``; the mini-batches are drawn from ``derive_seed(round_seed, client)`` so every
+    executor feeds the same samples in the same order.
+    """
+
+    def __init__(
+        self,
+        task: ClientTask,
+        part: nn.Module,
+        aux: nn.Module | None,
+        train: TrainConfig,
+        data: tuple[torch.Tensor, torch.Tensor, np.ndarray],
+        round_seed: int,
+        runtime: Runtime,
+    ):
+        self.task, self.part, self.aux, self.runtime = task, part, aux, runtime
+        self.x_all, self.y_all, indices = data
+        seed = derive_seed(round_seed, task.client)
+        self.batches = client_batches(indices, task.batch_size, task.steps, seed)
+        trainable = nn.ModuleList([part] if aux is None else [part, aux])
+        self.optimizer = sgd(trainable, task.lr, train)
+        self._fx: torch.Tensor | None = None
+        self._y: torch.Tensor | None = None
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.runtime.batch(self.x_all, self.y_all, self.batches[step])
+
+    def forward(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Smashed data of mini-batch ``step`` (detached; the graph is kept) and its labels."""
+        x, y = self.batch(step)
+        self._fx, self._y = self.runtime.forward(self.part, x), y
+        return self._fx.detach(), y
+
+    def backward(self, grad: torch.Tensor) -> None:
+        """Back-propagate the returned activation gradient and step (S²FL Eq. 4's device side)."""
+        self.optimizer.zero_grad()
+        self._fx.backward(grad)
+        self.optimizer.step()
+        self._fx = None
+
+    def head_update(self) -> None:
+        """``device_loss: local``: step on the aux head's loss on the last smashed data."""
+        loss = F.cross_entropy(self.runtime.forward(self.aux, self._fx), self._y)
+        self._step(loss)
+        self._fx = None
+
+    def local_step(self, step: int) -> tuple[float, int]:
+        """A whole-model step on the device (cut = all blocks, FedAvg): (loss sum, samples)."""
+        x, y = self.batch(step)
+        loss = F.cross_entropy(self.runtime.forward(self.part, x), y)
+        self._step(loss)
+        return loss.item() * len(y), len(y)
+
+    def _step(self, loss: torch.Tensor) -> None:
+        check_finite(loss, self.task.client)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+
+    def states(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+        """The trained device part and aux head (detached clones)."""
+        aux = None if self.aux is None else detached(self.aux.state_dict())
+        return detached(self.part.state_dict()), aux
+
+
+@dataclass
+class Smashed:
+    """What a member sent the server in one iteration."""
+
+    client: int
+    cut: int
+    features: torch.Tensor
+    labels: torch.Tensor
+
+
+class ServerRole:
+    """A group's server-side copy (blocks ``[min cut, n)``) and its optimiser.
+
+    ``gen`` draws LocFedMix-SL's mixup pairs and λ (seeded per round by the executor).
+    """
+
+    def __init__(
+        self,
+        part: nn.Module,
+        lr: float,
+        train: TrainConfig,
+        plan: RoundPlan,
+        runtime: Runtime,
+        gen: np.random.Generator,
+    ):
+        self.part, self.plan, self.runtime, self.gen = part, plan, runtime, gen
+        self.optimizer = sgd(part, lr, train)
+
+    @property
+    def stop(self) -> int:
+        return self.part.stop
+
+    def step(self, sent: list[Smashed]) -> list[tuple[torch.Tensor, float]]:
+        """One server iteration on the members' smashed data: group loss (S²FL Eq. 3, plus
+        mixup terms), one optimiser step; per member (activation gradient — S²FL Eq. 4, or
+        rescaled to the member's own mean loss with ``device_grad: own`` — and loss sum)."""
+        plan = self.plan
+        inputs = [s.features.detach().requires_grad_() for s in sent]
+        losses = self._member_losses(sent, inputs)
+        for s, loss_sum in zip(sent, losses, strict=True):
+            check_finite(loss_sum, s.client)
+        sizes = [len(s.labels) for s in sent]
+        loss = group_loss(losses, sizes, plan.group_loss)
+        if plan.mixup_alpha:
+            loss = self._with_mixup(loss, sent, sum(sizes))
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        total, out = sum(sizes), []
+        for fs, loss_sum, size in zip(inputs, losses, sizes, strict=True):
+            grad = fs.grad
+            if plan.device_grad == "own" and plan.group_loss == "mean":
+                grad = grad * (total / size)
+            out.append((grad, loss_sum.item()))
+        return out
+
+    def _member_losses(self, sent: list[Smashed], inputs) -> list[torch.Tensor]:
+        """Each member's summed cross-entropy. ``separate``: one forward per member.
+        ``concat`` (MergeSFL Eq. 16, S²FL's merged batches): one forward per cut point on its
+        members' concatenated smashed data (member order), the output sliced back per member;
+        autograd slices the input gradient the same way."""
+        mode = self.plan.group_forward
+        if mode == "separate":
+            return [
+                F.cross_entropy(self._forward(fs, s.cut), s.labels, reduction="sum")
+                for s, fs in zip(sent, inputs, strict=True)
+            ]
+        if mode != "concat":
+            raise ValueError(f"group_forward must be concat or separate (got {mode!r})")
+        by_cut: dict[int, list[int]] = {}
+        for i, s in enumerate(sent):
+            by_cut.setdefault(s.cut, []).append(i)
+        losses: list[torch.Tensor] = [torch.zeros(())] * len(sent)
+        for cut, members in by_cut.items():
+            fs = torch.cat([inputs[i] for i in members])
+            y = torch.cat([sent[i].labels for i in members])
+            per_sample = F.cross_entropy(self._forward(fs, cut), y, reduction="none")
+            sizes = [len(sent[i].labels) for i in members]
+            for i, part in zip(members, per_sample.split(sizes), strict=True):
+                losses[i] = part.sum()
+        return losses
+
+    def _with_mixup(self, loss: torch.Tensor, sent: list[Smashed], n: int) -> torch.Tensor:
+        """LocFedMix-SL: the loss averaged with the mixup terms of random member pairs."""
+        terms, mixed_n = [], 0
+        for fm, cut, ya, yb, lam in mix_pairs(sent, self.gen, self.plan.mixup_alpha):
+            out = self._forward(fm, cut)
+            terms.append(
+                lam * F.cross_entropy(out, ya, reduction="sum")
+                + (1 - lam) * F.cross_entropy(out, yb, reduction="sum")
+            )
+            mixed_n += len(ya)
+        if not terms:
+            return loss
+        return (loss * n + torch.stack(terms).sum()) / (n + mixed_n)
+
+    def _forward(self, x: torch.Tensor, cut: int) -> torch.Tensor:
+        return self.runtime.forward(self.part, x, start=cut)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return detached(self.part.state_dict())
+
+
+def aux_from_state(state: dict[str, torch.Tensor]) -> nn.Module:
+    """The aux head (:func:`~splitfl.executors.common.aux_head`) holding ``state``, built
+    without drawing an initialisation (so the torch RNG stream is left as it was)."""
+    classes, elements = state["1.weight"].shape
+    like = state["1.weight"]
+    linear = torch.nn.utils.skip_init(
+        nn.Linear, elements, classes, device=like.device, dtype=like.dtype
+    )
+    head = nn.Sequential(nn.Flatten(), linear)
+    head.load_state_dict(state)
+    return head
+
+
+def group_loss(losses: list[torch.Tensor], sizes: list[int], mode: str) -> torch.Tensor:
+    """S²FL Eq. (3): ``mean`` over the union of samples, or ``sum`` of the member means."""
+    if mode == "mean":
+        return torch.stack(losses).sum() / sum(sizes)
+    return sum(ls / s for ls, s in zip(losses, sizes, strict=True))
+
+
+def mix_pairs(sent: list[Smashed], rng: np.random.Generator, alpha: float):
+    """Mixup of the smashed data of random pairs of members with equal cut points
+    (LocFedMix-SL): yields (mixed features, start block, y_a, y_b, λ ~ Beta(α, α))."""
+    order = rng.permutation(len(sent)).tolist()
+    for a, b in zip(order[0::2], order[1::2], strict=False):
+        sa, sb = sent[a], sent[b]
+        if sa.cut != sb.cut:
+            continue
+        m = min(len(sa.labels), len(sb.labels))
+        lam = float(rng.beta(alpha, alpha))
+        mixed = lam * sa.features[:m].detach() + (1 - lam) * sb.features[:m].detach()
+        yield mixed, sa.cut, sa.labels[:m], sb.labels[:m], lam
