@@ -12,14 +12,49 @@ Python API (mirrors the CLI)::
     splitfl.report("runs/my-sweep")                                    # splitfl report
 """
 
-from splitfl.catalog import catalog
-from splitfl.config import ConfigError, ExperimentConfig
-from splitfl.experiment import CompareResult, RunResult, compare, resume, run, validate
-from splitfl.experiment.validation import load_config
-from splitfl.metrics.report import ReportResult, report
-from splitfl.sweeps import SweepResult, sweep
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Public names and the module each comes from. They are imported on first use (PEP 562), so
+#: ``import splitfl.net.device`` on an edge device does not pull in the experiment layer and
+#: its plotting/sweep dependencies (matplotlib, tqdm, Ray).
+_API = {
+    "catalog": "splitfl.catalog",
+    "ConfigError": "splitfl.config",
+    "ExperimentConfig": "splitfl.config",
+    "CompareResult": "splitfl.experiment",
+    "RunResult": "splitfl.experiment",
+    "compare": "splitfl.experiment",
+    "resume": "splitfl.experiment",
+    "run": "splitfl.experiment",
+    "validate": "splitfl.experiment",
+    "load_config": "splitfl.experiment.validation",
+    "ReportResult": "splitfl.metrics.report",
+    "report": "splitfl.metrics.report",
+    "SweepResult": "splitfl.sweeps",
+    "sweep": "splitfl.sweeps",
+}
+
+if TYPE_CHECKING:
+    from splitfl.catalog import catalog
+    from splitfl.config import ConfigError, ExperimentConfig
+    from splitfl.experiment import CompareResult, RunResult, compare, resume, run, validate
+    from splitfl.experiment.validation import load_config
+    from splitfl.metrics.report import ReportResult, report
+    from splitfl.sweeps import SweepResult, sweep
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _API:
+        raise AttributeError(f"module 'splitfl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_API[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CompareResult",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import types
 import typing
@@ -123,6 +124,41 @@ class OutputConfig:
     tracking: list[str] = field(default_factory=list)
 
 
+#: ``clock`` values: what the algorithms observe — the cost model's simulated times, or (with
+#: ``executor: networked``) the times measured on the devices.
+CLOCKS = ("simulated", "measured")
+#: ``network.compression`` values (gRPC message compression).
+COMPRESSIONS = ("none", "gzip")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """``executor: networked``: the server listens on ``listen`` (``host:port``, port 0 =
+    any free port) and trains with device processes over gRPC. ``devices`` > 0 starts that
+    many device processes on this machine (``splitfl launch``; clients dealt round-robin);
+    0 waits for devices started elsewhere (``splitfl server``) — at least ``min_devices``
+    (default: ``devices``, or 1). A device that does not answer within ``timeout_s`` is dropped
+    for the round. A non-loopback ``listen`` needs ``tls_cert`` + ``tls_key`` unless
+    ``insecure``; ``tokens`` is the server's tokens file (``name:sha256`` lines, made by
+    ``splitfl token``). Messages above ``max_message_mb`` are refused; they travel in chunks of
+    ``chunk_kb``; ``rate_limit`` caps messages per second per device (0: no cap)."""
+
+    listen: str = "127.0.0.1:0"
+    devices: int = 2
+    min_devices: int | None = None
+    timeout_s: float = 60.0
+    connect_timeout_s: float = 120.0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    ca_cert: str | None = None
+    tokens: str | None = None
+    insecure: bool = False
+    max_message_mb: float = 256.0
+    chunk_kb: int = 1024
+    compression: str = "none"
+    rate_limit: float = 0.0
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
     """One experiment. ``options`` maps an algorithm name to its options (see ``splitfl list``).
@@ -146,11 +182,13 @@ class ExperimentConfig:
     precision: str = "fp32"
     channels_last: bool = False
     threads: int | None = 1
+    clock: str = "simulated"
     data: DataConfig = field(default_factory=DataConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -431,6 +469,10 @@ FLOAT_RANGES: dict[str, Range] = {
     "train.weight_decay": Range(0, 1),
     "train.explode_factor": Range(0, 1e30),
     "eval.target_accuracy": Range(0, 1, lo_open=True),
+    "network.timeout_s": Range(0, 86400, lo_open=True),
+    "network.connect_timeout_s": Range(0, 86400, lo_open=True),
+    "network.max_message_mb": Range(0, 4096, lo_open=True),
+    "network.rate_limit": Range(0, 1e9),
 }
 #: ``seed`` feeds numpy's SeedSequence and torch.manual_seed: a non-negative 63-bit integer.
 SEED_LIMIT = 2**63
@@ -545,3 +587,47 @@ def validate(config: ExperimentConfig) -> None:
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
     _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
     _validate_tracking(config.output.tracking)
+    _validate_network(config)
+
+
+def _validate_network(config: ExperimentConfig) -> None:
+    """``clock``, and the ``network`` section's counts, addresses and TLS files."""
+    _choice(config.clock, list(CLOCKS), "clock")
+    networked = config.executor == "networked"
+    _check(
+        config.clock == "simulated" or networked,
+        "clock",
+        "measured needs executor: networked (the simulated executors measure nothing)",
+    )
+    n = config.network
+    _choice(n.compression, list(COMPRESSIONS), "network.compression")
+    _check(n.devices >= 0, "network.devices", f"must be >= 0 (got {n.devices})")
+    _check(
+        n.min_devices is None or n.min_devices >= 1, "network.min_devices", "must be >= 1 or null"
+    )
+    _check(1 <= n.chunk_kb <= 3072, "network.chunk_kb", f"must be in [1, 3072] (got {n.chunk_kb})")
+    host, sep, port = n.listen.rpartition(":")
+    _check(
+        bool(sep and host) and port.isdigit() and int(port) < 65536,
+        "network.listen",
+        f"expected host:port (got {n.listen!r})",
+    )
+    _check(
+        (n.tls_cert is None) == (n.tls_key is None),
+        "network.tls_cert",
+        "give both tls_cert and tls_key (or neither)",
+    )
+    loopback = host in ("localhost", "[::1]", "::1") or host.startswith("127.")
+    _check(
+        not networked or loopback or n.tls_cert is not None or n.insecure,
+        "network.listen",
+        f"refusing to listen on {host} without TLS: give network.tls_cert and "
+        "network.tls_key (or network.insecure: true on a network you trust)",
+    )
+    for name in ("tls_cert", "tls_key", "ca_cert", "tokens"):
+        path = getattr(n, name)
+        _check(
+            not networked or path is None or os.path.isfile(path),
+            f"network.{name}",
+            f"no such file: {path}",
+        )

@@ -160,6 +160,14 @@ class RoundResult:
     measured_time: dict[int, float] | None = None
     #: Bytes each client sent and received over a real transport, where measured; else None.
     measured_bytes: dict[int, int] | None = None
+    #: Per client, the measured breakdown (compute, upload, download, server, wait seconds;
+    #: wire and payload bytes), where measured.
+    measured: dict[int, dict[str, float]] | None = None
+    #: Clients that did not complete the round (device lost, stalled or rejected) and why;
+    #: they have no update, and the algorithm observes and aggregates the others only.
+    dropped: dict[int, str] = field(default_factory=dict)
+    #: Wall-clock seconds of the round where measured.
+    measured_round_time: float | None = None
 
     @property
     def train_loss(self) -> float:

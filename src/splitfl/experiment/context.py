@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
-from splitfl.data import DatasetBundle, load_dataset, partition_indices
+from splitfl.data import DatasetBundle, load_dataset
+from splitfl.data.clients import client_partition
 from splitfl.data.partition import batch_sizes, label_histograms
 from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
 from splitfl.seeding import rng_for
@@ -106,14 +107,6 @@ class RunContext:
         return cut
 
 
-def _dirichlet_alpha(config: ExperimentConfig) -> tuple[str, float | None]:
-    """``p = 1/δ`` convention: p = 0 means IID."""
-    d = config.data
-    if d.partition == "dirichlet" and d.p is not None:
-        return ("iid", None) if d.p == 0 else ("dirichlet", 1.0 / d.p)
-    return d.partition, d.alpha
-
-
 def _check_label_range(config: ExperimentConfig, bundle: DatasetBundle, outputs: int) -> None:
     """Every label must index one of the model's ``outputs`` logits (else cross-entropy fails
     mid-run with an IndexError)."""
@@ -134,30 +127,7 @@ def build_context(config: ExperimentConfig) -> RunContext:
     """
     d = config.data
     bundle = load_dataset(d.dataset, d.root, verify=d.verify)
-    n_train = len(bundle.train)
-    if d.num_clients * d.min_samples > n_train:
-        raise ConfigError(
-            "data.num_clients",
-            f"{d.num_clients} clients x min_samples {d.min_samples} exceeds the "
-            f"{n_train} training samples of {d.dataset}",
-        )
-    scheme, alpha = _dirichlet_alpha(config)
-    if scheme == "natural" and bundle.train.writers is None:
-        raise ConfigError("data.partition", f"'natural' needs writer ids; {d.dataset} has none")
-    try:
-        parts = partition_indices(
-            scheme,
-            bundle.train.y.numpy(),
-            d.num_clients,
-            rng_for(config.seed, "partition"),
-            alpha=alpha,
-            dirichlet_cap=d.dirichlet_cap,
-            classes_per_client=d.classes_per_client,
-            writers=bundle.train.writers,
-            min_samples=d.min_samples,
-        )
-    except ValueError as err:
-        raise ConfigError("data.partition", str(err).splitlines()[0]) from err
+    parts = client_partition(config, bundle)
     hist = label_histograms(bundle.train.y.numpy(), parts, bundle.num_classes)
     population = draw_population(
         config.devices.preset,

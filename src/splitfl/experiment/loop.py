@@ -25,6 +25,7 @@ from splitfl.executors import NonFiniteLossError, make_executor
 from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
 from splitfl.experiment.recorder import Recorder
 from splitfl.experiment.round_step import LoopState, evaluate_state, play_round
+from splitfl.net.executor import NetworkedExecutor
 from splitfl.system import SimClock, Traffic
 
 if TYPE_CHECKING:
@@ -84,13 +85,35 @@ def _progress(config: ExperimentConfig, first: int, progress: bool | None) -> tq
     )
 
 
+def build_executor(config: ExperimentConfig, device: str):
+    """The config's executor: in-process (``executors/``) or over the network (``net/``)."""
+    if config.executor == "networked":
+        return NetworkedExecutor(config, device)
+    return make_executor(config.executor, device, config.precision, config.channels_last)
+
+
+@contextlib.contextmanager
+def executor_session(executor, ctx, run_dir: Path) -> Iterator[None]:
+    """Open the executor for the run (a networked one starts listening and waits for its
+    devices) and close it however the run ends."""
+    opener = getattr(executor, "open", None)
+    if opener is None:
+        yield
+        return
+    opener(ctx, run_dir)
+    try:
+        yield
+    finally:
+        executor.close()
+
+
 def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | None):
     """Play the rounds from ``start`` (None: a fresh run) to ``config.rounds``; returns the
     summary and the final loop state."""
     config, algorithm = prep.config, prep.algorithm
     device = resolve_device(config.device)
-    executor = make_executor(config.executor, device, config.precision, config.channels_last)
-    with thread_limits(config.threads):
+    executor = build_executor(config, device)
+    with thread_limits(config.threads), executor_session(executor, prep.ctx, run_dir):
         eval_model = prep.ctx.model if device == "cpu" else copy.deepcopy(prep.ctx.model).to(device)
         st, rec = start_state(prep, start, eval_model, run_dir)
         bar = _progress(config, len(rec.rows), progress)

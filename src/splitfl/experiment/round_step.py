@@ -9,7 +9,7 @@ and :func:`round_row` the round's metrics row. Every random stream is derived fr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,7 +20,7 @@ from splitfl.executors import evaluate
 from splitfl.experiment.context import RunContext
 from splitfl.plan import RoundPlan, RoundReport, RoundResult
 from splitfl.seeding import derive_seed, rng_for
-from splitfl.system import LINKS, SimClock, Traffic, jitter_factors
+from splitfl.system import LINKS, ClientCost, SimClock, Traffic, jitter_factors
 
 if TYPE_CHECKING:
     from splitfl.experiment.runner import Prepared  # runner imports this module
@@ -60,9 +60,47 @@ def measure(
         round_time, all_waits = algorithm.round_time({**times, **idle_times})
         waits = {c: all_waits[c] for c in times}
         costs = {**costs, **idle}
+    if config.clock == "measured" and result.measured is not None:
+        costs = {c: measured_cost(cost, result.measured[c]) for c, cost in costs.items()}
+        jitter = {c: 1.0 for c in costs}
+        times = {c: cost.time for c, cost in costs.items()}
+        round_time = result.measured_round_time or 0.0
+        waits = {c: max(round_time - t, 0.0) for c, t in times.items()}
     report = RoundReport(times, costs, jitter, samples, losses, round_time)
     report.measured_time, report.measured_bytes = result.measured_time, result.measured_bytes
     return report, waits
+
+
+def measured_cost(cost: ClientCost, measured: dict[str, float]) -> ClientCost:
+    """``clock: measured``: the cost model's traffic with the times measured on the devices
+    (compute → ``device_time``, upload + download → ``comm_time``, server compute →
+    ``server_time``), so the algorithms' state estimates see the real devices."""
+    return replace(
+        cost,
+        comm_time=measured["upload_s"] + measured["download_s"],
+        device_time=measured["compute_s"],
+        server_time=measured["server_s"],
+    )
+
+
+def measured_row(plan: RoundPlan, result: RoundResult) -> dict[str, Any]:
+    """The executor's measurements as metrics (lists aligned with ``clients``; None for a
+    client lost before it was measured)."""
+    row: dict[str, Any] = {
+        "dropped_clients": sorted(result.dropped),
+        "dropped_reasons": {str(c): why for c, why in result.dropped.items()},
+    }
+    if result.measured is None:
+        return row
+    m = result.measured
+    for key in ("busy_s", "compute_s", "upload_s", "download_s", "server_s", "wait_s"):
+        row[f"measured_{key}"] = [m.get(t.client, {}).get(key) for t in plan.tasks]
+    row["measured_round_time"] = result.measured_round_time
+    row["wire_bytes_up"] = sum(v.get("wire_up", 0) for v in m.values())
+    row["wire_bytes_down"] = sum(v.get("wire_down", 0) for v in m.values())
+    for link in LINKS:
+        row[f"payload_{link}"] = sum(v.get(f"payload_{link}", 0) for v in m.values())
+    return row
 
 
 def round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r: int) -> dict:
@@ -79,7 +117,7 @@ def round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r
         "train_loss": result.train_loss,
         "test_acc": None,
         "test_loss": None,
-        "avg_waiting": sum(waits.values()) / len(waits),
+        "avg_waiting": sum(waits.values()) / len(waits) if waits else 0.0,
         # device compute of the participants plus that of helpers (ParallelSFL's top workers)
         "energy_j": sum(energy.values()) + helpers,
         # per participant, aligned with "clients" (RingSFL Fig. 14); idle transfers use none
@@ -90,7 +128,8 @@ def round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r
         "clients": [t.client for t in plan.tasks],
         "cuts": [t.cut for t in plan.tasks],
         "groups": [t.group for t in plan.tasks],
-        "client_times": [report.times[t.client] for t in plan.tasks],
+        "client_times": [report.times.get(t.client) for t in plan.tasks],
+        **measured_row(plan, result),
     }
 
 
@@ -102,9 +141,14 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     clients = algorithm.select_clients(r, rng_for(config.seed, "select", r))
     plan = algorithm.plan_round(r, clients, rng_for(config.seed, "plan", r))
     result = executor.run_round(ctx, st.global_state, plan, derive_seed(config.seed, "b", r))
-    report, waits = measure(config, algorithm, plan, result, r)
-    algorithm.observe(r, plan, report)
-    st.global_state = algorithm.aggregate(st.global_state, plan, result)
+    # the algorithm hears of the clients that completed only (a networked device may be lost)
+    done = plan
+    if result.dropped:
+        done = replace(plan, tasks=[t for t in plan.tasks if t.client not in result.dropped])
+    report, waits = measure(config, algorithm, done, result, r)
+    if result.updates:
+        algorithm.observe(r, done, report)
+        st.global_state = algorithm.aggregate(st.global_state, done, result)
     st.clock.advance(report.round_time)
     traffic = Traffic()
     for cost in report.costs.values():

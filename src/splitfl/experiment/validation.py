@@ -26,13 +26,28 @@ def check_registries(config: ExperimentConfig) -> None:
     dataset, partition, verify mode, device preset and composition."""
     _choice(config.algorithm, algorithm_names(), "algorithm")
     _choice(config.model, model_names(), "model")
-    _choice(config.executor, sorted(EXECUTORS), "executor")
+    _choice(config.executor, [*sorted(EXECUTORS), "networked"], "executor")
     _choice(config.precision, list(PRECISIONS), "precision")
     _choice(config.data.dataset, dataset_names(), "data.dataset")
     _choice(config.data.partition, sorted(PARTITIONERS), "data.partition")
     _choice(config.data.verify, list(VERIFY_MODES), "data.verify")
     _choice(config.devices.preset, sorted(PRESETS), "devices.preset")
     _choice(config.devices.composition, list(COMPOSITIONS), "devices.composition")
+
+
+#: Algorithms whose devices talk to each other (a ring, cluster top workers): not networked yet.
+DEVICE_TO_DEVICE = ("ringsfl", "parallelsfl")
+
+
+def check_networked(config: ExperimentConfig) -> None:
+    """``executor: networked`` runs the parameter-server algorithms."""
+    cls, _ = resolve_algorithm(config.algorithm, config.options)
+    if config.executor == "networked" and cls.name in DEVICE_TO_DEVICE:
+        raise ConfigError(
+            "executor",
+            f"networked runs parameter-server algorithms; {config.algorithm} needs "
+            "device-to-device links, which run only simulated so far",
+        )
 
 
 def check_options(config: ExperimentConfig) -> None:
@@ -50,6 +65,7 @@ def validate_config(config: ExperimentConfig) -> None:
     check_registries(config)
     validate(config)
     check_options(config)
+    check_networked(config)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None):
@@ -58,4 +74,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     config = read_config(path, overrides)
     check_registries(config)
     check_options(config)
+    check_networked(config)
     return config

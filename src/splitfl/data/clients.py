@@ -1,0 +1,57 @@
+"""The run's clients' data: the dataset split among ``data.num_clients`` clients.
+
+:func:`client_partition` is the one place the partition of a run is drawn (seeded by
+``(seed, "partition")``): the experiment uses it for the simulated clients, and a device
+process (:mod:`splitfl.net.device`) uses it to find its own clients' samples in its copy of
+the dataset, so both see the same samples.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.data.base import DatasetBundle
+from splitfl.data.partition import partition_indices
+from splitfl.seeding import rng_for
+
+
+def _dirichlet_alpha(config: ExperimentConfig) -> tuple[str, float | None]:
+    """``p = 1/δ`` convention: p = 0 means IID."""
+    d = config.data
+    if d.partition == "dirichlet" and d.p is not None:
+        return ("iid", None) if d.p == 0 else ("dirichlet", 1.0 / d.p)
+    return d.partition, d.alpha
+
+
+def client_partition(config: ExperimentConfig, bundle: DatasetBundle) -> list[np.ndarray]:
+    """Training-sample indices of each client (``config.data``'s scheme, seeded).
+
+    Raises:
+        ConfigError: where the data cannot be split as configured.
+    """
+    d = config.data
+    n_train = len(bundle.train)
+    if d.num_clients * d.min_samples > n_train:
+        raise ConfigError(
+            "data.num_clients",
+            f"{d.num_clients} clients x min_samples {d.min_samples} exceeds the "
+            f"{n_train} training samples of {d.dataset}",
+        )
+    scheme, alpha = _dirichlet_alpha(config)
+    if scheme == "natural" and bundle.train.writers is None:
+        raise ConfigError("data.partition", f"'natural' needs writer ids; {d.dataset} has none")
+    try:
+        return partition_indices(
+            scheme,
+            bundle.train.y.numpy(),
+            d.num_clients,
+            rng_for(config.seed, "partition"),
+            alpha=alpha,
+            dirichlet_cap=d.dirichlet_cap,
+            classes_per_client=d.classes_per_client,
+            writers=bundle.train.writers,
+            min_samples=d.min_samples,
+        )
+    except ValueError as err:
+        raise ConfigError("data.partition", str(err).splitlines()[0]) from err

@@ -1,0 +1,103 @@
+"""Device tokens and TLS credentials.
+
+The server keeps only SHA-256 hashes of device tokens: a tokens file has one ``name:hash``
+line per device (``#`` comments allowed). A device keeps its token (32 random bytes, hex) in a
+file of its own. :func:`new_token` makes one and the line for the server's file
+(``splitfl token``). Tokens are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+
+class AuthSetupError(ValueError):
+    """A tokens, token or certificate file that cannot be used (one line, names the file)."""
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.strip().encode()).hexdigest()
+
+
+def new_token() -> str:
+    return secrets.token_hex(32)
+
+
+@dataclass
+class TokenBook:
+    """Device name → token hash."""
+
+    hashes: dict[str, str] = field(default_factory=dict)
+
+    def check(self, name: str, token) -> bool:
+        expected = self.hashes.get(name)
+        if expected is None or not isinstance(token, str):
+            return False
+        return hmac.compare_digest(expected, token_hash(token))
+
+    def add(self, name: str, token: str) -> None:
+        self.hashes[name] = token_hash(token)
+
+    @classmethod
+    def read(cls, path: str | Path) -> TokenBook:
+        """Parse a tokens file (``name:sha256-hex`` per line)."""
+        path = Path(path)
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise AuthSetupError(f"{path}: cannot read tokens file ({err})") from None
+        book = cls()
+        for number, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, _, digest = line.partition(":")
+            ok = name and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+            if not ok:
+                raise AuthSetupError(f"{path}:{number}: expected 'name:<sha256 hex>'")
+            book.hashes[name] = digest
+        if not book.hashes:
+            raise AuthSetupError(f"{path}: no device tokens")
+        return book
+
+
+def read_token(path: str | Path) -> str:
+    """A device's token file (the token on its first line)."""
+    try:
+        token = Path(path).read_text().strip().splitlines()[0].strip()
+    except (OSError, UnicodeDecodeError, IndexError) as err:
+        raise AuthSetupError(f"{path}: cannot read a token ({err})") from None
+    if len(token) < 16:
+        raise AuthSetupError(f"{path}: token too short (at least 16 characters)")
+    return token
+
+
+def _read_bytes(path: str | Path, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as err:
+        raise AuthSetupError(f"{path}: cannot read {what} ({err.strerror})") from None
+
+
+def server_credentials(cert: str | Path, key: str | Path) -> grpc.ServerCredentials:
+    """TLS credentials of the server from PEM certificate (chain) and private key files."""
+    return grpc.ssl_server_credentials(
+        [(_read_bytes(key, "TLS key"), _read_bytes(cert, "TLS certificate"))]
+    )
+
+
+def channel_credentials(ca_cert: str | Path | None) -> grpc.ChannelCredentials:
+    """TLS credentials of a device: trust ``ca_cert`` (PEM) or the system's roots."""
+    roots = None if ca_cert is None else _read_bytes(ca_cert, "CA certificate")
+    return grpc.ssl_channel_credentials(root_certificates=roots)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (of a ``host:port`` listen address) is a loopback address."""
+    return host in ("localhost", "127.0.0.1", "::1", "[::1]") or host.startswith("127.")

@@ -1,0 +1,253 @@
+"""The device process (``splitfl device``): one edge device hosting one or more clients.
+
+It connects to the server, says hello (name, token, protocol version, the clients it asks to
+host), receives the run's config, loads **only its own clients' samples** (its partition of a
+dataset root, drawn exactly as the simulation draws it) and then answers the server's commands
+with :class:`~splitfl.executors.roles.DeviceRole` — the same code the in-process executor runs:
+
+* ``begin`` (task, device part, aux head, round seed) → ``ack``
+* ``forward`` (step) → ``forwarded`` (smashed data, labels)
+* ``backward`` (activation gradient) and ``head_update`` → no reply (the next reply follows)
+* ``local_step`` (step) → ``local_done`` (loss sum, samples)
+* ``finish`` → ``finished`` (trained device part and aux head)
+
+Every reply carries ``compute_s``: device compute since the previous reply. The server never
+sends code or pickles: commands are JSON fields plus raw tensors (:mod:`splitfl.net.wire`).
+Imports stop at config, data, models and the executor roles: no matplotlib, scipy, Ray.
+If the connection drops, the process reconnects with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import torch
+
+from splitfl.config import ConfigError, ExperimentConfig, from_dict
+from splitfl.data import load_dataset
+from splitfl.data.base import DatasetError
+from splitfl.data.clients import client_partition
+from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
+from splitfl.models import ModelPart, build_model
+from splitfl.net.hub import METHOD
+from splitfl.net.wire import (
+    PROTOCOL_VERSION,
+    Message,
+    Reassembler,
+    WireError,
+    chunks,
+    decode,
+    encode,
+    state_from,
+    state_tensors,
+)
+from splitfl.plan import ClientTask
+from splitfl.seeding import derive_seed
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    """How a device process connects (``splitfl device`` flags)."""
+
+    server: str
+    name: str
+    token: str
+    clients: tuple[int, ...] = ()
+    data_root: str | None = None
+    credentials: grpc.ChannelCredentials | None = None
+    chunk_bytes: int = 1 << 20
+    max_message_bytes: int = 256 << 20
+    retry_s: float = 60.0
+    compression: str = "none"
+
+
+class Refused(RuntimeError):
+    """The server refused this device (wrong token, protocol, name taken…): do not retry."""
+
+
+class ClientData:
+    """The samples of the clients this device hosts (and nothing else)."""
+
+    def __init__(self, config: ExperimentConfig, clients: list[int], data_root: str | None):
+        d = config.data
+        bundle = load_dataset(d.dataset, data_root or d.root, verify=d.verify)
+        parts = client_partition(config, bundle)
+        self.input_shape, self.num_classes = bundle.input_shape, bundle.num_classes
+        self.samples: dict[int, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
+        for c in clients:
+            idx = torch.as_tensor(parts[c], dtype=torch.long)
+            # local copies; positions 0..n-1 draw the same batches as the global indices
+            x, y = bundle.train.x[idx].clone(), bundle.train.y[idx].clone()
+            self.samples[c] = (x, y, np.arange(len(idx)))
+
+
+#: Commands a device answers.
+COMMANDS = ("begin", "forward", "backward", "head_update", "local_step", "finish")
+
+
+class DeviceAgent:
+    """Answers the server's commands for this device's clients."""
+
+    def __init__(self, config: ExperimentConfig, data: ClientData):
+        self.config, self.data = config, data
+        torch.manual_seed(config.seed)
+        self.model = build_model(config.model, data.input_shape, data.num_classes)
+        self.runtime = Runtime(torch.device("cpu"))
+        self.roles: dict[int, DeviceRole] = {}
+        self.pending: dict[int, float] = {}
+
+    def handle(self, msg: Message) -> Message | None:
+        """One command → its reply (None for ``backward``/``head_update``)."""
+        c = msg.fields.get("client")
+        if msg.type not in COMMANDS or c not in self.data.samples:
+            raise WireError(f"unexpected command {msg.type!r} for client {c!r}")
+        t0 = time.perf_counter()
+        reply = getattr(self, f"_on_{msg.type}")(c, msg)
+        self.pending[c] = self.pending.get(c, 0.0) + time.perf_counter() - t0
+        if reply is None:
+            return None
+        reply.fields.update(client=c, seq=msg.fields.get("seq"), compute_s=self.pending.pop(c))
+        return reply
+
+    def _on_begin(self, c: int, msg: Message) -> Message:
+        f = msg.fields
+        task = ClientTask(c, f["cut"], f["group"], f["batch_size"], f["steps"], f["lr"])
+        part = copy.deepcopy(ModelPart(self.model, 0, task.cut))
+        part.load_state_dict(state_from("part", msg.tensors))
+        aux_state = state_from("aux", msg.tensors)
+        aux = aux_from_state(aux_state) if aux_state else None
+        torch.manual_seed(derive_seed(f["round_seed"], "device-rng", c))  # dropout masks
+        self.roles[c] = DeviceRole(
+            task, part, aux, self.config.train, self.data.samples[c], f["round_seed"], self.runtime
+        )
+        return Message("ack")
+
+    def _on_forward(self, c: int, msg: Message) -> Message:
+        fx, y = self.roles[c].forward(msg.fields["step"])
+        return Message("forwarded", {"step": msg.fields["step"]}, {"fx": fx, "y": y})
+
+    def _on_backward(self, c: int, msg: Message) -> None:
+        self.roles[c].backward(msg.tensors["grad"])
+
+    def _on_head_update(self, c: int, msg: Message) -> None:
+        self.roles[c].head_update()
+
+    def _on_local_step(self, c: int, msg: Message) -> Message:
+        loss_sum, samples = self.roles[c].local_step(msg.fields["step"])
+        return Message("local_done", {"loss_sum": loss_sum, "samples": samples})
+
+    def _on_finish(self, c: int, msg: Message) -> Message:
+        part, aux = self.roles.pop(c).states()
+        return Message("finished", {}, {**state_tensors("part", part), **state_tensors("aux", aux)})
+
+
+def run_device(opts: DeviceOptions, log=print) -> int:
+    """Serve until the server says bye; reconnect with backoff (up to ``retry_s`` without a
+    connection). Returns the process exit code (0 after bye, 1 when it gave up, 2 refused)."""
+    delay, gave_up_at = 0.5, time.monotonic() + opts.retry_s
+    agent: DeviceAgent | None = None
+    while True:
+        try:
+            agent, done = _session(opts, agent, log)
+            if done:
+                return 0
+            gave_up_at, delay = time.monotonic() + opts.retry_s, 0.5
+        except Refused as err:
+            log(f"splitfl device {opts.name}: refused: {err}")
+            return 2
+        except (ConfigError, DatasetError) as err:
+            log(f"splitfl device {opts.name}: error: {err}")
+            return 2
+        except grpc.RpcError as err:
+            log(f"splitfl device {opts.name}: connection: {err.code().name} {err.details()}")
+        except WireError as err:
+            log(f"splitfl device {opts.name}: bad message from the server: {err}")
+        if time.monotonic() > gave_up_at:
+            log(f"splitfl device {opts.name}: no server for {opts.retry_s:g} s, giving up")
+            return 1
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
+
+
+_REFUSALS = {
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.PERMISSION_DENIED,
+}
+
+
+def _session(opts: DeviceOptions, agent, log) -> tuple[DeviceAgent | None, bool]:
+    """One connection: hello, welcome, then commands until bye (True) or the stream ends."""
+    limit = opts.chunk_bytes + 1024
+    options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+    if opts.credentials is None:
+        channel = grpc.insecure_channel(opts.server, options=options)
+    else:
+        channel = grpc.secure_channel(opts.server, opts.credentials, options=options)
+    outbox: queue.Queue = queue.Queue()
+    hello = {"protocol": PROTOCOL_VERSION, "name": opts.name, "token": opts.token}
+    hello["clients"] = list(opts.clients)
+    outbox.put(encode(Message("hello", hello)))
+    compression = grpc.Compression.Gzip if opts.compression == "gzip" else None
+    stream = channel.stream_stream(METHOD)(
+        _outgoing(outbox, opts.chunk_bytes), compression=compression
+    )
+    try:
+        return _serve(opts, stream, outbox, agent, log)
+    except grpc.RpcError as err:
+        if err.code() in _REFUSALS:
+            raise Refused(err.details()) from None
+        raise
+    finally:
+        outbox.put(None)
+        stream.cancel()
+        channel.close()
+
+
+def _serve(opts, stream, outbox, agent, log) -> tuple[DeviceAgent | None, bool]:
+    assembler = Reassembler(opts.max_message_bytes)
+    for chunk in stream:
+        data = assembler.feed(chunk)
+        if data is None:
+            continue
+        msg = decode(data)
+        if msg.type == "welcome":
+            config = from_dict(ExperimentConfig, msg.fields["config"])
+            clients = msg.fields["clients"]
+            if agent is None or sorted(agent.data.samples) != sorted(clients):
+                agent = DeviceAgent(config, ClientData(config, clients, opts.data_root))
+            log(f"splitfl device {opts.name}: connected, hosting clients {clients}")
+            continue
+        if msg.type == "bye":
+            return agent, True
+        if agent is None:
+            raise WireError(f"{msg.type!r} before welcome")
+        reply = agent.handle(msg)
+        if reply is not None:
+            outbox.put(encode(reply))
+    return agent, False
+
+
+def _outgoing(outbox: queue.Queue, chunk_bytes: int) -> Iterator[bytes]:
+    while True:
+        data = outbox.get()
+        if data is None:
+            return
+        yield from chunks(data, chunk_bytes)
+
+
+def start_in_thread(opts: DeviceOptions) -> threading.Thread:
+    """A device in a thread of this process (tests, notebooks)."""
+    thread = threading.Thread(target=run_device, args=(opts, lambda *_: None), daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,80 @@
+"""``splitfl device``: run this machine as an edge device of a networked splitfl run.
+
+Example (on the device; the server runs ``splitfl server CONFIG --listen 0.0.0.0:7070 ...``)::
+
+    splitfl device --server 10.0.0.1:7070 --name jetson-3 --token-file jetson-3.token \\
+        --ca-cert ca.pem --data-root ./data
+
+Only this module, the config, data and model code and the executor roles are imported: the
+device needs torch, numpy, PyYAML and grpcio, not matplotlib, scipy, scikit-learn or Ray.
+Exit codes: 0 after the server said bye, 1 when the server stayed unreachable for
+``--retry-s`` seconds, 2 when refused (token, protocol version, name) or given bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from splitfl.net.auth import AuthSetupError, channel_credentials, read_token
+from splitfl.net.device import DeviceOptions, run_device
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(prog="splitfl device", description=__doc__.split("\n")[0])
+    p.add_argument("--server", required=True, help="HOST:PORT of the splitfl server")
+    p.add_argument("--name", required=True, help="this device's name (as in the tokens file)")
+    p.add_argument("--token-file", required=True, help="file holding this device's token")
+    p.add_argument("--ca-cert", help="PEM certificate to trust (TLS); without it: plain text")
+    p.add_argument("--data-root", help="dataset folder (default: the config's data.root)")
+    p.add_argument(
+        "--client-id",
+        default="",
+        help="client ids to host, comma-separated (default: the server assigns)",
+    )
+    p.add_argument("--retry-s", type=float, default=300.0, help="give up after this long offline")
+    p.add_argument("--chunk-kb", type=int, default=1024, help="stream chunk size (KiB)")
+    p.add_argument("--max-message-mb", type=float, default=256.0, help="largest message accepted")
+    p.add_argument("--compression", choices=("none", "gzip"), default="none")
+    return p
+
+
+def options_from(args: argparse.Namespace) -> DeviceOptions:
+    """Flags → :class:`DeviceOptions` (AuthSetupError/ValueError name the bad flag or file)."""
+    try:
+        clients = tuple(int(c) for c in args.client_id.split(",") if c.strip())
+    except ValueError:
+        raise ValueError(
+            f"--client-id: expected comma-separated integers, got {args.client_id!r}"
+        ) from None
+    if not 1 <= args.chunk_kb <= 3072:
+        raise ValueError(f"--chunk-kb: must be in [1, 3072] (got {args.chunk_kb})")
+    return DeviceOptions(
+        server=args.server,
+        name=args.name,
+        token=read_token(args.token_file),
+        clients=clients,
+        data_root=args.data_root,
+        credentials=channel_credentials(args.ca_cert) if args.ca_cert else None,
+        chunk_bytes=args.chunk_kb * 1024,
+        max_message_bytes=int(args.max_message_mb * 2**20),
+        retry_s=args.retry_s,
+        compression=args.compression,
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    try:
+        opts = options_from(args)
+    except (AuthSetupError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return run_device(opts, log=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_from_args(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

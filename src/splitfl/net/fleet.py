@@ -1,0 +1,272 @@
+"""The networked fleet: :class:`~splitfl.executors.fleet.Fleet` calls sent to device processes.
+
+Every call goes to all the devices it names first and then collects the replies, so devices
+compute in parallel. A reply that does not come within ``timeout_s`` (the device stalled), a
+closed link (the process died) or a reply that fails validation drops the client for the
+rest of the round (``lost`` names why); the server's models are never touched by a rejected
+tensor.
+
+What is measured per client (:class:`Meter`): device compute (reported by the device with
+each reply), communication = round trip − the device's compute for the exchange (and for the
+earlier replies of the same device in the same call: one process serves its clients one after
+another), split into upload and download in proportion to the bytes each way (one-way times
+need synchronised clocks, which devices do not have), the server's compute for the client's
+iterations, and bytes: the tensor payload per link (as the cost model counts it) and the
+encoded messages on the wire.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import queue
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from splitfl.net.hub import LOST, DeviceLink, Hub
+from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
+from splitfl.plan import ClientTask
+
+State = dict[str, torch.Tensor]
+
+
+@dataclass
+class Meter:
+    """One client's measured round."""
+
+    compute_s: float = 0.0
+    upload_s: float = 0.0
+    download_s: float = 0.0
+    server_s: float = 0.0
+    payload: dict[str, int] = field(default_factory=dict)
+    wire_up: int = 0
+    wire_down: int = 0
+
+    @property
+    def busy_s(self) -> float:
+        """The client's own time (its Eq. 1 analogue): compute, transfers, server compute."""
+        return self.compute_s + self.upload_s + self.download_s + self.server_s
+
+    def count(self, link: str, nbytes: int) -> None:
+        self.payload[link] = self.payload.get(link, 0) + nbytes
+
+
+@dataclass
+class Expect:
+    """What valid replies look like: model dtype, smashed-data shape per cut, classes, and
+    the device part's tensors per cut (name → (shape, dtype))."""
+
+    dtype: torch.dtype
+    feature_shape: dict[int, tuple[int, ...]]
+    num_classes: int
+    part_specs: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]
+
+
+class RemoteFleet:
+    """Fleet calls over the hub's device links (one instance per group and round)."""
+
+    _seq = itertools.count()
+
+    def __init__(
+        self,
+        hub: Hub,
+        round_seed: int,
+        timeout_s: float,
+        expect: Expect,
+        meters: dict[int, Meter],
+        lost: dict[int, str],
+    ):
+        self.hub, self.round_seed, self.timeout_s, self.expect = hub, round_seed, timeout_s, expect
+        self.meters, self.lost = meters, lost
+        self.dropped: set[int] = set()
+        self.tasks: dict[int, ClientTask] = {}
+        #: bytes sent without a reply of their own (gradients): the next exchange carries them
+        self.unanswered: dict[int, int] = {}
+
+    # -- Fleet -------------------------------------------------------------------------------
+    def begin(self, tasks, parts, aux):
+        requests = {}
+        for t in tasks:
+            self.tasks[t.client] = t
+            fields = {
+                "cut": t.cut,
+                "group": t.group,
+                "batch_size": t.batch_size,
+                "steps": t.steps,
+                "lr": t.lr,
+                "round_seed": self.round_seed,
+            }
+            tensors = {
+                **state_tensors("part", parts[t.client]),
+                **state_tensors("aux", aux.get(t.client)),
+            }
+            requests[t.client] = (Message("begin", fields, tensors), "model_down")
+        self._call(requests, "ack")
+
+    def forward(self, steps):
+        requests = {c: (Message("forward", {"step": s}), None) for c, s in steps.items()}
+        out = {}
+        for c, msg in self._call(requests, "forwarded").items():
+            fx, y = msg.tensors.get("fx"), msg.tensors.get("y")
+            problem = self._check_smashed(c, fx, y)
+            if problem:
+                self._drop(c, f"rejected smashed data: {problem}")
+                continue
+            self.meters[c].count("activations_up", _nbytes(fx))
+            self.meters[c].count("labels_up", _nbytes(y))
+            out[c] = (fx, y)
+        return out
+
+    def backward(self, grads):
+        for c, grad in grads.items():
+            self._post(c, Message("backward", {}, {"grad": grad}), "gradients_down")
+
+    def head_update(self, clients):
+        for c in clients:
+            self._post(c, Message("head_update"), None)
+
+    def _post(self, c: int, msg: Message, link_name: str | None) -> None:
+        """Send without waiting for a reply (the device's next reply follows its work)."""
+        handle = self._send(c, msg, link_name)
+        if handle is not None:
+            self.unanswered[c] = self.unanswered.get(c, 0) + handle[3]
+
+    def local_step(self, steps):
+        requests = {c: (Message("local_step", {"step": s}), None) for c, s in steps.items()}
+        out = {}
+        for c, msg in self._call(requests, "local_done").items():
+            loss_sum, samples = msg.fields.get("loss_sum"), msg.fields.get("samples")
+            ok = isinstance(loss_sum, float | int) and math.isfinite(loss_sum)
+            if (
+                not ok
+                or not isinstance(samples, int)
+                or not 1 <= samples <= self.tasks[c].batch_size
+            ):
+                self._drop(c, "rejected local step report")
+                continue
+            out[c] = (float(loss_sum), samples)
+        return out
+
+    def finish(self, clients):
+        requests = {c: (Message("finish"), None) for c in clients}
+        out = {}
+        for c, msg in self._call(requests, "finished").items():
+            part, aux = state_from("part", msg.tensors), state_from("aux", msg.tensors)
+            problem = self._check_part(c, part)
+            if problem:
+                self._drop(c, f"rejected model update: {problem}")
+                continue
+            self.meters[c].count("model_up", payload_bytes(msg))
+            out[c] = (part, aux or None)
+        return out
+
+    # -- transport -----------------------------------------------------------------------------
+    def _send(self, c: int, msg: Message, link_name: str | None):
+        """Send ``msg`` to client ``c``'s device; (link, seq, sent at, bytes) or None."""
+        if c in self.dropped:
+            return None
+        link = self.hub.link_of(c)
+        if link is None:
+            self._drop(c, "device not connected")
+            return None
+        seq = next(self._seq)
+        msg.fields.update(client=c, seq=seq)
+        sent_at = time.perf_counter()
+        size = link.send(msg)
+        self.meters[c].wire_down += size
+        if link_name:
+            self.meters[c].count(link_name, payload_bytes(msg))
+        return link, seq, sent_at, size
+
+    def _call(
+        self, requests: dict[int, tuple[Message, str | None]], reply: str
+    ) -> dict[int, Message]:
+        """Send every request, then collect each reply (deadline ``timeout_s``)."""
+        sent = {c: self._send(c, msg, name) for c, (msg, name) in requests.items()}
+        deadline = time.monotonic() + self.timeout_s
+        busy: dict[str, float] = {}  # device compute already spent in this call, per link
+        out = {}
+        for c, handle in sent.items():
+            if handle is None:
+                continue
+            link, seq, sent_at, down = handle
+            down += self.unanswered.pop(c, 0)
+            got = self._await(link, c, seq, deadline)
+            if got is None:
+                continue
+            msg, up, arrived = got
+            if msg.type != reply:
+                self._drop(c, f"expected {reply!r}, got {msg.type!r}")
+                continue
+            self._measure(c, link, busy, msg, arrived - sent_at, up, down)
+            out[c] = msg
+        return out
+
+    def _await(self, link: DeviceLink, c: int, seq: int, deadline: float):
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                got = link.inbox[c].get(timeout=max(left, 0.0)) if left > 0 else None
+            except queue.Empty:
+                got = None
+            if got is None:
+                self._drop(c, f"no reply within {self.timeout_s:g} s")
+                link.close(f"stalled (no reply within {self.timeout_s:g} s)")
+                return None
+            if got is LOST:
+                self._drop(c, f"device {link.name} lost: {link.reason}")
+                return None
+            if got[0].fields.get("seq") == seq:
+                return got
+
+    def _measure(self, c, link, busy, msg, rtt, up, down) -> None:
+        compute = msg.fields.get("compute_s")
+        compute = float(compute) if isinstance(compute, float | int) else 0.0
+        compute = min(max(compute, 0.0), rtt)
+        before = busy.get(link.name, 0.0)
+        busy[link.name] = before + compute
+        comm = max(rtt - compute - before, 0.0)
+        meter = self.meters[c]
+        meter.compute_s += compute
+        meter.wire_up += up
+        meter.upload_s += comm * up / max(up + down, 1)
+        meter.download_s += comm * down / max(up + down, 1)
+
+    def _drop(self, c: int, reason: str) -> None:
+        if c not in self.dropped:
+            self.dropped.add(c)
+            self.lost.setdefault(c, reason)
+
+    # -- validation ------------------------------------------------------------------------------
+    def _check_smashed(self, c: int, fx, y) -> str | None:
+        task, ex = self.tasks[c], self.expect
+        if fx is None or y is None:
+            return "missing tensor"
+        if fx.dtype != ex.dtype or y.dtype != torch.int64:
+            return f"dtype {fx.dtype}/{y.dtype}"
+        n = y.shape[0] if y.dim() == 1 else -1
+        if not 1 <= n <= task.batch_size or tuple(fx.shape) != (n, *ex.feature_shape[task.cut]):
+            return f"shape {tuple(fx.shape)}/{tuple(y.shape)}"
+        if not torch.isfinite(fx).all():
+            return "non-finite values"
+        if int(y.min()) < 0 or int(y.max()) >= ex.num_classes:
+            return "label out of range"
+        return None
+
+    def _check_part(self, c: int, part: State) -> str | None:
+        specs = self.expect.part_specs[self.tasks[c].cut]
+        if set(part) != set(specs):
+            return "tensor names differ from the device part's"
+        for name, (shape, dtype) in specs.items():
+            t = part[name]
+            if tuple(t.shape) != shape or t.dtype != dtype:
+                return f"{name}: {tuple(t.shape)} {t.dtype}"
+            if t.is_floating_point() and not torch.isfinite(t).all():
+                return f"{name}: non-finite values"
+        return None
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()

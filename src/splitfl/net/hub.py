@@ -1,0 +1,255 @@
+"""The server's end of the network: a gRPC service that device processes connect to.
+
+Each device process opens one bidirectional stream (``/splitfl.Hub/Connect``, raw bytes: the
+chunks of :mod:`splitfl.net.wire`) and says ``hello`` (protocol version, name, token, the
+clients it asks to host). The hub checks the token against the stored hashes, refuses a
+different protocol version or a name already connected, assigns clients and answers
+``welcome`` with the run's config. From then on the server sends commands on the stream and
+routes each reply to the inbox of the client it names — a device may only speak for its own
+clients. A broken stream, a malformed or oversized message, a reply for a foreign client or a
+burst over the rate limit closes the device's link; waiting calls see the link as lost.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+
+from splitfl.net.auth import TokenBook
+from splitfl.net.wire import (
+    PROTOCOL_VERSION,
+    Message,
+    Reassembler,
+    WireError,
+    chunks,
+    decode,
+    encode,
+)
+
+SERVICE = "splitfl.Hub"
+METHOD = f"/{SERVICE}/Connect"
+#: Placed in a client's inbox when its device's link closes.
+LOST = Message("lost")
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """Limits of the hub (from the config's ``network`` section)."""
+
+    max_message_bytes: int
+    chunk_bytes: int
+    rate_limit: float = 0.0
+    hello_timeout_s: float = 30.0
+
+
+@dataclass
+class DeviceLink:
+    """One connected device process: its clients, inboxes and outgoing queue."""
+
+    name: str
+    clients: list[int]
+    inbox: dict[int, queue.Queue] = field(default_factory=dict)
+    outbox: queue.Queue = field(default_factory=queue.Queue)
+    alive: bool = True
+    reason: str = ""
+    bytes_out: int = 0
+    bytes_in: int = 0
+
+    def send(self, message: Message) -> int:
+        """Queue ``message`` for the device; its encoded size (0 if the link is closed)."""
+        if not self.alive:
+            return 0
+        data = encode(message)
+        self.outbox.put(data)
+        self.bytes_out += len(data)
+        return len(data)
+
+    def close(self, reason: str) -> None:
+        if self.alive:
+            self.alive, self.reason = False, reason
+            self.outbox.put(None)
+            for box in self.inbox.values():
+                box.put(LOST)
+
+
+class Hub:
+    """Accepts device sessions and keeps the links of the connected ones."""
+
+    def __init__(self, settings: HubSettings, tokens: TokenBook, num_clients: int, welcome: dict):
+        self.settings, self.tokens, self.num_clients = settings, tokens, num_clients
+        self.welcome = welcome
+        self.links: dict[str, DeviceLink] = {}
+        self.lock = threading.Condition()
+        self.server: grpc.Server | None = None
+        self.events: list[str] = []
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, address: str, credentials: grpc.ServerCredentials | None) -> int:
+        """Listen on ``address`` (``host:port``; port 0 picks one); returns the port."""
+        limit = self.settings.chunk_bytes + 1024
+        options = [
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=256), options=options)
+        handler = grpc.method_handlers_generic_handler(
+            SERVICE, {"Connect": grpc.stream_stream_rpc_method_handler(self._connect)}
+        )
+        server.add_generic_rpc_handlers((handler,))
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+        if port == 0:
+            raise OSError(f"cannot listen on {address}")
+        server.start()
+        self.server = server
+        return port
+
+    def stop(self) -> None:
+        with self.lock:
+            links = list(self.links.values())
+        for link in links:
+            link.send(Message("bye", {"reason": "server stopping"}))
+            link.close("server stopping")
+        if self.server is not None:
+            self.server.stop(grace=1.0).wait(5.0)
+            self.server = None
+
+    def wait_for(self, devices: int, timeout_s: float) -> None:
+        """Block until ``devices`` device processes are connected (TimeoutError after
+        ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while len(self.live()) < devices:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"{len(self.live())} of {devices} devices connected after {timeout_s:g} s"
+                    )
+                self.lock.wait(min(left, 1.0))
+
+    def live(self) -> list[DeviceLink]:
+        return [link for link in self.links.values() if link.alive]
+
+    def link_of(self, client: int) -> DeviceLink | None:
+        """The live link hosting ``client``, if any."""
+        with self.lock:
+            for link in self.links.values():
+                if link.alive and client in link.clients:
+                    return link
+        return None
+
+    # -- one device session -------------------------------------------------------------------
+    def _connect(self, requests: Iterator[bytes], context) -> Iterator[bytes]:
+        assembler = Reassembler(self.settings.max_message_bytes)
+        timer = threading.Timer(self.settings.hello_timeout_s, context.cancel)
+        timer.start()  # a peer that never says hello does not hold a worker thread
+        try:
+            hello = _first_message(requests, assembler)
+        except WireError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad hello: {err}")
+        finally:
+            timer.cancel()
+        link = self._admit(hello, context)
+        reader = threading.Thread(target=self._read, args=(link, requests, assembler), daemon=True)
+        reader.start()
+        context.add_callback(lambda: link.close("stream closed"))
+        yield from chunks(
+            encode(Message("welcome", self._welcome(link))), self.settings.chunk_bytes
+        )
+        while True:
+            data = link.outbox.get()
+            if data is None:
+                return
+            yield from chunks(data, self.settings.chunk_bytes)
+
+    def _admit(self, hello: Message, context) -> DeviceLink:
+        """Check a hello and register the device (aborts the RPC with a reason if refused)."""
+        f = hello.fields
+        if hello.type != "hello" or f.get("protocol") != PROTOCOL_VERSION:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"protocol version {f.get('protocol')!r} not supported; this server speaks "
+                f"{PROTOCOL_VERSION} (install the same splitfl version on the device)",
+            )
+        name = f.get("name")
+        if not isinstance(name, str) or not self.tokens.check(name, f.get("token")):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown device name or wrong token")
+        with self.lock:
+            if name in self.links and self.links[name].alive:
+                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"device {name!r} already connected")
+            clients = self._assign(f.get("clients"), context)
+            link = DeviceLink(name, clients, {c: queue.Queue() for c in clients})
+            self.links[name] = link
+            self.events.append(f"connected {name} clients={clients}")
+            self.lock.notify_all()
+        return link
+
+    def _assign(self, asked, context) -> list[int]:
+        """The clients a device asked for (each unhosted), else the next free block."""
+        hosted = {c for link in self.live() for c in link.clients}
+        if asked:
+            ok = isinstance(asked, list) and all(isinstance(c, int) for c in asked)
+            if not ok or any(not 0 <= c < self.num_clients for c in asked):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad client ids {asked!r}")
+            taken = sorted(set(asked) & hosted)
+            if taken:
+                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"clients {taken} already hosted")
+            return sorted(set(asked))
+        free = [c for c in range(self.num_clients) if c not in hosted]
+        if not free:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "every client is already hosted")
+        return free[: int(self.welcome.get("block", 1))]
+
+    def _welcome(self, link: DeviceLink) -> dict:
+        return {
+            "protocol": PROTOCOL_VERSION,
+            "clients": link.clients,
+            "config": self.welcome["config"],
+        }
+
+    def _read(self, link: DeviceLink, requests, assembler: Reassembler) -> None:
+        """Route the device's replies to its clients' inboxes until the stream ends."""
+        window, count = time.monotonic(), 0
+        try:
+            for chunk in requests:
+                data = assembler.feed(chunk)
+                if data is None:
+                    continue
+                count += 1
+                if time.monotonic() - window >= 1.0:
+                    window, count = time.monotonic(), 1
+                limit = self.settings.rate_limit
+                if limit and count > limit:
+                    raise WireError(f"more than {limit:g} messages per second")
+                link.bytes_in += len(data)
+                message = decode(data)
+                client = message.fields.get("client")
+                if client not in link.inbox:
+                    raise WireError(f"reply for client {client!r} not hosted by {link.name}")
+                link.inbox[client].put((message, len(data), time.perf_counter()))
+            link.close("device closed the stream")
+        except WireError as err:
+            link.close(f"protocol violation: {err}")
+        except grpc.RpcError:
+            link.close("connection lost")
+        finally:
+            with self.lock:
+                self.events.append(f"disconnected {link.name}: {link.reason}")
+                self.lock.notify_all()
+
+
+def _first_message(requests: Iterator[bytes], assembler: Reassembler) -> Message:
+    for chunk in requests:
+        data = assembler.feed(chunk)
+        if data is not None:
+            return decode(data)
+    raise WireError("stream closed before hello")

@@ -1,0 +1,125 @@
+"""A networked run's server session: the hub, its credentials and any local device processes.
+
+:class:`NetworkSession` reads the ``network`` section: it loads the tokens file (or, for device
+processes it starts itself, makes one token per process in a private temporary folder), the
+TLS key and certificate, starts the :class:`~splitfl.net.hub.Hub`, starts ``network.devices``
+device processes on this machine (``splitfl launch``), waits for enough devices and writes
+``network.json`` (address, local device processes) into the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.net.auth import AuthSetupError, TokenBook, new_token, server_credentials
+from splitfl.net.hub import Hub, HubSettings
+
+
+class NetworkSession:
+    """Start/stop the server side of a networked run."""
+
+    def __init__(self, config: ExperimentConfig, num_clients: int, run_dir: Path):
+        self.config, self.num_clients, self.run_dir = config, num_clients, Path(run_dir)
+        self.net = config.network
+        self.hub: Hub | None = None
+        self.procs: list[tuple[str, list[int], subprocess.Popen]] = []
+        self.tmp: tempfile.TemporaryDirectory | None = None
+        self.address = ""
+
+    def start(self) -> None:
+        n = self.net
+        try:
+            book = TokenBook.read(n.tokens) if n.tokens else TokenBook()
+            creds = server_credentials(n.tls_cert, n.tls_key) if n.tls_cert else None
+        except AuthSetupError as err:
+            raise ConfigError("network", str(err)) from None
+        if n.devices:
+            self.tmp = tempfile.TemporaryDirectory(prefix="splitfl-tokens-")
+        tokens = {}
+        for i in range(n.devices):
+            tokens[f"local-{i}"] = new_token()
+            book.add(f"local-{i}", tokens[f"local-{i}"])
+        if not book.hashes:
+            raise ConfigError("network.tokens", "no device can connect: give a tokens file")
+        need = n.min_devices or n.devices or 1
+        settings = HubSettings(
+            max_message_bytes=int(n.max_message_mb * 2**20),
+            chunk_bytes=n.chunk_kb * 1024,
+            rate_limit=n.rate_limit,
+        )
+        welcome = {"config": self.config.to_dict(), "block": math.ceil(self.num_clients / need)}
+        self.hub = Hub(settings, book, self.num_clients, welcome)
+        host = n.listen.rpartition(":")[0]
+        try:
+            port = self.hub.start(n.listen, creds)
+        except (OSError, RuntimeError) as err:
+            raise ConfigError("network.listen", f"cannot listen on {n.listen}: {err}") from None
+        self.address = f"{host}:{port}"
+        self._spawn(tokens, port)
+        self._wait(need)
+        self._write_info()
+
+    def _spawn(self, tokens: dict[str, str], port: int) -> None:
+        """Start the local device processes (clients dealt round-robin)."""
+        n, logs = self.net, self.run_dir / "devices"
+        if not tokens:
+            return
+        logs.mkdir(parents=True, exist_ok=True)
+        host = "localhost" if n.tls_cert else "127.0.0.1"
+        for i, (name, token) in enumerate(tokens.items()):
+            token_file = Path(self.tmp.name) / f"{name}.token"
+            token_file.write_text(token)
+            os.chmod(token_file, 0o600)
+            clients = [k for k in range(self.num_clients) if k % n.devices == i]
+            cmd = [sys.executable, "-m", "splitfl.net.device_cli", "--server", f"{host}:{port}"]
+            cmd += ["--name", name, "--token-file", str(token_file), "--retry-s", "10"]
+            cmd += ["--client-id", ",".join(map(str, clients)), "--chunk-kb", str(n.chunk_kb)]
+            if n.tls_cert:
+                cmd += ["--ca-cert", n.ca_cert or n.tls_cert]
+            if n.compression != "none":
+                cmd += ["--compression", n.compression]
+            log = open(logs / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.procs.append((name, clients, proc))
+
+    def _wait(self, need: int) -> None:
+        deadline = time.monotonic() + self.net.connect_timeout_s
+        while True:
+            try:
+                self.hub.wait_for(need, 1.0)
+                return
+            except TimeoutError as err:
+                dead = [(name, p.returncode) for name, _, p in self.procs if p.poll() is not None]
+                if dead or time.monotonic() > deadline:
+                    self.stop()
+                    why = f"; device processes exited: {dead} (logs in {self.run_dir / 'devices'})"
+                    raise RuntimeError(f"{err}{why if dead else ''}") from None
+
+    def _write_info(self) -> None:
+        devices = [{"name": n, "pid": p.pid, "clients": c} for n, c, p in self.procs]
+        info = {"address": self.address, "local_devices": devices}
+        (self.run_dir / "network.json").write_text(json.dumps(info, indent=1) + "\n")
+
+    def stop(self) -> None:
+        """Say bye to the devices, stop listening, end the local device processes."""
+        if self.hub is not None:
+            self.hub.stop()
+            self.hub = None
+        for _, _, proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs = []
+        if self.tmp is not None:
+            self.tmp.cleanup()
+            self.tmp = None

@@ -1,0 +1,171 @@
+"""splitfl's wire format: one message = a JSON header and raw tensor bytes, sent in chunks.
+
+A message is encoded as::
+
+    b"SFL1" | header length (u32, little-endian) | header (UTF-8 JSON object) | tensor bytes
+
+The header holds ``type`` (a string), ``fields`` (JSON values) and ``tensors``: a list of
+``[name, dtype, shape]``; the tensor bytes follow in that order, each C-contiguous and
+little-endian, ``prod(shape) × itemsize`` bytes. Nothing is ever unpickled: a tensor is
+rebuilt with :func:`torch.frombuffer` from its declared dtype (one of :data:`DTYPES`) and shape,
+and the decoder refuses any message whose sizes do not add up exactly (:class:`WireError`).
+
+On the gRPC stream a message travels as chunks of at most ``chunk_bytes``: each chunk is one
+gRPC message, its first byte ``1`` on the last chunk of a message and ``0`` before it
+(:func:`chunks`, :class:`Reassembler`), so messages larger than gRPC's size limit pass and a
+receiver can refuse an oversized message before holding it whole.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+MAGIC = b"SFL1"
+#: Protocol version: a peer announcing another one is refused at hello.
+PROTOCOL_VERSION = 1
+#: Largest header accepted (JSON text).
+MAX_HEADER_BYTES = 1 << 20
+#: Dtypes allowed on the wire, by name.
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_NAMES = {v: k for k, v in DTYPES.items()}
+_MAX_DIMS = 8
+
+
+class WireError(ValueError):
+    """A message that is not well-formed splitfl wire data (or breaks a limit)."""
+
+
+@dataclass
+class Message:
+    """A decoded message: its type, JSON fields and named tensors (CPU)."""
+
+    type: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def encode(message: Message) -> bytes:
+    """The message's bytes (see the module docstring). Tensors are sent as they are
+    (no dtype conversion); a dtype outside :data:`DTYPES` raises :class:`WireError`."""
+    specs, blobs = [], []
+    for name, tensor in message.tensors.items():
+        t = tensor.detach().to("cpu").contiguous()
+        if t.dtype not in _NAMES:
+            raise WireError(f"tensor {name!r}: dtype {t.dtype} cannot be sent")
+        specs.append([name, _NAMES[t.dtype], list(t.shape)])
+        blobs.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    header = json.dumps(
+        {"type": message.type, "fields": message.fields, "tensors": specs},
+        separators=(",", ":"),
+        allow_nan=False,
+    ).encode()
+    return b"".join([MAGIC, struct.pack("<I", len(header)), header, *blobs])
+
+
+def decode(data: bytes) -> Message:
+    """Parse and check a message: magic, header JSON, dtypes, shapes and exact sizes."""
+    if len(data) < 8 or data[:4] != MAGIC:
+        raise WireError("not a splitfl message (bad magic)")
+    (size,) = struct.unpack("<I", data[4:8])
+    if size > MAX_HEADER_BYTES or 8 + size > len(data):
+        raise WireError(f"header length {size} out of bounds")
+    try:
+        header = json.loads(data[8 : 8 + size].decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise WireError(f"header is not JSON: {err}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise WireError("header must be an object with a string 'type'")
+    fields, specs = header.get("fields", {}), header.get("tensors", [])
+    if not isinstance(fields, dict) or not isinstance(specs, list):
+        raise WireError("header 'fields' must be an object and 'tensors' a list")
+    tensors, offset = {}, 8 + size
+    for spec in specs:
+        name, dtype, shape = _tensor_spec(spec)
+        nbytes = math.prod(shape) * _itemsize(dtype)
+        if offset + nbytes > len(data):
+            raise WireError(f"tensor {name!r}: {nbytes} bytes declared, message too short")
+        raw = bytearray(data[offset : offset + nbytes])
+        flat = torch.frombuffer(raw, dtype=dtype) if nbytes else torch.empty(0, dtype=dtype)
+        tensors[name] = flat.reshape(shape)
+        offset += nbytes
+    if offset != len(data):
+        raise WireError(f"{len(data) - offset} trailing bytes after the declared tensors")
+    return Message(header["type"], fields, tensors)
+
+
+def _tensor_spec(spec: Any) -> tuple[str, torch.dtype, list[int]]:
+    ok = isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str)
+    if not ok or spec[1] not in DTYPES or not isinstance(spec[2], list):
+        raise WireError(f"bad tensor spec {str(spec)[:80]}")
+    shape = spec[2]
+    if len(shape) > _MAX_DIMS or not all(isinstance(d, int) and 0 <= d < 2**40 for d in shape):
+        raise WireError(f"tensor {spec[0]!r}: bad shape {str(shape)[:80]}")
+    return spec[0], DTYPES[spec[1]], shape
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def payload_bytes(message: Message) -> int:
+    """Bytes of the message's tensors alone (what the cost model counts)."""
+    return sum(t.numel() * t.element_size() for t in message.tensors.values())
+
+
+def chunks(data: bytes, chunk_bytes: int) -> Iterator[bytes]:
+    """``data`` as stream chunks: a flag byte (1 = last chunk of the message) + ≤ chunk_bytes."""
+    if chunk_bytes < 1:
+        raise ValueError("chunk_bytes must be >= 1")
+    starts = range(0, max(len(data), 1), chunk_bytes)
+    for start in starts:
+        last = start + chunk_bytes >= len(data)
+        yield (b"\x01" if last else b"\x00") + data[start : start + chunk_bytes]
+
+
+class Reassembler:
+    """Joins stream chunks into messages; refuses one growing beyond ``max_bytes``."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def feed(self, chunk: bytes) -> bytes | None:
+        """Add a chunk; the whole message once its last chunk arrived, else None."""
+        if not chunk or chunk[0] not in (0, 1):
+            raise WireError("bad chunk flag")
+        self._size += len(chunk) - 1
+        if self._size > self.max_bytes:
+            raise WireError(f"message exceeds the {self.max_bytes}-byte limit")
+        self._parts.append(chunk[1:])
+        if chunk[0] == 0:
+            return None
+        data, self._parts, self._size = b"".join(self._parts), [], 0
+        return data
+
+
+def state_tensors(prefix: str, state: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """A state dict's tensors under ``prefix/`` names (several states in one message)."""
+    return {f"{prefix}/{k}": v for k, v in (state or {}).items()}
+
+
+def state_from(prefix: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The state dict sent under ``prefix/`` (:func:`state_tensors`)."""
+    cut = len(prefix) + 1
+    return {k[cut:]: v for k, v in tensors.items() if k.startswith(prefix + "/")}
