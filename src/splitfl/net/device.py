@@ -97,11 +97,20 @@ class DeviceAgent:
 
     def __init__(self, config: ExperimentConfig, data: ClientData):
         self.config, self.data = config, data
+        if config.threads:
+            torch.set_num_threads(config.threads)  # as the simulation: same kernels, same digits
         torch.manual_seed(config.seed)
         self.model = build_model(config.model, data.input_shape, data.num_classes)
         self.runtime = Runtime(torch.device("cpu"))
         self.roles: dict[int, DeviceRole] = {}
         self.pending: dict[int, float] = {}
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """One forward/backward on two of its samples before saying ready, so that one-time
+        kernel set-up is not measured as the first round's compute."""
+        x = next(iter(self.data.samples.values()))[0][:2]
+        copy.deepcopy(self.model)(x).sum().backward()
 
     def handle(self, msg: Message) -> Message | None:
         """One command → its reply (None for ``backward``/``head_update``)."""
@@ -226,6 +235,7 @@ def _serve(opts, stream, outbox, agent, log) -> tuple[DeviceAgent | None, bool]:
             clients = msg.fields["clients"]
             if agent is None or sorted(agent.data.samples) != sorted(clients):
                 agent = DeviceAgent(config, ClientData(config, clients, opts.data_root))
+            outbox.put(encode(Message("ready")))
             log(f"splitfl device {opts.name}: connected, hosting clients {clients}")
             continue
         if msg.type == "bye":

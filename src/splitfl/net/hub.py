@@ -57,6 +57,8 @@ class DeviceLink:
     inbox: dict[int, queue.Queue] = field(default_factory=dict)
     outbox: queue.Queue = field(default_factory=queue.Queue)
     alive: bool = True
+    #: the device has loaded its data and model (it said ``ready``): it can be given work
+    ready: bool = False
     reason: str = ""
     bytes_out: int = 0
     bytes_in: int = 0
@@ -137,13 +139,14 @@ class Hub:
                 self.lock.wait(min(left, 1.0))
 
     def live(self) -> list[DeviceLink]:
-        return [link for link in self.links.values() if link.alive]
+        """Connected devices that are ready for work."""
+        return [link for link in self.links.values() if link.alive and link.ready]
 
     def link_of(self, client: int) -> DeviceLink | None:
         """The live link hosting ``client``, if any."""
         with self.lock:
             for link in self.links.values():
-                if link.alive and client in link.clients:
+                if link.alive and link.ready and client in link.clients:
                     return link
         return None
 
@@ -195,7 +198,7 @@ class Hub:
 
     def _assign(self, asked, context) -> list[int]:
         """The clients a device asked for (each unhosted), else the next free block."""
-        hosted = {c for link in self.live() for c in link.clients}
+        hosted = {c for link in self.links.values() if link.alive for c in link.clients}
         if asked:
             ok = isinstance(asked, list) and all(isinstance(c, int) for c in asked)
             if not ok or any(not 0 <= c < self.num_clients for c in asked):
@@ -232,6 +235,11 @@ class Hub:
                     raise WireError(f"more than {limit:g} messages per second")
                 link.bytes_in += len(data)
                 message = decode(data)
+                if message.type == "ready" and not link.ready:
+                    with self.lock:
+                        link.ready = True
+                        self.lock.notify_all()
+                    continue
                 client = message.fields.get("client")
                 if client not in link.inbox:
                     raise WireError(f"reply for client {client!r} not hosted by {link.name}")
