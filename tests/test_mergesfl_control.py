@@ -5,17 +5,15 @@ import math
 import numpy as np
 import pytest
 
+from splitfl.algorithms.estimates import iid_reference, kl_divergence, moving_average
 from splitfl.algorithms.mergesfl_control import (
     arrange_workers,
     average_waiting_time,
     bandwidth_feasible,
     finetune_batch_sizes,
     ga_select,
-    iid_reference,
     iteration_times,
-    kl_divergence,
     label_mixture,
-    moving_average,
     priorities,
     regulate_batch_sizes,
     scale_to_budget,

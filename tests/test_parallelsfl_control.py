@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-from splitfl.algorithms.mergesfl_control import iid_reference
+from splitfl.algorithms.estimates import iid_reference
 from splitfl.algorithms.parallelsfl_control import (
     _Evaluator,
     aggregation_weights,

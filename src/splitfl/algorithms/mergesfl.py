@@ -41,7 +41,8 @@ import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
-from splitfl.algorithms.mergesfl_control import arrange_workers, moving_average
+from splitfl.algorithms.estimates import moving_average
+from splitfl.algorithms.mergesfl_control import arrange_workers
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
 from splitfl.config import ConfigError
 from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport

@@ -35,26 +35,10 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize
 
-#: Relative slack used when comparing a bandwidth use with the budget (float round-off only).
-BUDGET_RTOL = 1e-9
+from splitfl.algorithms.estimates import BUDGET_RTOL, iid_reference, kl_divergence
+
 #: Absolute slack on ``KL ≤ ε`` when judging a numerical solution of line 6 feasible.
 KL_ATOL = 1e-9
-
-
-# --------------------------------------------------------------------------- state estimation
-
-
-def moving_average(previous, measured, alpha: float = 0.8):
-    """Eq. (5)/(6): ``α·previous + (1−α)·measured``; the first measurement is taken as is.
-
-    Scalars give a float; arrays (e.g. ParallelSFL's pairwise β matrix, Eq. 7) an array.
-    """
-    if np.ndim(measured) > 0:
-        measured = np.asarray(measured, dtype=np.float64)
-        return measured.copy() if previous is None else alpha * previous + (1.0 - alpha) * measured
-    if previous is None:
-        return float(measured)
-    return float(alpha * previous + (1.0 - alpha) * measured)
 
 
 # ------------------------------------------------------------------------ batch size and time
@@ -134,19 +118,6 @@ def label_mixture(batch: np.ndarray, label_dists: np.ndarray, selected: np.ndarr
     if total <= 0:
         raise ValueError("the selected workers' batch sizes sum to zero; Φ_h is undefined")
     return d @ dists[idx] / total
-
-
-def kl_divergence(p: np.ndarray, q: np.ndarray, eps: float = 1e-12) -> float:
-    """Eq. (12): ``Σ_j p_j log(p_j / q_j)``, with ``0·log 0 = 0`` and ``q`` floored at ``eps``."""
-    p = np.asarray(p, dtype=np.float64)
-    q = np.asarray(q, dtype=np.float64)
-    mask = p > 0
-    return float(np.sum(p[mask] * np.log(p[mask] / np.maximum(q[mask], eps))))
-
-
-def iid_reference(label_dists: np.ndarray) -> np.ndarray:
-    """``Φ_0 = (1/N) Σ_i V_i`` over all N workers (§IV-A)."""
-    return np.asarray(label_dists, dtype=np.float64).mean(axis=0)
 
 
 # ----------------------------------------------------------------------------- worker selection

@@ -43,7 +43,7 @@ import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
-from splitfl.algorithms.mergesfl_control import moving_average
+from splitfl.algorithms.estimates import moving_average
 from splitfl.algorithms.parallelsfl_control import Cluster, plan_clusters, round_waiting
 from splitfl.config import ConfigError
 from splitfl.plan import ClientTask, RoundPlan, RoundReport

@@ -6,7 +6,7 @@ on worker i for ONE bottom worker's batch ``mu_p[i]``, the symmetric matrix ``be
 per-iteration transmission times (smashed data + gradients of one iteration between i and j;
 the diagonal is never used), ingress bandwidths ``B[i]`` (bytes per iteration time unit) and
 ``b``, the bytes one bottom worker sends per iteration. Eq. (6)/(7) (moving averages of the
-measured times) are :func:`moving_average`, shared with MergeSFL.
+measured times) are :func:`~splitfl.algorithms.estimates.moving_average`, shared with MergeSFL.
 
 Algorithm 1 (worker clustering in round h):
 
@@ -60,12 +60,7 @@ from typing import Any
 import numpy as np
 from sklearn.cluster import KMeans
 
-from splitfl.algorithms.mergesfl_control import (
-    BUDGET_RTOL,
-    iid_reference,
-    kl_divergence,
-    moving_average,
-)
+from splitfl.algorithms.estimates import BUDGET_RTOL, iid_reference, kl_divergence
 
 __all__ = [
     "Cluster",
@@ -78,7 +73,6 @@ __all__ = [
     "greedy_clusters",
     "iteration_time",
     "local_frequencies",
-    "moving_average",
     "plan_clusters",
     "random_clusters",
     "round_waiting",
