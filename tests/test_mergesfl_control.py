@@ -6,18 +6,19 @@ import numpy as np
 import pytest
 
 from splitfl.algorithms.estimates import iid_reference, kl_divergence, moving_average
-from splitfl.algorithms.mergesfl_control import (
-    arrange_workers,
+from splitfl.algorithms.mergesfl.arrangement import arrange_workers
+from splitfl.algorithms.mergesfl.batch_sizes import (
     average_waiting_time,
-    bandwidth_feasible,
-    finetune_batch_sizes,
-    ga_select,
     iteration_times,
-    label_mixture,
-    priorities,
     regulate_batch_sizes,
     scale_to_budget,
-    waiting_increase,
+)
+from splitfl.algorithms.mergesfl.finetune import finetune_batch_sizes, waiting_increase
+from splitfl.algorithms.mergesfl.selection import (
+    bandwidth_feasible,
+    ga_select,
+    label_mixture,
+    priorities,
 )
 
 
