@@ -217,7 +217,7 @@ def test_a_different_sweep_in_the_same_out_is_refused(tmp_path, capsys):
     # the same sweep again is a resume; a locked sweep directory is refused
     assert main(["sweep", str(first), "--executor", "local", "--out", str(out)]) == 0
     with hold_lock(out, "sweep"), pytest.raises(DirectoryLockedError, match="sweep directory"):
-        splitfl.sweep(first, out_dir=out, executor="local", progress=False)
+        splitfl.sweep(first, out_dir=out, backend="local", progress=False)
 
 
 # ----------------------------------------------------------------------------- interrupts

@@ -5,21 +5,20 @@ import math
 import numpy as np
 import pytest
 
-from splitfl.algorithms.mergesfl_control import (
-    arrange_workers,
+from splitfl.algorithms.estimates import iid_reference, kl_divergence, moving_average
+from splitfl.algorithms.mergesfl.arrangement import arrange_workers
+from splitfl.algorithms.mergesfl.batch_sizes import (
     average_waiting_time,
-    bandwidth_feasible,
-    finetune_batch_sizes,
-    ga_select,
-    iid_reference,
     iteration_times,
-    kl_divergence,
-    label_mixture,
-    moving_average,
-    priorities,
     regulate_batch_sizes,
     scale_to_budget,
-    waiting_increase,
+)
+from splitfl.algorithms.mergesfl.finetune import finetune_batch_sizes, waiting_increase
+from splitfl.algorithms.mergesfl.selection import (
+    bandwidth_feasible,
+    ga_select,
+    label_mixture,
+    priorities,
 )
 
 

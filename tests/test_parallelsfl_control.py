@@ -6,21 +6,22 @@ import warnings
 import numpy as np
 import pytest
 
-from splitfl.algorithms.mergesfl_control import iid_reference
-from splitfl.algorithms.parallelsfl_control import (
-    _Evaluator,
-    aggregation_weights,
+from splitfl.algorithms.estimates import iid_reference
+from splitfl.algorithms.parallelsfl.clustering import (
+    cluster_label_sets,
+    greedy_clusters,
+    random_clusters,
+)
+from splitfl.algorithms.parallelsfl.finetune import _Evaluator, swap_finetune
+from splitfl.algorithms.parallelsfl.frequency import aggregation_weights, local_frequencies
+from splitfl.algorithms.parallelsfl.planner import plan_clusters
+from splitfl.algorithms.parallelsfl.problem import (
+    ClusterInputs,
     cluster_iteration_time,
     cluster_kl,
-    cluster_label_sets,
     cluster_utility,
     cluster_waiting,
-    greedy_clusters,
     iteration_time,
-    local_frequencies,
-    plan_clusters,
-    random_clusters,
-    swap_finetune,
     top_capacity_ok,
     total_utility,
     utility_scales,
@@ -136,11 +137,12 @@ def test_eq14_utility_and_scales():
     mu_p = np.array([1.0, 1, 1, 1])
     beta = _uniform_beta(n, 0.0)
     lam, w_scale, kl_scale = 0.25, 2.0, math.log(4)
-    u = cluster_utility([1, 2, 3], 0, v, phi0, mu_b, mu_p, beta, lam, w_scale, kl_scale)
+    inputs = ClusterInputs(v, mu_b, mu_p, beta, np.ones(n), 1.0, lam, phi0, w_scale, kl_scale)
+    u = cluster_utility([1, 2, 3], 0, inputs)
     # W = 1, KL = log(4/3)
     assert u == pytest.approx(0.25 * 1.0 / 2.0 + 0.75 * math.log(4 / 3) / math.log(4))
     clusters = [(0, [1, 2, 3])]
-    assert total_utility(clusters, v, phi0, mu_b, mu_p, beta, lam, w_scale, kl_scale) == u
+    assert total_utility(clusters, inputs) == u
     # scales: mean Eq. (9) time over ordered pairs, and the worst single worker's KL
     w_s, kl_s = utility_scales(v, mu_b, mu_p, _uniform_beta(n, 0.3))
     brute = np.mean(
@@ -163,23 +165,19 @@ def test_evaluator_matches_scalar_functions():
     rng = np.random.default_rng(11)
     v, mu_b, mu_p, beta, bandwidth, b = _instance(rng, 12, 5)
     phi0 = iid_reference(v)
-    args = (0.4, 0.7, 0.9)
-    ev = _Evaluator(v, phi0, mu_b, mu_p, beta, bandwidth, b, *args)
+    inputs = ClusterInputs(v, mu_b, mu_p, beta, bandwidth, b, 0.4, phi0, 0.7, 0.9)
+    ev = _Evaluator(inputs)
     members, top = [1, 4, 6], 0
     for cands in ([2, 3, 7], [9]):
         util, ok = ev.add_one(members, top, cands)
         for j, u, f in zip(cands, util, ok, strict=True):
             cand = members + [j]
-            assert u == pytest.approx(
-                cluster_utility(cand, top, v, phi0, mu_b, mu_p, beta, *args), abs=1e-12
-            )
+            assert u == pytest.approx(cluster_utility(cand, top, inputs), abs=1e-12)
             assert f == top_capacity_ok(cand, top, mu_b, mu_p, beta, bandwidth, b)
     util, ok = ev.swap_in(members, top, 8)
     for q in range(len(members)):
         cand = members[:q] + [8] + members[q + 1 :]
-        assert util[q] == pytest.approx(
-            cluster_utility(cand, top, v, phi0, mu_b, mu_p, beta, *args), abs=1e-12
-        )
+        assert util[q] == pytest.approx(cluster_utility(cand, top, inputs), abs=1e-12)
         assert ok[q] == top_capacity_ok(cand, top, mu_b, mu_p, beta, bandwidth, b)
 
 
@@ -257,7 +255,9 @@ def test_greedy_by_hand():
     mu_p = np.full(n, 1e-3)
     beta = _uniform_beta(n, 0.0)
     bandwidth = np.array([2.0, 1, 1, 1, 1, 1])
-    got = greedy_clusters(v, mu_b, mu_p, beta, bandwidth, 1.0, 1, np.random.default_rng(0))
+    got = greedy_clusters(
+        ClusterInputs(v, mu_b, mu_p, beta, bandwidth, 1.0), 1, np.random.default_rng(0)
+    )
     # cluster 1: top 0 takes 5 and 4; cluster 2: top 1 (tie on B -> lower index) takes 3;
     # worker 2 can serve nobody and no cluster has room: a top-only cluster
     assert got == [(0, [4, 5]), (1, [3]), (2, [])]
@@ -268,7 +268,9 @@ def test_greedy_top_only_and_deferred_tops():
     v = np.full((n, 2), 0.5)
     mu_b, mu_p, beta = np.array([1.0, 2, 3, 4]), np.full(n, 1e-3), _uniform_beta(n, 0.0)
     bandwidth = np.array([1.0, 0.5, 0.5, 0.5])  # only worker 0 can serve one bottom worker
-    got = greedy_clusters(v, mu_b, mu_p, beta, bandwidth, 1.0, 1, np.random.default_rng(0))
+    got = greedy_clusters(
+        ClusterInputs(v, mu_b, mu_p, beta, bandwidth, 1.0), 1, np.random.default_rng(0)
+    )
     assert got == [(0, [3]), (1, []), (2, [])]
     # the largest label set has only weak workers: they are deferred, then become bottoms of
     # the strong worker of the small set
@@ -276,11 +278,14 @@ def test_greedy_top_only_and_deferred_tops():
     v = _one_hot([0, 0, 0, 0, 1, 1], 2)
     bandwidth = np.array([0.5, 0.5, 0.5, 0.5, 0.5, 10.0])
     mu_b, mu_p, beta = np.arange(1.0, 7.0), np.full(n, 1e-3), _uniform_beta(n, 0.0)
-    got = greedy_clusters(v, mu_b, mu_p, beta, bandwidth, 1.0, 2, np.random.default_rng(0))
+    got = greedy_clusters(
+        ClusterInputs(v, mu_b, mu_p, beta, bandwidth, 1.0), 2, np.random.default_rng(0)
+    )
     assert got == [(5, [0, 1, 2, 3, 4])]
     # a single worker
     rng = np.random.default_rng(0)
-    got = greedy_clusters(v[:1], mu_b[:1], mu_p[:1], beta[:1, :1], bandwidth[:1], 1.0, 1, rng)
+    one = ClusterInputs(v[:1], mu_b[:1], mu_p[:1], beta[:1, :1], bandwidth[:1], 1.0)
+    got = greedy_clusters(one, 1, rng)
     assert got == [(0, [])]
 
 
@@ -291,7 +296,8 @@ def test_greedy_balances_labels():
     n = v.shape[0]
     bandwidth = np.array([3.0, 1, 1, 1, 1, 1, 1])
     mu_b, mu_p, beta = np.ones(n), np.full(n, 1e-3), _uniform_beta(n, 0.0)
-    clusters = greedy_clusters(v, mu_b, mu_p, beta, bandwidth, 1.0, 3, np.random.default_rng(0))
+    inputs = ClusterInputs(v, mu_b, mu_p, beta, bandwidth, 1.0)
+    clusters = greedy_clusters(inputs, 3, np.random.default_rng(0))
     top, members = clusters[0]
     assert top == 0
     assert sorted(np.argmax(v[members], axis=1).tolist()) == [0, 1, 2]
@@ -306,7 +312,8 @@ def test_constraints_and_roles_on_random_instances():
         if trial % 5 == 0:
             mu_p = mu_p * 20  # slow tops: Eq. (10) binds
         phi0 = iid_reference(v)
-        greedy = greedy_clusters(v, mu_b, mu_p, beta, bandwidth, b, max(1, n // 5), rng)
+        inputs = ClusterInputs(v, mu_b, mu_p, beta, bandwidth, b)
+        greedy = greedy_clusters(inputs, max(1, n // 5), rng)
         _check_partition(greedy, n)
         for c, (top, members) in enumerate(greedy):
             assert top_capacity_ok(members, top, mu_b, mu_p, beta, bandwidth, b)
@@ -316,14 +323,14 @@ def test_constraints_and_roles_on_random_instances():
                         assert not top_capacity_ok(m2 + [top], t2, mu_b, mu_p, beta, bandwidth, b)
         w_s, kl_s = utility_scales(v, mu_b, mu_p, beta)
         for lam in (0.0, 0.5, 1.0):
-            args = (v, phi0, mu_b, mu_p, beta)
-            tuned = swap_finetune(greedy, *args, bandwidth, b, lam, w_s, kl_s)
+            inputs = ClusterInputs(v, mu_b, mu_p, beta, bandwidth, b, lam, phi0, w_s, kl_s)
+            tuned = swap_finetune(greedy, inputs)
             _check_partition(tuned, n)
             assert [t for t, _ in tuned] == [t for t, _ in greedy]
             for top, members in tuned:
                 assert top_capacity_ok(members, top, mu_b, mu_p, beta, bandwidth, b)
-            before = total_utility(greedy, *args, lam, w_s, kl_s)
-            after = total_utility(tuned, *args, lam, w_s, kl_s)
+            before = total_utility(greedy, inputs)
+            after = total_utility(tuned, inputs)
             assert after <= before + 1e-12
 
 
@@ -346,14 +353,15 @@ def test_lambda_one_groups_similar_speeds():
     phi0 = iid_reference(v)
     w_s, kl_s = utility_scales(v, mu_b, mu_p, beta)
     mixed = [(0, [1, 9, 10]), (4, [5, 11, 13]), (8, [2, 6, 14]), (12, [3, 7, 15])]
-    tuned = swap_finetune(mixed, v, phi0, mu_b, mu_p, beta, bandwidth, b, 1.0, w_s, kl_s)
+    inputs = ClusterInputs(v, mu_b, mu_p, beta, bandwidth, b, 1.0, phi0, w_s, kl_s)
+    tuned = swap_finetune(mixed, inputs)
     _check_partition(tuned, 16)
     for top, members in tuned:
         assert len(set(mu_b[members].tolist())) == 1  # speed-homogeneous
         assert cluster_waiting(members, top, mu_b, mu_p, beta) == pytest.approx(0.0)
     # from the greedy plan, fine-tuning with λ = 1 never increases the total waiting time
-    greedy = greedy_clusters(v, mu_b, mu_p, beta, bandwidth, b, 3, np.random.default_rng(0))
-    tuned = swap_finetune(greedy, v, phi0, mu_b, mu_p, beta, bandwidth, b, 1.0, w_s, kl_s)
+    greedy = greedy_clusters(inputs, 3, np.random.default_rng(0))
+    tuned = swap_finetune(greedy, inputs)
     wait = lambda cl: sum(cluster_waiting(m, t, mu_b, mu_p, beta) for t, m in cl)  # noqa: E731
     assert wait(tuned) <= wait(greedy) + 1e-12
 
@@ -366,9 +374,9 @@ def test_lambda_zero_minimises_kl():
     mu_b = np.linspace(1.0, 3.0, n)
     mu_p, beta, bandwidth = np.full(n, 0.01), _uniform_beta(n, 0.1), np.full(n, 3.0)
     w_s, kl_s = utility_scales(v, mu_b, mu_p, beta)
-    args = (v, phi0, mu_b, mu_p, beta, bandwidth, 1.0, 0.0, w_s, kl_s)
+    inputs = ClusterInputs(v, mu_b, mu_p, beta, bandwidth, 1.0, 0.0, phi0, w_s, kl_s)
     pure = [(0, [1, 2, 3]), (4, [5, 6, 7]), (8, [9, 10, 11])]  # every cluster one class
-    tuned = swap_finetune(pure, *args)
+    tuned = swap_finetune(pure, inputs)
     for _, members in tuned:
         assert cluster_kl(members, v, phi0) == pytest.approx(0.0, abs=1e-12)
     # random starts with the same tops: KL never rises, and reaches 0 (a balanced split exists)
@@ -376,13 +384,13 @@ def test_lambda_zero_minimises_kl():
     for _ in range(5):
         perm = rng.permutation([w for w in range(n) if w % 4])
         start = [(t, sorted(perm[3 * c : 3 * c + 3].tolist())) for c, t in enumerate((0, 4, 8))]
-        tuned = swap_finetune(start, *args)
+        tuned = swap_finetune(start, inputs)
         kl = lambda cl: sum(cluster_kl(m, v, phi0) for _, m in cl)  # noqa: E731
         assert kl(tuned) <= kl(start) + 1e-12
         assert kl(tuned) == pytest.approx(0.0, abs=1e-12)
     # and never worse than the greedy plan
-    greedy = greedy_clusters(v, mu_b, mu_p, beta, bandwidth, 1.0, 3, np.random.default_rng(0))
-    tuned = swap_finetune(greedy, *args)
+    greedy = greedy_clusters(inputs, 3, np.random.default_rng(0))
+    tuned = swap_finetune(greedy, inputs)
     kl_g = sum(cluster_kl(m, v, phi0) for _, m in greedy)
     assert sum(cluster_kl(m, v, phi0) for _, m in tuned) <= kl_g + 1e-12
 
@@ -394,15 +402,16 @@ def test_moves_fill_top_only_cluster_and_never_empty_one():
     mu_b, mu_p, beta = np.array([1.0, 1, 1, 1, 5]), np.full(n, 0.01), _uniform_beta(n, 0.0)
     bandwidth = np.full(n, 5.0)
     w_s, kl_s = utility_scales(v, mu_b, mu_p, beta)
-    args = (v, phi0, mu_b, mu_p, beta, bandwidth, 1.0)
+    args = (v, mu_b, mu_p, beta, bandwidth, 1.0)
+    one, zero = (ClusterInputs(*args, lam, phi0, w_s, kl_s) for lam in (1.0, 0.0))
     # λ = 1: the slow worker 4 makes 0 and 2 wait; first-improvement moves 0 (W: 8/3 -> 2),
     # then 2 (W -> 0) to the idle top 3, which thereby starts training
     start = [(1, [0, 2, 4]), (3, [])]
-    assert swap_finetune(start, *args, 1.0, w_s, kl_s) == [(1, [4]), (3, [0, 2])]
-    assert swap_finetune(start, *args, 1.0, w_s, kl_s, allow_moves=False) == start
+    assert swap_finetune(start, one) == [(1, [4]), (3, [0, 2])]
+    assert swap_finetune(start, one, allow_moves=False) == start
     # λ = 0: emptying cluster 1 would drop its KL term, but a cluster is never emptied
     single = [(1, [0]), (3, [2, 4])]
-    assert swap_finetune(single, *args, 0.0, w_s, kl_s) == single
+    assert swap_finetune(single, zero) == single
 
 
 # ---------------------------------------------------------------------------- R and pipeline
@@ -427,8 +436,9 @@ def test_plan_clusters_pipeline_and_determinism():
     rng = np.random.default_rng(7)
     inst = _instance(rng, 25, 6)
     beta_ps = rng.uniform(0.0, 2.0, 25)
-    out1 = plan_clusters(*inst, np.random.default_rng(3), tau=10, beta_ps=beta_ps)
-    out2 = plan_clusters(*inst, np.random.default_rng(3), tau=10, beta_ps=beta_ps)
+    inputs = ClusterInputs(*inst)
+    out1 = plan_clusters(inputs, np.random.default_rng(3), tau=10, beta_ps=beta_ps)
+    out2 = plan_clusters(inputs, np.random.default_rng(3), tau=10, beta_ps=beta_ps)
     assert out1[0] == out2[0]
     assert out1[1].tolist() == out2[1].tolist()
     assert out1[2] == out2[2]
@@ -442,14 +452,14 @@ def test_plan_clusters_pipeline_and_determinism():
     for key in ("mean_kl", "mean_waiting", "w_scale", "kl_scale", "round_time"):
         assert np.isfinite(info[key])
     # -WC: same clusters, fixed τ; -R: greedy sizes, random membership, no fine-tuning
-    wc = plan_clusters(*inst, np.random.default_rng(3), tau=10, adaptive_tau=False)
+    wc = plan_clusters(inputs, np.random.default_rng(3), tau=10, adaptive_tau=False)
     assert wc[0] == clusters
     assert wc[1].tolist() == [10 if m else 0 for _, m in clusters]
     r = plan_clusters(
-        *inst, np.random.default_rng(3), tau=10, random_assignment=True, adaptive_tau=False
+        inputs, np.random.default_rng(3), tau=10, random_assignment=True, adaptive_tau=False
     )
     _check_partition(r[0], 25)
-    greedy = greedy_clusters(*inst, 5, np.random.default_rng(3))  # same draws as plan_clusters
+    greedy = greedy_clusters(inputs, 5, np.random.default_rng(3))  # same draws as plan_clusters
     assert [len(m) for _, m in r[0]] == [len(m) for _, m in greedy]
 
 
@@ -457,10 +467,11 @@ def test_plan_clusters_small_cases():
     v = np.array([[1.0, 0.0], [0.0, 1.0]])
     mu_b, mu_p, beta, bandwidth = np.ones(2), np.full(2, 0.1), _uniform_beta(2, 0.5), np.ones(2)
     rng = np.random.default_rng(0)
-    clusters, taus, info = plan_clusters(v, mu_b, mu_p, beta, bandwidth, 1.0, rng, tau=5)
+    inputs = ClusterInputs(v, mu_b, mu_p, beta, bandwidth, 1.0)
+    clusters, taus, info = plan_clusters(inputs, rng, tau=5)
     assert clusters == [(0, [1])]
     assert taus.tolist() == [5]
     assert info["t_co"] == pytest.approx([1.0 + 0.5 + 0.1])
     one = (v[:1], mu_b[:1], mu_p[:1], beta[:1, :1], np.ones(1), 1.0)
-    clusters, taus, info = plan_clusters(*one, rng, tau=5)
+    clusters, taus, info = plan_clusters(ClusterInputs(*one), rng, tau=5)
     assert clusters == [(0, [])] and taus.tolist() == [0] and info["n_top_only"] == 1

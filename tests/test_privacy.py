@@ -9,21 +9,21 @@ import torch
 
 from splitfl.config import ConfigError
 from splitfl.data.base import DatasetNotFoundError, load_dataset
+from splitfl.privacy.attack import cosine_similarity, dlg_attack, infer_label
 from splitfl.privacy.cli import add_privacy_parser
-from splitfl.privacy.dlg import (
+from splitfl.privacy.experiment import (
     AttackConfig,
     build_attack_model,
-    cosine_similarity,
-    dlg_attack,
-    gradient_from_update,
-    infer_label,
     load_attack_config,
-    observe_fedavg,
-    observe_ringsfl,
     run_attack,
-    true_gradient,
 )
 from splitfl.privacy.leakage import leakage_curve, leakage_probability, plot_leakage_curve
+from splitfl.privacy.observe import (
+    gradient_from_update,
+    observe_fedavg,
+    observe_ringsfl,
+    true_gradient,
+)
 
 # ----------------------------------------------------------------------------- Eq. (8)
 

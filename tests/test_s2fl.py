@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.algorithms.data_balance import (
+from splitfl.algorithms.s2fl import closest_to_median
+from splitfl.algorithms.s2fl.data_balance import (
     balance_distance,
     balanced_groups,
     count_partitions,
@@ -15,7 +16,6 @@ from splitfl.algorithms.data_balance import (
     group_sizes,
     partition_cost,
 )
-from splitfl.algorithms.s2fl import closest_to_median
 from splitfl.plan import ClientUpdate
 
 

@@ -103,7 +103,7 @@ class Killed(BaseException):
 
 def test_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, monkeypatch):
     path = _sweep_file(tmp_path, rounds=3)  # checkpoints after rounds 2 and 3
-    full = splitfl.sweep(path, out_dir=tmp_path / "full", executor="local", progress=False)
+    full = splitfl.sweep(path, out_dir=tmp_path / "full", backend="local", progress=False)
     assert full.ok
 
     out = tmp_path / "killed"
@@ -116,7 +116,7 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, monkey
 
     monkeypatch.setattr(recorder, "save_checkpoint", save_then_die)
     with pytest.raises(Killed):
-        splitfl.sweep(path, out_dir=out, executor="local", progress=False, report=False)
+        splitfl.sweep(path, out_dir=out, backend="local", progress=False, report=False)
     monkeypatch.setattr(recorder, "save_checkpoint", save)
     index = _index(out)
     assert [index[n]["status"] for n in NAMES] == ["done", "running", "pending", "pending"]
@@ -128,7 +128,7 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, monkey
     monkeypatch.setattr(
         runner, "resume", lambda d, **kw: calls["resume"].append(Path(d).name) or resume(d, **kw)
     )
-    again = splitfl.sweep(path, out_dir=out, executor="local", progress=False)
+    again = splitfl.sweep(path, out_dir=out, backend="local", progress=False)
     assert again.ok
     assert calls["resume"] == [NAMES[1]]
     assert [kw["run_dir"].name for kw in calls["run"]] == NAMES[2:]
@@ -137,7 +137,7 @@ def test_killed_sweep_resumes_without_rerunning_finished_trials(tmp_path, monkey
         assert _rows(out / name) == _rows(tmp_path / "full" / name)
     # once more: nothing left to run
     calls["run"].clear()
-    splitfl.sweep(out, executor="local", progress=False, report=False)  # resume by directory
+    splitfl.sweep(out, backend="local", progress=False, report=False)  # resume by directory
     assert calls["run"] == [] and calls["resume"] == [NAMES[1]]
 
 
@@ -184,16 +184,27 @@ def test_runtime_exception_in_one_trial_is_recorded(tmp_path, monkeypatch):
         return run(config, **kw)
 
     monkeypatch.setattr(runner, "run", flaky)
-    result = splitfl.sweep(path, out_dir=tmp_path / "sw", executor="local", progress=False)
+    result = splitfl.sweep(path, out_dir=tmp_path / "sw", backend="local", progress=False)
     assert [t["status"] for t in result.trials] == ["failed", "done"]
     assert result.trials[0]["error"] == "disk full" and not result.ok
 
 
 def test_changed_sweep_into_the_same_directory_is_refused(tmp_path):
     path = _sweep_file(tmp_path, axes={"seed": [0]}, rounds=1)
-    splitfl.sweep(path, out_dir=tmp_path / "sw", executor="local", progress=False, report=False)
+    splitfl.sweep(path, out_dir=tmp_path / "sw", backend="local", progress=False, report=False)
     with pytest.raises(ConfigError, match="holds a different config"):
-        splitfl.sweep(path, out_dir=tmp_path / "sw", executor="local", overrides=["train.lr=0.2"])
+        splitfl.sweep(path, out_dir=tmp_path / "sw", backend="local", overrides=["train.lr=0.2"])
+
+
+def test_executor_keyword_is_a_deprecated_alias_of_backend(tmp_path):
+    path = _sweep_file(tmp_path, axes={"seed": [0]}, rounds=1)
+    with pytest.warns(DeprecationWarning, match="backend="):
+        result = splitfl.sweep(path, out_dir=tmp_path / "sw", executor="local", report=False)
+    assert result.ok
+    with pytest.raises(TypeError, match="give one"):
+        splitfl.sweep(path, backend="local", executor="ray")
+    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError, match="allowed: ray, local"):
+        splitfl.sweep(path, executor="slurm")
 
 
 def test_missing_ray_gives_a_one_line_hint(tmp_path, monkeypatch, capsys):
@@ -212,7 +223,7 @@ def test_missing_ray_gives_a_one_line_hint(tmp_path, monkeypatch, capsys):
 def test_sweep_on_a_local_ray_instance_matches_local_executor(tmp_path):
     ray = pytest.importorskip("ray")
     path = _sweep_file(tmp_path)
-    local = splitfl.sweep(path, out_dir=tmp_path / "local", executor="local", progress=False)
+    local = splitfl.sweep(path, out_dir=tmp_path / "local", backend="local", progress=False)
     src = str(Path(splitfl.__file__).resolve().parents[1])  # workers import this splitfl
     ray.init(
         num_cpus=2,
@@ -222,7 +233,7 @@ def test_sweep_on_a_local_ray_instance_matches_local_executor(tmp_path):
     )
     try:
         result = splitfl.sweep(
-            path, out_dir=tmp_path / "ray", executor="ray", gpus_per_trial=0, progress=False
+            path, out_dir=tmp_path / "ray", backend="ray", gpus_per_trial=0, progress=False
         )
     finally:
         ray.shutdown()

@@ -11,7 +11,8 @@ from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS
 from splitfl.config import ConfigError
 from splitfl.executors import EXECUTORS, SequentialExecutor
-from splitfl.executors.vectorized import RowStack, VectorizedExecutor, chain_ema, sgd_rows
+from splitfl.executors.rowstack import RowStack, chain_ema, sgd_rows
+from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.round_step import measure as _measure
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.plan import ClientTask, RoundPlan

@@ -8,7 +8,7 @@ Python API (mirrors the CLI)::
     splitfl.resume(result.run_dir)                                     # splitfl run --resume
     splitfl.validate("configs/quickstart.yaml")                        # splitfl validate
     splitfl.catalog()                                                  # splitfl list
-    splitfl.sweep("sweep.yaml", executor="local")                      # splitfl sweep
+    splitfl.sweep("sweep.yaml", backend="local")                       # splitfl sweep
     splitfl.report("runs/my-sweep")                                    # splitfl report
 """
 

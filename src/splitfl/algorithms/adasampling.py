@@ -28,8 +28,7 @@ import numpy as np
 import torch
 
 from splitfl.algorithms.base import Algorithm
-from splitfl.algorithms.mergesfl_control import moving_average
-from splitfl.algorithms.state_estimation import fill_unmeasured
+from splitfl.algorithms.estimates import fill_unmeasured, update_table
 from splitfl.config import ConfigError
 from splitfl.plan import RoundPlan, RoundReport, RoundResult
 
@@ -68,9 +67,7 @@ class AdaSampling(Algorithm):
 
     def probabilities(self, round_idx: int) -> np.ndarray:
         p = self.ctx.data_sizes / self.ctx.data_sizes.sum()
-        known = [g for g in self.grad_norm if g is not None]
-        default_g = float(np.mean(known)) if known else 1.0
-        g = np.array([default_g if v is None else v for v in self.grad_norm])
+        g = fill_unmeasured(self.grad_norm, summary=np.mean)  # unseen: mean of the known
         t = fill_unmeasured(self.time)  # never measured: median measured time, no profile
         return sampling_probabilities(p, g, t, self.options.min_probability)
 
@@ -89,9 +86,7 @@ class AdaSampling(Algorithm):
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         for task in plan.tasks:
-            self.time[task.client] = moving_average(
-                self.time[task.client], report.times[task.client], self.options.ema
-            )
+            update_table(self.time, task.client, report.times[task.client], self.options.ema)
 
     def aggregate(self, global_state, plan: RoundPlan, result: RoundResult) -> dict:
         """Unbiased: w + Σ_k p_i/(K q_i) (w_i − w), k over the K draws."""
@@ -108,9 +103,7 @@ class AdaSampling(Algorithm):
                     sq += float((delta**2).sum())
             lr_steps = max(plan.tasks[0].lr * u.steps, 1e-12)
             norm = sq**0.5 / lr_steps
-            self.grad_norm[u.client] = moving_average(
-                self.grad_norm[u.client], norm, self.options.ema
-            )
+            update_table(self.grad_norm, u.client, norm, self.options.ema)
         return {
             n: (v.to(t.dtype) if t.is_floating_point() else torch.round(v).to(t.dtype))
             for (n, v), t in zip(out.items(), global_state.values(), strict=True)

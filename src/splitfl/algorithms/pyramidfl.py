@@ -41,8 +41,7 @@ import numpy as np
 
 from splitfl.algorithms.aggregation import weighted_average
 from splitfl.algorithms.base import Algorithm
-from splitfl.algorithms.mergesfl_control import moving_average
-from splitfl.algorithms.state_estimation import fill_unmeasured
+from splitfl.algorithms.estimates import fill_unmeasured, update_table
 from splitfl.config import ConfigError
 from splitfl.models.profile import BYTES_PER_ELEMENT
 from splitfl.plan import ClientTask, RoundPlan, RoundReport, RoundResult
@@ -224,9 +223,7 @@ class PyramidFL(Algorithm):
         for task in plan.tasks:
             c = task.client
             per_step = report.times[c] / task.steps
-            self.time_per_step[c] = moving_average(
-                self.time_per_step[c], per_step, self.options.ema
-            )
+            update_table(self.time_per_step, c, per_step, self.options.ema)
             self.stat[c] = float(self.ctx.data_sizes[c]) * report.losses[c]
             self.last_round[c] = round_idx + 1
 

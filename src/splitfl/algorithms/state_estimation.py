@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from splitfl.algorithms.mergesfl_control import moving_average
+from splitfl.algorithms.estimates import fill_unmeasured, update_table
 from splitfl.plan import RoundPlan, RoundReport
 from splitfl.system.cost import ClientCost
 
@@ -30,14 +30,6 @@ FEATURE_LINKS = (
     "d2d_activations",
     "d2d_gradients",
 )
-
-
-def fill_unmeasured(values: list[float | None], default: float = 1.0) -> np.ndarray:
-    """Estimates with ``None`` (never measured) replaced by the median of the measured ones,
-    or by ``default`` when nothing has been measured yet."""
-    known = [v for v in values if v is not None]
-    fill = float(np.median(known)) if known else default
-    return np.array([fill if v is None else v for v in values], dtype=float)
 
 
 def measured_per_sample(cost: ClientCost, jitter: float, samples: int) -> tuple[float, float]:
@@ -88,8 +80,8 @@ class WorkerStateEstimator:
             mu_hat, beta_hat = measured_per_sample(
                 report.costs[c], report.jitter[c], report.samples[c]
             )
-            self.mu[c] = moving_average(self.mu[c], mu_hat, self.alpha)
-            self.beta[c] = moving_average(self.beta[c], beta_hat, self.alpha)
+            update_table(self.mu, c, mu_hat, self.alpha)
+            update_table(self.beta, c, beta_hat, self.alpha)
 
     def state_dict(self) -> dict:
         return {"mu": list(self.mu), "beta": list(self.beta)}

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from splitfl.config import ConfigError
-from splitfl.privacy.dlg import load_attack_config, run_attack, write_results
+from splitfl.privacy.experiment import load_attack_config, run_attack
 from splitfl.privacy.leakage import leakage_curve, leakage_probability, plot_leakage_curve
+from splitfl.privacy.results import write_results
 
 FIG5_E = (0.1, 0.2, 0.4, 0.6)
 
@@ -55,9 +57,6 @@ def cmd_leakage(args: argparse.Namespace) -> int:
 
 def cmd_attack(args: argparse.Namespace) -> int:
     """Run the DLG attack on FedAvg and RingSFL uploads; write results.json and attack.png."""
-    from dataclasses import replace
-
-
     config_path = None
     overrides = []
     for value in args.args:

@@ -22,7 +22,7 @@ Eq. (4) followed by Eq. (18) and each cluster's top copy gets weight N_c·τ_c.
   Ingress budget of worker i (Eq. 8): its D2D radio × a reference iteration time (the median
   over workers of μ_b + mean_j β_ij) × ``ingress_scale`` — bytes it can receive per
   iteration; b = D·(q + label bytes).
-* **Clustering (Alg. 1):** :mod:`splitfl.algorithms.parallelsfl_control` (K-means on
+* **Clustering (Alg. 1):** :mod:`splitfl.algorithms.parallelsfl.planner` (K-means on
   label-distribution vectors with K = ``k`` or N/5, greedy top/bottom assignment under
   Eq. 8/10, swap fine-tuning of Σ U_c with ``lam``), on the paper's per-pair Eq. (9) times.
 * **τ_c (Eq. 15–17) and the clock:** one cluster time model,
@@ -43,8 +43,10 @@ import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
-from splitfl.algorithms.mergesfl_control import moving_average
-from splitfl.algorithms.parallelsfl_control import Cluster, plan_clusters, round_waiting
+from splitfl.algorithms.estimates import moving_average
+from splitfl.algorithms.parallelsfl.frequency import round_waiting
+from splitfl.algorithms.parallelsfl.planner import plan_clusters
+from splitfl.algorithms.parallelsfl.problem import Cluster, ClusterInputs
 from splitfl.config import ConfigError
 from splitfl.plan import ClientTask, RoundPlan, RoundReport
 from splitfl.system.cluster import ClusterLoad, ClusterTime, MemberLoad, cluster_times
@@ -181,17 +183,20 @@ class ParallelSFL(Algorithm):
         mu_b, mu_p, beta = self.estimates(round_idx)
         dists = self.ctx.label_hist / np.maximum(self.ctx.label_hist.sum(1, keepdims=True), 1)
         o = self.options
-        clusters, taus, info = plan_clusters(
+        inputs = ClusterInputs(
             dists,
             mu_b,
             mu_p,
             beta,
             self.ingress(round_idx, mu_b, beta),
             self.bytes_per_iteration(),
+            lam=o.lam,
+        )
+        clusters, taus, info = plan_clusters(
+            inputs,
             rng,
             tau=o.tau,
             k=o.k,
-            lam=o.lam,
             max_passes=o.max_passes,
             random_assignment=o.random_clusters,
             adaptive_tau=o.adaptive_tau,

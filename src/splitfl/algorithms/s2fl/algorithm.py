@@ -27,7 +27,7 @@ aggregation. Spec: ``papers/s2fl.md`` §3 (Algorithms 1–2, Eq. 1–4), default
   (Jitter scales each member's phases as a whole.)
 * **Data balance grouping (§3.2).** The round's devices are split into ``ceil(x/group_size)``
   groups of near-equal size minimising Σ Eq. (2) (exact when small, else swap heuristic — see
-  :mod:`splitfl.algorithms.data_balance`). One server-side copy per group is trained every
+  :mod:`splitfl.algorithms.s2fl.data_balance`). One server-side copy per group is trained every
   iteration on the combined loss of its members (Eq. 3): ``group_loss: mean`` (every sample of
   the union weighs the same, default) or ``sum``. Each device receives the gradient of its own
   mean loss (``device_grad: own``, default) or, literally, dfx_i = ∂loss/∂fx_i of the group's
@@ -62,7 +62,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.algorithms.base import Algorithm
-from splitfl.algorithms.data_balance import balanced_groups, partition_cost
+from splitfl.algorithms.s2fl.data_balance import balanced_groups, partition_cost
 from splitfl.config import ConfigError
 from splitfl.data.partition import batch_sizes
 from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport

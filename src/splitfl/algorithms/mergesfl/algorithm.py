@@ -12,7 +12,7 @@ Size Regulation"): spec ``papers/mergesfl.md`` §IV (Alg. 1, Eq. 5–17).
   ``train.clients_per_round`` workers at the maximum batch, so comparisons with baselines that
   select ``clients_per_round`` workers use the same server ingress; the same rule applies
   before any worker has been measured (μ, β unknown).
-* **Worker arrangement (Alg. 1):** :mod:`splitfl.algorithms.mergesfl_control` (Eq. 9 batch
+* **Worker arrangement (Alg. 1):** :mod:`splitfl.algorithms.mergesfl.arrangement` (Eq. 9 batch
   regulation with D = ``train.batch_size``, workers whose Eq. 9 batch is 0 not selectable,
   Eq. 13 priorities, GA on KL(Φ_h‖Φ_0) under Eq. 10, SLSQP fine-tuning to KL ≤ ``epsilon``
   with minimal Eq. 14, one common scale factor to the budget with the largest batch ≤ D).
@@ -41,7 +41,8 @@ import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
-from splitfl.algorithms.mergesfl_control import arrange_workers, moving_average
+from splitfl.algorithms.estimates import moving_average
+from splitfl.algorithms.mergesfl.arrangement import arrange_workers
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
 from splitfl.config import ConfigError
 from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport

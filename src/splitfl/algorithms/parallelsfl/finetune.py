@@ -1,0 +1,199 @@
+"""ParallelSFL Alg. 1 line 11: local search (swaps and moves of bottom workers) lowering
+``Σ_c U_c`` (Eq. 14) under Eq. (8)/(10), on vectorised utilities (:class:`_Evaluator`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from splitfl.algorithms.estimates import BUDGET_RTOL
+from splitfl.algorithms.parallelsfl.problem import IMPROVE_TOL, Cluster, ClusterInputs
+
+
+class _Evaluator:
+    """Vectorised Eq. (14) utilities and Eq. (8)/(10) checks for candidate clusters.
+
+    Gives the same values as :func:`~.problem.cluster_utility` / :func:`~.problem.
+    top_capacity_ok` (up to float round-off) for many one-worker changes of a cluster at once;
+    used by the local search.
+    """
+
+    def __init__(self, inputs: ClusterInputs) -> None:
+        self.v = inputs.label_dists
+        self.log_phi0 = np.log(np.maximum(inputs.phi0, 1e-12))
+        self.link = inputs.mu_b[:, None] + inputs.beta
+        self.mu_p = inputs.mu_p
+        self.bandwidth = inputs.bandwidth
+        self.b = inputs.b
+        self.cw = inputs.lam / inputs.w_scale
+        self.ck = (1.0 - inputs.lam) / inputs.kl_scale
+
+    def _kl_rows(self, phi: np.ndarray) -> np.ndarray:
+        pos = phi > 0
+        logp = np.log(np.where(pos, phi, 1.0))
+        return np.where(pos, phi * (logp - self.log_phi0), 0.0).sum(axis=-1)
+
+    def _finish(
+        self, top: int, size: int, lmax: np.ndarray, lsum: np.ndarray, vsum: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Utilities and feasibility of clusters of ``size`` members given link max/sum, ΣV."""
+        wait = lmax - lsum / size
+        util = self.cw * wait + self.ck * self._kl_rows(vsum / size)
+        fits_bw = size * self.b <= self.bandwidth[top] * (1.0 + BUDGET_RTOL)
+        ok = fits_bw & (size * self.mu_p[top] <= lmax * (1.0 + BUDGET_RTOL))
+        return util, ok
+
+    def single(self, members: list[int], top: int) -> tuple[float, bool]:
+        """Utility and feasibility of one cluster (``(0, True)`` when it has no members)."""
+        if not members:
+            return 0.0, True
+        link = self.link[members, top]
+        util, ok = self._finish(
+            top, len(members), link.max()[None], link.sum()[None], self.v[members].sum(0)[None]
+        )
+        return float(util[0]), bool(ok[0])
+
+    def add_one(self, base: list[int], top: int, cands: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Each ``base + [j]`` for ``j`` in ``cands``."""
+        link_j = self.link[cands, top]
+        if base:
+            link = self.link[base, top]
+            lmax = np.maximum(link.max(), link_j)
+            lsum = link.sum() + link_j
+            vsum = self.v[base].sum(0) + self.v[cands]
+        else:
+            lmax, lsum, vsum = link_j, link_j.copy(), self.v[cands]
+        return self._finish(top, len(base) + 1, lmax, lsum, vsum)
+
+    def swap_in(self, members: list[int], top: int, worker: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each cluster ``members`` with its q-th member replaced by ``worker``, for every q."""
+        link = self.link[members, top]
+        size = len(members)
+        if size == 1:
+            others_max = np.full(1, -np.inf)
+        else:
+            order = np.argsort(-link, kind="stable")
+            others_max = np.full(size, link[order[0]])
+            others_max[order[0]] = link[order[1]]
+        new = self.link[worker, top]
+        lmax = np.maximum(others_max, new)
+        lsum = link.sum() - link + new
+        vsum = self.v[members].sum(0) - self.v[members] + self.v[worker]
+        return self._finish(top, size, lmax, lsum, vsum)
+
+
+class _Search:
+    """The local search's state: tops, members and utilities per cluster (changed in place)."""
+
+    def __init__(self, clusters: Sequence[Cluster], inputs: ClusterInputs) -> None:
+        self.ev = _Evaluator(inputs)
+        self.tops = [int(t) for t, _ in clusters]
+        self.mems = [[int(w) for w in m] for _, m in clusters]
+        self.utils = [self.ev.single(m, t)[0] for t, m in zip(self.tops, self.mems, strict=True)]
+
+    def swap_pair(self, c: int, d: int) -> bool:
+        """First-improvement swaps of bottom workers i ∈ c, j ∈ d (in list order) that lower
+        ``U_c + U_d`` by more than ``IMPROVE_TOL`` and keep both clusters within Eq. (8)/(10)."""
+        ev, tops, utils = self.ev, self.tops, self.utils
+        mc, md = self.mems[c], self.mems[d]
+        changed = False
+        for p in range(len(mc)):
+            q = 0
+            while q < len(md):
+                rest_c = mc[:p] + mc[p + 1 :]
+                uc, okc = ev.add_one(rest_c, tops[c], md[q:])
+                ud, okd = ev.swap_in(md, tops[d], mc[p])
+                ud, okd = ud[q:], okd[q:]
+                good = (utils[c] + utils[d] - uc - ud > IMPROVE_TOL) & okc & okd
+                hits = np.flatnonzero(good)
+                if hits.size == 0:
+                    break
+                h = int(hits[0])
+                mc[p], md[q + h] = md[q + h], mc[p]
+                utils[c], utils[d] = float(uc[h]), float(ud[h])
+                changed = True
+                q += h + 1
+        return changed
+
+    def swaps(self) -> bool:
+        """One sweep of :meth:`swap_pair` over the cluster pairs c < d; True if any swap."""
+        changed = False
+        n_c = len(self.tops)
+        for c in range(n_c):
+            for d in range(c + 1, n_c):
+                changed = self.swap_pair(c, d) or changed
+        return changed
+
+    def best_move(self, c: int, w: int, uc: float) -> tuple[float, int, float] | None:
+        """``(gain, d, U_d)`` of the cluster d ≠ c whose taking ``w`` lowers ``U_c + U_d``
+        most (ties: lower index) within Eq. (8)/(10), ``uc`` being c's utility without w."""
+        best: tuple[float, int, float] | None = None
+        for d in range(len(self.tops)):
+            if d == c:
+                continue
+            ud_arr, okd_arr = self.ev.add_one(self.mems[d], self.tops[d], [w])
+            ud = float(ud_arr[0])
+            gain = self.utils[c] + self.utils[d] - uc - ud
+            if gain <= IMPROVE_TOL or (best is not None and gain <= best[0]):
+                continue
+            if bool(okd_arr[0]):
+                best = (gain, d, ud)
+        return best
+
+    def moves(self) -> bool:
+        """One sweep of moves: every bottom worker of a cluster with ≥ 2 bottom workers goes
+        to :meth:`best_move`'s cluster if its own cluster stays within Eq. (8)/(10)."""
+        changed = False
+        mems, utils = self.mems, self.utils
+        for c in range(len(self.tops)):
+            p = 0
+            while p < len(mems[c]) and len(mems[c]) > 1:
+                w = mems[c][p]
+                new_c = mems[c][:p] + mems[c][p + 1 :]
+                uc, okc = self.ev.single(new_c, self.tops[c])
+                best = self.best_move(c, w, uc) if okc else None
+                if best is None:
+                    p += 1
+                    continue
+                _, d, ud = best
+                mems[c] = new_c
+                mems[d] = mems[d] + [w]
+                utils[c], utils[d] = uc, ud
+                changed = True
+        return changed
+
+
+def swap_finetune(
+    clusters: Sequence[Cluster],
+    inputs: ClusterInputs,
+    max_passes: int = 20,
+    allow_moves: bool = True,
+) -> list[Cluster]:
+    """Alg. 1 line 11: local search lowering ``Σ_c U_c`` (Eq. 14) under Eq. (8)/(10).
+
+    Each pass is a deterministic first-improvement sweep:
+
+    1. swaps: for every cluster pair c < d and every bottom-worker pair (i ∈ c, j ∈ d), in
+       list order, swap i and j if ``U_c + U_d`` drops by more than ``IMPROVE_TOL`` and both
+       new clusters satisfy Eq. (8)/(10);
+    2. moves (``allow_moves``): for every bottom worker i of a cluster with ≥ 2 bottom
+       workers, move it to the other cluster giving the largest drop of ``U_c + U_d`` (ties:
+       lower index) if both clusters then satisfy Eq. (8)/(10). Moving into a top-only
+       cluster is allowed (it starts training); no move empties a cluster.
+
+    Top workers keep their role. Passes repeat until one changes nothing or ``max_passes``
+    is reached. Every accepted change strictly lowers ``Σ U_c``, so the result is never worse
+    than the input. Utilities are evaluated vectorised over the candidates of one worker
+    (same values as :func:`~.problem.cluster_utility`). Returns new ``(top, sorted members)``
+    tuples; the input is not modified.
+    """
+    search = _Search(clusters, inputs)
+    for _ in range(max_passes):
+        changed = search.swaps()
+        if allow_moves and search.moves():
+            changed = True
+        if not changed:
+            break
+    return [(t, sorted(m)) for t, m in zip(search.tops, search.mems, strict=True)]

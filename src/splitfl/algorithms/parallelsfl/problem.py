@@ -1,0 +1,238 @@
+"""ParallelSFL §4.3 clustering problem of one round: its inputs (:class:`ClusterInputs`) and
+the cluster measures of Eq. (8)-(14).
+
+Per round the PS knows, for N workers: label distributions ``V`` ([N, M], rows sum to 1),
+bottom-model compute time per iteration ``mu_b[i]``, top-model compute time per iteration
+on worker i for ONE bottom worker's batch ``mu_p[i]``, the symmetric matrix ``beta[i, j]`` of
+per-iteration transmission times (smashed data + gradients of one iteration between i and j;
+the diagonal is never used), ingress bandwidths ``B[i]`` (bytes per iteration time unit) and
+``b``, the bytes one bottom worker sends per iteration. Eq. (6)/(7) (moving averages of the
+measured times) are :func:`~splitfl.algorithms.estimates.moving_average`, shared with MergeSFL.
+
+Readings of the paper where it is silent or ambiguous (see ``reference/spec-gaps.md``):
+
+* KL direction: Eq. (13) defines ``KL(Φ_c ‖ Φ_0)`` while Alg. 1 line 9 prints
+  ``KL(Φ_0 ‖ Φ_c)``. Eq. (13)'s direction is used everywhere (greedy, utility, reports), so
+  the greedy optimises the same quantity as Eq. (14). It is also finite when a small cluster
+  misses some classes, whereas ``KL(Φ_0 ‖ Φ_c)`` is infinite there, which would make the first
+  greedy picks indistinguishable.
+* Normalisation of Eq. (14) (:func:`utility_scales`): ``W_c`` is divided by ``w_scale``, the
+  mean Eq. (9) iteration time over all ordered (bottom i, top j ≠ i) pairs, which makes it
+  dimensionless; ``KL`` is divided by ``kl_scale = max_i KL(V_i ‖ Φ_0)``, the KL of the worst
+  single worker — by convexity of KL every cluster's ``KL(Φ_c ‖ Φ_0)`` is at most that, so
+  the KL term lies in [0, 1]. A zero scale (identical workers) is replaced by 1.
+* Eq. (8) is read as ``N_c·b ≤ B_top``; Eq. (9) is ``t_i = μ_b,i + β_i,top + μ_p,top`` as
+  printed (one bottom worker's share of the top computation); Eq. (10),
+  ``N_c·μ_p,top ≤ max_i(μ_b,i + β_i,top)``, is what bounds the top worker's load.
+
+Top workers' own data do not train (their labels are not in Φ_c); the caller handles that.
+No torch here: every function takes numpy arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from splitfl.algorithms.estimates import BUDGET_RTOL, iid_reference, kl_divergence
+
+#: One cluster: ``(top worker, bottom workers)``.
+Cluster = tuple[int, list[int]]
+
+#: Absolute slack below which a utility / KL decrease is treated as no decrease (float noise).
+IMPROVE_TOL = 1e-12
+
+
+def _idx(members: Sequence[int] | np.ndarray) -> np.ndarray:
+    return np.asarray(members, dtype=np.int64).reshape(-1)
+
+
+# ------------------------------------------------------------------------ time and constraints
+
+
+def iteration_time(i: int, top: int, mu_b: np.ndarray, mu_p: np.ndarray, beta: np.ndarray) -> float:
+    """Eq. (9): ``t_i = μ_b,i + β_i,top + μ_p,top`` for bottom worker i served by ``top``."""
+    return float(mu_b[i] + beta[i, top] + mu_p[top])
+
+
+def _bottom_link(members: np.ndarray, top: int, mu_b: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """``μ_b,i + β_i,top`` for each member (Eq. 9 without the top's share, Eq. 10's right)."""
+    return (
+        np.asarray(mu_b, dtype=np.float64)[members]
+        + np.asarray(beta, dtype=np.float64)[members, top]
+    )
+
+
+def top_capacity_ok(
+    members: Sequence[int] | np.ndarray,
+    top: int,
+    mu_b: np.ndarray,
+    mu_p: np.ndarray,
+    beta: np.ndarray,
+    bandwidth: np.ndarray,
+    b: float,
+) -> bool:
+    """Eq. (8) ``N_c·b ≤ B_top`` and Eq. (10) ``N_c·μ_p,top ≤ max_i(μ_b,i + β_i,top)``.
+
+    ``N_c = len(members)`` (bottom workers only). An empty cluster satisfies both trivially.
+    A relative slack of ``BUDGET_RTOL`` absorbs float round-off only.
+    """
+    m = _idx(members)
+    n_c = m.size
+    if n_c == 0:
+        return True
+    if n_c * b > bandwidth[top] * (1.0 + BUDGET_RTOL):
+        return False
+    slowest = float(_bottom_link(m, top, mu_b, beta).max())
+    return bool(n_c * mu_p[top] <= slowest * (1.0 + BUDGET_RTOL))
+
+
+def cluster_iteration_time(
+    members: Sequence[int] | np.ndarray,
+    top: int,
+    mu_b: np.ndarray,
+    mu_p: np.ndarray,
+    beta: np.ndarray,
+) -> float:
+    """``t_c,o = max_i t_i`` (Eq. 9) over the bottom workers; 0 for a top-only cluster."""
+    m = _idx(members)
+    if m.size == 0:
+        return 0.0
+    return float(_bottom_link(m, top, mu_b, beta).max() + mu_p[top])
+
+
+def cluster_waiting(
+    members: Sequence[int] | np.ndarray,
+    top: int,
+    mu_b: np.ndarray,
+    mu_p: np.ndarray,
+    beta: np.ndarray,
+) -> float:
+    """Eq. (11): ``W_c = (1/N_c) Σ_i (t_c,o − t_i)``; 0 for a top-only cluster.
+
+    ``μ_p,top`` is common to all members and cancels, so ``mu_p`` does not change the value.
+    """
+    m = _idx(members)
+    if m.size == 0:
+        return 0.0
+    link = _bottom_link(m, top, mu_b, beta)
+    return float(link.max() - link.mean())
+
+
+# ------------------------------------------------------------------------------ KL and utility
+
+
+def cluster_kl(
+    members: Sequence[int] | np.ndarray, label_dists: np.ndarray, phi0: np.ndarray
+) -> float:
+    """Eq. (12)-(13): ``KL(Φ_c ‖ Φ_0)`` with ``Φ_c`` the mean of the members' ``V_i``.
+
+    0 for a top-only cluster (no bottom data, nothing to measure).
+    """
+    m = _idx(members)
+    if m.size == 0:
+        return 0.0
+    phi_c = np.asarray(label_dists, dtype=np.float64)[m].mean(axis=0)
+    return kl_divergence(phi_c, phi0)
+
+
+def utility_scales(
+    label_dists: np.ndarray, mu_b: np.ndarray, mu_p: np.ndarray, beta: np.ndarray
+) -> tuple[float, float]:
+    """Normalisers ``(w_scale, kl_scale)`` of Eq. (14) (the paper does not give them).
+
+    * ``w_scale`` = mean Eq. (9) time over all ordered pairs (bottom i, top j), i ≠ j:
+      ``mean(μ_b) + mean_{i≠j} β_ij + mean(μ_p)`` (``μ_b + μ_p`` for a single worker).
+    * ``kl_scale`` = ``max_i KL(V_i ‖ Φ_0)``: by convexity no cluster's KL exceeds it.
+
+    A scale that is not positive (identical or zero-cost workers) is replaced by 1.
+    """
+    mu_b = np.asarray(mu_b, dtype=np.float64)
+    mu_p = np.asarray(mu_p, dtype=np.float64)
+    beta = np.asarray(beta, dtype=np.float64)
+    n = mu_b.size
+    if n == 0:
+        return 1.0, 1.0
+    off = ~np.eye(n, dtype=bool)
+    mean_beta = float(beta[off].mean()) if n > 1 else 0.0
+    w_scale = float(mu_b.mean() + mean_beta + mu_p.mean())
+    dists = np.asarray(label_dists, dtype=np.float64)
+    phi0 = iid_reference(dists)
+    kl_scale = max(kl_divergence(v, phi0) for v in dists)
+    return (w_scale if w_scale > 0 else 1.0), (kl_scale if kl_scale > 0 else 1.0)
+
+
+# ------------------------------------------------------------------------------ one round's inputs
+
+
+@dataclass(frozen=True, eq=False)
+class ClusterInputs:
+    """What Alg. 1 works on in round h: the workers' state and the Eq. (14) weights.
+
+    ``label_dists`` (V, [N, M]), ``mu_b``, ``mu_p``, ``beta`` (Eq. 9), ``bandwidth`` (B_i) and
+    ``b`` (Eq. 8) as in the module docstring; ``lam`` is λ of Eq. (14). ``phi0`` defaults to
+    Φ_0 = :func:`~splitfl.algorithms.estimates.iid_reference` of V, ``w_scale`` and
+    ``kl_scale`` to :func:`utility_scales`. Arrays are stored as float64.
+    """
+
+    label_dists: np.ndarray
+    mu_b: np.ndarray
+    mu_p: np.ndarray
+    beta: np.ndarray
+    bandwidth: np.ndarray
+    b: float
+    lam: float = 0.5
+    phi0: np.ndarray | None = None
+    w_scale: float | None = None
+    kl_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        arrays = ("label_dists", "mu_b", "mu_p", "beta", "bandwidth")
+        for name in arrays:
+            object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=np.float64))
+        phi0 = iid_reference(self.label_dists) if self.phi0 is None else self.phi0
+        object.__setattr__(self, "phi0", np.asarray(phi0, dtype=np.float64))
+        object.__setattr__(self, "b", float(self.b))
+        if self.w_scale is None or self.kl_scale is None:
+            w_scale, kl_scale = utility_scales(self.label_dists, self.mu_b, self.mu_p, self.beta)
+            if self.w_scale is None:
+                object.__setattr__(self, "w_scale", w_scale)
+            if self.kl_scale is None:
+                object.__setattr__(self, "kl_scale", kl_scale)
+
+    @property
+    def n(self) -> int:
+        """The number of workers N."""
+        return self.label_dists.shape[0]
+
+    def fits(self, members: Sequence[int] | np.ndarray, top: int) -> bool:
+        """Eq. (8) and (10) for ``top`` serving ``members`` (:func:`top_capacity_ok`)."""
+        return top_capacity_ok(
+            members, top, self.mu_b, self.mu_p, self.beta, self.bandwidth, self.b
+        )
+
+    def kl(self, members: Sequence[int] | np.ndarray) -> float:
+        """Eq. (13) ``KL(Φ_c ‖ Φ_0)`` of ``members`` (:func:`cluster_kl`)."""
+        return cluster_kl(members, self.label_dists, self.phi0)
+
+    def waiting(self, members: Sequence[int] | np.ndarray, top: int) -> float:
+        """Eq. (11) ``W_c`` of ``members`` served by ``top`` (:func:`cluster_waiting`)."""
+        return cluster_waiting(members, top, self.mu_b, self.mu_p, self.beta)
+
+
+def cluster_utility(members: Sequence[int] | np.ndarray, top: int, inputs: ClusterInputs) -> float:
+    """Eq. (14): ``U_c = λ·W_c/w_scale + (1−λ)·KL(Φ_c ‖ Φ_0)/kl_scale``.
+
+    ``W_c`` is Eq. (11), the KL is Eq. (13); see :func:`utility_scales` for the scales.
+    """
+    w = inputs.waiting(members, top)
+    kl = inputs.kl(members)
+    lam = inputs.lam
+    return float(lam * w / inputs.w_scale + (1.0 - lam) * kl / inputs.kl_scale)
+
+
+def total_utility(clusters: Sequence[Cluster], inputs: ClusterInputs) -> float:
+    """``Σ_c U_c`` (Eq. 14 summed over clusters), the objective of Alg. 1 line 11."""
+    return float(sum(cluster_utility(m, t, inputs) for t, m in clusters))

@@ -1,0 +1,11 @@
+"""S²FL (Yan et al.): the algorithm (:mod:`.algorithm`: adaptive sliding model split, lock-step
+groups) and its data-balance grouping (:mod:`.data_balance`)."""
+
+from splitfl.algorithms.s2fl.algorithm import (
+    S2FL,
+    S2FLOptions,
+    closest_to_median,
+    lockstep_finish,
+)
+
+__all__ = ["S2FL", "S2FLOptions", "closest_to_median", "lockstep_finish"]

@@ -1,0 +1,80 @@
+"""One trial of a sweep: an ordinary run directory, run, resumed or kept as it is.
+
+:func:`run_trial` is what every trial backend (:mod:`splitfl.sweeps.backends`) calls, in this
+process or inside a Ray task, so their outputs are identical. A failed trial's directory holds
+``error.json``; finished and diverged trials are kept when a sweep resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from splitfl.config import ExperimentConfig, from_dict
+from splitfl.executors import NonFiniteLossError
+from splitfl.experiment import runner  # looked up per call (tests replace runner.run)
+
+FINAL = ("done", "diverged")  # not rerun on resume (a diverged trial diverges again)
+
+
+def run_state(run_dir: Path, rounds: int) -> str:
+    """``done``, ``diverged``, ``partial`` (a run directory to resume) or ``new``."""
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        status = json.loads(summary_path.read_text()).get("status", "")
+        if status.startswith("diverged"):
+            return "diverged"
+        summary = json.loads(summary_path.read_text())
+        if status == "ok" and summary.get("rounds") == rounds and (run_dir / "model.pt").exists():
+            return "done"
+    return "partial" if (run_dir / "config.yaml").exists() else "new"
+
+
+def write_error(run_dir: Path, status: str, err: BaseException | str) -> str:
+    message = str(err).splitlines()[0] if str(err) else type(err).__name__
+    record: dict[str, Any] = {"status": status, "error": message}
+    if isinstance(err, BaseException):
+        record["type"] = type(err).__name__
+        record["traceback"] = "".join(traceback.format_exception(err))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "error.json").write_text(json.dumps(record, indent=2))
+    return message
+
+
+def run_trial(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
+    """Run (or resume, or skip when finished) one trial into ``run_dir``.
+
+    The same function runs in-process (``local``) and inside a Ray task. Trial failures do
+    not raise: a diverged run or any exception is written to ``run_dir/error.json`` and
+    returned as ``{"status": "diverged" | "failed", "error": ...}``.
+    """
+    path = Path(run_dir)
+    cfg = from_dict(ExperimentConfig, config)
+    state = run_state(path, cfg.rounds)
+    start = time.perf_counter()
+    if state in FINAL:
+        summary = json.loads((path / "summary.json").read_text())
+        return {"status": state, "action": "kept", "summary": summary, "error": None}
+    try:
+        if state == "partial":
+            result = runner.resume(path, progress=False)
+        else:
+            if path.exists():  # stopped before its config was written
+                shutil.rmtree(path)
+            result = runner.run(cfg, run_dir=path, progress=False)
+    except NonFiniteLossError as err:
+        return {"status": "diverged", "action": state, "error": write_error(path, "diverged", err)}
+    except Exception as err:  # noqa: BLE001 - any trial failure is recorded, not raised
+        return {"status": "failed", "action": state, "error": write_error(path, "failed", err)}
+    (path / "error.json").unlink(missing_ok=True)
+    return {
+        "status": "done",
+        "action": "resumed" if state == "partial" else "ran",
+        "summary": result.summary,
+        "error": None,
+        "seconds": time.perf_counter() - start,
+    }
