@@ -1,5 +1,5 @@
 import sys
 
-from splitfl.cli.main import main
+from splitfl.cli.entry import main
 
 sys.exit(main())

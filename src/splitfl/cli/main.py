@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from splitfl.catalog import catalog
+from splitfl.cli.network import add_network_parsers
 from splitfl.config import ConfigError
 from splitfl.data.base import DatasetError, DatasetWarning
 from splitfl.executors import NonFiniteLossError
@@ -90,7 +91,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     result = sweep(
         spec,
         out_dir=args.out,
-        executor=args.backend,
+        backend=args.backend,
         address=args.address,
         gpus_per_trial=args.gpus_per_trial,
         cpus_per_trial=args.cpus_per_trial,
@@ -179,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="algorithms, models, datasets, device presets")
     p.set_defaults(fn=cmd_list)
 
+    add_network_parsers(sub)
     add_privacy_parser(sub)
     return parser
 

@@ -140,13 +140,22 @@ def run(
         return _finish(prepared, path, start=None, progress=progress)
 
 
-def resume(run_dir: str | Path, progress: bool | None = None) -> RunResult:
-    """Continue a stopped run from ``run_dir/checkpoints/last.pt`` (``splitfl run --resume``)."""
+def resume(
+    run_dir: str | Path, progress: bool | None = None, overrides: list[str] | None = None
+) -> RunResult:
+    """Continue a stopped run from ``run_dir/checkpoints/last.pt`` (``splitfl run --resume``).
+
+    ``overrides`` may change only ``network.*`` settings (a resumed server listens where it
+    is told, with the certificates and tokens it is given); the experiment stays as it was.
+    """
     path = Path(run_dir)
     if not (path / "config.yaml").exists():
         raise ConfigError("--resume", f"{path} is not a run directory (no config.yaml)")
+    for item in overrides or []:
+        if not item.startswith("network."):
+            raise ConfigError("--resume", f"only network.* settings can change (got {item!r})")
     with hold_lock(path):
-        config = load_config(path / "config.yaml")
+        config = load_config(path / "config.yaml", overrides)
         prepared = prepare(config)
         ckpt_path = path / "checkpoints" / "last.pt"
         start = None

@@ -157,14 +157,15 @@ class DeviceAgent:
         return Message("finished", {}, {**state_tensors("part", part), **state_tensors("aux", aux)})
 
 
-def run_device(opts: DeviceOptions, log=print) -> int:
+def run_device(opts: DeviceOptions, log=print, agent_cls: type | None = None) -> int:
     """Serve until the server says bye; reconnect with backoff (up to ``retry_s`` without a
-    connection). Returns the process exit code (0 after bye, 1 when it gave up, 2 refused)."""
+    connection). Returns the process exit code (0 after bye, 1 when it gave up, 2 refused).
+    ``agent_cls`` replaces :class:`DeviceAgent` (custom devices, fault injection)."""
     delay, gave_up_at = 0.5, time.monotonic() + opts.retry_s
     agent: DeviceAgent | None = None
     while True:
         try:
-            agent, done = _session(opts, agent, log)
+            agent, done = _session(opts, agent, log, agent_cls or DeviceAgent)
             if done:
                 return 0
             gave_up_at, delay = time.monotonic() + opts.retry_s, 0.5
@@ -178,6 +179,8 @@ def run_device(opts: DeviceOptions, log=print) -> int:
             log(f"splitfl device {opts.name}: connection: {err.code().name} {err.details()}")
         except WireError as err:
             log(f"splitfl device {opts.name}: bad message from the server: {err}")
+        except OSError as err:
+            log(f"splitfl device {opts.name}: connection: {err}")
         if time.monotonic() > gave_up_at:
             log(f"splitfl device {opts.name}: no server for {opts.retry_s:g} s, giving up")
             return 1
@@ -195,7 +198,7 @@ _REFUSALS = {
 }
 
 
-def _session(opts: DeviceOptions, agent, log) -> tuple[DeviceAgent | None, bool]:
+def _session(opts: DeviceOptions, agent, log, agent_cls) -> tuple[DeviceAgent | None, bool]:
     """One connection: hello, welcome, then commands until bye (True) or the stream ends."""
     limit = opts.chunk_bytes + 1024
     options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
@@ -212,7 +215,7 @@ def _session(opts: DeviceOptions, agent, log) -> tuple[DeviceAgent | None, bool]
         _outgoing(outbox, opts.chunk_bytes), compression=compression
     )
     try:
-        return _serve(opts, stream, outbox, agent, log)
+        return _serve(opts, stream, outbox, agent, log, agent_cls)
     except grpc.RpcError as err:
         if err.code() in _REFUSALS:
             raise Refused(err.details()) from None
@@ -223,7 +226,7 @@ def _session(opts: DeviceOptions, agent, log) -> tuple[DeviceAgent | None, bool]
         channel.close()
 
 
-def _serve(opts, stream, outbox, agent, log) -> tuple[DeviceAgent | None, bool]:
+def _serve(opts, stream, outbox, agent, log, agent_cls) -> tuple[DeviceAgent | None, bool]:
     assembler = Reassembler(opts.max_message_bytes)
     for chunk in stream:
         data = assembler.feed(chunk)
@@ -234,7 +237,7 @@ def _serve(opts, stream, outbox, agent, log) -> tuple[DeviceAgent | None, bool]:
             config = from_dict(ExperimentConfig, msg.fields["config"])
             clients = msg.fields["clients"]
             if agent is None or sorted(agent.data.samples) != sorted(clients):
-                agent = DeviceAgent(config, ClientData(config, clients, opts.data_root))
+                agent = agent_cls(config, ClientData(config, clients, opts.data_root))
             outbox.put(encode(Message("ready")))
             log(f"splitfl device {opts.name}: connected, hosting clients {clients}")
             continue
@@ -256,8 +259,20 @@ def _outgoing(outbox: queue.Queue, chunk_bytes: int) -> Iterator[bytes]:
         yield from chunks(data, chunk_bytes)
 
 
-def start_in_thread(opts: DeviceOptions) -> threading.Thread:
-    """A device in a thread of this process (tests, notebooks)."""
-    thread = threading.Thread(target=run_device, args=(opts, lambda *_: None), daemon=True)
+def start_in_thread(opts: DeviceOptions, agent_cls: type | None = None) -> DeviceThread:
+    """A device in a thread of this process (tests, notebooks); ``.code`` is its exit code
+    once it ends."""
+    thread = DeviceThread(opts, agent_cls)
     thread.start()
     return thread
+
+
+class DeviceThread(threading.Thread):
+    def __init__(self, opts: DeviceOptions, agent_cls: type | None):
+        super().__init__(daemon=True, name=f"splitfl-device-{opts.name}")
+        self.opts, self.agent_cls = opts, agent_cls
+        self.code: int | None = None
+        self.lines: list[str] = []
+
+    def run(self) -> None:
+        self.code = run_device(self.opts, self.lines.append, self.agent_cls)

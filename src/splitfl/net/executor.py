@@ -71,6 +71,7 @@ class NetworkedExecutor:
             raise NotImplementedError("ring plans (RingSFL) do not run networked yet")
         if self.session is None:
             raise RuntimeError("NetworkedExecutor.open() was not called")
+        self.session.wait_ready()
         model: BlockModel = copy.deepcopy(ctx.model).to(self.runtime.device)
         model.load_state_dict(global_state)
         model.train()

@@ -47,9 +47,10 @@ class NetworkSession:
         for i in range(n.devices):
             tokens[f"local-{i}"] = new_token()
             book.add(f"local-{i}", tokens[f"local-{i}"])
+        self.need = n.min_devices or n.devices or 1
         if not book.hashes:
             raise ConfigError("network.tokens", "no device can connect: give a tokens file")
-        need = n.min_devices or n.devices or 1
+        need = self.need
         settings = HubSettings(
             max_message_bytes=int(n.max_message_mb * 2**20),
             chunk_bytes=n.chunk_kb * 1024,
@@ -102,6 +103,15 @@ class NetworkSession:
                     self.stop()
                     why = f"; device processes exited: {dead} (logs in {self.run_dir / 'devices'})"
                     raise RuntimeError(f"{err}{why if dead else ''}") from None
+
+    def wait_ready(self) -> None:
+        """Before a round: wait (up to ``connect_timeout_s``) until ``min_devices`` devices are
+        ready again — a device that lost its link reconnects by itself; one that does not
+        come back only costs its clients the round (they are recorded as dropped)."""
+        try:
+            self.hub.wait_for(self.need, self.net.connect_timeout_s)
+        except TimeoutError:
+            pass
 
     def _write_info(self) -> None:
         devices = [{"name": n, "pid": p.pid, "clients": c} for n, c, p in self.procs]

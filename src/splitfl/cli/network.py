@@ -1,0 +1,135 @@
+"""``splitfl server``, ``launch``, ``device``, ``token`` and ``certs``: networked runs.
+
+``server`` and ``launch`` are ``splitfl run`` with ``executor: networked``: ``server`` waits
+for device processes started elsewhere (``network.devices = 0``), ``launch`` starts
+``--devices`` device processes on this machine over loopback. ``device`` is the edge-device
+process (:mod:`splitfl.net.device_cli`). ``token`` makes a device token and adds its hash to
+the server's tokens file; ``certs`` makes a self-signed TLS certificate (needs the
+``cryptography`` package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from splitfl.config import ConfigError
+from splitfl.experiment import resume, run
+from splitfl.metrics.summary import comparison_table
+from splitfl.net import device_cli
+from splitfl.net.auth import new_token, token_hash
+from splitfl.net.certs import write_self_signed
+
+
+def _split(values: list[str]) -> tuple[str | None, list[str]]:
+    config = next((v for v in values if "=" not in v), None)
+    return config, [v for v in values if v != config]
+
+
+def _network_overrides(args: argparse.Namespace) -> list[str]:
+    out = [f"network.listen={args.listen}", "network.devices=0"]
+    for flag, key in (
+        ("tls_cert", "tls_cert"),
+        ("tls_key", "tls_key"),
+        ("tokens", "tokens"),
+        ("min_devices", "min_devices"),
+        ("ca_cert", "ca_cert"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            out.append(f"network.{key}={value}")
+    if args.insecure:
+        out.append("network.insecure=true")
+    return out
+
+
+def _report(result) -> int:
+    print(comparison_table({result.config.algorithm: result.summary}))
+    print(f"run directory: {result.run_dir}")
+    return 0
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    net = _network_overrides(args)
+    progress = False if args.no_progress else None
+    if args.resume:
+        if args.args:
+            raise ConfigError("--resume", "takes only the run directory and network flags")
+        return _report(resume(args.resume, progress=progress, overrides=net))
+    config, overrides = _split(args.args)
+    if config is None:
+        raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")
+    run_dir = Path(args.out) if args.out else None
+    overrides = [*overrides, "executor=networked", *net]
+    return _report(run(config, overrides, run_dir=run_dir, progress=progress))
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    config, overrides = _split(args.args)
+    if config is None:
+        raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")
+    if args.devices < 1:
+        raise ConfigError("--devices", f"must be >= 1 (got {args.devices})")
+    overrides = [*overrides, "executor=networked", f"network.devices={args.devices}"]
+    run_dir = Path(args.out) if args.out else None
+    progress = False if args.no_progress else None
+    return _report(run(config, overrides, run_dir=run_dir, progress=progress))
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    """A new token for device ``name``: the token into ``--out`` (mode 600), its hash
+    appended to the server's ``--tokens`` file."""
+    if not args.name or any(c in args.name for c in ":\n#") or args.name != args.name.strip():
+        raise ConfigError("NAME", "a device name without ':', '#', newlines or edge spaces")
+    token = new_token()
+    out = Path(args.out or f"{args.name}.token")
+    if out.exists():
+        raise ConfigError("--out", f"{out} exists; not overwriting a device's token")
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    with open(args.tokens, "a") as f:
+        f.write(f"{args.name}:{token_hash(token)}\n")
+    print(f"token for {args.name}: {out} (copy it to the device); hash added to {args.tokens}")
+    return 0
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    cert, key = write_self_signed(Path(args.out), args.host, args.days)
+    print(f"certificate: {cert} (give it to the devices as --ca-cert)\nprivate key: {key}")
+    return 0
+
+
+def add_network_parsers(sub) -> None:
+    p = sub.add_parser("server", help="run as the server of a networked run (devices connect)")
+    p.add_argument("args", nargs="*", metavar="CONFIG [key=value ...]")
+    p.add_argument("--listen", default="127.0.0.1:7070", metavar="HOST:PORT")
+    p.add_argument("--tls-cert", metavar="PEM")
+    p.add_argument("--tls-key", metavar="PEM")
+    p.add_argument("--tokens", metavar="FILE", help="device tokens file (splitfl token)")
+    p.add_argument("--min-devices", type=int, metavar="N", help="start once N devices are ready")
+    p.add_argument("--insecure", action="store_true", help="allow plain text off loopback")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped networked run")
+    p.add_argument("--out", metavar="RUN_DIR")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(fn=cmd_server)
+    p = sub.add_parser("launch", help="one server and N device processes on this machine")
+    p.add_argument("args", nargs="+", metavar="CONFIG [key=value ...]")
+    p.add_argument("--devices", type=int, default=2, metavar="N")
+    p.add_argument("--out", metavar="RUN_DIR")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(fn=cmd_launch)
+    p = sub.add_parser("device", help="run this machine as an edge device of a server")
+    device_cli.build_parser(p)
+    p.set_defaults(fn=device_cli.run_from_args)
+    p = sub.add_parser("token", help="make a device token; add its hash to the tokens file")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--tokens", required=True, metavar="FILE", help="the server's tokens file")
+    p.add_argument("--out", metavar="FILE", help="the device's token file (default NAME.token)")
+    p.set_defaults(fn=cmd_token)
+    p = sub.add_parser("certs", help="make a self-signed TLS certificate for the server")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--host", action="append", default=[], help="DNS name or IP (repeatable)")
+    p.add_argument("--days", type=int, default=365)
+    p.set_defaults(fn=cmd_certs)
