@@ -137,8 +137,9 @@ class NetworkConfig:
     any free port) and trains with device processes over gRPC. ``devices`` > 0 starts that
     many device processes on this machine (``splitfl launch``; clients dealt round-robin);
     0 waits for devices started elsewhere (``splitfl server``) — at least ``min_devices``
-    (default: ``devices``, or 1). A device that does not answer within ``timeout_s`` is dropped
-    for the round. A non-loopback ``listen`` needs ``tls_cert`` + ``tls_key`` unless
+    (default: ``devices``, or 1) within ``connect_timeout_s``; before each round it waits up to
+    ``rejoin_s`` for lost devices to reconnect. A device that does not answer within
+    ``timeout_s`` is dropped for the round. A non-loopback ``listen`` needs ``tls_cert`` + ``tls_key`` unless
     ``insecure``; ``tokens`` is the server's tokens file (``name:sha256`` lines, made by
     ``splitfl token``). Messages above ``max_message_mb`` are refused; they travel in chunks of
     ``chunk_kb``; ``rate_limit`` caps messages per second per device (0: no cap)."""
@@ -148,6 +149,7 @@ class NetworkConfig:
     min_devices: int | None = None
     timeout_s: float = 60.0
     connect_timeout_s: float = 120.0
+    rejoin_s: float = 30.0
     tls_cert: str | None = None
     tls_key: str | None = None
     ca_cert: str | None = None
@@ -471,6 +473,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "eval.target_accuracy": Range(0, 1, lo_open=True),
     "network.timeout_s": Range(0, 86400, lo_open=True),
     "network.connect_timeout_s": Range(0, 86400, lo_open=True),
+    "network.rejoin_s": Range(0, 86400),
     "network.max_message_mb": Range(0, 4096, lo_open=True),
     "network.rate_limit": Range(0, 1e9),
 }

@@ -97,19 +97,23 @@ class NetworkSession:
             try:
                 self.hub.wait_for(need, 1.0)
                 return
-            except TimeoutError as err:
+            except TimeoutError:
                 dead = [(name, p.returncode) for name, _, p in self.procs if p.poll() is not None]
                 if dead or time.monotonic() > deadline:
+                    ready = len(self.hub.live())
                     self.stop()
                     why = f"; device processes exited: {dead} (logs in {self.run_dir / 'devices'})"
-                    raise RuntimeError(f"{err}{why if dead else ''}") from None
+                    raise RuntimeError(
+                        f"{ready} of {need} devices ready after {self.net.connect_timeout_s:g} s"
+                        f"{why if dead else ''}"
+                    ) from None
 
     def wait_ready(self) -> None:
-        """Before a round: wait (up to ``connect_timeout_s``) until ``min_devices`` devices are
-        ready again — a device that lost its link reconnects by itself; one that does not
-        come back only costs its clients the round (they are recorded as dropped)."""
+        """Before a round: wait (up to ``rejoin_s``) until ``min_devices`` devices are ready
+        again — a device that lost its link reconnects by itself; one that does not come back
+        only costs its clients the round (they are recorded as dropped)."""
         try:
-            self.hub.wait_for(self.need, self.net.connect_timeout_s)
+            self.hub.wait_for(self.need, self.net.rejoin_s)
         except TimeoutError:
             pass
 

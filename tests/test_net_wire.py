@@ -1,0 +1,234 @@
+"""Wire format, tokens, the hub's admission rules and TLS (no experiment runs here)."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import pytest
+import torch
+
+from splitfl.config import ConfigError
+from splitfl.experiment.runner import as_config
+from splitfl.net import device as device_module
+from splitfl.net.auth import AuthSetupError, TokenBook, channel_credentials, server_credentials
+from splitfl.net.certs import write_self_signed
+from splitfl.net.hub import Hub, HubSettings
+from splitfl.net.testbed import Testbed
+from splitfl.net.wire import (
+    DTYPES,
+    Message,
+    Reassembler,
+    WireError,
+    chunks,
+    decode,
+    encode,
+    payload_bytes,
+)
+from splitfl.testing import config_for
+
+# ----------------------------------------------------------------------------- wire format
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()))
+def test_tensors_round_trip_bit_exactly(dtype):
+    x = (torch.randn(3, 4, 5) * 100).to(dtype)
+    msg = Message("t", {"a": 1, "b": [1.5, "x"]}, {"x": x, "empty": torch.zeros(0, 2, dtype=dtype)})
+    back = decode(encode(msg))
+    assert back.type == "t" and back.fields == {"a": 1, "b": [1.5, "x"]}
+    assert back.tensors["x"].dtype == dtype and torch.equal(back.tensors["x"], x)
+    assert back.tensors["empty"].shape == (0, 2)
+    assert payload_bytes(back) == x.numel() * x.element_size()
+
+
+def test_scalar_and_non_contiguous_tensors_round_trip():
+    t = torch.arange(12.0).reshape(3, 4).t()  # a transposed view
+    back = decode(encode(Message("t", {}, {"t": t, "s": torch.tensor(7)})))
+    assert torch.equal(back.tensors["t"], t) and back.tensors["s"].item() == 7
+
+
+def _raw(header: bytes, body: bytes = b"") -> bytes:
+    return b"SFL1" + struct.pack("<I", len(header)) + header + body
+
+
+@pytest.mark.parametrize(
+    "data, problem",
+    [
+        (b"XXXX" + bytes(8), "magic"),
+        (b"SFL1" + struct.pack("<I", 1 << 30), "header length"),
+        (_raw(b"{not json"), "not JSON"),
+        (_raw(b"[1, 2]"), "object"),
+        (_raw(b'{"type": "t", "tensors": [["x", "object", [1]]]}'), "bad tensor spec"),
+        (_raw(b'{"type": "t", "tensors": [["x", "float32", [-1]]]}'), "bad shape"),
+        (_raw(b'{"type": "t", "tensors": [["x", "float32", [4]]]}', bytes(8)), "too short"),
+        (_raw(b'{"type": "t", "tensors": [["x", "float32", [1]]]}', bytes(8)), "trailing"),
+        (_raw(b'{"type": "t", "tensors": [["x", "float32", [1099511627775, 9]]]}'), "too short"),
+    ],
+)
+def test_malformed_messages_are_refused(data, problem):
+    with pytest.raises(WireError, match=problem):
+        decode(data)
+
+
+def test_pickled_bytes_are_not_a_message():
+    import pickle
+
+    with pytest.raises(WireError):
+        decode(pickle.dumps({"x": torch.zeros(2)}))
+
+
+def test_chunks_reassemble_and_oversized_messages_are_refused():
+    data = encode(Message("big", {}, {"x": torch.randn(1000)}))
+    parts = list(chunks(data, 512))
+    assert len(parts) == -(-len(data) // 512) and all(len(p) <= 513 for p in parts)
+    joined = Reassembler(10**6)
+    outs = [joined.feed(p) for p in parts]
+    assert outs[:-1] == [None] * (len(parts) - 1) and outs[-1] == data
+    small = Reassembler(1000)
+    with pytest.raises(WireError, match="limit"):
+        for p in parts:
+            small.feed(p)
+    with pytest.raises(WireError, match="flag"):
+        Reassembler(100).feed(b"\x07abc")
+
+
+def test_tensor_of_a_foreign_dtype_is_not_sent():
+    with pytest.raises(WireError, match="cannot be sent"):
+        encode(Message("t", {}, {"x": torch.zeros(2, dtype=torch.complex64)}))
+
+
+# ----------------------------------------------------------------------------- tokens
+
+
+def test_tokens_file_holds_hashes_only_and_checks_in_constant_time(tmp_path):
+    bed = Testbed.create(tmp_path, ["a", "b"])
+    text = bed.tokens_file.read_text()
+    assert bed.tokens["a"] not in text and "a:" in text
+    book = TokenBook.read(bed.tokens_file)
+    assert book.check("a", bed.tokens["a"]) and not book.check("a", bed.tokens["b"])
+    assert not book.check("c", bed.tokens["a"]) and not book.check("a", None)
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "a:123\n", "nocolon\n"])
+def test_bad_tokens_file_is_one_line_naming_the_file(tmp_path, text):
+    path = tmp_path / "tokens.txt"
+    path.write_text(text)
+    with pytest.raises(AuthSetupError, match="tokens.txt"):
+        TokenBook.read(path)
+
+
+# ----------------------------------------------------------------------------- admission
+
+
+@pytest.fixture
+def hub(tmp_path):
+    """A bare hub (no experiment) on a free port; its welcome carries a digits config."""
+    bed = Testbed.create(tmp_path / "bed", ["a", "b"])
+    config = as_config(
+        config_for("splitfed_v1", **{"data.num_clients": 4, "train.clients_per_round": 4})
+    )
+    settings = HubSettings(max_message_bytes=1 << 20, chunk_bytes=1 << 16)
+    server = Hub(settings, TokenBook.read(bed.tokens_file), 4, {"config": config.to_dict()})
+    server.start(f"127.0.0.1:{bed.port}", None)
+    yield server, bed
+    server.stop()
+
+
+def _wait_code(thread, limit=30.0):
+    thread.join(limit)
+    assert not thread.is_alive()
+    return thread.code
+
+
+def test_wrong_or_missing_token_is_refused(hub):
+    _, bed = hub
+    assert _wait_code(bed.device("a", [0], token="f" * 64)) == 2
+    assert _wait_code(bed.device("nobody", [0], token="f" * 64)) == 2
+    wrong = bed.device("a", [0], token="")
+    assert _wait_code(wrong) == 2 and "wrong token" in " ".join(wrong.lines)
+
+
+def test_other_protocol_version_is_refused_with_a_clear_message(hub, monkeypatch):
+    _, bed = hub
+    monkeypatch.setattr(device_module, "PROTOCOL_VERSION", 99)
+    old = bed.device("a", [0])
+    assert _wait_code(old) == 2
+    assert "protocol version 99 not supported" in " ".join(old.lines)
+
+
+def test_duplicate_names_and_taken_clients_are_refused(hub):
+    server, bed = hub
+    first = bed.device("a", [0, 1])
+    server.wait_for(1, 30)
+    again = bed.device("a", [2])
+    assert _wait_code(again) == 2 and "already connected" in " ".join(again.lines)
+    taken = bed.device("b", [1])
+    assert _wait_code(taken) == 2 and "already hosted" in " ".join(taken.lines)
+    assert first.is_alive() and server.link_of(0).name == "a"
+
+
+def test_plain_text_device_cannot_reach_a_tls_server(tmp_path):
+    cert, key = write_self_signed(tmp_path / "certs", ["localhost"])
+    bed = Testbed.create(tmp_path / "bed", ["a"])
+    config = as_config(
+        config_for("splitfed_v1", **{"data.num_clients": 4, "train.clients_per_round": 4})
+    )
+    settings = HubSettings(max_message_bytes=1 << 20, chunk_bytes=1 << 16)
+    server = Hub(settings, TokenBook.read(bed.tokens_file), 4, {"config": config.to_dict()})
+    server.start(f"127.0.0.1:{bed.port}", server_credentials(cert, key))
+    try:
+        start = time.monotonic()
+        plain = bed.device("a", [0], retry_s=1.0)
+        assert _wait_code(plain) == 1 and time.monotonic() - start < 30
+        assert server.live() == []
+        tls = bed.device("a", [0], host="localhost", credentials=channel_credentials(cert))
+        server.wait_for(1, 30)
+        assert server.link_of(0).name == "a" and tls.is_alive()
+    finally:
+        server.stop()
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    "changes, field, words",
+    [
+        ({"network.listen": "0.0.0.0:7070"}, "network.listen", "without TLS"),
+        ({"network.listen": "7070"}, "network.listen", "host:port"),
+        ({"network.tls_cert": "x.pem"}, "network.tls_cert", "both"),
+        ({"network.tokens": "/nonexistent/tokens"}, "network.tokens", "no such file"),
+        ({"network.timeout_s": 0}, "network.timeout_s", "must be >"),
+        ({"network.compression": "zstd"}, "network.compression", "allowed"),
+        ({"_algorithm": "ringsfl"}, "executor", "device-to-device"),
+        ({"_algorithm": "parallelsfl"}, "executor", "device-to-device"),
+    ],
+)
+def test_bad_network_settings_are_one_line_errors(changes, field, words):
+    algorithm = changes.pop("_algorithm", "splitfed_v1")
+    cfg = config_for(algorithm, executor="networked", **changes)
+    with pytest.raises(ConfigError, match=words) as err:
+        as_config(cfg)
+    assert err.value.field_path == field
+
+
+def test_non_loopback_listen_is_allowed_with_insecure_or_tls(tmp_path):
+    cert, key = write_self_signed(tmp_path, ["example.org"])
+    as_config(
+        config_for(
+            "splitfed_v1",
+            executor="networked",
+            **{"network.listen": "0.0.0.0:1", "network.insecure": True},
+        )
+    )
+    tls = {
+        "network.listen": "0.0.0.0:1",
+        "network.tls_cert": str(cert),
+        "network.tls_key": str(key),
+    }
+    as_config(config_for("splitfed_v1", executor="networked", **tls))
+
+
+def test_measured_clock_needs_the_networked_executor():
+    with pytest.raises(ConfigError, match="measured needs executor: networked"):
+        as_config(config_for("s2fl", clock="measured"))
