@@ -1,6 +1,8 @@
 """Layering: the direction of imports between packages, and a new algorithm as one file."""
 
 import ast
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,11 +62,32 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
 
 
 def test_algorithms_import_neither_executors_nor_experiment():
-    assert _offenders("algorithms", ("splitfl.executors", "splitfl.experiment")) == []
+    forbidden = ("splitfl.executors", "splitfl.experiment", "splitfl.net")
+    assert _offenders("algorithms", forbidden) == []
 
 
 def test_executors_import_no_algorithm_and_no_experiment():
-    assert _offenders("executors", ("splitfl.algorithms", "splitfl.experiment")) == []
+    forbidden = ("splitfl.algorithms", "splitfl.experiment", "splitfl.net")
+    assert _offenders("executors", forbidden) == []
+
+
+def test_network_layer_imports_no_algorithm_and_no_experiment():
+    forbidden = ("splitfl.algorithms", "splitfl.experiment", "splitfl.metrics", "splitfl.sweeps")
+    assert _offenders("net", forbidden) == []
+
+
+def test_device_process_needs_no_plotting_sweeps_or_experiment():
+    """``splitfl device`` imports no matplotlib, Ray, tqdm or the experiment layer."""
+    code = (
+        "import sys\n"
+        "for m in ('matplotlib', 'ray', 'tqdm'): sys.modules[m] = None\n"
+        "from splitfl.cli.entry import main\n"
+        "import splitfl.net.device_cli\n"
+        "bad = [m for m in sys.modules if m.startswith(('splitfl.experiment', "
+        "'splitfl.algorithms', 'splitfl.metrics', 'splitfl.sweeps'))]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_config_and_plan_are_leaves():

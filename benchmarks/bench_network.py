@@ -1,0 +1,297 @@
+"""Networked execution on this machine (loopback): transport overhead, round time, memory.
+
+1. **Per-batch overhead**: the time of one split-learning exchange over splitfl's transport
+   (server asks → device sends smashed data + labels → server sends the gradient) against the
+   same message pattern and bytes over a bare gRPC byte stream (no splitfl framing,
+   validation or bookkeeping). Both use a device in a separate process; compute is excluded
+   (the splitfl side is measured with a device that answers with fixed tensors).
+2. **Round time and memory** with 10 and 50 device processes (``splitfl launch``): the
+   measured round time of SplitFed V1 on digits and each device process's resident memory.
+
+    python benchmarks/bench_network.py --devices 10 50 --out benchmarks/results/net.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import torch
+import yaml
+
+from splitfl.experiment.runner import as_config
+from splitfl.net.auth import TokenBook
+from splitfl.net.fleet import Expect, Meter, RemoteFleet
+from splitfl.net.hub import Hub, HubSettings
+from splitfl.net.testbed import Testbed
+from splitfl.plan import ClientTask
+from splitfl.testing import config_for
+
+BARE = "/bench.Bare/Echo"
+
+# -- bare gRPC: the same exchange pattern as a raw byte stream ----------------------------
+
+_BARE_DEVICE = """
+import sys, grpc
+up = b"u" * int(sys.argv[2])
+channel = grpc.insecure_channel(sys.argv[1], options=[
+    ("grpc.max_receive_message_length", 1 << 26), ("grpc.max_send_message_length", 1 << 26)])
+import queue
+out = queue.Queue()
+def gen():
+    while True:
+        item = out.get()
+        if item is None:
+            return
+        yield item
+out.put(b"hello")
+for msg in channel.stream_stream("/bench.Bare/Echo")(gen()):
+    if msg == b"stop":
+        out.put(None)
+        break
+    if msg[:2] == b"go":
+        out.put(up)     # smashed data + labels
+    # gradient messages need no answer
+"""
+
+
+def bare_round_trip(iters: int, up: int, down: int) -> list[float]:
+    """Per-exchange seconds: server sends "go", device answers ``up`` bytes, server sends
+    ``down`` bytes (the gradient), over a raw gRPC bidirectional stream."""
+    times: list[float] = []
+    inbox: queue.Queue = queue.Queue()
+    outbox: queue.Queue = queue.Queue()
+
+    def handler(requests, context):
+        def read():
+            for msg in requests:
+                inbox.put(msg)
+
+        threading.Thread(target=read, daemon=True).start()
+        while True:
+            item = outbox.get()
+            if item is None:
+                return
+            yield item
+
+    options = [
+        ("grpc.max_receive_message_length", 1 << 26),
+        ("grpc.max_send_message_length", 1 << 26),
+    ]
+    server = grpc.server(futures.ThreadPoolExecutor(4), options=options)
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "bench.Bare", {"Echo": grpc.stream_stream_rpc_method_handler(handler)}
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    device = subprocess.Popen([sys.executable, "-c", _BARE_DEVICE, f"127.0.0.1:{port}", str(up)])
+    try:
+        inbox.get(timeout=60)  # hello
+        grad = b"g" * down
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            outbox.put(b"go")
+            inbox.get(timeout=60)
+            outbox.put(grad)
+            times.append(time.perf_counter() - t0)
+        outbox.put(b"stop")
+        outbox.put(None)
+        device.wait(30)
+    finally:
+        device.kill()
+        server.stop(0)
+    return times
+
+
+# -- splitfl: the same exchange through the hub and a device process ----------------------
+
+
+#: The device process: a DeviceAgent answering forward with fixed tensors (no compute).
+_SPLITFL_DEVICE = """
+import sys, torch
+from splitfl.net.device import DeviceAgent, DeviceOptions, run_device
+from splitfl.net.wire import Message
+rows, width = int(sys.argv[4]), int(sys.argv[5])
+class Fixed(DeviceAgent):
+    def _on_begin(self, c, msg):
+        return Message("ack")
+    def _on_forward(self, c, msg):
+        return Message("forwarded", {"step": msg.fields["step"]},
+                       {"fx": torch.ones(rows, width), "y": torch.zeros(rows, dtype=torch.long)})
+    def _on_backward(self, c, msg):
+        return None
+opts = DeviceOptions(server=sys.argv[1], name="bench", token=sys.argv[2], clients=(0,),
+                     retry_s=30)
+sys.exit(run_device(opts, lambda *a: None, Fixed))
+"""
+
+
+def splitfl_round_trip(iters: int, rows: int, width: int, folder: Path) -> list[float]:
+    """Per-exchange seconds of RemoteFleet.forward + backward with a device process that
+    answers with fixed tensors (rows × width float32 smashed data, rows int64 labels)."""
+    bed = Testbed.create(folder, ["bench"])
+    small = {"data.num_clients": 2, "train.clients_per_round": 2}
+    cfg = as_config(config_for("splitfed_v1", **small))
+    settings = HubSettings(max_message_bytes=1 << 28, chunk_bytes=1 << 20)
+    hub = Hub(settings, TokenBook.read(bed.tokens_file), 2, {"config": cfg.to_dict()})
+    hub.start(f"127.0.0.1:{bed.port}", None)
+    device = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _SPLITFL_DEVICE,
+            f"127.0.0.1:{bed.port}",
+            bed.tokens["bench"],
+            "0",
+            str(rows),
+            str(width),
+        ]
+    )
+    times: list[float] = []
+    try:
+        hub.wait_for(1, 120)
+        expect = Expect(torch.float32, {1: (width,)}, 10, {1: {}})
+        fleet = RemoteFleet(hub, 0, 60.0, expect, {0: Meter()}, {})
+        fleet.begin([ClientTask(0, 1, batch_size=rows)], {0: {}}, {})
+        grad = torch.ones(rows, width)
+        for step in range(iters):
+            t0 = time.perf_counter()
+            out = fleet.forward({0: step})
+            fleet.backward({0: grad})
+            times.append(time.perf_counter() - t0)
+            assert 0 in out, fleet.lost
+    finally:
+        hub.stop()
+        device.wait(30)
+        device.kill()
+    return times
+
+
+def overhead(iters: int, rows: int, width: int, folder: Path) -> dict:
+    up = rows * width * 4 + rows * 8
+    down = rows * width * 4
+    bare = bare_round_trip(iters, up, down)
+    ours = splitfl_round_trip(iters, rows, width, folder)
+    skip = iters // 10  # warm-up
+    b, s = statistics.median(bare[skip:]), statistics.median(ours[skip:])
+    return {
+        "rows": rows,
+        "width": width,
+        "bytes_up": up,
+        "bytes_down": down,
+        "bare_ms": b * 1e3,
+        "splitfl_ms": s * 1e3,
+        "ratio": s / b,
+    }
+
+
+# -- round time and memory with N device processes ------------------------------------------
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def launch_round(devices: int, folder: Path, steps: int) -> dict:
+    """SplitFed V1 on digits, 50 clients all selected, ``devices`` device processes."""
+    changes = {
+        "rounds": 3,
+        "data.num_clients": 50,
+        "train.clients_per_round": 50,
+        "data.min_samples": 8,
+        "train.local_steps": steps,
+        "network.connect_timeout_s": 900.0,
+    }
+    cfg = folder / f"c{devices}.yaml"
+    cfg.write_text(yaml.safe_dump(config_for("splitfed_v1", **changes)))
+    run_dir = folder / f"run{devices}"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "splitfl",
+            "launch",
+            str(cfg),
+            "--devices",
+            str(devices),
+            "--out",
+            str(run_dir),
+            "--no-progress",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    rss: list[float] = []
+    while proc.poll() is None:
+        info = run_dir / "network.json"
+        metrics = run_dir / "metrics.jsonl"
+        if info.exists() and metrics.exists() and not rss:
+            pids = [d["pid"] for d in json.loads(info.read_text())["local_devices"]]
+            rss = [r for r in (_rss_mb(p) for p in pids) if r is not None]
+        time.sleep(0.2)
+    total = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "devices": devices,
+        "clients": 50,
+        "local_steps": steps,
+        "round_time_s": [r["measured_round_time"] for r in rows],
+        "mean_busy_s": [statistics.mean(r["measured_busy_s"]) for r in rows],
+        "mean_wait_s": [statistics.mean(r["measured_wait_s"]) for r in rows],
+        "device_rss_mb_median": statistics.median(rss) if rss else None,
+        "device_rss_mb_max": max(rss) if rss else None,
+        "wall_s_including_start": total,
+        "exit_code": proc.returncode,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--shapes", nargs="*", default=["16x1024", "64x4096", "128x16384"])
+    p.add_argument("--devices", type=int, nargs="*", default=[10, 50])
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    results: dict = {"machine": f"{os.cpu_count()} cores", "torch": torch.__version__}
+    with tempfile.TemporaryDirectory() as tmp:
+        results["overhead"] = []
+        for i, shape in enumerate(args.shapes):
+            rows, width = map(int, shape.split("x"))
+            row = overhead(args.iters, rows, width, Path(tmp) / f"o{i}")
+            print(json.dumps(row), flush=True)
+            results["overhead"].append(row)
+        results["launch"] = []
+        for n in args.devices:
+            row = launch_round(n, Path(tmp), args.steps)
+            print(json.dumps(row), flush=True)
+            results["launch"].append(row)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
