@@ -47,7 +47,10 @@ def _rows(result) -> list[dict]:
 
 def _networked(tmp_path, algorithm, devices=DEVICES, agent_cls=None, network=None, **changes):
     bed = Testbed.create(tmp_path / "bed", list(devices))
-    threads = [bed.device(name, clients, agent_cls) for name, clients in devices.items()]
+    # a device cut off at the end (stalled, oversized) retries briefly, then gives up
+    threads = [
+        bed.device(name, clients, agent_cls, retry_s=3.0) for name, clients in devices.items()
+    ]
     net = bed.server_overrides(min_devices=len(devices), **(network or {}))
     result = splitfl.run(config_for(algorithm, **{**changes, **net}), run_dir=tmp_path / "net")
     for t in threads:

@@ -274,4 +274,4 @@ def test_cpu_default_is_the_reference_loop_and_gpu_default_is_vmap():
 
 
 def test_every_executor_is_listed():
-    assert set(splitfl.catalog()["executors"]) == set(EXECUTORS)
+    assert set(splitfl.catalog()["executors"]) == {*EXECUTORS, "networked"}

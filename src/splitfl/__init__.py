@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 #: ``import splitfl.net.device`` on an edge device does not pull in the experiment layer and
 #: its plotting/sweep dependencies (matplotlib, tqdm, Ray).
 _API = {
-    "catalog": "splitfl.catalog",
+    "catalog": "splitfl.listing",
     "ConfigError": "splitfl.config",
     "ExperimentConfig": "splitfl.config",
     "CompareResult": "splitfl.experiment",
@@ -38,7 +38,7 @@ _API = {
 }
 
 if TYPE_CHECKING:
-    from splitfl.catalog import catalog
+    from splitfl.listing import catalog
     from splitfl.config import ConfigError, ExperimentConfig
     from splitfl.experiment import CompareResult, RunResult, compare, resume, run, validate
     from splitfl.experiment.validation import load_config

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from splitfl.catalog import catalog
+from splitfl.listing import catalog
 from splitfl.cli.network import add_network_parsers
 from splitfl.config import ConfigError
 from splitfl.data.base import DatasetError, DatasetWarning

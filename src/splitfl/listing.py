@@ -32,5 +32,7 @@ def catalog() -> dict[str, dict[str, str]]:
             "sequential": "reference loop: one client after another (the papers' own code)",
             "vectorized": "clients batched as rows of stacked parameters (vmap on GPUs; the "
             "reference loop on CPU unless forced); same results",
+            "networked": "a server process and device processes over gRPC (splitfl server / "
+            "device / launch); parameter-server algorithms; measured time and bytes",
         },
     }
