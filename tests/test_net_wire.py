@@ -61,7 +61,7 @@ def _raw(header: bytes, body: bytes = b"") -> bytes:
         (_raw(b'{"type": "t", "tensors": [["x", "object", [1]]]}'), "bad tensor spec"),
         (_raw(b'{"type": "t", "tensors": [["x", "float32", [-1]]]}'), "bad shape"),
         (_raw(b'{"type": "t", "tensors": [["x", "float32", [4]]]}', bytes(8)), "too short"),
-        (_raw(b'{"type": "t", "tensors": [["x", "float32", [1]]]}', bytes(8)), "trailing"),
+        (_raw(b'{"type": "t", "tensors": [["x", "float32", [1]]]}', bytes(24)), "trailing"),
         (_raw(b'{"type": "t", "tensors": [["x", "float32", [1099511627775, 9]]]}'), "too short"),
     ],
 )
@@ -78,8 +78,14 @@ def test_pickled_bytes_are_not_a_message():
 
 
 def test_chunks_reassemble_and_oversized_messages_are_refused():
-    data = encode(Message("big", {}, {"x": torch.randn(1000)}))
-    parts = list(chunks(data, 512))
+    frame = encode(
+        Message(
+            "big", {"k": "v" * 300}, {"x": torch.randn(1000), "b": torch.ones(3, dtype=torch.bool)}
+        )
+    )
+    data = frame.tobytes()
+    parts = list(chunks(frame, 512))
+    assert list(chunks(data, 512)) == parts  # a frame and its bytes chunk alike
     assert len(parts) == -(-len(data) // 512) and all(len(p) <= 513 for p in parts)
     joined = Reassembler(10**6)
     outs = [joined.feed(p) for p in parts]
@@ -90,6 +96,21 @@ def test_chunks_reassemble_and_oversized_messages_are_refused():
             small.feed(p)
     with pytest.raises(WireError, match="flag"):
         Reassembler(100).feed(b"\x07abc")
+
+
+def test_all_finite_finds_nan_and_inf_and_survives_overflowing_sums():
+    from splitfl.net.wire import all_finite
+
+    big = torch.full((10,), 3e38)
+    assert (
+        all_finite(big)
+        and all_finite(torch.zeros(0))
+        and all_finite(torch.ones(3, dtype=torch.long))
+    )
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.ones(100)
+        x[17] = bad
+        assert not all_finite(x)
 
 
 def test_tensor_of_a_foreign_dtype_is_not_sent():

@@ -38,10 +38,10 @@ _API = {
 }
 
 if TYPE_CHECKING:
-    from splitfl.listing import catalog
     from splitfl.config import ConfigError, ExperimentConfig
     from splitfl.experiment import CompareResult, RunResult, compare, resume, run, validate
     from splitfl.experiment.validation import load_config
+    from splitfl.listing import catalog
     from splitfl.metrics.report import ReportResult, report
     from splitfl.sweeps import SweepResult, sweep
 

@@ -137,12 +137,13 @@ class NetworkConfig:
     any free port) and trains with device processes over gRPC. ``devices`` > 0 starts that
     many device processes on this machine (``splitfl launch``; clients dealt round-robin);
     0 waits for devices started elsewhere (``splitfl server``) — at least ``min_devices``
-    (default: ``devices``, or 1) within ``connect_timeout_s``; before each round it waits up to
-    ``rejoin_s`` for lost devices to reconnect. A device that does not answer within
-    ``timeout_s`` is dropped for the round. A non-loopback ``listen`` needs ``tls_cert`` + ``tls_key`` unless
-    ``insecure``; ``tokens`` is the server's tokens file (``name:sha256`` lines, made by
-    ``splitfl token``). Messages above ``max_message_mb`` are refused; they travel in chunks of
-    ``chunk_kb``; ``rate_limit`` caps messages per second per device (0: no cap)."""
+    (default: ``devices``, or 1) within ``connect_timeout_s``; before each round it waits up
+    to ``rejoin_s`` for lost devices to reconnect. A device that does not answer within
+    ``timeout_s`` is dropped for the round. A non-loopback ``listen`` needs ``tls_cert`` and
+    ``tls_key`` unless ``insecure``; ``tokens`` is the server's tokens file (``name:sha256``
+    lines, made by ``splitfl token``). Messages above ``max_message_mb`` are refused; they
+    travel in chunks of ``chunk_kb`` (devices follow the server's); ``rate_limit`` caps
+    messages per second per device (0: no cap)."""
 
     listen: str = "127.0.0.1:0"
     devices: int = 2
@@ -156,7 +157,7 @@ class NetworkConfig:
     tokens: str | None = None
     insecure: bool = False
     max_message_mb: float = 256.0
-    chunk_kb: int = 1024
+    chunk_kb: int = 4096
     compression: str = "none"
     rate_limit: float = 0.0
 
@@ -608,7 +609,9 @@ def _validate_network(config: ExperimentConfig) -> None:
     _check(
         n.min_devices is None or n.min_devices >= 1, "network.min_devices", "must be >= 1 or null"
     )
-    _check(1 <= n.chunk_kb <= 3072, "network.chunk_kb", f"must be in [1, 3072] (got {n.chunk_kb})")
+    _check(
+        1 <= n.chunk_kb <= 65536, "network.chunk_kb", f"must be in [1, 65536] (got {n.chunk_kb})"
+    )
     host, sep, port = n.listen.rpartition(":")
     _check(
         bool(sep and host) and port.isdigit() and int(port) < 65536,

@@ -13,12 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from splitfl.listing import catalog
 from splitfl.cli.network import add_network_parsers
 from splitfl.config import ConfigError
 from splitfl.data.base import DatasetError, DatasetWarning
 from splitfl.executors import NonFiniteLossError
 from splitfl.experiment import compare, resume, run, validate
+from splitfl.listing import catalog
 from splitfl.metrics.report import report
 from splitfl.metrics.summary import comparison_table
 from splitfl.privacy.cli import add_privacy_parser

@@ -62,7 +62,6 @@ class DeviceOptions:
     clients: tuple[int, ...] = ()
     data_root: str | None = None
     credentials: grpc.ChannelCredentials | None = None
-    chunk_bytes: int = 1 << 20
     max_message_bytes: int = 256 << 20
     retry_s: float = 60.0
     compression: str = "none"
@@ -200,22 +199,22 @@ _REFUSALS = {
 
 def _session(opts: DeviceOptions, agent, log, agent_cls) -> tuple[DeviceAgent | None, bool]:
     """One connection: hello, welcome, then commands until bye (True) or the stream ends."""
-    limit = opts.chunk_bytes + 1024
+    # chunks are at most the server's chunk size (told in welcome), messages at most ours
+    limit = opts.max_message_bytes + 1024
     options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
     if opts.credentials is None:
         channel = grpc.insecure_channel(opts.server, options=options)
     else:
         channel = grpc.secure_channel(opts.server, opts.credentials, options=options)
     outbox: queue.Queue = queue.Queue()
+    chunking = {"bytes": 1 << 16}  # until the server's welcome says its chunk size
     hello = {"protocol": PROTOCOL_VERSION, "name": opts.name, "token": opts.token}
     hello["clients"] = list(opts.clients)
     outbox.put(encode(Message("hello", hello)))
     compression = grpc.Compression.Gzip if opts.compression == "gzip" else None
-    stream = channel.stream_stream(METHOD)(
-        _outgoing(outbox, opts.chunk_bytes), compression=compression
-    )
+    stream = channel.stream_stream(METHOD)(_outgoing(outbox, chunking), compression=compression)
     try:
-        return _serve(opts, stream, outbox, agent, log, agent_cls)
+        return _serve(opts, stream, outbox, agent, log, agent_cls, chunking)
     except grpc.RpcError as err:
         if err.code() in _REFUSALS:
             raise Refused(err.details()) from None
@@ -226,7 +225,9 @@ def _session(opts: DeviceOptions, agent, log, agent_cls) -> tuple[DeviceAgent | 
         channel.close()
 
 
-def _serve(opts, stream, outbox, agent, log, agent_cls) -> tuple[DeviceAgent | None, bool]:
+def _serve(
+    opts, stream, outbox, agent, log, agent_cls, chunking
+) -> tuple[DeviceAgent | None, bool]:
     assembler = Reassembler(opts.max_message_bytes)
     for chunk in stream:
         data = assembler.feed(chunk)
@@ -236,6 +237,10 @@ def _serve(opts, stream, outbox, agent, log, agent_cls) -> tuple[DeviceAgent | N
         if msg.type == "welcome":
             config = from_dict(ExperimentConfig, msg.fields["config"])
             clients = msg.fields["clients"]
+            size = msg.fields.get("chunk_bytes")
+            if not isinstance(size, int) or not 1 <= size <= opts.max_message_bytes:
+                raise WireError(f"bad chunk size {size!r} in welcome")
+            chunking["bytes"] = size
             if agent is None or sorted(agent.data.samples) != sorted(clients):
                 agent = agent_cls(config, ClientData(config, clients, opts.data_root))
             outbox.put(encode(Message("ready")))
@@ -251,12 +256,12 @@ def _serve(opts, stream, outbox, agent, log, agent_cls) -> tuple[DeviceAgent | N
     return agent, False
 
 
-def _outgoing(outbox: queue.Queue, chunk_bytes: int) -> Iterator[bytes]:
+def _outgoing(outbox: queue.Queue, chunking: dict) -> Iterator[bytes]:
     while True:
         data = outbox.get()
         if data is None:
             return
-        yield from chunks(data, chunk_bytes)
+        yield from chunks(data, chunking["bytes"])
 
 
 def start_in_thread(opts: DeviceOptions, agent_cls: type | None = None) -> DeviceThread:

@@ -33,7 +33,6 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="client ids to host, comma-separated (default: the server assigns)",
     )
     p.add_argument("--retry-s", type=float, default=300.0, help="give up after this long offline")
-    p.add_argument("--chunk-kb", type=int, default=1024, help="stream chunk size (KiB)")
     p.add_argument("--max-message-mb", type=float, default=256.0, help="largest message accepted")
     p.add_argument("--compression", choices=("none", "gzip"), default="none")
     return p
@@ -47,8 +46,6 @@ def options_from(args: argparse.Namespace) -> DeviceOptions:
         raise ValueError(
             f"--client-id: expected comma-separated integers, got {args.client_id!r}"
         ) from None
-    if not 1 <= args.chunk_kb <= 3072:
-        raise ValueError(f"--chunk-kb: must be in [1, 3072] (got {args.chunk_kb})")
     return DeviceOptions(
         server=args.server,
         name=args.name,
@@ -56,7 +53,6 @@ def options_from(args: argparse.Namespace) -> DeviceOptions:
         clients=clients,
         data_root=args.data_root,
         credentials=channel_credentials(args.ca_cert) if args.ca_cert else None,
-        chunk_bytes=args.chunk_kb * 1024,
         max_message_bytes=int(args.max_message_mb * 2**20),
         retry_s=args.retry_s,
         compression=args.compression,

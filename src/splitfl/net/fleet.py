@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from splitfl.net.hub import LOST, DeviceLink, Hub
-from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
+from splitfl.net.wire import Message, all_finite, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientTask
 
 State = dict[str, torch.Tensor]
@@ -249,7 +249,7 @@ class RemoteFleet:
         n = y.shape[0] if y.dim() == 1 else -1
         if not 1 <= n <= task.batch_size or tuple(fx.shape) != (n, *ex.feature_shape[task.cut]):
             return f"shape {tuple(fx.shape)}/{tuple(y.shape)}"
-        if not torch.isfinite(fx).all():
+        if not all_finite(fx):
             return "non-finite values"
         if int(y.min()) < 0 or int(y.max()) >= ex.num_classes:
             return "label out of range"
@@ -263,7 +263,7 @@ class RemoteFleet:
             t = part[name]
             if tuple(t.shape) != shape or t.dtype != dtype:
                 return f"{name}: {tuple(t.shape)} {t.dtype}"
-            if t.is_floating_point() and not torch.isfinite(t).all():
+            if not all_finite(t):
                 return f"{name}: non-finite values"
         return None
 

@@ -217,6 +217,7 @@ class Hub:
             "protocol": PROTOCOL_VERSION,
             "clients": link.clients,
             "config": self.welcome["config"],
+            "chunk_bytes": self.settings.chunk_bytes,
         }
 
     def _read(self, link: DeviceLink, requests, assembler: Reassembler) -> None:

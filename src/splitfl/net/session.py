@@ -82,7 +82,8 @@ class NetworkSession:
             clients = [k for k in range(self.num_clients) if k % n.devices == i]
             cmd = [sys.executable, "-m", "splitfl.net.device_cli", "--server", f"{host}:{port}"]
             cmd += ["--name", name, "--token-file", str(token_file), "--retry-s", "10"]
-            cmd += ["--client-id", ",".join(map(str, clients)), "--chunk-kb", str(n.chunk_kb)]
+            cmd += ["--client-id", ",".join(map(str, clients))]
+            cmd += ["--max-message-mb", str(n.max_message_mb)]
             if n.tls_cert:
                 cmd += ["--ca-cert", n.ca_cert or n.tls_cert]
             if n.compression != "none":

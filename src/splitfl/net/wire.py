@@ -6,7 +6,9 @@ A message is encoded as::
 
 The header holds ``type`` (a string), ``fields`` (JSON values) and ``tensors``: a list of
 ``[name, dtype, shape]``; the tensor bytes follow in that order, each C-contiguous and
-little-endian, ``prod(shape) × itemsize`` bytes. Nothing is ever unpickled: a tensor is
+little-endian, ``prod(shape) × itemsize`` bytes, each starting at an offset that is a
+multiple of 8 (the header is padded with spaces, each tensor with zero bytes), so tensors are
+read in place from the received buffer, aligned. Nothing is ever unpickled: a tensor is
 rebuilt with :func:`torch.frombuffer` from its declared dtype (one of :data:`DTYPES`) and shape,
 and the decoder refuses any message whose sizes do not add up exactly (:class:`WireError`).
 
@@ -60,26 +62,61 @@ class Message:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def encode(message: Message) -> bytes:
-    """The message's bytes (see the module docstring). Tensors are sent as they are
-    (no dtype conversion); a dtype outside :data:`DTYPES` raises :class:`WireError`."""
-    specs, blobs = [], []
+def _aligned(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+class Frame:
+    """An encoded message as its parts (header, then each tensor's bytes and padding), not
+    yet copied: :func:`chunks` copies each part once, into the stream's chunks. The tensors
+    must not change until the frame is sent (every caller sends fresh or frozen tensors)."""
+
+    def __init__(self, parts: list[memoryview]):
+        self.parts = parts
+        self.nbytes = sum(p.nbytes for p in parts)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def tobytes(self) -> bytearray:
+        return bytearray().join(self.parts)
+
+
+_PAD = memoryview(bytes(8))
+
+
+def encode(message: Message) -> Frame:
+    """The message (see the module docstring) as a :class:`Frame`. Tensors are sent as they
+    are (no dtype conversion); a dtype outside :data:`DTYPES` raises :class:`WireError`."""
+    specs, flats = [], []
     for name, tensor in message.tensors.items():
         t = tensor.detach().to("cpu").contiguous()
         if t.dtype not in _NAMES:
             raise WireError(f"tensor {name!r}: dtype {t.dtype} cannot be sent")
         specs.append([name, _NAMES[t.dtype], list(t.shape)])
-        blobs.append(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        flats.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
     header = json.dumps(
         {"type": message.type, "fields": message.fields, "tensors": specs},
         separators=(",", ":"),
         allow_nan=False,
     ).encode()
-    return b"".join([MAGIC, struct.pack("<I", len(header)), header, *blobs])
+    header += b" " * (_aligned(8 + len(header)) - 8 - len(header))
+    parts = [memoryview(MAGIC + struct.pack("<I", len(header)) + header)]
+    for flat in flats:
+        parts.append(flat)
+        if flat.nbytes % 8:
+            parts.append(_PAD[: _aligned(flat.nbytes) - flat.nbytes])
+    return Frame(parts)
 
 
-def decode(data: bytes) -> Message:
-    """Parse and check a message: magic, header JSON, dtypes, shapes and exact sizes."""
+def decode(data: bytes | bytearray | Frame) -> Message:
+    """Parse and check a message: magic, header JSON, dtypes, shapes and exact sizes. The
+    tensors are views of ``data`` when it is a writable, aligned buffer (a
+    :class:`Reassembler`'s output), else of a copy."""
+    if isinstance(data, Frame):
+        data = data.tobytes()
+    elif not isinstance(data, bytearray):
+        data = bytearray(data)
     if len(data) < 8 or data[:4] != MAGIC:
         raise WireError("not a splitfl message (bad magic)")
     (size,) = struct.unpack("<I", data[4:8])
@@ -94,16 +131,19 @@ def decode(data: bytes) -> Message:
     fields, specs = header.get("fields", {}), header.get("tensors", [])
     if not isinstance(fields, dict) or not isinstance(specs, list):
         raise WireError("header 'fields' must be an object and 'tensors' a list")
-    tensors, offset = {}, 8 + size
+    tensors, offset = {}, _aligned(8 + size)
     for spec in specs:
         name, dtype, shape = _tensor_spec(spec)
-        nbytes = math.prod(shape) * _itemsize(dtype)
+        count = math.prod(shape)
+        nbytes = count * _itemsize(dtype)
         if offset + nbytes > len(data):
             raise WireError(f"tensor {name!r}: {nbytes} bytes declared, message too short")
-        raw = bytearray(data[offset : offset + nbytes])
-        flat = torch.frombuffer(raw, dtype=dtype) if nbytes else torch.empty(0, dtype=dtype)
+        if nbytes:
+            flat = torch.frombuffer(data, dtype=dtype, count=count, offset=offset)
+        else:
+            flat = torch.empty(0, dtype=dtype)
         tensors[name] = flat.reshape(shape)
-        offset += nbytes
+        offset += _aligned(nbytes)
     if offset != len(data):
         raise WireError(f"{len(data) - offset} trailing bytes after the declared tensors")
     return Message(header["type"], fields, tensors)
@@ -123,19 +163,38 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is finite: the sum first (one pass, no temporary; it is
+    finite for finite values unless it overflows), the element-wise check only if it is not."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return True
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
 def payload_bytes(message: Message) -> int:
     """Bytes of the message's tensors alone (what the cost model counts)."""
     return sum(t.numel() * t.element_size() for t in message.tensors.values())
 
 
-def chunks(data: bytes, chunk_bytes: int) -> Iterator[bytes]:
-    """``data`` as stream chunks: a flag byte (1 = last chunk of the message) + ≤ chunk_bytes."""
+def chunks(data: Frame | bytes | bytearray, chunk_bytes: int) -> Iterator[bytes]:
+    """``data`` as stream chunks: a flag byte (1 = last chunk of the message) + ≤ chunk_bytes,
+    each built with one copy of the frame's parts."""
     if chunk_bytes < 1:
         raise ValueError("chunk_bytes must be >= 1")
-    starts = range(0, max(len(data), 1), chunk_bytes)
-    for start in starts:
-        last = start + chunk_bytes >= len(data)
-        yield (b"\x01" if last else b"\x00") + data[start : start + chunk_bytes]
+    parts = data.parts if isinstance(data, Frame) else [memoryview(data)]
+    total, sent = sum(p.nbytes for p in parts), 0
+    pending: list[memoryview] = []
+    room = chunk_bytes
+    for part in parts:
+        while part.nbytes:
+            take = part[:room]
+            pending.append(take)
+            part, room, sent = part[take.nbytes :], room - take.nbytes, sent + take.nbytes
+            if room == 0:
+                yield b"".join([b"\x01" if sent == total else b"\x00", *pending])
+                pending, room = [], chunk_bytes
+    if pending or total == 0:
+        yield b"".join([b"\x01", *pending])
 
 
 class Reassembler:
@@ -143,20 +202,20 @@ class Reassembler:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self._parts: list[bytes] = []
+        self._parts: list[memoryview] = []
         self._size = 0
 
-    def feed(self, chunk: bytes) -> bytes | None:
+    def feed(self, chunk: bytes) -> bytearray | None:
         """Add a chunk; the whole message once its last chunk arrived, else None."""
         if not chunk or chunk[0] not in (0, 1):
             raise WireError("bad chunk flag")
         self._size += len(chunk) - 1
         if self._size > self.max_bytes:
             raise WireError(f"message exceeds the {self.max_bytes}-byte limit")
-        self._parts.append(chunk[1:])
+        self._parts.append(memoryview(chunk)[1:])
         if chunk[0] == 0:
             return None
-        data, self._parts, self._size = b"".join(self._parts), [], 0
+        data, self._parts, self._size = bytearray().join(self._parts), [], 0
         return data
 
 
