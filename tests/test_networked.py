@@ -194,3 +194,33 @@ def test_oversized_message_is_refused(tmp_path):
     (row,) = _rows(net)
     assert row["dropped_clients"] == [0, 1]
     assert all("limit" in why for why in row["dropped_reasons"].values())
+
+
+def test_emulated_devices_take_at_least_their_profiles_eq1_time(tmp_path):
+    """With emulation every measured term is held to at least its Eq. 1 value (compute
+    stretched to Comp_c, transfers held for bytes / R, the server step to Comp_s), so each
+    client's measured busy time is at least its cost-model time (no contention, no jitter)."""
+    changes = {
+        "rounds": 2,
+        "data.num_clients": 6,
+        "train.clients_per_round": 6,
+        "devices.preset": "s2fl_table1",
+        "devices.contention": False,
+        "devices.jitter": 0.0,
+    }
+    devices = {"a": [0, 2, 4], "b": [1, 3, 5]}
+    net, _ = _networked(tmp_path, "s2fl", devices, None, {"emulate": True}, **changes)
+    for row in _rows(net):
+        for measured, predicted in zip(row["measured_busy_s"], row["client_times"], strict=True):
+            assert measured >= predicted * 0.999
+        assert row["measured_round_time"] >= row["round_time"] * 0.999
+
+
+def test_emulation_profile_fields_round_trip_and_reject_nonsense():
+    from splitfl.net.emulation import Profile
+
+    p = Profile(1e9, 2e6, 3e6, 5e4)
+    assert Profile.from_fields(p.to_fields()) == p
+    assert Profile.from_fields({}) is None
+    assert Profile.from_fields({**p.to_fields(), "flops": 0}) is None
+    assert Profile.from_fields({**p.to_fields(), "uplink": "fast"}) is None

@@ -160,6 +160,9 @@ class NetworkConfig:
     chunk_kb: int = 4096
     compression: str = "none"
     rate_limit: float = 0.0
+    #: Devices emulate their ``devices.preset`` profiles: compute stretched to the profile's
+    #: FLOPS, transfers held for bytes / rate (``splitfl.net.emulation``).
+    emulate: bool = False
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,9 @@ class RoundPlan:
     ring: RingSpec | None = None
     info: dict[str, Any] = field(default_factory=dict)
     group_forward: str = "separate"
+    #: The round this plan is for (set by the experiment after planning; executors that
+    #: emulate time-varying devices read it).
+    round_idx: int | None = None
 
     def groups(self) -> dict[int, list[ClientTask]]:
         out: dict[int, list[ClientTask]] = {}

@@ -140,6 +140,7 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     torch.manual_seed(derive_seed(config.seed, "torch", r))
     clients = algorithm.select_clients(r, rng_for(config.seed, "select", r))
     plan = algorithm.plan_round(r, clients, rng_for(config.seed, "plan", r))
+    plan.round_idx = r
     result = executor.run_round(ctx, st.global_state, plan, derive_seed(config.seed, "b", r))
     # the algorithm hears of the clients that completed only (a networked device may be lost)
     done = plan

@@ -36,6 +36,7 @@ from splitfl.data.base import DatasetError
 from splitfl.data.clients import client_partition
 from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
 from splitfl.models import ModelPart, build_model
+from splitfl.net.emulation import FORWARD_SHARE, Profile, stretch, transfer
 from splitfl.net.hub import METHOD
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
@@ -87,6 +88,13 @@ class ClientData:
             self.samples[c] = (x, y, np.arange(len(idx)))
 
 
+#: Share of the part's per-sample FLOPs each command computes (emulation).
+_COMPUTE_SHARE = {
+    "forward": FORWARD_SHARE,
+    "backward": 1 - FORWARD_SHARE,
+    "head_update": 1 - FORWARD_SHARE,
+    "local_step": 1.0,
+}
 #: Commands a device answers.
 COMMANDS = ("begin", "forward", "backward", "head_update", "local_step", "finish")
 
@@ -103,6 +111,8 @@ class DeviceAgent:
         self.runtime = Runtime(torch.device("cpu"))
         self.roles: dict[int, DeviceRole] = {}
         self.pending: dict[int, float] = {}
+        self.profiles: dict[int, Profile | None] = {}
+        self.last_batch: dict[int, int] = {}
         self.warm_up()
 
     def warm_up(self) -> None:
@@ -112,17 +122,33 @@ class DeviceAgent:
         copy.deepcopy(self.model)(x).sum().backward()
 
     def handle(self, msg: Message) -> Message | None:
-        """One command → its reply (None for ``backward``/``head_update``)."""
+        """One command → its reply (None for ``backward``/``head_update``). With emulation,
+        compute is stretched to the client's profile (:mod:`splitfl.net.emulation`)."""
         c = msg.fields.get("client")
         if msg.type not in COMMANDS or c not in self.data.samples:
             raise WireError(f"unexpected command {msg.type!r} for client {c!r}")
         t0 = time.perf_counter()
         reply = getattr(self, f"_on_{msg.type}")(c, msg)
+        self._stretch(c, msg.type, t0)
         self.pending[c] = self.pending.get(c, 0.0) + time.perf_counter() - t0
         if reply is None:
             return None
         reply.fields.update(client=c, seq=msg.fields.get("seq"), compute_s=self.pending.pop(c))
         return reply
+
+    def _stretch(self, c: int, kind: str, started: float) -> None:
+        profile = self.profiles.get(c)
+        share = _COMPUTE_SHARE.get(kind)
+        if profile is None or share is None or c not in self.roles:
+            return
+        samples = self.last_batch.get(c, 0)
+        stretch(started, samples, share * profile.flops_per_sample, profile.flops)
+
+    def link(self, c, kind: str, nbytes: int) -> None:
+        """Hold a message for its emulated transfer on client ``c``'s link."""
+        profile = self.profiles.get(c)
+        if profile is not None:
+            transfer(nbytes, profile.uplink if kind == "up" else profile.downlink)
 
     def _on_begin(self, c: int, msg: Message) -> Message:
         f = msg.fields
@@ -139,6 +165,7 @@ class DeviceAgent:
 
     def _on_forward(self, c: int, msg: Message) -> Message:
         fx, y = self.roles[c].forward(msg.fields["step"])
+        self.last_batch[c] = len(y)
         return Message("forwarded", {"step": msg.fields["step"]}, {"fx": fx, "y": y})
 
     def _on_backward(self, c: int, msg: Message) -> None:
@@ -149,6 +176,7 @@ class DeviceAgent:
 
     def _on_local_step(self, c: int, msg: Message) -> Message:
         loss_sum, samples = self.roles[c].local_step(msg.fields["step"])
+        self.last_batch[c] = samples
         return Message("local_done", {"loss_sum": loss_sum, "samples": samples})
 
     def _on_finish(self, c: int, msg: Message) -> Message:
@@ -250,9 +278,15 @@ def _serve(
             return agent, True
         if agent is None:
             raise WireError(f"{msg.type!r} before welcome")
+        client = msg.fields.get("client")
+        if msg.type == "begin" and client in agent.data.samples:
+            agent.profiles[client] = Profile.from_fields(msg.fields.get("emulate") or {})
+        agent.link(client, "down", len(data))  # emulated download, before the message is used
         reply = agent.handle(msg)
         if reply is not None:
-            outbox.put(encode(reply))
+            frame = encode(reply)
+            agent.link(client, "up", len(frame))  # the reply leaves at the link's rate
+            outbox.put(frame)
     return agent, False
 
 

@@ -25,6 +25,7 @@ from splitfl.config import ExperimentConfig
 from splitfl.executors.fleet import GroupRun, group_runs, run_group, server_role
 from splitfl.executors.roles import Runtime, ServerRole
 from splitfl.models import BlockModel, ModelPart
+from splitfl.net.emulation import Profile, stretch
 from splitfl.net.fleet import Expect, Meter, RemoteFleet
 from splitfl.net.session import NetworkSession
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
@@ -32,14 +33,21 @@ from splitfl.seeding import derive_seed
 
 
 class _TimedServer:
-    """A :class:`ServerRole` whose step time is charged to every member it served."""
+    """A :class:`ServerRole` whose step time is charged to every member it served; with
+    ``emulate`` (per-sample server FLOPs by cut, server FLOPS) the step is stretched to
+    ``Σ samples × FLOPs / Comp_s`` (S²FL Eq. 1's ``F_s / Comp_s``)."""
 
-    def __init__(self, server: ServerRole, meters: dict[int, Meter]):
+    def __init__(self, server: ServerRole, meters: dict[int, Meter], emulate=None):
         self.server, self.meters, self.stop = server, meters, server.stop
+        self.emulate = emulate
 
     def step(self, sent):
         start = time.perf_counter()
         out = self.server.step(sent)
+        if self.emulate is not None:
+            per_cut, flops = self.emulate
+            work = sum(len(s.labels) * per_cut(s.cut) for s in sent)
+            stretch(start, 1, work, flops)
         spent = time.perf_counter() - start
         for s in sent:
             self.meters[s.client].server_s += spent
@@ -80,11 +88,17 @@ class NetworkedExecutor:
         expect = expectations(ctx, model, plan)
         gen = np.random.default_rng(derive_seed(round_seed, "mix"))
         timeout = self.config.network.timeout_s
+        profiles = emulated_profiles(ctx, plan) if self.config.network.emulate else None
+        server_emulation = None
+        if profiles is not None:
+            server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
 
         def group(run: GroupRun):
             server = server_role(model, run.tasks, plan, ctx.config.train, self.runtime, gen)
-            timed = None if server is None else _TimedServer(server, meters)
-            fleet = RemoteFleet(self.session.hub, round_seed, timeout, expect, meters, lost)
+            timed = None if server is None else _TimedServer(server, meters, server_emulation)
+            fleet = RemoteFleet(
+                self.session.hub, round_seed, timeout, expect, meters, lost, profiles
+            )
             return run_group(fleet, timed, run, plan), server
 
         start = time.perf_counter()
@@ -110,6 +124,17 @@ class NetworkedExecutor:
             dropped=dict(sorted(lost.items())),
             measured_round_time=wall,
         )
+
+
+def emulated_profiles(ctx, plan: RoundPlan) -> dict[int, Profile]:
+    """Each task's device profile for the plan's round and its part's per-sample FLOPs."""
+    r = plan.round_idx or 0
+    out = {}
+    for t in plan.tasks:
+        device = ctx.population.at(t.client, r)
+        flops = ctx.profile.device_flops(t.cut)
+        out[t.client] = Profile(device.flops, device.uplink, device.downlink, flops)
+    return out
 
 
 def expectations(ctx, model: BlockModel, plan: RoundPlan) -> Expect:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitfl.net.emulation import Profile
 from splitfl.net.hub import LOST, DeviceLink, Hub
 from splitfl.net.wire import Message, all_finite, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientTask
@@ -77,9 +78,10 @@ class RemoteFleet:
         expect: Expect,
         meters: dict[int, Meter],
         lost: dict[int, str],
+        profiles: dict[int, Profile] | None = None,
     ):
         self.hub, self.round_seed, self.timeout_s, self.expect = hub, round_seed, timeout_s, expect
-        self.meters, self.lost = meters, lost
+        self.meters, self.lost, self.profiles = meters, lost, profiles
         self.dropped: set[int] = set()
         self.tasks: dict[int, ClientTask] = {}
         #: bytes sent without a reply of their own (gradients): the next exchange carries them
@@ -98,6 +100,8 @@ class RemoteFleet:
                 "lr": t.lr,
                 "round_seed": self.round_seed,
             }
+            if self.profiles is not None:
+                fields["emulate"] = self.profiles[t.client].to_fields()
             tensors = {
                 **state_tensors("part", parts[t.client]),
                 **state_tensors("aux", aux.get(t.client)),
