@@ -11,16 +11,20 @@ expanded (an alias bomb); syntax errors and non-UTF-8 files are one-line errors 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import importlib.util
 import math
 import os
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from splitfl.yaml_limits import MAX_YAML_BYTES, yaml_limit_violation
@@ -404,7 +408,6 @@ def set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of a raw config mapping with dotted ``key=value`` overrides applied."""
-    import copy
 
     out = copy.deepcopy(data)
     for text in overrides:
@@ -503,16 +506,12 @@ def _choice(value: str, allowed: list[str], path: str) -> None:
 
 def resolve_device(name: str) -> str:
     """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; other names unchanged."""
-    import torch
-
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
 
 
 def _check_device(name: str) -> None:
-    import torch
-
     ok = name in ("cpu", "auto") or (
         name.startswith("cuda") and (name == "cuda" or name[5:].isdigit() and name[4] == ":")
     )
@@ -527,9 +526,6 @@ def _check_device(name: str) -> None:
 
 def _installed(package: str) -> bool:
     """Importable without importing it (a ``None`` entry in ``sys.modules`` blocks it)."""
-    import importlib.util
-    import sys
-
     if package in sys.modules:
         return sys.modules[package] is not None
     return importlib.util.find_spec(package) is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 from splitfl.cli.network import add_network_parsers
@@ -188,8 +189,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _one_line_data_warnings() -> None:
     """Show :class:`~splitfl.data.base.DatasetWarning` as one ``warning: ...`` line (like the
     ``error: ...`` lines); other warnings keep Python's format."""
-    import warnings
-
 
     shown = warnings.showwarning
     if getattr(shown, "splitfl_data", False):

@@ -116,9 +116,9 @@ class DeviceAgent:
         self.warm_up()
 
     def warm_up(self) -> None:
-        """One forward/backward on two of its samples before saying ready, so that one-time
-        kernel set-up is not measured as the first round's compute."""
-        x = next(iter(self.data.samples.values()))[0][:2]
+        """One forward/backward on a batch of its samples before saying ready, so that
+        one-time kernel set-up (per batch shape) is not measured as the first round's compute."""
+        x = next(iter(self.data.samples.values()))[0][: self.config.train.batch_size]
         copy.deepcopy(self.model)(x).sum().backward()
 
     def handle(self, msg: Message) -> Message | None:
