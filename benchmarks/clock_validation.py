@@ -32,7 +32,6 @@ WORKLOADS = {
     "mnist-lenet5": {
         "model": "lenet5",
         "data.dataset": "mnist",
-        "data.root": "../shared/data",
         "data.num_clients": 12,
         "data.min_samples": 8,
         "train.local_steps": 5,
@@ -52,8 +51,8 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
 
 
-def validate(algorithm: str, workload: str, rounds: int, folder: Path) -> dict:
-    changes = {**WORKLOADS[workload], **EMULATED, "rounds": rounds}
+def validate(algorithm: str, workload: str, rounds: int, folder: Path, root: str) -> dict:
+    changes = {**WORKLOADS[workload], **EMULATED, "rounds": rounds, "data.root": root}
     run_dir = folder / f"{algorithm}-{workload}"
     splitfl.run(config_for(algorithm, **changes), run_dir=run_dir)
     per_round = []
@@ -117,13 +116,14 @@ def main() -> None:
     p.add_argument("--workloads", nargs="*", default=["digits", "mnist-lenet5"])
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--sliding", action="store_true", help="also the S²FL sliding-split check")
+    p.add_argument("--data-root", default="../shared/data", help="where MNIST is")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     results: dict = {"validation": [], "date": time.strftime("%Y-%m-%d")}
     with tempfile.TemporaryDirectory() as tmp:
         for workload in args.workloads:
             for algorithm in args.algorithms:
-                row = validate(algorithm, workload, args.rounds, Path(tmp))
+                row = validate(algorithm, workload, args.rounds, Path(tmp), args.data_root)
                 print(json.dumps(row), flush=True)
                 results["validation"].append(row)
         if args.sliding:
