@@ -119,7 +119,10 @@ class DeviceAgent:
         """One forward/backward on a batch of its samples before saying ready, so that
         one-time kernel set-up (per batch shape) is not measured as the first round's compute."""
         x = next(iter(self.data.samples.values()))[0][: self.config.train.batch_size]
-        copy.deepcopy(self.model)(x).sum().backward()
+        model = copy.deepcopy(self.model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # first use loads lazily
+        model(x).sum().backward()
+        optimizer.step()
 
     def handle(self, msg: Message) -> Message | None:
         """One command → its reply (None for ``backward``/``head_update``). With emulation,
@@ -253,8 +256,21 @@ def _session(opts: DeviceOptions, agent, log, agent_cls) -> tuple[DeviceAgent | 
         channel.close()
 
 
-def _serve(
-    opts, stream, outbox, agent, log, agent_cls, chunking
+def _serve(opts, stream, outbox, agent, log, agent_cls, chunking):
+    """Read the server's messages; commands go to the client's worker thread."""
+    workers = ClientWorkers(outbox, stream.cancel)
+    try:
+        return _read_commands(opts, stream, outbox, agent, log, agent_cls, chunking, workers)
+    except grpc.RpcError:
+        if workers.error is not None:
+            raise workers.error from None
+        raise
+    finally:
+        workers.close()
+
+
+def _read_commands(
+    opts, stream, outbox, agent, log, agent_cls, chunking, workers
 ) -> tuple[DeviceAgent | None, bool]:
     assembler = Reassembler(opts.max_message_bytes)
     for chunk in stream:
@@ -278,16 +294,54 @@ def _serve(
             return agent, True
         if agent is None:
             raise WireError(f"{msg.type!r} before welcome")
-        client = msg.fields.get("client")
-        if msg.type == "begin" and client in agent.data.samples:
-            agent.profiles[client] = Profile.from_fields(msg.fields.get("emulate") or {})
-        agent.link(client, "down", len(data))  # emulated download, before the message is used
-        reply = agent.handle(msg)
-        if reply is not None:
-            frame = encode(reply)
-            agent.link(client, "up", len(frame))  # the reply leaves at the link's rate
-            outbox.put(frame)
+        workers.dispatch(agent, msg, len(data))
     return agent, False
+
+
+class ClientWorkers:
+    """One thread per hosted client: a device process hosting several clients runs them
+    concurrently, as separate devices would (their emulated transfers and compute overlap);
+    each client's commands run in order. A worker's error ends the session."""
+
+    def __init__(self, outbox: queue.Queue, stop_stream):
+        self.outbox, self.stop_stream = outbox, stop_stream
+        self.queues: dict[int, queue.Queue] = {}
+        self.threads: list[threading.Thread] = []
+        self.error: BaseException | None = None
+
+    def dispatch(self, agent: DeviceAgent, msg: Message, nbytes: int) -> None:
+        client = msg.fields.get("client")
+        if client not in self.queues:
+            if client not in agent.data.samples:
+                raise WireError(f"command for client {client!r}, not hosted here")
+            self.queues[client] = queue.Queue()
+            thread = threading.Thread(target=self._run, args=(agent, client), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+        self.queues[client].put((msg, nbytes))
+
+    def _run(self, agent: DeviceAgent, client: int) -> None:
+        box = self.queues[client]
+        try:
+            while (item := box.get()) is not None:
+                msg, nbytes = item
+                if msg.type == "begin":
+                    agent.profiles[client] = Profile.from_fields(msg.fields.get("emulate") or {})
+                agent.link(client, "down", nbytes)  # emulated download, before use
+                reply = agent.handle(msg)
+                if reply is not None:
+                    frame = encode(reply)
+                    agent.link(client, "up", len(frame))  # leaves at the link's rate
+                    self.outbox.put(frame)
+        except BaseException as err:  # noqa: BLE001 (reported to the session, which ends)
+            self.error = err
+            self.stop_stream()
+
+    def close(self) -> None:
+        for box in self.queues.values():
+            box.put(None)
+        for thread in self.threads:
+            thread.join(timeout=5)
 
 
 def _outgoing(outbox: queue.Queue, chunking: dict) -> Iterator[bytes]:

@@ -7,11 +7,11 @@ rest of the round (``lost`` names why); the server's models are never touched by
 tensor.
 
 What is measured per client (:class:`Meter`): device compute (reported by the device with
-each reply), communication = round trip − the device's compute for the exchange (and for the
-earlier replies of the same device in the same call: one process serves its clients one after
-another), split into upload and download in proportion to the bytes each way (one-way times
-need synchronised clocks, which devices do not have), the server's compute for the client's
-iterations, and bytes: the tensor payload per link (as the cost model counts it) and the
+each reply), communication = round trip − the device's compute for the exchange (a device
+process serves each hosted client in its own thread), split into upload and download in
+proportion to the bytes each way (one-way times need synchronised clocks, which devices do
+not have), the server's compute for the client's iterations, and bytes: the tensor payload
+per link (as the cost model counts it) and the
 encoded messages on the wire.
 """
 
@@ -190,7 +190,6 @@ class RemoteFleet:
         """Send every request, then collect each reply (deadline ``timeout_s``)."""
         sent = {c: self._send(c, msg, name) for c, (msg, name) in requests.items()}
         deadline = time.monotonic() + self.timeout_s
-        busy: dict[str, float] = {}  # device compute already spent in this call, per link
         out = {}
         for c, handle in sent.items():
             if handle is None:
@@ -204,7 +203,7 @@ class RemoteFleet:
             if msg.type != reply:
                 self._drop(c, f"expected {reply!r}, got {msg.type!r}")
                 continue
-            self._measure(c, link, busy, msg, arrived - sent_at, up, down)
+            self._measure(c, msg, arrived - sent_at, up, down)
             out[c] = msg
         return out
 
@@ -225,13 +224,11 @@ class RemoteFleet:
             if got[0].fields.get("seq") == seq:
                 return got
 
-    def _measure(self, c, link, busy, msg, rtt, up, down) -> None:
+    def _measure(self, c, msg, rtt, up, down) -> None:
         compute = msg.fields.get("compute_s")
         compute = float(compute) if isinstance(compute, float | int) else 0.0
         compute = min(max(compute, 0.0), rtt)
-        before = busy.get(link.name, 0.0)
-        busy[link.name] = before + compute
-        comm = max(rtt - compute - before, 0.0)
+        comm = rtt - compute  # the device serves each client in its own thread
         meter = self.meters[c]
         meter.compute_s += compute
         meter.wire_up += up
