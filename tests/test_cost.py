@@ -3,9 +3,12 @@
 import numpy as np
 import pytest
 
+from splitfl.experiment.runner import as_config, prepare
 from splitfl.models.profile import BlockCost, ModelProfile
+from splitfl.plan import ClientTask
 from splitfl.system import DeviceProfile, SimClock, jitter_factors, round_times, split_client_cost
 from splitfl.system.devices import S2FL_TABLE1_FLOPS, S2FL_TABLE1_RATE, draw_population
+from splitfl.testing import config_for
 
 
 def _profile() -> ModelProfile:
@@ -131,3 +134,33 @@ def test_cluster_top_workers_share_the_server_link():
     assert times[2].round_time(3) == 0.0 and times[2].ps_rates == (2e6, 2e6)
     alone = cluster_times([_cluster(), _cluster()], server, contention=False)
     assert alone[0].ps_rates == (2e6, 2e6)
+
+
+def test_exchange_latency_adds_a_fixed_time_per_exchange():
+    device = DeviceProfile(flops=1e9, uplink=1e6, downlink=1e6)
+    server = DeviceProfile(flops=5e10, uplink=1e7, downlink=1e7)
+    eq1 = split_client_cost(_profile(), 2, 100, device, server)
+    with_latency = split_client_cost(
+        _profile(), 2, 100, device, server, exchanges=9, exchange_latency=0.01
+    )
+    assert with_latency.comm_time == pytest.approx(eq1.comm_time + 0.09, rel=1e-12)
+    assert with_latency.device_time == eq1.device_time
+    assert with_latency.server_time == eq1.server_time
+
+
+def test_context_counts_one_exchange_per_mini_batch_and_model_transfer():
+    base = prepare(as_config(config_for("splitfed_v1"))).ctx
+    ctx = prepare(as_config(config_for("splitfed_v1", **{"devices.exchange_latency_s": 0.01}))).ctx
+    task = ClientTask(client=0, cut=2, batch_size=16)
+    # 100 samples in batches of 16 -> 7 exchanges, + model download and upload = 9
+    extra = (
+        ctx.task_cost(task, 100, 0, "server").comm_time
+        - base.task_cost(task, 100, 0, "server").comm_time
+    )
+    assert extra == pytest.approx(0.09, rel=1e-9)
+    full = ClientTask(client=0, cut=base.num_blocks, batch_size=16, upload_model=False)
+    extra = (
+        ctx.task_cost(full, 100, 0, "server").comm_time
+        - base.task_cost(full, 100, 0, "server").comm_time
+    )
+    assert extra == pytest.approx(0.01, rel=1e-9)  # FedAvg: the model download only

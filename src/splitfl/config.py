@@ -79,6 +79,11 @@ class DevicesConfig:
     variation_period: int = 1
     contention: bool = True
     d2d_rate: float | None = None
+    #: Fixed time per message exchange between a device and the server (one per mini-batch,
+    #: one per model transfer), on top of bytes / rate: serialisation, protocol and per-message
+    #: latency, which S²FL Eq. 1 leaves out. 0 (the default) is Eq. 1 exactly;
+    #: ``benchmarks/clock_validation.py`` measures it for a deployment.
+    exchange_latency_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -471,6 +476,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "devices.jitter": Range(0, 10),
     "devices.variation": Range(0, 10),
     "devices.d2d_rate": Range(0, 1e15, lo_open=True),
+    "devices.exchange_latency_s": Range(0, 10),
     "train.lr": Range(0, 1e9, lo_open=True),
     "train.lr_decay": Range(0, 1, lo_open=True),
     "train.lr_min": Range(0, 1e9),

@@ -62,10 +62,25 @@ class RunContext:
         return sum(batch_sizes(int(self.data_sizes[client]), batch_size, steps))
 
     def client_cost(
-        self, client: int, cut: int, samples: int, round_idx: int, **flags: bool
+        self,
+        client: int,
+        cut: int,
+        samples: int,
+        round_idx: int,
+        batch_size: int | None = None,
+        **flags: bool,
     ) -> ClientCost:
         """Shared cost model (S²FL Eq. 1) for ``client``'s profile in round ``round_idx``;
-        ``flags``: ``model_down``, ``model_up``, ``gradients`` (see ``split_client_cost``)."""
+        ``flags``: ``model_down``, ``model_up``, ``gradients`` (see ``split_client_cost``).
+        With ``devices.exchange_latency_s``, each exchange costs that much more: one per
+        mini-batch of ``batch_size`` (default ``train.batch_size``) for a split model, one per
+        model transfer."""
+        latency = self.config.devices.exchange_latency_s
+        exchanges = 0
+        if latency:
+            b = batch_size or self.config.train.batch_size
+            exchanges = -(-samples // b) if cut < self.num_blocks else 0
+            exchanges += int(flags.get("model_down", True)) + int(flags.get("model_up", True))
         return split_client_cost(
             self.profile,
             cut,
@@ -73,6 +88,8 @@ class RunContext:
             self.population.at(client, round_idx),
             self.population.server,
             self.config.devices.label_bytes,
+            exchanges=exchanges,
+            exchange_latency=latency,
             **flags,
         )
 
@@ -83,6 +100,7 @@ class RunContext:
             task.cut,
             samples,
             round_idx,
+            task.batch_size,
             model_down=task.download_model,
             model_up=task.upload_model,
             gradients=device_loss != "local",

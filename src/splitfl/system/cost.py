@@ -101,6 +101,8 @@ def split_client_cost(
     model_down: bool = True,
     model_up: bool = True,
     gradients: bool = True,
+    exchanges: int = 0,
+    exchange_latency: float = 0.0,
 ) -> ClientCost:
     """Cost of one client training blocks ``[0, cut)`` on ``samples`` samples (Eq. 1).
 
@@ -114,6 +116,9 @@ def split_client_cost(
         model_down, model_up: Whether the device part is downloaded / uploaded this round
             (algorithms that aggregate less often than every round skip them).
         gradients: Whether activation gradients come back (not with device-side local losses).
+        exchanges, exchange_latency: Message exchanges with the server in the round (mini-batches
+            of a split model, model transfers) and a fixed time for each
+            (``devices.exchange_latency_s``), added to the communication time; 0 = Eq. 1.
     """
     model_bytes = profile.device_bytes(cut)
     q = profile.activation_bytes(cut)
@@ -133,7 +138,7 @@ def split_client_cost(
         traffic=traffic,
         device_flops=device_flops,
         server_flops=server_flops,
-        comm_time=up / device.uplink + down / device.downlink,
+        comm_time=up / device.uplink + down / device.downlink + exchanges * exchange_latency,
         device_time=device_flops / device.flops,
         server_time=server_flops / server.flops,
         server_link=(device.uplink, device.downlink),
