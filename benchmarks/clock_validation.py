@@ -51,8 +51,11 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
 
 
-def validate(algorithm: str, workload: str, rounds: int, folder: Path, root: str) -> dict:
+def validate(
+    algorithm: str, workload: str, rounds: int, folder: Path, root: str, latency: float
+) -> dict:
     changes = {**WORKLOADS[workload], **EMULATED, "rounds": rounds, "data.root": root}
+    changes["devices.exchange_latency_s"] = latency
     run_dir = folder / f"{algorithm}-{workload}"
     splitfl.run(config_for(algorithm, **changes), run_dir=run_dir)
     per_round = []
@@ -117,13 +120,30 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--sliding", action="store_true", help="also the S²FL sliding-split check")
     p.add_argument("--data-root", default="../shared/data", help="where MNIST is")
+    p.add_argument(
+        "--exchange-latency",
+        type=float,
+        default=0.0,
+        help="devices.exchange_latency_s of the prediction (0 = S²FL Eq. 1 exactly)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
-    results: dict = {"validation": [], "date": time.strftime("%Y-%m-%d")}
+    results: dict = {
+        "validation": [],
+        "date": time.strftime("%Y-%m-%d"),
+        "exchange_latency_s": args.exchange_latency,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for workload in args.workloads:
             for algorithm in args.algorithms:
-                row = validate(algorithm, workload, args.rounds, Path(tmp), args.data_root)
+                row = validate(
+                    algorithm,
+                    workload,
+                    args.rounds,
+                    Path(tmp),
+                    args.data_root,
+                    args.exchange_latency,
+                )
                 print(json.dumps(row), flush=True)
                 results["validation"].append(row)
         if args.sliding:
