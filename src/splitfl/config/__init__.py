@@ -1,0 +1,79 @@
+"""Experiment configuration: frozen dataclasses as the schema, YAML files, ``key=value`` overrides.
+
+Everything is checked by :func:`validate` before any work starts; a bad value raises
+:class:`ConfigError`, whose message is one line naming the field and what is allowed.
+Integers must fit in 64 bits and floats must be finite; each float field has an allowed range
+(:data:`FLOAT_RANGES`). YAML text (files and override values) is refused with one line before
+it is expanded when it is larger than :data:`MAX_YAML_BYTES`, nests deeper than
+:data:`MAX_YAML_DEPTH` or holds more than :data:`MAX_YAML_VALUES` values once its aliases are
+expanded (an alias bomb); syntax errors and non-UTF-8 files are one-line errors too.
+
+The package: :mod:`~splitfl.config.schema` (the dataclasses), :mod:`~splitfl.config.parse`
+(YAML, overrides), :mod:`~splitfl.config.checks` (:func:`validate`). It imports no registry.
+"""
+
+from splitfl.config.checks import (
+    FLOAT_RANGES,
+    MAX_THREADS,
+    SEED_LIMIT,
+    Range,
+    resolve_device,
+    validate,
+)
+from splitfl.config.parse import (
+    INT_LIMIT,
+    apply_overrides,
+    dump_config,
+    from_dict,
+    load_config,
+    load_yaml,
+    parse_override,
+    read_yaml_mapping,
+    set_dotted,
+)
+from splitfl.config.schema import (
+    CLOCKS,
+    COMPRESSIONS,
+    TRACKERS,
+    ConfigError,
+    DataConfig,
+    DevicesConfig,
+    EvalConfig,
+    ExperimentConfig,
+    NetworkConfig,
+    OutputConfig,
+    TrainConfig,
+)
+from splitfl.yaml_limits import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_VALUES
+
+__all__ = [
+    "CLOCKS",
+    "COMPRESSIONS",
+    "FLOAT_RANGES",
+    "INT_LIMIT",
+    "MAX_THREADS",
+    "MAX_YAML_BYTES",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_VALUES",
+    "SEED_LIMIT",
+    "TRACKERS",
+    "ConfigError",
+    "DataConfig",
+    "DevicesConfig",
+    "EvalConfig",
+    "ExperimentConfig",
+    "NetworkConfig",
+    "OutputConfig",
+    "Range",
+    "TrainConfig",
+    "apply_overrides",
+    "dump_config",
+    "from_dict",
+    "load_config",
+    "load_yaml",
+    "parse_override",
+    "read_yaml_mapping",
+    "resolve_device",
+    "set_dotted",
+    "validate",
+]

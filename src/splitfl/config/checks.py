@@ -1,0 +1,226 @@
+"""Static checks of a config (:func:`validate`): ranges of every float (:data:`FLOAT_RANGES`),
+counts, devices, trackers and the network section; no registry is consulted here."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from splitfl.config.schema import (
+    CLOCKS,
+    COMPRESSIONS,
+    TRACKERS,
+    ConfigError,
+    ExperimentConfig,
+)
+
+
+def _check(ok: bool, path: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(path, message)
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed interval of a float field; ``lo_open``/``hi_open`` exclude that end point."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __str__(self) -> str:
+        left, right = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+        return f"{left}{self.lo:g}, {self.hi:g}{right}"
+
+    def violation(self, value: float) -> str | None:
+        """``must be > lo`` (or ``>=``, ``<``, ``<=``) where ``value`` is outside, else None."""
+        if value < self.lo or (self.lo_open and value == self.lo):
+            return f"must be {'>' if self.lo_open else '>='} {self.lo:g}"
+        if value > self.hi or (self.hi_open and value == self.hi):
+            return f"must be {'<' if self.hi_open else '<='} {self.hi:g}"
+        return None
+
+
+#: Allowed range of every float field (null, where allowed, is not checked). Upper ends the
+#: papers never approach guard against typos and overflow: alpha 1e6 is IID already (and
+#: p = 1/alpha up to 1e6), a log-normal jitter sigma of 10 already spans factors of e^±30,
+#: weight decay (an L2 coefficient, 5e-4 where the papers use it) above 1 is beyond any use;
+#: learning rates up to 1e9 stay allowed (a huge one is how divergence, exit 3, is tested).
+FLOAT_RANGES: dict[str, Range] = {
+    "data.alpha": Range(0, 1e6, lo_open=True),
+    "data.p": Range(0, 1e6),
+    "devices.jitter": Range(0, 10),
+    "devices.variation": Range(0, 10),
+    "devices.d2d_rate": Range(0, 1e15, lo_open=True),
+    "devices.exchange_latency_s": Range(0, 10),
+    "train.lr": Range(0, 1e9, lo_open=True),
+    "train.lr_decay": Range(0, 1, lo_open=True),
+    "train.lr_min": Range(0, 1e9),
+    "train.momentum": Range(0, 1, hi_open=True),
+    "train.weight_decay": Range(0, 1),
+    "train.explode_factor": Range(0, 1e30),
+    "eval.target_accuracy": Range(0, 1, lo_open=True),
+    "network.timeout_s": Range(0, 86400, lo_open=True),
+    "network.connect_timeout_s": Range(0, 86400, lo_open=True),
+    "network.rejoin_s": Range(0, 86400),
+    "network.max_message_mb": Range(0, 4096, lo_open=True),
+    "network.rate_limit": Range(0, 1e9),
+}
+#: ``seed`` feeds numpy's SeedSequence and torch.manual_seed: a non-negative 63-bit integer.
+SEED_LIMIT = 2**63
+#: Most torch/BLAS threads ``threads`` may ask for.
+MAX_THREADS = 4096
+
+
+def _check_float_ranges(config: ExperimentConfig) -> None:
+    """Every field of :data:`FLOAT_RANGES` that is set lies in its range."""
+    for path, allowed in FLOAT_RANGES.items():
+        value: Any = config
+        for part in path.split("."):
+            value = getattr(value, part)
+        problem = None if value is None else allowed.violation(value)
+        _check(problem is None, path, f"{problem} (got {value}); allowed {allowed}")
+
+
+def _choice(value: str, allowed: list[str], path: str) -> None:
+    _check(value in allowed, path, f"unknown {value!r}; allowed: {', '.join(allowed)}")
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; other names unchanged."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _check_device(name: str) -> None:
+    ok = name in ("cpu", "auto") or (
+        name.startswith("cuda") and (name == "cuda" or name[5:].isdigit() and name[4] == ":")
+    )
+    _check(ok, "device", f"one of cpu, cuda, cuda:N, auto (got {name!r})")
+    if name.startswith("cuda"):
+        _check(
+            torch.cuda.is_available(),
+            "device",
+            f"{name} requested but no CUDA GPU is visible (torch.cuda.is_available() is False)",
+        )
+
+
+def _installed(package: str) -> bool:
+    """Importable without importing it (a ``None`` entry in ``sys.modules`` blocks it)."""
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    return importlib.util.find_spec(package) is not None
+
+
+def _validate_tracking(tracking: list[str]) -> None:
+    """Known tracker names, each installed (its extra), before any work starts."""
+    for name in tracking:
+        _choice(name, list(TRACKERS), "output.tracking")
+        package = TRACKERS[name]
+        _check(
+            _installed(package),
+            "output.tracking",
+            f"{name!r} needs the {package} package: pip install 'splitfl[{name}]'",
+        )
+
+
+def validate(config: ExperimentConfig) -> None:
+    """Static checks of every field that needs no registry (ranges, counts, devices, trackers).
+    Names that live in registries (algorithm and its options, model, dataset, partition,
+    executor, device preset) are checked one layer up, by
+    :func:`splitfl.experiment.validation.validate_config`; data-dependent checks (more clients
+    than samples, cut points of the model) in
+    :func:`splitfl.experiment.context.build_context` before the run directory is created."""
+    _check_device(config.device)
+    _check(
+        config.threads is None or 1 <= config.threads <= MAX_THREADS,
+        "threads",
+        f"must be in [1, {MAX_THREADS}] or null (got {config.threads})",
+    )
+    _check(config.rounds >= 1, "rounds", f"must be >= 1 (got {config.rounds})")
+    _check(0 <= config.seed < SEED_LIMIT, "seed", f"must be in [0, 2**63) (got {config.seed})")
+    _check_float_ranges(config)
+    d = config.data
+    if d.partition == "dirichlet":
+        _check(d.p is not None or d.alpha is not None, "data.alpha", "set alpha > 0 (or p >= 0)")
+    _check(d.classes_per_client >= 1, "data.classes_per_client", "must be >= 1")
+    _check(d.num_clients >= 1, "data.num_clients", f"must be >= 1 (got {d.num_clients})")
+    _check(d.min_samples >= 1, "data.min_samples", f"must be >= 1 (got {d.min_samples})")
+    v = config.devices
+    _check(v.label_bytes >= 0, "devices.label_bytes", "must be >= 0")
+    _check(v.variation >= 0, "devices.variation", f"must be >= 0 (got {v.variation})")
+    _check(v.variation_period >= 1, "devices.variation_period", "must be >= 1")
+    _check(isinstance(v.contention, bool), "devices.contention", "must be true or false")
+    _check(
+        v.d2d_rate is None or v.d2d_rate > 0, "devices.d2d_rate", f"must be > 0 (got {v.d2d_rate})"
+    )
+    t = config.train
+    _check(
+        1 <= t.clients_per_round <= d.num_clients,
+        "train.clients_per_round",
+        f"must be in [1, data.num_clients={d.num_clients}] (got {t.clients_per_round})",
+    )
+    _check(t.batch_size >= 1, "train.batch_size", f"must be >= 1 (got {t.batch_size})")
+    _check(t.local_epochs >= 1, "train.local_epochs", f"must be >= 1 (got {t.local_epochs})")
+    _check(t.local_steps is None or t.local_steps >= 1, "train.local_steps", "must be >= 1 or null")
+    f, k = t.explode_factor, t.explode_rounds
+    _check(not f or f > 1, "train.explode_factor", f"must be > 1, or 0/null to disable (got {f})")
+    _check(not k or k >= 1, "train.explode_rounds", f"must be >= 1, or 0/null to disable (got {k})")
+    e = config.eval
+    _check(e.every >= 1, "eval.every", "must be >= 1")
+    _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
+    _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
+    _validate_tracking(config.output.tracking)
+    _validate_network(config)
+
+
+def _validate_network(config: ExperimentConfig) -> None:
+    """``clock``, and the ``network`` section's counts, addresses and TLS files."""
+    _choice(config.clock, list(CLOCKS), "clock")
+    networked = config.executor == "networked"
+    _check(
+        config.clock == "simulated" or networked,
+        "clock",
+        "measured needs executor: networked (the simulated executors measure nothing)",
+    )
+    n = config.network
+    _choice(n.compression, list(COMPRESSIONS), "network.compression")
+    _check(n.devices >= 0, "network.devices", f"must be >= 0 (got {n.devices})")
+    _check(
+        n.min_devices is None or n.min_devices >= 1, "network.min_devices", "must be >= 1 or null"
+    )
+    _check(
+        1 <= n.chunk_kb <= 65536, "network.chunk_kb", f"must be in [1, 65536] (got {n.chunk_kb})"
+    )
+    host, sep, port = n.listen.rpartition(":")
+    _check(
+        bool(sep and host) and port.isdigit() and int(port) < 65536,
+        "network.listen",
+        f"expected host:port (got {n.listen!r})",
+    )
+    _check(
+        (n.tls_cert is None) == (n.tls_key is None),
+        "network.tls_cert",
+        "give both tls_cert and tls_key (or neither)",
+    )
+    loopback = host in ("localhost", "[::1]", "::1") or host.startswith("127.")
+    _check(
+        not networked or loopback or n.tls_cert is not None or n.insecure,
+        "network.listen",
+        f"refusing to listen on {host} without TLS: give network.tls_cert and "
+        "network.tls_key (or network.insecure: true on a network you trust)",
+    )
+    for name in ("tls_cert", "tls_key", "ca_cert", "tokens"):
+        path = getattr(n, name)
+        _check(
+            not networked or path is None or os.path.isfile(path),
+            f"network.{name}",
+            f"no such file: {path}",
+        )

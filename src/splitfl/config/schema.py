@@ -1,0 +1,190 @@
+"""The config schema: frozen dataclasses, one per section, and :class:`ConfigError`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value is invalid. ``str(err)`` is one line: ``<field>: <what is allowed>``."""
+
+    def __init__(self, field_path: str, message: str):
+        super().__init__(f"{field_path}: {message}")
+        self.field_path = field_path
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Dataset and partition. ``alpha`` is the Dirichlet concentration (S²FL's ``a``,
+    MergeSFL's ``δ``); ``p = 1/δ`` may be given instead (``p = 0`` means IID).
+    ``dirichlet_cap`` stops dealing to clients that hold ``N/num_clients`` samples already
+    (NIID-Bench/FedMR rule; needed for small alpha with many small clients).
+    ``verify`` compares standard files (MNIST, Fashion-MNIST, CIFAR-10/100) holding the canonical
+    number of samples with their published MD5s: ``warn`` (one line naming the file), ``strict``
+    (an error) or ``off``."""
+
+    dataset: str = "digits"
+    root: str | None = None
+    partition: str = "dirichlet"
+    alpha: float | None = 0.5
+    p: float | None = None
+    dirichlet_cap: bool = False
+    classes_per_client: int = 2
+    num_clients: int = 20
+    min_samples: int = 10
+    verify: str = "warn"
+
+
+@dataclass(frozen=True)
+class DevicesConfig:
+    """Device population: a preset, its High:Mid:Low composition, seeded time jitter.
+
+    ``variation``: σ of per-client log-normal factors on FLOPS and on link rates, redrawn every
+    ``variation_period`` rounds (time-varying devices; 0 = static profiles).
+    ``contention``: participants' concurrent transfers share the server's link (and a top
+    worker's D2D radio), see ``splitfl.system.cost``; ``false`` = S²FL Eq. (1) exactly.
+    ``d2d_rate``: device-to-device rate in B/s for every device (null = the preset's).
+    """
+
+    preset: str = "s2fl_table1"
+    composition: str = "uniform"
+    jitter: float = 0.0
+    label_bytes: int = 0
+    variation: float = 0.0
+    variation_period: int = 1
+    contention: bool = True
+    d2d_rate: float | None = None
+    #: Fixed time per message exchange between a device and the server (one per mini-batch,
+    #: one per model transfer), on top of bytes / rate: serialisation, protocol and per-message
+    #: latency, which S²FL Eq. 1 leaves out. 0 (the default) is Eq. 1 exactly;
+    #: ``benchmarks/clock_validation.py`` measures it for a deployment.
+    exchange_latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local training. ``local_steps`` (if set) replaces ``local_epochs`` by a fixed number of
+    iterations per round. Defaults follow S²FL §5 (batch 128, SGD lr 0.01). The learning rate
+    of round h is ``max(lr_min, lr * lr_decay**h)`` (MergeSFL §V-A: 0.993 per round)."""
+
+    clients_per_round: int = 10
+    batch_size: int = 128
+    lr: float = 0.01
+    lr_decay: float = 1.0
+    lr_min: float = 0.0
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    local_epochs: int = 1
+    local_steps: int | None = None
+    #: Explosion check (a divergence that never reaches NaN/inf): stop with exit code 3 when
+    #: the round's training loss exceeds ``explode_factor`` × the initial model's test loss
+    #: for ``explode_rounds`` rounds in a row (the papers are silent; a careful default that
+    #: the shipped configs stay far below, even with lr=1); 0 or null disables.
+    explode_factor: float | None = 100.0
+    explode_rounds: int | None = 3
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 1
+    batch_size: int = 1000
+    target_accuracy: float | None = None
+
+
+#: Optional per-round metric loggers for ``output.tracking`` and the package each needs.
+TRACKERS = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where and how a run is written. ``tracking`` lists optional loggers that receive each
+    round's metrics row (``tensorboard``, ``mlflow``; extras of the same names); the run
+    directory stays the source of truth."""
+
+    out_dir: str = "runs"
+    name: str | None = None
+    checkpoint_every: int = 10
+    progress: bool = True
+    tracking: list[str] = field(default_factory=list)
+
+
+#: ``clock`` values: what the algorithms observe — the cost model's simulated times, or (with
+#: ``executor: networked``) the times measured on the devices.
+CLOCKS = ("simulated", "measured")
+#: ``network.compression`` values (gRPC message compression).
+COMPRESSIONS = ("none", "gzip")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """``executor: networked``: the server listens on ``listen`` (``host:port``, port 0 =
+    any free port) and trains with device processes over gRPC. ``devices`` > 0 starts that
+    many device processes on this machine (``splitfl launch``; clients dealt round-robin);
+    0 waits for devices started elsewhere (``splitfl server``) — at least ``min_devices``
+    (default: ``devices``, or 1) within ``connect_timeout_s``; before each round it waits up
+    to ``rejoin_s`` for lost devices to reconnect. A device that does not answer within
+    ``timeout_s`` is dropped for the round. A non-loopback ``listen`` needs ``tls_cert`` and
+    ``tls_key`` unless ``insecure``; ``tokens`` is the server's tokens file (``name:sha256``
+    lines, made by ``splitfl token``). Messages above ``max_message_mb`` are refused; they
+    travel in chunks of ``chunk_kb`` (devices follow the server's); ``rate_limit`` caps
+    messages per second per device (0: no cap)."""
+
+    listen: str = "127.0.0.1:0"
+    devices: int = 2
+    min_devices: int | None = None
+    timeout_s: float = 60.0
+    connect_timeout_s: float = 120.0
+    rejoin_s: float = 30.0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    ca_cert: str | None = None
+    tokens: str | None = None
+    insecure: bool = False
+    max_message_mb: float = 256.0
+    chunk_kb: int = 4096
+    compression: str = "none"
+    rate_limit: float = 0.0
+    #: Devices emulate their ``devices.preset`` profiles: compute stretched to the profile's
+    #: FLOPS, transfers held for bytes / rate (``splitfl.net.emulation``).
+    emulate: bool = False
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """One experiment. ``options`` maps an algorithm name to its options (see ``splitfl list``).
+
+    ``executor`` picks the training engine (``sequential`` reference loop or ``vectorized``
+    batched clients), ``device`` where it trains (``cpu``, ``cuda``, ``cuda:N`` or ``auto``),
+    ``precision`` ``fp32`` or ``bf16`` autocast, ``channels_last`` the image memory layout.
+    ``threads`` sets torch's intra-op threads and the BLAS libraries' threads during the run
+    (default 1: per-client mini-batches of small models run fastest single-threaded, busy-waiting
+    thread pools collapse when several processes share a few cores, and scipy's optimisers give
+    the same digits in a shell and in a Ray worker; null keeps the libraries' defaults, better
+    for big models on CPU).
+    """
+
+    algorithm: str = "s2fl"
+    model: str = "cnn_digits"
+    rounds: int = 30
+    seed: int = 0
+    executor: str = "sequential"
+    device: str = "cpu"
+    precision: str = "fp32"
+    channels_last: bool = False
+    threads: int | None = 1
+    clock: str = "simulated"
+    data: DataConfig = field(default_factory=DataConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> ExperimentConfig:
+        return dataclasses.replace(self, **changes)
