@@ -34,7 +34,14 @@ import time
 from datetime import date
 from pathlib import Path
 
-from splitfl.config import set_dotted
+import torch
+
+from splitfl.config import resolve_device, set_dotted
+from splitfl.executors import make_executor
+from splitfl.executors.vectorized import VectorizedExecutor
+from splitfl.experiment.round_step import measure as clock_measure
+from splitfl.experiment.runner import as_config, prepare
+from splitfl.seeding import derive_seed, rng_for
 
 #: name → (algorithm, model, registered clients, clients per round, batch, extra overrides)
 WORKLOADS: dict[str, tuple[str, str, int, int, int, dict]] = {
@@ -90,14 +97,6 @@ def workload_config(name: str, executor: str, args) -> dict:
 
 def measure(name: str, executor: str, args) -> dict:
     """Run the workload's loop in this process and time its last round's execution."""
-    import torch
-
-    from splitfl.config import resolve_device
-    from splitfl.executors import make_executor
-    from splitfl.executors.vectorized import VectorizedExecutor
-    from splitfl.experiment.runner import _measure, as_config, prepare
-    from splitfl.seeding import derive_seed, rng_for
-
     engine, _, mode = executor.partition(":")  # vectorized:rows / vectorized:vmap force a mode
     cfg = as_config(workload_config(name, engine, args))
     prep = prepare(cfg)
@@ -121,7 +120,7 @@ def measure(name: str, executor: str, args) -> dict:
         if cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
-        report, _ = _measure(cfg, algorithm, plan, result, r)
+        report, _ = clock_measure(cfg, algorithm, plan, result, r)
         algorithm.observe(r, plan, report)
         state = algorithm.aggregate(state, plan, result)
     iterations = sum(t.steps for t in plan.tasks)
@@ -221,8 +220,6 @@ def main() -> None:
         args.precision_one = args.precision[0]
         print(json.dumps(measure(*args.child, args)))
         return
-    import torch
-
     rows = []
     for name in args.workloads.split(","):
         for precision in args.precision:
