@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import struct
 import time
 
@@ -20,6 +21,7 @@ from splitfl.net.wire import (
     Message,
     Reassembler,
     WireError,
+    all_finite,
     chunks,
     decode,
     encode,
@@ -71,8 +73,6 @@ def test_malformed_messages_are_refused(data, problem):
 
 
 def test_pickled_bytes_are_not_a_message():
-    import pickle
-
     with pytest.raises(WireError):
         decode(pickle.dumps({"x": torch.zeros(2)}))
 
@@ -99,8 +99,6 @@ def test_chunks_reassemble_and_oversized_messages_are_refused():
 
 
 def test_all_finite_finds_nan_and_inf_and_survives_overflowing_sums():
-    from splitfl.net.wire import all_finite
-
     big = torch.full((10,), 3e38)
     assert (
         all_finite(big)
@@ -141,16 +139,21 @@ def test_bad_tokens_file_is_one_line_naming_the_file(tmp_path, text):
 # ----------------------------------------------------------------------------- admission
 
 
-@pytest.fixture
-def hub(tmp_path):
-    """A bare hub (no experiment) on a free port; its welcome carries a digits config."""
-    bed = Testbed.create(tmp_path / "bed", ["a", "b"])
+def _bare_hub(bed: Testbed, credentials=None) -> Hub:
+    """A hub without an experiment on the bed's port; its welcome carries a digits config."""
     config = as_config(
         config_for("splitfed_v1", **{"data.num_clients": 4, "train.clients_per_round": 4})
     )
     settings = HubSettings(max_message_bytes=1 << 20, chunk_bytes=1 << 16)
     server = Hub(settings, TokenBook.read(bed.tokens_file), 4, {"config": config.to_dict()})
-    server.start(f"127.0.0.1:{bed.port}", None)
+    server.start(f"127.0.0.1:{bed.port}", credentials)
+    return server
+
+
+@pytest.fixture
+def hub(tmp_path):
+    bed = Testbed.create(tmp_path / "bed", ["a", "b"])
+    server = _bare_hub(bed)
     yield server, bed
     server.stop()
 
@@ -191,12 +194,7 @@ def test_duplicate_names_and_taken_clients_are_refused(hub):
 def test_plain_text_device_cannot_reach_a_tls_server(tmp_path):
     cert, key = write_self_signed(tmp_path / "certs", ["localhost"])
     bed = Testbed.create(tmp_path / "bed", ["a"])
-    config = as_config(
-        config_for("splitfed_v1", **{"data.num_clients": 4, "train.clients_per_round": 4})
-    )
-    settings = HubSettings(max_message_bytes=1 << 20, chunk_bytes=1 << 16)
-    server = Hub(settings, TokenBook.read(bed.tokens_file), 4, {"config": config.to_dict()})
-    server.start(f"127.0.0.1:{bed.port}", server_credentials(cert, key))
+    server = _bare_hub(bed, server_credentials(cert, key))
     try:
         start = time.monotonic()
         plain = bed.device("a", [0], retry_s=1.0)

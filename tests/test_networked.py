@@ -17,6 +17,7 @@ import torch
 import splitfl
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.net.device import DeviceAgent
+from splitfl.net.emulation import Profile
 from splitfl.net.testbed import Testbed
 from splitfl.testing import config_for
 
@@ -65,7 +66,9 @@ def test_networked_run_equals_sequential_run(tmp_path, algorithm):
     a, b = _final(net), _final(seq)
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-5
     assert [t.code for t in threads] == [0, 0, 0]  # every device ended on the server's bye
-    for row in _rows(net):
+    rows = _rows(net)
+    assert len(rows) == 2
+    for row in rows:
         assert row["dropped_clients"] == []
         # the tensors the devices sent are the cost model's activation traffic, byte for byte
         assert row["payload_activations_up"] == row["bytes_activations_up"]
@@ -82,10 +85,11 @@ def test_networked_run_equals_sequential_run(tmp_path, algorithm):
 
 def test_measured_clock_feeds_the_algorithm_the_measured_times(tmp_path):
     net, _ = _networked(tmp_path, "s2fl", rounds=2, clock="measured")
-    for row in _rows(net):
+    rows = _rows(net)
+    assert len(rows) == 2
+    for row in rows:
         assert row["client_times"] == pytest.approx(row["measured_busy_s"])
         assert row["round_time"] == pytest.approx(row["measured_round_time"])
-    rows = _rows(net)
     assert rows[-1]["sim_time"] == pytest.approx(sum(r["measured_round_time"] for r in rows))
 
 
@@ -210,15 +214,15 @@ def test_emulated_devices_take_at_least_their_profiles_eq1_time(tmp_path):
     }
     devices = {"a": [0, 2, 4], "b": [1, 3, 5]}
     net, _ = _networked(tmp_path, "s2fl", devices, None, {"emulate": True}, **changes)
-    for row in _rows(net):
+    rows = _rows(net)
+    assert len(rows) == 2 and all(len(row["client_times"]) == 6 for row in rows)
+    for row in rows:
         for measured, predicted in zip(row["measured_busy_s"], row["client_times"], strict=True):
             assert measured >= predicted * 0.999
         assert row["measured_round_time"] >= row["round_time"] * 0.999
 
 
 def test_emulation_profile_fields_round_trip_and_reject_nonsense():
-    from splitfl.net.emulation import Profile
-
     p = Profile(1e9, 2e6, 3e6, 5e4)
     assert Profile.from_fields(p.to_fields()) == p
     assert Profile.from_fields({}) is None

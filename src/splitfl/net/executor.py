@@ -75,8 +75,11 @@ class NetworkedExecutor:
     def run_round(
         self, ctx, global_state: dict[str, torch.Tensor], plan: RoundPlan, round_seed: int
     ) -> RoundResult:
-        if plan.ring is not None:
-            raise NotImplementedError("ring plans (RingSFL) do not run networked yet")
+        if plan.ring is not None:  # refused at config validation too (check_networked)
+            raise ValueError(
+                "a ring plan needs device-to-device links; the networked executor runs "
+                "parameter-server plans only"
+            )
         if self.session is None:
             raise RuntimeError("NetworkedExecutor.open() was not called")
         self.session.wait_ready()

@@ -86,6 +86,8 @@ class RemoteFleet:
         self.tasks: dict[int, ClientTask] = {}
         #: bytes sent without a reply of their own (gradients): the next exchange carries them
         self.unanswered: dict[int, int] = {}
+        #: each client's link, looked up once per round (not under the hub's lock per batch)
+        self.links: dict[int, DeviceLink | None] = {}
 
     # -- Fleet -------------------------------------------------------------------------------
     def begin(self, tasks, parts, aux):
@@ -171,9 +173,11 @@ class RemoteFleet:
         """Send ``msg`` to client ``c``'s device; (link, seq, sent at, bytes) or None."""
         if c in self.dropped:
             return None
-        link = self.hub.link_of(c)
-        if link is None:
-            self._drop(c, "device not connected")
+        if c not in self.links:
+            self.links[c] = self.hub.link_of(c)
+        link = self.links[c]
+        if link is None or not link.alive:
+            self._drop(c, "device not connected" if link is None else f"lost: {link.reason}")
             return None
         seq = next(self._seq)
         msg.fields.update(client=c, seq=seq)

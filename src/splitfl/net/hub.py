@@ -60,8 +60,6 @@ class DeviceLink:
     #: the device has loaded its data and model (it said ``ready``): it can be given work
     ready: bool = False
     reason: str = ""
-    bytes_out: int = 0
-    bytes_in: int = 0
 
     def send(self, message: Message) -> int:
         """Queue ``message`` for the device; its encoded size (0 if the link is closed)."""
@@ -69,7 +67,6 @@ class DeviceLink:
             return 0
         data = encode(message)
         self.outbox.put(data)
-        self.bytes_out += len(data)
         return len(data)
 
     def close(self, reason: str) -> None:
@@ -89,7 +86,6 @@ class Hub:
         self.links: dict[str, DeviceLink] = {}
         self.lock = threading.Condition()
         self.server: grpc.Server | None = None
-        self.events: list[str] = []
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, address: str, credentials: grpc.ServerCredentials | None) -> int:
@@ -192,7 +188,6 @@ class Hub:
             clients = self._assign(f.get("clients"), context)
             link = DeviceLink(name, clients, {c: queue.Queue() for c in clients})
             self.links[name] = link
-            self.events.append(f"connected {name} clients={clients}")
             self.lock.notify_all()
         return link
 
@@ -234,7 +229,6 @@ class Hub:
                 limit = self.settings.rate_limit
                 if limit and count > limit:
                     raise WireError(f"more than {limit:g} messages per second")
-                link.bytes_in += len(data)
                 message = decode(data)
                 if message.type == "ready" and not link.ready:
                     with self.lock:
@@ -252,7 +246,6 @@ class Hub:
             link.close("connection lost")
         finally:
             with self.lock:
-                self.events.append(f"disconnected {link.name}: {link.reason}")
                 self.lock.notify_all()
 
 

@@ -88,8 +88,8 @@ class NetworkSession:
                 cmd += ["--ca-cert", n.ca_cert or n.tls_cert]
             if n.compression != "none":
                 cmd += ["--compression", n.compression]
-            log = open(logs / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            with open(logs / f"{name}.log", "w") as log:  # the child keeps its own handle
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             self.procs.append((name, clients, proc))
 
     def _wait(self, need: int) -> None:
