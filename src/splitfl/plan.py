@@ -127,6 +127,11 @@ class RoundPlan:
     ring: RingSpec | None = None
     info: dict[str, Any] = field(default_factory=dict)
     group_forward: str = "separate"
+    #: Where each group's server part runs, as data: group → the client whose *device* runs
+    #: it (ParallelSFL's top workers, which reach their members over device-to-device links).
+    #: Groups not named run on the parameter server. The arithmetic is the same wherever it
+    #: runs; the networked executor places the work accordingly.
+    hosts: dict[int, int] = field(default_factory=dict)
     #: The round this plan is for (set by the experiment after planning; executors that
     #: emulate time-varying devices read it).
     round_idx: int | None = None

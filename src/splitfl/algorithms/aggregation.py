@@ -17,7 +17,10 @@ from typing import Protocol
 
 import torch
 
+from splitfl.averaging import weighted_average
 from splitfl.models.base import block_index
+
+__all__ = ["layerwise_aggregate", "weighted_average"]
 
 
 class TrainedPart(Protocol):
@@ -60,20 +63,4 @@ def layerwise_aggregate(
             out[key] = (total / weight_sum).to(current.dtype)
         else:
             out[key] = torch.round(total / weight_sum).to(current.dtype)
-    return out
-
-
-def weighted_average(
-    states: list[Mapping[str, torch.Tensor]], weights: list[float]
-) -> dict[str, torch.Tensor]:
-    """Weighted average of state dicts with the same keys (FedAvg's rule), for modules that
-    are not blocks of the model (e.g. LocFedMix-SL's auxiliary heads)."""
-    total = float(sum(weights))
-    out = {}
-    for key, first in states[0].items():
-        acc = sum(w * s[key].to(torch.float64) for s, w in zip(states, weights, strict=True))
-        avg = acc / total
-        out[key] = (
-            avg.to(first.dtype) if first.is_floating_point() else torch.round(avg).to(first.dtype)
-        )
     return out

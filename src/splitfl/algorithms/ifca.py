@@ -53,7 +53,6 @@ class IFCA(Algorithm):
     def __init__(self, options: IFCAOptions, ctx) -> None:
         super().__init__(options, ctx)
         if options.num_clusters > ctx.num_clients:  # a cluster per client at most
-
             raise ConfigError(
                 "options.ifca.num_clusters", f"must be <= data.num_clients ({ctx.num_clients})"
             )

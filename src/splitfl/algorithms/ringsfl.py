@@ -69,7 +69,6 @@ def parse_ratios(spec: str, n: int, num_blocks: int) -> list[int]:
     return largest_remainder(parts, num_blocks)
 
 
-
 @dataclass(frozen=True)
 class RingSFLOptions:
     version: str = "v1"

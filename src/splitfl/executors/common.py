@@ -32,9 +32,7 @@ def sgd(module: nn.Module, lr: float, train: TrainConfig) -> torch.optim.Optimiz
     """Plain torch SGD over ``module``'s trainable parameters with the run's momentum and
     weight decay (``train``: the run's :class:`~splitfl.config.TrainConfig`)."""
     params = [p for p in module.parameters() if p.requires_grad]
-    return torch.optim.SGD(
-        params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay
-    )
+    return torch.optim.SGD(params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay)
 
 
 def client_batches(

@@ -49,11 +49,77 @@ def ring_batch_update(
         losses[start] = loss.item()
     num_blocks = next(iter(models.values())).num_blocks
     counts = ring.overlap_counts(num_blocks, list(batches))
-    with torch.no_grad():
-        for client, model in models.items():
-            for k, block in enumerate(model.blocks):
-                rate = lr * (counts[client][k] if dynamic_lr else 1)
-                for p in block.parameters():
-                    if p.grad is not None:
-                        p.sub_(rate * p.grad)
+    for client, model in models.items():
+        ring_update(model, counts[client], lr, dynamic_lr)
     return losses
+
+
+def ring_update(model: BlockModel, counts: Sequence[int], lr: float, dynamic_lr: bool) -> None:
+    """The end of a BatchUpdate step on one client's model: plain SGD on the accumulated
+    gradients, block k's rate × |U_j,(k)| = ``counts[k]`` with the dynamic rate (v2, Eq. 7)."""
+    with torch.no_grad():
+        for k, block in enumerate(model.blocks):
+            rate = lr * (counts[k] if dynamic_lr else 1)
+            for p in block.parameters():
+                if p.grad is not None:
+                    p.sub_(rate * p.grad)
+
+
+class RingMember:
+    """One client's share of a BatchUpdate step when the ring runs over messages (a device
+    process of the networked executor): Alg. 2 cut at the segment boundaries.
+
+    Each client's batch travels ``hop`` 0, 1, …, N−1 through the segments of
+    :meth:`RingSpec.segments`; hop N brings the logits back to the batch's own client, which
+    computes its loss (labels never leave it) and sends ∂(a_i·loss)/∂logits back around the
+    ring in reverse. Each hop keeps its segment's input and output so the gradient that comes
+    back is applied with ``out.backward(grad)`` — the same chain rule as one autograd graph,
+    so the accumulated gradients equal :func:`ring_batch_update`'s up to summation order.
+    """
+
+    def __init__(self, client: int, model: BlockModel, ring: RingSpec):
+        self.client, self.model, self.ring = client, model, ring
+        self.saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+        self.backward_done = 0
+
+    def segment(self, start: int, hop: int) -> tuple[int, int]:
+        owner, lo, hi = self.ring.segments(start)[hop]
+        if owner != self.client:
+            raise ValueError(f"hop {hop} of client {start}'s batch is client {owner}'s, not ours")
+        return lo, hi
+
+    def begin_step(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+        self.saved.clear()
+        self.backward_done = 0
+
+    def forward(self, start: int, hop: int, h: torch.Tensor) -> torch.Tensor:
+        """Run this client's segment of ``start``'s batch (hop 0: ``h`` is the raw batch);
+        the output to pass on, detached."""
+        lo, hi = self.segment(start, hop)
+        h_in = None if hop == 0 else h.detach().requires_grad_()
+        out = self.model(h if h_in is None else h_in, lo, hi)
+        self.saved[(start, hop)] = (h_in, out)
+        return out.detach()
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Hop N at the batch's own client: ∂(a_i·loss_i)/∂logits and loss_i."""
+        leaf = logits.detach().requires_grad_()
+        loss = F.cross_entropy(leaf, labels)
+        (self.ring.weights[self.client] * loss).backward()
+        return leaf.grad, loss.item()
+
+    def backward(self, start: int, hop: int, grad: torch.Tensor) -> torch.Tensor | None:
+        """Back through this client's segment of ``start``'s batch; the gradient of its input
+        to send to the previous hop (None at hop 0)."""
+        h_in, out = self.saved.pop((start, hop))
+        if grad.shape != out.shape:
+            raise ValueError(f"gradient shape {tuple(grad.shape)} for output {tuple(out.shape)}")
+        out.backward(grad)
+        self.backward_done += 1
+        return None if h_in is None else h_in.grad
+
+    def end_step(self, starts: Sequence[int], lr: float) -> None:
+        """Eq. (5)-(7): the step's update once every active batch has come back."""
+        counts = self.ring.overlap_counts(self.model.num_blocks, list(starts))[self.client]
+        ring_update(self.model, counts, lr, self.ring.dynamic_lr)

@@ -35,21 +35,6 @@ def check_registries(config: ExperimentConfig) -> None:
     _choice(config.devices.composition, list(COMPOSITIONS), "devices.composition")
 
 
-#: Algorithms whose devices talk to each other (a ring, cluster top workers): not networked yet.
-DEVICE_TO_DEVICE = ("ringsfl", "parallelsfl")
-
-
-def check_networked(config: ExperimentConfig) -> None:
-    """``executor: networked`` runs the parameter-server algorithms."""
-    cls, _ = resolve_algorithm(config.algorithm, config.options)
-    if config.executor == "networked" and cls.name in DEVICE_TO_DEVICE:
-        raise ConfigError(
-            "executor",
-            f"networked runs parameter-server algorithms; {config.algorithm} needs "
-            "device-to-device links, which run only simulated so far",
-        )
-
-
 def check_options(config: ExperimentConfig) -> None:
     """Every algorithm's options under ``options:`` (selected or not), then the selected
     algorithm's (alias presets included)."""
@@ -65,7 +50,6 @@ def validate_config(config: ExperimentConfig) -> None:
     check_registries(config)
     validate(config)
     check_options(config)
-    check_networked(config)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None):
@@ -74,5 +58,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     config = read_config(path, overrides)
     check_registries(config)
     check_options(config)
-    check_networked(config)
     return config

@@ -27,15 +27,15 @@ def _crypto():
         ) from None
 
 
-def write_self_signed(out: Path, hosts: list[str], days: int = 365) -> tuple[Path, Path]:
-    """``out/server.pem`` and ``out/server.key`` (P-256), valid for ``hosts`` plus
-    ``localhost`` and ``127.0.0.1``; the key file is private (mode 600)."""
+def self_signed_pem(hosts: list[str], days: int = 365) -> tuple[str, str]:
+    """A P-256 certificate (PEM) valid for ``hosts`` plus ``localhost`` and ``127.0.0.1``, and
+    its private key (PEM, unencrypted)."""
     x509, hashes, serialization, ec = _crypto()
     names = list(dict.fromkeys([*hosts, "localhost", "127.0.0.1"]))
     sans = []
     for host in names:
         try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+            sans.append(x509.IPAddress(ipaddress.ip_address(host.strip("[]"))))
         except ValueError:
             sans.append(x509.DNSName(host))
     key = ec.generate_private_key(ec.SECP256R1())
@@ -53,15 +53,22 @@ def write_self_signed(out: Path, hosts: list[str], days: int = 365) -> tuple[Pat
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
-    out.mkdir(parents=True, exist_ok=True)
-    cert_path, key_path = out / "server.pem", out / "server.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     pem = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
+    return cert.public_bytes(serialization.Encoding.PEM).decode(), pem.decode()
+
+
+def write_self_signed(out: Path, hosts: list[str], days: int = 365) -> tuple[Path, Path]:
+    """``out/server.pem`` and ``out/server.key`` (:func:`self_signed_pem`); the key file is
+    private (mode 600)."""
+    cert, key = self_signed_pem(hosts, days)
+    out.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = out / "server.pem", out / "server.key"
+    cert_path.write_text(cert)
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
+    with os.fdopen(fd, "w") as f:
+        f.write(key)
     return cert_path, key_path

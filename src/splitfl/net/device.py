@@ -23,7 +23,6 @@ import copy
 import queue
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -36,14 +35,15 @@ from splitfl.data.base import DatasetError
 from splitfl.data.clients import client_partition
 from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
 from splitfl.models import ModelPart, build_model
+from splitfl.net.d2d_device import SESSION_HANDLERS
 from splitfl.net.emulation import FORWARD_SHARE, Profile, stretch, transfer
 from splitfl.net.hub import METHOD
+from splitfl.net.peer import PeerEndpoint, outgoing
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
     Message,
     Reassembler,
     WireError,
-    chunks,
     decode,
     encode,
     state_from,
@@ -66,6 +66,10 @@ class DeviceOptions:
     max_message_bytes: int = 256 << 20
     retry_s: float = 60.0
     compression: str = "none"
+    #: where this device accepts device-to-device links (RingSFL, ParallelSFL); None = none
+    peer_listen: str | None = "127.0.0.1:0"
+    #: the address peers dial (default: the listen address)
+    peer_address: str | None = None
 
 
 class Refused(RuntimeError):
@@ -97,6 +101,9 @@ _COMPUTE_SHARE = {
 }
 #: Commands a device answers.
 COMMANDS = ("begin", "forward", "backward", "head_update", "local_step", "finish")
+#: Commands that run a whole device-to-device session (:mod:`splitfl.net.d2d_device`): one
+#: reply at the end, their time is not device compute.
+SESSIONS = ("host", "join", "ring")
 
 
 class DeviceAgent:
@@ -113,7 +120,34 @@ class DeviceAgent:
         self.pending: dict[int, float] = {}
         self.profiles: dict[int, Profile | None] = {}
         self.last_batch: dict[int, int] = {}
+        #: this process's listener for peers (set by :func:`run_device`)
+        self.peer: PeerEndpoint | None = None
+        #: the session options of this process (to open device-to-device links like it)
+        self.options: DeviceOptions | None = None
+        self.aborts: dict[int, threading.Event] = {}
         self.warm_up()
+
+    def serve_peer(self, client: int, address: str, name: str, token: str, cert: str) -> None:
+        """Serve ``client``'s commands from a peer's listener (ParallelSFL: the bottom worker
+        answering its top worker) until the peer says bye; raises if the link fails."""
+        base = self.options
+        creds = grpc.ssl_channel_credentials(root_certificates=cert.encode()) if cert else None
+        opts = DeviceOptions(
+            server=address,
+            name=name,
+            token=token,
+            clients=(client,),
+            credentials=creds,
+            max_message_bytes=base.max_message_bytes if base else 256 << 20,
+        )
+        _, done = _session(opts, self, lambda line: None, type(self), None, to_peer=True)
+        if not done:
+            raise WireError(f"link to peer {address} ended before its bye")
+
+    def abort_event(self, session) -> threading.Event:
+        """The event that tells device-to-device session ``session`` (the seq of its command)
+        to give up (the server's ``abort``); created by whichever comes first."""
+        return self.aborts.setdefault(session, threading.Event())
 
     def warm_up(self) -> None:
         """One forward/backward on a batch of its samples before saying ready, so that
@@ -128,6 +162,11 @@ class DeviceAgent:
         """One command → its reply (None for ``backward``/``head_update``). With emulation,
         compute is stretched to the client's profile (:mod:`splitfl.net.emulation`)."""
         c = msg.fields.get("client")
+        if msg.type in SESSIONS and c in self.data.samples:
+            reply = SESSION_HANDLERS[msg.type](self, c, msg)
+            reply.fields.update(client=c, seq=msg.fields.get("seq"), compute_s=0.0)
+            self.aborts.pop(msg.fields.get("seq"), None)
+            return reply
         if msg.type not in COMMANDS or c not in self.data.samples:
             raise WireError(f"unexpected command {msg.type!r} for client {c!r}")
         t0 = time.perf_counter()
@@ -191,11 +230,35 @@ def run_device(opts: DeviceOptions, log=print, agent_cls: type | None = None) ->
     """Serve until the server says bye; reconnect with backoff (up to ``retry_s`` without a
     connection). Returns the process exit code (0 after bye, 1 when it gave up, 2 refused).
     ``agent_cls`` replaces :class:`DeviceAgent` (custom devices, fault injection)."""
+    try:
+        peer = _peer_endpoint(opts)
+    except (ValueError, OSError, RuntimeError, ConfigError) as err:
+        log(f"splitfl device {opts.name}: cannot listen for peers: {err}")
+        return 2
+    try:
+        return _serve_server(opts, log, agent_cls or DeviceAgent, peer)
+    finally:
+        if peer is not None:
+            peer.stop()
+
+
+def _peer_endpoint(opts: DeviceOptions) -> PeerEndpoint | None:
+    """The listener for device-to-device links: TLS when the server link is TLS."""
+    if not opts.peer_listen:
+        return None
+    tls = opts.credentials is not None
+    wait = 30.0  # a peer's hello may arrive before the server told us to expect it
+    return PeerEndpoint.start(
+        opts.peer_listen, opts.peer_address, tls, opts.max_message_bytes, wait
+    )
+
+
+def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None) -> int:
     delay, gave_up_at = 0.5, time.monotonic() + opts.retry_s
     agent: DeviceAgent | None = None
     while True:
         try:
-            agent, done = _session(opts, agent, log, agent_cls or DeviceAgent)
+            agent, done = _session(opts, agent, log, agent_cls, peer)
             if done:
                 return 0
             gave_up_at, delay = time.monotonic() + opts.retry_s, 0.5
@@ -228,8 +291,12 @@ _REFUSALS = {
 }
 
 
-def _session(opts: DeviceOptions, agent, log, agent_cls) -> tuple[DeviceAgent | None, bool]:
-    """One connection: hello, welcome, then commands until bye (True) or the stream ends."""
+def _session(
+    opts: DeviceOptions, agent, log, agent_cls, peer: PeerEndpoint | None, to_peer: bool = False
+) -> tuple[DeviceAgent | None, bool]:
+    """One connection: hello, welcome, then commands until bye (True) or the stream ends.
+    ``to_peer``: the connection is a device-to-device link to a peer's listener (ParallelSFL's
+    top worker) serving ``agent``'s client ``opts.clients[0]``."""
     # chunks are at most the server's chunk size (told in welcome), messages at most ours
     limit = opts.max_message_bytes + 1024
     options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
@@ -241,11 +308,13 @@ def _session(opts: DeviceOptions, agent, log, agent_cls) -> tuple[DeviceAgent | 
     chunking = {"bytes": 1 << 16}  # until the server's welcome says its chunk size
     hello = {"protocol": PROTOCOL_VERSION, "name": opts.name, "token": opts.token}
     hello["clients"] = list(opts.clients)
+    if peer is not None:
+        hello["peer"] = peer.announce()
     outbox.put(encode(Message("hello", hello)))
     compression = grpc.Compression.Gzip if opts.compression == "gzip" else None
-    stream = channel.stream_stream(METHOD)(_outgoing(outbox, chunking), compression=compression)
+    stream = channel.stream_stream(METHOD)(outgoing(outbox, chunking), compression=compression)
     try:
-        return _serve(opts, stream, outbox, agent, log, agent_cls, chunking)
+        return _serve(opts, stream, outbox, agent, log, agent_cls, chunking, peer, to_peer)
     except grpc.RpcError as err:
         if err.code() in _REFUSALS:
             raise Refused(err.details()) from None
@@ -256,11 +325,12 @@ def _session(opts: DeviceOptions, agent, log, agent_cls) -> tuple[DeviceAgent | 
         channel.close()
 
 
-def _serve(opts, stream, outbox, agent, log, agent_cls, chunking):
+def _serve(opts, stream, outbox, agent, log, agent_cls, chunking, peer, to_peer):
     """Read the server's messages; commands go to the client's worker thread."""
     workers = ClientWorkers(outbox, stream.cancel)
+    setup = (agent_cls, peer, to_peer)
     try:
-        return _read_commands(opts, stream, outbox, agent, log, agent_cls, chunking, workers)
+        return _read_commands(opts, stream, outbox, agent, log, setup, chunking, workers)
     except grpc.RpcError:
         if workers.error is not None:
             raise workers.error from None
@@ -270,8 +340,9 @@ def _serve(opts, stream, outbox, agent, log, agent_cls, chunking):
 
 
 def _read_commands(
-    opts, stream, outbox, agent, log, agent_cls, chunking, workers
+    opts, stream, outbox, agent, log, setup, chunking, workers
 ) -> tuple[DeviceAgent | None, bool]:
+    agent_cls, peer, to_peer = setup
     assembler = Reassembler(opts.max_message_bytes)
     for chunk in stream:
         data = assembler.feed(chunk)
@@ -279,19 +350,24 @@ def _read_commands(
             continue
         msg = decode(data)
         if msg.type == "welcome":
-            config = from_dict(ExperimentConfig, msg.fields["config"])
             clients = msg.fields["clients"]
             size = msg.fields.get("chunk_bytes")
             if not isinstance(size, int) or not 1 <= size <= opts.max_message_bytes:
                 raise WireError(f"bad chunk size {size!r} in welcome")
             chunking["bytes"] = size
-            if agent is None or sorted(agent.data.samples) != sorted(clients):
+            if not to_peer and (agent is None or sorted(agent.data.samples) != sorted(clients)):
+                config = from_dict(ExperimentConfig, msg.fields["config"])
                 agent = agent_cls(config, ClientData(config, clients, opts.data_root))
+                agent.peer, agent.options = peer, opts
             outbox.put(encode(Message("ready")))
-            log(f"splitfl device {opts.name}: connected, hosting clients {clients}")
+            if not to_peer:
+                log(f"splitfl device {opts.name}: connected, hosting clients {clients}")
             continue
         if msg.type == "bye":
             return agent, True
+        if msg.type == "abort" and agent is not None:
+            agent.abort_event(msg.fields.get("session")).set()
+            continue
         if agent is None:
             raise WireError(f"{msg.type!r} before welcome")
         workers.dispatch(agent, msg, len(data))
@@ -325,7 +401,7 @@ class ClientWorkers:
         try:
             while (item := box.get()) is not None:
                 msg, nbytes = item
-                if msg.type == "begin":
+                if msg.type in ("begin", "ring"):
                     agent.profiles[client] = Profile.from_fields(msg.fields.get("emulate") or {})
                 agent.link(client, "down", nbytes)  # emulated download, before use
                 reply = agent.handle(msg)
@@ -342,14 +418,6 @@ class ClientWorkers:
             box.put(None)
         for thread in self.threads:
             thread.join(timeout=5)
-
-
-def _outgoing(outbox: queue.Queue, chunking: dict) -> Iterator[bytes]:
-    while True:
-        data = outbox.get()
-        if data is None:
-            return
-        yield from chunks(data, chunking["bytes"])
 
 
 def start_in_thread(opts: DeviceOptions, agent_cls: type | None = None) -> DeviceThread:

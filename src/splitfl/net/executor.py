@@ -14,6 +14,7 @@ were lost, with the reason.
 from __future__ import annotations
 
 import copy
+import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,35 +24,16 @@ import torch
 
 from splitfl.config import ExperimentConfig
 from splitfl.executors.fleet import GroupRun, group_runs, run_group, server_role
-from splitfl.executors.roles import Runtime, ServerRole
-from splitfl.models import BlockModel, ModelPart
-from splitfl.net.emulation import Profile, stretch
-from splitfl.net.fleet import Expect, Meter, RemoteFleet
+from splitfl.executors.roles import Runtime
+from splitfl.models import BlockModel
+from splitfl.net.d2d import ClusterEmulation, D2DRound, run_cluster
+from splitfl.net.emulation import Profile
+from splitfl.net.fleet import Expect, Meter, RemoteFleet, TimedServer, expect_for
+from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
-
-
-class _TimedServer:
-    """A :class:`ServerRole` whose step time is charged to every member it served; with
-    ``emulate`` (per-sample server FLOPs by cut, server FLOPS) the step is stretched to
-    ``Σ samples × FLOPs / Comp_s`` (S²FL Eq. 1's ``F_s / Comp_s``)."""
-
-    def __init__(self, server: ServerRole, meters: dict[int, Meter], emulate=None):
-        self.server, self.meters, self.stop = server, meters, server.stop
-        self.emulate = emulate
-
-    def step(self, sent):
-        start = time.perf_counter()
-        out = self.server.step(sent)
-        if self.emulate is not None:
-            per_cut, flops = self.emulate
-            work = sum(len(s.labels) * per_cut(s.cut) for s in sent)
-            stretch(start, 1, work, flops)
-        spent = time.perf_counter() - start
-        for s in sent:
-            self.meters[s.client].server_s += spent
-        return out
+from splitfl.system.cost import d2d_rate
 
 
 class NetworkedExecutor:
@@ -61,6 +43,7 @@ class NetworkedExecutor:
         self.config = config
         self.runtime = Runtime(torch.device(device), config.precision, config.channels_last)
         self.session: NetworkSession | None = None
+        self._rounds = itertools.count()
 
     def open(self, ctx, run_dir: Path) -> None:
         """Start listening (and the local device processes, if any) and wait for devices."""
@@ -75,11 +58,6 @@ class NetworkedExecutor:
     def run_round(
         self, ctx, global_state: dict[str, torch.Tensor], plan: RoundPlan, round_seed: int
     ) -> RoundResult:
-        if plan.ring is not None:  # refused at config validation too (check_networked)
-            raise ValueError(
-                "a ring plan needs device-to-device links; the networked executor runs "
-                "parameter-server plans only"
-            )
         if self.session is None:
             raise RuntimeError("NetworkedExecutor.open() was not called")
         self.session.wait_ready()
@@ -88,36 +66,17 @@ class NetworkedExecutor:
         model.train()
         meters = {t.client: Meter() for t in plan.tasks}
         lost: dict[int, str] = {}
-        expect = expectations(ctx, model, plan)
-        gen = np.random.default_rng(derive_seed(round_seed, "mix"))
-        timeout = self.config.network.timeout_s
-        profiles = emulated_profiles(ctx, plan) if self.config.network.emulate else None
-        server_emulation = None
-        if profiles is not None:
-            server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
-
-        def group(run: GroupRun):
-            server = server_role(model, run.tasks, plan, ctx.config.train, self.runtime, gen)
-            timed = None if server is None else _TimedServer(server, meters, server_emulation)
-            fleet = RemoteFleet(
-                self.session.hub, round_seed, timeout, expect, meters, lost, profiles
-            )
-            return run_group(fleet, timed, run, plan), server
-
+        tag = f"r{plan.round_idx}-{next(self._rounds)}"
+        rnd = D2DRound(
+            self.session.hub, tag, round_seed, self.config.network.timeout_s, meters, lost
+        )
         start = time.perf_counter()
-        runs = list(group_runs(ctx, model, plan))
-        if plan.mixup_alpha or len(runs) == 1:
-            done = [group(run) for run in runs]
+        if plan.ring is not None:
+            emulation = ring_emulation(ctx, plan) if self.config.network.emulate else None
+            updates, server_states = run_ring(rnd, plan, model, emulation), {}
         else:
-            with ThreadPoolExecutor(max_workers=len(runs)) as pool:
-                done = list(pool.map(group, runs))
+            updates, server_states = self._groups(ctx, model, plan, rnd)
         wall = time.perf_counter() - start
-        updates: list[ClientUpdate] = [u for group_updates, _ in done for u in group_updates]
-        server_states = {
-            run.group: server.state()
-            for run, (_, server) in zip(runs, done, strict=True)
-            if server is not None
-        }
         return RoundResult(
             updates=updates,
             server_states=server_states,
@@ -127,6 +86,76 @@ class NetworkedExecutor:
             dropped=dict(sorted(lost.items())),
             measured_round_time=wall,
         )
+
+    def _groups(self, ctx, model: BlockModel, plan: RoundPlan, rnd: D2DRound):
+        """Every group of a parameter-server plan, concurrently: on the server, or on the
+        device ``plan.hosts`` names (device-to-device, :func:`~splitfl.net.d2d.run_cluster`)."""
+        expect = expectations(ctx, model, plan)
+        gen = np.random.default_rng(derive_seed(rnd.round_seed, "mix"))
+        emulate = self.config.network.emulate
+        profiles = emulated_profiles(ctx, plan) if emulate else None
+        server_emulation = None
+        if profiles is not None:
+            server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
+
+        def group(run: GroupRun):
+            if run.group in plan.hosts:
+                host = plan.hosts[run.group]
+                emulation = cluster_emulation(ctx, plan, run, host) if emulate else None
+                return run_cluster(rnd, run, host, plan, model, expect, emulation)
+            server = server_role(model, run.tasks, plan, ctx.config.train, self.runtime, gen)
+            timed = None if server is None else TimedServer(server, rnd.meters, server_emulation)
+            fleet = RemoteFleet(
+                rnd.hub, rnd.round_seed, rnd.timeout_s, expect, rnd.meters, rnd.lost, profiles
+            )
+            return run_group(fleet, timed, run, plan), None if server is None else server.state()
+
+        runs = list(group_runs(ctx, model, plan))
+        if plan.mixup_alpha or len(runs) == 1:
+            done = [group(run) for run in runs]
+        else:
+            with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+                done = list(pool.map(group, runs))
+        updates: list[ClientUpdate] = [u for group_updates, _ in done for u in group_updates]
+        server_states = {
+            run.group: state
+            for run, (_, state) in zip(runs, done, strict=True)
+            if state is not None
+        }
+        return updates, server_states
+
+
+def cluster_emulation(ctx, plan: RoundPlan, run: GroupRun, host: int) -> ClusterEmulation:
+    """A hosted group's profiles for the plan's round: members compute at their FLOPS and
+    reach the top worker at the D2D rate of the pair (both directions); the top worker
+    computes the top part at its FLOPS."""
+    r = plan.round_idx or 0
+    top = ctx.population.at(host, r)
+    members = {}
+    for t in run.tasks:
+        device = ctx.population.at(t.client, r)
+        rate = d2d_rate(device, top)
+        members[t.client] = Profile(device.flops, rate, rate, ctx.profile.device_flops(t.cut))
+    cut = run.tasks[0].cut
+    return ClusterEmulation(
+        {c: p.to_fields() for c, p in members.items()}, top.flops, ctx.profile.server_flops(cut)
+    )
+
+
+def ring_emulation(ctx, plan: RoundPlan) -> RingEmulation:
+    """The ring's profiles for the plan's round: FLOPS, server link rates and the D2D rates
+    to each member's successor and predecessor (the cost model's ``ring_client_cost``)."""
+    r, order = plan.round_idx or 0, plan.ring.order
+    members = {}
+    for pos, c in enumerate(order):
+        device = ctx.population.at(c, r)
+        nxt = ctx.population.at(order[(pos + 1) % len(order)], r)
+        prv = ctx.population.at(order[pos - 1], r)
+        fields = Profile(device.flops, device.uplink, device.downlink, 0.0).to_fields()
+        fields |= {"d2d_next": d2d_rate(device, nxt), "d2d_prev": d2d_rate(device, prv)}
+        members[c] = fields
+    blocks = [ctx.profile.part_flops(k, k + 1) for k in range(ctx.profile.num_blocks)]
+    return RingEmulation(members, blocks)
 
 
 def emulated_profiles(ctx, plan: RoundPlan) -> dict[int, Profile]:
@@ -141,21 +170,9 @@ def emulated_profiles(ctx, plan: RoundPlan) -> dict[int, Profile]:
 
 
 def expectations(ctx, model: BlockModel, plan: RoundPlan) -> Expect:
-    """What valid device replies look like for ``plan``'s cut points (one-sample dry run
-    of each device part gives the smashed-data shape)."""
-    dtype = next(model.parameters()).dtype
-    shapes, specs = {}, {}
-    sample = ctx.bundle.train.x[:1].to(next(model.parameters()).device)
-    if sample.is_floating_point():
-        sample = sample.to(dtype)
-    for cut in sorted({t.cut for t in plan.tasks}):
-        part = ModelPart(model, 0, cut)
-        specs[cut] = {k: (tuple(v.shape), v.dtype) for k, v in part.state_dict().items()}
-        if cut < model.num_blocks:
-            with torch.no_grad():
-                shapes[cut] = tuple(part.eval()(sample).shape[1:])
-            part.train()
-    return Expect(dtype, shapes, ctx.bundle.num_classes, specs)
+    """What valid device replies look like for ``plan``'s cut points."""
+    cuts = sorted({t.cut for t in plan.tasks})
+    return expect_for(model, ctx.bundle.train.x[:1], ctx.bundle.num_classes, cuts)
 
 
 def measured_fields(m: Meter, wall: float) -> dict[str, float]:

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from splitfl.net.emulation import Profile
+from splitfl.executors.roles import ServerRole
+from splitfl.models import ModelPart
+from splitfl.net.emulation import Profile, stretch
 from splitfl.net.hub import LOST, DeviceLink, Hub
 from splitfl.net.wire import Message, all_finite, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientTask
@@ -261,17 +263,62 @@ class RemoteFleet:
         return None
 
     def _check_part(self, c: int, part: State) -> str | None:
-        specs = self.expect.part_specs[self.tasks[c].cut]
-        if set(part) != set(specs):
-            return "tensor names differ from the device part's"
-        for name, (shape, dtype) in specs.items():
-            t = part[name]
-            if tuple(t.shape) != shape or t.dtype != dtype:
-                return f"{name}: {tuple(t.shape)} {t.dtype}"
-            if not all_finite(t):
-                return f"{name}: non-finite values"
-        return None
+        return check_state(part, self.expect.part_specs[self.tasks[c].cut])
+
+
+def check_state(state: State, specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> str | None:
+    """What is wrong with a model part a device sent (names, shapes, dtypes, finite values
+    against ``specs``: name → (shape, dtype)), or None."""
+    if set(state) != set(specs):
+        return "tensor names differ from the model part's"
+    for name, (shape, dtype) in specs.items():
+        t = state[name]
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            return f"{name}: {tuple(t.shape)} {t.dtype}"
+        if not all_finite(t):
+            return f"{name}: non-finite values"
+    return None
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+class TimedServer:
+    """A :class:`ServerRole` whose step time is charged to every member it served; with
+    ``emulate`` (per-sample server FLOPs by cut, server FLOPS) the step is stretched to
+    ``Σ samples × FLOPs / Comp_s`` (S²FL Eq. 1's ``F_s / Comp_s``)."""
+
+    def __init__(self, server: ServerRole, meters: dict[int, Meter], emulate=None):
+        self.server, self.meters, self.stop = server, meters, server.stop
+        self.emulate = emulate
+
+    def step(self, sent):
+        start = time.perf_counter()
+        out = self.server.step(sent)
+        if self.emulate is not None:
+            per_cut, flops = self.emulate
+            work = sum(len(s.labels) * per_cut(s.cut) for s in sent)
+            stretch(start, 1, work, flops)
+        spent = time.perf_counter() - start
+        for s in sent:
+            self.meters[s.client].server_s += spent
+        return out
+
+
+def expect_for(model, sample: torch.Tensor, num_classes: int, cuts) -> Expect:
+    """What valid device replies look like for these cut points of ``model`` (a one-sample
+    dry run of each device part gives the smashed-data shape)."""
+    dtype = next(model.parameters()).dtype
+    shapes, specs = {}, {}
+    sample = sample.to(next(model.parameters()).device)
+    if sample.is_floating_point():
+        sample = sample.to(dtype)
+    for cut in cuts:
+        part = ModelPart(model, 0, cut)
+        specs[cut] = {k: (tuple(v.shape), v.dtype) for k, v in part.state_dict().items()}
+        if cut < model.num_blocks:
+            with torch.no_grad():
+                shapes[cut] = tuple(part.eval()(sample).shape[1:])
+            part.train()
+    return Expect(dtype, shapes, num_classes, specs)

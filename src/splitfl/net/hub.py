@@ -46,6 +46,10 @@ class HubSettings:
     chunk_bytes: int
     rate_limit: float = 0.0
     hello_timeout_s: float = 30.0
+    #: How long a hello from a name not (yet) in the token book waits for it to be added
+    #: (a device's peer listener learns whom to expect from the server, possibly after the
+    #: peer's hello arrived); 0 = refuse at once (the server's hub).
+    admit_wait_s: float = 0.0
 
 
 @dataclass
@@ -60,6 +64,10 @@ class DeviceLink:
     #: the device has loaded its data and model (it said ``ready``): it can be given work
     ready: bool = False
     reason: str = ""
+    #: where the device accepts device-to-device links (``host:port``) and the PEM
+    #: certificate that listener presents ("" = plain text), as its hello announced
+    peer_address: str = ""
+    peer_cert: str = ""
 
     def send(self, message: Message) -> int:
         """Queue ``message`` for the device; its encoded size (0 if the link is closed)."""
@@ -138,6 +146,39 @@ class Hub:
         """Connected devices that are ready for work."""
         return [link for link in self.links.values() if link.alive and link.ready]
 
+    def expect(self, names: dict[str, str]) -> None:
+        """Admit these device names (name → token hash) from now on (peer listeners: the
+        server says whom to expect each round); dead links are forgotten."""
+        with self.lock:
+            self.tokens.hashes.update(names)
+            self.links = {k: v for k, v in self.links.items() if v.alive}
+            self.lock.notify_all()
+
+    def forget(self, names) -> None:
+        """Close these names' links and refuse them from now on."""
+        with self.lock:
+            for name in names:
+                self.tokens.hashes.pop(name, None)
+                link = self.links.pop(name, None)
+                if link is not None:
+                    link.send(Message("bye", {"reason": "round over"}))
+                    link.close("round over")
+
+    def wait_clients(self, clients, timeout_s: float, abort=None) -> set[int]:
+        """Block until every client in ``clients`` has a ready link, ``timeout_s`` passed or
+        ``abort`` (an Event) is set; the clients connected by then."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while True:
+                ready = {c for c in clients if self._linked(c)}
+                left = deadline - time.monotonic()
+                if len(ready) == len(set(clients)) or left <= 0 or (abort and abort.is_set()):
+                    return ready
+                self.lock.wait(min(left, 0.2))
+
+    def _linked(self, client: int) -> bool:
+        return any(k.alive and k.ready and client in k.clients for k in self.links.values())
+
     def link_of(self, client: int) -> DeviceLink | None:
         """The live link hosting ``client``, if any."""
         with self.lock:
@@ -180,16 +221,30 @@ class Hub:
                 f"{PROTOCOL_VERSION} (install the same splitfl version on the device)",
             )
         name = f.get("name")
-        if not isinstance(name, str) or not self.tokens.check(name, f.get("token")):
+        if not isinstance(name, str) or not self._known(name, f.get("token")):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown device name or wrong token")
+        peer = f.get("peer") or {}
+        address, cert = peer.get("address", ""), peer.get("cert", "")
+        if not isinstance(address, str) or not isinstance(cert, str) or len(address) > 300:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad peer listener in hello")
         with self.lock:
             if name in self.links and self.links[name].alive:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"device {name!r} already connected")
             clients = self._assign(f.get("clients"), context)
             link = DeviceLink(name, clients, {c: queue.Queue() for c in clients})
+            link.peer_address, link.peer_cert = address, cert
             self.links[name] = link
             self.lock.notify_all()
         return link
+
+    def _known(self, name: str, token) -> bool:
+        """The token checks out; a name not in the book yet is waited for up to
+        ``admit_wait_s`` (a wrong token for a known name is refused at once)."""
+        deadline = time.monotonic() + self.settings.admit_wait_s
+        with self.lock:
+            while name not in self.tokens.hashes and time.monotonic() < deadline:
+                self.lock.wait(min(deadline - time.monotonic(), 0.2))
+            return self.tokens.check(name, token)
 
     def _assign(self, asked, context) -> list[int]:
         """The clients a device asked for (each unhosted), else the next free block."""

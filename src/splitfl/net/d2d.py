@@ -1,0 +1,263 @@
+"""The server's side of device-to-device rounds (the devices' side: :mod:`splitfl.net.d2d_device`).
+
+* :func:`run_cluster` — a group whose server part runs on a device (``RoundPlan.hosts``:
+  ParallelSFL's top worker, §3.3). The server sends the top worker the cluster's bottom and
+  top parts and one-round tokens for its members, tells each member where to connect, and
+  waits for ``hosted``: the Eq. (4) average of the bottom parts, the trained top part, each
+  member's tally and measured times. Every member's update is that average (the algorithm's
+  per-worker τ_c weights then give Eq. 18 exactly: N_c equal states of weight τ_c). A member
+  lost mid-cluster is dropped by its top worker, the others complete (Eq. 4 over those that
+  finished); a lost top worker drops its cluster for the round.
+* :func:`run_ring` — RingSFL's ring. Each member gets the global model, the ring and links to
+  its neighbours; each replies ``ring_done`` with its blended model. Alg. 2 needs every member
+  in every step, so one failure (lost link, timeout, invalid tensor) abandons the round: the
+  server tells the others to abort and every member is recorded as dropped with the reason;
+  the global model stays as it was and the run goes on.
+
+Everything a device reports is checked (tensor names, shapes, dtypes, finite values; counts
+and times in range) before the algorithm sees it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import queue
+import time
+from dataclasses import dataclass
+
+import torch
+
+from splitfl.executors.fleet import GroupRun
+from splitfl.models import BlockModel, ModelPart
+from splitfl.net.auth import new_token, token_hash
+from splitfl.net.d2d_device import PLAN_FIELDS
+from splitfl.net.fleet import Expect, Meter, check_state
+from splitfl.net.hub import LOST, DeviceLink, Hub
+from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
+from splitfl.plan import ClientUpdate, RoundPlan
+
+State = dict[str, torch.Tensor]
+_seq = itertools.count(1 << 40)  # apart from RemoteFleet's sequence numbers
+
+
+@dataclass
+class D2DRound:
+    """What a device-to-device coordinator needs of the round."""
+
+    hub: Hub
+    tag: str
+    round_seed: int
+    timeout_s: float
+    meters: dict[int, Meter]
+    lost: dict[int, str]
+
+
+@dataclass(frozen=True)
+class ClusterEmulation:
+    """Emulated profiles of a cluster: members' ``begin`` fields (FLOPS, D2D rate to the top
+    worker as both link rates, device-part FLOPs) and the top worker's FLOPS."""
+
+    members: dict[int, dict[str, float]]
+    top_flops: float
+    server_flops_per_sample: float
+
+
+def send_command(link: DeviceLink, client: int, msg: Message) -> tuple[int, int, float]:
+    seq = next(_seq)
+    msg.fields.update(client=client, seq=seq)
+    return seq, link.send(msg), time.perf_counter()
+
+
+def await_reply(link: DeviceLink, client: int, seq: int, deadline: float):
+    """The reply to ``seq`` ((message, bytes, arrival) or a reason string)."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return "no reply within the round's deadline"
+        try:
+            got = link.inbox[client].get(timeout=left)
+        except queue.Empty:
+            continue
+        if got is LOST:
+            return f"device {link.name} lost: {link.reason}"
+        if got[0].fields.get("seq") == seq:
+            return got
+
+
+def run_cluster(
+    rnd: D2DRound,
+    run: GroupRun,
+    host: int,
+    plan: RoundPlan,
+    model: BlockModel,
+    expect: Expect,
+    emulation: ClusterEmulation | None,
+) -> tuple[list[ClientUpdate], State | None]:
+    """One hosted group (see module docstring): its members' updates and the top part."""
+    hub, lost = rnd.hub, rnd.lost
+    cuts = {t.cut for t in run.tasks}
+    if len(cuts) != 1 or any(t.init_state is not None for t in run.tasks):
+        raise ValueError("a hosted group needs one cut point and the global device part")
+    cut = cuts.pop()
+    top = hub.link_of(host)
+    if top is None or not top.peer_address:
+        for t in run.tasks:
+            lost[t.client] = f"top worker {host} not connected (or not listening for peers)"
+        return [], None
+    links = {t.client: hub.link_of(t.client) for t in run.tasks}
+    tasks = [t for t in run.tasks if links[t.client] is not None]
+    for t in run.tasks:
+        if links[t.client] is None:
+            lost[t.client] = "device not connected"
+    if not tasks:
+        return [], None
+    tokens = {t.client: new_token() for t in tasks}
+    names = {t.client: f"{rnd.tag}-g{run.group}-c{t.client}" for t in tasks}
+    members = []
+    for t in tasks:
+        entry = {"client": t.client, "cut": t.cut, "batch_size": t.batch_size, "steps": t.steps}
+        entry |= {"lr": t.lr, "name": names[t.client], "token_hash": token_hash(tokens[t.client])}
+        if emulation is not None:
+            entry["emulate"] = emulation.members[t.client]
+        members.append(entry)
+    fields = {"group": run.group, "members": members, "round_seed": rnd.round_seed}
+    fields |= {"timeout_s": rnd.timeout_s, **{k: getattr(plan, k) for k in PLAN_FIELDS}}
+    if fields["server_lr"] is None:
+        fields["server_lr"] = tasks[0].lr
+    if emulation is not None:
+        fields |= {"top_flops": emulation.top_flops}
+        fields |= {"server_flops_per_sample": emulation.server_flops_per_sample}
+    server_part = ModelPart(model, cut, model.num_blocks).state_dict()
+    bottom = run.parts[tasks[0].client]
+    tensors = {**state_tensors("part", bottom), **state_tensors("server", server_part)}
+    host_msg = Message("host", fields, tensors)
+    seq, down, sent_at = send_command(top, host, host_msg)
+    joins = {}
+    for t in tasks:
+        join = {"address": top.peer_address, "cert": top.peer_cert, "name": names[t.client]}
+        join["token"] = tokens[t.client]
+        joins[t.client] = send_command(links[t.client], t.client, Message("join", join))[0]
+    deadline = time.monotonic() + rnd.timeout_s * (max(t.steps for t in tasks) + 3)
+    got = await_reply(top, host, seq, deadline)
+    join_errors = _joined(links, joins, rnd.timeout_s)
+    if isinstance(got, str) or got[0].type != "hosted" or got[0].fields.get("error"):
+        why = got if isinstance(got, str) else got[0].fields.get("error", got[0].type)
+        for t in tasks:
+            lost[t.client] = f"top worker {host}: {why}"
+        return [], None
+    reply, up, arrived = got
+    checked = _check_hosted(reply, tasks, expect, model, cut)
+    if isinstance(checked, str):
+        for t in tasks:
+            lost[t.client] = f"top worker {host}: rejected report: {checked}"
+        return [], None
+    average, server_state, report = checked
+    for c, reason in reply.fields.get("dropped", {}).items():
+        if int(c) in tokens:
+            lost[int(c)] = join_errors.get(int(c)) or f"top worker {host}: {reason}"
+    share = _ps_share(arrived - sent_at, reply, up, down, payload_bytes(host_msg), len(report))
+    updates = []
+    for t in tasks:
+        if t.client not in report:
+            lost.setdefault(t.client, f"top worker {host}: no report")
+            continue
+        stats = report[t.client]
+        _fill_meter(rnd.meters[t.client], stats, share)
+        updates.append(
+            ClientUpdate(
+                t.client, cut, run.group, stats["samples"], t.steps, average, stats["loss_sum"]
+            )
+        )
+    return updates, server_state
+
+
+def _joined(links, joins: dict[int, int], timeout_s: float) -> dict[int, str]:
+    """Collect the members' ``joined`` replies; the errors they report."""
+    deadline, errors = time.monotonic() + timeout_s, {}
+    for c, seq in joins.items():
+        got = await_reply(links[c], c, seq, deadline)
+        if isinstance(got, str):
+            errors[c] = got
+        elif got[0].fields.get("error"):
+            errors[c] = f"link to top worker: {got[0].fields['error']}"
+    return errors
+
+
+def _ps_share(rtt, reply, up, down, down_payload, members) -> dict[str, float]:
+    """Each member's share of the top worker's model traffic with the server (the cost model
+    splits it equally): time = round trip − the session, split by bytes."""
+    session = reply.fields.get("session_s")
+    session = min(max(float(session), 0.0), rtt) if non_negative(session) else rtt
+    comm, n = rtt - session, max(members, 1)
+    return {
+        "download_s": comm * down / max(up + down, 1) / n,
+        "upload_s": comm * up / max(up + down, 1) / n,
+        "model_down": down_payload / n,
+        "model_up": payload_bytes(reply) / n,
+        "wire_down": down / n,
+        "wire_up": up / n,
+    }
+
+
+def _fill_meter(meter: Meter, stats: dict, share: dict[str, float]) -> None:
+    for key in ("compute_s", "upload_s", "download_s", "server_s"):
+        setattr(meter, key, getattr(meter, key) + stats[key])
+    meter.upload_s += share["upload_s"]
+    meter.download_s += share["download_s"]
+    meter.wire_up += int(stats["wire_up"] + share["wire_up"])
+    meter.wire_down += int(stats["wire_down"] + share["wire_down"])
+    d2d = stats["payload"]
+    meter.count("model_down", int(share["model_down"]))
+    meter.count("model_up", int(share["model_up"]))
+    meter.count("d2d_model", d2d.get("model_down", 0) + d2d.get("model_up", 0))
+    meter.count("d2d_activations", d2d.get("activations_up", 0) + d2d.get("labels_up", 0))
+    meter.count("d2d_gradients", d2d.get("gradients_down", 0))
+
+
+def non_negative(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _check_hosted(reply: Message, tasks, expect: Expect, model: BlockModel, cut: int):
+    """(average bottom, top part, per-member stats) or what is wrong with the report."""
+    server_specs = ModelPart(model, cut, model.num_blocks).state_dict()
+    server_state = state_from("server", reply.tensors)
+    problem = check_state(
+        server_state, {k: (tuple(v.shape), v.dtype) for k, v in server_specs.items()}
+    )
+    if problem:
+        return f"top part: {problem}"
+    report, steps = {}, {t.client: t for t in tasks}
+    for key, stats in (reply.fields.get("members") or {}).items():
+        c = int(key) if str(key).isdigit() else -1
+        keys = (
+            "samples",
+            "loss_sum",
+            "compute_s",
+            "upload_s",
+            "download_s",
+            "server_s",
+            "wire_up",
+            "wire_down",
+        )
+        if (
+            c not in steps
+            or not isinstance(stats, dict)
+            or not all(non_negative(stats.get(k)) for k in keys)
+        ):
+            return f"bad member entry {key!r}"
+        if not isinstance(stats["samples"], int) or stats["samples"] > (
+            steps[c].steps * steps[c].batch_size
+        ):
+            return f"member {c}: {stats['samples']!r} samples"
+        payload = stats.get("payload")
+        if not isinstance(payload, dict) or not all(non_negative(v) for v in payload.values()):
+            return f"member {c}: bad payload counts"
+        report[c] = stats
+    average = state_from("part", reply.tensors)
+    if report:
+        problem = check_state(average, expect.part_specs[cut])
+        if problem:
+            return f"bottom part: {problem}"
+    return average, server_state, report

@@ -1,0 +1,152 @@
+"""Device-to-device links (RingSFL's ring, ParallelSFL's clusters).
+
+Every device process also *listens* (:class:`PeerEndpoint`: the same
+:class:`~splitfl.net.hub.Hub` the server runs, so the same token, protocol-version, size and
+rate rules apply) and announces the address — and, when it reaches the server over TLS, the
+self-signed certificate its listener presents — in its hello. Each round the server tells a
+device whom to expect (name → token hash) and tells its peers where to connect with which
+one-round token, over their already-authenticated links to the server; a connecting peer pins
+the relayed certificate. :class:`PeerChannel` is the connecting end of one such link.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from splitfl.net.auth import TokenBook, is_loopback
+from splitfl.net.certs import self_signed_pem
+from splitfl.net.hub import LOST, METHOD, Hub, HubSettings
+from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, chunks, decode, encode
+
+
+def outgoing(outbox: queue.Queue, chunking: dict) -> Iterator[bytes]:
+    """The request stream of a connecting end: encoded messages from ``outbox`` in chunks of
+    ``chunking["bytes"]`` until None."""
+    while True:
+        data = outbox.get()
+        if data is None:
+            return
+        yield from chunks(data, chunking["bytes"])
+
+
+@dataclass
+class PeerEndpoint:
+    """A device process's listener for its peers."""
+
+    hub: Hub
+    address: str
+    cert_pem: str = ""
+
+    @classmethod
+    def start(
+        cls, listen: str, advertise: str | None, tls: bool, max_message_bytes: int, wait_s: float
+    ) -> PeerEndpoint:
+        """Listen on ``listen`` (``host:0`` picks a port); ``advertise`` is the address peers
+        should dial (default: the listen host). With ``tls`` the listener presents a fresh
+        self-signed certificate (needs the ``net`` extra)."""
+        host = listen.rpartition(":")[0]
+        if advertise is None and host in ("0.0.0.0", "[::]", ""):
+            raise ValueError(f"--peer-listen {listen}: give --peer-address (what peers dial)")
+        settings = HubSettings(max_message_bytes, 1 << 20, admit_wait_s=wait_s)
+        hub = Hub(settings, TokenBook(), 1 << 31, {"config": {}, "block": 1})
+        cert = key = ""
+        credentials = None
+        if tls:
+            dial_host = (advertise or listen).rpartition(":")[0]
+            cert, key = self_signed_pem([dial_host])
+            credentials = grpc.ssl_server_credentials([(key.encode(), cert.encode())])
+        port = hub.start(listen, credentials)
+        address = advertise or f"{host}:{port}"
+        return cls(hub, address, cert)
+
+    def announce(self) -> dict[str, str]:
+        return {"address": self.address, "cert": self.cert_pem}
+
+    def stop(self) -> None:
+        self.hub.stop()
+
+
+class PeerError(RuntimeError):
+    """A device-to-device link could not be set up or broke."""
+
+
+class PeerChannel:
+    """The connecting end of a device-to-device link: hello (name, one-round token, the client
+    it speaks for), then messages both ways. Replies land in ``inbox`` as
+    ``(message, bytes, arrival time)``; :data:`~splitfl.net.hub.LOST` when the link ends."""
+
+    def __init__(
+        self,
+        address: str,
+        name: str,
+        token: str,
+        client: int,
+        cert_pem: str,
+        max_message_bytes: int,
+        timeout_s: float,
+    ):
+        limit = max_message_bytes + 1024
+        options = [("grpc.max_receive_message_length", limit)]
+        options.append(("grpc.max_send_message_length", limit))
+        if cert_pem:
+            creds = grpc.ssl_channel_credentials(root_certificates=cert_pem.encode())
+            self.channel = grpc.secure_channel(address, creds, options=options)
+        elif is_loopback(address.rpartition(":")[0]):
+            self.channel = grpc.insecure_channel(address, options=options)
+        else:
+            raise PeerError(f"peer {address} is not on loopback and presents no certificate")
+        self.max_message_bytes = max_message_bytes
+        self.outbox: queue.Queue = queue.Queue()
+        self.inbox: queue.Queue = queue.Queue()
+        self.chunking = {"bytes": 1 << 16}
+        self.welcomed = threading.Event()
+        self.error = ""
+        hello = {"protocol": PROTOCOL_VERSION, "name": name, "token": token, "clients": [client]}
+        self.outbox.put(encode(Message("hello", hello)))
+        self.stream = self.channel.stream_stream(METHOD)(outgoing(self.outbox, self.chunking))
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        if not self.welcomed.wait(timeout_s):
+            self.close()
+            raise PeerError(f"peer {address}: {self.error or 'no welcome within the timeout'}")
+
+    def send(self, message: Message) -> int:
+        data = encode(message)
+        self.outbox.put(data)
+        return len(data)
+
+    def _read(self) -> None:
+        assembler = Reassembler(self.max_message_bytes)
+        try:
+            for chunk in self.stream:
+                data = assembler.feed(chunk)
+                if data is None:
+                    continue
+                msg = decode(data)
+                if msg.type == "welcome" and not self.welcomed.is_set():
+                    self.chunking["bytes"] = int(msg.fields.get("chunk_bytes") or (1 << 16))
+                    self.outbox.put(encode(Message("ready")))
+                    self.welcomed.set()
+                elif msg.type == "bye":
+                    break
+                else:
+                    self.inbox.put((msg, len(data), time.perf_counter()))
+        except grpc.RpcError as err:
+            self.error = f"{err.code().name} {err.details()}"
+        except Exception as err:  # noqa: BLE001 (a malformed message ends the link)
+            self.error = str(err)
+        finally:
+            self.inbox.put(LOST)
+
+    def close(self) -> None:
+        """End the link after what was queued has gone (the peer closes its side in turn)."""
+        self.outbox.put(None)
+        self.reader.join(timeout=2.0)
+        self.stream.cancel()
+        self.channel.close()
