@@ -51,12 +51,25 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
 
 
+#: RingSFL's ring: at most one client per block; 4 clients, 4 device processes (one each).
+RING = {"data.num_clients": 4, "train.clients_per_round": 4, "network.devices": 4}
+
+
 def validate(
-    algorithm: str, workload: str, rounds: int, folder: Path, root: str, latency: float
+    algorithm: str,
+    workload: str,
+    rounds: int,
+    folder: Path,
+    root: str,
+    latency: float,
+    preset: str = "s2fl_table1",
 ) -> dict:
     changes = {**WORKLOADS[workload], **EMULATED, "rounds": rounds, "data.root": root}
     changes["devices.exchange_latency_s"] = latency
-    run_dir = folder / f"{algorithm}-{workload}"
+    changes["devices.preset"] = preset
+    if algorithm.startswith("ringsfl"):
+        changes.update(RING)
+    run_dir = folder / f"{algorithm}-{workload}-{preset}"
     splitfl.run(config_for(algorithm, **changes), run_dir=run_dir)
     per_round = []
     for row in _rows(run_dir):
@@ -82,6 +95,7 @@ def validate(
     return {
         "algorithm": algorithm,
         "workload": workload,
+        "preset": preset,
         "rounds": per_round,
         "steady_ratio_mean": statistics.mean(r["ratio"] for r in steady),
     }
@@ -118,6 +132,7 @@ def main() -> None:
     p.add_argument("--algorithms", nargs="*", default=["splitfed_v1", "s2fl", "mergesfl"])
     p.add_argument("--workloads", nargs="*", default=["digits", "mnist-lenet5"])
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--presets", nargs="*", default=["s2fl_table1"], help="device presets")
     p.add_argument("--sliding", action="store_true", help="also the S²FL sliding-split check")
     p.add_argument("--data-root", default="../shared/data", help="where MNIST is")
     p.add_argument(
@@ -134,18 +149,20 @@ def main() -> None:
         "exchange_latency_s": args.exchange_latency,
     }
     with tempfile.TemporaryDirectory() as tmp:
-        for workload in args.workloads:
-            for algorithm in args.algorithms:
-                row = validate(
-                    algorithm,
-                    workload,
-                    args.rounds,
-                    Path(tmp),
-                    args.data_root,
-                    args.exchange_latency,
-                )
-                print(json.dumps(row), flush=True)
-                results["validation"].append(row)
+        for preset in args.presets:
+            for workload in args.workloads:
+                for algorithm in args.algorithms:
+                    row = validate(
+                        algorithm,
+                        workload,
+                        args.rounds,
+                        Path(tmp),
+                        args.data_root,
+                        args.exchange_latency,
+                        preset,
+                    )
+                    print(json.dumps(row), flush=True)
+                    results["validation"].append(row)
         if args.sliding:
             results["sliding"] = sliding(args.rounds + 2, Path(tmp))
             print(json.dumps(results["sliding"]), flush=True)

@@ -152,3 +152,33 @@ def test_killed_server_resumes_and_devices_reconnect(tmp_path):
     seq = splitfl.run(config_for("splitfed_v1", **changes), run_dir=tmp_path / "seq")
     net_model = torch.load(run_dir / "model.pt", weights_only=True)
     assert _max_diff(net_model, torch.load(seq.run_dir / "model.pt", weights_only=True)) <= 1e-5
+
+
+def test_ring_member_process_killed_mid_run_abandons_rounds_and_the_run_completes(tmp_path):
+    """RingSFL over device-to-device links between 4 device processes; one is SIGKILLed
+    after round 1: every later round is abandoned (Alg. 2 needs every member), recorded,
+    and the run ends ok with the model of its completed rounds."""
+    changes = {"rounds": 4, "train.local_steps": 40, "network.rejoin_s": 1.0}
+    cfg = _write_config(tmp_path / "c.yaml", "ringsfl", **changes)
+    run_dir = tmp_path / "net"
+    proc = _cli("launch", str(cfg), "--devices", "4", "--out", str(run_dir))
+    try:
+        _wait_rows(run_dir, 1, proc)
+        victim = json.loads((run_dir / "network.json").read_text())["local_devices"][1]
+        os.kill(victim["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0, out.decode()[-2000:]
+    rows = _rows(run_dir)
+    assert len(rows) == 4
+    completed = [not r["dropped_clients"] for r in rows]
+    k = completed.index(False)
+    assert k >= 1 and not any(completed[k:])  # a completed prefix, then abandoned rounds
+    for r in rows[k:]:
+        assert r["dropped_clients"] == [0, 1, 2, 3]
+        assert all("ring round abandoned" in why for why in r["dropped_reasons"].values())
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "ok"
+    seq = splitfl.run(config_for("ringsfl", **{**changes, "rounds": k}), run_dir=tmp_path / "seq")
+    net_model = torch.load(run_dir / "model.pt", weights_only=True)
+    assert _max_diff(net_model, torch.load(seq.run_dir / "model.pt", weights_only=True)) <= 1e-5

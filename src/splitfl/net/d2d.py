@@ -140,8 +140,12 @@ def run_cluster(
         joins[t.client] = send_command(links[t.client], t.client, Message("join", join))[0]
     deadline = time.monotonic() + rnd.timeout_s * (max(t.steps for t in tasks) + 3)
     got = await_reply(top, host, seq, deadline)
+    failed = isinstance(got, str) or got[0].type != "hosted" or got[0].fields.get("error")
+    if failed:  # members may still be waiting for the top worker: release them
+        for t in tasks:
+            links[t.client].send(Message("abort", {"session": joins[t.client]}))
     join_errors = _joined(links, joins, rnd.timeout_s)
-    if isinstance(got, str) or got[0].type != "hosted" or got[0].fields.get("error"):
+    if failed:
         why = got if isinstance(got, str) else got[0].fields.get("error", got[0].type)
         for t in tasks:
             lost[t.client] = f"top worker {host}: {why}"

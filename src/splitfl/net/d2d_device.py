@@ -115,7 +115,7 @@ def join_cluster(agent, c: int, msg: Message) -> Message:
     """``join``: serve client ``c``'s commands from its top worker until it says bye."""
     f = msg.fields
     try:
-        agent.serve_peer(c, f["address"], f["name"], f["token"], f.get("cert", ""))
+        agent.serve_peer(c, f["address"], f["name"], f["token"], f.get("cert", ""), f["seq"])
     except Exception as err:  # noqa: BLE001 (reported to the server, which records it)
         return Message("joined", {"error": f"{type(err).__name__}: {err}"})
     return Message("joined", {})

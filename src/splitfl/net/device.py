@@ -127,9 +127,15 @@ class DeviceAgent:
         self.aborts: dict[int, threading.Event] = {}
         self.warm_up()
 
-    def serve_peer(self, client: int, address: str, name: str, token: str, cert: str) -> None:
+    def serve_peer(
+        self, client: int, address: str, name: str, token: str, cert: str, session=None
+    ) -> None:
         """Serve ``client``'s commands from a peer's listener (ParallelSFL: the bottom worker
-        answering its top worker) until the peer says bye; raises if the link fails."""
+        answering its top worker) until the peer says bye; raises if the link fails or the
+        server aborts ``session`` (the seq of the command that asked for it)."""
+        abort = self.abort_event(session)
+        if abort.is_set():
+            raise WireError("aborted by the server")
         base = self.options
         creds = grpc.ssl_channel_credentials(root_certificates=cert.encode()) if cert else None
         opts = DeviceOptions(
@@ -140,7 +146,18 @@ class DeviceAgent:
             credentials=creds,
             max_message_bytes=base.max_message_bytes if base else 256 << 20,
         )
-        _, done = _session(opts, self, lambda line: None, type(self), None, to_peer=True)
+
+        def watch(stream) -> None:  # the server's abort ends the link at once
+            def cancel() -> None:
+                abort.wait()
+                stream.cancel()
+
+            threading.Thread(target=cancel, daemon=True).start()
+
+        try:
+            _, done = _session(opts, self, lambda line: None, type(self), None, True, watch)
+        finally:
+            abort.set()  # ends the watcher
         if not done:
             raise WireError(f"link to peer {address} ended before its bye")
 
@@ -292,7 +309,13 @@ _REFUSALS = {
 
 
 def _session(
-    opts: DeviceOptions, agent, log, agent_cls, peer: PeerEndpoint | None, to_peer: bool = False
+    opts: DeviceOptions,
+    agent,
+    log,
+    agent_cls,
+    peer: PeerEndpoint | None,
+    to_peer: bool = False,
+    watch=None,
 ) -> tuple[DeviceAgent | None, bool]:
     """One connection: hello, welcome, then commands until bye (True) or the stream ends.
     ``to_peer``: the connection is a device-to-device link to a peer's listener (ParallelSFL's
@@ -313,6 +336,8 @@ def _session(
     outbox.put(encode(Message("hello", hello)))
     compression = grpc.Compression.Gzip if opts.compression == "gzip" else None
     stream = channel.stream_stream(METHOD)(outgoing(outbox, chunking), compression=compression)
+    if watch is not None:
+        watch(stream)
     try:
         return _serve(opts, stream, outbox, agent, log, agent_cls, chunking, peer, to_peer)
     except grpc.RpcError as err:

@@ -3,7 +3,12 @@
 Example (on the device; the server runs ``splitfl server CONFIG --listen 0.0.0.0:7070 ...``)::
 
     splitfl device --server 10.0.0.1:7070 --name jetson-3 --token-file jetson-3.token \\
-        --ca-cert ca.pem --data-root ./data
+        --ca-cert ca.pem --data-root ./data \\
+        --peer-listen 0.0.0.0:7071 --peer-address 10.0.0.13:7071
+
+The device also listens for its peers (RingSFL's ring neighbours, ParallelSFL's top worker or
+bottom workers): with TLS to the server it presents a fresh self-signed certificate, which the
+server relays to the peers that dial it; each link uses a one-round token from the server.
 
 Only this module, the config, data and model code and the executor roles are imported: the
 device needs torch, numpy, PyYAML and grpcio, not matplotlib, scipy, scikit-learn or Ray.
@@ -35,6 +40,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--retry-s", type=float, default=300.0, help="give up after this long offline")
     p.add_argument("--max-message-mb", type=float, default=256.0, help="largest message accepted")
     p.add_argument("--compression", choices=("none", "gzip"), default="none")
+    p.add_argument(
+        "--peer-listen",
+        default="127.0.0.1:0",
+        help="HOST:PORT where peers reach this device (RingSFL, ParallelSFL; port 0 = any); "
+        "'none' = no device-to-device links",
+    )
+    p.add_argument(
+        "--peer-address", help="HOST:PORT peers dial (needed when --peer-listen is 0.0.0.0)"
+    )
     return p
 
 
@@ -56,6 +70,8 @@ def options_from(args: argparse.Namespace) -> DeviceOptions:
         max_message_bytes=int(args.max_message_mb * 2**20),
         retry_s=args.retry_s,
         compression=args.compression,
+        peer_listen=None if args.peer_listen == "none" else args.peer_listen,
+        peer_address=args.peer_address,
     )
 
 

@@ -97,9 +97,10 @@ def run_ring(
 
 def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int):
     """Every member's reply; on the first failure the others are told to abort. Returns
-    (replies, the first failure's reason or None)."""
+    (replies, the failure's root cause or None): the members next to a failure report a lost
+    link or the abort, so a reason that is neither is preferred."""
     deadline = time.monotonic() + rnd.timeout_s * (steps + 3)
-    replies, failure = {}, None
+    replies, failures = {}, []
     pending = dict(sent)
     while pending:
         for c in list(pending):
@@ -110,13 +111,16 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
             del pending[c]
             if isinstance(got, str) or got[0].type != "ring_done":
                 why = got if isinstance(got, str) else got[0].fields.get("reason", got[0].type)
-                if failure is None:
-                    failure = f"client {c}: {why}" if isinstance(got, str) else str(why)
+                failures.append(f"client {c}: {why}" if isinstance(got, str) else str(why))
+                if len(failures) == 1:
                     for other, (other_seq, *_rest) in pending.items():
                         links[other].send(Message("abort", {"session": other_seq}))
                 continue
             replies[c] = got
-    return replies, failure
+    if not failures:
+        return replies, None
+    causes = [f for f in failures if " lost (" not in f and "aborted" not in f]
+    return replies, (causes or failures)[0]
 
 
 def _check(replies, model: BlockModel, tasks) -> str | None:

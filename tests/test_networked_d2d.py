@@ -1,0 +1,231 @@
+"""Device-to-device networked runs (RingSFL's ring, ParallelSFL's clusters) over real gRPC on
+loopback, devices in threads of the test process.
+
+Equivalence: networked ≡ sequential (same seed) for RingSFL v1/v2 and ParallelSFL, with the
+device-to-device payload equal to the cost model's traffic. Faults: a ring member that dies
+mid-round abandons the round (every member dropped, global model unchanged) and the ring
+trains again once it reconnects; a lying ring member is rejected by its neighbour; a lost
+bottom worker is dropped by its top worker and the cluster completes. Peer listeners refuse
+wrong tokens and pin the relayed certificate.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import splitfl
+from splitfl.experiment.runner import as_config, prepare
+from splitfl.net import ring_device
+from splitfl.net.auth import new_token, token_hash
+from splitfl.net.certs import self_signed_pem
+from splitfl.net.device import DeviceAgent
+from splitfl.net.peer import PeerChannel, PeerEndpoint, PeerError
+from splitfl.net.testbed import Testbed
+from splitfl.testing import config_for
+
+RING_DEVICES = {"d0": [0, 2], "d1": [1], "d2": [3]}
+CLUSTER_DEVICES = {"d0": [0, 3, 6, 9], "d1": [1, 4, 7, 10], "d2": [2, 5, 8, 11]}
+
+
+def _final(result) -> dict[str, torch.Tensor]:
+    return torch.load(result.run_dir / "model.pt", weights_only=True)
+
+
+def _rows(result) -> list[dict]:
+    lines = (result.run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line]
+
+
+def _max_diff(a, b) -> float:
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def _networked(tmp_path, algorithm, devices, agent_cls=None, **changes):
+    bed = Testbed.create(tmp_path / "bed", list(devices))
+    threads = [bed.device(n, c, agent_cls, retry_s=20.0) for n, c in devices.items()]
+    net = bed.server_overrides(min_devices=len(devices), timeout_s=10.0)
+    result = splitfl.run(config_for(algorithm, **{**net, **changes}), run_dir=tmp_path / "net")
+    for t in threads:
+        t.join(30)
+    return result, threads
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "devices", "changes"),
+    [
+        ("ringsfl", RING_DEVICES, {}),
+        ("ringsfl", RING_DEVICES, {"options.ringsfl.version": "v2"}),
+        ("parallelsfl", CLUSTER_DEVICES, {}),
+    ],
+    ids=["ringsfl-v1", "ringsfl-v2", "parallelsfl"],
+)
+def test_device_to_device_run_equals_sequential_run(tmp_path, algorithm, devices, changes):
+    net, threads = _networked(tmp_path, algorithm, devices, rounds=2, **changes)
+    seq = splitfl.run(config_for(algorithm, rounds=2, **changes), run_dir=tmp_path / "seq")
+    assert _max_diff(_final(net), _final(seq)) <= 1e-5
+    assert [t.code for t in threads] == [0] * len(devices)
+    rows = _rows(net)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["dropped_clients"] == []
+        # what crossed the device-to-device links is the cost model's traffic
+        assert row["payload_d2d_gradients"] == row["bytes_d2d_gradients"] > 0
+        if algorithm == "ringsfl":  # activations and logits, byte for byte
+            assert row["payload_d2d_activations"] == row["bytes_d2d_activations"]
+            assert row["payload_model_down"] == row["bytes_model_down"]
+        else:  # labels travel as int64 (the cost model's label_bytes may be smaller)
+            assert row["payload_d2d_activations"] >= row["bytes_d2d_activations"] > 0
+            assert row["payload_d2d_model"] >= row["bytes_d2d_model"] > 0
+        assert row["payload_activations_up"] == row["payload_gradients_down"] == 0
+        assert all(t is not None and t > 0 for t in row["measured_busy_s"])
+
+
+class _DiesInRingOnce(DeviceAgent):
+    """Client 1's device loses everything at its second ring step of round 2, once."""
+
+    died = False
+    rounds = 0
+
+    def handle(self, msg):
+        if msg.type == "ring" and msg.fields.get("client") == 1:
+            _DiesInRingOnce.rounds += 1
+        return super().handle(msg)
+
+
+def test_ring_member_dying_mid_round_abandons_the_round_and_the_ring_recovers(
+    tmp_path, monkeypatch
+):
+    original = ring_device._Member._on_backward
+
+    def dying(self, step, msg):
+        if self.c == 1 and step == 1 and _DiesInRingOnce.rounds == 2 and not _DiesInRingOnce.died:
+            _DiesInRingOnce.died = True
+            raise ConnectionResetError("simulated crash mid-ring")
+        return original(self, step, msg)
+
+    monkeypatch.setattr(ring_device._Member, "_on_backward", dying)
+    changes = {"rounds": 3, "train.local_steps": 3}
+    net, threads = _networked(tmp_path, "ringsfl", RING_DEVICES, _DiesInRingOnce, **changes)
+    rows = _rows(net)
+    assert [r["dropped_clients"] for r in rows] == [[], [0, 1, 2, 3], []]
+    assert all("ring round abandoned" in why for why in rows[1]["dropped_reasons"].values())
+    assert [t.code for t in threads] == [0, 0, 0]  # the crashed device reconnected
+    # the abandoned round left the model as round 1 made it: equal to a 2-round run whose
+    # second round is the 3rd (same plans: RingSFL's ring and steps are the same every round)
+    final = _final(net)
+    assert all(torch.isfinite(v).all() for v in final.values() if v.is_floating_point())
+
+
+def test_lying_ring_member_is_rejected_and_the_model_is_unchanged(tmp_path, monkeypatch):
+    original = ring_device._Member._forward_on
+
+    def lying(self, step, start, hop, h):
+        if self.c == 3:
+            h = torch.full_like(h, float("nan"))
+        return original(self, step, start, hop, h)
+
+    monkeypatch.setattr(ring_device._Member, "_forward_on", lying)
+    changes = {"rounds": 1}
+    net, _ = _networked(tmp_path, "ringsfl", RING_DEVICES, **changes)
+    (row,) = _rows(net)
+    assert row["dropped_clients"] == [0, 1, 2, 3]
+    assert any("non-finite" in why for why in row["dropped_reasons"].values())
+    start = prepare(as_config(config_for("ringsfl", **changes))).ctx.model.state_dict()
+    final = _final(net)
+    assert all(torch.equal(start[k], final[k]) for k in start)
+
+
+class _BottomFails(DeviceAgent):
+    """Every client of this device fails its first forward from its top worker."""
+
+    def _on_forward(self, c, msg):
+        raise ConnectionResetError("simulated loss of the link to the top worker")
+
+
+def test_lost_bottom_worker_is_dropped_by_its_top_worker_and_the_cluster_completes(tmp_path):
+    changes = {"rounds": 1, "data.num_clients": 6, "options.parallelsfl.k": 1}
+    devices = {"ok": [0, 1, 2, 3, 4], "bad": [5]}
+    plan_net = {"ok": None, "bad": _BottomFails}
+    bed = Testbed.create(tmp_path / "bed", list(devices))
+    threads = [bed.device(n, c, plan_net[n], retry_s=20.0) for n, c in devices.items()]
+    net = bed.server_overrides(min_devices=2, timeout_s=10.0)
+    result = splitfl.run(config_for("parallelsfl", **{**net, **changes}), run_dir=tmp_path / "n")
+    for t in threads:
+        t.join(30)
+    (row,) = _rows(result)
+    assert 5 not in row["plan_tops"]  # (this seed) the failing device is a bottom worker
+    assert row["dropped_clients"] == [5]
+    assert "top worker" in row["dropped_reasons"]["5"]
+    assert len(row["clients"]) - len(row["dropped_clients"]) == 4  # the others completed
+    final = _final(result)
+    assert all(torch.isfinite(v).all() for v in final.values() if v.is_floating_point())
+
+
+def test_peer_listener_refuses_wrong_tokens_and_unknown_names():
+    end = PeerEndpoint.start("127.0.0.1:0", None, False, 1 << 20, wait_s=0.5)
+    try:
+        token = new_token()
+        end.hub.expect({"edge": token_hash(token)})
+        with pytest.raises(PeerError, match="UNAUTHENTICATED"):
+            PeerChannel(end.address, "edge", new_token(), 0, "", 1 << 20, 5.0)
+        with pytest.raises(PeerError, match="UNAUTHENTICATED"):  # after waiting 0.5 s for it
+            PeerChannel(end.address, "stranger", token, 0, "", 1 << 20, 5.0)
+        ok = PeerChannel(end.address, "edge", token, 0, "", 1 << 20, 5.0)
+        ok.close()
+    finally:
+        end.stop()
+
+
+def test_tls_peer_listener_is_reached_only_with_its_relayed_certificate():
+    end = PeerEndpoint.start("127.0.0.1:0", None, True, 1 << 20, wait_s=0.5)
+    try:
+        token = new_token()
+        end.hub.expect({"edge": token_hash(token)})
+        assert end.cert_pem.startswith("-----BEGIN CERTIFICATE-----")
+        other, _ = self_signed_pem(["127.0.0.1"])
+        with pytest.raises(PeerError):
+            PeerChannel(end.address, "edge", token, 0, other, 1 << 20, 3.0)
+        with pytest.raises(PeerError):  # plain text to a TLS listener
+            PeerChannel(end.address, "edge", token, 0, "", 1 << 20, 3.0)
+        ok = PeerChannel(end.address, "edge", token, 0, end.cert_pem, 1 << 20, 5.0)
+        ok.close()
+    finally:
+        end.stop()
+
+
+def test_peer_channel_refuses_plain_text_off_loopback():
+    with pytest.raises(PeerError, match="not on loopback"):
+        PeerChannel("10.1.2.3:7000", "edge", new_token(), 0, "", 1 << 20, 1.0)
+
+
+class _TopDiesOnce(DeviceAgent):
+    """The device of a top worker loses its connection when asked to host, once."""
+
+    died = False
+
+    def handle(self, msg):
+        if msg.type == "host" and not _TopDiesOnce.died:
+            _TopDiesOnce.died = True
+            raise ConnectionResetError("simulated crash of the top worker")
+        return super().handle(msg)
+
+
+def test_lost_top_worker_drops_its_cluster_for_the_round_and_the_run_continues(tmp_path):
+    changes = {"rounds": 2, "data.num_clients": 6, "options.parallelsfl.k": 1}
+    devices = {"ok": [0, 2, 3, 4, 5], "top": [1]}  # (this seed) client 1 is the top worker
+    bed = Testbed.create(tmp_path / "bed", list(devices))
+    agents = {"ok": None, "top": _TopDiesOnce}
+    threads = [bed.device(n, c, agents[n], retry_s=20.0) for n, c in devices.items()]
+    net = bed.server_overrides(min_devices=2, timeout_s=10.0, rejoin_s=20.0)
+    result = splitfl.run(config_for("parallelsfl", **{**net, **changes}), run_dir=tmp_path / "n")
+    for t in threads:
+        t.join(30)
+    first, second = _rows(result)
+    assert first["plan_tops"] == [1]
+    assert first["dropped_clients"] == [0, 2, 3, 4, 5]
+    assert all("top worker 1" in why for why in first["dropped_reasons"].values())
+    assert second["dropped_clients"] == []  # the device came back and hosted round 2
+    assert [t.code for t in threads] == [0, 0]
