@@ -13,6 +13,12 @@ Heterogeneity"): spec ``papers/ringsfl.md`` §3 (Alg. 1–2, Eq. 1–7).
   (Eq. 6; tested). ``version: v2`` multiplies the rate of overlapping blocks by |U_i,(j)|
   (Eq. 7); the public code was not found to do this, the paper is followed.
 * Server aggregation: plain average of the blended models (Eq. 5).
+* Round time (``pipeline``): ``schedule`` (default) — the makespan of the ring's steps as the
+  protocol runs them (:func:`splitfl.system.ring_schedule.ring_makespan`: each hop waits for
+  its input, a member starts a step when its previous one is done); ``ideal`` — the §3.3
+  analysis, the most loaded member's busy time (segments pipelined without a gap). Measured
+  on emulated devices the ideal model under-predicted rounds 1.5–4× (``benchmarks/README.md``);
+  the members' busy times are the same in both.
 * Time and energy: :func:`splitfl.system.cost.ring_client_cost` per client (its segments'
   compute at its FLOPS, ring hops over D2D links, model download/upload); energy = busy
   compute time × power (preset ``ringsfl_testbed``: PC 65 W, Raspberry Pi 6.4 W).
@@ -29,7 +35,8 @@ from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.plan import ClientTask, RingSpec, RoundPlan
-from splitfl.system.cost import ring_client_cost
+from splitfl.system.cost import FORWARD_SHARE, d2d_rate, ring_client_cost, round_times
+from splitfl.system.ring_schedule import FORWARD, LOSS, ring_makespan
 
 
 def largest_remainder(shares: Sequence[float], total: int) -> list[int]:
@@ -75,10 +82,13 @@ class RingSFLOptions:
     prop_lens: str | None = None
     order: str | None = None
     lr_compensation: bool = True
+    pipeline: str = "schedule"
 
     def __post_init__(self) -> None:
         if self.version not in ("v1", "v2"):
             raise ConfigError("options.ringsfl.version", "allowed: v1, v2")
+        if self.pipeline not in ("schedule", "ideal"):
+            raise ConfigError("options.ringsfl.pipeline", "allowed: schedule, ideal")
         if self.prop_lens is not None:
             try:
                 [float(p) for p in self.prop_lens.split(":")]
@@ -128,6 +138,7 @@ class RingSFL(Algorithm):
         except ValueError as err:
             raise ConfigError("options.ringsfl.prop_lens", str(err)) from err
         self.lengths = {c: int(length) for c, length in enumerate(lengths)}
+        self._round: tuple[RoundPlan | None, int] = (None, 0)
 
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
         """All clients form the ring every round (§3.1)."""
@@ -158,13 +169,80 @@ class RingSFL(Algorithm):
             for client, lo, hi in ring.segments(start):
                 if client == task.client:
                     work.append((lo, hi, done[start], start == client))
-        pos = ring.order.index(task.client)
-        pop = self.ctx.population
-        nxt = pop.at(ring.order[(pos + 1) % len(ring.order)], round_idx)
-        prv = pop.at(ring.order[pos - 1], round_idx)
-        return ring_client_cost(self.ctx.profile, work, pop.at(task.client, round_idx), nxt, prv)
+        self._round = (plan, round_idx)
+        device, nxt, prv = self._neighbours(task.client, plan, round_idx)
+        return ring_client_cost(self.ctx.profile, work, device, nxt, prv)
+
+    def _neighbours(self, client: int, plan: RoundPlan, round_idx: int):
+        """Profiles of ``client``, its successor and its predecessor in the round's ring."""
+        order, pop = plan.ring.order, self.ctx.population
+        pos = order.index(client)
+        return (
+            pop.at(client, round_idx),
+            pop.at(order[(pos + 1) % len(order)], round_idx),
+            pop.at(order[pos - 1], round_idx),
+        )
+
+    def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
+        """``pipeline: schedule``: the ring's makespan (model download, the steps as
+        :func:`~splitfl.system.ring_schedule.ring_makespan` schedules them, model upload), each
+        member's job times scaled by its jitter; waiting = round − own busy time."""
+        plan, round_idx = self._round
+        if self.options.pipeline == "ideal" or plan is None or not times:
+            return round_times(times)
+        if set(times) != set(plan.ring.order):  # a ring that did not complete: no schedule
+            return round_times(times)
+        tasks = {t.client: t for t in plan.tasks}
+        busy = {c: self.client_cost(tasks[c], 0, round_idx, plan).time for c in times}
+        scale = {c: times[c] / busy[c] if busy[c] > 0 else 1.0 for c in times}
+        job_time, model_in, model_out = self._ring_jobs(plan, round_idx)
+        finish = ring_makespan(
+            plan.ring.order,
+            {c: t.steps for c, t in tasks.items()},
+            lambda kind, start, hop: job_time(kind, start, hop) * scale[_member(plan, start, hop)],
+            {c: model_in[c] * scale[c] for c in times},
+        )
+        end = {c: finish[c] + model_out[c] * scale[c] for c in times}
+        total = max(end.values())
+        return total, {c: max(total - t, 0.0) for c, t in times.items()}
+
+    def _ring_jobs(self, plan: RoundPlan, round_idx: int):
+        """(job time function, model download time, model upload time) on the round's
+        profiles, with ``ring_client_cost``'s terms: segment compute (forward 1/3 of its
+        FLOPs, backward 2/3) plus the message it sends, per mini-batch of the batch's owner."""
+        prof, ring = self.ctx.profile, plan.ring
+        per = {
+            t.client: self.ctx.round_samples(t.client, t.batch_size, t.steps) / max(t.steps, 1)
+            for t in plan.tasks
+        }
+        peers = {c: self._neighbours(c, plan, round_idx) for c in ring.order}
+        n = prof.num_blocks
+
+        def job_time(kind: str, start: int, hop: int) -> float:
+            if kind == LOSS:
+                device, _, prv = peers[start]
+                return per[start] * prof.blocks[n - 1].out_bytes / d2d_rate(device, prv)
+            member, lo, hi = ring.segments(start)[hop]
+            device, nxt, prv = peers[member]
+            flops = per[start] * prof.part_flops(lo, hi) / device.flops
+            if kind == FORWARD:
+                send = per[start] * prof.blocks[hi - 1].out_bytes / d2d_rate(device, nxt)
+                return FORWARD_SHARE * flops + send
+            send = per[start] * prof.blocks[lo - 1].out_bytes / d2d_rate(device, prv) if lo else 0
+            return (1 - FORWARD_SHARE) * flops + send
+
+        model = prof.total_bytes
+        down = {c: model / peers[c][0].downlink for c in ring.order}
+        up = {c: model / peers[c][0].uplink for c in ring.order}
+        return job_time, down, up
 
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
         """Eq. (5): plain average of the blended models."""
         weights = {u.client: 1.0 for u in result.updates}
         return layerwise_aggregate(global_state, result.updates, result.server_states, weights)
+
+
+def _member(plan: RoundPlan, start: int, hop: int) -> int:
+    """Who runs hop ``hop`` of ``start``'s batch (hop N: the loss, at ``start``)."""
+    order = plan.ring.order
+    return order[(order.index(start) + hop) % len(order)]

@@ -149,6 +149,10 @@ class NetworkConfig:
     #: Devices emulate their ``devices.preset`` profiles: compute stretched to the profile's
     #: FLOPS, transfers held for bytes / rate (``splitfl.net.emulation``).
     emulate: bool = False
+    #: With ``emulate``: also hold messages for bytes / rate. ``false`` leaves the links to
+    #: the real network or to kernel traffic shaping (``benchmarks/tc_shaping.py``) and
+    #: emulates compute only.
+    emulate_links: bool = True
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-#: Share of a part's per-sample forward+backward FLOPs spent in the forward pass.
-FORWARD_SHARE = 1.0 / 3.0
+from splitfl.system.cost import FORWARD_SHARE
+
+__all__ = ["FORWARD_SHARE", "Profile", "stretch", "transfer"]
 
 
 @dataclass(frozen=True)

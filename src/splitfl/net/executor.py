@@ -72,7 +72,8 @@ class NetworkedExecutor:
         )
         start = time.perf_counter()
         if plan.ring is not None:
-            emulation = ring_emulation(ctx, plan) if self.config.network.emulate else None
+            net = self.config.network
+            emulation = ring_emulation(ctx, plan, net.emulate_links) if net.emulate else None
             updates, server_states = run_ring(rnd, plan, model, emulation), {}
         else:
             updates, server_states = self._groups(ctx, model, plan, rnd)
@@ -93,7 +94,8 @@ class NetworkedExecutor:
         expect = expectations(ctx, model, plan)
         gen = np.random.default_rng(derive_seed(rnd.round_seed, "mix"))
         emulate = self.config.network.emulate
-        profiles = emulated_profiles(ctx, plan) if emulate else None
+        links = self.config.network.emulate_links
+        profiles = emulated_profiles(ctx, plan, links) if emulate else None
         server_emulation = None
         if profiles is not None:
             server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
@@ -101,7 +103,7 @@ class NetworkedExecutor:
         def group(run: GroupRun):
             if run.group in plan.hosts:
                 host = plan.hosts[run.group]
-                emulation = cluster_emulation(ctx, plan, run, host) if emulate else None
+                emulation = cluster_emulation(ctx, plan, run, host, links) if emulate else None
                 return run_cluster(rnd, run, host, plan, model, expect, emulation)
             server = server_role(model, run.tasks, plan, ctx.config.train, self.runtime, gen)
             timed = None if server is None else TimedServer(server, rnd.meters, server_emulation)
@@ -125,7 +127,9 @@ class NetworkedExecutor:
         return updates, server_states
 
 
-def cluster_emulation(ctx, plan: RoundPlan, run: GroupRun, host: int) -> ClusterEmulation:
+def cluster_emulation(
+    ctx, plan: RoundPlan, run: GroupRun, host: int, links: bool = True
+) -> ClusterEmulation:
     """A hosted group's profiles for the plan's round: members compute at their FLOPS and
     reach the top worker at the D2D rate of the pair (both directions); the top worker
     computes the top part at its FLOPS."""
@@ -134,7 +138,7 @@ def cluster_emulation(ctx, plan: RoundPlan, run: GroupRun, host: int) -> Cluster
     members = {}
     for t in run.tasks:
         device = ctx.population.at(t.client, r)
-        rate = d2d_rate(device, top)
+        rate = d2d_rate(device, top) if links else UNSHAPED
         members[t.client] = Profile(device.flops, rate, rate, ctx.profile.device_flops(t.cut))
     cut = run.tasks[0].cut
     return ClusterEmulation(
@@ -142,7 +146,7 @@ def cluster_emulation(ctx, plan: RoundPlan, run: GroupRun, host: int) -> Cluster
     )
 
 
-def ring_emulation(ctx, plan: RoundPlan) -> RingEmulation:
+def ring_emulation(ctx, plan: RoundPlan, links: bool = True) -> RingEmulation:
     """The ring's profiles for the plan's round: FLOPS, server link rates and the D2D rates
     to each member's successor and predecessor (the cost model's ``ring_client_cost``)."""
     r, order = plan.round_idx or 0, plan.ring.order
@@ -151,21 +155,29 @@ def ring_emulation(ctx, plan: RoundPlan) -> RingEmulation:
         device = ctx.population.at(c, r)
         nxt = ctx.population.at(order[(pos + 1) % len(order)], r)
         prv = ctx.population.at(order[pos - 1], r)
-        fields = Profile(device.flops, device.uplink, device.downlink, 0.0).to_fields()
-        fields |= {"d2d_next": d2d_rate(device, nxt), "d2d_prev": d2d_rate(device, prv)}
+        up, down = (device.uplink, device.downlink) if links else (UNSHAPED, UNSHAPED)
+        fields = Profile(device.flops, up, down, 0.0).to_fields()
+        if links:
+            fields |= {"d2d_next": d2d_rate(device, nxt), "d2d_prev": d2d_rate(device, prv)}
         members[c] = fields
     blocks = [ctx.profile.part_flops(k, k + 1) for k in range(ctx.profile.num_blocks)]
     return RingEmulation(members, blocks)
 
 
-def emulated_profiles(ctx, plan: RoundPlan) -> dict[int, Profile]:
+#: The link rate sent when links are not emulated (``network.emulate_links: false``): a
+#: transfer held for bytes / 1e18 s is no hold at all.
+UNSHAPED = 1e18
+
+
+def emulated_profiles(ctx, plan: RoundPlan, links: bool = True) -> dict[int, Profile]:
     """Each task's device profile for the plan's round and its part's per-sample FLOPs."""
     r = plan.round_idx or 0
     out = {}
     for t in plan.tasks:
         device = ctx.population.at(t.client, r)
         flops = ctx.profile.device_flops(t.cut)
-        out[t.client] = Profile(device.flops, device.uplink, device.downlink, flops)
+        up, down = (device.uplink, device.downlink) if links else (UNSHAPED, UNSHAPED)
+        out[t.client] = Profile(device.flops, up, down, flops)
     return out
 
 

@@ -40,6 +40,11 @@ LINKS = (
     "d2d_gradients",
 )
 
+#: Share of a part's per-sample forward+backward FLOPs spent in the forward pass (the usual
+#: 1 : 2 estimate); used where forward and backward are timed apart (the ring schedule,
+#: emulated devices).
+FORWARD_SHARE = 1.0 / 3.0
+
 
 @dataclass
 class Traffic:

@@ -1,0 +1,74 @@
+"""The ring schedule (RingSFL's round time as the protocol runs it): hand-computed makespans,
+and RingSFL's clock using it — members' busy times unchanged, rounds never shorter than the
+pipelined §3.3 analysis."""
+
+from __future__ import annotations
+
+import pytest
+
+import splitfl
+from splitfl.config import ConfigError
+from splitfl.system.ring_schedule import BACKWARD, FORWARD, LOSS, ring_makespan
+from splitfl.testing import config_for
+
+
+def _times(per_member: dict[int, dict[str, float]], order):
+    def job_time(kind, start, hop):
+        member = start if kind == LOSS else order[(order.index(start) + hop) % len(order)]
+        return per_member[member][kind]
+
+    return job_time
+
+
+def test_two_members_one_step_hand_computed():
+    # member 1 is twice as slow. By hand: m0 F(0,0)[0,1]; m1 F(1,0)[0,2] F(0,1)[2,4];
+    # m0 F(1,1)[2,3] L(0)[4,4.5]; m1 L(1)[4,5] B(0,1)[5,9] B(1,0)[9,13];
+    # m0 B(1,1)[5,7] B(0,0)[9,11]
+    order = [0, 1]
+    per = {0: {FORWARD: 1, LOSS: 0.5, BACKWARD: 2}, 1: {FORWARD: 2, LOSS: 1, BACKWARD: 4}}
+    finish = ring_makespan(order, {0: 1, 1: 1}, _times(per, order), {0: 0.0, 1: 0.0})
+    assert finish == {0: 11.0, 1: 13.0}
+
+
+def test_a_lone_batch_shows_the_pipeline_bubble():
+    # only member 0's batch: F(0,0)[0,1] F(0,1)@1[1,2] L@0[2,2.5] B(0,1)@1[2.5,4.5]
+    # B(0,0)@0[4.5,6.5]
+    order = [0, 1]
+    per = {c: {FORWARD: 1, LOSS: 0.5, BACKWARD: 2} for c in order}
+    finish = ring_makespan(order, {0: 1, 1: 0}, _times(per, order), {0: 0.0, 1: 0.0})
+    assert finish == {0: 6.5, 1: 4.5}
+    # busy: member 0 = 1 + 0.5 + 2 = 3.5, member 1 = 3: the pipelined analysis says 3.5
+
+
+def test_later_steps_wait_for_the_member_and_ready_times_shift_it():
+    order = [0, 1]
+    per = {c: {FORWARD: 1, LOSS: 0.5, BACKWARD: 2} for c in order}
+    one = ring_makespan(order, {0: 1, 1: 1}, _times(per, order), {0: 0.0, 1: 0.0})
+    assert one == {0: 6.5, 1: 6.5}  # symmetric: no idle time, busy 1+1+0.5+2+2
+    two = ring_makespan(order, {0: 2, 1: 2}, _times(per, order), {0: 0.0, 1: 0.0})
+    assert two == {0: 13.0, 1: 13.0}
+    late = ring_makespan(order, {0: 1, 1: 1}, _times(per, order), {0: 0.0, 1: 3.0})
+    # member 1 starts at 3: F(1,0)[3,4]; F(0,1) arrived at 1 but waits for member 1 too
+    assert late[1] > one[1] and late[0] > one[0]
+
+
+def test_ringsfl_clock_schedule_keeps_busy_times_and_is_never_faster_than_ideal(tmp_path):
+    changes = {"rounds": 1, "devices.preset": "s2fl_table1", "devices.jitter": 0.0}
+    ideal = splitfl.run(
+        config_for("ringsfl", **changes, **{"options.ringsfl.pipeline": "ideal"}),
+        run_dir=tmp_path / "ideal",
+    )
+    sched = splitfl.run(config_for("ringsfl", **changes), run_dir=tmp_path / "sched")
+    a, b = ideal.metrics[0], sched.metrics[0]
+    assert a["client_times"] == pytest.approx(b["client_times"])
+    assert a["round_time"] == pytest.approx(max(a["client_times"]))
+    assert b["round_time"] > a["round_time"]
+    # waiting = round − own busy time
+    assert b["avg_waiting"] == pytest.approx(
+        sum(b["round_time"] - t for t in b["client_times"]) / len(b["client_times"])
+    )
+
+
+def test_unknown_pipeline_is_a_config_error():
+    with pytest.raises(ConfigError, match="pipeline"):
+        splitfl.validate(config_for("ringsfl", **{"options.ringsfl.pipeline": "magic"}))
