@@ -8,6 +8,7 @@ import pytest
 
 import splitfl
 from splitfl.config import ConfigError
+from splitfl.experiment.runner import as_config, prepare
 from splitfl.system.ring_schedule import BACKWARD, FORWARD, LOSS, ring_makespan
 from splitfl.testing import config_for
 
@@ -72,3 +73,20 @@ def test_ringsfl_clock_schedule_keeps_busy_times_and_is_never_faster_than_ideal(
 def test_unknown_pipeline_is_a_config_error():
     with pytest.raises(ConfigError, match="pipeline"):
         splitfl.validate(config_for("ringsfl", **{"options.ringsfl.pipeline": "magic"}))
+
+
+def test_exchange_latency_adds_one_term_per_ring_message(tmp_path):
+    """Each member sends 2 messages per batch per step (its segment's output forward, its
+    input gradient — or, for its own batch, ∂loss/∂logits — back) plus its 2 model
+    transfers: with latency L its busy time grows by (2·Σ steps + 2)·L."""
+    changes = {"rounds": 1, "devices.preset": "s2fl_table1", "devices.jitter": 0.0}
+    base = splitfl.run(config_for("ringsfl", **changes), run_dir=tmp_path / "a").metrics[0]
+    slow = splitfl.run(
+        config_for("ringsfl", **changes, **{"devices.exchange_latency_s": 0.01}),
+        run_dir=tmp_path / "b",
+    ).metrics[0]
+    ctx = prepare(as_config(config_for("ringsfl", **changes))).ctx
+    total_steps = sum(ctx.local_steps(c) for c in range(4))
+    for a, b in zip(base["client_times"], slow["client_times"], strict=True):
+        assert b - a == pytest.approx((2 * total_steps + 2) * 0.01)
+    assert slow["round_time"] > base["round_time"]

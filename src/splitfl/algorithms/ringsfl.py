@@ -164,14 +164,20 @@ class RingSFL(Algorithm):
         done = {
             t.client: self.ctx.round_samples(t.client, t.batch_size, t.steps) for t in plan.tasks
         }
-        work = []
+        steps = {t.client: t.steps for t in plan.tasks}
+        work, messages = [], 0
         for start in ring.order:
             for client, lo, hi in ring.segments(start):
                 if client == task.client:
                     work.append((lo, hi, done[start], start == client))
+                    # per step: the output forward, the input gradient back, own: logits grad
+                    messages += steps[start] * (1 + (lo > 0) + (start == client))
         self._round = (plan, round_idx)
         device, nxt, prv = self._neighbours(task.client, plan, round_idx)
-        return ring_client_cost(self.ctx.profile, work, device, nxt, prv)
+        latency = self.ctx.config.devices.exchange_latency_s
+        return ring_client_cost(
+            self.ctx.profile, work, device, nxt, prv, messages=messages, exchange_latency=latency
+        )
 
     def _neighbours(self, client: int, plan: RoundPlan, round_idx: int):
         """Profiles of ``client``, its successor and its predecessor in the round's ring."""
@@ -217,23 +223,26 @@ class RingSFL(Algorithm):
         }
         peers = {c: self._neighbours(c, plan, round_idx) for c in ring.order}
         n = prof.num_blocks
+        latency = self.ctx.config.devices.exchange_latency_s  # per message sent
 
         def job_time(kind: str, start: int, hop: int) -> float:
             if kind == LOSS:
                 device, _, prv = peers[start]
-                return per[start] * prof.blocks[n - 1].out_bytes / d2d_rate(device, prv)
+                return per[start] * prof.blocks[n - 1].out_bytes / d2d_rate(device, prv) + latency
             member, lo, hi = ring.segments(start)[hop]
             device, nxt, prv = peers[member]
             flops = per[start] * prof.part_flops(lo, hi) / device.flops
             if kind == FORWARD:
                 send = per[start] * prof.blocks[hi - 1].out_bytes / d2d_rate(device, nxt)
-                return FORWARD_SHARE * flops + send
-            send = per[start] * prof.blocks[lo - 1].out_bytes / d2d_rate(device, prv) if lo else 0
-            return (1 - FORWARD_SHARE) * flops + send
+                return FORWARD_SHARE * flops + send + latency
+            if not lo:
+                return (1 - FORWARD_SHARE) * flops
+            send = per[start] * prof.blocks[lo - 1].out_bytes / d2d_rate(device, prv)
+            return (1 - FORWARD_SHARE) * flops + send + latency
 
         model = prof.total_bytes
-        down = {c: model / peers[c][0].downlink for c in ring.order}
-        up = {c: model / peers[c][0].uplink for c in ring.order}
+        down = {c: model / peers[c][0].downlink + latency for c in ring.order}
+        up = {c: model / peers[c][0].uplink + latency for c in ring.order}
         return job_time, down, up
 
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:

@@ -164,6 +164,8 @@ def ring_client_cost(
     device: DeviceProfile,
     next_device: DeviceProfile,
     prev_device: DeviceProfile,
+    messages: int = 0,
+    exchange_latency: float = 0.0,
 ) -> ClientCost:
     """Cost of one RingSFL client in a round (``papers/ringsfl.md`` §3.3, Alg. 2).
 
@@ -174,6 +176,9 @@ def ring_client_cost(
     client (unless first == 0), and — for its own batches — sends the gradient of the logits
     back to the client that computed them. The full model is downloaded from and uploaded to
     the server once per round. The ring hops use the device-to-device rate of the link.
+    With ``exchange_latency`` (``devices.exchange_latency_s``, default 0) each of the
+    ``messages`` the client sends on the ring and each of its two model transfers costs that
+    much more (as :func:`split_client_cost`'s per-exchange term).
     """
     n = profile.num_blocks
     flops = sum(samples * profile.part_flops(lo, hi) for lo, hi, samples, _ in work)
@@ -186,6 +191,7 @@ def ring_client_cost(
     )
     comm = model / device.downlink + model / device.uplink
     comm += forward / d2d_rate(device, next_device) + backward / d2d_rate(device, prev_device)
+    comm += (messages + 2) * exchange_latency
     return ClientCost(
         traffic=traffic,
         device_flops=flops,
