@@ -124,7 +124,8 @@ def bare_round_trip(iters: int, up: int, down: int) -> list[float]:
 #: The device process: a DeviceAgent answering forward with fixed tensors (no compute).
 _SPLITFL_DEVICE = """
 import sys, torch
-from splitfl.net.device import DeviceAgent, DeviceOptions, run_device
+from splitfl.net.device import DeviceAgent, DeviceOptions
+from splitfl.net.device_session import run_device
 from splitfl.net.wire import Message
 rows, width = int(sys.argv[4]), int(sys.argv[5])
 class Fixed(DeviceAgent):

@@ -11,7 +11,7 @@ import torch
 
 from splitfl.config import ConfigError
 from splitfl.experiment.runner import as_config
-from splitfl.net import device as device_module
+from splitfl.net import device_session as device_module
 from splitfl.net.auth import AuthSetupError, TokenBook, channel_credentials, server_credentials
 from splitfl.net.certs import write_self_signed
 from splitfl.net.hub import Hub, HubSettings

@@ -11,7 +11,8 @@ Three commands, each one whole session with one reply at its end:
   measured times.
 * ``join`` — this client is a **bottom worker**: it connects to its top worker's listener and
   answers its commands (the same ``begin``/``forward``/``backward``/``finish`` as from the
-  server) until the top says bye; replies ``joined``.
+  server) until the top says bye; replies ``joined``
+  (:func:`splitfl.net.device_session.join_cluster`: it reuses the connection loop).
 * ``ring`` — this client is a **RingSFL ring member** (:mod:`splitfl.net.ring_device`).
 
 Peers authenticate with one-round tokens the server hands out over its own authenticated links;
@@ -111,22 +112,9 @@ def _meter(m: Meter) -> dict:
     }
 
 
-def join_cluster(agent, c: int, msg: Message) -> Message:
-    """``join``: serve client ``c``'s commands from its top worker until it says bye."""
-    f = msg.fields
-    try:
-        agent.serve_peer(c, f["address"], f["name"], f["token"], f.get("cert", ""), f["seq"])
-    except Exception as err:  # noqa: BLE001 (reported to the server, which records it)
-        return Message("joined", {"error": f"{type(err).__name__}: {err}"})
-    return Message("joined", {})
-
-
 def ring_member(agent, c: int, msg: Message) -> Message:
     """``ring``: this client's part of RingSFL's ring for the round."""
     if agent.peer is None:
         return Message("ring_failed", {"reason": "this device does not listen for peers"})
     abort = agent.abort_event(msg.fields.get("seq"))
     return ring_session(agent, c, msg, abort)
-
-
-SESSION_HANDLERS = {"host": host_cluster, "join": join_cluster, "ring": ring_member}

@@ -22,7 +22,8 @@ import argparse
 import sys
 
 from splitfl.net.auth import AuthSetupError, channel_credentials, read_token
-from splitfl.net.device import DeviceOptions, run_device
+from splitfl.net.device import DeviceOptions
+from splitfl.net.device_session import run_device
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from splitfl.net.auth import new_token, token_hash
-from splitfl.net.device import DeviceOptions, DeviceThread, start_in_thread
+from splitfl.net.device import DeviceOptions
+from splitfl.net.device_session import DeviceThread, start_in_thread
 
 
 def free_port() -> int:
