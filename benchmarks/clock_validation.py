@@ -47,6 +47,26 @@ EMULATED = {
 }
 
 
+def round_summary(row: dict) -> dict:
+    """One metrics row as predicted vs measured: round time, ratio, median client ratio
+    (measured busy ÷ predicted), waiting, dropped clients."""
+    pairs = [
+        (m, p)
+        for m, p in zip(row["measured_busy_s"], row["client_times"], strict=True)
+        if m is not None and p
+    ]
+    return {
+        "round": row["round"],
+        "predicted_s": row["round_time"],
+        "measured_s": row["measured_round_time"],
+        "ratio": row["measured_round_time"] / row["round_time"],
+        "client_ratio_median": statistics.median(m / p for m, p in pairs),
+        "predicted_wait_s": row["avg_waiting"],
+        "measured_wait_s": statistics.mean(w for w in row["measured_wait_s"] if w is not None),
+        "dropped": row["dropped_clients"],
+    }
+
+
 def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
 
@@ -71,26 +91,7 @@ def validate(
         changes.update(RING)
     run_dir = folder / f"{algorithm}-{workload}-{preset}"
     splitfl.run(config_for(algorithm, **changes), run_dir=run_dir)
-    per_round = []
-    for row in _rows(run_dir):
-        pairs = [
-            (m, p)
-            for m, p in zip(row["measured_busy_s"], row["client_times"], strict=True)
-            if m is not None and p
-        ]
-        per_round.append(
-            {
-                "round": row["round"],
-                "predicted_s": row["round_time"],
-                "measured_s": row["measured_round_time"],
-                "ratio": row["measured_round_time"] / row["round_time"],
-                "client_ratio_median": statistics.median(m / p for m, p in pairs),
-                "predicted_wait_s": row["avg_waiting"],
-                "measured_wait_s": statistics.mean(
-                    w for w in row["measured_wait_s"] if w is not None
-                ),
-            }
-        )
+    per_round = [round_summary(row) for row in _rows(run_dir)]
     steady = per_round[1:] or per_round  # round 1 includes the devices' first-use costs
     return {
         "algorithm": algorithm,

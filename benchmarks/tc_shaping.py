@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,9 @@ from splitfl.experiment.runner import as_config, prepare
 from splitfl.net.auth import new_token, token_hash
 from splitfl.net.certs import write_self_signed
 from splitfl.testing import config_for
+
+sys.path.insert(0, str(Path(__file__).parent))
+from clock_validation import round_summary  # noqa: E402 (the sibling script)
 
 BRIDGE, SERVER_IP, PREFIX = "sflbr0", "10.77.0.1", 16
 
@@ -192,23 +194,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
 
 def summarise(args: argparse.Namespace, run_dir: Path) -> dict:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    per_round = []
-    for row in rows:
-        pairs = [
-            (m, p)
-            for m, p in zip(row["measured_busy_s"], row["client_times"], strict=True)
-            if m is not None and p
-        ]
-        per_round.append(
-            {
-                "round": row["round"],
-                "predicted_s": row["round_time"],
-                "measured_s": row["measured_round_time"],
-                "ratio": row["measured_round_time"] / row["round_time"],
-                "client_ratio_median": statistics.median(m / p for m, p in pairs),
-                "dropped": row["dropped_clients"],
-            }
-        )
+    per_round = [round_summary(row) for row in rows]
     return {
         "algorithm": args.algorithm,
         "preset": args.preset,
