@@ -18,12 +18,11 @@ from splitfl.plan import RoundPlan
 
 SRC = Path(splitfl.__file__).parent
 
-#: Function-level imports allowed (plugin registration, the presets' import cycle, and
-#: annotations under TYPE_CHECKING): (module, imported module).
+#: Function-level imports allowed (plugin registration, and annotations under
+#: TYPE_CHECKING): (module, imported module).
 ALLOWED_LATE = {
     ("models/registry.py", "splitfl.models.zoo"),
     ("data/base.py", "splitfl.data.loaders"),
-    ("system/devices.py", "splitfl.system.jetson"),
 }
 
 

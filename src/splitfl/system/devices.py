@@ -1,69 +1,17 @@
-"""Device and server profiles, and presets that draw a heterogeneous population of devices."""
+"""Presets that draw a heterogeneous population of devices (the profile types live in
+:mod:`splitfl.system.profiles` and are re-exported here)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
-from typing import Protocol
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from splitfl.seeding import rng_for
+from splitfl.system.jetson import jetson_population
+from splitfl.system.profiles import DeviceProfile, DeviceSchedule, Population
 
-
-@dataclass(frozen=True)
-class DeviceProfile:
-    """Capabilities of one device (or of the server).
-
-    Attributes:
-        flops: Compute speed in FLOP/s (``Comp_c`` in S²FL Eq. 1).
-        uplink: Upload rate in bytes/s (``R``).
-        downlink: Download rate in bytes/s (S²FL uses one rate ``R`` for both directions).
-        d2d: Device-to-device rate in bytes/s, or ``None`` where the preset has no D2D links.
-        power: Power draw while computing, in watts (for energy accounting).
-        kind: Human-readable label of the preset kind (e.g. ``"flops=High,rate=Low"``).
-    """
-
-    flops: float
-    uplink: float
-    downlink: float
-    d2d: float | None = None
-    power: float = 5.0
-    kind: str = ""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-class DeviceSchedule(Protocol):
-    """Time-varying devices: the profile of ``client`` in round ``round_idx`` (deterministic)."""
-
-    def __call__(self, client: int, round_idx: int) -> DeviceProfile: ...
-
-
-@dataclass(frozen=True)
-class Population:
-    """The devices of a run (one base profile per client), the server profile and, for
-    time-varying presets, a schedule giving each client's profile in a given round.
-
-    ``shared_server``: whether the preset defines the server's bandwidth, so that the
-    participants' transfers share it (``devices.contention``); ``False`` where the server
-    profile stands in for compute only.
-    """
-
-    devices: tuple[DeviceProfile, ...]
-    server: DeviceProfile
-    schedule: DeviceSchedule | None = None
-    shared_server: bool = True
-
-    def at(self, client: int, round_idx: int) -> DeviceProfile:
-        """Profile of ``client`` in round ``round_idx`` (the base profile if static)."""
-        if self.schedule is None:
-            return self.devices[client]
-        return self.schedule(client, round_idx)
-
-
-#: S²FL Table 1: three FLOPS levels and three transfer-rate levels, drawn independently.
 S2FL_TABLE1_FLOPS = {"High": 2e10, "Mid": 1e10, "Low": 5e9}
 S2FL_TABLE1_RATE = {"High": 5e6, "Mid": 2e6, "Low": 1e6}
 S2FL_SERVER = DeviceProfile(flops=5e10, uplink=1e7, downlink=1e7, power=300.0, kind="server")
@@ -109,8 +57,6 @@ def jetson80(n: int, rng: np.random.Generator, composition: str = "uniform") -> 
 
     See :mod:`splitfl.system.jetson` for the mode table and the bandwidth model.
     """
-    from splitfl.system.jetson import jetson_population
-
     return jetson_population(n, rng)
 
 

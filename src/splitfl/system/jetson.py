@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.seeding import rng_for
-from splitfl.system.devices import DeviceProfile, Population
+from splitfl.system.profiles import DeviceProfile, Population
 
 MODE_PERIOD = 20  # rounds between random mode changes (MergeSFL §V-A)
 MBPS = 1e6 / 8  # bytes/s per Mb/s
