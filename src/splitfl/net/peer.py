@@ -106,13 +106,15 @@ class PeerChannel:
         self.inbox: queue.Queue = queue.Queue()
         self.chunking = {"bytes": 1 << 16}
         self.welcomed = threading.Event()
+        self.settled = threading.Event()  # welcomed, or the link ended before that
         self.error = ""
         hello = {"protocol": PROTOCOL_VERSION, "name": name, "token": token, "clients": [client]}
         self.outbox.put(encode(Message("hello", hello)))
         self.stream = self.channel.stream_stream(METHOD)(outgoing(self.outbox, self.chunking))
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
-        if not self.welcomed.wait(timeout_s):
+        self.settled.wait(timeout_s)
+        if not self.welcomed.is_set():
             self.close()
             raise PeerError(f"peer {address}: {self.error or 'no welcome within the timeout'}")
 
@@ -133,6 +135,7 @@ class PeerChannel:
                     self.chunking["bytes"] = int(msg.fields.get("chunk_bytes") or (1 << 16))
                     self.outbox.put(encode(Message("ready")))
                     self.welcomed.set()
+                    self.settled.set()
                 elif msg.type == "bye":
                     break
                 else:
@@ -142,6 +145,7 @@ class PeerChannel:
         except Exception as err:  # noqa: BLE001 (a malformed message ends the link)
             self.error = str(err)
         finally:
+            self.settled.set()
             self.inbox.put(LOST)
 
     def close(self) -> None:
