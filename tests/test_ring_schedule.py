@@ -87,6 +87,7 @@ def test_exchange_latency_adds_one_term_per_ring_message(tmp_path):
     ).metrics[0]
     ctx = prepare(as_config(config_for("ringsfl", **changes))).ctx
     total_steps = sum(ctx.local_steps(c) for c in range(4))
+    assert len(base["client_times"]) == 4
     for a, b in zip(base["client_times"], slow["client_times"], strict=True):
         assert b - a == pytest.approx((2 * total_steps + 2) * 0.01)
     assert slow["round_time"] > base["round_time"]

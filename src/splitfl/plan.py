@@ -73,6 +73,11 @@ class RingSpec:
             lo += self.lengths[client]
         return out
 
+    def member(self, start: int, hop: int) -> int:
+        """Who runs hop ``hop`` of client ``start``'s batch (hop N, the loss: ``start``)."""
+        pos = list(self.order).index(start)
+        return self.order[(pos + hop) % len(self.order)]
+
     def overlap_counts(
         self, num_blocks: int, starts: Sequence[int] | None = None
     ) -> dict[int, list[int]]:

@@ -205,7 +205,9 @@ class RingSFL(Algorithm):
         finish = ring_makespan(
             plan.ring.order,
             {c: t.steps for c, t in tasks.items()},
-            lambda kind, start, hop: job_time(kind, start, hop) * scale[_member(plan, start, hop)],
+            lambda kind, start, hop: (
+                job_time(kind, start, hop) * scale[plan.ring.member(start, hop)]
+            ),
             {c: model_in[c] * scale[c] for c in times},
         )
         end = {c: finish[c] + model_out[c] * scale[c] for c in times}
@@ -249,9 +251,3 @@ class RingSFL(Algorithm):
         """Eq. (5): plain average of the blended models."""
         weights = {u.client: 1.0 for u in result.updates}
         return layerwise_aggregate(global_state, result.updates, result.server_states, weights)
-
-
-def _member(plan: RoundPlan, start: int, hop: int) -> int:
-    """Who runs hop ``hop`` of ``start``'s batch (hop N: the loss, at ``start``)."""
-    order = plan.ring.order
-    return order[(order.index(start) + hop) % len(order)]

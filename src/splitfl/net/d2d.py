@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import queue
 import time
 from dataclasses import dataclass
 
@@ -32,7 +31,7 @@ from splitfl.executors.fleet import GroupRun
 from splitfl.models import BlockModel, ModelPart
 from splitfl.net.auth import new_token, token_hash
 from splitfl.net.d2d_device import PLAN_FIELDS
-from splitfl.net.fleet import Expect, Meter, check_state
+from splitfl.net.fleet import Expect, Meter, check_state, state_specs
 from splitfl.net.hub import LOST, DeviceLink, Hub
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientUpdate, RoundPlan
@@ -71,18 +70,12 @@ def send_command(link: DeviceLink, client: int, msg: Message) -> tuple[int, int,
 
 def await_reply(link: DeviceLink, client: int, seq: int, deadline: float):
     """The reply to ``seq`` ((message, bytes, arrival) or a reason string)."""
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return "no reply within the round's deadline"
-        try:
-            got = link.inbox[client].get(timeout=left)
-        except queue.Empty:
-            continue
-        if got is LOST:
-            return f"device {link.name} lost: {link.reason}"
-        if got[0].fields.get("seq") == seq:
-            return got
+    got = link.reply(client, seq, deadline - time.monotonic())
+    if got is None:
+        return "no reply within the round's deadline"
+    if got is LOST:
+        return f"device {link.name} lost: {link.reason}"
+    return got
 
 
 def run_cluster(
@@ -225,11 +218,9 @@ def non_negative(x) -> bool:
 
 def _check_hosted(reply: Message, tasks, expect: Expect, model: BlockModel, cut: int):
     """(average bottom, top part, per-member stats) or what is wrong with the report."""
-    server_specs = ModelPart(model, cut, model.num_blocks).state_dict()
+    server_specs = state_specs(ModelPart(model, cut, model.num_blocks).state_dict())
     server_state = state_from("server", reply.tensors)
-    problem = check_state(
-        server_state, {k: (tuple(v.shape), v.dtype) for k, v in server_specs.items()}
-    )
+    problem = check_state(server_state, server_specs)
     if problem:
         return f"top part: {problem}"
     report, steps = {}, {t.client: t for t in tasks}

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import queue
 import time
 from dataclasses import dataclass, field
 
@@ -214,21 +213,15 @@ class RemoteFleet:
         return out
 
     def _await(self, link: DeviceLink, c: int, seq: int, deadline: float):
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                got = link.inbox[c].get(timeout=max(left, 0.0)) if left > 0 else None
-            except queue.Empty:
-                got = None
-            if got is None:
-                self._drop(c, f"no reply within {self.timeout_s:g} s")
-                link.close(f"stalled (no reply within {self.timeout_s:g} s)")
-                return None
-            if got is LOST:
-                self._drop(c, f"device {link.name} lost: {link.reason}")
-                return None
-            if got[0].fields.get("seq") == seq:
-                return got
+        got = link.reply(c, seq, deadline - time.monotonic())
+        if got is None:
+            self._drop(c, f"no reply within {self.timeout_s:g} s")
+            link.close(f"stalled (no reply within {self.timeout_s:g} s)")
+        elif got is LOST:
+            self._drop(c, f"device {link.name} lost: {link.reason}")
+        else:
+            return got
+        return None
 
     def _measure(self, c, msg, rtt, up, down) -> None:
         compute = msg.fields.get("compute_s")
@@ -264,6 +257,11 @@ class RemoteFleet:
 
     def _check_part(self, c: int, part: State) -> str | None:
         return check_state(part, self.expect.part_specs[self.tasks[c].cut])
+
+
+def state_specs(state: State) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name → (shape, dtype) of a model part's tensors (what :func:`check_state` expects)."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
 
 
 def check_state(state: State, specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> str | None:
@@ -316,7 +314,7 @@ def expect_for(model, sample: torch.Tensor, num_classes: int, cuts) -> Expect:
         sample = sample.to(dtype)
     for cut in cuts:
         part = ModelPart(model, 0, cut)
-        specs[cut] = {k: (tuple(v.shape), v.dtype) for k, v in part.state_dict().items()}
+        specs[cut] = state_specs(part.state_dict())
         if cut < model.num_blocks:
             with torch.no_grad():
                 shapes[cut] = tuple(part.eval()(sample).shape[1:])

@@ -77,6 +77,20 @@ class DeviceLink:
         self.outbox.put(data)
         return len(data)
 
+    def reply(self, client: int, seq: int, wait_s: float):
+        """The reply to command ``seq`` for ``client`` — (message, bytes, arrival time) — if
+        it comes within ``wait_s``; :data:`LOST` if the link closed first; None on time-out.
+        Replies to earlier commands are skipped."""
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                got = self.inbox[client].get(timeout=left)
+            except queue.Empty:
+                return None
+            if got is LOST or got[0].fields.get("seq") == seq:
+                return got
+        return None
+
     def close(self, reason: str) -> None:
         if self.alive:
             self.alive, self.reason = False, reason

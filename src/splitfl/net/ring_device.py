@@ -20,13 +20,13 @@ import copy
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from splitfl.executors.ring import RingMember
 from splitfl.executors.roles import DeviceRole
 from splitfl.net.emulation import FORWARD_SHARE, stretch, transfer
+from splitfl.net.fleet import Meter
 from splitfl.net.hub import LOST
 from splitfl.net.peer import PeerChannel, PeerError
 from splitfl.net.wire import Message, all_finite, payload_bytes, state_from, state_tensors
@@ -35,16 +35,6 @@ from splitfl.plan import ClientTask, RingSpec
 
 class RingBroken(RuntimeError):
     """The ring cannot complete the round (the reason is reported to the server)."""
-
-
-@dataclass
-class RingTally:
-    samples: int = 0
-    loss_sum: float = 0.0
-    compute_s: float = 0.0
-    d2d_s: float = 0.0
-    payload: dict[str, int] = field(default_factory=dict)
-    wire: int = 0
 
 
 def ring_session(agent, c: int, msg: Message, abort: threading.Event) -> Message:
@@ -64,14 +54,14 @@ def ring_session(agent, c: int, msg: Message, abort: threading.Event) -> Message
         agent.peer.hub.forget([edge_in])
         if out is not None:
             out.close()
-    t = member.tally
+    m = member.meter  # ring sends are its upload: time held, bytes
     fields = {
-        "samples": t.samples,
-        "loss_sum": t.loss_sum,
-        "compute_s": t.compute_s,
-        "d2d_s": t.d2d_s,
-        "d2d_wire": t.wire,
-        "payload": t.payload,
+        "samples": member.samples,
+        "loss_sum": member.loss_sum,
+        "compute_s": m.compute_s,
+        "d2d_s": m.upload_s,
+        "d2d_wire": m.wire_up,
+        "payload": m.payload,
         "session_s": time.perf_counter() - started,
     }
     return Message("ring_done", fields, state_tensors("model", member.model.state_dict()))
@@ -115,7 +105,8 @@ class _Member:
         self.block_flops = [float(x) for x in f.get("block_flops") or []]
         self.rates = (float(emulate.get("d2d_next", 0)), float(emulate.get("d2d_prev", 0)))
         self.events: queue.Queue = queue.Queue()
-        self.tally = RingTally()
+        self.meter = Meter()
+        self.samples, self.loss_sum = 0, 0.0
         self.deferred: list[tuple[str, Message]] = []
         self.labels: torch.Tensor | None = None
         self.ended = {"fwd": False, "bwd": False}  # the neighbour on that side has finished
@@ -156,9 +147,9 @@ class _Member:
             size = self.out.send(message)
         else:
             size = self.inbound.send(message)
-        self.tally.payload[kind] = self.tally.payload.get(kind, 0) + nbytes
-        self.tally.wire += size
-        self.tally.d2d_s += time.perf_counter() - t0
+        self.meter.count(kind, nbytes)
+        self.meter.wire_up += size
+        self.meter.upload_s += time.perf_counter() - t0
 
     # -- the round -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -224,8 +215,8 @@ class _Member:
                 raise RingBroken(f"logits of client {start}'s batch arrived at {self.c}")
             self._check(h, (len(self.labels), self.num_classes))
             grad, loss = self.member.loss(h, self.labels)
-            self.tally.samples += len(self.labels)
-            self.tally.loss_sum += loss * len(self.labels)
+            self.samples += len(self.labels)
+            self.loss_sum += loss * len(self.labels)
             self._backward_on(step, start, hop - 1, grad)
             return
         lo, hi = self.member.segment(start, hop)
@@ -263,7 +254,7 @@ class _Member:
             share = FORWARD_SHARE if forward else 1 - FORWARD_SHARE
             per_sample = share * sum(self.block_flops[lo:hi])
             stretch(t0, samples, per_sample, self.profile.flops)
-        self.tally.compute_s += time.perf_counter() - t0
+        self.meter.compute_s += time.perf_counter() - t0
         return result
 
     def _check(self, t, shape, block: int | None = None) -> None:

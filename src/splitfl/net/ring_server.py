@@ -7,13 +7,11 @@ import math
 import time
 from dataclasses import dataclass
 
-import torch
-
 from splitfl.models import BlockModel
 from splitfl.net.auth import new_token, token_hash
-from splitfl.net.d2d import D2DRound, await_reply, non_negative, send_command
-from splitfl.net.fleet import Meter, check_state
-from splitfl.net.hub import DeviceLink
+from splitfl.net.d2d import D2DRound, non_negative, send_command
+from splitfl.net.fleet import Meter, check_state, state_specs
+from splitfl.net.hub import LOST, DeviceLink
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientUpdate, RoundPlan
 
@@ -105,9 +103,13 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
     while pending:
         for c in list(pending):
             seq = pending[c][0]
-            got = await_reply(links[c], c, seq, min(deadline, time.monotonic() + 0.05))
-            if isinstance(got, str) and got.startswith("no reply") and time.monotonic() < deadline:
+            got = links[c].reply(c, seq, 0.05)
+            if got is None and time.monotonic() < deadline:
                 continue  # still running
+            if got is None:
+                got = "no reply within the round's deadline"
+            elif got is LOST:
+                got = f"device {links[c].name} lost: {links[c].reason}"
             del pending[c]
             if isinstance(got, str) or got[0].type != "ring_done":
                 why = got if isinstance(got, str) else got[0].fields.get("reason", got[0].type)
@@ -124,7 +126,7 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
 
 
 def _check(replies, model: BlockModel, tasks) -> str | None:
-    specs = full_state_specs(model)
+    specs = state_specs(model.state_dict())
     for c, (reply, _, _) in replies.items():
         f = reply.fields
         numbers = ("loss_sum", "compute_s", "d2d_s", "session_s", "d2d_wire")
@@ -164,7 +166,3 @@ def _abandon(rnd: D2DRound, order, reason: str) -> None:
     """RingSFL's step needs every member: the round is abandoned for all of them."""
     for c in order:
         rnd.lost[c] = f"ring round abandoned: {reason}"
-
-
-def full_state_specs(model: BlockModel) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}

@@ -213,9 +213,10 @@ class ParallelSFL(Algorithm):
         summary = {k: v for k, v in info.items() if not isinstance(v, list | np.ndarray)}
         summary["tops"] = sorted(self.tops.values())
         summary["taus"] = [int(t) for t in taus if t > 0]
-        plan = RoundPlan(tasks, "per_step", "mean", "own", server_lr=lr, info=summary)
-        plan.hosts = dict(self.tops)  # each cluster's top part runs on its top worker
-        return plan
+        # hosts: each cluster's top part runs on its top worker
+        return RoundPlan(
+            tasks, "per_step", "mean", "own", server_lr=lr, info=summary, hosts=dict(self.tops)
+        )
 
     def _clock_clusters(
         self, plan: RoundPlan, round_idx: int
