@@ -4,6 +4,8 @@ import pytest
 
 import splitfl
 from conftest import tiny_config
+from splitfl.experiment.runner import as_config, prepare
+from splitfl.testing import config_for
 
 # cnn_digits device part at the last candidate cut (blocks 0-2): conv weights and biases and
 # BatchNorm weights/biases 192 + 4704 + 18624 = 23520, BN running stats 2·(16+32+64) = 224,
@@ -39,8 +41,6 @@ def test_locfedmix_charges_the_upload_of_every_averaged_client(tmp_path):
 
 
 def test_locfedmix_idle_upload_bounds_the_round_time(tmp_path):
-    from splitfl.experiment.runner import as_config, prepare
-
     cfg = tiny_config(
         algorithm="locfedmix_sl",
         rounds=2,
@@ -62,8 +62,6 @@ def test_locfedmix_idle_upload_bounds_the_round_time(tmp_path):
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "splitfed_v1"])
 def test_energy_by_client_is_aligned_and_sums_to_energy(tmp_path, algorithm):
-    from splitfl.experiment.runner import as_config, prepare
-
     cfg = tiny_config(algorithm=algorithm, rounds=1, **{"train.local_steps": 2})
     (row,) = splitfl.run(cfg, run_dir=tmp_path / "e").metrics
     ctx = prepare(as_config(cfg)).ctx
@@ -81,8 +79,6 @@ def test_energy_by_client_is_aligned_and_sums_to_energy(tmp_path, algorithm):
 
 
 def test_ringsfl_energy_by_client_splits_the_ring(tmp_path):
-    from splitfl.testing import config_for
-
     cfg = config_for("ringsfl", rounds=1, **{"train.local_steps": 1})
     (row,) = splitfl.run(cfg, run_dir=tmp_path / "r").metrics
     assert row["clients"] == [0, 1, 2, 3]

@@ -10,7 +10,12 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.adasfl import local_frequencies
 from splitfl.algorithms.pyramidfl import dropout_ratios, normalise_stats, oort_utility
+from splitfl.cli.main import main
 from splitfl.executors.roles import Smashed, mix_pairs
+from splitfl.experiment.runner import as_config, prepare
+from splitfl.metrics.report import _cell_id, _label
+from splitfl.metrics.summary import comparison_table
+from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.system.devices import draw_population
 from splitfl.system.jetson import MBPS, MODE_PERIOD, MODES
 
@@ -65,8 +70,6 @@ def test_pyramidfl_dropout_ratios_by_rank():
 
 
 def test_pyramidfl_full_dropout_uploads_buffers_only_and_keeps_parameters(tmp_path):
-    from splitfl.experiment.runner import as_config, prepare
-
     cfg = tiny_config(
         algorithm="pyramidfl",
         rounds=1,
@@ -85,9 +88,6 @@ def test_pyramidfl_full_dropout_uploads_buffers_only_and_keeps_parameters(tmp_pa
 
 
 def test_pyramidfl_dropped_tensor_is_averaged_over_uploaders(tmp_path):
-    from splitfl.experiment.runner import as_config, prepare
-    from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
-
     algo = prepare(as_config(tiny_config(algorithm="pyramidfl"))).algorithm
     glob = {k: torch.zeros_like(v) for k, v in algo.ctx.model.state_dict().items()}
     key = next(iter(algo.param_bytes))
@@ -161,7 +161,6 @@ def test_locfedmix_keeps_global_device_part_between_aggregations(tmp_path):
         **{"options.locfedmix_sl.tau": 2, "options.locfedmix_sl.aggregate_every": 3},
     )
     res = splitfl.run(cfg, run_dir=tmp_path / "l")
-    from splitfl.experiment.runner import as_config, prepare
 
     prep = prepare(as_config(cfg))
     start = prep.ctx.model.state_dict()
@@ -197,8 +196,6 @@ def test_jetson80_runs_end_to_end_with_time_varying_clock(tmp_path):
 
 
 def test_splitfl_list_marks_proxy_baselines_with_a_reason(capsys):
-    from splitfl.cli.main import main
-
     assert main(["list"]) == 0
     lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines() if ln.strip()}
     for name in ("adasfl", "locfedmix_sl", "adasampling", "ifca"):
@@ -208,9 +205,6 @@ def test_splitfl_list_marks_proxy_baselines_with_a_reason(capsys):
 
 
 def test_comparison_and_report_tables_mark_proxies():
-    from splitfl.metrics.report import _cell_id, _label
-    from splitfl.metrics.summary import comparison_table
-
     summary = {
         "target_accuracy": 0.5,
         "final_acc": 0.9,

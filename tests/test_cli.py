@@ -9,6 +9,7 @@ import yaml
 from conftest import tiny_config
 from splitfl.cli.main import main
 from splitfl.config import ConfigError, load_config
+from splitfl.metrics.summary import comparison_table, summarize
 
 
 def _write(tmp_path, data):
@@ -125,8 +126,6 @@ def test_overrides_may_follow_options(tmp_path, capsys):
 
 
 def test_comparison_table_columns_line_up():
-    from splitfl.metrics.summary import comparison_table, summarize
-
     rows = [
         {
             "round": 1,

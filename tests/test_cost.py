@@ -6,7 +6,16 @@ import pytest
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models.profile import BlockCost, ModelProfile
 from splitfl.plan import ClientTask
-from splitfl.system import DeviceProfile, SimClock, jitter_factors, round_times, split_client_cost
+from splitfl.system import (
+    ClusterLoad,
+    DeviceProfile,
+    MemberLoad,
+    SimClock,
+    cluster_times,
+    jitter_factors,
+    round_times,
+    split_client_cost,
+)
 from splitfl.system.devices import S2FL_TABLE1_FLOPS, S2FL_TABLE1_RATE, draw_population
 from splitfl.testing import config_for
 
@@ -86,8 +95,6 @@ def test_s2fl_table1_population(composition, counts):
 
 
 def _cluster(m1_compute: float = 0.020, m1_link: float = 2e6, top_d2d: float = 4e6):
-    from splitfl.system import ClusterLoad, MemberLoad
-
     members = (
         MemberLoad(0.010, 0.002, 4e6, 4000, 2000, 400),
         MemberLoad(m1_compute, 0.002, m1_link, 4000, 2000, 400),
@@ -97,7 +104,6 @@ def _cluster(m1_compute: float = 0.020, m1_link: float = 2e6, top_d2d: float = 4
 
 def test_cluster_times_by_hand():
     """ParallelSFL cluster (Eq. 9, 15): FIFO top worker, members share the top's D2D radio."""
-    from splitfl.system import cluster_times
 
     # Execute: the top's 4e6 radio is shared by pair links 4e6 and 2e6 -> 2e6 each
     (ct,) = cluster_times([_cluster()], server=None)
@@ -115,16 +121,12 @@ def test_cluster_times_by_hand():
 
 
 def test_cluster_top_worker_queues_batches_that_arrive_together():
-    from splitfl.system import cluster_times
-
     # both batches arrive at 0.012: the second waits for the first (0.002) before its own
     (ct,) = cluster_times([_cluster(m1_compute=0.010, m1_link=4e6)], server=None)
     assert ct.member_iteration == pytest.approx((0.015, 0.017), rel=1e-12)
 
 
 def test_cluster_top_workers_share_the_server_link():
-    from splitfl.system import ClusterLoad, cluster_times
-
     server = DeviceProfile(flops=1e12, uplink=3e6, downlink=3e6)
     empty = ClusterLoad((), 4e6, 2e6, 2e6, 1400)
     times = cluster_times([_cluster(), _cluster(), empty], server)

@@ -15,6 +15,9 @@ import pytest
 from fixtures_data import write_cifar10, write_mnist_idx
 from splitfl.cli.main import main
 from splitfl.data import load_dataset
+from splitfl.data.base import DatasetFileError, DatasetWarning
+from splitfl.data.loaders import _checksums
+from splitfl.data.loaders._checksums import CANONICAL
 from test_data_corrupt import _config, _gz_idx
 
 
@@ -25,7 +28,6 @@ def _md5(data: bytes) -> str:
 @pytest.fixture
 def canonical_mnist(tmp_path, monkeypatch):
     """MNIST fixture whose 20-label test file is declared canonical (its gz MD5)."""
-    from splitfl.data.loaders import _checksums
 
     write_mnist_idx(tmp_path)
     path = tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte.gz"
@@ -44,7 +46,6 @@ def _relabel(path: Path) -> None:
 
 def test_canonical_file_passes_strict_and_is_hashed_once(canonical_mnist, monkeypatch):
     # Prepare
-    from splitfl.data.loaders import _checksums
 
     calls = []
     real = _checksums.hashlib.md5
@@ -61,7 +62,6 @@ def test_canonical_file_passes_strict_and_is_hashed_once(canonical_mnist, monkey
 
 def test_changed_file_warns_fails_or_is_skipped_by_mode(canonical_mnist):
     # Prepare
-    from splitfl.data.base import DatasetFileError, DatasetWarning
 
     root = canonical_mnist.parents[2]
     _relabel(canonical_mnist)
@@ -77,7 +77,6 @@ def test_changed_file_warns_fails_or_is_skipped_by_mode(canonical_mnist):
 
 def test_recompressed_copy_with_canonical_content_is_accepted(tmp_path, monkeypatch):
     # Prepare: the published gz MD5 differs, the decompressed content's MD5 matches
-    from splitfl.data.loaders import _checksums
 
     write_mnist_idx(tmp_path)
     path = tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte.gz"
@@ -91,7 +90,6 @@ def test_recompressed_copy_with_canonical_content_is_accepted(tmp_path, monkeypa
 
 def test_cifar_batch_checksum_and_cli_modes(tmp_path, monkeypatch, capsys):
     # Prepare
-    from splitfl.data.loaders import _checksums
 
     write_cifar10(tmp_path / "data")
     path = tmp_path / "data" / "cifar-10-batches-py" / "test_batch"
@@ -114,7 +112,6 @@ def test_cifar_batch_checksum_and_cli_modes(tmp_path, monkeypatch, capsys):
 
 def test_subsets_are_not_hashed(tmp_path, monkeypatch):
     # Prepare: fixture files have canonical names but not the canonical sample counts
-    from splitfl.data.loaders import _checksums
 
     monkeypatch.setattr(_checksums, "_DIGESTS", {})
     write_mnist_idx(tmp_path / "m")
@@ -130,7 +127,6 @@ def test_subsets_are_not_hashed(tmp_path, monkeypatch):
 
 def test_published_md5s_are_the_torchvision_ones():
     # The MD5s torchvision's MNIST/FashionMNIST/CIFAR10/CIFAR100 classes check (spot check).
-    from splitfl.data.loaders._checksums import CANONICAL
 
     assert CANONICAL[("mnist", "train-images-idx3-ubyte")].md5 == "f68b3c2dcbeaaa9fbdd348bbdeb94873"
     assert CANONICAL[("fashion_mnist", "t10k-labels-idx1-ubyte")].md5 == (

@@ -26,7 +26,11 @@ from fixtures_data import (
     write_speech_commands,
 )
 from splitfl.cli.main import main
+from splitfl.config import ConfigError
 from splitfl.data import load_dataset
+from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetFileError, check_bundle
+from splitfl.experiment.context import _check_label_range
+from splitfl.experiment.runner import as_config
 
 # ---------------------------------------------------------------- corruptions
 
@@ -343,8 +347,6 @@ def test_check_bundle_rejects_labels_inputs_and_empty_splits():
     # Prepare
     import torch
 
-    from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetFileError, check_bundle
-
     def bundle(y_train, x_test=None) -> DatasetBundle:
         train = ArrayDataset(torch.zeros(len(y_train), 1, 2, 2), torch.tensor(y_train))
         test = ArrayDataset(
@@ -369,9 +371,6 @@ def test_check_bundle_rejects_labels_inputs_and_empty_splits():
 
 def test_labels_beyond_the_models_outputs_are_a_config_error():
     # Prepare
-    from splitfl.config import ConfigError
-    from splitfl.experiment.context import _check_label_range
-    from splitfl.experiment.runner import as_config
 
     cfg = as_config(tiny_config())
     bundle = load_dataset("digits")

@@ -9,7 +9,9 @@ import torch
 import splitfl
 from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS, algorithm_names
+from splitfl.algorithms.s2fl import closest_to_median
 from splitfl.executors import NonFiniteLossError
+from splitfl.executors.sequential import SequentialExecutor
 from splitfl.experiment.runner import prepare
 from splitfl.testing import config_for
 
@@ -81,7 +83,6 @@ def test_s2fl_adaptive_cuts_follow_the_time_table(tmp_path):
     )
     prep = prepare(res.config)
     row = res.metrics[3]
-    from splitfl.algorithms.s2fl import closest_to_median
 
     # the round-4 plan used the times observed in rounds 1-3 (every device warms up every cut)
     prior = {}
@@ -166,8 +167,6 @@ def test_threads_limits_torch_and_blas_during_the_run_only(tmp_path, monkeypatch
     """``threads: 1`` holds BLAS (numpy/scipy) to one thread while the run lasts, so scipy's
     optimisers give the same digits in a shell and in a Ray worker; limits are restored."""
     from threadpoolctl import threadpool_info, threadpool_limits
-
-    from splitfl.executors.sequential import SequentialExecutor
 
     seen = []
     original = SequentialExecutor.run_round

@@ -11,7 +11,7 @@ from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.round_step import measure as _measure
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.plan import ClientTask, RoundPlan
+from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import rng_for
 from test_feature_merging import SEED, hand_concatenated_step
 
@@ -142,8 +142,6 @@ def test_state_estimation_moving_averages_over_rounds():
 
 
 def test_eq17_bottom_models_weighted_by_batch_size():
-    from splitfl.plan import ClientUpdate, RoundResult
-
     prep = prepare(as_config(tiny_config(algorithm="mergesfl")))
     alg, ctx = prep.algorithm, prep.ctx
     cut = alg.cut

@@ -20,6 +20,7 @@ from splitfl.algorithms.mergesfl.selection import (
     label_mixture,
     priorities,
 )
+from splitfl.system.devices import draw_population
 
 
 def test_moving_average_eq5():
@@ -295,7 +296,6 @@ def test_scale_to_budget_common_factor_keeps_proportions_and_largest_reaches_d()
 
 def _synthetic_80(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """80 jetson80 workers (100x compute spread, 1-30 Mb/s) on a compute-heavy model."""
-    from splitfl.system.devices import draw_population
 
     pop = draw_population("jetson80", 80, np.random.default_rng(seed))
     q = 1600.0

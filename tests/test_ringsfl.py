@@ -8,9 +8,12 @@ import torch
 import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.ringsfl import largest_remainder, parse_ratios, propagation_lengths
+from splitfl.algorithms.vanilla_sl import shared_steps
 from splitfl.executors.ring import ring_batch_update
+from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import build_model
 from splitfl.plan import RingSpec
+from splitfl.testing import config_for
 
 RING = {
     "model": "mlp",
@@ -100,8 +103,6 @@ def test_ring_cost_counts_hops_and_energy(tmp_path):
 
 
 def test_shared_round_steps_split_e_b_updates_over_the_chain():
-    from splitfl.algorithms.vanilla_sl import shared_steps
-
     assert shared_steps(7, [4, 0, 2, 1, 3]) == {4: 2, 0: 2, 2: 1, 1: 1, 3: 1}
     assert shared_steps(40, [0, 1, 2, 3, 4]) == dict.fromkeys(range(5), 8)
     assert shared_steps(3, [0, 1, 2, 3, 4]) == dict.fromkeys(range(5), 1)  # >= 1 each
@@ -125,7 +126,6 @@ def test_vanilla_sl_round_size(tmp_path, round_steps, updates):
     (row,) = splitfl.run(cfg, run_dir=tmp_path / "v").metrics
     # Assert: RingSFL §4.1.3 round = E·B updates across the chain, not N·E·B
     assert sum(row["plan_local_steps"]) == updates
-    from splitfl.experiment.runner import as_config, prepare
 
     ctx = prepare(as_config(cfg)).ctx
     q = ctx.profile.activation_bytes(ctx.cut_points[-1])
@@ -141,7 +141,5 @@ def test_vanilla_sl_rejects_unknown_round_steps():
 
 @pytest.mark.parametrize("field", ["momentum", "weight_decay"])
 def test_ringsfl_rejects_momentum_and_weight_decay(field):
-    from splitfl.testing import config_for
-
     with pytest.raises(splitfl.ConfigError, match=f"train.{field}.*plain SGD"):
         splitfl.validate(config_for("ringsfl", **{f"train.{field}": 0.5}))
