@@ -70,6 +70,21 @@ def _wait_rows(run_dir: Path, n: int, proc: subprocess.Popen, limit: float = 120
         time.sleep(0.05)
 
 
+def _launch_and_kill_device(cfg: Path, run_dir: Path, devices: int) -> dict:
+    """``splitfl launch`` with ``devices`` device processes; SIGKILL the second one once
+    round 1 is recorded; the run must still exit 0. Returns the victim's network.json entry."""
+    proc = _cli("launch", str(cfg), "--devices", str(devices), "--out", str(run_dir))
+    try:
+        _wait_rows(run_dir, 1, proc)
+        victim = json.loads((run_dir / "network.json").read_text())["local_devices"][1]
+        os.kill(victim["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0, out.decode()[-2000:]
+    return victim
+
+
 def test_launch_with_device_processes_equals_sequential(tmp_path):
     cfg = _write_config(tmp_path / "c.yaml", "s2fl", rounds=2)
     proc = _cli("launch", str(cfg), "--devices", "3", "--out", str(tmp_path / "net"))
@@ -93,16 +108,7 @@ def test_killed_device_process_is_dropped_and_the_run_completes(tmp_path):
     changes = {"rounds": 4, "train.local_steps": 25, "network.rejoin_s": 2.0}
     cfg = _write_config(tmp_path / "c.yaml", "splitfed_v1", **changes)
     run_dir = tmp_path / "net"
-    proc = _cli("launch", str(cfg), "--devices", "2", "--out", str(run_dir))
-    try:
-        _wait_rows(run_dir, 1, proc)
-        info = json.loads((run_dir / "network.json").read_text())
-        victim = info["local_devices"][1]
-        os.kill(victim["pid"], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        _stop(proc)
-    assert proc.returncode == 0, out.decode()[-2000:]
+    victim = _launch_and_kill_device(cfg, run_dir, devices=2)
     rows = _rows(run_dir)
     assert len(rows) == 4
     dropped = [set(r["dropped_clients"]) for r in rows]
@@ -162,15 +168,7 @@ def test_ring_member_process_killed_mid_run_abandons_rounds_and_the_run_complete
     changes |= {"data.num_clients": 3, "train.clients_per_round": 3}
     cfg = _write_config(tmp_path / "c.yaml", "ringsfl", **changes)
     run_dir = tmp_path / "net"
-    proc = _cli("launch", str(cfg), "--devices", "3", "--out", str(run_dir))
-    try:
-        _wait_rows(run_dir, 1, proc)
-        victim = json.loads((run_dir / "network.json").read_text())["local_devices"][1]
-        os.kill(victim["pid"], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        _stop(proc)
-    assert proc.returncode == 0, out.decode()[-2000:]
+    _launch_and_kill_device(cfg, run_dir, devices=3)
     rows = _rows(run_dir)
     assert len(rows) == 4
     completed = [not r["dropped_clients"] for r in rows]
