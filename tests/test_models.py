@@ -278,3 +278,11 @@ def test_block_model_rejects_bad_cut_points():
     for cuts in [(0, 1), (1, 3), (2, 1), (1, 1)]:
         with pytest.raises(ValueError):
             BlockModel(blocks, cuts)
+
+
+def test_default_cut_is_the_last_candidate_unless_named():
+    blocks = [nn.Linear(2, 2) for _ in range(4)]
+    assert BlockModel(blocks, (1, 2, 3)).default_cut == 3
+    assert BlockModel(blocks, (1, 2, 3), default_cut=2).default_cut == 2
+    with pytest.raises(ValueError, match="default cut"):
+        BlockModel(blocks, (1, 3), default_cut=2)

@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections import Counter
 from functools import cache
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from conftest import tiny_config
+from fixtures_data import write_har
+from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import BlockModel, block_index, build_model, profile_model, split
 
 # name -> (input shape, classes, blocks, cut points, parameters, MergeSFL cut, smashed shape)
@@ -64,6 +68,35 @@ def test_smashed_data_at_mergesfl_cut(name):
     with torch.no_grad():
         out = built(name)(torch.zeros(1, *shape), stop=mergesfl_cut)
     assert tuple(out.shape[1:]) == smashed
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_default_cut_is_mergesfl_split(name):
+    """§V-A: CNN-H split at the 3rd layer, CNN-S at the 4th, VGG16 at the 13th — the released
+    clients' smashed data (32×32×2, 64×14, 512×h×w) is the activation at the default cut."""
+    shape, *_, mergesfl_cut, smashed = SPECS[name]
+    model = built(name)
+    assert model.default_cut == mergesfl_cut
+    with torch.no_grad():
+        out = model(torch.zeros(1, *shape), stop=model.default_cut)
+    assert tuple(out.shape[1:]) == smashed
+
+
+@pytest.mark.parametrize("algorithm", ["splitfed_v1", "mergesfl"])
+def test_cnn_h_run_with_null_cut_splits_where_mergesfl_does(tmp_path, algorithm):
+    write_har(tmp_path)
+    cfg = tiny_config(
+        algorithm=algorithm,
+        model="cnn_h",
+        **{"data.dataset": "har", "data.root": str(tmp_path), "data.num_clients": 3},
+        **{"data.partition": "iid", "data.min_samples": 1, "train.clients_per_round": 2},
+    )
+    prep = prepare(as_config(cfg))
+    plan = prep.algorithm.plan_round(0, [0, 1], np.random.default_rng(0))
+    assert {t.cut for t in plan.tasks} == {2}
+    with torch.no_grad():
+        out = prep.ctx.model(prep.ctx.bundle.train.x[:1], stop=plan.tasks[0].cut)
+    assert tuple(out.shape[1:]) == (32, 32, 2)  # the released client's smashed data
 
 
 def test_flatten_sizes_follow_input_shape():

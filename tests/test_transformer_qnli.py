@@ -6,13 +6,16 @@ import copy
 import zlib
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from conftest import tiny_config
 from fixtures_data import write_qnli
 from splitfl.data.base import DatasetNotFoundError, dataset_names, load_dataset
 from splitfl.data.loaders.qnli import LABELS, encode_pair, read_tsv, tokenize
+from splitfl.experiment.runner import as_config, prepare
 from splitfl.models.base import block_index, split
 from splitfl.models.profile import measure_profile, profile_model
 from splitfl.models.registry import build_model, model_names
@@ -80,6 +83,29 @@ def test_cut_points_and_parallelsfl_cut(model):
     device, server = split(model, PARALLELSFL_CUT)
     assert sum(isinstance(b, EncoderBlock) for b in server.blocks.values()) == 3
     assert build_transformer(8, 2, cut_points=(1, 7)).cut_points == (1, 7)
+
+
+@pytest.mark.parametrize("n_layers", [1, 2, 3, 6, 12])
+def test_default_cut_is_parallelsfl_split(n_layers):
+    """ParallelSFL §5.1: RoBERTa split at the 3rd layer — 3 encoder layers on the device (all
+    of them in shallower models) with ``cut: null``."""
+    m = build_transformer(8, 2, d_model=16, n_heads=2, ff=32, n_layers=n_layers)
+    device, _ = split(m, m.default_cut)
+    assert sum(isinstance(b, EncoderBlock) for b in device.blocks.values()) == min(3, n_layers)
+    assert build_transformer(8, 2, cut_points=(1, 7)).default_cut == 7  # not a candidate
+
+
+def test_registered_transformer_defaults_to_parallelsfl_cut(tmp_path):
+    write_qnli(tmp_path)
+    cfg = tiny_config(
+        algorithm="splitfed_v1",
+        model="transformer",
+        **{"data.dataset": "qnli", "data.root": str(tmp_path), "data.num_clients": 2},
+        **{"data.partition": "iid", "data.min_samples": 1, "train.clients_per_round": 2},
+    )
+    prep = prepare(as_config(cfg))
+    plan = prep.algorithm.plan_round(0, [0, 1], np.random.default_rng(0))
+    assert [t.cut for t in plan.tasks] == [PARALLELSFL_CUT] * 2
 
 
 def test_bad_arguments():

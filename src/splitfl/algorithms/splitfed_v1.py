@@ -6,7 +6,9 @@ client's activations; after the round the fed server averages the device parts a
 server averages its copies (both weighted by |D_i|; S²FL Algorithm 1 with groups of one).
 
 S²FL's "SFL" baseline (§5, Table 2) is this algorithm with every device on the largest device
-part ``Wc3``, i.e. the model's last candidate cut point — the default here (``cut: null``).
+part ``Wc3``, i.e. the model's last candidate cut point — the default here (``cut: null``) for
+S²FL's models; a model from another paper defaults to that paper's split
+(``BlockModel.default_cut``, e.g. MergeSFL's CNN-H at cut 2).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from splitfl.plan import RoundPlan
 
 @dataclass(frozen=True)
 class SplitFedOptions:
-    """``cut``: block index where the model is split; null = the model's last candidate cut."""
+    """``cut``: block index where the model is split; null = the model's default cut (its
+    paper's split, else its last candidate)."""
 
     cut: int | None = None
 

@@ -38,7 +38,8 @@ ROUND_STEPS = ("per_client", "shared")
 
 @dataclass(frozen=True)
 class VanillaSLOptions:
-    """``cut``: block index of the split (null = the model's last candidate cut);
+    """``cut``: block index of the split (null = the model's default cut: its paper's split,
+    else its last candidate);
     ``round_steps``: ``per_client`` or ``shared`` (RingSFL §4.1.3)."""
 
     cut: int | None = None

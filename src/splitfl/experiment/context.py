@@ -113,9 +113,10 @@ class RunContext:
         return self.client_cost(client, cut, samples, round_idx).time
 
     def resolve_cut(self, cut: int | None, algorithm: str) -> int:
-        """An algorithm's ``cut`` option, or the model's last candidate cut when null."""
+        """An algorithm's ``cut`` option, or the model's default cut (its paper's split, else
+        its last candidate) when null."""
         if cut is None:
-            return self.cut_points[-1]
+            return self.model.default_cut
         if not 1 <= cut < self.num_blocks:
             raise ConfigError(
                 f"options.{algorithm}.cut",

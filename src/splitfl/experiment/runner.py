@@ -88,7 +88,8 @@ def validate(
     return (
         f"ok: {cfg.algorithm} on {cfg.data.dataset} ({len(ctx.bundle.train)} train samples, "
         f"{ctx.num_clients} clients), model {cfg.model} ({ctx.num_blocks} blocks, "
-        f"cut points {list(ctx.cut_points)}), devices {cfg.devices.preset}, {cfg.rounds} rounds"
+        f"cut points {list(ctx.cut_points)}, default {ctx.model.default_cut}), devices "
+        f"{cfg.devices.preset}, {cfg.rounds} rounds"
     )
 
 

@@ -25,9 +25,18 @@ class BlockModel(nn.Module):
         cut_points: Candidate cut points, strictly increasing, each in ``[1, len(blocks) - 1]``.
             S²FL uses three of them (``Wc1 < Wc2 < Wc3``).
         name: Registry name of the model.
+        default_cut: The cut a fixed-split algorithm uses when its ``cut`` option is null: the
+            split of the paper the model comes from (one of ``cut_points``); the last
+            candidate when not given.
     """
 
-    def __init__(self, blocks: Sequence[nn.Module], cut_points: Sequence[int], name: str = ""):
+    def __init__(
+        self,
+        blocks: Sequence[nn.Module],
+        cut_points: Sequence[int],
+        name: str = "",
+        default_cut: int | None = None,
+    ):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.cut_points = tuple(int(c) for c in cut_points)
@@ -37,6 +46,9 @@ class BlockModel(nn.Module):
             1 <= c < n for c in self.cut_points
         ):
             raise ValueError(f"cut points {self.cut_points} must be increasing within [1, {n - 1}]")
+        self.default_cut = self.cut_points[-1] if default_cut is None else int(default_cut)
+        if self.default_cut not in self.cut_points:
+            raise ValueError(f"default cut {default_cut} is not one of {self.cut_points}")
 
     @property
     def num_blocks(self) -> int:

@@ -31,8 +31,9 @@ def cnn_h(input_shape: tuple[int, ...], num_classes: int) -> BlockModel:
     (64·h·w)→1024 + ReLU + Dropout(0.5) (64×32×2 = 4096 for 1×128×9, computed from the input
     shape); 4 FC 1024→classes.
 
-    Cut points ``(1, 2, 3)``; MergeSFL's split is cut 2 (the released client holds the two
-    first convs and sends 32×32×2 smashed data; the server runs conv3 and the FCs).
+    Cut points ``(1, 2, 3)``; MergeSFL's split, the default cut, is cut 2 (§V-A: "split at
+    the 3rd layer", the server's first; the released client holds the two first convs and
+    sends 32×32×2 smashed data; the server runs conv3 and the FCs).
     """
     convs: list[nn.Module] = [
         nn.Sequential(nn.Conv2d(input_shape[0], 12, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(2)),
@@ -44,7 +45,7 @@ def cnn_h(input_shape: tuple[int, ...], num_classes: int) -> BlockModel:
         nn.Sequential(nn.Flatten(), nn.Linear(flat, 1024), nn.ReLU(), nn.Dropout(0.5)),
         nn.Linear(1024, num_classes),
     ]
-    return BlockModel(blocks, cut_points=(1, CNN_H_MERGESFL_CUT, 3))
+    return BlockModel(blocks, cut_points=(1, CNN_H_MERGESFL_CUT, 3), default_cut=CNN_H_MERGESFL_CUT)
 
 
 def _m5_block(c_in: int, c_out: int, kernel: int, stride: int = 1) -> nn.Sequential:
@@ -66,8 +67,9 @@ def cnn_s(input_shape: tuple[int, ...], num_classes: int) -> BlockModel:
     (64×14); 3 conv 64→64 k3 (64×3); 4 global average pool + flatten + FC 64→classes. Returns
     logits (the tutorial's ``log_softmax`` is left to the loss).
 
-    Cut points ``(1, 2, 3)``; MergeSFL's split is cut 3 (the released client holds the first
-    three conv blocks and sends 64×14 smashed data).
+    Cut points ``(1, 2, 3)``; MergeSFL's split, the default cut, is cut 3 (§V-A: "split at the
+    4th layer", the server's first; the released client holds the first three conv blocks and
+    sends 64×14 smashed data).
     """
     blocks: list[nn.Module] = [
         _m5_block(input_shape[0], 32, 80, 16),
@@ -76,7 +78,7 @@ def cnn_s(input_shape: tuple[int, ...], num_classes: int) -> BlockModel:
         _m5_block(64, 64, 3),
         nn.Sequential(nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(64, num_classes)),
     ]
-    return BlockModel(blocks, cut_points=(1, 2, CNN_S_MERGESFL_CUT))
+    return BlockModel(blocks, cut_points=(1, 2, CNN_S_MERGESFL_CUT), default_cut=CNN_S_MERGESFL_CUT)
 
 
 # (out_channels, maxpool padding or None) of the 13 conv blocks; the 4th pool has padding 1

@@ -32,7 +32,8 @@ splits (AlexNet "at the 5th layer" = the 5 convs on the device; VGG-16 "at the 1
 convs): the device holds the first 3 transformer layers (the embedding is not counted as a
 layer, as the paper's "12 transformer layers, a 768×2 FC" description of RoBERTa), i.e. cut
 :data:`PARALLELSFL_CUT` ``= 4``. The default 6-layer model has cut points ``(2, 4, 6)``:
-1, 3 and 5 encoder layers on the device.
+1, 3 and 5 encoder layers on the device; its default cut (what a fixed-split algorithm uses
+with ``cut: null``) is ParallelSFL's, 4.
 """
 
 from __future__ import annotations
@@ -151,7 +152,9 @@ def build_transformer(
         ff: Feed-forward inner size.
         n_layers: Encoder layers (>= 1).
         dropout: Dropout of the embedding and of every encoder layer.
-        cut_points: Candidate cuts; default :func:`default_cut_points`.
+        cut_points: Candidate cuts; default :func:`default_cut_points`. The model's default
+            cut is ParallelSFL's (``1 + min(3, n_layers)``) where it is a candidate, else the
+            last candidate.
     """
     if n_layers < 1 or seq_len < 1 or d_model % n_heads:
         raise ValueError(
@@ -161,8 +164,10 @@ def build_transformer(
     blocks: list[nn.Module] = [TokenEmbedding(vocab_size, d_model, seq_len, dropout)]
     blocks += [EncoderBlock(d_model, n_heads, ff, dropout) for _ in range(n_layers)]
     blocks.append(MeanPoolHead(d_model, num_classes))
-    cuts = default_cut_points(n_layers) if cut_points is None else cut_points
-    return BlockModel(blocks, cut_points=cuts, name="transformer")
+    cuts = tuple(default_cut_points(n_layers) if cut_points is None else cut_points)
+    paper = 1 + min(PARALLELSFL_LAYERS, n_layers)
+    default = paper if paper in cuts else None
+    return BlockModel(blocks, cut_points=cuts, name="transformer", default_cut=default)
 
 
 @register_model(
