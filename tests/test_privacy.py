@@ -2,11 +2,13 @@
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from splitfl.algorithms.ringsfl import parse_ratios
 from splitfl.config import ConfigError
 from splitfl.data.base import DatasetNotFoundError, load_dataset
 from splitfl.privacy.attack import cosine_similarity, dlg_attack, infer_label
@@ -193,6 +195,15 @@ def test_attack_config_yaml_and_validation(tmp_path):
         run_attack(AttackConfig(model="lenet5", dataset="digits", clients=3, lengths="1:1:1"))
     with pytest.raises(DatasetNotFoundError):
         run_attack(AttackConfig(root=str(tmp_path)))
+
+
+def test_paper_attack_config_is_section_4_2_5():
+    """RingSFL §4.2.5: LeNet, CIFAR-10, five clients, L0:…:L4 = 3:3:2:2:2 (LeNet's 12 blocks)."""
+    path = Path(__file__).parents[1] / "benchmarks/papers/ringsfl/attack_cifar10_lenet5.yaml"
+    cfg = load_attack_config(path)
+    assert (cfg.model, cfg.dataset, cfg.clients) == ("lenet5", "cifar10", 5)
+    model = build_attack_model(cfg, (3, 32, 32), 10)
+    assert parse_ratios(cfg.lengths, cfg.clients, model.num_blocks) == [3, 3, 2, 2, 2]
 
 
 def test_cli_attack_writes_results(tmp_path, capsys):
