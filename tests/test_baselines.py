@@ -15,7 +15,8 @@ from splitfl.executors.roles import Smashed, mix_pairs
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.metrics.report import _cell_id, _label
 from splitfl.metrics.summary import comparison_table
-from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
+from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundReport, RoundResult
+from splitfl.system.cost import ClientCost, Traffic
 from splitfl.system.devices import draw_population
 from splitfl.system.jetson import MBPS, MODE_PERIOD, MODES
 
@@ -85,6 +86,26 @@ def test_pyramidfl_full_dropout_uploads_buffers_only_and_keeps_parameters(tmp_pa
     final = torch.load(res.run_dir / "model.pt", weights_only=True)
     assert all(torch.equal(final[k], start[k]) for k in params)  # nobody uploaded them
     assert any(not torch.equal(final[k], start[k]) for k in start if k.endswith("running_mean"))
+
+
+def test_pyramidfl_model_transfers_do_not_scale_with_steps():
+    # Round 0, 4 steps each: client 0 transfers 10 s + computes 2 s; client 1 transfers 1 s +
+    # computes 4 s, jitter 2 -> 2 s + 8 s. Per round m = (10, 2), per step c = (0.5, 2).
+    cfg = tiny_config(algorithm="pyramidfl", **{"train.local_steps": 8})
+    algo = prepare(as_config(cfg)).algorithm
+    plan = RoundPlan([ClientTask(0, 4, steps=4), ClientTask(1, 4, steps=4)])
+
+    def cost(comm: float, compute: float) -> ClientCost:
+        return ClientCost(Traffic(), 0.0, 0.0, comm, compute, 0.0)
+
+    costs, jitter = {0: cost(10.0, 2.0), 1: cost(1.0, 4.0)}, {0: 1.0, 1: 2.0}
+    times = {c: costs[c].time * jitter[c] for c in costs}
+    algo.observe(0, plan, RoundReport(times, costs, jitter, {0: 1, 1: 1}, {0: 1, 1: 1}, 10.0))
+    # t_i = m_i + c_i · steps: 10 + 0.5·8 and 2 + 2·8 (not 12/4·8 = 24 and 10/4·8 = 20)
+    assert algo.expected_time(0, 8, 1) == pytest.approx(14.0)
+    assert algo.expected_time(1, 8, 1) == pytest.approx(18.0)
+    # T_h = median(14, 18) = 16: steps (16 − 10)/0.5 = 12 and (16 − 2)/2 = 7
+    assert algo.plan_round(1, [0, 1], np.random.default_rng(0)).info["local_steps"] == [12, 7]
 
 
 def test_pyramidfl_dropped_tensor_is_averaged_over_uploaders(tmp_path):

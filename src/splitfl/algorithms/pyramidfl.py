@@ -17,10 +17,13 @@ and MergeSFL §V's description:
   times of explored clients). A fraction ε of the slots (``explore`` decaying by
   ``explore_decay`` per round, floor ``explore_min``) goes to never-selected clients at
   random; the rest to the highest utilities.
-* **Fine-grained local work:** faster clients run more local iterations and slower ones less:
-  ``steps_i = clip(round(steps · T_h / t_i), steps·min_factor, steps·max_factor)`` with
-  ``T_h`` the median expected time of the round's selected clients (the released code's
-  slack-based rule differs in form; stated simplification).
+* **Fine-grained local work:** faster clients run more local iterations and slower ones less,
+  so that each finishes by ``T_h``, the median expected time of the round's selected clients:
+  ``steps_i = clip(round((T_h − m_i) / c_i), steps·min_factor, steps·max_factor)``. A client's
+  expected round time is ``t_i = m_i + c_i · steps`` with ``m_i`` its model transfers (download
+  and upload, once a round whatever the steps) and ``c_i`` its compute time per local step,
+  both moving averages of measured values (the released code's slack-based rule differs in
+  form; stated simplification). With ``m_i = 0`` this is ``steps · T_h / t_i``.
 * **Partial-model dropout** (``dropout``; ``param_server.py prune_client_tasks`` and
   ``learner.py``): the selected client ranked r-th (0 = highest statistical utility, never
   measured clients last) drops each parameter tensor of its update with probability
@@ -129,21 +132,28 @@ class PyramidFL(Algorithm):
         super().__init__(options, ctx)
         n = ctx.num_clients
         self.stat: list[float | None] = [None] * n
+        #: compute time per local step and model-transfer time per round (measured, averaged)
         self.time_per_step: list[float | None] = [None] * n
+        self.transfer_time: list[float | None] = [None] * n
         self.last_round = [0] * n
         #: parameter tensors each client of the current round does not upload (dropout)
         self.dropped: dict[int, set[str]] = {}
         model = ctx.model
         self.param_bytes = {k: p.numel() * BYTES_PER_ELEMENT for k, p in model.named_parameters()}
 
+    def step_and_transfer(self, client: int) -> tuple[float, float]:
+        """(compute time per step ``c_i``, model-transfer time per round ``m_i``) as measured;
+        never measured: the medians of the measured ones (1.0 and 0.0 before any
+        measurement) — no device profile is read."""
+        per_step = float(fill_unmeasured(self.time_per_step)[client])
+        transfer = float(fill_unmeasured(self.transfer_time, default=0.0)[client])
+        return per_step, transfer
+
     def expected_time(self, client: int, steps: int, round_idx: int) -> float:
-        """Measured time per step × steps; never measured: the median measured per-step time
-        (1.0 before any measurement) — no device profile is read."""
+        """``t_i = m_i + c_i · steps`` (:meth:`step_and_transfer`)."""
         del round_idx
-        per_step = self.time_per_step[client]
-        if per_step is None:
-            per_step = float(fill_unmeasured(self.time_per_step)[client])
-        return per_step * steps
+        per_step, transfer = self.step_and_transfer(client)
+        return transfer + per_step * steps
 
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
         k = self.ctx.config.train.clients_per_round
@@ -176,9 +186,11 @@ class PyramidFL(Algorithm):
         times = [self.expected_time(t.client, t.steps, round_idx) for t in tasks]
         deadline = float(np.median(times))
         o = self.options
-        for task, t in zip(tasks, times, strict=True):
-            factor = min(max(deadline / t, o.min_factor), o.max_factor)
-            task.steps = max(1, int(round(task.steps * factor)))
+        for task in tasks:
+            per_step, transfer = self.step_and_transfer(task.client)
+            wanted = (deadline - transfer) / per_step if per_step > 0 else math.inf
+            low, high = task.steps * o.min_factor, task.steps * o.max_factor
+            task.steps = max(1, int(round(min(max(wanted, low), high))))
         ratios = self.draw_dropout(tasks, rng)
         info = {"local_steps": [t.steps for t in tasks], "deadline": deadline}
         if o.dropout:
@@ -222,8 +234,11 @@ class PyramidFL(Algorithm):
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         for task in plan.tasks:
             c = task.client
-            per_step = report.times[c] / task.steps
+            # the whole model trains on the device: its communication is the model transfers
+            transfer = report.costs[c].comm_time * report.jitter[c]
+            per_step = (report.times[c] - transfer) / task.steps
             update_table(self.time_per_step, c, per_step, self.options.ema)
+            update_table(self.transfer_time, c, transfer, self.options.ema)
             self.stat[c] = float(self.ctx.data_sizes[c]) * report.losses[c]
             self.last_round[c] = round_idx + 1
 
@@ -231,10 +246,12 @@ class PyramidFL(Algorithm):
         return {
             "stat": list(self.stat),
             "time_per_step": list(self.time_per_step),
+            "transfer_time": list(self.transfer_time),
             "last_round": list(self.last_round),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.stat = list(state["stat"])
         self.time_per_step = list(state["time_per_step"])
+        self.transfer_time = list(state["transfer_time"])
         self.last_round = list(state["last_round"])
