@@ -15,6 +15,7 @@ from splitfl.executors.roles import Smashed, mix_pairs
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.metrics.report import _cell_id, _label
 from splitfl.metrics.summary import comparison_table
+from splitfl.models.base import BlockModel, lowest_loss_state
 from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundReport, RoundResult
 from splitfl.system.cost import ClientCost, Traffic
 from splitfl.system.devices import draw_population
@@ -191,6 +192,51 @@ def test_locfedmix_keeps_global_device_part_between_aggregations(tmp_path):
     server_keys = [k for k in start if int(k.split(".")[1]) >= cut and k.endswith("weight")]
     assert all(torch.equal(start[k], final[k]) for k in device_keys)
     assert any(not torch.equal(start[k], final[k]) for k in server_keys)
+
+
+@pytest.mark.parametrize("client, estimated", [(0, 100), (2, 71)])  # |D_0| = 143, |D_2| = 71
+def test_ifca_charges_k_downloads_and_k_forwards_on_the_device(client, estimated):
+    # IFCA Alg. 1: the server sends all K = 3 models; the client evaluates each on
+    # min(|D_i|, estimate_samples = 100) of its samples (a forward pass: 1/3 of fwd+bwd FLOPs)
+    options = {"options.ifca.num_clusters": 3, "options.ifca.estimate_samples": 100}
+    cfg = tiny_config(algorithm="ifca", **options, **{"devices.exchange_latency_s": 0.01})
+    prep = prepare(as_config(cfg))
+    algo, ctx = prep.algorithm, prep.ctx
+    assert int(ctx.data_sizes[client]) == {0: 143, 2: 71}[client]
+    task = ClientTask(client, ctx.num_blocks, batch_size=16, steps=2)
+    plan = RoundPlan([task])
+    base = ctx.task_cost(task, 32, 0, plan.device_loss)
+    cost = algo.client_cost(task, 32, 0, plan)
+    device, prof = ctx.population.at(client, 0), ctx.profile
+    forwards = 3 * estimated * prof.total_flops / 3
+    assert cost.device_flops - base.device_flops == pytest.approx(forwards)
+    assert cost.device_time - base.device_time == pytest.approx(forwards / device.flops)
+    assert cost.traffic.model_down == 3 * prof.total_bytes
+    downloads = 2 * prof.total_bytes / device.downlink + 2 * 0.01
+    assert cost.comm_time - base.comm_time == pytest.approx(downloads)
+
+
+def test_lowest_loss_state_by_hand():
+    # logits = W x: W = I scores the labels, W = −I scores against them
+    model = BlockModel([torch.nn.Linear(2, 2, bias=False), torch.nn.Identity()], cut_points=(1,))
+    x, y = torch.eye(2), torch.tensor([0, 1])
+    good = {"blocks.0.weight": torch.eye(2)}
+    bad = {"blocks.0.weight": -torch.eye(2)}
+    before = model.blocks[0].weight.clone()
+    assert lowest_loss_state(model, [bad, good, bad], x, y) == 1
+    assert lowest_loss_state(model, [good, good], x, y) == 0  # ties: the lowest index
+    assert torch.equal(model.blocks[0].weight, before)
+
+
+def test_ifca_identity_uses_only_the_clients_own_samples():
+    prep = prepare(as_config(tiny_config(algorithm="ifca")))
+    algo, ctx = prep.algorithm, prep.ctx
+    x, y = algo.client_samples(3, np.random.default_rng(0))
+    own = ctx.bundle.train.x[torch.as_tensor(ctx.client_indices[3])]
+    assert len(x) == len(y) == min(int(ctx.data_sizes[3]), algo.options.estimate_samples)
+    assert all(any(torch.equal(row, o) for o in own) for row in x)
+    want = lowest_loss_state(ctx.model, algo.models, x, y)
+    assert algo.estimate_cluster(3, np.random.default_rng(0)) == want
 
 
 def test_jetson80_population():

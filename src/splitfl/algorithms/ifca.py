@@ -11,7 +11,16 @@ with the lowest loss on its own data.
 * Evaluation on the central test set uses the cluster model chosen by the most clients so
   far (IFCA evaluates per test client with labels; the central test set has no clients —
   stated choice).
-* Cost: the whole model on the device, with ``num_clusters`` models downloaded per client.
+* Cost (Ghosh et al. Alg. 1: the server broadcasts all K models, each client evaluates them on
+  its own data): the whole model on the device, with ``num_clusters`` models downloaded per
+  client and, on its device, K forward passes of the whole model over the estimate's samples
+  (:data:`~splitfl.system.cost.FORWARD_SHARE` of the per-sample forward+backward FLOPs each).
+* Where the identity is computed: :meth:`IFCA.estimate_cluster` hands the K models and the
+  client's own samples (:meth:`IFCA.client_samples`, nothing else of the data set) to
+  :func:`~splitfl.models.base.lowest_loss_state`, a function a device process can run. It
+  runs in the server process at planning time for every executor, the networked one included
+  (whose devices are sent the chosen model only); that is the clock's charge above, not a
+  measurement, until devices hold their own data.
 
 Marked **proxy** (``splitfl.proxies``): the central-test-set evaluation with the most
 chosen cluster model is not IFCA's per-client evaluation.
@@ -24,13 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
+from splitfl.models.base import lowest_loss_state
 from splitfl.plan import ClientTask, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
+from splitfl.system.cost import FORWARD_SHARE
 
 
 @dataclass(frozen=True)
@@ -67,19 +77,24 @@ class IFCA(Algorithm):
             self.models.append({n: t.clone() for n, t in model.state_dict().items()})
         self.chosen_count = np.zeros(options.num_clusters, dtype=np.int64)
 
-    def estimate_cluster(self, client: int, rng: np.random.Generator) -> int:
-        """Cluster identity: argmin over cluster models of the loss on the client's data."""
+    def estimate_size(self, client: int) -> int:
+        """Samples the identity is estimated on: ``min(|D_i|, estimate_samples)``."""
+        return min(int(self.ctx.data_sizes[client]), self.options.estimate_samples)
+
+    def client_samples(
+        self, client: int, rng: np.random.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`estimate_size` of the client's own training samples, drawn without
+        replacement from ``rng`` (the round's plan stream)."""
         idx = self.ctx.client_indices[client]
-        take = rng.choice(idx, size=min(len(idx), self.options.estimate_samples), replace=False)
-        x = self.ctx.bundle.train.x[torch.as_tensor(take)]
-        y = self.ctx.bundle.train.y[torch.as_tensor(take)]
-        model = copy.deepcopy(self.ctx.model).eval()
-        losses = []
-        with torch.no_grad():
-            for state in self.models:
-                model.load_state_dict(state)
-                losses.append(F.cross_entropy(model(x), y).item())
-        return int(np.argmin(losses))
+        take = torch.as_tensor(rng.choice(idx, size=self.estimate_size(client), replace=False))
+        return self.ctx.bundle.train.x[take], self.ctx.bundle.train.y[take]
+
+    def estimate_cluster(self, client: int, rng: np.random.Generator) -> int:
+        """Cluster identity: argmin over the K cluster models of the loss on the client's own
+        samples (:func:`~splitfl.models.base.lowest_loss_state`)."""
+        x, y = self.client_samples(client, rng)
+        return lowest_loss_state(self.ctx.model, self.models, x, y)
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         full = self.ctx.num_blocks
@@ -90,11 +105,20 @@ class IFCA(Algorithm):
         return RoundPlan(tasks, info={"clusters": clusters})
 
     def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
-        """Every cluster model is downloaded: (K−1) extra full-model downloads."""
+        """The shared cost model plus IFCA's identity estimate on the device: (K−1) extra
+        full-model downloads (each one more exchange with ``devices.exchange_latency_s``) and
+        K forward passes of the whole model over :meth:`estimate_size` samples."""
         cost = super().client_cost(task, samples, round_idx, plan)
-        extra = (self.options.num_clusters - 1) * self.ctx.profile.total_bytes
+        device = self.ctx.population.at(task.client, round_idx)
+        k = self.options.num_clusters
+        extra = (k - 1) * self.ctx.profile.total_bytes
         cost.traffic.model_down += extra
-        cost.comm_time += extra / self.ctx.population.at(task.client, round_idx).downlink
+        cost.comm_time += extra / device.downlink
+        cost.comm_time += (k - 1) * self.ctx.config.devices.exchange_latency_s
+        per_sample = FORWARD_SHARE * self.ctx.profile.total_flops
+        flops = k * self.estimate_size(task.client) * per_sample
+        cost.device_flops += flops
+        cost.device_time += flops / device.flops
         return cost
 
     def aggregate(self, global_state, plan: RoundPlan, result: RoundResult) -> dict:

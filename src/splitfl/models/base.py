@@ -11,9 +11,11 @@ and :func:`block_index` tells which block a parameter belongs to.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -46,8 +48,9 @@ class BlockModel(nn.Module):
             1 <= c < n for c in self.cut_points
         ):
             raise ValueError(f"cut points {self.cut_points} must be increasing within [1, {n - 1}]")
-        self.default_cut = self.cut_points[-1] if default_cut is None else int(default_cut)
-        if self.default_cut not in self.cut_points:
+        last = self.cut_points[-1] if self.cut_points else None
+        self.default_cut = last if default_cut is None else int(default_cut)
+        if self.default_cut not in (*self.cut_points, last):
             raise ValueError(f"default cut {default_cut} is not one of {self.cut_points}")
 
     @property
@@ -100,3 +103,23 @@ def block_index(param_name: str) -> int:
     if len(parts) < 2 or parts[0] != "blocks":
         raise ValueError(f"not a block parameter name: {param_name!r}")
     return int(parts[1])
+
+
+def lowest_loss_state(
+    model: nn.Module,
+    states: Sequence[Mapping[str, torch.Tensor]],
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> int:
+    """Index of the state under which ``model`` has the lowest mean cross-entropy on ``(x, y)``
+    (IFCA's cluster identity estimate, Ghosh et al. 2020 Alg. 1: ``argmin_j F_i(θ_j)`` on
+    client i's own samples): one forward pass of the whole model per state, in eval mode, on a
+    copy (``model`` is left untouched). Ties go to the lowest index. Needs only what a
+    device holds: the downloaded states and its own samples."""
+    work = copy.deepcopy(model).eval()
+    losses = []
+    with torch.no_grad():
+        for state in states:
+            work.load_state_dict(state)
+            losses.append(F.cross_entropy(work(x), y).item())
+    return int(torch.tensor(losses, dtype=torch.float64).argmin())
