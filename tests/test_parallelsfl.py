@@ -131,6 +131,19 @@ def test_clustering_times_clusters_as_the_clock_does():
     assert plan.info["mean_waiting"] == pytest.approx(np.mean(waits), rel=1e-9)
 
 
+def test_eq8_budget_is_radio_times_reference_time():
+    """B_i = estimated radio × t_ref × ingress_scale: t_ref from the config, or the median
+    estimated bottom side of an iteration (μ_b + mean β) when ``ingress_time`` is null."""
+    fixed = {"options.parallelsfl.ingress_time": 0.05, "options.parallelsfl.ingress_scale": 2.0}
+    alg = prepare(as_config(tiny_config(algorithm="parallelsfl", **EXACT, **fixed))).algorithm
+    _planned(alg)
+    assert alg._inputs.bandwidth == pytest.approx(alg.d2d * 0.05 * 2.0, rel=1e-12)
+    alg = prepare(as_config(tiny_config(algorithm="parallelsfl", **EXACT))).algorithm
+    _planned(alg)
+    t_ref = np.median(alg.mu_b + alg.beta.sum(1) / (alg.ctx.num_clients - 1))
+    assert alg._inputs.bandwidth == pytest.approx(alg.d2d * t_ref, rel=1e-12)
+
+
 def test_every_cluster_member_runs_its_clusters_tau_from_eq17():
     alg = prepare(as_config(tiny_config(algorithm="parallelsfl", **FAST))).algorithm
     plan = _planned(alg)
