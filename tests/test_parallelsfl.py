@@ -122,13 +122,12 @@ def test_clustering_times_clusters_as_the_clock_does():
     alg = prepare(as_config(tiny_config(algorithm="parallelsfl", **EXACT))).algorithm
     plan = _planned(alg)
     clock = alg._clock_clusters(plan, 0)
-    waits = []
-    for g, tasks in sorted(plan.groups().items()):
-        t = np.array(clock[g][0].member_iteration)
-        waits.append(t.max() - t.mean())
-        members = [task.client for task in tasks]
-        assert alg._inputs.iteration_time(members, alg.tops[g]) == pytest.approx(t.max())
+    times = {g: np.array(clock[g][0].member_iteration) for g in plan.groups()}
+    waits = [t.max() - t.mean() for t in times.values()]
     assert plan.info["mean_waiting"] == pytest.approx(np.mean(waits), rel=1e-9)
+    for g, tasks in plan.groups().items():
+        members = [task.client for task in tasks]
+        assert alg._inputs.iteration_time(members, alg.tops[g]) == pytest.approx(times[g].max())
 
 
 def test_eq8_budget_is_radio_times_reference_time():
