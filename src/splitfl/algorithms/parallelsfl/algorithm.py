@@ -50,7 +50,6 @@ Eq. (4) followed by Eq. (18) and each cluster's top copy gets weight N_c·τ_c.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,7 +93,7 @@ class ParallelSFLOptions:
             "k": self.k is None or self.k >= 1,
             "ema": 0 <= self.ema < 1,
             "ingress_scale": 0 < self.ingress_scale <= 1e6,
-            "ingress_time": self.ingress_time is None or 0 < self.ingress_time < math.inf,
+            "ingress_time": self.ingress_time is None or 0 < self.ingress_time <= 1e6,
             "max_passes": self.max_passes >= 0,
             "beta_c": self.beta_c in BETA_C,
         }
