@@ -112,7 +112,8 @@ def test_cluster_times_by_hand():
     assert ct.member_iteration == pytest.approx((0.015, 0.025), rel=1e-12)
     # Eq. 9 holds where batches do not queue: t_i = mu_b + beta + mu_p
     assert ct.member_iteration[0] == pytest.approx(0.010 + 6000 / 2e6 + 0.002)
-    # beta_c: PS down + bottom parts out and back over D2D + PS up
+    # beta_c: PS down + bottom parts out and back over D2D + PS up (Eq. 15 prints the last)
+    assert ct.model_times == pytest.approx((1400 / 2e6, 2 * 400 / 2e6, 1400 / 2e6), rel=1e-12)
     assert ct.beta_c == pytest.approx(1400 / 2e6 + 2 * 400 / 2e6 + 1400 / 2e6)
     assert ct.round_time(5) == pytest.approx(5 * 0.025 + ct.beta_c)
     # without contention each member has its pair link: 0.011 -> 0.0135, 0.022 -> 0.025

@@ -1,5 +1,6 @@
 """ParallelSFL §4.2-4.5 control module (Alg. 1, Eq. 8-18) on hand-made inputs."""
 
+import dataclasses
 import math
 import warnings
 
@@ -14,6 +15,7 @@ from splitfl.algorithms.parallelsfl.clustering import (
 )
 from splitfl.algorithms.parallelsfl.finetune import _Evaluator, swap_finetune
 from splitfl.algorithms.parallelsfl.frequency import aggregation_weights, local_frequencies
+from splitfl.algorithms.parallelsfl.monitoring import radio_observations, record_radios
 from splitfl.algorithms.parallelsfl.planner import plan_clusters
 from splitfl.algorithms.parallelsfl.problem import (
     ClusterInputs,
@@ -21,11 +23,11 @@ from splitfl.algorithms.parallelsfl.problem import (
     cluster_kl,
     cluster_utility,
     cluster_waiting,
-    iteration_time,
     top_capacity_ok,
     total_utility,
     utility_scales,
 )
+from splitfl.system.cluster import ClusterLoad, MemberLoad, cluster_times
 
 
 def _one_hot(classes, m):
@@ -60,24 +62,67 @@ def _check_partition(clusters, n):
 # ------------------------------------------------------------------------------ Eq. 8 - 11
 
 
+def _inputs(mu_b, mu_p, beta, bandwidth, b=1.0, **extra):
+    """ClusterInputs for time and capacity checks (labels do not matter there)."""
+    return ClusterInputs(np.full((len(mu_b), 2), 0.5), mu_b, mu_p, beta, bandwidth, b, **extra)
+
+
 def test_eq9_iteration_time():
+    # a one-member cluster on the cluster time model is Eq. (9) as printed
     mu_b = np.array([1.0, 2.0, 3.0])
     mu_p = np.array([0.5, 0.25, 0.1])
     beta = np.array([[0.0, 0.2, 0.3], [0.2, 0.0, 0.4], [0.3, 0.4, 0.0]])
-    assert iteration_time(0, 2, mu_b, mu_p, beta) == pytest.approx(1.0 + 0.3 + 0.1)
-    assert iteration_time(1, 0, mu_b, mu_p, beta) == pytest.approx(2.0 + 0.2 + 0.5)
-    assert iteration_time(2, 1, mu_b, mu_p, beta) == pytest.approx(3.0 + 0.4 + 0.25)
+    inputs = _inputs(mu_b, mu_p, beta, np.ones(3), down_bytes=0.5)
+    assert inputs.iteration_time([0], 2) == pytest.approx(1.0 + 0.3 + 0.1)
+    assert inputs.iteration_time([1], 0) == pytest.approx(2.0 + 0.2 + 0.5)
+    assert inputs.iteration_time([2], 1) == pytest.approx(3.0 + 0.4 + 0.25)
+
+
+def test_cluster_time_is_the_clocks():
+    """Alg. 1 times a cluster with the clock's model (system/cluster.py): members share the
+    top worker's radio and its FIFO queue, which Eq. (9) as printed leaves out."""
+    up = down = 8000.0
+    mu_b = np.array([1.0, 0.010, 0.012, 0.030])
+    mu_p = np.array([0.004, 1, 1, 1])
+    beta = _uniform_beta(4, (up + down) / 4e6)  # 0.004 s over a pair's link alone
+    inputs = _inputs(mu_b, mu_p, beta, np.full(4, 1e9), up, down_bytes=down, radio=np.full(4, 4e6))
+    # shared radio: 4e6/3 B/s each, 6 ms per transfer; arrivals 16, 18, 36 ms; the top takes
+    # 4 ms per batch in arrival order: done 20, 24, 40 ms; gradients back 6 ms later
+    t = [0.026, 0.030, 0.046]
+    assert inputs.iteration_time([1, 2, 3], 0) == pytest.approx(0.046)
+    assert cluster_waiting([3, 1, 2], 0, inputs) == pytest.approx(0.046 - np.mean(t))
+    eq9 = mu_b[1:] + beta[1:, 0] + mu_p[0]  # Eq. (9) as printed: 18, 20, 38 ms
+    assert inputs.iteration_time([1, 2, 3], 0) > eq9.max() + 0.007
+    # the same numbers through the clock's function
+    loads = tuple(MemberLoad(mu_b[i], mu_p[0], 4e6, up, down, 0.0) for i in (1, 2, 3))
+    (clock,) = cluster_times([ClusterLoad(loads, 4e6, 1e6, 1e6, 0.0)], None, contention=True)
+    assert list(clock.member_iteration) == pytest.approx(t, rel=1e-12)
+    assert inputs.timing([1, 2, 3], 0).t_co == clock.t_co
+    # Eq. (10)'s right-hand side uses the shared transfer time: 30 + 12 ms
+    assert inputs.timing([1, 2, 3], 0).bottom_max == pytest.approx(0.042)
+    assert not top_capacity_ok([1, 2, 3], 0, replace_mu_p(inputs, 0.015))
+    assert top_capacity_ok([1, 2, 3], 0, replace_mu_p(inputs, 0.014))
+    # without a shared radio every member keeps its pair rate: Eq. (9) where nothing queues
+    free = _inputs(mu_b, mu_p, beta, np.full(4, 1e9), up, down_bytes=down)
+    assert free.iteration_time([1, 3], 0) == pytest.approx(eq9[2])
+
+
+def replace_mu_p(inputs, top_mu_p):
+    mu_p = inputs.mu_p.copy()
+    mu_p[0] = top_mu_p
+    return dataclasses.replace(inputs, mu_p=mu_p)
 
 
 def test_eq8_bandwidth():
     n = 6
     mu_b, mu_p, beta = np.ones(n), np.full(n, 1e-3), _uniform_beta(n, 0.0)
     bandwidth = np.array([3.0, 1, 1, 1, 1, 1])
-    assert top_capacity_ok([1, 2, 3], 0, mu_b, mu_p, beta, bandwidth, b=1.0)
-    assert not top_capacity_ok([1, 2, 3, 4], 0, mu_b, mu_p, beta, bandwidth, b=1.0)
-    assert top_capacity_ok([1, 2, 3, 4], 0, mu_b, mu_p, beta, bandwidth, b=0.75)
-    assert not top_capacity_ok([0], 1, mu_b, mu_p, beta, bandwidth, b=1.5)
-    assert top_capacity_ok([], 1, mu_b, mu_p, beta, bandwidth, b=1.5)
+    ok = lambda m, top, b: top_capacity_ok(m, top, _inputs(mu_b, mu_p, beta, bandwidth, b))  # noqa: E731
+    assert ok([1, 2, 3], 0, 1.0)
+    assert not ok([1, 2, 3, 4], 0, 1.0)
+    assert ok([1, 2, 3, 4], 0, 0.75)
+    assert not ok([0], 1, 1.5)
+    assert ok([], 1, 1.5)
 
 
 def test_eq10_top_compute():
@@ -85,7 +130,8 @@ def test_eq10_top_compute():
     mu_b = np.array([1.0, 1.5, 2.5, 0.5])  # μ_b + β to top 0: [-, 1.5, 2.5, 0.5]
     mu_p = np.array([1.0, 1, 1, 1])
     beta, bandwidth = _uniform_beta(n, 0.0), np.full(n, 100.0)
-    ok = lambda m: top_capacity_ok(m, 0, mu_b, mu_p, beta, bandwidth, b=1.0)  # noqa: E731
+    inputs = _inputs(mu_b, mu_p, beta, bandwidth)
+    ok = lambda m: top_capacity_ok(m, 0, inputs)  # noqa: E731
     assert not ok([3])  # 1·1 > 0.5
     assert ok([1])  # 1 ≤ 1.5
     assert not ok([1, 3])  # 2 > max(1.5, 0.5)
@@ -94,7 +140,7 @@ def test_eq10_top_compute():
     assert not ok([1, 2, 3])  # 3 > 2.5
     # β counts on the right-hand side: 3 ≤ 2.5 + 0.5
     beta2 = _uniform_beta(n, 0.5)
-    assert top_capacity_ok([1, 2, 3], 0, mu_b, mu_p, beta2, bandwidth, b=1.0)
+    assert top_capacity_ok([1, 2, 3], 0, _inputs(mu_b, mu_p, beta2, bandwidth))
 
 
 def test_eq11_waiting_and_slowest_time():
@@ -102,16 +148,20 @@ def test_eq11_waiting_and_slowest_time():
     mu_b = np.array([1.0, 1.5, 2.5, 0.5])
     mu_p = np.array([1.0, 9, 9, 9])
     beta = _uniform_beta(n, 0.0)
-    # t_i - μ_p = [1.5, 2.5, 0.5]; t_o = 2.5 + 1; W = mean(1, 0, 2) = 1
-    assert cluster_waiting([1, 2, 3], 0, mu_b, mu_p, beta) == pytest.approx(1.0)
-    assert cluster_iteration_time([1, 2, 3], 0, mu_b, mu_p, beta) == pytest.approx(3.5)
-    assert cluster_waiting([2], 0, mu_b, mu_p, beta) == 0.0
-    assert cluster_waiting([], 0, mu_b, mu_p, beta) == 0.0
-    assert cluster_iteration_time([], 0, mu_b, mu_p, beta) == 0.0
-    # a per-pair β enters t_i
+    inputs = _inputs(mu_b, mu_p, beta, np.ones(n))
+    # arrivals 1.5, 2.5, 0.5 are μ_p = 1 apart: t_i = [2.5, 3.5, 1.5]; W = mean(1, 0, 2) = 1
+    assert cluster_waiting([1, 2, 3], 0, inputs) == pytest.approx(1.0)
+    assert cluster_iteration_time([1, 2, 3], 0, inputs) == pytest.approx(3.5)
+    assert cluster_waiting([2], 0, inputs) == 0.0
+    assert cluster_waiting([], 0, inputs) == 0.0
+    assert cluster_iteration_time([], 0, inputs) == 0.0
+    # a per-pair β enters t_i: worker 3 now arrives at 2.5 with worker 2 and queues behind it
+    # (Eq. 9 as printed would give t = [2.5, 3.5, 3.5], W = 1/3)
     beta2 = beta.copy()
-    beta2[3, 0] = beta2[0, 3] = 2.0  # worker 3 now at 2.5 too
-    assert cluster_waiting([1, 2, 3], 0, mu_b, mu_p, beta2) == pytest.approx(1.0 / 3.0)
+    beta2[3, 0] = beta2[0, 3] = 2.0
+    queued = _inputs(mu_b, mu_p, beta2, np.ones(n))
+    assert cluster_iteration_time([1, 2, 3], 0, queued) == pytest.approx(4.5)
+    assert cluster_waiting([1, 2, 3], 0, queued) == pytest.approx(4.5 - 3.5)
 
 
 # ------------------------------------------------------------------------------ Eq. 12 - 14
@@ -145,14 +195,8 @@ def test_eq14_utility_and_scales():
     assert total_utility(clusters, inputs) == u
     # scales: mean Eq. (9) time over ordered pairs, and the worst single worker's KL
     w_s, kl_s = utility_scales(v, mu_b, mu_p, _uniform_beta(n, 0.3))
-    brute = np.mean(
-        [
-            iteration_time(i, j, mu_b, mu_p, _uniform_beta(n, 0.3))
-            for i in range(n)
-            for j in range(n)
-            if i != j
-        ]
-    )
+    one = _inputs(mu_b, mu_p, _uniform_beta(n, 0.3), np.ones(n))
+    brute = np.mean([one.iteration_time([i], j) for i in range(n) for j in range(n) if i != j])
     assert w_s == pytest.approx(brute)
     assert kl_s == pytest.approx(math.log(4))
     assert utility_scales(np.full((3, 2), 0.5), np.zeros(3), np.zeros(3), np.zeros((3, 3))) == (
@@ -165,7 +209,10 @@ def test_evaluator_matches_scalar_functions():
     rng = np.random.default_rng(11)
     v, mu_b, mu_p, beta, bandwidth, b = _instance(rng, 12, 5)
     phi0 = iid_reference(v)
-    inputs = ClusterInputs(v, mu_b, mu_p, beta, bandwidth, b, 0.4, phi0, 0.7, 0.9)
+    radio = rng.uniform(1.0, 4.0, 12)  # members share their top's radio (and queue)
+    inputs = ClusterInputs(
+        v, mu_b, mu_p, beta, bandwidth, b, 0.4, phi0, 0.7, 0.9, down_bytes=0.5, radio=radio
+    )
     ev = _Evaluator(inputs)
     members, top = [1, 4, 6], 0
     for cands in ([2, 3, 7], [9]):
@@ -173,12 +220,32 @@ def test_evaluator_matches_scalar_functions():
         for j, u, f in zip(cands, util, ok, strict=True):
             cand = members + [j]
             assert u == pytest.approx(cluster_utility(cand, top, inputs), abs=1e-12)
-            assert f == top_capacity_ok(cand, top, mu_b, mu_p, beta, bandwidth, b)
+            assert f == top_capacity_ok(cand, top, inputs)
     util, ok = ev.swap_in(members, top, 8)
     for q in range(len(members)):
         cand = members[:q] + [8] + members[q + 1 :]
         assert util[q] == pytest.approx(cluster_utility(cand, top, inputs), abs=1e-12)
-        assert ok[q] == top_capacity_ok(cand, top, mu_b, mu_p, beta, bandwidth, b)
+        assert ok[q] == top_capacity_ok(cand, top, inputs)
+
+
+def test_radio_observations_by_hand():
+    # top 0 shares its radio: members 1 and 2 near the best rate (held back, maybe), member 3
+    # far below it (its own radio); a one-member cluster 5 <- 6; a cluster 7 with nobody measured
+    clusters = {0: [(1, 4.0), (2, 3.0), (3, 1.0)], 5: [(6, 2.0)], 7: []}
+    got = radio_observations(clusters, contention=True)
+    assert got == {
+        1: (4.0, False),
+        2: (3.0, False),
+        3: (1.0, True),
+        0: (8.0, True),  # the top worker's radio carried 4 + 3 + 1
+        6: (2.0, False),
+        5: (2.0, True),
+    }
+    free = radio_observations(clusters, contention=False)  # no sharing: the top is >= the best
+    assert free[0] == (4.0, False) and free[3] == (1.0, True) and free[5] == (2.0, False)
+    seen = np.array([10.0, 3.5, 3.5, 3.5, 0.0, 1.0, 1.0, 9.0])
+    record_radios(seen, got)  # exact rates replace, lower bounds only raise
+    assert seen.tolist() == [8.0, 4.0, 3.5, 1.0, 0.0, 2.0, 2.0, 9.0]
 
 
 # ------------------------------------------------------------------------------ Eq. 15 - 18
@@ -312,23 +379,27 @@ def test_constraints_and_roles_on_random_instances():
         if trial % 5 == 0:
             mu_p = mu_p * 20  # slow tops: Eq. (10) binds
         phi0 = iid_reference(v)
-        inputs = ClusterInputs(v, mu_b, mu_p, beta, bandwidth, b)
+        # odd trials: members share their top's radio (as with devices.contention)
+        time_model = {"down_bytes": 0.5, "radio": rng.uniform(1.0, 8.0, n) if trial % 2 else None}
+        inputs = ClusterInputs(v, mu_b, mu_p, beta, bandwidth, b, **time_model)
         greedy = greedy_clusters(inputs, max(1, n // 5), rng)
         _check_partition(greedy, n)
         for c, (top, members) in enumerate(greedy):
-            assert top_capacity_ok(members, top, mu_b, mu_p, beta, bandwidth, b)
+            assert top_capacity_ok(members, top, inputs)
             if not members:  # a top-only cluster: no cluster could take it as a bottom worker
                 for d, (t2, m2) in enumerate(greedy):
                     if d != c:
-                        assert not top_capacity_ok(m2 + [top], t2, mu_b, mu_p, beta, bandwidth, b)
+                        assert not top_capacity_ok(m2 + [top], t2, inputs)
         w_s, kl_s = utility_scales(v, mu_b, mu_p, beta)
         for lam in (0.0, 0.5, 1.0):
-            inputs = ClusterInputs(v, mu_b, mu_p, beta, bandwidth, b, lam, phi0, w_s, kl_s)
+            inputs = ClusterInputs(
+                v, mu_b, mu_p, beta, bandwidth, b, lam, phi0, w_s, kl_s, **time_model
+            )
             tuned = swap_finetune(greedy, inputs)
             _check_partition(tuned, n)
             assert [t for t, _ in tuned] == [t for t, _ in greedy]
             for top, members in tuned:
-                assert top_capacity_ok(members, top, mu_b, mu_p, beta, bandwidth, b)
+                assert top_capacity_ok(members, top, inputs)
             before = total_utility(greedy, inputs)
             after = total_utility(tuned, inputs)
             assert after <= before + 1e-12
@@ -358,11 +429,12 @@ def test_lambda_one_groups_similar_speeds():
     _check_partition(tuned, 16)
     for top, members in tuned:
         assert len(set(mu_b[members].tolist())) == 1  # speed-homogeneous
-        assert cluster_waiting(members, top, mu_b, mu_p, beta) == pytest.approx(0.0)
+        # what is left is the top worker's queue: batches served μ_p apart, W = μ_p
+        assert cluster_waiting(members, top, inputs) == pytest.approx(mu_p[top])
     # from the greedy plan, fine-tuning with λ = 1 never increases the total waiting time
     greedy = greedy_clusters(inputs, 3, np.random.default_rng(0))
     tuned = swap_finetune(greedy, inputs)
-    wait = lambda cl: sum(cluster_waiting(m, t, mu_b, mu_p, beta) for t, m in cl)  # noqa: E731
+    wait = lambda cl: sum(cluster_waiting(m, t, inputs) for t, m in cl)  # noqa: E731
     assert wait(tuned) <= wait(greedy) + 1e-12
 
 

@@ -29,6 +29,8 @@ once: done when the slowest arrives), collects them after τ_c iterations, and u
 model. The PS transfers of the clusters' top workers overlap and share the server link like any
 other clients' (:func:`~splitfl.system.cost.max_min_share`) where ``server`` is given.
 A member's own time is ``τ_c·t_i + β_c``; the slowest member's is the cluster's ``t_c``.
+Eq. (15) as printed names only the upload to the PS; :class:`ClusterTime` keeps the three parts
+apart (``model_times``) so that a planner can use either, while the clock charges all three.
 """
 
 from __future__ import annotations
@@ -70,7 +72,14 @@ class ClusterTime:
     member_iteration: tuple[float, ...]  # t_i per member
     d2d_rates: tuple[float, ...]  # each member's (shared) D2D rate
     ps_rates: tuple[float, float]  # top worker's (shared) rates to and from the PS
-    beta_c: float
+    #: seconds of the model traffic: (PS → top download, bottom parts out to the members and
+    #: back over D2D, top → PS upload); all 0 for a cluster without members
+    model_times: tuple[float, float, float]
+
+    @property
+    def beta_c(self) -> float:
+        """``β_c`` as the clock charges it: all of the cluster's model traffic (module docs)."""
+        return sum(self.model_times)
 
     @property
     def t_co(self) -> float:
@@ -86,10 +95,22 @@ def member_iteration_times(members: Sequence[MemberLoad], rates: Sequence[float]
     """Eq. (9) generalised: each member's iteration time with a FIFO top worker."""
     arrivals = [m.compute + m.up_bytes / r for m, r in zip(members, rates, strict=True)]
     done, out = 0.0, [0.0] * len(members)
-    for k in sorted(range(len(members)), key=lambda k: (arrivals[k], k)):
-        done = max(done, arrivals[k]) + members[k].top_compute
+    for k in sorted(range(len(members)), key=arrivals.__getitem__):  # stable: ties by k
+        arrival = arrivals[k]
+        done = (done if done > arrival else arrival) + members[k].top_compute
         out[k] = done + members[k].down_bytes / rates[k]
     return out
+
+
+def iteration_times(
+    members: Sequence[MemberLoad], top_d2d: float | None
+) -> tuple[list[float], list[float]]:
+    """Each member's iteration time ``t_i`` (:func:`member_iteration_times`) and D2D rate: the
+    max-min fair share of the top worker's radio ``top_d2d``, or, with ``top_d2d=None`` (no
+    contention), each pair's own rate."""
+    links = [m.link for m in members]
+    rates = max_min_share(links, top_d2d) if top_d2d is not None and links else links
+    return member_iteration_times(members, rates), rates
 
 
 def _ps_rates(
@@ -122,12 +143,11 @@ def cluster_times(
     ps = _ps_rates(clusters, server if contention else None)
     out = []
     for cluster, (up, down) in zip(clusters, ps, strict=True):
-        links = [m.link for m in cluster.members]
-        rates = max_min_share(links, cluster.top_d2d) if contention and links else links
-        iteration = member_iteration_times(cluster.members, rates)
-        beta_c = 0.0
+        top_d2d = cluster.top_d2d if contention else None
+        iteration, rates = iteration_times(cluster.members, top_d2d)
+        model = (0.0, 0.0, 0.0)
         if cluster.members:
             spread = max(m.model_bytes / r for m, r in zip(cluster.members, rates, strict=True))
-            beta_c = cluster.model_bytes / down + 2 * spread + cluster.model_bytes / up
-        out.append(ClusterTime(tuple(iteration), tuple(rates), (up, down), beta_c))
+            model = (cluster.model_bytes / down, 2 * spread, cluster.model_bytes / up)
+        out.append(ClusterTime(tuple(iteration), tuple(rates), (up, down), model))
     return out

@@ -15,22 +15,35 @@ Eq. (4) followed by Eq. (18) and each cluster's top copy gets weight N_c·τ_c.
   iteration time μ_b (μ_p = μ_b × the model's fixed top/bottom FLOP ratio, "we only monitor
   μ_b"), pairwise transmission times β_ij (per-iteration bytes over the slower of the two D2D
   radios), each worker's D2D radio and PS link rates. Every estimate comes from what the clock
-  reported for the last round (``RoundReport.costs``): a bottom worker's measured compute, its
-  radio, and its top worker's radio, compute and PS rates; a worker keeps its last reported
-  values until it reports again. Before anything is reported (round 0) the PS starts from the
-  workers' announced profiles of round 0 (the state collection that precedes training).
-  Ingress budget of worker i (Eq. 8): its D2D radio × a reference iteration time (the median
-  over workers of μ_b + mean_j β_ij) × ``ingress_scale`` — bytes it can receive per
-  iteration; b = D·(q + label bytes).
+  reported for the last round (``RoundReport.costs``, with its jitter): a bottom worker's
+  measured compute time and the rate of its smashed data and gradients (bytes over measured
+  time); its top worker's compute and the rates of its model download and upload; the radios
+  follow from the measured D2D rates as :mod:`.monitoring` states (a rate that sharing may
+  have held back only raises a radio's estimate). A worker keeps its last values until it
+  reports again. Before anything is reported (round 0) the PS starts from the workers'
+  announced profiles of round 0 (the state collection, "measured by iperf3", that precedes
+  training) — the prior of every worker not yet measured.
+* **Eq. (8) budget:** the paper gives no value of B_i or b ("the bandwidth occupied by each
+  worker at each iteration"). Read as rates: B_i = worker i's estimated D2D radio (its ingress),
+  b = the bytes a bottom worker sends per iteration, D·(q + label bytes), over a reference
+  iteration time t_ref; so N_c ≤ B_top·t_ref·``ingress_scale``/b. t_ref is ``ingress_time``
+  (seconds), or, when null (default), the median over workers of μ_b + mean_j β_ij (the
+  estimated bottom side of one iteration).
 * **Clustering (Alg. 1):** :mod:`splitfl.algorithms.parallelsfl.planner` (K-means on
   label-distribution vectors with K = ``k`` or N/5, greedy top/bottom assignment under
-  Eq. 8/10, swap fine-tuning of Σ U_c with ``lam``), on the paper's per-pair Eq. (9) times.
+  Eq. 8/10, swap fine-tuning of Σ U_c with ``lam``). Its times (Eq. 9–11) are those of the
+  clock's cluster model on the estimates (:class:`~.problem.ClusterInputs`), so Alg. 1
+  optimises the time the clock charges.
 * **τ_c (Eq. 15–17) and the clock:** one cluster time model,
   :func:`splitfl.system.cluster.cluster_times` (FIFO top worker, members sharing the top
   worker's D2D radio, top workers sharing the server link, model traffic β_c), evaluated on the
-  estimates by the planner and on the true profiles by the clock; the Eq. (16) cluster waiting
-  is logged as planned (``plan_cluster_waiting``) and as charged (``plan_cluster_waiting_clock``).
-  The top worker's compute energy is charged to its members' costs.
+  estimates by the planner and on the true profiles by the clock. Eq. (15)'s β_c in the τ_c
+  rule is ``beta_c``: ``upload`` (default, as printed: "the communication time for the top
+  worker ... transmitting the submodels to the PS") or ``full`` (the PS download and the
+  bottom parts' D2D distribution and collection too, all of which the clock charges). The
+  Eq. (16) cluster waiting is logged as planned (``plan_cluster_waiting``) and as charged
+  (``plan_cluster_waiting_clock``). The top worker's compute energy is charged to its
+  members' costs.
 * **Ablations (§5.4):** ``parallelsfl-WC`` (fixed τ for every cluster) and ``parallelsfl-R``
   (random clusters and top workers, fixed τ).
 """
@@ -45,12 +58,18 @@ from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.estimates import moving_average
 from splitfl.algorithms.parallelsfl.frequency import round_waiting
+from splitfl.algorithms.parallelsfl.monitoring import radio_observations, record_radios
 from splitfl.algorithms.parallelsfl.planner import plan_clusters
 from splitfl.algorithms.parallelsfl.problem import Cluster, ClusterInputs
 from splitfl.config import ConfigError
 from splitfl.plan import ClientTask, RoundPlan, RoundReport
 from splitfl.system.cluster import ClusterLoad, ClusterTime, MemberLoad, cluster_times
 from splitfl.system.cost import ClientCost, Traffic, d2d_rate
+
+#: Eq. (15)'s ``β_c`` in the τ_c rule: ``upload`` = the top worker's upload of the submodels to
+#: the PS (as printed); ``full`` = all model traffic the clock charges (PS download, bottom
+#: parts to the members and back, upload).
+BETA_C = ("upload", "full")
 
 
 @dataclass(frozen=True)
@@ -61,9 +80,11 @@ class ParallelSFLOptions:
     k: int | None = None
     ema: float = 0.8
     ingress_scale: float = 1.0
+    ingress_time: float | None = None
     random_clusters: bool = False
     adaptive_tau: bool = True
     max_passes: int = 20
+    beta_c: str = "upload"
 
     def __post_init__(self) -> None:
         checks = {
@@ -72,7 +93,9 @@ class ParallelSFLOptions:
             "k": self.k is None or self.k >= 1,
             "ema": 0 <= self.ema < 1,
             "ingress_scale": 0 < self.ingress_scale <= 1e6,
+            "ingress_time": self.ingress_time is None or 0 < self.ingress_time <= 1e6,
             "max_passes": self.max_passes >= 0,
+            "beta_c": self.beta_c in BETA_C,
         }
         for name, ok in checks.items():
             if not ok:
@@ -95,6 +118,7 @@ class ParallelSFL(Algorithm):
         self.seen: dict[str, np.ndarray] = {}  # latest reported mu_b, d2d, up, down per worker
         self.tops: dict[int, int] = {}
         self.members: dict[int, int] = {}
+        self._inputs: ClusterInputs | None = None  # the round's Alg. 1 inputs
         self._clock_cache: tuple[tuple[int, int], dict[int, tuple[ClusterTime, ClusterLoad]]]
         self._clock_cache = ((-1, 0), {})
 
@@ -145,9 +169,11 @@ class ParallelSFL(Algorithm):
 
     def ingress(self, round_idx: int, mu_b: np.ndarray, beta: np.ndarray) -> np.ndarray:
         """Eq. (8) budget per worker in bytes per iteration (see module docstring)."""
-        n = len(mu_b)
-        mean_beta = beta.sum(1) / max(n - 1, 1)
-        t_ref = float(np.median(mu_b + mean_beta))
+        t_ref = self.options.ingress_time
+        if t_ref is None:
+            n = len(mu_b)
+            mean_beta = beta.sum(1) / max(n - 1, 1)
+            t_ref = float(np.median(mu_b + mean_beta))
         return self.d2d * t_ref * self.options.ingress_scale
 
     # -- the cluster time model (Eq. 9, 15), shared with the clock ------------------------------
@@ -155,24 +181,42 @@ class ParallelSFL(Algorithm):
         pop = self.ctx.population
         return pop.server if pop.shared_server else None
 
-    def _planned_load(self, top: int, members: list[int]) -> ClusterLoad:
-        """A cluster's load from the estimates (full batches of the run's batch size)."""
-        up, down = self.bytes_per_iteration(), self.gradient_bytes()
-        bottom = self.ctx.profile.device_bytes(self.cut)
-        loads = tuple(
-            MemberLoad(
-                self.mu_b[i], self.mu_p[top], (up + down) / self.beta[i, top], up, down, bottom
-            )
-            for i in members
+    def _contention(self) -> bool:
+        return bool(self.ctx.config.devices.contention)
+
+    def cluster_inputs(self, round_idx: int) -> ClusterInputs:
+        """Alg. 1's inputs of the round from the Eq. (6)-(7) estimates (module docstring)."""
+        mu_b, mu_p, beta = self.estimates(round_idx)
+        dists = self.ctx.label_hist / np.maximum(self.ctx.label_hist.sum(1, keepdims=True), 1)
+        self._inputs = ClusterInputs(
+            dists,
+            mu_b,
+            mu_p,
+            beta,
+            self.ingress(round_idx, mu_b, beta),
+            self.bytes_per_iteration(),
+            lam=self.options.lam,
+            down_bytes=self.gradient_bytes(),
+            radio=self.d2d if self._contention() else None,
         )
+        return self._inputs
+
+    def _planned_load(self, top: int, members: list[int]) -> ClusterLoad:
+        """A cluster's load from the estimates (full batches of the run's batch size): the
+        members' loads are those Alg. 1 evaluated (:meth:`ClusterInputs.member_loads`)."""
+        bottom = self.ctx.profile.device_bytes(self.cut)
+        loads = self._inputs.member_loads(sorted(members), top, bottom)
         ps_up, ps_down = self.ps[top]
         return ClusterLoad(loads, self.d2d[top], ps_up, ps_down, self.ctx.profile.total_bytes)
 
     def planned_times(self, clusters: list[Cluster]) -> tuple[np.ndarray, np.ndarray]:
-        """``(t_c,o, β_c)`` per cluster on the estimates, for Eq. (15)-(17)."""
+        """``(t_c,o, β_c)`` per cluster on the estimates, for Eq. (15)-(17); ``β_c`` per the
+        ``beta_c`` option (the upload alone, as Eq. 15 prints it, or all model traffic)."""
         loads = [self._planned_load(int(t), [int(i) for i in m]) for t, m in clusters]
         times = cluster_times(loads, self._server(), self.ctx.config.devices.contention)
-        return np.array([c.t_co for c in times]), np.array([c.beta_c for c in times])
+        upload = self.options.beta_c == "upload"
+        beta_c = [c.model_times[2] if upload else c.beta_c for c in times]
+        return np.array([c.t_co for c in times]), np.array(beta_c)
 
     # -- hooks ---------------------------------------------------------------------------------
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
@@ -180,20 +224,9 @@ class ParallelSFL(Algorithm):
         return list(range(self.ctx.num_clients))
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
-        mu_b, mu_p, beta = self.estimates(round_idx)
-        dists = self.ctx.label_hist / np.maximum(self.ctx.label_hist.sum(1, keepdims=True), 1)
         o = self.options
-        inputs = ClusterInputs(
-            dists,
-            mu_b,
-            mu_p,
-            beta,
-            self.ingress(round_idx, mu_b, beta),
-            self.bytes_per_iteration(),
-            lam=o.lam,
-        )
         clusters, taus, info = plan_clusters(
-            inputs,
+            self.cluster_inputs(round_idx),
             rng,
             tau=o.tau,
             k=o.k,
@@ -273,15 +306,13 @@ class ParallelSFL(Algorithm):
             d2d_activations=steps * m.up_bytes,
             d2d_gradients=steps * m.down_bytes,
         )
+        # what the worker and its top worker record of the round (the controller's only view)
         extra = {
             "steps": float(steps),
-            "d2d_own": self.ctx.population.at(task.client, round_idx).d2d,
-            "d2d_link": m.link,
-            "d2d_rate": rate,
-            "top_d2d": load.top_d2d,
             "top_compute": steps * m.top_compute,
-            "top_uplink": load.top_uplink,
-            "top_downlink": load.top_downlink,
+            "d2d_time": steps * transfer,  # smashed data and gradients over the D2D link
+            "ps_down_time": ct.model_times[0],  # top worker: full model from the PS
+            "ps_up_time": ct.model_times[2],  # top worker: full model to the PS
             "cluster_time": ct.round_time(steps),
         }
         return ClientCost(
@@ -300,21 +331,31 @@ class ParallelSFL(Algorithm):
         return costs
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
-        """Record what the clock reported for each bottom worker (its measured compute and
-        radio; its top worker's radio, compute and PS rates) for the next round's Eq. (6)-(7)
-        estimates, and log the measured Eq. (16) cluster waiting."""
+        """Record what each bottom worker measured (its compute time; the rate of its smashed
+        data and gradients, bytes over measured time) and its top worker (compute; the rates
+        of its model transfers with the PS; what its radio carried) for the next round's
+        Eq. (6)-(7) estimates (module docstring), and log the measured Eq. (16) waiting."""
         d, ratio = self.ctx.config.train.batch_size, self.compute_ratio()
+        full = self.ctx.profile.total_bytes
         cluster_time: dict[int, float] = {}
+        d2d: dict[int, list[tuple[int, float]]] = {}  # top -> (member, measured D2D rate)
+        ps: dict[int, list[tuple[float, float]]] = {}  # top worker -> measured (up, down)
         for task in plan.tasks:
             c, top, cost = task.client, self.tops[task.group], report.costs[task.client]
+            jitter = report.jitter[c]
             batches = max(report.samples[c], 1) / d  # measured times are scaled to batch d
-            self.seen["mu_b"][c] = cost.device_time * report.jitter[c] / batches
-            self.seen["d2d"][c] = cost.extra["d2d_own"]
-            self.seen["d2d"][top] = cost.extra["top_d2d"]
+            self.seen["mu_b"][c] = cost.device_time * jitter / batches
             self.seen["mu_b"][top] = cost.extra["top_compute"] / batches / ratio
-            self.seen["up"][top] = cost.extra["top_uplink"]
-            self.seen["down"][top] = cost.extra["top_downlink"]
+            sent = cost.traffic.d2d_activations + cost.traffic.d2d_gradients
+            if cost.extra["d2d_time"] > 0:
+                d2d.setdefault(top, []).append((c, sent / (cost.extra["d2d_time"] * jitter)))
+            up, down = (cost.extra[k] * jitter for k in ("ps_up_time", "ps_down_time"))
+            if up > 0 and down > 0:
+                ps.setdefault(top, []).append((full / up, full / down))
             cluster_time[task.group] = max(cluster_time.get(task.group, 0.0), report.times[c])
+        record_radios(self.seen["d2d"], radio_observations(d2d, self._contention()))
+        for top, rates in ps.items():
+            self.seen["up"][top], self.seen["down"][top] = np.mean(rates, axis=0)
         t_c = np.array(list(cluster_time.values()))
         plan.info["cluster_waiting_clock"] = round_waiting(t_c, t_c > 0)["cluster_waiting"]
 

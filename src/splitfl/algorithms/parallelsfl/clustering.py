@@ -95,16 +95,16 @@ def _pick_top(
 
 def _fill(top: int, sets: list[list[int]], inputs: ClusterInputs) -> list[int]:
     """Lines 7-10: bottom workers for ``top``, one at a time from the candidate set A (each
-    set's slowest remaining worker, Eq. 9), the one of smallest ``KL(Φ_c ‖ Φ_0)`` whose
-    addition keeps Eq. (8)/(10); they leave their sets."""
-    mu_b, beta = inputs.mu_b, inputs.beta
+    set's slowest remaining worker: the largest iteration time alone with ``top`` on the
+    cluster time model, Eq. 9), the one of smallest ``KL(Φ_c ‖ Φ_0)`` whose addition keeps
+    Eq. (8)/(10); they leave their sets."""
     members: list[int] = []
     while True:
         best: tuple[float, int, int] | None = None
         for s, pool in enumerate(sets):
             if not pool:
                 continue
-            j = max(pool, key=lambda w: (mu_b[w] + beta[w, top], -w))
+            j = max(pool, key=lambda w: (inputs.iteration_time([w], top), -w))
             cand = members + [j]
             if not inputs.fits(cand, top):
                 continue
@@ -126,12 +126,12 @@ def greedy_clusters(inputs: ClusterInputs, k: int, rng: np.random.Generator) -> 
     * line 5-6: the top worker is the max-``B`` worker of the set with the most remaining
       workers (ties: lower set index, lower worker index); it leaves its set;
     * line 8: the candidate set A holds, for each non-empty set, its remaining worker with
-      the largest Eq. (9) time ``t_j`` w.r.t. this top (A is rebuilt from the sets after each
-      pick, i.e. refilled from the set the pick came from);
+      the largest time ``t_j`` w.r.t. this top (Eq. 9: its iteration time alone with the top
+      on the cluster time model; A is rebuilt from the sets after each pick, i.e. refilled
+      from the set the pick came from);
     * line 9: among the candidates whose addition keeps Eq. (8) and (10), the one giving the
       smallest ``KL(Φ_c ‖ Φ_0)`` (Eq. 13's direction; see :mod:`.problem`) joins; this
-      repeats until no candidate fits. Restricting each set to its slowest worker loses
-      nothing for Eq. (10): a faster worker of the same set would not fit either.
+      repeats until no candidate of A fits.
 
     A top worker that got no bottom worker joins the existing cluster that accepts it under
     Eq. (8)/(10) with the lowest resulting KL (seldom possible: an earlier cluster closed when

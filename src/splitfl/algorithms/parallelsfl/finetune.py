@@ -1,5 +1,6 @@
 """ParallelSFL Alg. 1 line 11: local search (swaps and moves of bottom workers) lowering
-``Σ_c U_c`` (Eq. 14) under Eq. (8)/(10), on vectorised utilities (:class:`_Evaluator`).
+``Σ_c U_c`` (Eq. 14) under Eq. (8)/(10), on the cluster time model of
+:class:`~.problem.ClusterInputs` (:class:`_Evaluator`).
 """
 
 from __future__ import annotations
@@ -13,20 +14,16 @@ from splitfl.algorithms.parallelsfl.problem import IMPROVE_TOL, Cluster, Cluster
 
 
 class _Evaluator:
-    """Vectorised Eq. (14) utilities and Eq. (8)/(10) checks for candidate clusters.
-
-    Gives the same values as :func:`~.problem.cluster_utility` / :func:`~.problem.
-    top_capacity_ok` (up to float round-off) for many one-worker changes of a cluster at once;
-    used by the local search.
-    """
+    """Eq. (14) utilities and Eq. (8)/(10) checks of candidate clusters (one-worker changes
+    of a cluster), the same values as :func:`~.problem.cluster_utility` and :func:`~.problem.
+    top_capacity_ok` (up to float round-off): the times of every candidate come from the
+    inputs' cluster time model (:meth:`~.problem.ClusterInputs.timing`), the KL terms are
+    computed for all candidates of one change at once."""
 
     def __init__(self, inputs: ClusterInputs) -> None:
+        self.inputs = inputs
         self.v = inputs.label_dists
         self.log_phi0 = np.log(np.maximum(inputs.phi0, 1e-12))
-        self.link = inputs.mu_b[:, None] + inputs.beta
-        self.mu_p = inputs.mu_p
-        self.bandwidth = inputs.bandwidth
-        self.b = inputs.b
         self.cw = inputs.lam / inputs.w_scale
         self.ck = (1.0 - inputs.lam) / inputs.kl_scale
 
@@ -35,53 +32,32 @@ class _Evaluator:
         logp = np.log(np.where(pos, phi, 1.0))
         return np.where(pos, phi * (logp - self.log_phi0), 0.0).sum(axis=-1)
 
-    def _finish(
-        self, top: int, size: int, lmax: np.ndarray, lsum: np.ndarray, vsum: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Utilities and feasibility of clusters of ``size`` members given link max/sum, ΣV."""
-        wait = lmax - lsum / size
-        util = self.cw * wait + self.ck * self._kl_rows(vsum / size)
-        fits_bw = size * self.b <= self.bandwidth[top] * (1.0 + BUDGET_RTOL)
-        ok = fits_bw & (size * self.mu_p[top] <= lmax * (1.0 + BUDGET_RTOL))
+    def _many(self, candidates: list[list[int]], top: int) -> tuple[np.ndarray, np.ndarray]:
+        """Utilities and feasibility of equally sized candidate clusters served by ``top``."""
+        inputs, size = self.inputs, len(candidates[0])
+        timings = [inputs.timing(m, top) for m in candidates]
+        wait = np.array([t.waiting for t in timings])
+        slowest = np.array([t.bottom_max for t in timings])
+        util = self.cw * wait + self.ck * self._kl_rows(self.v[candidates].mean(axis=1))
+        fits_bw = size * inputs.b <= inputs.bandwidth[top] * (1.0 + BUDGET_RTOL)
+        ok = fits_bw & (size * inputs.mu_p[top] <= slowest * (1.0 + BUDGET_RTOL))
         return util, ok
 
     def single(self, members: list[int], top: int) -> tuple[float, bool]:
         """Utility and feasibility of one cluster (``(0, True)`` when it has no members)."""
         if not members:
             return 0.0, True
-        link = self.link[members, top]
-        util, ok = self._finish(
-            top, len(members), link.max()[None], link.sum()[None], self.v[members].sum(0)[None]
-        )
+        util, ok = self._many([members], top)
         return float(util[0]), bool(ok[0])
 
     def add_one(self, base: list[int], top: int, cands: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Each ``base + [j]`` for ``j`` in ``cands``."""
-        link_j = self.link[cands, top]
-        if base:
-            link = self.link[base, top]
-            lmax = np.maximum(link.max(), link_j)
-            lsum = link.sum() + link_j
-            vsum = self.v[base].sum(0) + self.v[cands]
-        else:
-            lmax, lsum, vsum = link_j, link_j.copy(), self.v[cands]
-        return self._finish(top, len(base) + 1, lmax, lsum, vsum)
+        return self._many([base + [j] for j in cands], top)
 
     def swap_in(self, members: list[int], top: int, worker: int) -> tuple[np.ndarray, np.ndarray]:
         """Each cluster ``members`` with its q-th member replaced by ``worker``, for every q."""
-        link = self.link[members, top]
-        size = len(members)
-        if size == 1:
-            others_max = np.full(1, -np.inf)
-        else:
-            order = np.argsort(-link, kind="stable")
-            others_max = np.full(size, link[order[0]])
-            others_max[order[0]] = link[order[1]]
-        new = self.link[worker, top]
-        lmax = np.maximum(others_max, new)
-        lsum = link.sum() - link + new
-        vsum = self.v[members].sum(0) - self.v[members] + self.v[worker]
-        return self._finish(top, size, lmax, lsum, vsum)
+        cands = [members[:q] + [worker] + members[q + 1 :] for q in range(len(members))]
+        return self._many(cands, top)
 
 
 class _Search:
@@ -185,9 +161,8 @@ def swap_finetune(
 
     Top workers keep their role. Passes repeat until one changes nothing or ``max_passes``
     is reached. Every accepted change strictly lowers ``Σ U_c``, so the result is never worse
-    than the input. Utilities are evaluated vectorised over the candidates of one worker
-    (same values as :func:`~.problem.cluster_utility`). Returns new ``(top, sorted members)``
-    tuples; the input is not modified.
+    than the input. Utilities are those of :func:`~.problem.cluster_utility` on the cluster
+    time model. Returns new ``(top, sorted members)`` tuples; the input is not modified.
     """
     search = _Search(clusters, inputs)
     for _ in range(max_passes):

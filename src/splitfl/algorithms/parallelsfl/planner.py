@@ -5,9 +5,9 @@ Algorithm 1 (worker clustering in round h), on the round's :class:`~.problem.Clu
 1-2.  K-means splits the workers into K label sets ``S_1..S_K``
       (:func:`~.clustering.cluster_label_sets`).
 3-10. Greedy: the max-``B`` worker of the largest set becomes a top worker; bottom workers are
-      added from the candidate set A (the slowest remaining worker of every set, Eq. 9) one at
-      a time, each time the one giving the smallest ``KL(Φ_c ‖ Φ_0)``, while Eq. (8) and (10)
-      hold (:func:`~.clustering.greedy_clusters`).
+      added from the candidate set A (the slowest remaining worker of every set, Eq. 9 on the
+      cluster time model) one at a time, each time the one giving the smallest
+      ``KL(Φ_c ‖ Φ_0)``, while Eq. (8) and (10) hold (:func:`~.clustering.greedy_clusters`).
 11.   Fine-tuning: swaps/moves of bottom workers that lower ``Σ_c U_c`` (Eq. 14) without
       breaking Eq. (8)/(10) (:func:`~.finetune.swap_finetune`).
 
@@ -27,12 +27,7 @@ import numpy as np
 from splitfl.algorithms.parallelsfl.clustering import greedy_clusters, random_clusters
 from splitfl.algorithms.parallelsfl.finetune import swap_finetune
 from splitfl.algorithms.parallelsfl.frequency import local_frequencies, round_waiting
-from splitfl.algorithms.parallelsfl.problem import (
-    Cluster,
-    ClusterInputs,
-    cluster_iteration_time,
-    total_utility,
-)
+from splitfl.algorithms.parallelsfl.problem import Cluster, ClusterInputs, total_utility
 
 #: ``clusters -> (t_c,o, β_c)`` per cluster, for Eq. (15)-(17).
 ClusterTimeFn = Callable[[list[Cluster]], tuple[np.ndarray, np.ndarray]]
@@ -44,13 +39,13 @@ def _cluster_times(
     beta_ps: np.ndarray | None,
     cluster_time: ClusterTimeFn | None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(t_c,o, β_c)`` per cluster: ``cluster_time(clusters)`` if given, else Eq. (9)'s
-    slowest member and ``β_c = beta_ps[top_c]`` (0 without ``beta_ps``)."""
+    """``(t_c,o, β_c)`` per cluster: ``cluster_time(clusters)`` if given, else the slowest
+    member on the inputs' cluster time model and ``β_c = beta_ps[top_c]`` (0 without
+    ``beta_ps``)."""
     if cluster_time is not None:
         t_co, beta_c = (np.asarray(a, dtype=np.float64) for a in cluster_time(clusters))
         return t_co, beta_c
-    mu_b, mu_p, beta = inputs.mu_b, inputs.mu_p, inputs.beta
-    t_co = np.array([cluster_iteration_time(m, t, mu_b, mu_p, beta) for t, m in clusters])
+    t_co = np.array([inputs.iteration_time(m, t) for t, m in clusters], dtype=np.float64)
     ps = np.zeros(inputs.n) if beta_ps is None else np.asarray(beta_ps, dtype=np.float64)
     beta_c = np.array([ps[t] for t, _ in clusters], dtype=np.float64)
     return t_co, beta_c
@@ -90,8 +85,8 @@ def plan_clusters(
     ``k`` defaults to ``max(1, N // 5)``; ``beta_ps[i]`` is worker i's time to upload the
     submodels to the PS (``β_c = beta_ps[top_c]``, default 0). ``cluster_time``, if given,
     maps the final clusters to ``(t_c,o, β_c)`` per cluster for Eq. (15)-(17) in place of
-    Eq. (9) and ``beta_ps`` (ParallelSFL passes the clock's cluster model,
-    :func:`splitfl.system.cluster.cluster_times`). Variants:
+    the inputs' ``t_c,o`` and ``beta_ps`` (ParallelSFL passes the clock's cluster model,
+    :func:`splitfl.system.cluster.cluster_times`, on the same estimates). Variants:
     ``random_assignment=True`` replaces the plan by :func:`~.clustering.random_clusters` with
     the greedy plan's cluster sizes and skips line 11 (ParallelSFL-R); ``adaptive_tau=False``
     gives every training cluster τ (ParallelSFL-WC; -R uses both). Returns the clusters, τ_c

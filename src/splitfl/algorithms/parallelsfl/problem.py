@@ -4,10 +4,21 @@ the cluster measures of Eq. (8)-(14).
 Per round the PS knows, for N workers: label distributions ``V`` ([N, M], rows sum to 1),
 bottom-model compute time per iteration ``mu_b[i]``, top-model compute time per iteration
 on worker i for ONE bottom worker's batch ``mu_p[i]``, the symmetric matrix ``beta[i, j]`` of
-per-iteration transmission times (smashed data + gradients of one iteration between i and j;
-the diagonal is never used), ingress bandwidths ``B[i]`` (bytes per iteration time unit) and
-``b``, the bytes one bottom worker sends per iteration. Eq. (6)/(7) (moving averages of the
-measured times) are :func:`~splitfl.algorithms.estimates.moving_average`, shared with MergeSFL.
+per-iteration transmission times (smashed data + gradients of one iteration between i and j
+over their link alone; the diagonal is never used), ingress bandwidths ``B[i]`` (bytes per
+iteration time unit), ``b``, the bytes one bottom worker sends per iteration, ``down_bytes``,
+the gradient bytes it receives, and optionally ``radio[i]``, each worker's D2D radio (B/s),
+which a top worker's members share. Eq. (6)/(7) (moving averages of the measured times) are
+:func:`~splitfl.algorithms.estimates.moving_average`, shared with MergeSFL.
+
+**One time model.** A cluster's per-iteration times are those of the clock:
+:func:`splitfl.system.cluster.iteration_times` on :meth:`ClusterInputs.member_loads` (member i
+computes ``μ_b,i``, sends ``b`` bytes at its link rate ``(b + down_bytes)/β_i,top``, or at its
+max-min fair share of ``radio[top]`` where radios are given, the top worker serves the batches
+first come first served, ``μ_p,top`` each, and the gradients come back at the same rate). Where
+batches do not queue and no radio is shared this is Eq. (9) as printed,
+``t_i = μ_b,i + β_i,top + μ_p,top``; Eq. (10)-(11), the greedy's "slowest worker" and the
+utility are all evaluated on it, so Alg. 1 optimises the time the clock then charges.
 
 Readings of the paper where it is silent or ambiguous (see ``reference/spec-gaps.md``):
 
@@ -17,13 +28,13 @@ Readings of the paper where it is silent or ambiguous (see ``reference/spec-gaps
   misses some classes, whereas ``KL(Φ_0 ‖ Φ_c)`` is infinite there, which would make the first
   greedy picks indistinguishable.
 * Normalisation of Eq. (14) (:func:`utility_scales`): ``W_c`` is divided by ``w_scale``, the
-  mean Eq. (9) iteration time over all ordered (bottom i, top j ≠ i) pairs, which makes it
-  dimensionless; ``KL`` is divided by ``kl_scale = max_i KL(V_i ‖ Φ_0)``, the KL of the worst
-  single worker — by convexity of KL every cluster's ``KL(Φ_c ‖ Φ_0)`` is at most that, so
-  the KL term lies in [0, 1]. A zero scale (identical workers) is replaced by 1.
-* Eq. (8) is read as ``N_c·b ≤ B_top``; Eq. (9) is ``t_i = μ_b,i + β_i,top + μ_p,top`` as
-  printed (one bottom worker's share of the top computation); Eq. (10),
-  ``N_c·μ_p,top ≤ max_i(μ_b,i + β_i,top)``, is what bounds the top worker's load.
+  mean Eq. (9) iteration time over all ordered (bottom i, top j ≠ i) pairs (the time of a
+  one-member cluster), which makes it dimensionless; ``KL`` is divided by
+  ``kl_scale = max_i KL(V_i ‖ Φ_0)``, the KL of the worst single worker — by convexity of KL
+  every cluster's ``KL(Φ_c ‖ Φ_0)`` is at most that, so the KL term lies in [0, 1]. A zero
+  scale (identical workers) is replaced by 1.
+* Eq. (8) is read as ``N_c·b ≤ B_top``; Eq. (10), ``N_c·μ_p,top ≤ max_i(μ_b,i + β_i,c)``, with
+  ``β_i,c`` member i's transfer time at its rate in the cluster (shared where radios are given).
 
 Top workers' own data do not train (their labels are not in Φ_c); the caller handles that.
 No torch here: every function takes numpy arrays.
@@ -31,12 +42,15 @@ No torch here: every function takes numpy arrays.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from splitfl.algorithms.estimates import BUDGET_RTOL, iid_reference, kl_divergence
+from splitfl.system.cluster import MemberLoad, iteration_times
 
 #: One cluster: ``(top worker, bottom workers)``.
 Cluster = tuple[int, list[int]]
@@ -52,73 +66,43 @@ def _idx(members: Sequence[int] | np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------------ time and constraints
 
 
-def iteration_time(i: int, top: int, mu_b: np.ndarray, mu_p: np.ndarray, beta: np.ndarray) -> float:
-    """Eq. (9): ``t_i = μ_b,i + β_i,top + μ_p,top`` for bottom worker i served by ``top``."""
-    return float(mu_b[i] + beta[i, top] + mu_p[top])
+class Timing(NamedTuple):
+    """A cluster's per-iteration figures on the cluster time model (:meth:`ClusterInputs.
+    timing`): ``t_co = max_i t_i``, Eq. (11)'s ``W_c`` and Eq. (10)'s right-hand side
+    ``max_i(μ_b,i + β_i,c)``, ``β_i,c`` being member i's transfer time at its rate."""
+
+    t_co: float
+    waiting: float
+    bottom_max: float
 
 
-def _bottom_link(members: np.ndarray, top: int, mu_b: np.ndarray, beta: np.ndarray) -> np.ndarray:
-    """``μ_b,i + β_i,top`` for each member (Eq. 9 without the top's share, Eq. 10's right)."""
-    return (
-        np.asarray(mu_b, dtype=np.float64)[members]
-        + np.asarray(beta, dtype=np.float64)[members, top]
-    )
+def top_capacity_ok(members: Sequence[int] | np.ndarray, top: int, inputs: ClusterInputs) -> bool:
+    """Eq. (8) ``N_c·b ≤ B_top`` and Eq. (10) ``N_c·μ_p,top ≤ max_i(μ_b,i + β_i,c)``.
 
-
-def top_capacity_ok(
-    members: Sequence[int] | np.ndarray,
-    top: int,
-    mu_b: np.ndarray,
-    mu_p: np.ndarray,
-    beta: np.ndarray,
-    bandwidth: np.ndarray,
-    b: float,
-) -> bool:
-    """Eq. (8) ``N_c·b ≤ B_top`` and Eq. (10) ``N_c·μ_p,top ≤ max_i(μ_b,i + β_i,top)``.
-
-    ``N_c = len(members)`` (bottom workers only). An empty cluster satisfies both trivially.
-    A relative slack of ``BUDGET_RTOL`` absorbs float round-off only.
+    ``N_c = len(members)`` (bottom workers only); ``β_i,c`` is member i's per-iteration
+    transfer time at its rate in the cluster (:class:`Timing`). An empty cluster satisfies
+    both trivially. A relative slack of ``BUDGET_RTOL`` absorbs float round-off only.
     """
-    m = _idx(members)
-    n_c = m.size
+    n_c = len(members)
     if n_c == 0:
         return True
-    if n_c * b > bandwidth[top] * (1.0 + BUDGET_RTOL):
+    if n_c * inputs.b > inputs.bandwidth[top] * (1.0 + BUDGET_RTOL):
         return False
-    slowest = float(_bottom_link(m, top, mu_b, beta).max())
-    return bool(n_c * mu_p[top] <= slowest * (1.0 + BUDGET_RTOL))
+    slowest = inputs.timing(members, top).bottom_max
+    return bool(n_c * inputs.mu_p[top] <= slowest * (1.0 + BUDGET_RTOL))
 
 
 def cluster_iteration_time(
-    members: Sequence[int] | np.ndarray,
-    top: int,
-    mu_b: np.ndarray,
-    mu_p: np.ndarray,
-    beta: np.ndarray,
+    members: Sequence[int] | np.ndarray, top: int, inputs: ClusterInputs
 ) -> float:
-    """``t_c,o = max_i t_i`` (Eq. 9) over the bottom workers; 0 for a top-only cluster."""
-    m = _idx(members)
-    if m.size == 0:
-        return 0.0
-    return float(_bottom_link(m, top, mu_b, beta).max() + mu_p[top])
+    """``t_c,o = max_i t_i`` on the cluster time model; 0 for a top-only cluster."""
+    return inputs.timing(members, top).t_co if len(members) else 0.0
 
 
-def cluster_waiting(
-    members: Sequence[int] | np.ndarray,
-    top: int,
-    mu_b: np.ndarray,
-    mu_p: np.ndarray,
-    beta: np.ndarray,
-) -> float:
-    """Eq. (11): ``W_c = (1/N_c) Σ_i (t_c,o − t_i)``; 0 for a top-only cluster.
-
-    ``μ_p,top`` is common to all members and cancels, so ``mu_p`` does not change the value.
-    """
-    m = _idx(members)
-    if m.size == 0:
-        return 0.0
-    link = _bottom_link(m, top, mu_b, beta)
-    return float(link.max() - link.mean())
+def cluster_waiting(members: Sequence[int] | np.ndarray, top: int, inputs: ClusterInputs) -> float:
+    """Eq. (11): ``W_c = (1/N_c) Σ_i (t_c,o − t_i)`` on the cluster time model; 0 for a
+    top-only cluster."""
+    return inputs.timing(members, top).waiting if len(members) else 0.0
 
 
 # ------------------------------------------------------------------------------ KL and utility
@@ -171,8 +155,9 @@ def utility_scales(
 class ClusterInputs:
     """What Alg. 1 works on in round h: the workers' state and the Eq. (14) weights.
 
-    ``label_dists`` (V, [N, M]), ``mu_b``, ``mu_p``, ``beta`` (Eq. 9), ``bandwidth`` (B_i) and
-    ``b`` (Eq. 8) as in the module docstring; ``lam`` is λ of Eq. (14). ``phi0`` defaults to
+    ``label_dists`` (V, [N, M]), ``mu_b``, ``mu_p``, ``beta`` (Eq. 9), ``bandwidth`` (B_i),
+    ``b`` (Eq. 8), ``down_bytes`` and ``radio`` (``None``: no radio is shared) as in the module
+    docstring; ``lam`` is λ of Eq. (14). ``phi0`` defaults to
     Φ_0 = :func:`~splitfl.algorithms.estimates.iid_reference` of V, ``w_scale`` and
     ``kl_scale`` to :func:`utility_scales`. Arrays are stored as float64.
     """
@@ -187,11 +172,18 @@ class ClusterInputs:
     phi0: np.ndarray | None = None
     w_scale: float | None = None
     kl_scale: float | None = None
+    down_bytes: float = 0.0
+    radio: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         arrays = ("label_dists", "mu_b", "mu_p", "beta", "bandwidth")
         for name in arrays:
             object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=np.float64))
+        if self.radio is not None:
+            object.__setattr__(self, "radio", np.asarray(self.radio, dtype=np.float64))
+        object.__setattr__(self, "down_bytes", float(self.down_bytes))
+        object.__setattr__(self, "_timing", {})  # (top, members) -> Timing
+        object.__setattr__(self, "_loads", {})  # (worker, top) -> MemberLoad
         phi0 = iid_reference(self.label_dists) if self.phi0 is None else self.phi0
         object.__setattr__(self, "phi0", np.asarray(phi0, dtype=np.float64))
         object.__setattr__(self, "b", float(self.b))
@@ -207,11 +199,51 @@ class ClusterInputs:
         """The number of workers N."""
         return self.label_dists.shape[0]
 
+    def member_loads(
+        self, members: Sequence[int] | np.ndarray, top: int, model_bytes: float = 0.0
+    ) -> tuple[MemberLoad, ...]:
+        """Each member's per-iteration work on the cluster time model, in the given order:
+        ``μ_b,i``, ``μ_p,top``, link rate ``(b + down_bytes)/β_i,top`` (∞ where nothing takes
+        time), ``b`` up, ``down_bytes`` down, and ``model_bytes`` (the bottom submodel; only the
+        model traffic β_c uses it)."""
+        nbytes = self.b + self.down_bytes
+        return tuple(
+            MemberLoad(
+                float(self.mu_b[i]),
+                float(self.mu_p[top]),
+                float(nbytes / self.beta[i, top]) if self.beta[i, top] > 0 else math.inf,
+                self.b,
+                self.down_bytes,
+                model_bytes,
+            )
+            for i in members
+        )
+
+    def timing(self, members: Sequence[int] | np.ndarray, top: int) -> Timing:
+        """:class:`Timing` of ``members`` (taken in increasing worker order, as the clock
+        takes a cluster's tasks) served by ``top``, from
+        :func:`splitfl.system.cluster.iteration_times`, the clock's function; cached."""
+        top, order = int(top), tuple(sorted(int(i) for i in members))
+        cache, loads = self._timing, self._loads  # type: ignore[attr-defined]
+        if (top, order) not in cache:
+            for i in order:
+                if (i, top) not in loads:
+                    loads[i, top] = self.member_loads([i], top)[0]
+            radio = None if self.radio is None else float(self.radio[top])
+            times, rates = iteration_times([loads[i, top] for i in order], radio)
+            nbytes = self.b + self.down_bytes
+            links = [float(self.mu_b[i]) + nbytes / r for i, r in zip(order, rates, strict=True)]
+            t_co = max(times)
+            cache[top, order] = Timing(t_co, t_co - sum(times) / len(times), max(links))
+        return cache[top, order]
+
+    def iteration_time(self, members: Sequence[int] | np.ndarray, top: int) -> float:
+        """``t_c,o`` of ``members`` served by ``top`` (:func:`cluster_iteration_time`)."""
+        return cluster_iteration_time(members, top, self)
+
     def fits(self, members: Sequence[int] | np.ndarray, top: int) -> bool:
         """Eq. (8) and (10) for ``top`` serving ``members`` (:func:`top_capacity_ok`)."""
-        return top_capacity_ok(
-            members, top, self.mu_b, self.mu_p, self.beta, self.bandwidth, self.b
-        )
+        return top_capacity_ok(members, top, self)
 
     def kl(self, members: Sequence[int] | np.ndarray) -> float:
         """Eq. (13) ``KL(Φ_c ‖ Φ_0)`` of ``members`` (:func:`cluster_kl`)."""
@@ -219,7 +251,7 @@ class ClusterInputs:
 
     def waiting(self, members: Sequence[int] | np.ndarray, top: int) -> float:
         """Eq. (11) ``W_c`` of ``members`` served by ``top`` (:func:`cluster_waiting`)."""
-        return cluster_waiting(members, top, self.mu_b, self.mu_p, self.beta)
+        return cluster_waiting(members, top, self)
 
 
 def cluster_utility(members: Sequence[int] | np.ndarray, top: int, inputs: ClusterInputs) -> float:
