@@ -2,6 +2,7 @@
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -9,9 +10,11 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.ringsfl import largest_remainder, parse_ratios, propagation_lengths
 from splitfl.algorithms.vanilla_sl import shared_steps
-from splitfl.executors.ring import ring_batch_update
+from splitfl.executors import SequentialExecutor
+from splitfl.executors.ring import block_rates, ring_batch_update
+from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.models import build_model
+from splitfl.models import block_index, build_model
 from splitfl.plan import RingSpec
 from splitfl.testing import config_for
 
@@ -87,6 +90,51 @@ def test_v1_and_v2_differ_only_on_overlapping_blocks():
             p2 = [p for p in v2[c].blocks[k].parameters()]
             same = all(torch.allclose(a, b) for a, b in zip(p1, p2, strict=True))
             assert same == (counts[c][k] <= 1), (c, k, counts[c][k])
+
+
+def test_block_rates_are_eq7_by_hand():
+    # ring 0 -> 1, lengths 2:1 over 3 blocks: u_0 runs blocks 0-1 of its own batch and 1-2 of
+    # u_1's, so |U_0| = [1, 2, 1]; u_1 runs block 2 of u_0's batch and block 0 of its own
+    counts = RingSpec([0, 1], {0: 2, 1: 1}, {}).overlap_counts(3)
+    assert counts == {0: [1, 2, 1], 1: [1, 0, 1]}
+    assert block_rates(counts[0], 0.25, dynamic_lr=True) == [0.25, 0.5, 0.25]
+    assert block_rates(counts[1], 0.25, dynamic_lr=True) == [0.25, 0.0, 0.25]
+    assert block_rates(counts[0], 0.25, dynamic_lr=False) == [0.25, 0.25, 0.25]
+    assert block_rates(counts[1], 0.25, dynamic_lr=False) == [0.25, 0.0, 0.25]
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized-rows", "vectorized-vmap"])
+def test_v2_moves_each_block_overlap_count_times_as_far_as_v1(executor):
+    """Eq. (7) in every executor's ring: from the same model and batches, one step of v2
+    moves block k of u_j's model |U_j,(k)| times as far as v1 (same gradients, rate × count).
+    Lengths 2:1:1 over the MLP's 4 blocks: u_0 runs blocks 0-1 of its own batch, 2-3 of
+    u_1's and 1-2 of u_2's (counts 1, 2, 2, 1); u_1 runs blocks 0, 2, 3 and u_2 0, 1, 3 of
+    one batch each (count 0 on the block no batch crosses)."""
+    changes = {**RING, "data.num_clients": 3, "train.clients_per_round": 3}
+    changes["options.ringsfl.prop_lens"] = "2:1:1"
+    moved = {}
+    for version in ("ringsfl", "ringsfl-v2"):
+        prep = prepare(as_config(tiny_config(algorithm=version, **changes)), dtype=torch.float64)
+        ctx, alg = prep.ctx, prep.algorithm
+        rng = np.random.default_rng(0)
+        plan = alg.plan_round(0, alg.select_clients(0, rng), rng)
+        state = ctx.model.state_dict()
+        run = (
+            SequentialExecutor()
+            if executor == "sequential"
+            else VectorizedExecutor(use_vmap=executor.endswith("vmap"))
+        )
+        result = run.run_round(ctx, state, plan, round_seed=5)
+        moved[version] = {
+            u.client: {k: state[k] - v for k, v in u.state.items()} for u in result.updates
+        }
+    counts = {0: [1, 2, 2, 1], 1: [1, 0, 1, 1], 2: [1, 1, 0, 1]}
+    assert plan.ring.overlap_counts(4) == counts
+    for c, per_block in counts.items():
+        for k, delta in moved["ringsfl"][c].items():
+            count = per_block[block_index(k)]
+            assert (delta.abs().max() > 0) == (count > 0), (c, k)
+            assert torch.allclose(moved["ringsfl-v2"][c][k], count * delta, rtol=1e-9, atol=1e-14)
 
 
 def test_vanilla_sl_round_time_is_the_sum(tmp_path):
