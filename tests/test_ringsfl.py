@@ -1,4 +1,5 @@
-"""RingSFL: propagation lengths, ring composition, FedAvg equivalence (Eq. 6), v1 vs v2."""
+"""RingSFL: propagation lengths, ring composition, FedAvg equivalence (Eq. 6), v1 vs v2 (Eq. 7
+rates on every executor); its baselines vanilla SL and SplitFed as the authors ran it."""
 
 import copy
 
@@ -11,11 +12,13 @@ from conftest import tiny_config
 from splitfl.algorithms.ringsfl import largest_remainder, parse_ratios, propagation_lengths
 from splitfl.algorithms.vanilla_sl import shared_steps
 from splitfl.executors import SequentialExecutor
+from splitfl.executors.common import client_batches
 from splitfl.executors.ring import block_rates, ring_batch_update
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.models import block_index, build_model
+from splitfl.models import ModelPart, block_index, build_model
 from splitfl.plan import RingSpec
+from splitfl.seeding import derive_seed
 from splitfl.testing import config_for
 
 RING = {
@@ -191,3 +194,71 @@ def test_vanilla_sl_rejects_unknown_round_steps():
 def test_ringsfl_rejects_momentum_and_weight_decay(field):
     with pytest.raises(splitfl.ConfigError, match=f"train.{field}.*plain SGD"):
         splitfl.validate(config_for("ringsfl", **{f"train.{field}": 0.5}))
+
+
+def _split_round(algorithm: str, **changes):
+    """One float64 round of ``algorithm`` (MLP, batch 64, 2 steps) for the two smallest and
+    the largest client; (prepared, plan, result, aggregated model)."""
+    cfg = tiny_config(
+        algorithm=algorithm, **{"model": "mlp", "train.batch_size": 64, "train.local_steps": 2}
+    )
+    prep = prepare(as_config({**cfg, **changes}), dtype=torch.float64)
+    by_size = np.argsort(prep.ctx.data_sizes, kind="stable")
+    clients = sorted(int(c) for c in by_size[[0, 1, -1]])
+    plan = prep.algorithm.plan_round(0, clients, np.random.default_rng(0))
+    state = prep.ctx.model.state_dict()
+    result = SequentialExecutor().run_round(prep.ctx, state, plan, round_seed=7)
+    return prep, plan, result, prep.algorithm.aggregate(state, plan, result)
+
+
+def _hand_splitfed_ringsfl(ctx, tasks, cut: int, round_seed: int):
+    """RingSFL's SplitFed by hand: each iteration, every client's mean loss through its
+    device part and the shared server part; the server steps on (1/N) Σ_i ∇ loss_i, each
+    device part on ∇ of its own loss (all gradients at the iteration's starting weights)."""
+    model, lr = ctx.model, tasks[0].lr
+    devices = {t.client: copy.deepcopy(ModelPart(model, 0, cut)) for t in tasks}
+    server = copy.deepcopy(ModelPart(model, cut, model.num_blocks))
+    x, y = ctx.bundle.train.x, ctx.bundle.train.y
+    batches = {
+        t.client: client_batches(
+            ctx.client_indices[t.client], t.batch_size, t.steps, derive_seed(round_seed, t.client)
+        )
+        for t in tasks
+    }
+    params = list(server.parameters())
+    for step in range(tasks[0].steps):
+        own, shared = {}, []
+        for c, part in devices.items():
+            idx = batches[c][step]
+            loss = torch.nn.functional.cross_entropy(server(part(x[idx])), y[idx])
+            own[c] = torch.autograd.grad(loss, list(part.parameters()), retain_graph=True)
+            shared.append(torch.autograd.grad(loss, params))
+        with torch.no_grad():
+            for c, part in devices.items():
+                for p, g in zip(part.parameters(), own[c], strict=True):
+                    p -= lr * g
+            for k, p in enumerate(params):
+                p -= lr * sum(g[k] for g in shared) / len(devices)
+    sizes = [[len(batches[t.client][s]) for t in tasks] for s in range(tasks[0].steps)]
+    return devices, server, sizes
+
+
+def test_splitfed_ringsfl_steps_the_shared_server_on_the_mean_of_client_gradients():
+    prep, plan, result, _ = _split_round("splitfed_ringsfl")
+    assert {t.group for t in plan.tasks} == {0}  # one server model
+    devices, server, sizes = _hand_splitfed_ringsfl(prep.ctx, plan.tasks, 2, round_seed=7)
+    assert sizes == [[64, 56, 64], [64, 56, 5]]  # unequal: the 1/N mean ≠ the per-sample mean
+    for k, v in server.state_dict().items():
+        assert torch.allclose(result.server_states[0][k], v, rtol=0, atol=1e-12), k
+    for u in result.updates:
+        for k, v in devices[u.client].state_dict().items():
+            assert torch.allclose(u.state[k], v, rtol=0, atol=1e-12), (u.client, k)
+
+
+def test_splitfed_ringsfl_is_not_splitfed_v1_which_is_fedavg():
+    *_, ringsfl = _split_round("splitfed_ringsfl")
+    *_, v1 = _split_round("splitfed_v1", options={"splitfed_v1": {"cut": 2}})
+    *_, fedavg = _split_round("fedavg")
+    diff = {k: (ringsfl[k] - v1[k]).abs().max().item() for k in v1}
+    assert max(abs(v1[k] - fedavg[k]).max().item() for k in v1) < 1e-12  # V1 ≡ FedAvg
+    assert max(diff.values()) > 1e-4
