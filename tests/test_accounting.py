@@ -1,10 +1,14 @@
-"""Accounting: every transfer charged (LocFedMix-SL's deferred uploads) and per-device energy."""
+"""Accounting: every transfer charged (LocFedMix-SL's deferred uploads: shared server link,
+measured clock) and per-device energy."""
 
+import numpy as np
 import pytest
 
 import splitfl
 from conftest import tiny_config
+from splitfl.experiment.round_step import measure
 from splitfl.experiment.runner import as_config, prepare
+from splitfl.plan import ClientUpdate, RoundResult
 from splitfl.testing import config_for
 
 # cnn_digits device part at the last candidate cut (blocks 0-2): conv weights and biases and
@@ -58,6 +62,58 @@ def test_locfedmix_idle_upload_bounds_the_round_time(tmp_path):
     assert second["round_time"] >= max(uploads + second["client_times"]) - 1e-12
     # waiting is averaged over the round's participants only
     assert len(second["client_times"]) == 3
+
+
+def _locfedmix_aggregation_round(**changes):
+    """LocFedMix-SL after clients 0-2 trained (parts kept on the devices) and the plan of the
+    aggregation round 2 for clients 3-5, which trained; clients 0-2 upload while idle."""
+    cfg = tiny_config(
+        algorithm="locfedmix_sl",
+        **{
+            "train.clients_per_round": 3,
+            "options.locfedmix_sl.tau": 1,
+            "options.locfedmix_sl.aggregate_every": 2,
+            **changes,
+        },
+    )
+    config = as_config(cfg)
+    alg = prepare(config).algorithm
+    alg.local = {c: {} for c in (0, 1, 2)}
+    plan = alg.plan_round(1, [3, 4, 5], np.random.default_rng(0))
+    updates = [ClientUpdate(c, alg.cut, 0, 16, 1, {}, 0.0) for c in (3, 4, 5)]
+    return config, alg, plan, RoundResult(updates, {})
+
+
+def test_idle_uploads_share_the_server_link_with_the_participants():
+    # 6 homogeneous devices with 2e6 B/s links into the 1e7 B/s server: 3 participants and 3
+    # idle uploads are 6 flows into the server, 1e7/6 each (without the idle: 3 x 2e6 fits)
+    config, alg, plan, result = _locfedmix_aggregation_round(**{"devices.preset": "homogeneous"})
+    report, waits = measure(config, alg, plan, result, 1)
+    alone = alg.idle_costs(plan, 1)
+    for c in (0, 1, 2):
+        cost = report.costs[c]
+        assert cost.extra["server_in_rate"] == pytest.approx(1e7 / 6, rel=1e-12)
+        extra = CNN_DIGITS_DEVICE_BYTES * (6 / 1e7 - 1 / 2e6)
+        assert cost.comm_time - alone[c].comm_time == pytest.approx(extra, rel=1e-9)
+        assert report.round_time >= cost.time
+    for c in (3, 4, 5):
+        assert report.costs[c].extra["server_in_rate"] == pytest.approx(1e7 / 6, rel=1e-12)
+    assert set(waits) == {3, 4, 5}
+
+
+def test_measured_clock_keeps_idle_uploads_out_of_the_measured_round():
+    config, alg, plan, result = _locfedmix_aggregation_round(executor="networked", clock="measured")
+    meter = {"upload_s": 0.5, "download_s": 0.25, "compute_s": 1.0, "server_s": 0.125}
+    result.measured = {c: dict(meter) for c in (3, 4, 5)}  # idle uploaders have no meter
+    result.measured_round_time = 2.0
+    report, waits = measure(config, alg, plan, result, 1)
+    assert {c: report.times[c] for c in (3, 4, 5)} == {3: 1.875, 4: 1.875, 5: 1.875}
+    assert report.round_time == 2.0
+    assert waits == {3: 0.125, 4: 0.125, 5: 0.125}  # participants only
+    for c in (0, 1, 2):  # the cost model's upload, charged as traffic; no compute
+        assert report.costs[c].traffic.model_up == CNN_DIGITS_DEVICE_BYTES
+        assert report.costs[c].device_time == 0.0
+        assert report.jitter[c] == 1.0
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "splitfed_v1"])

@@ -25,6 +25,7 @@ SCOPE = [
     "fedavg",
     "splitfed_v1",
     "splitfed_v2",
+    "splitfed_ringsfl",
     "vanilla_sl",
     "s2fl",
     "mergesfl",

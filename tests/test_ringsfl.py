@@ -1,7 +1,9 @@
-"""RingSFL: propagation lengths, ring composition, FedAvg equivalence (Eq. 6), v1 vs v2."""
+"""RingSFL: propagation lengths, ring composition, FedAvg equivalence (Eq. 6), v1 vs v2 (Eq. 7
+rates on every executor); its baselines vanilla SL and SplitFed as the authors ran it."""
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -9,10 +11,14 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.ringsfl import largest_remainder, parse_ratios, propagation_lengths
 from splitfl.algorithms.vanilla_sl import shared_steps
-from splitfl.executors.ring import ring_batch_update
+from splitfl.executors import SequentialExecutor
+from splitfl.executors.common import client_batches
+from splitfl.executors.ring import block_rates, ring_batch_update
+from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.models import build_model
+from splitfl.models import ModelPart, block_index, build_model
 from splitfl.plan import RingSpec
+from splitfl.seeding import derive_seed
 from splitfl.testing import config_for
 
 RING = {
@@ -89,6 +95,51 @@ def test_v1_and_v2_differ_only_on_overlapping_blocks():
             assert same == (counts[c][k] <= 1), (c, k, counts[c][k])
 
 
+def test_block_rates_are_eq7_by_hand():
+    # ring 0 -> 1, lengths 2:1 over 3 blocks: u_0 runs blocks 0-1 of its own batch and 1-2 of
+    # u_1's, so |U_0| = [1, 2, 1]; u_1 runs block 2 of u_0's batch and block 0 of its own
+    counts = RingSpec([0, 1], {0: 2, 1: 1}, {}).overlap_counts(3)
+    assert counts == {0: [1, 2, 1], 1: [1, 0, 1]}
+    assert block_rates(counts[0], 0.25, dynamic_lr=True) == [0.25, 0.5, 0.25]
+    assert block_rates(counts[1], 0.25, dynamic_lr=True) == [0.25, 0.0, 0.25]
+    assert block_rates(counts[0], 0.25, dynamic_lr=False) == [0.25, 0.25, 0.25]
+    assert block_rates(counts[1], 0.25, dynamic_lr=False) == [0.25, 0.0, 0.25]
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vectorized-rows", "vectorized-vmap"])
+def test_v2_moves_each_block_overlap_count_times_as_far_as_v1(executor):
+    """Eq. (7) in every executor's ring: from the same model and batches, one step of v2
+    moves block k of u_j's model |U_j,(k)| times as far as v1 (same gradients, rate × count).
+    Lengths 2:1:1 over the MLP's 4 blocks: u_0 runs blocks 0-1 of its own batch, 2-3 of
+    u_1's and 1-2 of u_2's (counts 1, 2, 2, 1); u_1 runs blocks 0, 2, 3 and u_2 0, 1, 3 of
+    one batch each (count 0 on the block no batch crosses)."""
+    changes = {**RING, "data.num_clients": 3, "train.clients_per_round": 3}
+    changes["options.ringsfl.prop_lens"] = "2:1:1"
+    moved = {}
+    for version in ("ringsfl", "ringsfl-v2"):
+        prep = prepare(as_config(tiny_config(algorithm=version, **changes)), dtype=torch.float64)
+        ctx, alg = prep.ctx, prep.algorithm
+        rng = np.random.default_rng(0)
+        plan = alg.plan_round(0, alg.select_clients(0, rng), rng)
+        state = ctx.model.state_dict()
+        run = (
+            SequentialExecutor()
+            if executor == "sequential"
+            else VectorizedExecutor(use_vmap=executor.endswith("vmap"))
+        )
+        result = run.run_round(ctx, state, plan, round_seed=5)
+        moved[version] = {
+            u.client: {k: state[k] - v for k, v in u.state.items()} for u in result.updates
+        }
+    counts = {0: [1, 2, 2, 1], 1: [1, 0, 1, 1], 2: [1, 1, 0, 1]}
+    assert plan.ring.overlap_counts(4) == counts
+    for c, per_block in counts.items():
+        for k, delta in moved["ringsfl"][c].items():
+            count = per_block[block_index(k)]
+            assert (delta.abs().max() > 0) == (count > 0), (c, k)
+            assert torch.allclose(moved["ringsfl-v2"][c][k], count * delta, rtol=1e-9, atol=1e-14)
+
+
 def test_vanilla_sl_round_time_is_the_sum(tmp_path):
     res = splitfl.run(tiny_config(algorithm="vanilla_sl", rounds=1), run_dir=tmp_path / "v")
     row = res.metrics[0]
@@ -143,3 +194,71 @@ def test_vanilla_sl_rejects_unknown_round_steps():
 def test_ringsfl_rejects_momentum_and_weight_decay(field):
     with pytest.raises(splitfl.ConfigError, match=f"train.{field}.*plain SGD"):
         splitfl.validate(config_for("ringsfl", **{f"train.{field}": 0.5}))
+
+
+def _split_round(algorithm: str, **changes):
+    """One float64 round of ``algorithm`` (MLP, batch 64, 2 steps) for the two smallest and
+    the largest client; (prepared, plan, result, aggregated model)."""
+    cfg = tiny_config(
+        algorithm=algorithm, **{"model": "mlp", "train.batch_size": 64, "train.local_steps": 2}
+    )
+    prep = prepare(as_config({**cfg, **changes}), dtype=torch.float64)
+    by_size = np.argsort(prep.ctx.data_sizes, kind="stable")
+    clients = sorted(int(c) for c in by_size[[0, 1, -1]])
+    plan = prep.algorithm.plan_round(0, clients, np.random.default_rng(0))
+    state = prep.ctx.model.state_dict()
+    result = SequentialExecutor().run_round(prep.ctx, state, plan, round_seed=7)
+    return prep, plan, result, prep.algorithm.aggregate(state, plan, result)
+
+
+def _hand_splitfed_ringsfl(ctx, tasks, cut: int, round_seed: int):
+    """RingSFL's SplitFed by hand: each iteration, every client's mean loss through its
+    device part and the shared server part; the server steps on (1/N) Σ_i ∇ loss_i, each
+    device part on ∇ of its own loss (all gradients at the iteration's starting weights)."""
+    model, lr = ctx.model, tasks[0].lr
+    devices = {t.client: copy.deepcopy(ModelPart(model, 0, cut)) for t in tasks}
+    server = copy.deepcopy(ModelPart(model, cut, model.num_blocks))
+    x, y = ctx.bundle.train.x, ctx.bundle.train.y
+    batches = {
+        t.client: client_batches(
+            ctx.client_indices[t.client], t.batch_size, t.steps, derive_seed(round_seed, t.client)
+        )
+        for t in tasks
+    }
+    params = list(server.parameters())
+    for step in range(tasks[0].steps):
+        own, shared = {}, []
+        for c, part in devices.items():
+            idx = batches[c][step]
+            loss = torch.nn.functional.cross_entropy(server(part(x[idx])), y[idx])
+            own[c] = torch.autograd.grad(loss, list(part.parameters()), retain_graph=True)
+            shared.append(torch.autograd.grad(loss, params))
+        with torch.no_grad():
+            for c, part in devices.items():
+                for p, g in zip(part.parameters(), own[c], strict=True):
+                    p -= lr * g
+            for k, p in enumerate(params):
+                p -= lr * sum(g[k] for g in shared) / len(devices)
+    sizes = [[len(batches[t.client][s]) for t in tasks] for s in range(tasks[0].steps)]
+    return devices, server, sizes
+
+
+def test_splitfed_ringsfl_steps_the_shared_server_on_the_mean_of_client_gradients():
+    prep, plan, result, _ = _split_round("splitfed_ringsfl")
+    assert {t.group for t in plan.tasks} == {0}  # one server model
+    devices, server, sizes = _hand_splitfed_ringsfl(prep.ctx, plan.tasks, 2, round_seed=7)
+    assert sizes == [[64, 56, 64], [64, 56, 5]]  # unequal: the 1/N mean ≠ the per-sample mean
+    for k, v in server.state_dict().items():
+        assert torch.allclose(result.server_states[0][k], v, rtol=0, atol=1e-12), k
+    for u in result.updates:
+        for k, v in devices[u.client].state_dict().items():
+            assert torch.allclose(u.state[k], v, rtol=0, atol=1e-12), (u.client, k)
+
+
+def test_splitfed_ringsfl_is_not_splitfed_v1_which_is_fedavg():
+    *_, ringsfl = _split_round("splitfed_ringsfl")
+    *_, v1 = _split_round("splitfed_v1", options={"splitfed_v1": {"cut": 2}})
+    *_, fedavg = _split_round("fedavg")
+    diff = {k: (ringsfl[k] - v1[k]).abs().max().item() for k in v1}
+    assert max(abs(v1[k] - fedavg[k]).max().item() for k in v1) < 1e-12  # V1 ≡ FedAvg
+    assert max(diff.values()) > 1e-4

@@ -98,8 +98,10 @@ class RoundPlan:
     Attributes:
         tasks: One task per participant.
         server_mode: One of :data:`SERVER_MODES`.
-        group_loss: ``mean`` (every sample of the group's union weighs the same) or ``sum``
-            (sum of the members' own mean losses) — S²FL Eq. (3).
+        group_loss: ``mean`` (every sample of the group's union weighs the same), ``sum``
+            (sum of the members' own mean losses) — S²FL Eq. (3) — or ``member_mean`` (the
+            mean of the members' mean losses: the server's gradient is the sum of theirs
+            scaled 1/N, RingSFL's SplitFed baseline).
         device_grad: ``union`` = each device receives ∂loss/∂fx_i of the group loss (Eq. 4 as
             printed); ``own`` = rescaled to the gradient of its own mean loss.
         order: Order in which ``sequential`` mode serves clients.

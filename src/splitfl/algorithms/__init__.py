@@ -18,6 +18,7 @@ from splitfl.algorithms.parallelsfl import ParallelSFL
 from splitfl.algorithms.pyramidfl import PyramidFL
 from splitfl.algorithms.ringsfl import RingSFL
 from splitfl.algorithms.s2fl import S2FL
+from splitfl.algorithms.splitfed_ringsfl import SplitFedRingSFL
 from splitfl.algorithms.splitfed_v1 import SplitFedV1
 from splitfl.algorithms.splitfed_v2 import SplitFedV2
 from splitfl.algorithms.vanilla_sl import VanillaSL
@@ -39,6 +40,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         AdaSampling,
         ParallelSFL,
         RingSFL,
+        SplitFedRingSFL,
         VanillaSL,
     )
 }

@@ -66,7 +66,8 @@ class Algorithm:
     def idle_costs(self, plan: RoundPlan, round_idx: int) -> dict[int, ClientCost]:
         """Transfers of clients that do not train this round but must send something (e.g.
         LocFedMix-SL's earlier clients uploading their device parts at an aggregation round);
-        charged as traffic, and their time bounds the round. Default: none."""
+        charged as traffic, they share the server link with the participants' transfers
+        (:meth:`share_links` sees both), and their time bounds the round. Default: none."""
         del plan, round_idx
         return {}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from splitfl.executors.common import client_batches
+from splitfl.executors.ring import block_rates
 from splitfl.executors.rowstack import (
     RowRunner,
     RowStack,
@@ -106,16 +107,14 @@ class _BatchedRing:
         self.update(active)
 
     def update(self, active: list[WorkerRow]) -> None:
-        """Each block of each row by its rate: lr (v2: × |U_j,(k)|), 0 where no batch passed."""
+        """Each block of each row by its rate (:func:`~splitfl.executors.ring.block_rates`:
+        lr, v2 × |U_j,(k)|; 0 where no batch passed)."""
         ring, stack, lr = self.ring, self.stack, self.tasks[0].lr
         counts = ring.overlap_counts(self.n, [w.task.client for w in active])
+        per_client = [block_rates(counts[t.client], lr, ring.dynamic_lr) for t in self.tasks]
         rates = [
-            torch.tensor(
-                [lr * (c if ring.dynamic_lr else 1) * (c > 0) for c in per_row],
-                dtype=stack.lr.dtype,
-                device=self.runner.device,
-            )
-            for per_row in zip(*(counts[t.client] for t in self.tasks), strict=True)
+            torch.tensor(per_block, dtype=stack.lr.dtype, device=self.runner.device)
+            for per_block in zip(*per_client, strict=True)
         ]
         stack.collect_row_grads()
         with torch.no_grad():

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from splitfl.models.base import BlockModel
 from splitfl.plan import RingSpec
@@ -54,12 +55,18 @@ def ring_batch_update(
     return losses
 
 
+def block_rates(counts: Sequence[int], lr: float, dynamic_lr: bool) -> list[float]:
+    """Each block's learning rate on one client's model in a BatchUpdate step: ``lr`` (v1),
+    or ``lr`` × |U_j,(k)| = ``counts[k]`` with v2's dynamic rate (Eq. 7); 0 for a block no
+    batch passed through. The one definition of Eq. (7), used by every executor's ring."""
+    return [lr * (c if dynamic_lr else 1) if c > 0 else 0.0 for c in counts]
+
+
 def ring_update(model: BlockModel, counts: Sequence[int], lr: float, dynamic_lr: bool) -> None:
     """The end of a BatchUpdate step on one client's model: plain SGD on the accumulated
-    gradients, block k's rate × |U_j,(k)| = ``counts[k]`` with the dynamic rate (v2, Eq. 7)."""
+    gradients at :func:`block_rates` (v2: block k's rate × |U_j,(k)|, Eq. 7)."""
     with torch.no_grad():
-        for k, block in enumerate(model.blocks):
-            rate = lr * (counts[k] if dynamic_lr else 1)
+        for block, rate in zip(model.blocks, block_rates(counts, lr, dynamic_lr), strict=True):
             for p in block.parameters():
                 if p.grad is not None:
                     p.sub_(rate * p.grad)
@@ -75,12 +82,29 @@ class RingMember:
     ring in reverse. Each hop keeps its segment's input and output so the gradient that comes
     back is applied with ``out.backward(grad)`` — the same chain rule as one autograd graph,
     so the accumulated gradients equal :func:`ring_batch_update`'s up to summation order.
+
+    A member runs the hops in the order they arrive, but BatchNorm running statistics depend
+    on the order of the forwards through a block; :func:`ring_batch_update` forwards one
+    start's batch after another in the order of ``starts`` (task order). So each BatchNorm
+    input of the step is kept, and :meth:`end_step` restores the step's starting statistics
+    and replays those inputs in the order of ``starts`` (the module's own update, so any
+    momentum, cumulative averages included): the member ends with the reference's statistics.
     """
 
     def __init__(self, client: int, model: BlockModel, ring: RingSpec):
         self.client, self.model, self.ring = client, model, ring
         self.saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         self.backward_done = 0
+        self.norms = [
+            m
+            for m in model.modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+        ]
+        for m in self.norms:
+            m.register_forward_pre_hook(self._keep_norm_input)
+        self._start: int | None = None  # whose batch is being forwarded (None: no record)
+        self._norm_inputs: list[tuple[int, nn.Module, torch.Tensor]] = []
+        self._norm_stats: list[dict[str, torch.Tensor]] = []
 
     def segment(self, start: int, hop: int) -> tuple[int, int]:
         owner, lo, hi = self.ring.segments(start)[hop]
@@ -92,13 +116,23 @@ class RingMember:
         self.model.zero_grad(set_to_none=True)
         self.saved.clear()
         self.backward_done = 0
+        self._norm_inputs.clear()
+        self._norm_stats = [{k: b.clone() for k, b in m.named_buffers()} for m in self.norms]
+
+    def _keep_norm_input(self, module: nn.Module, args: tuple) -> None:
+        if self._start is not None:
+            self._norm_inputs.append((self._start, module, args[0].detach()))
 
     def forward(self, start: int, hop: int, h: torch.Tensor) -> torch.Tensor:
         """Run this client's segment of ``start``'s batch (hop 0: ``h`` is the raw batch);
         the output to pass on, detached."""
         lo, hi = self.segment(start, hop)
         h_in = None if hop == 0 else h.detach().requires_grad_()
-        out = self.model(h if h_in is None else h_in, lo, hi)
+        self._start = start
+        try:
+            out = self.model(h if h_in is None else h_in, lo, hi)
+        finally:
+            self._start = None
         self.saved[(start, hop)] = (h_in, out)
         return out.detach()
 
@@ -120,6 +154,21 @@ class RingMember:
         return None if h_in is None else h_in.grad
 
     def end_step(self, starts: Sequence[int], lr: float) -> None:
-        """Eq. (5)-(7): the step's update once every active batch has come back."""
+        """Eq. (5)-(7): the step's update once every active batch has come back; ``starts``
+        in the reference's order (task order), which the BatchNorm statistics follow."""
+        self._replay_norms(starts)
         counts = self.ring.overlap_counts(self.model.num_blocks, list(starts))[self.client]
         ring_update(self.model, counts, lr, self.ring.dynamic_lr)
+
+    def _replay_norms(self, starts: Sequence[int]) -> None:
+        """BatchNorm running statistics as :func:`ring_batch_update` leaves them: the step's
+        starting statistics, then the kept inputs run through their modules in the order of
+        ``starts`` (outputs discarded; a start crosses a module of this member at most once)."""
+        rank = {s: i for i, s in enumerate(starts)}
+        with torch.no_grad():
+            for m, stats in zip(self.norms, self._norm_stats, strict=True):
+                for k, b in m.named_buffers():
+                    b.copy_(stats[k])
+            for _, module, x in sorted(self._norm_inputs, key=lambda e: rank[e[0]]):
+                module(x)
+        self._norm_inputs.clear()

@@ -171,11 +171,11 @@ class ServerRole:
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        total, out = sum(sizes), []
+        out = []
         for fs, loss_sum, size in zip(inputs, losses, sizes, strict=True):
             grad = fs.grad
-            if plan.device_grad == "own" and plan.group_loss == "mean":
-                grad = grad * (total / size)
+            if plan.device_grad == "own":
+                grad = grad * own_grad_factor(size, sizes, plan.group_loss)
             out.append((grad, loss_sum.item()))
         return out
 
@@ -240,10 +240,22 @@ def aux_from_state(state: dict[str, torch.Tensor]) -> nn.Module:
 
 
 def group_loss(losses: list[torch.Tensor], sizes: list[int], mode: str) -> torch.Tensor:
-    """S²FL Eq. (3): ``mean`` over the union of samples, or ``sum`` of the member means."""
+    """S²FL Eq. (3) from the members' summed losses: ``mean`` over the union of samples,
+    ``sum`` of the member means, or ``member_mean``: the mean of the member means (1/N of
+    their sum, every member weighing the same: RingSFL's SplitFed baseline)."""
     if mode == "mean":
         return torch.stack(losses).sum() / sum(sizes)
-    return sum(ls / s for ls, s in zip(losses, sizes, strict=True))
+    total = sum(ls / s for ls, s in zip(losses, sizes, strict=True))
+    return total / len(sizes) if mode == "member_mean" else total
+
+
+def own_grad_factor(size: int, sizes: list[int], mode: str) -> float:
+    """``device_grad: own``: what turns a member's activation gradient of the group loss
+    (:func:`group_loss`, ``mode``) into the gradient of its own mean loss; ``size`` is the
+    member's batch, ``sizes`` the group's."""
+    if mode == "mean":
+        return sum(sizes) / size
+    return float(len(sizes)) if mode == "member_mean" else 1.0
 
 
 def mix_pairs(sent: list[Smashed], rng: np.random.Generator, alpha: float):

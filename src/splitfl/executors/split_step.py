@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from splitfl.executors.roles import group_loss, own_grad_factor
 from splitfl.executors.rowstack import (
     RowRunner,
     RowStack,
@@ -63,11 +64,12 @@ def split_step(round_: SplitRound, active: list[WorkerRow], step: int) -> None:
         server_losses, bn_results = _server_concat(round_, sent)
     else:
         server_losses, bn_results = _server_separate(round_, sent)
-    group_samples = _server_backward(round_, sent, server_losses, bn_results)
+    group_sizes = _server_backward(round_, sent, server_losses, bn_results)
     for (bucket, fx, fs, y), losses in zip(sent, server_losses, strict=True):
         grad = fs.grad
-        if plan.device_grad == "own" and plan.group_loss == "mean":
-            scale = [group_samples[r.group_row] / y.shape[1] for r in bucket]
+        if plan.device_grad == "own":
+            mode, size = plan.group_loss, y.shape[1]
+            scale = [own_grad_factor(size, group_sizes[r.group_row], mode) for r in bucket]
             factor = torch.tensor(scale, dtype=grad.dtype, device=grad.device)
             grad = grad * expand_rows(factor, grad)
         fx.backward(grad)
@@ -101,25 +103,21 @@ def _device_forward(round_: SplitRound, active: list[WorkerRow], step: int) -> l
 
 def _server_backward(
     round_: SplitRound, sent: list, server_losses: list, bn_results: dict
-) -> dict[int, int]:
-    """Backward of every group's loss (``group_loss``: mean over the group's samples, or
-    the sum of its members' means), then the server rows' BatchNorm statistics. Returns
-    each group's number of samples this step."""
-    group_loss: dict[int, list] = {}
+) -> dict[int, list[int]]:
+    """Backward of every group's loss (:func:`~splitfl.executors.roles.group_loss` of the
+    plan's ``group_loss``), then the server rows' BatchNorm statistics. Returns each group's
+    members' batch sizes this step."""
+    members: dict[int, list] = {}
     for (bucket, _, _, y), losses in zip(sent, server_losses, strict=True):
         check_finite(losses, bucket)
         for i, r in enumerate(bucket):
-            group_loss.setdefault(r.group_row, []).append((losses[i], y.shape[1]))
-    group_samples = {g: sum(s for _, s in members) for g, members in group_loss.items()}
-    total = []
-    for g, members in group_loss.items():
-        if round_.plan.group_loss == "mean":
-            total.append(torch.stack([ls for ls, _ in members]).sum() / group_samples[g])
-        else:
-            total.append(sum(ls / s for ls, s in members))
+            members.setdefault(r.group_row, []).append((losses[i], y.shape[1]))
+    sizes = {g: [s for _, s in ms] for g, ms in members.items()}
+    mode = round_.plan.group_loss
+    total = [group_loss([ls for ls, _ in ms], sizes[g], mode) for g, ms in members.items()]
     torch.stack(total).sum().backward()
     _combine_server_buffers(round_.server_stack, bn_results, round_.member_order, round_.momenta)
-    return group_samples
+    return sizes
 
 
 def _server_separate(round_: SplitRound, sent: list) -> tuple[list, dict]:

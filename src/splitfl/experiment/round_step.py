@@ -40,35 +40,46 @@ def measure(
     config: ExperimentConfig, algorithm: Algorithm, plan: RoundPlan, result: RoundResult, r: int
 ) -> tuple[RoundReport, dict[int, float]]:
     """The simulated clock's view of a round: each client's cost (shared cost model or the
-    algorithm's topology), seeded jitter, round time and waiting times. The executor's
-    measured time and bytes, where it has them, are passed on to the report unchanged."""
+    algorithm's topology), seeded jitter, round time and waiting times (of the participants).
+    Non-participants' transfers (:meth:`~splitfl.algorithms.base.Algorithm.idle_costs`) run
+    in parallel with the round: they share the server link with the participants' and bound
+    the round time. The executor's measured time and bytes, where it has them, are passed on
+    to the report unchanged."""
     tasks = {t.client: t for t in plan.tasks}
-    costs = {
+    train = {
         u.client: algorithm.client_cost(tasks[u.client], u.samples, r, plan) for u in result.updates
     }
-    costs = algorithm.share_links(costs, plan, r)
+    idle = algorithm.idle_costs(plan, r)  # e.g. LocFedMix-SL's deferred uploads
+    costs = algorithm.share_links({**train, **idle}, plan, r)
     samples = {u.client: u.samples for u in result.updates}
     losses = {u.client: u.loss_sum / max(u.samples, 1) for u in result.updates}
-    jitter = jitter_factors(sorted(costs), config.devices.jitter, rng_for(config.seed, "jitter", r))
-    times = {c: cost.time * jitter[c] for c, cost in costs.items()}
-    round_time, waits = algorithm.round_time(times)
-    idle = algorithm.idle_costs(plan, r)  # non-participants' transfers (e.g. deferred uploads)
+    jitter = jitter_factors(sorted(train), config.devices.jitter, rng_for(config.seed, "jitter", r))
     if idle:
         rng = rng_for(config.seed, "jitter-idle", r)
         jitter.update(jitter_factors(sorted(idle), config.devices.jitter, rng))
-        idle_times = {c: cost.time * jitter[c] for c, cost in idle.items()}
-        round_time, all_waits = algorithm.round_time({**times, **idle_times})
-        waits = {c: all_waits[c] for c in times}
-        costs = {**costs, **idle}
+    times = {c: cost.time * jitter[c] for c, cost in costs.items()}
     if config.clock == "measured" and result.measured is not None:
-        costs = {c: measured_cost(cost, result.measured[c]) for c, cost in costs.items()}
-        jitter = {c: 1.0 for c in costs}
-        times = {c: cost.time for c, cost in costs.items()}
+        costs, times, jitter = measured_view(costs, result.measured)
         round_time = result.measured_round_time or 0.0
-        waits = {c: max(round_time - t, 0.0) for c, t in times.items()}
+        waits = {c: max(round_time - times[c], 0.0) for c in train}
+    else:
+        round_time, all_waits = algorithm.round_time(times)
+        waits = {c: all_waits[c] for c in train}
     report = RoundReport(times, costs, jitter, samples, losses, round_time)
     report.measured_time, report.measured_bytes = result.measured_time, result.measured_bytes
     return report, waits
+
+
+def measured_view(costs: dict[int, ClientCost], measured: dict[int, dict[str, float]]):
+    """``clock: measured``: (costs, times, jitter) with each measured client's times from its
+    device (:func:`measured_cost`), no jitter. A client without a meter — a non-participant's
+    transfer such as LocFedMix-SL's deferred upload, which a networked device makes when its
+    client trains, not in a later round — keeps the cost model's cost: its traffic is charged,
+    and its time is not part of the measured round."""
+    costs = {
+        c: measured_cost(cost, measured[c]) if c in measured else cost for c, cost in costs.items()
+    }
+    return costs, {c: cost.time for c, cost in costs.items()}, {c: 1.0 for c in costs}
 
 
 def measured_cost(cost: ClientCost, measured: dict[str, float]) -> ClientCost:

@@ -82,6 +82,10 @@ class _Member:
             bool(f["dynamic_lr"]),
         )
         self.steps = {int(k): int(v) for k, v in f["steps"].items()}
+        # the batches in the sequential ring's order (task order): BatchNorm statistics follow it
+        self.starts = [int(k) for k in f["starts"]]
+        if sorted(self.starts) != sorted(order) or set(self.steps) != set(order):
+            raise RingBroken("the ring's starts and steps must name its members")
         self.n = len(order)
         pos = order.index(c)
         self.succ, self.pred = order[(pos + 1) % self.n], order[pos - 1]
@@ -155,7 +159,7 @@ class _Member:
     def run(self) -> None:
         lr = float(self.fields["lr"])
         for step in range(max(self.steps.values())):
-            active = [k for k in self.ring.order if step < self.steps[k]]
+            active = [k for k in self.starts if step < self.steps[k]]
             self.member.begin_step()
             if self.c in active:
                 x, self.labels = self.role.batch(step)

@@ -45,6 +45,7 @@ def run_ring(
         succ = order[(pos + 1) % len(order)]
         fields = {
             "order": order,
+            "starts": [t.client for t in plan.tasks],  # the reference's order of batches
             "lengths": {str(k): v for k, v in ring.lengths.items()},
             "weights": {str(k): v for k, v in ring.weights.items()},
             "dynamic_lr": ring.dynamic_lr,
