@@ -49,9 +49,11 @@ def _rows(result) -> list[dict]:
 
 def _networked(tmp_path, algorithm, devices=DEVICES, agent_cls=None, network=None, **changes):
     bed = Testbed.create(tmp_path / "bed", list(devices))
-    # a device cut off at the end (stalled, oversized) retries briefly, then gives up
+    # Honest devices wait long enough for a loaded machine's server to start listening; a
+    # device cut off at the end (misbehaving, stalled, oversized) retries briefly, then gives up.
+    retry_s = 20.0 if agent_cls is None and network is None else 3.0
     threads = [
-        bed.device(name, clients, agent_cls, retry_s=3.0) for name, clients in devices.items()
+        bed.device(name, clients, agent_cls, retry_s=retry_s) for name, clients in devices.items()
     ]
     net = bed.server_overrides(min_devices=len(devices), **(network or {}))
     result = splitfl.run(config_for(algorithm, **{**changes, **net}), run_dir=tmp_path / "net")
