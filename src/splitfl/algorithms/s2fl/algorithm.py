@@ -338,7 +338,7 @@ class S2FL(Algorithm):
                     round_time = max(round_time, *lockstep_finish(phases).values())
         return round_time, {c: round_time - t for c, t in times.items()}
 
-    def aggregate(self, global_state, plan: RoundPlan, result: RoundResult):
+    def aggregate(self, global_state: dict, plan: RoundPlan, result: RoundResult) -> dict:
         """Algorithm 1 over the round's devices — in a ``time_only`` warm-up round, over the
         selected ones only (the others were timed, see the module docstring)."""
         keep = plan.info.get("warmup_aggregated")
