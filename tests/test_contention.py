@@ -105,7 +105,12 @@ def test_contention_off_reproduces_pure_eq1(tmp_path):
 
 def test_contention_on_slows_clients_to_their_server_share(tmp_path):
     # 6 homogeneous clients with 2e6 links into the 1e7 server: 1e7/6 each way
-    changes = {"devices.preset": "homogeneous", "algorithm": "fedavg", "rounds": 1}
+    changes = {
+        "devices.preset": "homogeneous",
+        "algorithm": "fedavg",
+        "rounds": 1,
+        "devices.contention": True,
+    }
     on = splitfl.run(tiny_config(**changes), run_dir=tmp_path / "on").metrics[0]
     off_changes = {**changes, "devices.contention": False}
     off = splitfl.run(tiny_config(**off_changes), run_dir=tmp_path / "off").metrics[0]
@@ -117,7 +122,12 @@ def test_contention_on_slows_clients_to_their_server_share(tmp_path):
 
 
 def test_vanilla_sl_clients_never_share(tmp_path):
-    changes = {"devices.preset": "homogeneous", "algorithm": "vanilla_sl", "rounds": 1}
+    changes = {
+        "devices.preset": "homogeneous",
+        "algorithm": "vanilla_sl",
+        "rounds": 1,
+        "devices.contention": True,
+    }
     on = splitfl.run(tiny_config(**changes), run_dir=tmp_path / "on").metrics[0]
     off_changes = {**changes, "devices.contention": False}
     off = splitfl.run(tiny_config(**off_changes), run_dir=tmp_path / "off").metrics[0]

@@ -75,7 +75,8 @@ class Algorithm:
         self, costs: dict[int, ClientCost], plan: RoundPlan, round_idx: int
     ) -> dict[int, ClientCost]:
         """The round's costs with the server link shared by the participants' transfers
-        (``devices.contention``, :func:`~splitfl.system.cost.share_server_link`); transfers of
+        (``devices.contention``, resolved per preset when the run is prepared;
+        :func:`~splitfl.system.cost.share_server_link`); transfers of
         a plan that chains its clients (vanilla SL) never overlap. Override where the topology
         accounts for sharing itself."""
         pop = self.ctx.population

@@ -157,7 +157,11 @@ def validate(config: ExperimentConfig) -> None:
     _check(v.label_bytes >= 0, "devices.label_bytes", "must be >= 0")
     _check(v.variation >= 0, "devices.variation", f"must be >= 0 (got {v.variation})")
     _check(v.variation_period >= 1, "devices.variation_period", "must be >= 1")
-    _check(isinstance(v.contention, bool), "devices.contention", "must be true or false")
+    _check(
+        v.contention is None or isinstance(v.contention, bool),
+        "devices.contention",
+        "must be true, false or null (null: the preset's paper model)",
+    )
     _check(
         v.d2d_rate is None or v.d2d_rate > 0, "devices.d2d_rate", f"must be > 0 (got {v.d2d_rate})"
     )

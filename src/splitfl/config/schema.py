@@ -44,7 +44,10 @@ class DevicesConfig:
     ``variation``: σ of per-client log-normal factors on FLOPS and on link rates, redrawn every
     ``variation_period`` rounds (time-varying devices; 0 = static profiles).
     ``contention``: participants' concurrent transfers share the server's link (and a top
-    worker's D2D radio), see ``splitfl.system.cost``; ``false`` = S²FL Eq. (1) exactly.
+    worker's D2D radio), see ``splitfl.system.cost``; ``false`` = S²FL Eq. (1) exactly; null
+    (default) = the preset's paper model (``splitfl.system.devices.PAPER_CONTENTION``: off for
+    ``s2fl_table1``, ``homogeneous``, ``ringsfl_testbed``; on for ``jetson80``), resolved when
+    the run is prepared.
     ``d2d_rate``: device-to-device rate in B/s for every device (null = the preset's).
     """
 
@@ -54,7 +57,7 @@ class DevicesConfig:
     label_bytes: int = 0
     variation: float = 0.0
     variation_period: int = 1
-    contention: bool = True
+    contention: bool | None = None
     d2d_rate: float | None = None
     #: Fixed time per message exchange between a device and the server (one per mini-batch,
     #: one per model transfer), on top of bytes / rate: serialisation, protocol and per-message

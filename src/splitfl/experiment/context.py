@@ -13,6 +13,7 @@ from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.data import DatasetBundle, load_dataset
 from splitfl.data.clients import client_partition
 from splitfl.data.partition import batch_sizes, label_histograms
+from splitfl.experiment.validation import resolve_config
 from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
 from splitfl.seeding import rng_for
 from splitfl.system import ClientCost, Population, draw_population, split_client_cost
@@ -138,12 +139,14 @@ def _check_label_range(config: ExperimentConfig, bundle: DatasetBundle, outputs:
 
 
 def build_context(config: ExperimentConfig) -> RunContext:
-    """Load data, partition it, draw devices, build the model and its profile.
+    """Load data, partition it, draw devices, build the model and its profile. The context
+    holds ``config`` resolved (:func:`~splitfl.experiment.validation.resolve_config`).
 
     Raises:
         ConfigError: where the config does not fit the data or the model.
         DatasetError: where the dataset's files are missing, corrupt or inconsistent.
     """
+    config = resolve_config(config)
     d = config.data
     bundle = load_dataset(d.dataset, d.root, verify=d.verify)
     parts = client_partition(config, bundle)

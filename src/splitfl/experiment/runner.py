@@ -75,7 +75,7 @@ def prepare(config: ExperimentConfig, dtype: torch.dtype | None = None) -> Prepa
         cut = getattr(resolve_algorithm(name, config.options)[1], "cut", None)
         if cut is not None:
             ctx.resolve_cut(cut, name)
-    return Prepared(config, ctx, cls(options, ctx))
+    return Prepared(ctx.config, ctx, cls(options, ctx))
 
 
 def validate(
@@ -83,13 +83,15 @@ def validate(
 ) -> str:
     """Check a config and that it fits its data and model, without running (``splitfl
     validate``). Returns a one-line description; raises ConfigError / DatasetError."""
-    cfg = as_config(config, overrides)
-    ctx = prepare(cfg).ctx
+    ctx = prepare(as_config(config, overrides)).ctx
+    cfg = ctx.config
+    shared = "shared" if cfg.devices.contention else "not shared"
     return (
         f"ok: {cfg.algorithm} on {cfg.data.dataset} ({len(ctx.bundle.train)} train samples, "
         f"{ctx.num_clients} clients), model {cfg.model} ({ctx.num_blocks} blocks, "
         f"cut points {list(ctx.cut_points)}, default {ctx.model.default_cut}), devices "
-        f"{cfg.devices.preset}, {cfg.rounds} rounds"
+        f"{cfg.devices.preset} (server link {shared}: "
+        f"devices.contention={str(cfg.devices.contention).lower()}), {cfg.rounds} rounds"
     )
 
 
@@ -136,7 +138,7 @@ def run(
     path = Path(run_dir) if run_dir is not None else new_run_dir(config)
     path.mkdir(parents=True, exist_ok=False)
     with hold_lock(path):
-        dump_config(config, path / "config.yaml")
+        dump_config(prepared.config, path / "config.yaml")  # resolved
         _write_clients(prepared.ctx, path / "clients.json")
         return _finish(prepared, path, start=None, progress=progress)
 

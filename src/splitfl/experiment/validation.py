@@ -4,6 +4,7 @@ plus every name that lives in a registry — one layer above the config, so that
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from splitfl.algorithms import algorithm_names, resolve_algorithm
@@ -13,7 +14,7 @@ from splitfl.data import PARTITIONERS, dataset_names
 from splitfl.data.base import VERIFY_MODES
 from splitfl.executors import EXECUTORS, PRECISIONS
 from splitfl.models import model_names
-from splitfl.system.devices import COMPOSITIONS, PRESETS
+from splitfl.system.devices import COMPOSITIONS, PRESETS, resolve_contention
 
 
 def _choice(value: str, allowed: list[str], path: str) -> None:
@@ -33,6 +34,18 @@ def check_registries(config: ExperimentConfig) -> None:
     _choice(config.data.verify, list(VERIFY_MODES), "data.verify")
     _choice(config.devices.preset, sorted(PRESETS), "devices.preset")
     _choice(config.devices.composition, list(COMPOSITIONS), "devices.composition")
+
+
+def resolve_config(config: ExperimentConfig) -> ExperimentConfig:
+    """``config`` with the values that default to a registry's choice filled in (the one place
+    they are resolved; the run's context, ``config.yaml`` and ``splitfl validate`` show the
+    result): ``devices.contention`` null → the device preset's paper model
+    (:func:`~splitfl.system.devices.resolve_contention`)."""
+    d = config.devices
+    contention = resolve_contention(d.preset, d.contention)
+    if d.contention is contention:
+        return config
+    return config.replace(devices=dataclasses.replace(d, contention=contention))
 
 
 def check_options(config: ExperimentConfig) -> None:

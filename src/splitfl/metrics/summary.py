@@ -66,6 +66,23 @@ def checked_status(rows: list[dict[str, Any]], status: str, planned: int | None)
     return status
 
 
+def warmup_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A run's warm-up rounds (S²FL §3.1, logged as ``plan_split: warm-up``): how many, the
+    simulated time they took, and per round the most devices timed and aggregated (all timed
+    ones unless the plan logs ``warmup_aggregated``); None where the run has none."""
+    warm = [r for r in rows if r.get("plan_split") == "warm-up"]
+    if not warm:
+        return None
+    return {
+        "rounds": len(warm),
+        "sim_time": sum(r.get("round_time", 0.0) for r in warm),
+        "devices_timed": max(len(r.get("clients", [])) for r in warm),
+        "devices_aggregated": max(
+            len(r.get("plan_warmup_aggregated", r.get("clients", []))) for r in warm
+        ),
+    }
+
+
 def summarize(
     rows: list[dict[str, Any]],
     target: float | None,
@@ -91,6 +108,7 @@ def summarize(
         "avg_waiting": sum(waits) / len(waits) if waits else None,
         "target_accuracy": target,
         "to_target": to_target(rows, target),
+        "warmup": warmup_summary(rows),
     }
 
 
@@ -161,4 +179,16 @@ def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
             s["status"],
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    notes = [warmup_note(display_name(n), s) for n, s in summaries.items() if s.get("warmup")]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def warmup_note(name: str, summary: dict[str, Any]) -> str:
+    """One line under the comparison table: what a run's warm-up rounds did and cost."""
+    w = summary["warmup"]
+    return (
+        f"{name}: its first {w['rounds']} rounds are the warm-up (S²FL §3.1), each timing "
+        f"{w['devices_timed']} devices at one cut point and aggregating "
+        f"{w['devices_aggregated']}: {format_value(w['sim_time'], 'time')} of its "
+        f"{format_value(summary['sim_time'], 'time')} simulated time."
+    )

@@ -14,6 +14,7 @@ import yaml
 from splitfl.config import ConfigError, ExperimentConfig, from_dict, load_yaml
 from splitfl.data.base import DatasetError
 from splitfl.experiment import runner  # looked up per call (tests replace runner.prepare)
+from splitfl.experiment.validation import resolve_config
 from splitfl.sweeps.spec import SweepSpec, Trial
 from splitfl.sweeps.trial import FINAL, run_state
 
@@ -21,9 +22,13 @@ INDEX = "trials.json"
 
 
 def same_config(run_dir: Path, config: ExperimentConfig) -> bool:
-    """Whether ``run_dir`` holds no config yet, or ``config`` itself."""
+    """Whether ``run_dir`` holds no config yet, or ``config`` itself (both resolved: a run
+    directory holds its config resolved)."""
     path = run_dir / "config.yaml"
-    return not path.exists() or from_dict(ExperimentConfig, load_yaml(path.read_text())) == config
+    if not path.exists():
+        return True
+    held = from_dict(ExperimentConfig, load_yaml(path.read_text()))
+    return resolve_config(held) == resolve_config(config)
 
 
 def check_data(trials: list[Trial], folder: Path | None = None) -> list[Trial]:

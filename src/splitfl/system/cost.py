@@ -13,12 +13,15 @@ download and upload link at their own rates (``R`` for both in S²FL), and label
 Eq. 1) can be counted with ``label_bytes > 0``. FedAvg is the case ``cut == n_blocks``: the full
 model goes down and up, no activations, no server compute.
 
-**Shared server link** (``devices.contention``, default on; not in Eq. 1): ``R`` above is the
-client's own link, but every participant's transfers also cross the server's link (S²FL
-Table 1: 1e7 B/s; MergeSFL's PS ingress budget B^h). :func:`share_server_link` gives each
-transfer the rate ``min(own link, max-min fair share of the server link)`` among the round's
-concurrent transfers in the same direction (:func:`max_min_share`). With ``contention: false``
-the times are Eq. (1) exactly.
+**Shared server link** (``devices.contention``; not in Eq. 1): ``R`` above is the client's own
+link, but every participant's transfers also cross the server's link (MergeSFL's PS ingress
+budget B^h; S²FL Table 1 gives the server 1e7 B/s, but Eq. 1 does not share it).
+:func:`share_server_link` gives each transfer the rate ``min(own link, max-min fair share of
+the server link)`` among the round's concurrent transfers in the same direction
+(:func:`max_min_share`). The default follows the preset's paper
+(:data:`~splitfl.system.devices.PAPER_CONTENTION`): off — Eq. (1) exactly — for the S²FL and
+RingSFL presets, on for the MergeSFL/ParallelSFL testbed; ``true``/``false`` override it (a
+sensitivity analysis beside the paper's model).
 """
 
 from __future__ import annotations

@@ -135,6 +135,25 @@ PRESETS: dict[str, Callable[..., Population]] = {
     "ringsfl_testbed": ringsfl_testbed,
 }
 
+#: Whether the time model of each preset's paper shares the server link among the round's
+#: participants — the default of ``devices.contention`` (null), so that a paper's preset
+#: reproduces that paper's clock. S²FL Eq. (1) charges each device its own rate R (Table 1;
+#: ``homogeneous`` is its control); RingSFL's prototype gives every link its own 135 Mb/s;
+#: MergeSFL bounds the PS's ingress by a budget B^h (Eq. 10) and ParallelSFL a top worker's
+#: by B_c^h (Eq. 8), so their testbed's transfers share those links.
+PAPER_CONTENTION: dict[str, bool] = {
+    "s2fl_table1": False,
+    "homogeneous": False,
+    "jetson80": True,
+    "ringsfl_testbed": False,
+}
+
+
+def resolve_contention(preset: str, contention: bool | None) -> bool:
+    """``devices.contention``: ``contention`` where set, else the preset's paper model
+    (:data:`PAPER_CONTENTION`; a preset not listed there: no sharing, as Eq. 1)."""
+    return PAPER_CONTENTION.get(preset, False) if contention is None else contention
+
 
 @dataclass(frozen=True)
 class D2DOverride:

@@ -3,18 +3,27 @@ Federated Learning"): adaptive sliding model split + data balance-based training
 aggregation. Spec: ``papers/s2fl.md`` §3 (Algorithms 1–2, Eq. 1–4), defaults from §5.
 
 * **Adaptive sliding split (§3.1).** The model has K candidate cut points (``Wc1 < … < WcK``).
-  Warm-up: in round r < K every device uses cut point r; ``warmup_all_devices`` (default, as
-  §3.1 says: the Fed Server "sends Wc to all the devices") makes every device take part in the
-  warm-up rounds, so each one has measured every cut; off, only the round's selected devices
-  do. The *client time table* records each device's measured round time per cut (what the
-  simulated clock reported for it, incl. jitter and time-varying devices), as the mean of its
-  observations (``time_table_update: mean``) or the latest (``last``). Afterwards the x
-  selected devices' x·K entries give a median, and each device gets the cut whose entry is
-  closest to it. An entry the device never measured is Eq. (1) with the device's *measured*
-  compute speed, transfer rate and server speed (:func:`measured_device`: its measured FLOPs /
-  compute time, bytes / transfer time, server FLOPs / server time over its observations, or
-  the latest), i.e. its measured cuts scaled by FLOPs and bytes; a device never measured at
-  all gets, per cut, the median of the measured devices' entries — never the device profile.
+  Warm-up: in round r < K every device uses cut point r; ``warmup_all_devices`` (default, as §3.1
+  says: the Fed Server "sends Wc to all the devices") makes every device take part in the warm-up
+  rounds, so each one has measured every cut; off, only the round's selected devices do.
+  ``warmup_training``: what becomes of the other devices' warm-up work. §3.1 has the Fed Server
+  send Wc "to all the devices", turn on a timer and record each device's time in the client time
+  table — it times them — and says nothing of aggregating what they upload, while Algorithm 1
+  aggregates the selected devices' parts weighted by |D_1|, …, |D_x|. Reading: ``time_only``
+  (default) — the x devices drawn as in any round train, are grouped and are aggregated as usual;
+  the other N−x run the same round at the same cut, grouped among themselves (so they never touch
+  the selected devices' server copies), and are charged on the clock (round time, traffic, energy)
+  and entered in the time table, but their updates are discarded, so S²FL's model sees the same
+  amount of data per round as the baselines'. ``aggregate`` — every device's update is aggregated.
+  The *client time table* records each device's measured round time per cut (what the simulated
+  clock reported for it, incl. jitter and time-varying devices), as the mean of its observations
+  (``time_table_update: mean``) or the latest (``last``). Afterwards the x selected devices' x·K
+  entries give a median, and each device gets the cut whose entry is closest to it. An entry the
+  device never measured is Eq. (1) with the device's *measured* compute speed, transfer rate and
+  server speed (:func:`measured_device`: its measured FLOPs / compute time, bytes / transfer time,
+  server FLOPs / server time over its observations, or the latest), i.e. its measured cuts scaled
+  by FLOPs and bytes; a device never measured at all gets, per cut, the median of the measured
+  devices' entries — never the device profile.
 * **Lock-step groups.** A group's server copy takes one step per iteration on its members'
   combined loss, so iteration k of the group ends when every member that still has a k-th
   step has delivered it; a member's next step starts when the gradients of the group step
@@ -56,6 +65,7 @@ device = SFL), ``s2fl+B`` (grouping only), ``s2fl+M`` (sliding split only), ``s2
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -65,7 +75,7 @@ from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.s2fl.data_balance import balanced_groups, partition_cost
 from splitfl.config import ConfigError
 from splitfl.data.partition import batch_sizes
-from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport
+from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.system.cost import ClientCost, round_times, split_client_cost
 from splitfl.system.devices import DeviceProfile
 
@@ -81,6 +91,7 @@ class S2FLOptions:
     exact_limit: int = 20000
     restarts: int = 8
     warmup_all_devices: bool = True
+    warmup_training: str = "time_only"
     time_table_update: str = "mean"
     group_loss: str = "mean"
     device_grad: str = "own"
@@ -89,6 +100,8 @@ class S2FLOptions:
     def __post_init__(self) -> None:
         if self.group_size < 1:
             raise ConfigError("options.s2fl.group_size", f"must be >= 1 (got {self.group_size})")
+        if self.warmup_training not in ("time_only", "aggregate"):
+            raise ConfigError("options.s2fl.warmup_training", "allowed: time_only, aggregate")
         if self.time_table_update not in ("mean", "last"):
             raise ConfigError("options.s2fl.time_table_update", "allowed: mean, last")
         if self.group_loss not in ("mean", "sum"):
@@ -201,6 +214,8 @@ class S2FL(Algorithm):
             None,
             {},
         )
+        # the round's selected devices while every device takes part in a warm-up round
+        self._selected: list[int] | None = None
 
     @property
     def cut_points(self) -> tuple[int, ...]:
@@ -210,9 +225,15 @@ class S2FL(Algorithm):
         return self.options.adaptive_split and round_idx < len(self.cut_points)
 
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
+        """The round's x devices; every device in a warm-up round (``warmup_all_devices``),
+        the x drawn as usual being the ones aggregated (``warmup_training: time_only``)."""
+        selected = super().select_clients(round_idx, rng)
+        self._selected = None
         if self.is_warmup(round_idx) and self.options.warmup_all_devices:
+            if self.options.warmup_training == "time_only":
+                self._selected = selected
             return list(range(self.ctx.num_clients))
-        return super().select_clients(round_idx, rng)
+        return selected
 
     def table_time(self, device: int, cut: int, round_idx: int) -> float:
         """A time-table entry: measured (mean or last), else estimated from measurements."""
@@ -261,9 +282,26 @@ class S2FL(Algorithm):
         cost = partition_cost(hist, groups)
         return group_of, {"grouping_exact": exact, "grouping_distance": cost}
 
+    def warmup_groups(
+        self, clients: list[int], rng: np.random.Generator
+    ) -> tuple[dict[int, int], dict]:
+        """``time_only`` warm-up: the selected devices grouped as in any round, then the timed
+        ones among themselves in groups of their own (never mixed with the selected)."""
+        selected = self._selected or []
+        groups, info = self.choose_groups(selected, rng)
+        timed = [c for c in clients if c not in set(selected)]
+        if timed:
+            others, _ = self.choose_groups(timed, rng)
+            offset = max(groups.values(), default=-1) + 1
+            groups.update({c: offset + g for c, g in others.items()})
+        return groups, {**info, "warmup_aggregated": list(selected)}
+
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         cuts, split_info = self.choose_cuts(round_idx, clients)
-        groups, group_info = self.choose_groups(clients, rng)
+        if self._selected is not None and self.is_warmup(round_idx):
+            groups, group_info = self.warmup_groups(clients, rng)
+        else:
+            groups, group_info = self.choose_groups(clients, rng)
         tasks = [self.make_task(c, cuts[c], groups[c], round_idx) for c in clients]
         return RoundPlan(
             tasks=tasks,
@@ -299,6 +337,15 @@ class S2FL(Algorithm):
                 if len(phases) > 1:
                     round_time = max(round_time, *lockstep_finish(phases).values())
         return round_time, {c: round_time - t for c, t in times.items()}
+
+    def aggregate(self, global_state: dict, plan: RoundPlan, result: RoundResult) -> dict:
+        """Algorithm 1 over the round's devices — in a ``time_only`` warm-up round, over the
+        selected ones only (the others were timed, see the module docstring)."""
+        keep = plan.info.get("warmup_aggregated")
+        if keep is not None:
+            kept = [u for u in result.updates if u.client in set(keep)]
+            result = dataclasses.replace(result, updates=kept)
+        return super().aggregate(global_state, plan, result)
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         """§3.1: update the client time table with each device's measured time at its cut,
