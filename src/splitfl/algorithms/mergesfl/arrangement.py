@@ -56,8 +56,9 @@ def arrange_workers(
 
     Returns the sorted selected worker indices, their integer batch sizes (aligned with the
     indices) and an info dict: ``kl_before`` (GA set with Eq. 9 sizes), ``kl_finetuned`` (after
-    line 6), ``kl_after`` (final integer sizes), ``delta`` (Eq. 14 of line 6),
-    ``waiting_time`` (Eq. 8 over the selected workers, final sizes), ``bandwidth`` (Σ d_i·c).
+    line 6), ``kl_after`` (final integer sizes), ``delta`` (Eq. 14 of line 6, from the
+    un-floored Eq. 9 sizes), ``waiting_time`` (Eq. 8 over the selected workers, final sizes),
+    ``bandwidth`` (Σ d_i·c).
     ``ga_options`` are passed to :func:`ga_select`. Workers whose Eq. (9) batch is 0 (slower
     per sample than D× the fastest worker: even one sample would make them stragglers) are not
     offered to the GA; ``excluded`` counts them. The GA checks Eq. (10) with the floored Eq. 9
