@@ -16,7 +16,8 @@ Size Regulation"): spec ``papers/mergesfl.md`` §IV (Alg. 1, Eq. 5–17).
 * **Worker arrangement (Alg. 1):** :mod:`splitfl.algorithms.mergesfl.arrangement` (Eq. 9 batch
   regulation with D = ``train.batch_size``, workers whose Eq. 9 batch is 0 not selectable,
   Eq. 13 priorities, GA on KL(Φ_h‖Φ_0) under Eq. 10, SLSQP fine-tuning to KL ≤ ``epsilon``
-  with minimal Eq. 14, one common scale factor to the budget with the largest batch ≤ D).
+  with minimal Eq. 14, one common scale factor to the budget with the largest batch ≤ D,
+  sizes rounded once to the nearest integer, workers scaled below one sample dropped).
 * **Training (§IV-B):** worker learning rate ∝ batch size (η_i = η·d_i/D, Eq. 15); feature
   merging — every iteration the selected workers' activations are concatenated into one batch
   for one top-model step on the mean loss over the merged batch (Eq. 16), and each worker gets
