@@ -148,8 +148,61 @@ def test_d2d_rate_override_and_presets_without_server_bandwidth():
     assert {ctx.population.at(c, 0).d2d for c in range(ctx.num_clients)} == {1e5}
 
 
+def test_jetson80_ps_link_binds_max_min_by_hand():
+    """jetson80's PS link is the routers' shared WiFi, 200 Mb/s = 2.5e7 B/s each way. Ten
+    workers at 30 Mb/s and two at 1 Mb/s upload at once (302 Mb/s): the two slow ones keep
+    1 Mb/s (1.25e5 B/s), the ten others share the rest, (2.5e7 − 2.5e5) / 10 = 2.475e6 B/s
+    each, in both directions. (The old 1 Gb/s PS link never bound: every worker kept its own
+    rate, as 30 concurrent workers at the 30 Mb/s maximum stay below it.)"""
+    server = draw_population("jetson80", 12, np.random.default_rng(0)).server
+    assert server.downlink == server.uplink == 200e6 / 8
+    costs = _costs([30e6 / 8] * 10 + [1e6 / 8] * 2)
+    for cost in costs.values():
+        cost.server_time = 0.0  # compute is not the point here
+    shared = share_server_link(costs, server)
+    for c, cost in shared.items():
+        rate = 2.475e6 if c < 10 else 1.25e5
+        assert cost.extra["server_in_rate"] == pytest.approx(rate, rel=1e-12)
+        assert cost.extra["server_out_rate"] == pytest.approx(rate, rel=1e-12)
+        # up = |Wc| + p·q = 1200 + 3200 bytes, down the same (Eq. 1 at the shared rates)
+        assert cost.comm_time == pytest.approx(2 * 4400 / rate, rel=1e-12)
+    assert sum(c.extra["server_in_rate"] for c in shared.values()) == pytest.approx(2.5e7)
+
+
+def test_jetson80_run_charges_the_ps_link(tmp_path):
+    # 20 jetson80 workers all training (FedAvg, about 250 Mb/s of links on average): their
+    # transfers fill the 200 Mb/s PS link, so the faster ones take longer than with
+    # contention off; nobody is faster
+    changes = {"devices.preset": "jetson80", "algorithm": "fedavg", "rounds": 2}
+    changes |= {"data.num_clients": 20, "train.clients_per_round": 20}
+    on = splitfl.run(
+        tiny_config(**changes, **{"devices.contention": True}), run_dir=tmp_path / "on"
+    )
+    off_changes = {**changes, "devices.contention": False}
+    off = splitfl.run(tiny_config(**off_changes), run_dir=tmp_path / "off")
+    for a, b in zip(on.metrics, off.metrics, strict=True):
+        pairs = list(zip(a["client_times"], b["client_times"], strict=True))
+        assert all(t_on >= t_off for t_on, t_off in pairs)
+        assert sum(t_on > t_off * 1.01 for t_on, t_off in pairs) >= 5
+
+
+def test_server_rate_overrides_the_preset_server_link():
+    ctx = prepare(as_config(tiny_config(**{"devices.server_rate": 5e6}))).ctx
+    assert (ctx.population.server.uplink, ctx.population.server.downlink) == (5e6, 5e6)
+    assert ctx.population.server.flops == 5e10  # S²FL's server compute kept
+    ring = draw_population("ringsfl_testbed", 5, np.random.default_rng(0), server_rate=1e7)
+    assert ring.shared_server and ring.server.downlink == 1e7  # now it has a link to share
+
+
 @pytest.mark.parametrize(
-    "key,value", [("devices.d2d_rate", 0.0), ("devices.d2d_rate", -1.0), ("devices.contention", 2)]
+    "key,value",
+    [
+        ("devices.d2d_rate", 0.0),
+        ("devices.d2d_rate", -1.0),
+        ("devices.contention", 2),
+        ("devices.server_rate", 0.0),
+        ("devices.server_rate", -5.0),
+    ],
 )
 def test_bad_contention_config_is_one_line_error(key, value):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

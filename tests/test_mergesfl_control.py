@@ -234,7 +234,13 @@ def test_scale_to_budget_never_exceeds_and_nearly_fills_budget():
         cost = float(rng.uniform(0.1, 4.0))
         budget = float(rng.uniform(size * cost, 2000.0 * cost))
         out = scale_to_budget(batch, cost, budget)
-        assert out.dtype.kind == "i" and np.all(out >= 1)
+        kept = out > 0
+        assert out.dtype.kind == "i" and kept.any()
+        # dropped workers (scaled below one sample) are the smallest; the kept ones are
+        # round(s·d_i) for one s, so out_i / d_i varies by less than 2x (Eq. 7 times)
+        assert np.all(batch[~kept, None] < batch[None, kept])
+        ratio = out[kept] / batch[kept]
+        assert ratio.max() / ratio.min() < 2.0
         used = out.sum() * cost
         assert used <= budget * (1 + 1e-9)
         assert budget - used < cost * max(out.max(), size)
@@ -329,3 +335,47 @@ def test_ga_selection_iteration_time_spread_is_at_most_2x_on_80_workers(seed):
     assert times.max() / times.min() <= 2.0
     assert np.all(np.floor(d_max * r.min() / r[sel] * (1 + 1e-9)) >= 1)
     assert info["excluded"] > 0
+
+
+def test_line7_final_sizes_round_once_and_keep_iteration_times_aligned():
+    """Alg. 1 line 7 on the FINAL sizes. Per-sample times 1, 2, 9.5 with D = 16: Eq. 9 gives
+    16, 8, ⌊1.68⌋ = 1; a budget of 12 samples keeps worker 0 out, the GA takes {1, 2} (KL
+    0.34 < ln 2) and ε = 1 leaves line 6 idle. Line 7 scales the un-floored sizes 8, 1.684:
+    the largest s with round(8s) + round(1.684s) ≤ 12 gives 10, 2 (Eq. 7 times 20, 19). Flooring
+    twice (Eq. 9, then ⌊1·s⌋) gave 11, 1: times 22 and 9.5, a 2.3x straggler spread."""
+    dists = np.array([[0.5, 0.5], [1.0, 0.0], [0.0, 1.0]])
+    mu, beta = np.array([1.0, 2.0, 9.5]), np.zeros(3)
+    sel, batch, info = arrange_workers(
+        dists, mu, beta, np.zeros(3), 1.0, 12.0, 16, 1.0, np.random.default_rng(0)
+    )
+    assert sel.tolist() == [1, 2]
+    assert batch.tolist() == [10, 2]
+    times = iteration_times(batch, mu[sel], beta[sel])
+    assert times.tolist() == [20.0, 19.0]
+    assert info["dropped"] == 0 and info["bandwidth"] == 12.0
+
+
+def test_line7_drops_workers_scaled_below_one_sample():
+    # sizes 20, 10, 1.2 (Eq. 7-aligned for per-sample times 1, 2, 50/3) into 15.5 samples:
+    # s ∈ [0.5, 0.525) gives 10, 5 and 0.6 < 1 → dropped; one sample would make it a 1.7x
+    # straggler (the old max(1, ⌊s·d⌋) gave 9, 4, 1: Eq. 7 times 9, 8, 16.7)
+    out = scale_to_budget(np.array([20.0, 10.0, 1.2]), 1.0, 15.5, max_batch=32)
+    assert out.tolist() == [10, 5, 0]
+    assert iteration_times(out[:2], np.array([1.0, 2.0]), np.zeros(2)).tolist() == [10.0, 10.0]
+    # halves round up: 1·1.5 → 2 and 3·1.5 = 4.5 → 5 (s = 1.5 is the cap 6 / 4)
+    assert scale_to_budget(np.array([1.0, 3.0, 4.0]), 1.0, 1e3, max_batch=6).tolist() == [2, 5, 6]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_final_iteration_time_spread_below_2x_on_80_workers(seed):
+    """With line 6 idle (ε = 1) the final sizes are round(s·aligned size): Eq. 7 times within
+    (2/3, 4/3] of a common value, so the spread is < 2 (flooring after Eq. 9's floor gave
+    1.98 / 1.95 / 1.98 / 2.83 / 3.48x on these draws)."""
+    dists, mu, beta = _synthetic_80(seed)
+    q, d_max = 1600.0, 32
+    sel, batch, info = arrange_workers(
+        dists, mu, beta, np.zeros(80), q, 10 * d_max * q, d_max, 1.0, np.random.default_rng(seed)
+    )
+    times = iteration_times(batch, mu[sel], beta[sel])
+    assert np.all(batch >= 1) and batch.sum() * q <= 10 * d_max * q
+    assert times.max() / times.min() < 2.0

@@ -59,6 +59,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "devices.variation": Range(0, 10),
     "devices.d2d_rate": Range(0, 1e15, lo_open=True),
     "devices.exchange_latency_s": Range(0, 10),
+    "devices.server_rate": Range(0, 1e15, lo_open=True),
     "train.lr": Range(0, 1e9, lo_open=True),
     "train.lr_decay": Range(0, 1, lo_open=True),
     "train.lr_min": Range(0, 1e9),

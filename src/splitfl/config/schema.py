@@ -64,6 +64,10 @@ class DevicesConfig:
     #: latency, which S²FL Eq. 1 leaves out. 0 (the default) is Eq. 1 exactly;
     #: ``benchmarks/clock_validation.py`` measures it for a deployment.
     exchange_latency_s: float = 0.0
+    #: The server's link rate in B/s, each direction (its ingress and egress, shared by the
+    #: participants with ``contention``); null = the preset's (``jetson80``: 200 Mb/s, see
+    #: ``splitfl.system.jetson``). Setting it gives any preset a shared server link.
+    server_rate: float | None = None
 
 
 @dataclass(frozen=True)

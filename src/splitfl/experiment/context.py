@@ -157,6 +157,7 @@ def build_context(config: ExperimentConfig) -> RunContext:
         rng_for(config.seed, "devices"),
         config.devices.composition,
         config.devices.d2d_rate,
+        config.devices.server_rate,
     )
     v = config.devices
     population = with_variation(population, v.variation, v.variation_period, config.seed)

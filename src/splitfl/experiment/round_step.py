@@ -21,6 +21,7 @@ from splitfl.experiment.context import RunContext
 from splitfl.plan import RoundPlan, RoundReport, RoundResult
 from splitfl.seeding import derive_seed, rng_for
 from splitfl.system import LINKS, ClientCost, SimClock, Traffic, jitter_factors
+from splitfl.system.cost import server_bytes
 
 if TYPE_CHECKING:
     from splitfl.experiment.runner import Prepared  # runner imports this module
@@ -85,12 +86,19 @@ def measured_view(costs: dict[int, ClientCost], measured: dict[int, dict[str, fl
 def measured_cost(cost: ClientCost, measured: dict[str, float]) -> ClientCost:
     """``clock: measured``: the cost model's traffic with the times measured on the devices
     (compute → ``device_time``, upload + download → ``comm_time``, server compute →
-    ``server_time``), so the algorithms' state estimates see the real devices."""
+    ``server_time``), so the algorithms' state estimates see the real devices; the rate at
+    which the server received the client's bytes is measured too (``server_in_rate`` =
+    ingress bytes / upload time, as the clock's shared-link rate; MergeSFL's B^h uses it)."""
+    extra = dict(cost.extra)
+    ingress = server_bytes(cost.traffic)[0]
+    if ingress > 0 and measured["upload_s"] > 0:
+        extra["server_in_rate"] = ingress / measured["upload_s"]
     return replace(
         cost,
         comm_time=measured["upload_s"] + measured["download_s"],
         device_time=measured["compute_s"],
         server_time=measured["server_s"],
+        extra=extra,
     )
 
 

@@ -176,16 +176,29 @@ def with_d2d_rate(population: Population, rate: float) -> Population:
     return replace(population, devices=devices, schedule=schedule)
 
 
+def with_server_rate(population: Population, rate: float) -> Population:
+    """``population`` with the server's link at ``rate`` B/s each way (``devices.server_rate``),
+    shared by the participants' transfers (``shared_server``) since it is now defined."""
+    if not rate > 0:
+        raise ValueError(f"server rate must be > 0 (got {rate})")
+    server = replace(population.server, uplink=rate, downlink=rate)
+    return replace(population, server=server, shared_server=True)
+
+
 def draw_population(
     preset: str,
     n: int,
     rng: np.random.Generator,
     composition: str = "uniform",
     d2d_rate: float | None = None,
+    server_rate: float | None = None,
 ) -> Population:
     """Draw ``n`` device profiles from ``preset`` with ``rng`` (deterministic given the seed);
-    ``d2d_rate`` (B/s) replaces every device's D2D rate."""
+    ``d2d_rate`` (B/s) replaces every device's D2D rate, ``server_rate`` (B/s) the server's
+    link rate."""
     if preset not in PRESETS:
         raise KeyError(f"unknown device preset {preset!r}; choose one of {', '.join(PRESETS)}")
     population = PRESETS[preset](n, rng, composition)
-    return population if d2d_rate is None else with_d2d_rate(population, d2d_rate)
+    if d2d_rate is not None:
+        population = with_d2d_rate(population, d2d_rate)
+    return population if server_rate is None else with_server_rate(population, server_rate)

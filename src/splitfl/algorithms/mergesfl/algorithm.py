@@ -4,18 +4,20 @@ Size Regulation"): spec ``papers/mergesfl.md`` §IV (Alg. 1, Eq. 5–17).
 * **State estimation (§IV-A, Eq. 5–6):** :class:`~splitfl.algorithms.state_estimation.
   WorkerStateEstimator` (moving averages, ``ema`` = 0.8, of per-sample computing time μ and
   transmission time β measured on the clock in the worker's own rounds; shared with AdaSFL).
-* **PS ingress budget B^h.** With ``ingress_mbps`` set, the PS's available ingress bandwidth
-  varies per round (uniform ±``ingress_jitter``, seeded) and B^h is the moving average of what
-  previous rounds observed. Eq. (10) compares bytes per *iteration*, so the budget in bytes is
-  B^h × the fastest worker's iteration time at the maximum batch (D·(μ_l+β_l), Eq. 7).
-  With ``ingress_mbps: null`` (default) the budget is the feature bytes of
-  ``train.clients_per_round`` workers at the maximum batch, so comparisons with baselines that
-  select ``clients_per_round`` workers use the same server ingress; the same rule applies
-  before any worker has been measured (μ, β unknown).
+* **PS ingress budget B^h (§IV-A, Eq. 10):** :mod:`~splitfl.algorithms.mergesfl.ingress` —
+  the moving average (``ema``) of the PS's achieved ingress rate in the earlier rounds, from the
+  round reports (the clock shares the PS link among the concurrent uploads where
+  ``devices.contention`` is on). Eq. (10) compares bytes per *iteration*, so the budget in
+  bytes is B^h × the fastest worker's iteration time at the maximum batch (D·(μ_l+β_l), Eq. 7).
+  Before anything has been measured (round 0) the budget is the feature bytes of
+  ``train.clients_per_round`` workers at the maximum batch — the prior, which reads no link
+  rate; ``budget: clients_per_round`` keeps that budget in every round (so that comparisons
+  with baselines that select ``clients_per_round`` workers use the same feature ingress).
 * **Worker arrangement (Alg. 1):** :mod:`splitfl.algorithms.mergesfl.arrangement` (Eq. 9 batch
   regulation with D = ``train.batch_size``, workers whose Eq. 9 batch is 0 not selectable,
   Eq. 13 priorities, GA on KL(Φ_h‖Φ_0) under Eq. 10, SLSQP fine-tuning to KL ≤ ``epsilon``
-  with minimal Eq. 14, one common scale factor to the budget with the largest batch ≤ D).
+  with minimal Eq. 14, one common scale factor to the budget with the largest batch ≤ D,
+  sizes rounded once to the nearest integer, workers scaled below one sample dropped).
 * **Training (§IV-B):** worker learning rate ∝ batch size (η_i = η·d_i/D, Eq. 15); feature
   merging — every iteration the selected workers' activations are concatenated into one batch
   for one top-model step on the mean loss over the merged batch (Eq. 16), and each worker gets
@@ -41,14 +43,14 @@ import numpy as np
 
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
-from splitfl.algorithms.estimates import moving_average
 from splitfl.algorithms.mergesfl.arrangement import arrange_workers
+from splitfl.algorithms.mergesfl.ingress import update_ingress
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
 from splitfl.config import ConfigError
 from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport
-from splitfl.seeding import rng_for
 
-MBPS = 1e6 / 8
+#: Where B^h comes from (see the module docstring).
+BUDGETS = ("measured", "clients_per_round")
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,7 @@ class MergeSFLOptions:
     tau: int = 30
     ema: float = 0.8
     epsilon: float = 0.01
-    ingress_mbps: float | None = None
-    ingress_jitter: float = 0.2
+    budget: str = "measured"
     feature_merging: bool = True
     batch_regulation: bool = True
     lr_scaling: bool = True
@@ -73,13 +74,13 @@ class MergeSFLOptions:
     def __post_init__(self) -> None:
         if self.merge not in GROUP_FORWARDS:
             raise ConfigError("options.mergesfl.merge", f"allowed: {', '.join(GROUP_FORWARDS)}")
+        if self.budget not in BUDGETS:
+            raise ConfigError("options.mergesfl.budget", f"allowed: {', '.join(BUDGETS)}")
 
         checks = {
             "tau": self.tau >= 1,
             "ema": 0 <= self.ema < 1,
             "epsilon": 0 <= self.epsilon <= 100,  # a KL bound; log(classes) is the most
-            "ingress_mbps": self.ingress_mbps is None or 0 < self.ingress_mbps <= 1e6,
-            "ingress_jitter": 0 <= self.ingress_jitter < 1,
             "ga_population": self.ga_population >= 2,
             "ga_generations": self.ga_generations >= 0,
             "ga_mutation_rate": 0 <= self.ga_mutation_rate <= 1,
@@ -109,19 +110,14 @@ class MergeSFL(Algorithm):
     def cut(self) -> int:
         return self.ctx.resolve_cut(self.options.cut, self.name)
 
-    def true_ingress(self, round_idx: int) -> float:
-        j = self.options.ingress_jitter
-        factor = rng_for(self.ctx.config.seed, "ingress", round_idx).uniform(1 - j, 1 + j)
-        return self.options.ingress_mbps * MBPS * float(factor)
-
     def budget(self, mu: np.ndarray, beta: np.ndarray) -> float:
-        """B^h in bytes per iteration (see module docstring)."""
+        """Eq. (10)'s B^h in bytes per iteration (see the module docstring)."""
         d_max = self.ctx.config.train.batch_size
         c = self.state.bytes_per_sample()
-        if self.options.ingress_mbps is None or not self.state.any_measured:
+        measured = self.ingress_estimate is not None and self.state.any_measured
+        if self.options.budget == "clients_per_round" or not measured:
             return self.ctx.config.train.clients_per_round * d_max * c
-        rate = self.ingress_estimate or self.options.ingress_mbps * MBPS
-        return rate * d_max * float(np.min(mu + beta))
+        return self.ingress_estimate * d_max * float(np.min(mu + beta))
 
     # -- hooks ---------------------------------------------------------------------------------
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
@@ -160,6 +156,7 @@ class MergeSFL(Algorithm):
             tasks.append(ClientTask(c, self.cut, group, int(d), self.options.tau, lr * scale))
         info = {k: float(v) for k, v in info.items()}
         info["batch_sizes"] = [int(d) for d in batch]
+        info["ingress_estimate"] = self.ingress_estimate
         return RoundPlan(
             tasks=tasks,
             server_mode="per_step",
@@ -175,10 +172,7 @@ class MergeSFL(Algorithm):
         self.state.observe(round_idx, plan, report)
         for task in plan.tasks:
             self.participation[task.client] += 1
-        if self.options.ingress_mbps is not None:
-            self.ingress_estimate = moving_average(
-                self.ingress_estimate, self.true_ingress(round_idx), self.options.ema
-            )
+        self.ingress_estimate = update_ingress(self.ingress_estimate, report, self.options.ema)
 
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
         """Eq. (17): bottom models weighted by batch size d_i (top model: the PS's copy)."""

@@ -9,7 +9,9 @@ Algorithm 1 (worker arrangement and configuration in round h):
      KL(Φ_h ‖ Φ_0) (Eq. 11-12) under the PS ingress-bandwidth budget (Eq. 10).
 6.   Fine-tune the batch sizes of S with the smallest added waiting time Δ (Eq. 14) subject to
      KL(Φ_h ‖ Φ_0) ≤ ε.
-7.   Scale all batch sizes by one factor to use as much of the budget as Eq. (10) allows.
+7.   Scale all batch sizes by one factor to use as much of the budget as Eq. (10) allows,
+     rounding once (lines 6-7 work on the un-floored Eq. 9 sizes); a worker whose scaled size
+     is below one sample leaves S^h.
 
 The readings of the paper where it is silent or ambiguous (``reference/spec-gaps.md``) are
 stated where they apply: Eq. (9) and line 7 in :mod:`~splitfl.algorithms.mergesfl.batch_sizes`,
@@ -27,6 +29,7 @@ import numpy as np
 
 from splitfl.algorithms.estimates import iid_reference, kl_divergence
 from splitfl.algorithms.mergesfl.batch_sizes import (
+    aligned_batch_sizes,
     average_waiting_time,
     iteration_times,
     regulate_batch_sizes,
@@ -53,11 +56,15 @@ def arrange_workers(
 
     Returns the sorted selected worker indices, their integer batch sizes (aligned with the
     indices) and an info dict: ``kl_before`` (GA set with Eq. 9 sizes), ``kl_finetuned`` (after
-    line 6), ``kl_after`` (final integer sizes), ``delta`` (Eq. 14 of line 6),
-    ``waiting_time`` (Eq. 8 over the selected workers, final sizes), ``bandwidth`` (Σ d_i·c).
+    line 6), ``kl_after`` (final integer sizes), ``delta`` (Eq. 14 of line 6, from the
+    un-floored Eq. 9 sizes), ``waiting_time`` (Eq. 8 over the selected workers, final sizes),
+    ``bandwidth`` (Σ d_i·c).
     ``ga_options`` are passed to :func:`ga_select`. Workers whose Eq. (9) batch is 0 (slower
     per sample than D× the fastest worker: even one sample would make them stragglers) are not
-    offered to the GA; ``excluded`` counts them. Φ_0 stays the mean over all N workers.
+    offered to the GA; ``excluded`` counts them. The GA checks Eq. (10) with the floored Eq. 9
+    sizes; lines 6-7 start from the un-floored ones (:func:`aligned_batch_sizes`) and round
+    once, and workers that line 7 scales below one sample are dropped (``dropped`` counts
+    them). Φ_0 stays the mean over all N workers.
     """
     dists = np.asarray(label_dists, dtype=np.float64)
     mu = np.asarray(mu, dtype=np.float64)
@@ -77,22 +84,27 @@ def arrange_workers(
         **ga_options,
     )
     selected = eligible[chosen]
-    d0 = batch[selected].astype(np.float64)
-    kl_before = kl_divergence(label_mixture(d0, dists[selected], np.arange(selected.size)), phi0)
+    eq9 = batch[selected].astype(np.float64)
+    kl_before = kl_divergence(label_mixture(eq9, dists[selected], np.arange(selected.size)), phi0)
+    d0 = np.clip(aligned_batch_sizes(mu, beta, max_batch)[selected], 1.0, max_batch)
     tuned = finetune_batch_sizes(
         d0, mu[selected], beta[selected], dists[selected], phi0, epsilon, max_batch
     )
     kl_tuned = kl_divergence(label_mixture(tuned, dists[selected], np.arange(selected.size)), phi0)
     final = scale_to_budget(tuned, bytes_per_sample, budget, max_batch)
+    kept = final > 0
+    delta = waiting_increase(tuned, d0, mu[selected], beta[selected])
+    selected, final = selected[kept], final[kept]
     kl_after = kl_divergence(label_mixture(final, dists[selected], np.arange(selected.size)), phi0)
     times = iteration_times(final, mu[selected], beta[selected], tau)
     info = {
         "kl_before": kl_before,
         "kl_finetuned": kl_tuned,
         "kl_after": kl_after,
-        "delta": waiting_increase(tuned, d0, mu[selected], beta[selected]),
+        "delta": delta,
         "waiting_time": average_waiting_time(times),
         "bandwidth": float(final.sum() * bytes_per_sample),
         "excluded": float(batch.size - eligible.size),
+        "dropped": float(np.count_nonzero(~kept)),
     }
     return selected, final, info

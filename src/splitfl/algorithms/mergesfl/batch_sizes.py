@@ -7,7 +7,12 @@ Readings of the paper where it is silent or ambiguous (see ``reference/spec-gaps
   whose d_i is 0 cannot keep pace with l even at one sample, so they are not selectable this
   round (flooring them at 1 made stragglers the KL-only GA happily picked).
 * Line 7 scales all sizes by one common factor, capped so the largest reaches D (capping each
-  size at D separately breaks the proportionality of Eq. 9).
+  size at D separately breaks the proportionality of Eq. 9), and rounds each scaled size to
+  the nearest integer once: the sizes it scales are the un-floored Eq. 9 ratios
+  (:func:`aligned_batch_sizes`, after line 6), so flooring in Eq. 9 and again after scaling
+  cannot compound. A worker whose scaled size falls below one sample is dropped from S^h
+  (size 0), as Eq. 9's reading drops a worker whose aligned size is below one: giving it one
+  sample anyway made it a straggler of up to 1/(scaled size) of its aligned time.
 
 No torch here: every function takes numpy arrays.
 """
@@ -17,6 +22,17 @@ from __future__ import annotations
 import numpy as np
 
 from splitfl.algorithms.estimates import BUDGET_RTOL
+
+
+def aligned_batch_sizes(mu: np.ndarray, beta: np.ndarray, max_batch: int) -> np.ndarray:
+    """Eq. (9) before flooring: ``D·(μ_l+β_l)/(μ_i+β_i)``, the (real) batch size that gives
+    worker i the iteration time of the fastest worker l at ``D = max_batch`` (Eq. 7)."""
+    per_sample = np.asarray(mu, dtype=np.float64) + np.asarray(beta, dtype=np.float64)
+    if per_sample.size == 0:
+        return np.zeros(0, dtype=np.float64)
+    if np.any(per_sample <= 0):
+        raise ValueError("μ_i + β_i must be positive for every worker")
+    return max_batch * per_sample.min() / per_sample
 
 
 def regulate_batch_sizes(
@@ -31,12 +47,7 @@ def regulate_batch_sizes(
     ``min_batch = 1`` gives them one sample (AdaSFL, which shortens their τ instead). A relative
     1e-9 guard keeps exact quotients (e.g. 64·0.5/1) from rounding down by float error.
     """
-    per_sample = np.asarray(mu, dtype=np.float64) + np.asarray(beta, dtype=np.float64)
-    if per_sample.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if np.any(per_sample <= 0):
-        raise ValueError("μ_i + β_i must be positive for every worker")
-    ideal = max_batch * per_sample.min() / per_sample
+    ideal = aligned_batch_sizes(mu, beta, max_batch)
     batch = np.floor(ideal * (1.0 + 1e-9)).astype(np.int64)
     return np.clip(batch, min_batch, max_batch)
 
@@ -60,7 +71,10 @@ def average_waiting_time(times: np.ndarray) -> float:
 
 
 def _scaled(batch: np.ndarray, factor: float, cap: int | None) -> np.ndarray:
-    out = np.maximum(np.floor(batch * factor * (1.0 + 1e-9)), 1.0)
+    """``round(factor·d_i)`` (halves up), 0 where ``factor·d_i < 1``, at most ``cap``; a
+    relative 1e-9 guard keeps exact products (e.g. 1.5·1 or 0.5·2) from float error."""
+    x = batch * factor * (1.0 + 1e-9)
+    out = np.where(x >= 1.0, np.floor(x + 0.5), 0.0)
     if cap is not None:
         out = np.minimum(out, cap)
     return out.astype(np.int64)
@@ -69,16 +83,19 @@ def _scaled(batch: np.ndarray, factor: float, cap: int | None) -> np.ndarray:
 def scale_to_budget(
     batch: np.ndarray, bytes_per_sample: float, budget: float, max_batch: int | None = None
 ) -> np.ndarray:
-    """Line 7 of Alg. 1: one common factor s for all, ``d_i' = max(1, ⌊s·d_i⌋)``.
+    """Line 7 of Alg. 1: one common factor s for all, ``d_i' = round(s·d_i)``, 0 below one.
 
     s is the largest factor whose integer sizes still satisfy Eq. (10), ``Σ d_i'·c ≤ B``, found
     by bisection on s (the use is a non-decreasing step function of s). With ``max_batch`` = D,
     s is capped at ``D / max_i d_i`` so the largest batch reaches at most D and the sizes stay
     proportional ("scale up or down proportionally"); capping each size at D separately
-    would flatten the ratios that align the workers' iteration times (Eq. 9). Flooring after
-    scaling loses less than one sample per worker, so below the cap the unused budget is below
-    ``c·(number of workers whose size steps up at the next breakpoint)``. Raises
-    ``ValueError`` if even one sample per worker exceeds the budget. Integers ≥ 1 are returned.
+    would flatten the ratios that align the workers' iteration times (Eq. 9).
+
+    Each size is rounded to the nearest integer, so ``|d_i' − s·d_i| ≤ 1/2`` and, for the kept
+    workers (``s·d_i ≥ 1``), ``d_i' / (s·d_i)`` lies in ``(2/3, 4/3]``: the iteration times
+    ``d_i'·(μ_i+β_i)`` (Eq. 7) stay within a factor < 2 of proportional to ``d_i·(μ_i+β_i)``,
+    and closer as the sizes grow. A worker with ``s·d_i < 1`` gets 0 (drop it from S^h, see
+    the module docstring). Raises ``ValueError`` if no worker fits the budget at one sample.
     """
     d = np.asarray(batch, dtype=np.float64)
     if d.size == 0:
@@ -90,8 +107,6 @@ def scale_to_budget(
     def used(factor: float) -> float:
         return float(_scaled(d, factor, max_batch).sum() * bytes_per_sample)
 
-    if d.size * bytes_per_sample > limit:
-        raise ValueError(f"{d.size} workers at one sample each exceed the budget {budget}")
     if max_batch is None:
         hi = (budget / bytes_per_sample + 2.0) / d.min()
     else:
@@ -107,4 +122,7 @@ def scale_to_budget(
             lo = mid
         else:
             hi = mid
-    return _scaled(d, lo, max_batch)
+    out = _scaled(d, lo, max_batch)
+    if not out.any():
+        raise ValueError(f"no worker fits the budget {budget} at one sample")
+    return out

@@ -1,0 +1,88 @@
+"""MergeSFL §IV-A: B^h estimated from the PS's measured ingress of earlier rounds (Eq. 10)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from splitfl.algorithms.mergesfl.ingress import achieved_ingress, update_ingress
+from splitfl.executors.sequential import SequentialExecutor
+from splitfl.experiment.round_step import measure, measured_cost
+from splitfl.experiment.runner import as_config, prepare
+from splitfl.plan import RoundReport
+from splitfl.seeding import rng_for
+from splitfl.system.cost import ClientCost, Traffic
+
+
+def _cost(up: float, down: float, link: tuple[float, float] | None, **extra) -> ClientCost:
+    traffic = Traffic(model_up=up / 2, activations_up=up / 2, gradients_down=down)
+    return ClientCost(traffic, 0.0, 0.0, 1.0, 1.0, 0.0, extra=extra, server_link=link)
+
+
+def _report(costs: dict[int, ClientCost], jitter: dict[int, float]) -> RoundReport:
+    times = {c: cost.time * jitter[c] for c, cost in costs.items()}
+    zeros = {c: 0 for c in costs}
+    return RoundReport(times, costs, jitter, zeros, zeros, max(times.values()))
+
+
+def test_achieved_ingress_and_moving_average_by_hand():
+    costs = {
+        0: _cost(4e6, 1e6, (3e6, 3e6), server_in_rate=2e6),  # slowed by the shared link
+        1: _cost(2e6, 1e6, (3e6, 3e6)),  # link not shared: its own uplink
+        2: _cost(0.0, 1e6, (5e6, 5e6)),  # sent the PS nothing
+        3: _cost(4e6, 1e6, None),  # a topology without a client-PS link
+    }
+    report = _report(costs, {0: 1.25, 1: 1.0, 2: 1.0, 3: 1.0})
+    # the jitter stretched client 0's measured time: 2e6 / 1.25 + 3e6
+    assert achieved_ingress(report) == pytest.approx(1.6e6 + 3e6, rel=1e-15)
+    assert update_ingress(None, report, 0.8) == pytest.approx(4.6e6, rel=1e-15)
+    assert update_ingress(5e6, report, 0.8) == pytest.approx(0.8 * 5e6 + 0.2 * 4.6e6, rel=1e-15)
+    silent = _report({2: costs[2]}, {2: 1.0})
+    assert achieved_ingress(silent) is None and update_ingress(5e6, silent, 0.8) == 5e6
+
+
+def test_measured_clock_reports_the_rate_the_server_received_at():
+    cost = _cost(4e6, 1e6, (3e6, 3e6), server_in_rate=2e6)
+    times = {"upload_s": 2.5, "download_s": 1.0, "compute_s": 3.0, "server_s": 0.5}
+    got = measured_cost(cost, times)
+    assert got.extra["server_in_rate"] == 4e6 / 2.5
+    assert (got.comm_time, got.device_time, got.server_time) == (3.5, 3.0, 0.5)
+    assert (
+        measured_cost(dataclasses.replace(cost, extra={}), {**times, "upload_s": 0.0}).extra == {}
+    )
+
+
+def test_mergesfl_budget_follows_the_measured_ingress_of_earlier_rounds():
+    """Through the executor and the clock: round 0 budgets clients_per_round × D samples (the
+    prior); after each round B^h = 0.8·B^{h-1} + 0.2·Σ_k server_in_rate_k / jitter_k over the
+    round's report, and the next budget is B^h × D·min(μ+β) bytes (Eq. 10, Eq. 7)."""
+    changes = {"options.mergesfl.tau": 2, "devices.jitter": 0.3, "devices.contention": True}
+    cfg = as_config(tiny_config(algorithm="mergesfl", **changes))
+    prep = prepare(cfg)
+    ctx, alg = prep.ctx, prep.algorithm
+    d_max, c = cfg.train.batch_size, alg.state.bytes_per_sample()
+    want = None
+    shared = 0
+    for r in range(3):
+        mu, beta = alg.state.estimates(r)
+        if want is None:
+            assert alg.budget(mu, beta) == cfg.train.clients_per_round * d_max * c
+        else:
+            assert alg.budget(mu, beta) == pytest.approx(want * d_max * np.min(mu + beta))
+        plan = alg.plan_round(r, alg.select_clients(r, rng_for(3, "s", r)), rng_for(3, "p", r))
+        state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+        result = SequentialExecutor().run_round(ctx, state, plan, round_seed=11)
+        report, _ = measure(cfg, alg, plan, result, r)
+        alg.observe(r, plan, report)
+        sample = 0.0
+        for t in plan.tasks:
+            cost = report.costs[t.client]
+            sample += cost.extra["server_in_rate"] / report.jitter[t.client]
+            shared += cost.extra["server_in_rate"] < cost.server_link[0]
+        want = sample if want is None else 0.8 * want + 0.2 * sample
+        assert alg.ingress_estimate == pytest.approx(want, rel=1e-12)
+    assert shared > 0  # the server link really limited some uploads
+    before = alg.ingress_estimate
+    alg.load_state_dict(alg.state_dict())  # B^h is checkpointed
+    assert alg.ingress_estimate == before
