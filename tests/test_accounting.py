@@ -87,7 +87,9 @@ def _locfedmix_aggregation_round(**changes):
 def test_idle_uploads_share_the_server_link_with_the_participants():
     # 6 homogeneous devices with 2e6 B/s links into the 1e7 B/s server: 3 participants and 3
     # idle uploads are 6 flows into the server, 1e7/6 each (without the idle: 3 x 2e6 fits)
-    config, alg, plan, result = _locfedmix_aggregation_round(**{"devices.preset": "homogeneous"})
+    config, alg, plan, result = _locfedmix_aggregation_round(
+        **{"devices.preset": "homogeneous", "devices.contention": True}
+    )
     report, waits = measure(config, alg, plan, result, 1)
     alone = alg.idle_costs(plan, 1)
     for c in (0, 1, 2):

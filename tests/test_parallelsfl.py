@@ -192,7 +192,13 @@ def test_link_rates_are_estimated_from_measured_transfers():
     """Eq. (7) and the Eq. (8) budget use rates measured on the round's transfers (with the
     clock's jitter), not the devices' profiles, which change after the round here."""
     prep = prepare(
-        as_config(tiny_config(algorithm="parallelsfl", **EXACT, **{"devices.jitter": 0.3}))
+        as_config(
+            tiny_config(
+                algorithm="parallelsfl",
+                **EXACT,
+                **{"devices.jitter": 0.3, "devices.contention": True},  # members share the top
+            )
+        )
     )
     alg, ctx = prep.algorithm, prep.ctx
     plan = _planned(alg)
