@@ -12,6 +12,7 @@ from splitfl.algorithms.adasampling import AdaSampling, sampling_probabilities
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.averaging import weighted_average
 from splitfl.config import ConfigError
+from splitfl.data import DATASETS, load_dataset
 from splitfl.executors import SequentialExecutor, TimingExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.listing import catalog
@@ -164,3 +165,11 @@ def test_compare_tolerates_runs_without_accuracy(tmp_path):
     assert all(s["final_acc"] is None for s in out.summaries.values())
     assert "| fedavg | - | - |" in out.table
     assert (tmp_path / "accuracy.png").exists() and (tmp_path / "waiting.png").exists()
+
+
+@pytest.mark.parametrize("name", ["digits", "synthetic_cifar"])
+def test_registered_shapes_match_the_loaders(name):
+    """Embedded datasets: the shape registered for ``data.train_samples`` is what loads."""
+    bundle = load_dataset(name)
+    shape = DATASETS[name].shape
+    assert (bundle.input_shape, bundle.num_classes) == (shape.input_shape, shape.num_classes)

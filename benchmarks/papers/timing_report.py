@@ -77,10 +77,11 @@ def s2fl_section(result: dict[str, dict]) -> list[str]:
                     + [f(pt, 2, "×"), f(ot, 2, "×"), f(pt / ot, 2)]
                     + [f(pc, 2, "×"), f(oc, 2, "×"), f(pc / oc, 2)]
                 )
-            for algorithm, (p_time, p_mb) in paper.items():
-                rounds, t = at_traffic(cells[algorithm], p_mb)
+            figures = {**paper, **{e: paper["s2fl"] for e in setup.extra}}
+            for name, (p_time, p_mb) in figures.items():
+                rounds, t = at_traffic(cells[name], p_mb)
                 cell_rows.append(
-                    [label, target, display_name(algorithm), f(p_time, 0), f(p_mb, 0)]
+                    [label, target, display_name(name), f(p_time, 0), f(p_mb, 0)]
                     + [f(rounds, 1), f(t, 0), f(t / p_time, 2)]
                 )
     out += [

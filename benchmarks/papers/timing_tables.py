@@ -73,15 +73,16 @@ def run_setup(setup: Setup, rounds: int | None) -> dict:
     if rounds is not None:
         base["rounds"] = max(rounds, setup.warmup + 1)
     out: dict[str, dict] = {}
+    rows = {a: (a, {}) for a in setup.algorithms} | setup.extra
     for label, overrides in setup.variants.items():
         out[label] = {}
-        for algorithm in setup.algorithms:
-            cell = run_cell(base, overrides, algorithm)
+        for name, (algorithm, extra) in rows.items():
+            cell = run_cell(base, {**overrides, **extra}, algorithm)
             cell["stats"] = steady(cell["rows"], setup.warmup)
-            out[label][algorithm] = cell
+            out[label][name] = cell
             s = cell["stats"]
             print(
-                f"{setup.name} {label} {algorithm}: {s['round_time']:.1f} s/round, "
+                f"{setup.name} {label} {name}: {s['round_time']:.1f} s/round, "
                 f"{s['traffic_mb']:.0f} MB/round, waiting {s['waiting']:.1f} s "
                 f"({cell['wall_s']:.0f} s wall)",
                 flush=True,
