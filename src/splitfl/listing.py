@@ -9,12 +9,23 @@ from splitfl.proxies import PROXIES
 from splitfl.system.devices import COMPOSITIONS, PRESETS
 
 
+def timing_note(cls) -> str:
+    """`` [executor timing: ...]`` for an algorithm whose control reads training signals:
+    what stands in for them without training, or that ``executor: timing`` refuses it."""
+    if not cls.training_signals:
+        return ""
+    use = f"stand-in: {cls.timing_stand_in}" if cls.timing_stand_in else "refused"
+    return f" [executor timing: {cls.training_signals}; {use}]"
+
+
 def catalog() -> dict[str, dict[str, str]]:
     """``{"algorithms"|"models"|"datasets"|"device_presets"|"compositions"|"executors":
     {name: description}}``; a proxy baseline's description starts with ``[proxy: reason]``
     (:mod:`splitfl.proxies`)."""
     algorithms = {
-        name: (f"[proxy: {PROXIES[name]}] " if name in PROXIES else "") + cls.paper
+        name: (f"[proxy: {PROXIES[name]}] " if name in PROXIES else "")
+        + cls.paper
+        + timing_note(cls)
         for name, cls in sorted(ALGORITHMS.items())
     }
     for name, (base, preset) in sorted(ALIASES.items()):
@@ -34,5 +45,7 @@ def catalog() -> dict[str, dict[str, str]]:
             "reference loop on CPU unless forced); same results",
             "networked": "a server process and device processes over gRPC (splitfl server / "
             "device / launch); parameter-server algorithms; measured time and bytes",
+            "timing": "no training: the clock prices each round's plan (time, traffic, "
+            "waiting) at any model size in seconds; no accuracy",
         },
     }

@@ -46,7 +46,11 @@ class AdaSamplingOptions:
 
 
 def sampling_probabilities(p: np.ndarray, g: np.ndarray, t: np.ndarray, floor: float) -> np.ndarray:
-    """q_i ∝ p_i·G_i/√t_i, floored at ``floor`` and renormalised (sums to 1)."""
+    """q_i ∝ p_i·G_i/√t_i, floored at ``floor`` and renormalised (sums to 1). Every G_i = 0
+    (no update moved the model: ``executor: timing`` trains nothing) carries no information
+    about the clients: then G_i = 1 for all, q_i ∝ p_i/√t_i."""
+    if not np.any(g > 0):
+        g = np.ones_like(g)
     q = p * g / np.sqrt(t)
     q = q / q.sum()
     q = np.maximum(q, floor)
@@ -57,6 +61,8 @@ class AdaSampling(Algorithm):
     name = "adasampling"
     paper = "Luo et al., AdaSampling (INFOCOM 2022); baseline in ParallelSFL §5"
     Options = AdaSamplingOptions
+    training_signals = "samples clients by the gradient norms G_i of their model updates"
+    timing_stand_in = "G_i = 1 for every client (no update moves): q_i ∝ p_i/√t_i"
 
     def __init__(self, options: AdaSamplingOptions, ctx) -> None:
         super().__init__(options, ctx)
@@ -97,6 +103,8 @@ class AdaSampling(Algorithm):
             coef = plan.info["draws"][u.client] * p[u.client] / (k * self.q[u.client])
             sq = 0.0
             for n, t in global_state.items():
+                if u.state[n] is t:  # untouched (executor: timing): adds nothing
+                    continue
                 delta = u.state[n].to(torch.float64) - t.to(torch.float64)
                 out[n] += coef * delta
                 if t.is_floating_point():

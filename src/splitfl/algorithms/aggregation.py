@@ -7,7 +7,9 @@ layer (block index < cut), else the server-side copy of the participant's group;
 FedAvg; with groups of one it is SplitFed V1 (server copies averaged with the same weights).
 
 BatchNorm buffers (running mean/var) are aggregated exactly like parameters, with the same
-weights; the integer ``num_batches_tracked`` counter is averaged and rounded.
+weights; the integer ``num_batches_tracked`` counter is averaged and rounded. A layer whose
+every copy is the global model's own tensor (nothing trained it: ``executor: timing``) is
+that tensor, copied without the arithmetic.
 """
 
 from __future__ import annotations
@@ -50,12 +52,15 @@ def layerwise_aggregate(
     out: dict[str, torch.Tensor] = {}
     for key, current in global_state.items():
         block = block_index(key)
+        sources = [(u.state if block < u.cut else server_states[u.group])[key] for u in updates]
+        if all(s is current for s in sources):  # no copy changed (executor: timing)
+            out[key] = current.clone()
+            continue
         total = torch.zeros_like(current, dtype=torch.float64)
         weight_sum = 0.0
-        for u in updates:
-            source = u.state if block < u.cut else server_states[u.group]
+        for u, source in zip(updates, sources, strict=True):
             w = float(weights[u.client])
-            total += w * source[key].to(torch.float64)
+            total += w * source.to(torch.float64)
             weight_sum += w
         if weight_sum == 0:
             out[key] = current.clone()

@@ -37,6 +37,13 @@ class Algorithm:
     name: ClassVar[str] = ""
     paper: ClassVar[str] = ""
     Options: ClassVar[type] = object
+    #: What the control reads of training besides the clock, the partition and sample counts
+    #: (losses, model updates), in one line; "" = nothing, so ``executor: timing`` (which trains
+    #: nothing) charges exactly the time and traffic of a trained run.
+    training_signals: ClassVar[str] = ""
+    #: What stands in for :attr:`training_signals` under ``executor: timing``, in one line;
+    #: "" with signals declared = ``executor: timing`` refuses the algorithm.
+    timing_stand_in: ClassVar[str] = ""
 
     def __init__(self, options: Any, ctx: Any):
         """``ctx``: the run's :class:`~splitfl.experiment.context.RunContext` (handed in by the

@@ -59,6 +59,11 @@ class IFCA(Algorithm):
     name = "ifca"
     paper = "Ghosh et al., IFCA (NeurIPS 2020); baseline in ParallelSFL §5"
     Options = IFCAOptions
+    training_signals = "each client picks the cluster model with the lowest loss on its data"
+    timing_stand_in = (
+        "the losses of the untrained cluster models (zero inputs with data.train_samples); "
+        "time and traffic do not depend on the choice (all K models are downloaded)"
+    )
 
     def __init__(self, options: IFCAOptions, ctx) -> None:
         super().__init__(options, ctx)

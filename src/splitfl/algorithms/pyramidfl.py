@@ -127,6 +127,8 @@ class PyramidFL(Algorithm):
     name = "pyramidfl"
     paper = "Li et al., PyramidFL (MobiCom 2022); baseline in MergeSFL §V"
     Options = PyramidFLOptions
+    training_signals = "selects and ranks dropout by the statistical utility |D_i|·L_i (L_i: loss)"
+    timing_stand_in = "every client's training loss is 1.0 (statistical utility |D_i|)"
 
     def __init__(self, options: PyramidFLOptions, ctx) -> None:
         super().__init__(options, ctx)

@@ -132,6 +132,10 @@ def _validate_tracking(tracking: list[str]) -> None:
         )
 
 
+#: Largest ``data.train_samples`` (a label vector of 10^8 int64 labels is 800 MB).
+MAX_TRAIN_SAMPLES = 10**8
+
+
 def validate(config: ExperimentConfig) -> None:
     """Static checks of every field that needs no registry (ranges, counts, devices, trackers).
     Names that live in registries (algorithm and its options, model, dataset, partition,
@@ -154,6 +158,16 @@ def validate(config: ExperimentConfig) -> None:
     _check(d.classes_per_client >= 1, "data.classes_per_client", "must be >= 1")
     _check(d.num_clients >= 1, "data.num_clients", f"must be >= 1 (got {d.num_clients})")
     _check(d.min_samples >= 1, "data.min_samples", f"must be >= 1 (got {d.min_samples})")
+    _check(
+        d.train_samples is None or 1 <= d.train_samples <= MAX_TRAIN_SAMPLES,
+        "data.train_samples",
+        f"must be in [1, {MAX_TRAIN_SAMPLES}] or null (got {d.train_samples})",
+    )
+    _check(
+        d.train_samples is None or config.executor == "timing",
+        "data.train_samples",
+        "only with executor: timing (training reads the dataset's images); use null",
+    )
     v = config.devices
     _check(v.label_bytes >= 0, "devices.label_bytes", "must be >= 0")
     _check(v.variation >= 0, "devices.variation", f"must be >= 0 (got {v.variation})")

@@ -23,7 +23,10 @@ class DataConfig:
     (NIID-Bench/FedMR rule; needed for small alpha with many small clients).
     ``verify`` compares standard files (MNIST, Fashion-MNIST, CIFAR-10/100) holding the canonical
     number of samples with their published MD5s: ``warn`` (one line naming the file), ``strict``
-    (an error) or ``off``."""
+    (an error) or ``off``. ``train_samples`` (``executor: timing`` only): partition a
+    class-balanced label vector of that many training samples instead of the dataset's labels,
+    and read none of its files (e.g. 50000 for CIFAR-10 at paper scale); null reads the
+    dataset."""
 
     dataset: str = "digits"
     root: str | None = None
@@ -35,6 +38,7 @@ class DataConfig:
     num_clients: int = 20
     min_samples: int = 10
     verify: str = "warn"
+    train_samples: int | None = None
 
 
 @dataclass(frozen=True)

@@ -73,24 +73,55 @@ Loader = Callable[..., DatasetBundle]  # loader(root: Path | None, **options) ->
 
 
 @dataclass(frozen=True)
+class DatasetShape:
+    """What a dataset's samples look like, known without reading its files."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     name: str
     loader: Loader
     description: str
     needs_root: bool
+    #: Per-sample input shape and classes where fixed by the format (``data.train_samples``).
+    shape: DatasetShape | None = None
 
 
 DATASETS: dict[str, DatasetSpec] = {}
 
 
-def register_dataset(name: str, description: str, needs_root: bool = True):
+def register_dataset(
+    name: str, description: str, needs_root: bool = True, shape: DatasetShape | None = None
+):
     """Decorator adding a loader to :data:`DATASETS` under ``name``."""
 
     def wrap(loader: Loader) -> Loader:
-        DATASETS[name] = DatasetSpec(name, loader, description, needs_root)
+        DATASETS[name] = DatasetSpec(name, loader, description, needs_root, shape)
         return loader
 
     return wrap
+
+
+def labels_only(name: str, train_samples: int) -> DatasetBundle:
+    """``name``'s shape with ``train_samples`` class-balanced training labels (sample ``i``
+    has label ``i mod C``) and no images: inputs are one zero sample broadcast to every index
+    (no memory), the test split one sample per class. For ``executor: timing``, which
+    partitions labels and prices rounds but trains nothing. Raises ``KeyError`` for a dataset
+    whose shape is not registered."""
+    _load_all()
+    shape = DATASETS[name].shape if name in DATASETS else None
+    if shape is None:
+        raise KeyError(name)
+    c = shape.num_classes
+
+    def split(n: int) -> ArrayDataset:
+        x = torch.zeros(1, *shape.input_shape).expand(n, *shape.input_shape)
+        return ArrayDataset(x, torch.arange(n, dtype=torch.int64) % c)
+
+    return DatasetBundle(name, split(train_samples), split(c), c, shape.input_shape)
 
 
 def dataset_names() -> list[str]:

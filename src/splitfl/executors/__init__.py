@@ -2,7 +2,9 @@
 
 Every executor has ``run_round(ctx, global_state, plan, round_seed) -> RoundResult`` and must
 return the same result for the same plan: :class:`SequentialExecutor` is the reference,
-:class:`VectorizedExecutor` batches the clients of a step into one computation. Executors
+:class:`VectorizedExecutor` batches the clients of a step into one computation.
+:class:`TimingExecutor` trains nothing: it returns the plan's sample counts so that the clock
+prices the round (time, traffic, waiting) in seconds at any model size. Executors
 import the round contract (:mod:`splitfl.plan`), the models and the system layer, never an
 algorithm or the experiment.
 """
@@ -11,10 +13,16 @@ from __future__ import annotations
 
 from splitfl.executors.common import PRECISIONS, NonFiniteLossError, evaluate
 from splitfl.executors.sequential import SequentialExecutor
+from splitfl.executors.timing import TimingExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
 
-#: ``executor`` values: the reference loop, and the batched one (``executors/vectorized.py``).
-EXECUTORS = {"sequential": SequentialExecutor, "vectorized": VectorizedExecutor}
+#: ``executor`` values: the reference loop, the batched one (``executors/vectorized.py``) and
+#: the clock alone, no training (``executors/timing.py``).
+EXECUTORS = {
+    "sequential": SequentialExecutor,
+    "vectorized": VectorizedExecutor,
+    "timing": TimingExecutor,
+}
 
 
 def make_executor(
@@ -29,6 +37,7 @@ __all__ = [
     "PRECISIONS",
     "NonFiniteLossError",
     "SequentialExecutor",
+    "TimingExecutor",
     "VectorizedExecutor",
     "evaluate",
     "make_executor",

@@ -11,6 +11,7 @@ import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.data import DatasetBundle, load_dataset
+from splitfl.data.base import labels_only
 from splitfl.data.clients import client_partition
 from splitfl.data.partition import batch_sizes, label_histograms
 from splitfl.experiment.validation import resolve_config
@@ -138,6 +139,21 @@ def _check_label_range(config: ExperimentConfig, bundle: DatasetBundle, outputs:
         )
 
 
+def read_data(config: ExperimentConfig) -> DatasetBundle:
+    """The dataset's files, or (``data.train_samples``, ``executor: timing``) labels only."""
+    d = config.data
+    if d.train_samples is None:
+        return load_dataset(d.dataset, d.root, verify=d.verify)
+    try:
+        return labels_only(d.dataset, d.train_samples)
+    except KeyError:
+        raise ConfigError(
+            "data.train_samples",
+            f"{d.dataset}'s sample shape is not registered (no labels without its files); "
+            "use null to read the dataset",
+        ) from None
+
+
 def build_context(config: ExperimentConfig) -> RunContext:
     """Load data, partition it, draw devices, build the model and its profile. The context
     holds ``config`` resolved (:func:`~splitfl.experiment.validation.resolve_config`).
@@ -148,7 +164,7 @@ def build_context(config: ExperimentConfig) -> RunContext:
     """
     config = resolve_config(config)
     d = config.data
-    bundle = load_dataset(d.dataset, d.root, verify=d.verify)
+    bundle = read_data(config)
     parts = client_partition(config, bundle)
     hist = label_histograms(bundle.train.y.numpy(), parts, bundle.num_classes)
     population = draw_population(

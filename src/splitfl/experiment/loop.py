@@ -24,7 +24,7 @@ from splitfl.config import ConfigError, ExperimentConfig, resolve_device
 from splitfl.executors import NonFiniteLossError, make_executor
 from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
 from splitfl.experiment.recorder import Recorder
-from splitfl.experiment.round_step import LoopState, evaluate_state, play_round
+from splitfl.experiment.round_step import LoopState, evaluate_state, play_round, trains
 from splitfl.net.executor import NetworkedExecutor
 from splitfl.system import SimClock, Traffic
 
@@ -47,14 +47,17 @@ def thread_limits(threads: int | None) -> Iterator[None]:
         blas.restore_original_limits()
 
 
-def start_state(prep: Prepared, start: dict | None, eval_model, run_dir: Path):
+def start_state(
+    prep: Prepared, start: dict | None, eval_model, run_dir: Path, evaluate: bool = True
+):
     """A fresh loop state and recorder, or the checkpoint's (its rows replace
-    ``metrics.jsonl``)."""
+    ``metrics.jsonl``); ``evaluate=False`` (nothing is trained) skips the initial model's test
+    loss that the explosion check compares with."""
     config, algorithm = prep.config, prep.algorithm
     if start is None:
         global_state = {k: v.clone() for k, v in prep.ctx.model.state_dict().items()}
         initial = None
-        if config.train.explode_factor and config.train.explode_rounds:
+        if evaluate and config.train.explode_factor and config.train.explode_rounds:
             initial = evaluate_state(prep.ctx, eval_model, global_state)[1]
         return LoopState(global_state, SimClock(), Traffic(), initial), Recorder(run_dir, [], [], 0)
     clock = SimClock()
@@ -115,7 +118,7 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
     executor = build_executor(config, device)
     with thread_limits(config.threads), executor_session(executor, prep.ctx, run_dir):
         eval_model = prep.ctx.model if device == "cpu" else copy.deepcopy(prep.ctx.model).to(device)
-        st, rec = start_state(prep, start, eval_model, run_dir)
+        st, rec = start_state(prep, start, eval_model, run_dir, trains(executor))
         bar = _progress(config, len(rec.rows), progress)
         t0 = time.perf_counter() - (rec.rows[-1]["wall_time"] if rec.rows else 0.0)
         status, consistent = "ok", True  # False while a round has changed the model or algorithm

@@ -73,12 +73,13 @@ class Recorder:
         self.checkpoint_round = done
 
     def finish(self, config: ExperimentConfig, status: str) -> dict[str, Any]:
-        """Close the trackers, write ``summary.json`` and ``accuracy.png``; returns the summary."""
+        """Close the trackers, write ``summary.json`` and ``accuracy.png`` (when something was
+        evaluated); returns the summary."""
         if self.trackers is not None:
             self.trackers.close()
         summary = summarize(self.rows, config.eval.target_accuracy, status, config.rounds)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        if self.rows:
+        if any(r.get("test_acc") is not None for r in self.rows):  # none: executor: timing
             name = config.algorithm
             plot_accuracy({name: self.rows}, self.run_dir / "accuracy.png", name)
         return summary

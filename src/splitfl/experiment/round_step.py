@@ -182,9 +182,16 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
         "traffic_total_cum": st.cum.total,
         **{f"plan_{k}": v for k, v in plan.info.items()},
     }
-    if (r + 1) % config.eval.every == 0 or r + 1 == config.rounds:
+    if not trains(executor):  # executor: timing — nothing trained, nothing to evaluate
+        row["train_loss"] = None
+    elif (r + 1) % config.eval.every == 0 or r + 1 == config.rounds:
         row["test_acc"], row["test_loss"] = evaluate_state(ctx, eval_model, st.global_state)
     return row
+
+
+def trains(executor) -> bool:
+    """Whether ``executor`` trains (every executor but ``executor: timing``)."""
+    return getattr(executor, "trains", True)
 
 
 def evaluate_state(ctx: RunContext, eval_model, state: dict[str, torch.Tensor]) -> tuple:

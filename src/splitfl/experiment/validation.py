@@ -57,12 +57,27 @@ def check_options(config: ExperimentConfig) -> None:
     resolve_algorithm(config.algorithm, config.options)
 
 
+def check_timing(config: ExperimentConfig) -> None:
+    """``executor: timing`` trains nothing: an algorithm whose control reads training signals
+    needs a declared stand-in (``Algorithm.timing_stand_in``), else a one-line refusal."""
+    if config.executor != "timing":
+        return
+    cls = resolve_algorithm(config.algorithm, config.options)[0]
+    if cls.training_signals and not cls.timing_stand_in:
+        raise ConfigError(
+            "executor",
+            f"timing: {config.algorithm} {cls.training_signals}, and has no stand-in "
+            "without training; use executor: sequential",
+        )
+
+
 def validate_config(config: ExperimentConfig) -> None:
     """Static checks of every field and every registry name (``splitfl validate`` without
     the data). Raises :class:`~splitfl.config.ConfigError`."""
     check_registries(config)
     validate(config)
     check_options(config)
+    check_timing(config)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None):
@@ -71,4 +86,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     config = read_config(path, overrides)
     check_registries(config)
     check_options(config)
+    check_timing(config)
     return config

@@ -16,10 +16,12 @@ def plot_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str 
     many = len(runs) > 6  # legend beside the panels, and line styles beyond 10 colours
     fig, (ax_round, ax_time) = plt.subplots(1, 2, figsize=(14 if many else 11, 4))
     styles = ("-", "--", ":", "-.")
+    plotted = False  # runs without evaluations (executor: timing) draw no line
     for k, (name, rows) in enumerate(runs.items()):
         evals = [r for r in rows if r.get("test_acc") is not None]
         if not evals:
             continue
+        plotted = True
         acc = [100 * r["test_acc"] for r in evals]
         style = {"label": name, "linestyle": styles[(k // 10) % len(styles)]}
         ax_round.plot([r["round"] for r in evals], acc, **style)
@@ -29,9 +31,9 @@ def plot_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str 
     for ax in (ax_round, ax_time):
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
-    if many:
+    if plotted and many:
         ax_time.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
-    else:
+    elif plotted:
         ax_round.legend()
         ax_time.legend()
     if title:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from splitfl.data.base import DatasetBundle, register_dataset
+from splitfl.data.base import DatasetBundle, DatasetShape, register_dataset
 from splitfl.data.loaders._checksums import verify_file
 from splitfl.data.loaders._common import check_labels, file_error, find_folder, reading, to_dataset
 
@@ -94,7 +94,11 @@ def _checked(
     return images, labels, batch
 
 
-@register_dataset("cifar10", "CIFAR-10 python batches (root/cifar-10-batches-py/)")
+@register_dataset(
+    "cifar10",
+    "CIFAR-10 python batches (root/cifar-10-batches-py/)",
+    shape=DatasetShape((3, 32, 32), 10),
+)
 def load_cifar10(root: Path | None = None, verify: str = "warn") -> DatasetBundle:
     """CIFAR-10: 10 classes of 32x32 colour images (any number of images per batch)."""
     folder = find_folder(
@@ -108,7 +112,11 @@ def load_cifar10(root: Path | None = None, verify: str = "warn") -> DatasetBundl
     return DatasetBundle("cifar10", train, test, 10, (3, 32, 32))
 
 
-@register_dataset("cifar100", "CIFAR-100 python files (root/cifar-100-python/), fine|coarse labels")
+@register_dataset(
+    "cifar100",
+    "CIFAR-100 python files (root/cifar-100-python/), fine|coarse labels",
+    shape=DatasetShape((3, 32, 32), 100),  # fine labels, the default
+)
 def load_cifar100(
     root: Path | None = None, label_mode: str = "fine", verify: str = "warn"
 ) -> DatasetBundle:

@@ -7,10 +7,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splitfl.data.base import ArrayDataset, DatasetBundle, register_dataset
+from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetShape, register_dataset
 
 
-@register_dataset("digits", "scikit-learn's bundled 8x8 digits (embedded, no download)", False)
+@register_dataset(
+    "digits",
+    "scikit-learn's bundled 8x8 digits (embedded, no download)",
+    False,
+    DatasetShape((1, 8, 8), 10),
+)
 def load_digits(
     root: Path | None = None, test_fraction: float = 0.2, seed: int = 0
 ) -> DatasetBundle:

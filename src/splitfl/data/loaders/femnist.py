@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from splitfl.data.base import DatasetBundle, DatasetNotFoundError, register_dataset
+from splitfl.data.base import DatasetBundle, DatasetNotFoundError, DatasetShape, register_dataset
 from splitfl.data.loaders._common import check_labels, file_error, reading, to_dataset
 
 NPZ_KEYS = ("x", "y", "writer", "split")
@@ -129,7 +129,11 @@ def load_femnist_leaf(train_dir: Path, test_dir: Path) -> DatasetBundle:
     return _bundle(parts[0], parts[1])
 
 
-@register_dataset("femnist", "LEAF FEMNIST: compact npz or LEAF json (root/FEMNIST/), with writers")
+@register_dataset(
+    "femnist",
+    "LEAF FEMNIST: compact npz or LEAF json (root/FEMNIST/), with writers",
+    shape=DatasetShape((1, 28, 28), NUM_CLASSES),
+)
 def load_femnist(
     root: Path | None = None,
     file: str | Path | None = None,

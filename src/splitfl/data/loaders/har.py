@@ -24,7 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetNotFoundError, register_dataset
+from splitfl.data.base import (
+    ArrayDataset,
+    DatasetBundle,
+    DatasetNotFoundError,
+    DatasetShape,
+    register_dataset,
+)
 from splitfl.data.loaders._common import file_error, reading
 
 SIGNALS = [
@@ -117,7 +123,11 @@ def _find(root: Path | None) -> Path:
     )
 
 
-@register_dataset("har", "UCI HAR inertial signals (root/UCI HAR Dataset/), 1x128x9, 6 classes")
+@register_dataset(
+    "har",
+    "UCI HAR inertial signals (root/UCI HAR Dataset/), 1x128x9, 6 classes",
+    shape=DatasetShape((1, WINDOW, len(SIGNALS)), NUM_CLASSES),
+)
 def load_har(root: Path | None = None) -> DatasetBundle:
     """UCI HAR: 7,352/2,947 windows of 9 inertial signals × 128 readings, 6 activities.
 

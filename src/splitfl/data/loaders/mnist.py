@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from splitfl.data.base import DatasetBundle, register_dataset
+from splitfl.data.base import DatasetBundle, DatasetShape, register_dataset
 from splitfl.data.loaders._checksums import verify_file
 from splitfl.data.loaders._common import check_labels, file_error, find_folder, reading, to_dataset
 
@@ -144,13 +144,21 @@ def _load_idx_dataset(
     return DatasetBundle(name, train, test, 10, (1, 28, 28))
 
 
-@register_dataset("mnist", "MNIST idx files (root/MNIST/raw/), writer ids if the CSV is present")
+@register_dataset(
+    "mnist",
+    "MNIST idx files (root/MNIST/raw/), writer ids if the CSV is present",
+    shape=DatasetShape((1, 28, 28), 10),
+)
 def load_mnist(root: Path | None = None, verify: str = "warn") -> DatasetBundle:
     """MNIST, 60,000/10,000 28x28 digits; writers filled from ``mnist-writer-ids.csv.gz``."""
     return _load_idx_dataset("mnist", root, "MNIST", writer_csv=True, verify=verify)
 
 
-@register_dataset("fashion_mnist", "Fashion-MNIST idx files (root/FashionMNIST/raw/)")
+@register_dataset(
+    "fashion_mnist",
+    "Fashion-MNIST idx files (root/FashionMNIST/raw/)",
+    shape=DatasetShape((1, 28, 28), 10),
+)
 def load_fashion_mnist(root: Path | None = None, verify: str = "warn") -> DatasetBundle:
     """Fashion-MNIST, 60,000/10,000 28x28 clothing images, 10 classes."""
     return _load_idx_dataset("fashion_mnist", root, "FashionMNIST", writer_csv=False, verify=verify)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from splitfl.data.base import ArrayDataset, DatasetBundle, register_dataset
+from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetShape, register_dataset
 
 #: Sizes of the generated splits (3×32×32 float32: 20,000 images ≈ 246 MB).
 SYNTHETIC_TRAIN, SYNTHETIC_TEST, SYNTHETIC_CLASSES = 20_000, 2_000, 10
@@ -23,6 +23,7 @@ def _make(n: int, prototypes: torch.Tensor, gen: torch.Generator) -> ArrayDatase
     "generated CIFAR-shaped images (3x32x32, 10 classes: class prototype + unit noise), "
     "for benchmarks; embedded, no download",
     False,
+    DatasetShape((3, 32, 32), SYNTHETIC_CLASSES),
 )
 def load_synthetic_cifar(root: Path | None = None, seed: int = 0) -> DatasetBundle:
     """Each class is a fixed random image (scaled by 0.5) plus N(0, 1) noise per sample, so

@@ -1,0 +1,280 @@
+"""Markdown tables of ``timing_tables.py`` results next to the papers' figures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from timing_setups import (
+    MERGESFL_CLAIMS,
+    PARALLELSFL_CLAIMS,
+    RINGSFL_CLAIMS,
+    S2FL_TABLE3,
+    SETUPS,
+)
+
+from splitfl.proxies import display_name
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def f(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:,.{digits}f}{suffix}"
+
+
+def per_round_table(cells: dict[str, dict], warmup: int) -> list[str]:
+    """Per algorithm: time, traffic, waiting per round (after the warm-up), warm-up totals."""
+    header = ["algorithm", "clients/round", "time/round (s)", "traffic/round (MB)", "waiting (s)"]
+    if warmup:
+        header += [f"warm-up {warmup} rounds: time (s)", "traffic (MB)"]
+    rows = []
+    for algorithm, cell in cells.items():
+        s = cell["stats"]
+        row = [
+            display_name(algorithm),
+            f(s["clients"], 0),
+            f(s["round_time"]),
+            f(s["traffic_mb"], 0),
+            f(s["waiting"]),
+        ]
+        if warmup:
+            row += [f(s["warmup_time"], 0), f(s["warmup_traffic_mb"], 0)]
+        rows.append(row)
+    return table(header, rows)
+
+
+def at_traffic(cell: dict, megabytes: float) -> tuple[float, float]:
+    """(rounds, simulated seconds) at which the run's cumulative traffic reaches
+    ``megabytes``; past the last round, extrapolated with the per-round means."""
+    target, prev_t, prev_b, k = megabytes * 1e6, 0.0, 0.0, 0
+    for k, row in enumerate(cell["rows"], 1):
+        cum_t, cum_b = row["sim_time"], row["traffic_total_cum"]
+        if cum_b >= target:
+            frac = (target - prev_b) / max(cum_b - prev_b, 1e-9)
+            return k - 1 + frac, prev_t + frac * (cum_t - prev_t)
+        prev_t, prev_b = cum_t, cum_b
+    s = cell["stats"]
+    extra = (target - prev_b) / 1e6 / s["traffic_mb"]
+    return k + extra, prev_t + extra * s["round_time"]
+
+
+def s2fl_section(result: dict[str, dict]) -> list[str]:
+    setup = SETUPS["s2fl-table3"]
+    out = [f"## {setup.title}", "", *[f"- {n}" for n in setup.notes], ""]
+    ratio_rows, cell_rows = [], []
+    for label, cells in result.items():
+        out += [f"### {label}", "", *per_round_table(cells, setup.warmup), ""]
+        s2 = cells["s2fl"]["stats"]
+        for target, paper in S2FL_TABLE3.get(label, {}).items():
+            for base in ("splitfed_v1", "fedavg"):
+                b = cells[base]["stats"]
+                pt, pc = paper[base][0] / paper["s2fl"][0], paper[base][1] / paper["s2fl"][1]
+                ot, oc = b["round_time"] / s2["round_time"], b["traffic_mb"] / s2["traffic_mb"]
+                ratio_rows.append(
+                    [label, target, f"{display_name(base)} / S²FL"]
+                    + [f(pt, 2, "×"), f(ot, 2, "×"), f(pt / ot, 2)]
+                    + [f(pc, 2, "×"), f(oc, 2, "×"), f(pc / oc, 2)]
+                )
+            figures = {**paper, **{e: paper["s2fl"] for e in setup.extra}}
+            for name, (p_time, p_mb) in figures.items():
+                rounds, t = at_traffic(cells[name], p_mb)
+                cell_rows.append(
+                    [label, target, display_name(name), f(p_time, 0), f(p_mb, 0)]
+                    + [f(rounds, 1), f(t, 0), f(t / p_time, 2)]
+                )
+    out += [
+        "### Ratios: the paper's (to the target accuracy) against ours (per round)",
+        "",
+        "`rounds ratio implied` = paper ratio / our per-round ratio: how many times more rounds "
+        "the baseline must have needed to reach the target for the paper's figure to hold "
+        "with our per-round costs. From time and from traffic it should agree.",
+        "",
+        *table(
+            [
+                "setting",
+                "target",
+                "pair",
+                "paper time",
+                "ours time/round",
+                "rounds ratio implied",
+                "paper traffic",
+                "ours traffic/round",
+                "rounds ratio implied",
+            ],
+            ratio_rows,
+        ),
+        "",
+        "### Each cell: the rounds at which our traffic reaches the paper's, and our time then",
+        "",
+        *table(
+            [
+                "setting",
+                "target",
+                "algorithm",
+                "paper time (s)",
+                "paper traffic (MB)",
+                "our rounds for that traffic",
+                "our time then (s)",
+                "ours / paper time",
+            ],
+            cell_rows,
+        ),
+        "",
+    ]
+    return out
+
+
+def reduction(ours: float, theirs: float) -> float:
+    return 1 - ours / theirs if theirs else float("nan")
+
+
+def mergesfl_section(cells: dict[str, dict]) -> list[str]:
+    setup = SETUPS["mergesfl-alexnet"]
+    m = cells["mergesfl"]["stats"]
+    rows = []
+    for base, claim in MERGESFL_CLAIMS.items():
+        b = cells[base]["stats"]
+        ours = m["round_time"] / b["round_time"]
+        paper = 1 - claim["time_reduction"]
+        rows.append(
+            [display_name(base), f(100 * claim["time_reduction"], 0, " %")]
+            + [f(100 * (1 - ours), 0, " %"), f(paper / ours, 2)]
+            + [f(100 * claim["waiting_reduction"], 0, " %")]
+            + [f(100 * reduction(m["waiting"], b["waiting"]), 0, " %")]
+        )
+    return [
+        f"## {setup.title}",
+        "",
+        *[f"- {n}" for n in setup.notes],
+        "",
+        *per_round_table(cells, 0),
+        "",
+        "MergeSFL against each baseline. `rounds ratio implied` = (1 − paper reduction) / (our "
+        "per-round time ratio) = MergeSFL's rounds to target / the baseline's, as the paper's "
+        "figure needs with our per-round times. Waiting is per round on both sides.",
+        "",
+        *table(
+            [
+                "baseline",
+                "paper: completion time −",
+                "ours: time per round −",
+                "rounds ratio implied",
+                "paper: waiting −",
+                "ours: waiting −",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
+def parallelsfl_section(cells: dict[str, dict]) -> list[str]:
+    setup = SETUPS["parallelsfl-alexnet"]
+    p = cells["parallelsfl"]["stats"]
+    rows = []
+    for base, claim in PARALLELSFL_CLAIMS.items():
+        b = cells[base]["stats"]
+        ours = b["round_time"] / p["round_time"]
+        saved = b["traffic_mb"] - p["traffic_mb"]
+        paper_saved = claim.get("traffic_saved_mb")
+        rows.append(
+            [display_name(base), f(claim["speedup"], 2, "×"), f(ours, 2, "×")]
+            + [f(claim["speedup"] / ours, 2)]
+            + [
+                f(100 * claim["waiting_reduction"], 0, " %")
+                if "waiting_reduction" in claim
+                else "-",
+                f(100 * reduction(p["waiting"], b["waiting"]), 0, " %"),
+            ]
+            + [f(paper_saved, 0), f(saved, 0)]
+            + [f(paper_saved / saved, 1) if paper_saved and saved > 0 else "-"]
+        )
+    return [
+        f"## {setup.title}",
+        "",
+        *[f"- {n}" for n in setup.notes],
+        "",
+        *per_round_table(cells, 0),
+        "",
+        "ParallelSFL against each baseline. `rounds ratio implied` = paper speed-up / our "
+        "per-round speed-up = the baseline's rounds to target / ParallelSFL's. Traffic: the "
+        "paper's saving to 81 % against ours per round (baseline − ParallelSFL) and the rounds "
+        "that saving takes at equal rounds.",
+        "",
+        *table(
+            [
+                "baseline",
+                "paper speed-up",
+                "ours per round",
+                "rounds ratio implied",
+                "paper: waiting −",
+                "ours: waiting −",
+                "paper: traffic saved (MB)",
+                "ours: saved per round (MB)",
+                "rounds for the paper's saving",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
+def ringsfl_section(result: dict[str, dict]) -> list[str]:
+    setup = SETUPS["ringsfl-resnet18"]
+    algos = setup.algorithms
+    rows = []
+    for label, cells in result.items():
+        s = {a: cells[a]["stats"] for a in algos}
+        ring = s["ringsfl"]["round_time"]
+        rows.append(
+            [label]
+            + [f(s[a]["round_time"], 0) for a in algos]
+            + [f(100 * reduction(ring, s["fedavg"]["round_time"]), 1, " %")]
+            + [f(s["ringsfl"]["traffic_mb"], 0)]
+        )
+    lo, hi = RINGSFL_CLAIMS["crossover_mbps"]
+    return [
+        f"## {setup.title}",
+        "",
+        *[f"- {n}" for n in setup.notes],
+        "",
+        f"Paper: RingSFL is faster than vanilla FL at D2D ≥ {hi} Mb/s and slower at ≤ {lo} "
+        f"Mb/s (Fig. 11–12); at 135 Mb/s it takes {100 * RINGSFL_CLAIMS['fl_time_reduction']:.1f}"
+        " % less time per round than vanilla FL, and SplitFed and vanilla SL take less time "
+        "per round than RingSFL (Fig. 13).",
+        "",
+        *table(
+            [
+                "D2D rate",
+                *[f"{display_name(a)} s/round" for a in algos],
+                "RingSFL vs FL: time −",
+                "RingSFL traffic/round (MB)",
+            ],
+            rows,
+        ),
+        "",
+    ]
+
+
+SECTIONS = {
+    "s2fl-table3": s2fl_section,
+    "mergesfl-alexnet": lambda r: mergesfl_section(r[""]),
+    "parallelsfl-alexnet": lambda r: parallelsfl_section(r[""]),
+    "ringsfl-resnet18": ringsfl_section,
+}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        "# Paper time/traffic claims with `executor: timing`",
+        "",
+        f"Commit {results['commit']}, {results['date']}; `benchmarks/papers/timing_tables.py`. "
+        "Simulated seconds on the papers' model sizes; no training, so no accuracy: every "
+        "comparison is per round (equal rounds), next to the papers' to-target figures.",
+        "",
+    ]
+    for name, result in results["setups"].items():
+        lines += SECTIONS[name](result)
+    return "\n".join(lines) + "\n"

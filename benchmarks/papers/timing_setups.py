@@ -1,0 +1,247 @@
+"""The papers' time/traffic setups at their model sizes, for ``timing_tables.py``.
+
+Each :class:`Setup` is one paper claim's workload: a base config (``executor: timing``,
+``data.train_samples`` = the paper's training-set size, so no image is read), the algorithms
+compared, variants (heterogeneity settings, D2D rates) and the figures the paper prints.
+Every value that the paper states is cited; the rest says where it comes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MBPS = 1e6 / 8  # bytes/s per Mb/s
+
+
+@dataclass
+class Setup:
+    name: str
+    title: str
+    base: dict[str, Any]
+    algorithms: list[str]
+    #: variant label -> dotted overrides
+    variants: dict[str, dict[str, Any]] = field(default_factory=lambda: {"": {}})
+    #: the algorithm the paper's ratios are taken against (ours / theirs)
+    reference: str = ""
+    #: rounds at the start that are not steady state (S²FL's warm-up over every device)
+    warmup: int = 0
+    #: more rows: label -> (algorithm, dotted overrides), e.g. an option the paper leaves open
+    extra: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _timing(**fields: Any) -> dict[str, Any]:
+    """Common fields of a timing run (no progress bar, no intermediate checkpoints)."""
+    return {
+        "executor": "timing",
+        "seed": 0,
+        "output": {"progress": False, "checkpoint_every": 10**6},
+        **fields,
+    }
+
+
+#: S²FL §5.1 / Table 3: VGG-16 on CIFAR-10 (50,000 training images), 100 devices, 10 per
+#: round, batch 128, lr 0.01, Table 1 devices (server 5e10 FLOPS, 1e7 B/s). The Dirichlet
+#: cap N/n and ≥ 10 samples per client follow the authors' FedMR code (public facts).
+S2FL = Setup(
+    name="s2fl-table3",
+    title="S²FL Table 3: VGG-16, CIFAR-10, 100 devices (10 per round)",
+    base=_timing(
+        model="vgg16_cifar",
+        rounds=50,
+        data={
+            "dataset": "cifar10",
+            "train_samples": 50_000,
+            "partition": "dirichlet",
+            "alpha": 0.5,
+            "dirichlet_cap": True,
+            "num_clients": 100,
+            "min_samples": 10,
+        },
+        devices={"preset": "s2fl_table1"},
+        train={"clients_per_round": 10, "batch_size": 128, "lr": 0.01, "local_epochs": 1},
+    ),
+    algorithms=["fedavg", "splitfed_v1", "s2fl"],
+    variants={
+        "a=0.1": {"data.alpha": 0.1},
+        "a=0.5": {"data.alpha": 0.5},
+        "a=1.0": {"data.alpha": 1.0},
+        "IID": {"data.partition": "iid"},
+    },
+    reference="s2fl",
+    warmup=3,
+    extra={"s2fl (warm-up: selected only)": ("s2fl", {"options.s2fl.warmup_all_devices": False})},
+    notes=[
+        "VGG-16 = `vgg16_cifar` (the S²FL authors' FedMR VGG-16-BN: 16 blocks, 134.6 MB, cuts "
+        "4/7/10; SFL = cut 10 = Wc3); the paper prints no size (Fig. 3 only).",
+        "Rounds 1-3 are S²FL's warm-up (every device on cut r, `warmup_all_devices: true`, "
+        "the default; the last row warms up only the round's 10 devices); per-round means are "
+        "over the rounds after the warm-up for every algorithm, the warm-up is listed apart.",
+        "Traffic in MB = 10^6 bytes, up and down, every link.",
+    ],
+)
+
+#: Table 3: (time s, traffic MB) to the target accuracy, per heterogeneity setting.
+S2FL_TABLE3 = {
+    "a=0.1": {
+        "40%": {"fedavg": (21299, 29936), "splitfed_v1": (13763, 12224), "s2fl": (8471, 11372)},
+        "50%": {"fedavg": (41436, 61083), "splitfed_v1": (35294, 32999), "s2fl": (19471, 27599)},
+    },
+    "a=0.5": {
+        "50%": {"fedavg": (8162, 19655), "splitfed_v1": (7612, 11958), "s2fl": (2338, 5142)},
+        "60%": {"fedavg": (21320, 51104), "splitfed_v1": (16022, 25300), "s2fl": (4524, 9826)},
+    },
+    "a=1.0": {
+        "55%": {"fedavg": (10498, 24191), "splitfed_v1": (9329, 14378), "s2fl": (2908, 6381)},
+        "60%": {"fedavg": (15162, 34472), "splitfed_v1": (10058, 15423), "s2fl": (3921, 8512)},
+    },
+    "IID": {
+        "60%": {"fedavg": (10614, 26913), "splitfed_v1": (8963, 15423), "s2fl": (2952, 6823)},
+        "65%": {"fedavg": (16020, 40520), "splitfed_v1": (13422, 23047), "s2fl": (3967, 9151)},
+    },
+}
+
+#: MergeSFL §V-A: AlexNet (8 layers, 136 MB) on CIFAR-10, 80 Jetson workers, split after the
+#: 5th layer, τ = 30, lr 0.1 × 0.993 per round; batch D = 64 and 10 workers per round for the
+#: baselines from the authors' code (public facts); IID data (Fig. 6(c), Fig. 8(c)). 60 rounds
+#: = three of the testbed's 20-round mode periods (the paper trains 250).
+MERGESFL = Setup(
+    name="mergesfl-alexnet",
+    title="MergeSFL Fig. 6(c)/8(c): AlexNet, CIFAR-10, 80 Jetson workers, IID",
+    base=_timing(
+        model="alexnet",
+        rounds=60,
+        data={
+            "dataset": "cifar10",
+            "train_samples": 50_000,
+            "partition": "iid",
+            "num_clients": 80,
+            "min_samples": 10,
+        },
+        devices={"preset": "jetson80"},
+        train={
+            "clients_per_round": 10,
+            "batch_size": 64,
+            "lr": 0.1,
+            "lr_decay": 0.993,
+            "lr_min": 0.005,
+            "local_steps": 30,
+        },
+        options={"mergesfl": {"tau": 30, "cut": 5}, "locfedmix_sl": {"tau": 30, "cut": 5}},
+    ),
+    algorithms=["mergesfl", "pyramidfl", "locfedmix_sl", "fedavg"],
+    reference="mergesfl",
+    notes=[
+        "PyramidFL selects by training loss: under `executor: timing` every loss is 1.0 "
+        "(utility ∝ |D_i|, `splitfl list`).",
+    ],
+)
+#: Fig. 6(c) completion-time reduction (to the common target, IID) and Fig. 8(c) average
+#: waiting-time reduction of MergeSFL against each baseline.
+MERGESFL_CLAIMS = {
+    "pyramidfl": {"time_reduction": 0.39, "waiting_reduction": 0.73},
+    "locfedmix_sl": {"time_reduction": 0.54, "waiting_reduction": 0.84},
+    "fedavg": {"time_reduction": 0.69, "waiting_reduction": 0.86},
+}
+
+#: ParallelSFL §5.1: AlexNet on CIFAR-10, 80 Jetson workers, batch 64, lr 0.1 × 0.993, split
+#: after the 5th layer; τ = 30 (splitfl's default, the paper gives none for AlexNet); the
+#: baselines select 10 workers per round (as the repository's ParallelSFL configs); 60 rounds
+#: as MergeSFL's setup.
+PARALLELSFL = Setup(
+    name="parallelsfl-alexnet",
+    title="ParallelSFL Fig. 4(b)/6(b)/7(b)/9: AlexNet, CIFAR-10, 80 Jetson workers, IID",
+    base=_timing(
+        model="alexnet",
+        rounds=60,
+        data={
+            "dataset": "cifar10",
+            "train_samples": 50_000,
+            "partition": "iid",
+            "num_clients": 80,
+            "min_samples": 10,
+        },
+        devices={"preset": "jetson80"},
+        train={
+            "clients_per_round": 10,
+            "batch_size": 64,
+            "lr": 0.1,
+            "lr_decay": 0.993,
+            "lr_min": 0.005,
+            "local_steps": 30,
+        },
+        options={
+            "parallelsfl": {"tau": 30, "cut": 5},
+            "adasfl": {"tau": 30, "cut": 5},
+            "locfedmix_sl": {"tau": 30, "cut": 5},
+            # the cluster choice does not change time or traffic; fewer samples, faster
+            "ifca": {"estimate_samples": 2},
+        },
+    ),
+    algorithms=[
+        "parallelsfl",
+        "parallelsfl-WC",
+        "parallelsfl-R",
+        "adasfl",
+        "adasampling",
+        "locfedmix_sl",
+        "ifca",
+    ],
+    reference="parallelsfl",
+    notes=[
+        "AdaSampling samples by gradient norms: under `executor: timing` G_i = 1 for every "
+        "client, q_i ∝ p_i/√t_i (`splitfl list`). IFCA's cluster choice (by the untrained "
+        "models' losses) does not change its time or traffic.",
+    ],
+)
+#: Fig. 4(b) speed-up to the target (IID), Fig. 7(b) waiting-time reduction, Fig. 6(b)
+#: traffic saved to 81 % (MB), Fig. 9 ablations (speed-up over WC; WC's time reduction vs R).
+PARALLELSFL_CLAIMS = {
+    "adasfl": {"speedup": 1.36, "traffic_saved_mb": 3012},
+    "adasampling": {"speedup": 1.65, "waiting_reduction": 0.53, "traffic_saved_mb": 20018},
+    "locfedmix_sl": {"speedup": 2.18, "waiting_reduction": 0.67, "traffic_saved_mb": 9116},
+    "ifca": {"speedup": 2.87, "waiting_reduction": 0.62, "traffic_saved_mb": 17564},
+    "parallelsfl-WC": {"speedup": 1.56},
+}
+
+#: RingSFL §4.1.1/§4.2.3–4.2.4: ResNet-18 on CIFAR-10 (50,000), 5 clients (2 PCs, 3 Raspberry
+#: Pis), IID, batch 64, 2 local epochs, lengths 4:3:1:1:1, client-server links 135 Mb/s, D2D
+#: 135/40/15/10/5 Mb/s (Fig. 11–12). Vanilla SL's round = E·B updates in all (§4.1.3).
+RINGSFL = Setup(
+    name="ringsfl-resnet18",
+    title="RingSFL Fig. 12-13: ResNet-18, CIFAR-10, 5 clients (2 PCs, 3 Raspberry Pis)",
+    base=_timing(
+        model="resnet18",
+        rounds=2,
+        data={
+            "dataset": "cifar10",
+            "train_samples": 50_000,
+            "partition": "iid",
+            "num_clients": 5,
+            "min_samples": 10,
+        },
+        devices={"preset": "ringsfl_testbed"},
+        train={"clients_per_round": 5, "batch_size": 64, "lr": 0.1, "local_epochs": 2},
+        options={
+            "ringsfl": {"prop_lens": "4:3:1:1:1"},
+            "splitfed_v1": {"cut": 2},
+            "vanilla_sl": {"round_steps": "shared", "cut": 2},
+        },
+    ),
+    algorithms=["ringsfl", "fedavg", "splitfed_v1", "vanilla_sl"],
+    variants={f"D2D {m} Mb/s": {"devices.d2d_rate": m * MBPS} for m in (135, 40, 15, 10, 5)},
+    reference="ringsfl",
+    notes=[
+        "The D2D rate changes only the ring's hops: FedAvg, SplitFed and vanilla SL use the "
+        "135 Mb/s client-server links in every variant.",
+        "SplitFed and vanilla SL split after block 2 of 10 (the authors' code, "
+        "`ShenJinglong/StalRingSFL`: splitfed cut 2; public facts).",
+    ],
+)
+#: Fig. 11–13 statements: RingSFL converges faster than vanilla FL at D2D ≥ 10 Mb/s and
+#: slower at ≤ 5 Mb/s (Fig. 12: time per round); Fig. 13: 61.6 % less time per round than
+#: vanilla FL at 135 Mb/s; SplitFed and vanilla SL take less time per round than RingSFL.
+RINGSFL_CLAIMS = {"fl_time_reduction": 0.616, "crossover_mbps": (5, 10)}
+
+SETUPS = {s.name: s for s in (S2FL, MERGESFL, PARALLELSFL, RINGSFL)}
