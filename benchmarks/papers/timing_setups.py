@@ -225,18 +225,18 @@ RINGSFL = Setup(
         train={"clients_per_round": 5, "batch_size": 64, "lr": 0.1, "local_epochs": 2},
         options={
             "ringsfl": {"prop_lens": "4:3:1:1:1"},
-            "splitfed_v1": {"cut": 2},
             "vanilla_sl": {"round_steps": "shared", "cut": 2},
         },
     ),
-    algorithms=["ringsfl", "fedavg", "splitfed_v1", "vanilla_sl"],
+    algorithms=["ringsfl", "fedavg", "splitfed_ringsfl", "vanilla_sl"],
     variants={f"D2D {m} Mb/s": {"devices.d2d_rate": m * MBPS} for m in (135, 40, 15, 10, 5)},
     reference="ringsfl",
     notes=[
         "The D2D rate changes only the ring's hops: FedAvg, SplitFed and vanilla SL use the "
         "135 Mb/s client-server links in every variant.",
-        "SplitFed and vanilla SL split after block 2 of 10 (the authors' code, "
-        "`ShenJinglong/StalRingSFL`: splitfed cut 2; public facts).",
+        "SplitFed = `splitfed_ringsfl` (the RingSFL authors' SplitFed: one shared server "
+        "model, gradients scaled 1/N); it and vanilla SL split after block 2 of 10 (the "
+        "authors' code, `ShenJinglong/StalRingSFL`: splitfed cut 2; public facts).",
     ],
 )
 #: Fig. 11–13 statements: RingSFL converges faster than vanilla FL at D2D ≥ 10 Mb/s and
