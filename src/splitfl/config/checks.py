@@ -65,6 +65,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "train.momentum": Range(0, 1, hi_open=True),
     "train.weight_decay": Range(0, 1),
     "train.explode_factor": Range(0, 1e30),
+    "train.explode_recovery": Range(0, 1e30),
     "eval.target_accuracy": Range(0, 1, lo_open=True),
     "network.timeout_s": Range(0, 86400, lo_open=True),
     "network.connect_timeout_s": Range(0, 86400, lo_open=True),
@@ -173,6 +174,12 @@ def validate(config: ExperimentConfig) -> None:
     f, k = t.explode_factor, t.explode_rounds
     _check(not f or f > 1, "train.explode_factor", f"must be > 1, or 0/null to disable (got {f})")
     _check(not k or k >= 1, "train.explode_rounds", f"must be >= 1, or 0/null to disable (got {k})")
+    r = t.explode_recovery
+    _check(
+        not r or 1 <= r <= (f or r),
+        "train.explode_recovery",
+        f"must be in [1, train.explode_factor={f}], or 0/null to disable (got {r})",
+    )
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
