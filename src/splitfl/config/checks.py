@@ -52,12 +52,14 @@ class Range:
 #: p = 1/alpha up to 1e6), a log-normal jitter sigma of 10 already spans factors of e^±30,
 #: weight decay (an L2 coefficient, 5e-4 where the papers use it) above 1 is beyond any use;
 #: learning rates up to 1e9 stay allowed (a huge one is how divergence, exit 3, is tested).
+#: A device-to-device link slower than 1 B/s is no link (1e-300 B/s made rounds last 1e306 s
+#: and the clock overflow to inf).
 FLOAT_RANGES: dict[str, Range] = {
     "data.alpha": Range(0, 1e6, lo_open=True),
     "data.p": Range(0, 1e6),
     "devices.jitter": Range(0, 10),
     "devices.variation": Range(0, 10),
-    "devices.d2d_rate": Range(0, 1e15, lo_open=True),
+    "devices.d2d_rate": Range(1, 1e15),
     "devices.exchange_latency_s": Range(0, 10),
     "train.lr": Range(0, 1e9, lo_open=True),
     "train.lr_decay": Range(0, 1, lo_open=True),
@@ -159,10 +161,12 @@ def validate(config: ExperimentConfig) -> None:
     _check(v.variation >= 0, "devices.variation", f"must be >= 0 (got {v.variation})")
     _check(v.variation_period >= 1, "devices.variation_period", "must be >= 1")
     _check(isinstance(v.contention, bool), "devices.contention", "must be true or false")
-    _check(
-        v.d2d_rate is None or v.d2d_rate > 0, "devices.d2d_rate", f"must be > 0 (got {v.d2d_rate})"
-    )
     t = config.train
+    _check(
+        t.lr_min <= t.lr,
+        "train.lr_min",
+        f"must be <= train.lr={t.lr:g} (got {t.lr_min:g}; the rate is max(lr_min, lr * decay^h))",
+    )
     _check(
         1 <= t.clients_per_round <= d.num_clients,
         "train.clients_per_round",
