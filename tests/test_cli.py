@@ -56,6 +56,14 @@ def test_override_errors_name_the_field(tmp_path, capsys):
     assert main(["run", str(tmp_path / "missing.yaml")]) == 2
 
 
+@pytest.mark.parametrize("command", [["validate"], ["run"], ["compare", "--algorithms", "s2fl"]])
+def test_commands_without_a_config_file_are_one_line_errors(command, capsys):
+    # `splitfl validate rounds=2` used to check the built-in defaults and say ok
+    assert main([*command, "rounds=2"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: CONFIG: give a config file (e.g. configs/quickstart.yaml)\n"
+
+
 def test_load_config_applies_overrides(tmp_path):
     cfg = load_config(_write(tmp_path, tiny_config()), ["train.lr=0.2", "data.p=10"])
     assert cfg.train.lr == 0.2 and cfg.data.p == 10.0

@@ -6,9 +6,11 @@ import dataclasses
 import math
 import typing
 
+import numpy as np
 import pytest
 import yaml
 
+import splitfl
 from conftest import tiny_config
 from splitfl import yaml_limits
 from splitfl.algorithms import ALGORITHMS
@@ -16,12 +18,14 @@ from splitfl.cli.main import main
 from splitfl.config import (
     FLOAT_RANGES,
     ConfigError,
+    DataConfig,
     ExperimentConfig,
     from_dict,
     load_yaml,
     parse_override,
     read_yaml_mapping,
 )
+from splitfl.experiment.runner import as_config
 from splitfl.experiment.validation import validate_config as validate
 
 BOMB = (
@@ -109,6 +113,23 @@ CASES = [
     ("deep", {}, [], "x: " + "[" * 500 + "]" * 500 + "\n", "nests deeper than 32 levels"),
     ("bomb", {}, [], BOMB, "expands to more than 100000 values"),
     ("huge", {}, [], "# " + "x" * 1_000_000 + "\n", "larger than 1000000 bytes"),
+    (
+        "yaml-duplicate-section",  # the second `train:` used to replace the first (lr lost)
+        {},
+        [],
+        "train:\n  lr: 0.5\nrounds: 2\ntrain:\n  batch_size: 8\n",
+        "invalid YAML: duplicate key 'train' at line 4, column 1",
+    ),
+    ("yaml-duplicate-field", {}, [], "seed: 1\nseed: 2\n", "duplicate key 'seed' at line 2"),
+    ("lr_min-above-lr", {"train.lr_min": 0.5}, [], None, "train.lr_min: must be <= train.lr=0.05"),
+    ("d2d-rate-tiny", {"devices.d2d_rate": 1e-300}, [], None, "devices.d2d_rate: must be >= 1"),
+    (
+        "shards-too-many-classes",
+        {"data.partition": "shards", "data.classes_per_client": 11},
+        [],
+        None,
+        "data.classes_per_client: must be <= the 10 classes in the training labels of digits",
+    ),
 ]
 
 
@@ -242,3 +263,47 @@ def test_override_keys_need_every_name():
     for text in ["=5", ".=1", "train.=1", "train..lr=1"]:
         with pytest.raises(ConfigError, match="^override: .*empty name"):
             parse_override(text)
+
+
+# ---------------------------------------------------------------- the Python API
+
+
+def test_hand_built_configs_are_type_checked_like_files():
+    # `rounds="3"` used to fail inside validation with a TypeError, `data={...}` with an
+    # AttributeError; a section may be given as a mapping, as in a dict config
+    with pytest.raises(ConfigError, match=r"^rounds: expected an integer, got '3'$"):
+        as_config(ExperimentConfig(rounds="3"))
+    with pytest.raises(ConfigError, match=r"^data\.alpha: expected a number, got 'x'$"):
+        as_config(ExperimentConfig(data={"alpha": "x"}))
+    cfg = as_config(ExperimentConfig(data={"num_clients": 12}))
+    assert cfg.data == DataConfig(num_clients=12)
+    with pytest.raises(ConfigError, match=r"^config: expected an ExperimentConfig, a mapping"):
+        as_config(42)
+
+
+def test_numpy_scalars_count_as_python_numbers(tmp_path):
+    # Prepare: values as numpy computes them (a sweep over np.arange, a float32 tensor item)
+    raw = tiny_config(rounds=np.int64(1), seed=np.uint8(2))
+    raw["train"]["lr"] = np.float32(0.25)
+    raw["options"] = {"s2fl": {"group_size": np.int64(3)}}
+    hand_built = dataclasses.replace(as_config(tiny_config()), rounds=np.int64(1))
+    # Execute
+    cfg = as_config(raw)
+    result = splitfl.run(hand_built, run_dir=tmp_path / "run")  # used to crash dumping YAML
+    # Assert
+    assert (cfg.rounds, cfg.seed, cfg.train.lr) == (1, 2, float(np.float32(0.25)))
+    assert type(cfg.rounds) is int and type(cfg.train.lr) is float
+    assert type(cfg.options["s2fl"]["group_size"]) is int
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["rounds"] == 1
+    assert result.summary["rounds"] == 1
+
+
+def test_a_string_is_not_a_list_of_overrides_or_algorithms():
+    # a string was iterated letter by letter: "unknown 'r'", compare(...) "unknown 'f'"
+    with pytest.raises(ConfigError, match=r"^overrides: expected a list of key=value strings, "):
+        as_config(tiny_config(), "rounds=3")
+    with pytest.raises(ConfigError, match=r"^overrides: expected a list of key=value strings"):
+        as_config(tiny_config(), [("rounds", 3)])
+    with pytest.raises(ConfigError, match=r"\(write \['fedavg', 's2fl'\]\)$"):
+        splitfl.compare(tiny_config(), "fedavg,s2fl")
+    assert as_config(tiny_config(), ("rounds=3",)).rounds == 3

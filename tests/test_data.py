@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from fixtures_data import (
     write_femnist_npz,
     write_mnist_idx,
 )
-from splitfl.data import DatasetNotFoundError, dataset_names, load_dataset
+from splitfl.data import DatasetError, DatasetNotFoundError, dataset_names, load_dataset
 from splitfl.data.loaders.cifar import CIFAR10_MEAN, CIFAR10_STD
 from splitfl.data.loaders.mnist import parse_idx
 from splitfl.data.partition import PARTITIONERS, label_histograms, partition_indices
@@ -212,18 +213,51 @@ def test_femnist_leaf_under_data_folder(tmp_path):
     assert len(b.train) > 0 and b.test.writers is not None
 
 
-def test_femnist_several_npz_need_file_option(tmp_path):
+def test_femnist_several_npz_are_a_dataset_error_and_data_root_may_name_one(tmp_path):
     # Prepare
     write_femnist_npz(tmp_path, n_writers=4)
     folder = tmp_path / "FEMNIST"
     (folder / "femnist-fixture.npz").rename(folder / "femnist-a.npz")
     write_femnist_npz(tmp_path, n_writers=5)
-    # Execute / Assert
-    with pytest.raises(ValueError, match="pass file="):
+    # Execute / Assert: one line (exit 2 in the CLI), advice a config can follow
+    with pytest.raises(DatasetError, match=r"several npz files .* set data.root to the one"):
         load_dataset("femnist", tmp_path)
+    assert set(load_dataset("femnist", folder / "femnist-a.npz").test.writers) == set(range(4))
     assert set(load_dataset("femnist", tmp_path, file="femnist-a.npz").test.writers) == set(
         range(4)
     )
+
+
+def _repickle(folder: Path, protocol: int, **changes: object) -> None:
+    for path in folder.iterdir():
+        with open(path, "rb") as fh:
+            batch = pickle.load(fh, encoding="latin1")
+        batch.update(changes.get(path.name, {}))
+        path.write_bytes(pickle.dumps(batch, protocol=protocol))
+
+
+@pytest.mark.parametrize("protocol", [3, 4, 5])
+def test_cifar_batches_of_any_pickle_protocol_load_alike(tmp_path, protocol):
+    # Prepare: protocol 5 (Python 3.14's default) pickles arrays with numpy's _frombuffer
+    write_cifar10(tmp_path / "a", n_per_batch=6)
+    write_cifar10(tmp_path / "b", n_per_batch=6)
+    _repickle(tmp_path / "b" / "cifar-10-batches-py", protocol)
+    # Execute
+    a, b = load_dataset("cifar10", tmp_path / "a"), load_dataset("cifar10", tmp_path / "b")
+    # Assert
+    assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.y, b.test.y)
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_an_empty_cifar_batch_is_allowed(tmp_path, protocol):
+    # Prepare: one training batch holds no images (an empty array pickles as bytes())
+    write_cifar10(tmp_path, n_per_batch=6)
+    empty = {"data": np.zeros((0, 3072), np.uint8), "labels": []}
+    _repickle(tmp_path / "cifar-10-batches-py", protocol, data_batch_3=empty)
+    # Execute
+    b = load_dataset("cifar10", tmp_path)
+    # Assert
+    assert len(b.train) == 24 and len(b.test) == 6
 
 
 # ---------------------------------------------------------------- partitioners

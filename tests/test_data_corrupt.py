@@ -64,13 +64,32 @@ def _pickle(path: Path, obj: object) -> Path:
     return path
 
 
-def _cifar_edit(path: Path, **changes: object) -> Path:
+def _cifar_edit(path: Path, protocol: int = 2, **changes: object) -> Path:
     with open(path, "rb") as fh:
         batch = pickle.load(fh, encoding="latin1")
     batch.update(changes)
     for key in [k for k, v in changes.items() if v is None]:
         del batch[key]
-    return _pickle(path, batch)
+    path.write_bytes(pickle.dumps(batch, protocol=protocol))
+    return path
+
+
+class _FromBuffer:
+    """Pickles as a call of numpy's protocol-5 array reconstructor with the given dtype."""
+
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype
+
+    def __reduce__(self):
+        return np.zeros(1).__reduce_ex__(5)[0], (bytearray(80), self.dtype, (10,), "C")
+
+
+def _deep(depth: int) -> list:
+    """A label nested ``depth`` lists deep."""
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value  # type: ignore[return-value]
 
 
 def _npz_edit(path: Path, drop: str | None = None, **changes: np.ndarray) -> Path:
@@ -181,6 +200,11 @@ def _cases() -> list[tuple[str, str, Callable[[Path], Path]]]:
         ("cifar10-truncated", "cifar10", c10(lambda p: _truncate(p), "test_batch")),
         ("cifar10-bad_opcode", "cifar10", c10(lambda p: _flip(p, 0))),
         ("cifar10-empty", "cifar10", c10(lambda p: _truncate(p, 0.0), "data_batch_5")),
+        ("cifar10-ragged_labels", "cifar10",
+         c10(lambda p: _cifar_edit(p, labels=[[1, 2], [3]] + [1] * 8))),
+        ("cifar10-deep_labels", "cifar10", c10(lambda p: _cifar_edit(p, labels=[_deep(100)] * 10))),
+        ("cifar10-frombuffer_object_dtype", "cifar10",
+         c10(lambda p: _cifar_edit(p, protocol=5, labels=_FromBuffer(np.dtype(object))))),
         ("cifar10-foreign_global", "cifar10",
          c10(lambda p: _pickle(p, {"data": _evil(p.with_name("PWNED")), "labels": []}))),
     ]  # fmt: skip
@@ -388,3 +412,20 @@ def test_bad_verify_value_is_a_config_error(tmp_path, capsys):
     assert (
         capsys.readouterr().err == "error: data.verify: unknown 'x'; allowed: warn, strict, off\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("dataset", "write", "shape"),
+    [("speech_commands", write_speech_commands, "[1, 16000]"), ("qnli", write_qnli, "[64]")],
+)
+def test_image_model_on_non_image_inputs_is_a_config_error(dataset, write, shape, tmp_path, capsys):
+    # Prepare: cnn_digits (a 2-D CNN) on 1-D audio or token ids
+    write(tmp_path / "data")
+    cfg = _config(tmp_path, dataset, tmp_path / "data", model="cnn_digits")
+    # Execute
+    code = main(["validate", str(cfg)])
+    # Assert
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: model: cnn_digits does not fit {dataset} inputs")
+    assert f"needs image inputs [C, H, W], got {shape}" in err

@@ -285,8 +285,9 @@ def test_summary_never_hides_missing_rows():
 
 
 class _Train:
-    def __init__(self, factor, rounds):
+    def __init__(self, factor, rounds, recovery=None):
         self.explode_factor, self.explode_rounds = factor, rounds
+        self.explode_recovery = recovery
 
 
 def test_explosion_needs_k_consecutive_rounds_above_the_factor():
@@ -299,6 +300,36 @@ def test_explosion_needs_k_consecutive_rounds_above_the_factor():
         check_explosion(rows, 2.0, _Train(100, 2))  # 201, 250 > 200
 
 
+def test_explosion_that_never_recovers_is_caught():
+    # Prepare: initial loss 2; the quickstart's lr=300 shape: two huge rounds, then 40-75 x
+    blew_up = [{"train_loss": v} for v in (1e20, 2e23, 116.0, 100.0, 146.0)]
+    recovered = [{"train_loss": v} for v in (1e20, 30.0, 19.0, 25.0, 30.0, 2.5)]
+    train = _Train(100, 3, recovery=10)
+    # Execute / Assert
+    check_explosion(blew_up[:4], 2.0, train)  # 2 rounds after the blow-up so far
+    with pytest.raises(LossExplosionError, match=r"above 100 x initial loss 2 in round 2 and "):
+        check_explosion(blew_up, 2.0, train)  # 116, 100, 146 all > 10 x 2 after round 2
+    for end in range(1, len(recovered) + 1):
+        check_explosion(recovered[:end], 2.0, train)  # 19 < 20: it came back
+    check_explosion(blew_up, 2.0, _Train(100, 3, recovery=None))  # second test disabled
+    check_explosion(blew_up, 2.0, _Train(100, 3, recovery=80))  # 116, 100, 146 < 160
+
+
+def test_blown_up_run_stays_broken_stops_with_exit_3(tmp_path, capsys):
+    # Prepare: lr=100 on the tiny config: 3.6e20 in round 1, then ~40 (17 x the initial loss,
+    # chance accuracy) every round; before the second test this ended "ok"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config(rounds=6)))
+    run_dir = tmp_path / "run"
+    # Execute
+    code = main(["run", str(cfg), "train.lr=100", "--out", str(run_dir), "--no-progress"])
+    # Assert
+    err = capsys.readouterr().err
+    assert code == 3 and err.count("\n") == 1
+    assert "diverged at round 4: train loss went above 100 x initial loss" in err
+    assert _summary(run_dir)["status"].startswith("diverged at round 4: ")
+
+
 @pytest.mark.parametrize(
     ("value", "message"), [("0.5", "must be > 1"), ("1", "must be > 1"), ("-3", "must be >= 0")]
 )
@@ -308,6 +339,15 @@ def test_bad_explosion_settings_are_one_line_errors(value, message, tmp_path, ca
     assert main(["validate", str(cfg), f"train.explode_factor={value}"]) == 2
     err = capsys.readouterr().err
     assert f"train.explode_factor: {message}" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("value", ["0.5", "101", "-1"])
+def test_bad_recovery_setting_is_a_one_line_error(value, tmp_path, capsys):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(CFG))
+    assert main(["validate", str(cfg), f"train.explode_recovery={value}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: train.explode_recovery: must be ") and err.count("\n") == 1
 
 
 def test_finite_loss_explosion_stops_with_exit_3(tmp_path, capsys):

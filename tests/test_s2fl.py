@@ -9,6 +9,8 @@ import torch
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.s2fl import closest_to_median
 from splitfl.algorithms.s2fl.data_balance import (
+    _distances,
+    _swap_search,
     balance_distance,
     balanced_groups,
     count_partitions,
@@ -91,6 +93,92 @@ def test_grouping_pairs_complementary_clients():
     hist3 = np.array([[10, 0], [0, 10], [9, 1], [1, 9]])
     groups, _ = balanced_groups(hist3, 2, np.random.default_rng(0))
     assert partition_cost(hist3, groups) == pytest.approx(0.0)
+
+
+def _full_scan_swaps(hist, groups):
+    """The swap search as first written (every pair of groups scored exactly every step): the
+    oracle the incremental search must reproduce exactly, ties included."""
+    hist = np.asarray(hist, dtype=np.float64)
+    sums = np.stack([hist[g].sum(axis=0) for g in groups])
+    dists = _distances(sums)
+    cost = float(dists.sum())
+    while True:
+        best, move = cost, None
+        for a, b in itertools.combinations(range(len(groups)), 2):
+            delta = hist[groups[b]][None, :, :] - hist[groups[a]][:, None, :]
+            new = cost - dists[a] - dists[b] + _distances(sums[a] + delta)
+            new = new + _distances(sums[b] - delta)
+            i, j = np.unravel_index(int(np.argmin(new)), new.shape)
+            if new[i, j] < best - 1e-12:
+                best, move = float(new[i, j]), (a, b, int(i), int(j))
+        if move is None:
+            return cost, groups
+        a, b, i, j = move
+        groups[a][i], groups[b][j] = groups[b][j], groups[a][i]
+        for g in (a, b):
+            sums[g] = hist[groups[g]].sum(axis=0)
+        dists[[a, b]] = _distances(sums[[a, b]])
+        cost = best
+
+
+def _random_start(n, num_groups, seed):
+    order = np.random.default_rng(seed).permutation(n)
+    cuts = np.cumsum([0, *group_sizes(n, num_groups)])
+    return [[int(i) for i in order[cuts[g] : cuts[g + 1]]] for g in range(num_groups)]
+
+
+def _histograms(kind, n, classes, rng):
+    if kind == "dirichlet":  # label counts as a Dirichlet(0.5) partition deals them
+        return np.stack([rng.multinomial(600, rng.dirichlet([0.5] * classes)) for _ in range(n)])
+    if kind == "one_sample":  # every client one sample: one-hot rows, ties everywhere
+        return np.eye(classes, dtype=np.int64)[rng.integers(0, classes, n)]
+    if kind == "repeated":  # a few distinct rows: exact ties between pairs of groups
+        return rng.integers(0, 6, (3, classes))[rng.integers(0, 3, n)]
+    return rng.dirichlet([0.5] * classes, n)  # shares, not counts: no integer shortcut
+
+
+@pytest.mark.parametrize("kind", ["dirichlet", "one_sample", "repeated", "shares"])
+@pytest.mark.parametrize("n,num_groups", [(10, 2), (23, 5), (40, 8)])
+def test_swap_search_reproduces_the_full_scan(kind, n, num_groups):
+    # Prepare
+    hist = _histograms(kind, n, 10, np.random.default_rng(n))
+    for seed in range(3):
+        start = _random_start(n, num_groups, seed)
+        # Execute
+        expected = _full_scan_swaps(hist, [list(g) for g in start])
+        got = _swap_search(hist, [list(g) for g in start])
+        # Assert: the same swaps, so the same groups (member order included) and cost bits
+        assert got == expected
+
+
+def test_grouping_at_the_papers_size_is_unchanged():
+    # Prepare: S²FL's warm-up groups all 100 devices (20 groups of 5); the round's 10 selected
+    # devices (2 groups) are enumerated exactly. The reference: restarts as balanced_groups
+    # draws them, each improved by the full scan.
+    hist = _histograms("dirichlet", 100, 10, np.random.default_rng(7))
+    rng, best = np.random.default_rng(0), (np.inf, None)
+    for _ in range(2):
+        order = rng.permutation(100)
+        cost, groups = _full_scan_swaps(
+            hist, [[int(i) for i in order[k : k + 5]] for k in range(0, 100, 5)]
+        )
+        best = (cost, groups) if cost < best[0] - 1e-12 else best
+    expected = sorted((sorted(g) for g in best[1]), key=lambda g: g[0])
+    # Execute
+    groups, exact = balanced_groups(hist, 20, np.random.default_rng(0), restarts=2)
+    ten, ten_exact = balanced_groups(hist[:10], 2, np.random.default_rng(0))
+    # Assert
+    assert not exact and groups == expected
+    assert ten_exact and ten == _brute_force_groups(hist[:10], 2)
+
+
+def _brute_force_groups(hist, num_groups):
+    """Groups of the first optimal partition in :func:`enumerate_partitions` order."""
+    best = min(
+        enumerate_partitions(list(range(len(hist))), group_sizes(len(hist), num_groups)),
+        key=lambda p: partition_cost(hist, p),
+    )
+    return sorted((sorted(g) for g in best), key=lambda g: g[0])
 
 
 def _update(client, cut, group, value):

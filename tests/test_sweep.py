@@ -64,6 +64,7 @@ def test_expand_gives_deterministic_names_order_and_configs(tmp_path):
         ({"base": "missing.yaml"}, "sweep.base: file not found"),
         ({"base": "base.yaml", "axes": {"seed": 3}}, "sweep.axes.seed: must be a non-empty list"),
         ({"base": "base.yaml", "axes": {"seed": [1, 1]}}, "sweep.axes.seed: repeated values"),
+        ({"base": "base.yaml", "axes": {"seed": [0, 0.0]}}, r"0 and 0\.0 are equal"),
     ],
 )
 def test_malformed_sweep_files_raise_one_line_errors(tmp_path, spec, message):

@@ -113,6 +113,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     config, overrides = _split_args(args.args)
+    if config is None:  # as `splitfl run`: the defaults alone are not a config to check
+        raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")
     print(validate(config, overrides))
     return 0
 

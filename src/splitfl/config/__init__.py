@@ -23,6 +23,8 @@ from splitfl.config.checks import (
 from splitfl.config.parse import (
     INT_LIMIT,
     apply_overrides,
+    check_overrides,
+    config_fields,
     dump_config,
     from_dict,
     load_config,
@@ -67,6 +69,8 @@ __all__ = [
     "Range",
     "TrainConfig",
     "apply_overrides",
+    "check_overrides",
+    "config_fields",
     "dump_config",
     "from_dict",
     "load_config",

@@ -52,12 +52,14 @@ class Range:
 #: p = 1/alpha up to 1e6), a log-normal jitter sigma of 10 already spans factors of e^±30,
 #: weight decay (an L2 coefficient, 5e-4 where the papers use it) above 1 is beyond any use;
 #: learning rates up to 1e9 stay allowed (a huge one is how divergence, exit 3, is tested).
+#: A device-to-device link slower than 1 B/s is no link (1e-300 B/s made rounds last 1e306 s
+#: and the clock overflow to inf).
 FLOAT_RANGES: dict[str, Range] = {
     "data.alpha": Range(0, 1e6, lo_open=True),
     "data.p": Range(0, 1e6),
     "devices.jitter": Range(0, 10),
     "devices.variation": Range(0, 10),
-    "devices.d2d_rate": Range(0, 1e15, lo_open=True),
+    "devices.d2d_rate": Range(1, 1e15),
     "devices.exchange_latency_s": Range(0, 10),
     "devices.server_rate": Range(0, 1e15, lo_open=True),
     "train.lr": Range(0, 1e9, lo_open=True),
@@ -66,6 +68,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "train.momentum": Range(0, 1, hi_open=True),
     "train.weight_decay": Range(0, 1),
     "train.explode_factor": Range(0, 1e30),
+    "train.explode_recovery": Range(0, 1e30),
     "eval.target_accuracy": Range(0, 1, lo_open=True),
     "network.timeout_s": Range(0, 86400, lo_open=True),
     "network.connect_timeout_s": Range(0, 86400, lo_open=True),
@@ -182,6 +185,11 @@ def validate(config: ExperimentConfig) -> None:
     )
     t = config.train
     _check(
+        t.lr_min <= t.lr,
+        "train.lr_min",
+        f"must be <= train.lr={t.lr:g} (got {t.lr_min:g}; the rate is max(lr_min, lr * decay^h))",
+    )
+    _check(
         1 <= t.clients_per_round <= d.num_clients,
         "train.clients_per_round",
         f"must be in [1, data.num_clients={d.num_clients}] (got {t.clients_per_round})",
@@ -192,6 +200,12 @@ def validate(config: ExperimentConfig) -> None:
     f, k = t.explode_factor, t.explode_rounds
     _check(not f or f > 1, "train.explode_factor", f"must be > 1, or 0/null to disable (got {f})")
     _check(not k or k >= 1, "train.explode_rounds", f"must be >= 1, or 0/null to disable (got {k})")
+    r = t.explode_recovery
+    _check(
+        not r or 1 <= r <= (f or r),
+        "train.explode_recovery",
+        f"must be in [1, train.explode_factor={f}], or 0/null to disable (got {r})",
+    )
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")

@@ -9,9 +9,11 @@ import math
 import re
 import types
 import typing
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from splitfl.config.checks import validate
@@ -32,8 +34,35 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
+def config_fields(config: Any) -> dict[str, Any]:
+    """The fields of a config dataclass as a mapping, nested sections too (other values as they
+    are: :func:`from_dict` checks them), so a hand-built config is checked like a file."""
+    return {
+        f.name: config_fields(v) if _is_config(v := getattr(config, f.name)) else v
+        for f in dataclasses.fields(config)
+    }
+
+
+def _is_config(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with numpy scalars (``np.int64``, ``np.float32``, ``np.str_``, ...) turned into
+    Python ones, inside mappings and lists too, so the config dumps to YAML and JSON."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _coerce(value: Any, tp: Any, path: str) -> Any:
-    """Check/convert ``value`` to annotation ``tp`` (int, float, bool, str, X | None, dict)."""
+    """Check/convert ``value`` to annotation ``tp`` (int, float, bool, str, X | None, dict,
+    a config section); numpy scalars count as the Python scalars they hold."""
+    value = value.item() if isinstance(value, np.generic) else value
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -42,20 +71,22 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         inner = [a for a in args if a is not type(None)]
         return _coerce(value, inner[0], path)
     if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            value = config_fields(value)
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a mapping, got {_short(value)}")
         return from_dict(tp, value, f"{path}.")
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a mapping, got {_short(value)}")
-        return dict(value)
+        return _plain(dict(value))
     if origin is list:
         if isinstance(value, str):  # `output.tracking=mlflow` means [mlflow]
             value = [value]
         if not isinstance(value, list | tuple):
             raise ConfigError(path, f"expected a list, got {_short(value)}")
         (item,) = typing.get_args(tp) or (Any,)
-        return [v if item is Any else _coerce(v, item, path) for v in value]
+        return [_plain(v) if item is Any else _coerce(v, item, path) for v in value]
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -67,7 +98,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(path, f"expected a string, got {_short(value)}")
-        return value
+        return str(value)
     raise ConfigError(path, f"unsupported type {_type_name(tp)}")
 
 
@@ -80,7 +111,7 @@ def _coerce_int(value: Any, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         if not (isinstance(value, float) and value.is_integer()):
             raise ConfigError(path, f"expected an integer, got {_short(value)}")
-        value = int(value)
+    value = int(value)
     if not -INT_LIMIT < value < INT_LIMIT:
         raise ConfigError(
             path, f"must fit in a 64-bit integer (|value| < 2**63), got {_short(value)}"
@@ -148,7 +179,22 @@ def _yaml_loader() -> type:
     int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 
     class Loader(yaml.SafeLoader):
-        pass
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+            """A mapping that names a key twice is refused: YAML keeps the last silently, so a
+            repeated section would drop every field of the first."""
+            seen: set = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                if not isinstance(key, Hashable):
+                    continue  # refused by SafeLoader itself
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
 
     Loader.yaml_implicit_resolvers = {
         first: [(tag, rx) for tag, rx in rules if tag not in (int_tag, float_tag)]
@@ -217,11 +263,27 @@ def set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:
     node[keys[-1]] = value
 
 
+def check_overrides(overrides: Any) -> list[str]:
+    """``overrides`` as a list of ``key=value`` strings; a lone string (which would be read
+    character by character) or anything else is a one-line error."""
+    if isinstance(overrides, str):
+        raise ConfigError(
+            "overrides",
+            f"expected a list of key=value strings, got the string {_short(overrides)} "
+            f"(write [{_short(overrides)}])",
+        )
+    if not isinstance(overrides, list | tuple) or not all(isinstance(o, str) for o in overrides):
+        raise ConfigError(
+            "overrides", f"expected a list of key=value strings, got {_short(overrides)}"
+        )
+    return list(overrides)
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of a raw config mapping with dotted ``key=value`` overrides applied."""
 
     out = copy.deepcopy(data)
-    for text in overrides:
+    for text in check_overrides(overrides):
         set_dotted(out, *parse_override(text))
     return out
 

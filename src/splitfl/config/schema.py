@@ -91,10 +91,15 @@ class TrainConfig:
     local_steps: int | None = None
     #: Explosion check (a divergence that never reaches NaN/inf): stop with exit code 3 when
     #: the round's training loss exceeds ``explode_factor`` × the initial model's test loss
-    #: for ``explode_rounds`` rounds in a row (the papers are silent; a careful default that
-    #: the shipped configs stay far below, even with lr=1); 0 or null disables.
+    #: for ``explode_rounds`` rounds in a row, or exceeds it once and stays above
+    #: ``explode_recovery`` × that loss for the ``explode_rounds`` rounds after (blew up and
+    #: stayed broken). The papers are silent; careful defaults that the shipped configs stay
+    #: far below, even with lr=1 (their training loss never exceeds the initial loss much,
+    #: and a model that recovers from a spike retrains from about the initial loss); 0 or
+    #: null disables (``explode_recovery``: the second test only).
     explode_factor: float | None = 100.0
     explode_rounds: int | None = 3
+    explode_recovery: float | None = 10.0
 
 
 @dataclass(frozen=True)

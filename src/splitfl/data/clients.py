@@ -39,6 +39,13 @@ def client_partition(config: ExperimentConfig, bundle: DatasetBundle) -> list[np
             f"{n_train} training samples of {d.dataset}",
         )
     scheme, alpha = _dirichlet_alpha(config)
+    classes = len(np.unique(bundle.train.y.numpy()))
+    if scheme == "shards" and d.classes_per_client > classes:
+        raise ConfigError(
+            "data.classes_per_client",
+            f"must be <= the {classes} classes in the training labels of {d.dataset} for the "
+            f"shards partition (got {d.classes_per_client})",
+        )
     if scheme == "natural" and bundle.train.writers is None:
         raise ConfigError("data.partition", f"'natural' needs writer ids; {d.dataset} has none")
     try:

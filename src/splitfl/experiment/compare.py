@@ -36,6 +36,21 @@ def common_target(runs: dict[str, RunResult], configured: float | None) -> float
     return target_for([r.summary["best_acc"] for r in runs.values()], configured)
 
 
+def _names(algorithms: Any) -> list[str]:
+    """``algorithms`` as a non-empty list of names; a string (``"fedavg,s2fl"``, which would be
+    read letter by letter) or anything else is a one-line error."""
+    if isinstance(algorithms, str):
+        names = [a.strip() for a in algorithms.split(",") if a.strip()]
+        raise ConfigError(
+            "algorithms", f"expected a list of names, got the string {algorithms!r} (write {names})"
+        )
+    if not isinstance(algorithms, list | tuple) or not all(isinstance(a, str) for a in algorithms):
+        raise ConfigError("algorithms", f"expected a list of algorithm names, got {algorithms!r}")
+    if not algorithms:
+        raise ConfigError("--algorithms", "name at least one algorithm")
+    return [str(a) for a in algorithms]
+
+
 def compare(
     config: ExperimentConfig | str | Path | dict,
     algorithms: list[str],
@@ -47,8 +62,7 @@ def compare(
 
     Every configuration is validated (and its data checked) before the first run starts.
     """
-    if not algorithms:
-        raise ConfigError("--algorithms", "name at least one algorithm")
+    algorithms = _names(algorithms)
     base = as_config(config, overrides)
     configs = {a: as_config(base.replace(algorithm=a)) for a in algorithms}
     for cfg in configs.values():

@@ -19,8 +19,10 @@ __all__ = ["LossExplosionError", "RunInterrupted", "check_explosion", "sigterm_a
 
 
 class LossExplosionError(NonFiniteLossError):
-    """The training loss stayed above ``train.explode_factor`` × the initial loss for
-    ``train.explode_rounds`` rounds in a row: the run diverged without reaching NaN/inf."""
+    """The training loss exploded without becoming NaN/inf: it stayed above
+    ``train.explode_factor`` × the initial loss for ``train.explode_rounds`` rounds in a row, or
+    it went above that once and did not come back below ``train.explode_recovery`` × the
+    initial loss within ``train.explode_rounds`` rounds."""
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -30,20 +32,37 @@ class RunInterrupted(KeyboardInterrupt):
 def check_explosion(rows: list[dict[str, Any]], initial_loss: float | None, train) -> None:
     """Stop a run whose training loss exploded without becoming NaN/inf.
 
-    Raises :class:`LossExplosionError` when the last ``train.explode_rounds`` rows all have
-    ``train_loss > train.explode_factor * initial_loss``, where ``initial_loss`` is the test
-    loss of the initial global model. (Not the first round's training loss: with a huge
-    learning rate that is already exploded, e.g. 1.6e24 with ``lr=1e6`` on the quickstart.)
-    ``explode_factor`` or ``explode_rounds`` 0/null disables the check.
+    With ``L0`` the test loss of the initial global model (not the first round's training
+    loss: with a huge learning rate that is already exploded, e.g. 1.6e24 with ``lr=1e6`` on
+    the quickstart), raises :class:`LossExplosionError` when
+
+    * the last ``train.explode_rounds`` rows all have ``train_loss > explode_factor · L0``, or
+    * a row had ``train_loss > explode_factor · L0`` and the ``explode_rounds`` rows after it
+      all stayed above ``explode_recovery · L0``: the model blew up and stayed broken (e.g.
+      ``lr=300`` on the quickstart: 1e20, 2e23, then 40–75 × L0 at chance accuracy). A model
+      that comes back after a spike retrains from about ``L0``, far below that.
+
+    ``explode_factor`` or ``explode_rounds`` 0/null disables both; ``explode_recovery``
+    0/null the second.
     """
-    factor, k = train.explode_factor, train.explode_rounds
+    factor, k, recovery = train.explode_factor, train.explode_rounds, train.explode_recovery
     if not factor or not k or initial_loss is None or len(rows) < k:
         return
+    losses = [r["train_loss"] for r in rows]
     limit = factor * initial_loss
-    if all(r["train_loss"] > limit for r in rows[-k:]):
+    if all(loss > limit for loss in losses[-k:]):
         raise LossExplosionError(
-            f"train loss {rows[-1]['train_loss']:.3g} > {factor:g} x initial loss "
+            f"train loss {losses[-1]:.3g} > {factor:g} x initial loss "
             f"{initial_loss:.3g} for {k} rounds (train.explode_factor, train.explode_rounds)"
+        )
+    blown = [i for i, loss in enumerate(losses) if loss > limit]
+    after = losses[blown[-1] + 1 :] if blown else []
+    if recovery and len(after) >= k and all(loss > recovery * initial_loss for loss in after):
+        raise LossExplosionError(
+            f"train loss went above {factor:g} x initial loss {initial_loss:.3g} in round "
+            f"{blown[-1] + 1} and stayed above {recovery:g} x for {len(after)} rounds (now "
+            f"{losses[-1]:.3g}; train.explode_factor, train.explode_recovery, "
+            "train.explode_rounds)"
         )
 
 

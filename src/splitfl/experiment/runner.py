@@ -28,6 +28,7 @@ from splitfl.config import (
     ConfigError,
     ExperimentConfig,
     apply_overrides,
+    config_fields,
     dump_config,
     from_dict,
 )
@@ -178,12 +179,14 @@ def _finish(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | 
 
 def as_config(config: Any, overrides: list[str] | None = None) -> ExperimentConfig:
     """An :class:`ExperimentConfig` from a config, a mapping or a YAML path (+ overrides),
-    fully validated."""
+    fully validated. A hand-built config is rebuilt from its fields, so its values are
+    type-checked (and numpy scalars turned into Python ones) as a file's would be."""
     if isinstance(config, ExperimentConfig):
-        if overrides:
-            config = from_dict(ExperimentConfig, apply_overrides(config.to_dict(), overrides))
-        validate_config(config)
-        return config
+        config = config_fields(config)
+    elif not isinstance(config, dict | str | Path | None):
+        raise ConfigError(
+            "config", f"expected an ExperimentConfig, a mapping or a YAML path, got {config!r}"
+        )
     if isinstance(config, dict):
         cfg = from_dict(ExperimentConfig, apply_overrides(config, overrides or []))
         validate_config(cfg)

@@ -102,8 +102,12 @@ def _check_sweep_mapping(data: dict[str, Any]) -> None:
     for key, values in axes.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"sweep.axes.{key}", f"must be a non-empty list (got {values!r})")
-        if len({json.dumps(v, sort_keys=True) for v in values}) != len(values):
-            raise ConfigError(f"sweep.axes.{key}", f"repeated values in {values!r}")
+        for i, j in itertools.combinations(range(len(values)), 2):
+            if values[i] == values[j]:  # 0 and 0.0 too: the same seed, the same trial twice
+                raise ConfigError(
+                    f"sweep.axes.{key}",
+                    f"repeated values in {values!r} ({values[i]!r} and {values[j]!r} are equal)",
+                )
     overrides = data.get("overrides") or []
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
         raise ConfigError("sweep.overrides", "must be a list of key=value strings")

@@ -44,12 +44,18 @@ def check_labels(
 ) -> np.ndarray:
     """``labels`` as int64 ``[N]``, checked: integers, one per sample (``count``), each in
     ``0..num_classes-1``; else a one-line :class:`DatasetFileError` naming ``path``."""
-    arr = np.asarray(labels)
-    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+    try:
+        arr = np.asarray(labels)
+    except (ValueError, TypeError, OverflowError, RecursionError):
         raise file_error(
             dataset,
             path,
-            f"labels must be a list of integers, got {arr.dtype} array of shape {list(arr.shape)}",
+            "labels must be a list of integers, got ragged or too deeply nested lists",
+        ) from None
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        shape = f"shape {list(arr.shape)}" if arr.ndim <= 4 else f"{arr.ndim} dimensions"
+        raise file_error(
+            dataset, path, f"labels must be a list of integers, got {arr.dtype} array of {shape}"
         )
     if count is not None and len(arr) != count:
         raise file_error(dataset, path, f"holds {len(arr)} labels for {count} samples")

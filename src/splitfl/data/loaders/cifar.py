@@ -7,11 +7,14 @@ unused). ``root`` may also point at the batch folder itself. Batches may be smal
 originals (e.g. class-balanced subsets). Images become float32 ``[N, 3, 32, 32]`` standardised
 with the usual per-channel training-set mean/std.
 
-The batches are user-supplied pickles, read with :class:`BatchUnpickler`, which resolves only
-the globals the format needs (numpy's array/dtype/scalar reconstructors and ``_codecs.encode``),
-never arbitrary ones. Each batch must be a dict with ``data`` uint8 ``[N, 3072]`` (or
-``[N, 3, 32, 32]``) and exactly ``N`` labels in range; any failure is a one-line
-:class:`~splitfl.data.base.DatasetFileError` naming the file. Batches holding the canonical
+The batches are user-supplied pickles (any protocol, 0-5), read with :class:`BatchUnpickler`,
+which resolves only the globals the format needs (numpy's array/dtype/scalar reconstructors,
+``_codecs.encode`` and ``bytes()``, the last two for bytes at protocol < 3; protocol 5's
+``_frombuffer`` replaced by a version that builds plain-data arrays only), never arbitrary ones.
+Each batch must be a dict with ``data`` uint8 ``[N, 3072]`` (or ``[N, 3, 32, 32]``) and
+exactly ``N`` labels in range (a batch may hold no images, as long as each split has some);
+any failure is a one-line :class:`~splitfl.data.base.DatasetFileError` naming the file.
+Batches holding the canonical
 number of images are compared with their published MD5s per ``verify`` (see ``_checksums``);
 subsets are not.
 """
@@ -35,6 +38,24 @@ CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 
 
+def _frombuffer(buffer: object, dtype: object, shape: object, order: object) -> np.ndarray:
+    """numpy's protocol-5 array reconstructor (``numpy.core.numeric._frombuffer``), restricted
+    to what an array of plain data needs: a bytes-like buffer and a dtype holding no objects."""
+    if not isinstance(buffer, bytes | bytearray) or not isinstance(dtype, np.dtype):
+        raise pickle.UnpicklingError("protocol-5 array without a bytes buffer and a dtype")
+    if dtype.hasobject or order not in ("C", "F"):
+        raise pickle.UnpicklingError(f"protocol-5 array of {dtype} in order {order!r}")
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape, order=order)
+
+
+def _empty_bytes(*args: object) -> bytes:
+    """``bytes()``, which Python 3 writes for an empty bytes object at protocol < 3 (an empty
+    array's data); ``bytes`` with arguments is not needed by the format and not allowed."""
+    if args:
+        raise pickle.UnpicklingError("bytes() with arguments is not allowed in a batch")
+    return b""
+
+
 _RECONSTRUCT = np.ndarray(0).__reduce__()[0]  # numpy's array reconstructor, any numpy version
 _SCALAR = np.int64(0).__reduce__()[0]
 _ALLOWED = {
@@ -44,7 +65,11 @@ _ALLOWED = {
     ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
     ("numpy.core.multiarray", "scalar"): _SCALAR,
     ("numpy._core.multiarray", "scalar"): _SCALAR,
+    ("numpy.core.numeric", "_frombuffer"): _frombuffer,  # arrays pickled at protocol 5
+    ("numpy._core.numeric", "_frombuffer"): _frombuffer,  # (Python 3.14's default)
     ("_codecs", "encode"): _codecs.encode,  # bytes pickled by Python 3 at protocol < 3
+    ("__builtin__", "bytes"): _empty_bytes,
+    ("builtins", "bytes"): _empty_bytes,
 }
 
 

@@ -2,7 +2,8 @@
 
 Two on-disk formats, looked for in ``root/FEMNIST/`` or ``root`` itself:
 
-* compact npz (``*.npz``; exactly one, else pass ``file=``): ``x`` uint8 ``[N, 28, 28]``
+* compact npz (``*.npz``; exactly one, else point ``data.root`` — or ``file=`` — at the one to
+  use): ``x`` uint8 ``[N, 28, 28]``
   (LEAF convention: white background = 255), ``y``, ``writer`` (index into ``writer_names``),
   ``split``. In the shipped ``femnist-leaf-niid-sf0.05.npz`` the 90 % per-writer training part
   has ``split == 0`` and the test part ``split == 1`` (its README states the reverse, but the
@@ -30,7 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from splitfl.data.base import DatasetBundle, DatasetNotFoundError, DatasetShape, register_dataset
+from splitfl.data.base import (
+    DatasetBundle,
+    DatasetError,
+    DatasetNotFoundError,
+    DatasetShape,
+    register_dataset,
+)
 from splitfl.data.loaders._common import check_labels, file_error, reading, to_dataset
 
 NPZ_KEYS = ("x", "y", "writer", "split")
@@ -140,7 +147,7 @@ def load_femnist(
     fmt: str = "auto",
     train_split_value: int = 0,
 ) -> DatasetBundle:
-    """FEMNIST from ``root/FEMNIST`` (or ``root``).
+    """FEMNIST from ``root/FEMNIST`` (or ``root``), or from the npz file ``root`` itself.
 
     ``fmt``: ``auto`` (npz if present, else LEAF json), ``npz`` or ``leaf``; ``file`` names the
     npz explicitly (absolute, or relative to the cwd, ``root/FEMNIST`` or ``root``).
@@ -149,6 +156,8 @@ def load_femnist(
         raise ValueError(f"femnist: fmt must be auto, npz or leaf, got {fmt!r}")
     if root is None and file is None:
         raise DatasetNotFoundError("femnist: no data root given; pass the folder holding FEMNIST/")
+    if file is None and root is not None and Path(root).is_file():  # data.root: the npz itself
+        return load_femnist_npz(Path(root), train_split_value)
     root = Path(root) if root is not None else Path(file).parent
     folders = [root / "FEMNIST", root]
     if file is not None:
@@ -163,7 +172,10 @@ def load_femnist(
             found = sorted(folder.glob("*.npz")) if folder.is_dir() else []
             if len(found) > 1:
                 names = ", ".join(p.name for p in found)
-                raise ValueError(f"femnist: several npz files in {folder} ({names}); pass file=")
+                raise DatasetError(
+                    f"femnist: several npz files in {folder} ({names}); set data.root to the "
+                    "one to use"
+                )
             if found:
                 return load_femnist_npz(found[0], train_split_value)
     if fmt in ("auto", "leaf"):

@@ -24,6 +24,8 @@ def mlp(input_shape: tuple[int, ...], num_classes: int) -> BlockModel:
 
 @register_model("cnn_digits", "small CNN for 8x8 digits: 3 conv blocks (BN) + 2 FC blocks")
 def cnn_digits(input_shape: tuple[int, ...], num_classes: int) -> BlockModel:
+    if len(input_shape) != 3:
+        raise ValueError(f"needs image inputs [C, H, W], got {list(input_shape)}")
     channels = input_shape[0]
     blocks = [
         nn.Sequential(nn.Conv2d(channels, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU()),
