@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from splitfl.atomic import write_atomic
 from splitfl.config.checks import validate
 from splitfl.config.schema import (
     ConfigError,
@@ -217,6 +218,17 @@ def set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:
     node[keys[-1]] = value
 
 
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mapping → ``{dotted.key: value}`` (lists kept as values)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of a raw config mapping with dotted ``key=value`` overrides applied."""
 
@@ -238,4 +250,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def dump_config(config: ExperimentConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    write_atomic(path, yaml.safe_dump(config.to_dict(), sort_keys=False))

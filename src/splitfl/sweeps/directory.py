@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from splitfl.atomic import write_atomic
 from splitfl.config import ConfigError, ExperimentConfig, from_dict, load_yaml
 from splitfl.data.base import DatasetError
 from splitfl.experiment import runner  # looked up per call (tests replace runner.prepare)
@@ -111,6 +112,5 @@ class Index:
         self.save()
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({**self.header, "trials": list(self.entries.values())}, indent=2))
-        tmp.replace(self.path)
+        text = json.dumps({**self.header, "trials": list(self.entries.values())}, indent=2)
+        write_atomic(self.path, text)
