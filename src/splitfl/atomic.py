@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -47,12 +47,12 @@ def write_atomic(path: str | Path, content: Content) -> Path:
     """
     path = Path(path)
     with naming(path):
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=path.suffix)
-    tmp = Path(name)
+        fd, tmp = _create_tmp(path)
     try:
         with naming(path):
             if callable(content):
                 os.close(fd)
+                fd = -1
                 content(tmp)
                 fd = os.open(tmp, os.O_RDONLY)
             else:
@@ -70,11 +70,29 @@ def write_atomic(path: str | Path, content: Content) -> Path:
     return path
 
 
+def _create_tmp(path: Path) -> tuple[int, Path]:
+    """A new temporary file beside ``path`` (same suffix), opened for writing with the
+    permissions of a plain new file (0o666 less the umask)."""
+    while True:
+        tmp = path.with_name(f"{TMP_PREFIX}{secrets.token_hex(6)}{path.suffix}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def _write_all(fd: int, data: bytes) -> None:
     """``os.write`` until every byte is written (a write may take only part of them)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+def remove_stale_tmp(folder: str | Path) -> None:
+    """Remove temporary files a killed writer left in ``folder`` (call it only while no
+    other process can write there: under the folder's lock)."""
+    for path in Path(folder).glob(f"{TMP_PREFIX}*"):
+        path.unlink(missing_ok=True)
 
 
 def append_text(path: str | Path, text: str) -> None:
@@ -116,7 +134,7 @@ def creatable_dir_problem(path: str | Path) -> str | None:
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        return f"{existing} exists and is not a directory"
+        return "exists and is not a directory" if existing == path else f"{existing} is a file"
     if existing != path and not os.access(existing, os.W_OK | os.X_OK):
         return f"cannot create folders in {existing} (not writable)"
     return None

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from splitfl.atomic import remove_stale_tmp
 from splitfl.config import ConfigError
 
 try:
@@ -45,6 +46,7 @@ def hold_lock(folder: str | Path, what: str = "run") -> Iterator[None]:
     path = Path(folder) / LOCK_FILE
     fh = _acquire(path, folder, what)
     try:
+        remove_stale_tmp(folder)  # a killed owner's half-written files
         fh.seek(0)
         fh.truncate()
         fh.write(f"{os.getpid()}\n")

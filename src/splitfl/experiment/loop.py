@@ -125,7 +125,7 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
         eval_model = prep.ctx.model if device == "cpu" else copy.deepcopy(prep.ctx.model).to(device)
         st, rec = start_state(prep, start, eval_model, run_dir)
         bar = _progress(config, len(rec.rows), progress)
-        status = "ok"
+        status = None  # set by the handlers below; never "ok" unless the run finished
         try:
             with sigterm_as_interrupt():
                 _play_rounds(prep, executor, st, rec, eval_model, bar, start is None)
@@ -149,7 +149,7 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
         finally:
             bar.close()
             if rec.summary is None:
-                _record_stop(rec, status)
+                _record_stop(rec, status or f"stopped at round {len(rec.rows)}")
     return rec.summary, st, rec.rows
 
 

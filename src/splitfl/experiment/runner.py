@@ -25,7 +25,13 @@ from typing import Any
 import torch
 
 from splitfl.algorithms import Algorithm, resolve_algorithm
-from splitfl.atomic import NAME_MAX, creatable_dir_problem, naming, write_atomic
+from splitfl.atomic import (
+    NAME_MAX,
+    creatable_dir_problem,
+    naming,
+    remove_stale_tmp,
+    write_atomic,
+)
 from splitfl.config import (
     ConfigError,
     ExperimentConfig,
@@ -110,8 +116,11 @@ def check_output(config: ExperimentConfig, run_dir: str | Path | None = None) ->
     problem = creatable_dir_problem(folder)
     if problem is None and run_dir is None:
         name = _default_name(config)
-        if len(name.encode()) > NAME_MAX - 8:  # room for the "-<n>" of a taken name
-            field, problem = "output.name", f"{len(name.encode())} bytes; at most {NAME_MAX - 8}"
+        size, limit = len(name.encode()), NAME_MAX - 8  # room for the "-<n>" of a taken name
+        if size > limit:
+            raise ConfigError(
+                "output.name", f"{size} bytes long; at most {limit} (file systems refuse more)"
+            )
     if problem is not None:
         raise ConfigError(field, f"{folder}: {problem}")
 
@@ -238,6 +247,7 @@ def resume(
         config = load_config(path / "config.yaml", overrides)
         prepared = prepare(config)
         ckpt_path = path / "checkpoints" / "last.pt"
+        remove_stale_tmp(ckpt_path.parent)
         start = None
         if ckpt_path.exists():
             shapes = {k: v.shape for k, v in prepared.ctx.model.state_dict().items()}

@@ -113,9 +113,18 @@ def _read_files(record: RunRecord) -> None:
     elif status.startswith("diverged"):
         record.status, record.error = "diverged", status
     elif status == "ok" and _done_rounds(summary) >= rounds:
+        _check_complete(record.rows, _done_rounds(summary), path / "metrics.jsonl")
         record.status = "done"
     else:
         record.error = f"stopped after {len(record.rows)} of {rounds} rounds"
+
+
+def _check_complete(rows: list[dict[str, Any]], rounds: int, path: Path) -> None:
+    """A finished run's rows are rounds ``1..rounds`` (else ``metrics.jsonl`` lost rows)."""
+    if [r["round"] for r in rows] != list(range(1, rounds + 1)):
+        raise ConfigError(
+            str(path), f"holds {len(rows)} rows, not rounds 1..{rounds} as summary.json says"
+        )
 
 
 def _done_rounds(summary: dict[str, Any] | None) -> int:
