@@ -27,6 +27,7 @@ import torch
 from splitfl.algorithms import Algorithm, resolve_algorithm
 from splitfl.atomic import (
     NAME_MAX,
+    TMP_PREFIX,
     creatable_dir_problem,
     naming,
     remove_stale_tmp,
@@ -144,10 +145,11 @@ def new_run_dir(config: ExperimentConfig, parent: Path | None = None) -> Path:
 
 def _claim_run_dir(path: Path) -> bool:
     """Create ``path`` for a run (``splitfl run --out``); an existing empty directory is
-    accepted (a lock file left by a killed process aside). Returns whether it was created.
-    Raises a one-line ConfigError otherwise."""
+    accepted (the lock and temporary files of a process killed there aside). Returns whether
+    it was created. Raises a one-line ConfigError otherwise."""
     if path.is_dir():
-        if any(p.name != LOCK_FILE for p in path.iterdir()):
+        leftovers = (LOCK_FILE, TMP_PREFIX)
+        if any(not p.name.startswith(leftovers) for p in path.iterdir()):
             raise ConfigError(
                 "--out",
                 f"{path} already exists and is not empty; give a new directory, or continue "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfl.config import ConfigError, ExperimentConfig, flatten, load_yaml
-from splitfl.metrics.summary import check_target, read_metrics, read_record
+from splitfl.metrics.summary import check_target, read_bytes, read_metrics, read_record
 
 SWEEP_INDEX = "trials.json"
 
@@ -52,6 +52,16 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def read_rows(path: Path, rounds: int | None = None) -> list[dict[str, Any]]:
+    """``metrics.jsonl``'s rows with :func:`check_rows`, and :func:`check_complete` for
+    ``rounds`` rounds if given."""
+    rows = read_metrics(path)
+    check_rows(rows, path)
+    if rounds is not None:
+        check_complete(rows, rounds, path)
+    return rows
+
+
 def check_rows(rows: list[dict[str, Any]], path: Path) -> None:
     """One-line ConfigError for a row without a finite :data:`ROW_NUMBERS` value, or with
     a :data:`ROW_NULLABLE` value that is neither null nor a finite number."""
@@ -69,10 +79,9 @@ def read_config(path: Path) -> dict[str, Any] | None:
     if not path.exists() and not path.is_symlink():
         return None
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        why = getattr(err, "strerror", None) or err
-        raise ConfigError(str(path), f"unreadable ({why})") from None
+        text = read_bytes(path).decode()
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), "not UTF-8 text (damaged file?)") from None
     config = load_yaml(text, str(path), str(path))
     if not isinstance(config, dict):
         raise ConfigError(str(path), "not a mapping of config fields (damaged file?)")
@@ -101,9 +110,12 @@ def read_run(path: Path, name: str | None = None, values: dict | None = None) ->
 def _read_files(record: RunRecord) -> None:
     path = record.run_dir
     record.config = read_config(path / "config.yaml")
-    record.rows = read_metrics(path / "metrics.jsonl")
-    check_rows(record.rows, path / "metrics.jsonl")
+    record.rows = read_rows(path / "metrics.jsonl")
     summary, error = read_record(path / "summary.json"), read_record(path / "error.json")
+    if summary is not None and not (
+        isinstance(summary.get("status"), str) and _done_rounds(summary) >= 0
+    ):
+        raise ConfigError(str(path / "summary.json"), "no status text or no rounds number")
     rounds = (record.config or {}).get("rounds", ExperimentConfig.rounds)
     status = str((summary or {}).get("status", ""))
     if error is not None:
@@ -113,13 +125,13 @@ def _read_files(record: RunRecord) -> None:
     elif status.startswith("diverged"):
         record.status, record.error = "diverged", status
     elif status == "ok" and _done_rounds(summary) >= rounds:
-        _check_complete(record.rows, _done_rounds(summary), path / "metrics.jsonl")
+        check_complete(record.rows, _done_rounds(summary), path / "metrics.jsonl")
         record.status = "done"
     else:
         record.error = f"stopped after {len(record.rows)} of {rounds} rounds"
 
 
-def _check_complete(rows: list[dict[str, Any]], rounds: int, path: Path) -> None:
+def check_complete(rows: list[dict[str, Any]], rounds: int, path: Path) -> None:
     """A finished run's rows are rounds ``1..rounds`` (else ``metrics.jsonl`` lost rows)."""
     if [r["round"] for r in rows] != list(range(1, rounds + 1)):
         raise ConfigError(
@@ -128,7 +140,7 @@ def _check_complete(rows: list[dict[str, Any]], rounds: int, path: Path) -> None
 
 
 def _done_rounds(summary: dict[str, Any] | None) -> int:
-    rounds = (summary or {}).get("rounds", 0)
+    rounds = (summary or {}).get("rounds")
     return rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else -1
 
 

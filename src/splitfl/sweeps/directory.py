@@ -15,6 +15,7 @@ from splitfl.atomic import write_atomic
 from splitfl.config import ConfigError, ExperimentConfig, from_dict, load_yaml
 from splitfl.data.base import DatasetError
 from splitfl.experiment import runner  # looked up per call (tests replace runner.prepare)
+from splitfl.metrics.rundirs import read_config
 from splitfl.sweeps.spec import SweepSpec, Trial
 from splitfl.sweeps.trial import FINAL, run_state
 
@@ -22,9 +23,10 @@ INDEX = "trials.json"
 
 
 def same_config(run_dir: Path, config: ExperimentConfig) -> bool:
-    """Whether ``run_dir`` holds no config yet, or ``config`` itself."""
-    path = run_dir / "config.yaml"
-    return not path.exists() or from_dict(ExperimentConfig, load_yaml(path.read_text())) == config
+    """Whether ``run_dir`` holds no config yet, or ``config`` itself; a damaged
+    ``config.yaml`` is a one-line ConfigError naming it."""
+    data = read_config(run_dir / "config.yaml")
+    return data is None or from_dict(ExperimentConfig, data) == config
 
 
 def check_data(trials: list[Trial], folder: Path | None = None) -> list[Trial]:
@@ -71,7 +73,7 @@ def check_same_sweep(folder: Path, spec: SweepSpec) -> None:
         return
     try:
         old = load_yaml(path.read_text()) or {}
-    except yaml.YAMLError:
+    except (ConfigError, UnicodeDecodeError):  # damaged: not this sweep
         old = {}
     new = load_yaml(yaml.safe_dump(spec.to_dict(), sort_keys=False))  # same round trip
     differ = [k for k in SAME_SWEEP_KEYS if not isinstance(old, dict) or old.get(k) != new[k]]

@@ -18,6 +18,7 @@ from splitfl.atomic import error_line, write_atomic
 from splitfl.config import ConfigError, ExperimentConfig, from_dict
 from splitfl.executors import NonFiniteLossError
 from splitfl.experiment import runner  # looked up per call (tests replace runner.run)
+from splitfl.metrics.rundirs import read_rows
 from splitfl.metrics.summary import read_record
 
 FINAL = ("done", "diverged")  # not rerun on resume (a diverged trial diverges again)
@@ -35,14 +36,20 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 def run_state(run_dir: Path, rounds: int) -> str:
     """``done``, ``diverged``, ``partial`` (a run directory to resume) or ``new``.
 
-    ``done`` needs ``summary.json`` saying ``ok`` for ``rounds`` rounds and ``model.pt``;
-    both are written atomically, the model first (:mod:`splitfl.experiment.recorder`)."""
+    ``done`` needs ``summary.json`` saying ``ok`` for ``rounds`` rounds, ``model.pt`` (both
+    written atomically, the model first: :mod:`splitfl.experiment.recorder`) and the rows of
+    rounds ``1..rounds`` in ``metrics.jsonl``; a damaged one is resumed, which restores it
+    from the checkpoint."""
     summary = read_summary(run_dir) or {}
     status = str(summary.get("status", ""))
     if status.startswith("diverged"):
         return "diverged"
     if status == "ok" and summary.get("rounds") == rounds and (run_dir / "model.pt").is_file():
-        return "done"
+        try:
+            read_rows(run_dir / "metrics.jsonl", rounds)
+            return "done"
+        except ConfigError:
+            pass
     return "partial" if (run_dir / "config.yaml").is_file() else "new"
 
 
