@@ -314,8 +314,9 @@ def _sweep_files(work: Path) -> Path:
 
 
 def sweep_cases(work: Path, quick: bool) -> list[Outcome]:
-    """A full disk from every event of a clean 2-trial sweep on: exit 1 or 2 in one line,
-    never a traceback; the same sweep afterwards finishes with the clean sweep's runs."""
+    """A full disk from every event of a clean 2-trial sweep on (exit 1 or 2 in one line,
+    never a traceback), or SIGKILL at it; the same sweep afterwards finishes with the
+    clean sweep's runs."""
     spec = _sweep_files(work)
     ref = work / "ref"
     probe = Faults(ref)
@@ -326,26 +327,41 @@ def sweep_cases(work: Path, quick: bool) -> list[Outcome]:
     step = 3 if quick else 1
     outcomes = []
     for at in range(1, len(probe.events) + 1, step):
-        out = work / f"s{at}"
-        name = f"sweep enospc-sticky at {at} ({probe.events[at - 1]})"
-        with Faults(out, at, "enospc", sticky=True).installed():
-            code, _, err = cli(["sweep", str(spec), "--backend", "local", "--out", str(out)])
+        for fault in ("enospc", "kill"):
+            name = f"sweep {fault} at {at} ({probe.events[at - 1]})"
+            outcomes.append(_sweep_case(work / f"s{at}{fault}", spec, ref, at, fault, name))
+    return outcomes
+
+
+def _sweep_case(out: Path, spec: Path, ref: Path, at: int, fault: str, name: str) -> Outcome:
+    args = ["sweep", str(spec), "--backend", "local", "--out", str(out)]
+    faults = Faults(out, at, fault, sticky=fault == "enospc")
+    if fault == "kill":
+
+        def child():
+            with faults.installed():
+                cli(args)
+
+        status = forked(child)
+        code, err, result = status, "", "killed" if status == -9 else f"exit {status}"
+        if status == -999:
+            return Outcome(name, "hang")
+    else:
+        with faults.installed():
+            code, _, err = cli(args)
         if code == "traceback":
-            outcomes.append(Outcome(name, "traceback", err.strip().splitlines()[-1]))
-            continue
+            return Outcome(name, "traceback", err.strip().splitlines()[-1])
         if code == 0:
-            outcomes.append(Outcome(name, "silent", "exit 0 although a write failed"))
-            continue
+            return Outcome(name, "silent", "exit 0 although a write failed")
         lines = [x for x in err.splitlines() if x.strip()]
         result = "one-line" if code in (1, 2) and len(lines) <= 1 else "not one line"
-        code, _, err = cli(["sweep", str(spec), "--backend", "local", "--out", str(out)])
-        same = code == 0 and all(_equal(out / t, ref / t) for t in ("seed-0", "seed-1"))
-        if not same or _tmp_files(out):
-            result = "data lost"
-            err = f"recovery exit {code}: {err.strip()[-200:]}"
-        outcomes.append(Outcome(name, result, "" if result == "one-line" else err[:200]))
-        shutil.rmtree(out, ignore_errors=True)
-    return outcomes
+    code, _, err = cli(args)
+    same = code == 0 and all(_equal(out / t, ref / t) for t in ("seed-0", "seed-1"))
+    if not same or _tmp_files(out) or (out / ".splitfl.lock").exists():
+        result = "data lost"
+        err = f"recovery exit {code}: {err.strip()[-200:]}"
+    shutil.rmtree(out, ignore_errors=True)
+    return Outcome(name, result, "" if result in ("one-line", "killed") else err[:200])
 
 
 # ----------------------------------------------------------------------------- damage

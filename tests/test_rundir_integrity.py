@@ -4,6 +4,7 @@ Faults are injected by monkeypatching a write (a full disk is a monkeypatched ``
 or by a subprocess killed at a marker. Tiny digits runs of one or two rounds."""
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -17,9 +18,9 @@ import torch
 import yaml
 
 import splitfl
-from splitfl import atomic
+from splitfl import atomic, dirlock
 from splitfl.cli.main import main
-from splitfl.dirlock import LOCK_FILE
+from splitfl.dirlock import LOCK_FILE, hold_lock
 from splitfl.metrics.summary import read_metrics
 from splitfl.sweeps.spec import MAX_TRIAL_NAME, trial_name
 from splitfl.sweeps.trial import run_state
@@ -476,3 +477,16 @@ def test_trial_names_of_many_axes_fit_the_file_system(tmp_path):
     assert name == trial_name(dict(values))  # stable
     (tmp_path / name).mkdir()
     assert trial_name({"seed": 0}) == "seed-0"  # short names unchanged
+
+
+def test_a_lock_file_removed_by_its_finishing_owner_is_never_trusted(tmp_path):
+    with hold_lock(tmp_path):
+        stale = open(tmp_path / LOCK_FILE, "a+")  # noqa: SIM115 - a second process's handle
+    assert not (tmp_path / LOCK_FILE).exists()  # removed at release
+    try:
+        fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)  # it locks the removed file ...
+        assert not dirlock._same_file(stale, tmp_path / LOCK_FILE)  # ... so it must retry
+        with hold_lock(tmp_path):  # and a third process locks the new file
+            assert (tmp_path / LOCK_FILE).exists()
+    finally:
+        stale.close()

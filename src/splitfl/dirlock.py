@@ -11,6 +11,7 @@ second process is refused with one line naming the directory and the owner's pid
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,7 +54,8 @@ def hold_lock(folder: str | Path, what: str = "run") -> Iterator[None]:
         fh.flush()
         yield
     finally:
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # best effort: never hide the body's error
+            path.unlink(missing_ok=True)
         fcntl.flock(fh, fcntl.LOCK_UN)
         fh.close()
 
