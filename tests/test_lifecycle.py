@@ -90,7 +90,7 @@ DAMAGE = {
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_resume_restores_damaged_metrics_from_the_checkpoint(damage, full, tmp_path, monkeypatch):
     run_dir = _killed_run(tmp_path, monkeypatch)
-    assert _summary(run_dir)["status"] == "incomplete: 3 of 4 rounds"  # never "ok"
+    assert _summary(run_dir)["status"] == "stopped at round 3"  # never "ok"
     metrics = run_dir / "metrics.jsonl"
     if DAMAGE[damage] is None:
         metrics.unlink()
