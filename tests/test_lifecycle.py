@@ -90,7 +90,7 @@ DAMAGE = {
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_resume_restores_damaged_metrics_from_the_checkpoint(damage, full, tmp_path, monkeypatch):
     run_dir = _killed_run(tmp_path, monkeypatch)
-    assert _summary(run_dir)["status"] == "incomplete: 3 of 4 rounds"  # never "ok"
+    assert _summary(run_dir)["status"] == "stopped at round 3"  # never "ok"
     metrics = run_dir / "metrics.jsonl"
     if DAMAGE[damage] is None:
         metrics.unlink()
@@ -128,20 +128,37 @@ def test_damaged_checkpoint_is_one_line_and_exit_2(damage, tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize(
-    "other,message",
+    "other,shown",
     [
-        ({"algorithm": "fedavg"}, "the checkpoint's state does not fit s2fl"),
-        ({"model": "mlp"}, "model parameters do not match the config's model"),
+        ({"algorithm": "fedavg"}, 'algorithm ("fedavg" vs "s2fl")'),
+        ({"model": "mlp"}, 'model ("mlp" vs "cnn_digits")'),
+        ({"seed": 1}, "seed (1 vs 3)"),
+        ({"data.num_clients": 40}, "data.num_clients (40 vs 12)"),
     ],
 )
-def test_checkpoint_of_another_run_is_one_line(other, message, tmp_path, monkeypatch, capsys):
+def test_checkpoint_of_another_run_is_refused_naming_the_fields(
+    other, shown, tmp_path, monkeypatch, capsys
+):
     run_dir = _killed_run(tmp_path, monkeypatch)
-    donor = splitfl.run(tiny_config(rounds=2, **other), run_dir=tmp_path / "donor")
+    rows = (run_dir / "metrics.jsonl").read_text()
+    donor = splitfl.run(tiny_config(rounds=1, **other), run_dir=tmp_path / "donor")
     ckpt = "checkpoints/last.pt"
     (run_dir / ckpt).write_bytes((donor.run_dir / ckpt).read_bytes())
     assert main(["run", "--resume", str(run_dir), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err, err
+    assert err.count("\n") == 1 and "written under another config" in err, err
+    assert f"the config differs in {shown} (checkpoint vs config.yaml)" in err, err
+    assert (run_dir / "metrics.jsonl").read_text() == rows  # its own rows, not the donor's
+
+
+def test_a_checkpoint_without_run_identity_is_refused(tmp_path, monkeypatch, capsys):
+    run_dir = _killed_run(tmp_path, monkeypatch)
+    path = run_dir / "checkpoints" / "last.pt"
+    state = torch.load(path, weights_only=True)
+    del state["identity"]  # as written by splitfl before checkpoints carried it
+    torch.save(state, path)
+    assert main(["run", "--resume", str(run_dir), "--no-progress"]) == 2
+    assert "no run identity; written by an older splitfl?" in capsys.readouterr().err
 
 
 def test_checkpoint_rows_must_match_its_round(tmp_path, monkeypatch, capsys):

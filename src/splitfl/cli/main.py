@@ -2,7 +2,9 @@
 
 Bad input (config values, missing data files) prints one line ``error: <field>: <allowed>`` and
 exits with code 2 before any run directory is written (so does a run or sweep directory that
-another process holds, or a damaged checkpoint); a diverged run (NaN/inf or exploding loss)
+another process holds, a damaged checkpoint or one of another config, and any OS error — a
+full disk, a read-only or missing folder, a name too long — printed as ``error: <path>:
+<reason>``); a diverged run (NaN/inf or exploding loss)
 exits with code 3; a sweep in which some trial did not finish exits with code 1 (the others
 still ran); Ctrl-C or SIGTERM exits with code 130 after recording where the run stopped.
 """
@@ -14,6 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from splitfl.atomic import describe_os_error
 from splitfl.cli.network import add_network_parsers
 from splitfl.config import ConfigError
 from splitfl.data.base import DatasetError, DatasetWarning
@@ -106,6 +109,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     result = report(args.dir, out_dir=args.out, target=args.target)
+    for line in result.damaged:
+        print(f"warning: damaged run {line}", file=sys.stderr)
     print(result.table)
     print(f"report: {result.files['report.html']} (report.md, report.csv, plots)")
     return 0
@@ -229,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`
         sys.stderr.close()
         return 0
+    except OSError as err:  # a full disk, a read-only folder, a name too long, ...
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

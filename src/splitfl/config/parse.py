@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from splitfl.atomic import write_atomic
 from splitfl.config.checks import validate
 from splitfl.config.schema import (
     ConfigError,
@@ -279,6 +280,17 @@ def check_overrides(overrides: Any) -> list[str]:
     return list(overrides)
 
 
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mapping → ``{dotted.key: value}`` (lists kept as values)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Return a copy of a raw config mapping with dotted ``key=value`` overrides applied."""
 
@@ -300,4 +312,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def dump_config(config: ExperimentConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    write_atomic(path, yaml.safe_dump(config.to_dict(), sort_keys=False))

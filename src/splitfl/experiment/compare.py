@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from splitfl.atomic import naming, write_atomic
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.experiment.runner import RunResult, as_config, prepare, run
 from splitfl.metrics.plots import plot_accuracy, plot_waiting
@@ -75,15 +76,16 @@ def compare(
             / f"compare-{base.data.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
         )
     )
-    folder.mkdir(parents=True, exist_ok=True)
+    with naming(folder):
+        folder.mkdir(parents=True, exist_ok=True)
     runs = {
         a: run(cfg, run_dir=folder / safe_name(a), progress=progress) for a, cfg in configs.items()
     }
     target = common_target(runs, base.eval.target_accuracy)
     summaries = {a: summarize(r.metrics, target, r.summary["status"]) for a, r in runs.items()}
     table = comparison_table(summaries)
-    (folder / "comparison.md").write_text(table + "\n")
-    (folder / "summary.json").write_text(json.dumps(summaries, indent=2))
+    write_atomic(folder / "comparison.md", table + "\n")
+    write_atomic(folder / "summary.json", json.dumps(summaries, indent=2))
     title = f"{base.data.dataset} / {base.model} / {base.data.partition}"
     plot_accuracy({a: r.metrics for a, r in runs.items()}, folder / "accuracy.png", title)
     plot_waiting(summaries, folder / "waiting.png")

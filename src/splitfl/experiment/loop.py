@@ -20,6 +20,7 @@ import torch
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
+from splitfl.atomic import error_line
 from splitfl.config import ConfigError, ExperimentConfig, resolve_device
 from splitfl.executors import NonFiniteLossError, make_executor
 from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
@@ -59,7 +60,8 @@ def start_state(
         initial = None
         if evaluate and config.train.explode_factor and config.train.explode_rounds:
             initial = evaluate_state(prep.ctx, eval_model, global_state)[1]
-        return LoopState(global_state, SimClock(), Traffic(), initial), Recorder(run_dir, [], [], 0)
+        st = LoopState(global_state, SimClock(), Traffic(), initial)
+        return st, Recorder(run_dir, config, [], [], 0)
     clock = SimClock()
     clock.now = start["clock"]
     try:
@@ -72,7 +74,7 @@ def start_state(
             f"({type(err).__name__}: {err}); damaged or from another run?",
         ) from None
     st = LoopState(start["global_state"], clock, cum, start.get("initial_loss"))
-    return st, Recorder.restored(run_dir, start)
+    return st, Recorder.restored(run_dir, config, start)
 
 
 def _progress(config: ExperimentConfig, first: int, progress: bool | None) -> tqdm:
@@ -112,7 +114,13 @@ def executor_session(executor, ctx, run_dir: Path) -> Iterator[None]:
 
 def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | None):
     """Play the rounds from ``start`` (None: a fresh run) to ``config.rounds``; returns the
-    summary and the final loop state."""
+    summary and the final loop state.
+
+    A finished run writes ``model.pt`` and then ``summary.json`` (status ``ok``) while
+    SIGTERM is still turned into an interrupt: a SIGTERM before the summary is written is
+    recorded as ``interrupted at round k`` (the last checkpoint holds every round, so a
+    resume only writes the two files). Any other end writes the summary of where it stopped.
+    """
     config, algorithm = prep.config, prep.algorithm
     device = resolve_device(config.device)
     executor = build_executor(config, device)
@@ -120,38 +128,59 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
         eval_model = prep.ctx.model if device == "cpu" else copy.deepcopy(prep.ctx.model).to(device)
         st, rec = start_state(prep, start, eval_model, run_dir, trains(executor))
         bar = _progress(config, len(rec.rows), progress)
-        t0 = time.perf_counter() - (rec.rows[-1]["wall_time"] if rec.rows else 0.0)
-        status, consistent = "ok", True  # False while a round has changed the model or algorithm
-        if start is None:
-            rec.checkpoint(st, algorithm)
-        rec.open_trackers(config)
+        status = None  # set by the handlers below; never "ok" unless the run finished
         try:
             with sigterm_as_interrupt():
-                for r in bar:
-                    consistent = False
-                    row = play_round(prep, executor, st, r, eval_model, t0)
-                    rec.record(row)
-                    consistent = True  # model, algorithm, clock and rows all after round r + 1
-                    if row["test_acc"] is not None:
-                        bar.set_postfix(acc=f"{row['test_acc']:.3f}", sim=f"{st.clock.now:.0f}s")
-                    rec.log(row)
-                    check_explosion(rec.rows, st.initial_loss, config.train)
-                    if (r + 1) % config.output.checkpoint_every == 0 or r + 1 == config.rounds:
-                        rec.checkpoint(st, algorithm)
+                _play_rounds(prep, executor, st, rec, eval_model, bar, start is None)
+                rec.finish("ok", st.global_state)
         except NonFiniteLossError as err:
-            status = f"diverged at round {r + 1}: {err}"
+            status = f"diverged at round {len(rec.rows) + (not rec.consistent)}: {err}"
             raise NonFiniteLossError(
                 f"{status}; last good checkpoint kept in {run_dir / 'checkpoints'}"
             ) from err
         except KeyboardInterrupt as err:
             status = f"interrupted at round {len(rec.rows)}"
-            if consistent and rec.checkpoint_round < len(rec.rows):
+            if rec.consistent and rec.checkpoint_round < len(rec.rows):
                 rec.checkpoint(st, algorithm)  # nothing is lost; mid-round, the last one stays
             raise RunInterrupted(
                 f"{status} of {config.rounds}; checkpoint at round {rec.checkpoint_round} kept "
                 f"in {run_dir / 'checkpoints'}; continue with: splitfl run --resume {run_dir}"
             ) from err
+        except Exception as err:  # an OS error (a full disk), a lost network, a bug
+            status = f"stopped at round {len(rec.rows)}: {error_line(err)}"
+            raise
         finally:
             bar.close()
-            summary = rec.finish(config, status)
-    return summary, st, rec.rows
+            if rec.summary is None:
+                _record_stop(rec, status or f"stopped at round {len(rec.rows)}")
+    return rec.summary, st, rec.rows
+
+
+def _play_rounds(prep: Prepared, executor, st, rec: Recorder, eval_model, bar, fresh: bool):  # noqa: ANN001
+    """The rounds of ``bar``: play, record, check, checkpoint (``rec.consistent`` is False
+    while a round has changed the model or the algorithm but is not recorded yet)."""
+    config, algorithm = prep.config, prep.algorithm
+    t0 = time.perf_counter() - (rec.rows[-1]["wall_time"] if rec.rows else 0.0)
+    if fresh:
+        rec.checkpoint(st, algorithm)
+    rec.open_trackers()
+    for r in bar:
+        rec.consistent = False
+        row = play_round(prep, executor, st, r, eval_model, t0)
+        rec.record(row)
+        rec.consistent = True  # model, algorithm, clock and rows all after round r + 1
+        if row["test_acc"] is not None:
+            bar.set_postfix(acc=f"{row['test_acc']:.3f}", sim=f"{st.clock.now:.0f}s")
+        rec.log(row)
+        check_explosion(rec.rows, st.initial_loss, config.train)
+        if (r + 1) % config.output.checkpoint_every == 0 or r + 1 == config.rounds:
+            rec.checkpoint(st, algorithm)
+
+
+def _record_stop(rec: Recorder, status: str) -> None:
+    """The summary of a run that stopped early; an OS error while writing it (a full disk)
+    must not hide the error that stopped the run."""
+    try:
+        rec.finish(status)
+    except OSError:
+        pass

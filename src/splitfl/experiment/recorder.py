@@ -1,7 +1,11 @@
-"""Recording a run: ``metrics.jsonl``, trackers, checkpoints, ``summary.json`` and the plot.
+"""Recording a run: ``metrics.jsonl``, trackers, checkpoints, ``model.pt``, ``summary.json``
+and the plot.
 
-The checkpoint holds the metric rows up to its round and is the source of truth on resume
-(:mod:`splitfl.experiment.checkpoint`): a restored run rewrites ``metrics.jsonl`` from it.
+The checkpoint holds the metric rows up to its round and the run's identity, and is the
+source of truth on resume (:mod:`splitfl.experiment.checkpoint`): a restored run rewrites
+``metrics.jsonl`` from it. Every file but the appended ``metrics.jsonl`` is written
+atomically (:mod:`splitfl.atomic`), and ``summary.json`` is written last: when it says
+``ok``, ``model.pt`` is complete.
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from splitfl.algorithms import Algorithm
+from splitfl.atomic import append_text, write_atomic
 from splitfl.config import ExperimentConfig
-from splitfl.experiment.checkpoint import save_checkpoint
+from splitfl.experiment.checkpoint import identity_record, save_atomic, save_checkpoint
 from splitfl.experiment.round_step import LoopState
 from splitfl.metrics.plots import plot_accuracy
 from splitfl.metrics.summary import summarize
@@ -24,31 +31,41 @@ class Recorder:
     """The run directory's records of a run: rows (as dicts and as written lines), trackers
     (``output.tracking``) and the round of the last checkpoint."""
 
-    def __init__(self, run_dir: Path, lines: list[str], rows: list[dict], checkpoint_round: int):
+    def __init__(
+        self,
+        run_dir: Path,
+        config: ExperimentConfig,
+        lines: list[str],
+        rows: list[dict],
+        checkpoint_round: int,
+    ):
         self.run_dir = run_dir
+        self.config = config
         self.lines = lines  # rows as written to metrics.jsonl (the checkpoint keeps the same text)
         self.rows = rows
         self.checkpoint_round = checkpoint_round
+        self.consistent = True  # False while a round has changed the state but is not recorded
         self.trackers = None
-        (run_dir / "metrics.jsonl").write_text("".join(lines))
+        self.summary: dict[str, Any] | None = None  # set once summary.json is written
+        (run_dir / "summary.json").unlink(missing_ok=True)  # rewritten when this process ends
+        write_atomic(run_dir / "metrics.jsonl", "".join(lines))
 
     @classmethod
-    def restored(cls, run_dir: Path, start: dict[str, Any]) -> Recorder:
+    def restored(cls, run_dir: Path, config: ExperimentConfig, start: dict[str, Any]) -> Recorder:
         """The recorder of a resumed run: the checkpoint's rows replace ``metrics.jsonl``."""
         lines = str(start["metrics"]).splitlines(keepends=True)
         _note_restored(run_dir / "metrics.jsonl", lines)
-        return cls(run_dir, lines, start["rows"], start["round"])
+        return cls(run_dir, config, lines, start["rows"], start["round"])
 
-    def open_trackers(self, config: ExperimentConfig) -> None:
-        self.trackers = make_trackers(config, self.run_dir)  # output.tracking (none by default)
+    def open_trackers(self) -> None:
+        self.trackers = make_trackers(self.config, self.run_dir)  # output.tracking (default none)
 
     def record(self, row: dict[str, Any]) -> None:
         """Append a round's row to ``metrics.jsonl`` and the trackers."""
         line = json.dumps(row) + "\n"
         self.rows.append(row)
         self.lines.append(line)
-        with open(self.run_dir / "metrics.jsonl", "a") as fh:
-            fh.write(line)
+        append_text(self.run_dir / "metrics.jsonl", line)
 
     def log(self, row: dict[str, Any]) -> None:
         if self.trackers is not None:
@@ -68,20 +85,26 @@ class Recorder:
                 "initial_loss": st.initial_loss,
                 "metrics": "".join(self.lines),
                 "seed_rule": "streams derived from (seed, purpose, round)",
+                "identity": identity_record(self.config),
             },
         )
         self.checkpoint_round = done
 
-    def finish(self, config: ExperimentConfig, status: str) -> dict[str, Any]:
-        """Close the trackers, write ``summary.json`` and ``accuracy.png`` (when something was
-        evaluated); returns the summary."""
+    def finish(self, status: str, final_state: dict[str, torch.Tensor] | None = None) -> dict:
+        """Close the trackers and write ``model.pt`` (``final_state``, a finished run only),
+        ``accuracy.png`` and, last, ``summary.json``; returns the summary."""
         if self.trackers is not None:
-            self.trackers.close()
+            trackers, self.trackers = self.trackers, None
+            trackers.close()
+        config = self.config
         summary = summarize(self.rows, config.eval.target_accuracy, status, config.rounds)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if final_state is not None:
+            save_atomic(final_state, self.run_dir / "model.pt")
         if any(r.get("test_acc") is not None for r in self.rows):  # none: executor: timing
             name = config.algorithm
             plot_accuracy({name: self.rows}, self.run_dir / "accuracy.png", name)
+        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        self.summary = summary
         return summary
 
 

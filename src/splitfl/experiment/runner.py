@@ -16,6 +16,7 @@ losses are handled in :mod:`splitfl.experiment.guards`.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +25,14 @@ from typing import Any
 import torch
 
 from splitfl.algorithms import Algorithm, resolve_algorithm
+from splitfl.atomic import (
+    NAME_MAX,
+    TMP_PREFIX,
+    creatable_dir_problem,
+    naming,
+    remove_stale_tmp,
+    write_atomic,
+)
 from splitfl.config import (
     ConfigError,
     ExperimentConfig,
@@ -32,7 +41,7 @@ from splitfl.config import (
     dump_config,
     from_dict,
 )
-from splitfl.dirlock import hold_lock
+from splitfl.dirlock import LOCK_FILE, hold_lock
 from splitfl.experiment.checkpoint import load_checkpoint
 from splitfl.experiment.context import RunContext, build_context
 from splitfl.experiment.loop import run_loop
@@ -83,9 +92,12 @@ def validate(
     config: ExperimentConfig | str | Path | dict, overrides: list[str] | None = None
 ) -> str:
     """Check a config and that it fits its data and model, without running (``splitfl
-    validate``). Returns a one-line description; raises ConfigError / DatasetError."""
-    ctx = prepare(as_config(config, overrides)).ctx
-    cfg = ctx.config
+    validate``); the output folder too (:func:`check_output`). Returns a one-line
+    description; raises ConfigError / DatasetError."""
+    cfg = as_config(config, overrides)
+    check_output(cfg)
+    ctx = prepare(cfg).ctx
+    cfg = ctx.config  # resolved
     shared = "shared" if cfg.devices.contention else "not shared"
     return (
         f"ok: {cfg.algorithm} on {cfg.data.dataset} ({len(ctx.bundle.train)} train samples, "
@@ -96,15 +108,64 @@ def validate(
     )
 
 
-def new_run_dir(config: ExperimentConfig, parent: Path | None = None) -> Path:
-    base = parent or Path(config.output.out_dir)
-    name = config.output.name or (
+def _default_name(config: ExperimentConfig) -> str:
+    return config.output.name or (
         f"{config.algorithm}-{config.data.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
     )
+
+
+def check_output(config: ExperimentConfig, run_dir: str | Path | None = None) -> None:
+    """Refuse (one line) a run directory that :func:`run` could not create: ``run_dir``, or
+    ``output.out_dir`` with ``output.name`` (a numbered suffix is added when it exists)."""
+    field = "--out" if run_dir is not None else "output.out_dir"
+    folder = Path(run_dir) if run_dir is not None else Path(config.output.out_dir)
+    problem = creatable_dir_problem(folder)
+    if problem is None and run_dir is None:
+        name = _default_name(config)
+        size, limit = len(name.encode()), NAME_MAX - 8  # room for the "-<n>" of a taken name
+        if size > limit:
+            raise ConfigError(
+                "output.name", f"{size} bytes long; at most {limit} (file systems refuse more)"
+            )
+    if problem is not None:
+        raise ConfigError(field, f"{folder}: {problem}")
+
+
+def new_run_dir(config: ExperimentConfig, parent: Path | None = None) -> Path:
+    """Create and return a new run directory ``out_dir/name`` (``name-1``, ``name-2``, …
+    when taken). ``mkdir`` itself decides, so two runs started together never share one."""
+    base = parent or Path(config.output.out_dir)
+    name = _default_name(config)
+    with naming(base):
+        base.mkdir(parents=True, exist_ok=True)
     path, i = base / name, 1
-    while path.exists():
-        path, i = base / f"{name}-{i}", i + 1
-    return path
+    while True:
+        try:
+            with naming(path):
+                path.mkdir()
+            return path
+        except FileExistsError:
+            path, i = base / f"{name}-{i}", i + 1
+
+
+def _claim_run_dir(path: Path) -> bool:
+    """Create ``path`` for a run (``splitfl run --out``); an existing empty directory is
+    accepted (the lock and temporary files of a process killed there aside). Returns whether
+    it was created. Raises a one-line ConfigError otherwise."""
+    if path.is_dir():
+        leftovers = (LOCK_FILE, TMP_PREFIX)
+        if any(not p.name.startswith(leftovers) for p in path.iterdir()):
+            raise ConfigError(
+                "--out",
+                f"{path} already exists and is not empty; give a new directory, or continue "
+                f"a stopped run with: splitfl run --resume {path}",
+            )
+        return False
+    if path.exists() or path.is_symlink():
+        raise ConfigError("--out", f"{path} exists and is not a directory")
+    with naming(path):
+        path.mkdir(parents=True)
+    return True
 
 
 def _write_clients(ctx: RunContext, path: Path) -> None:
@@ -117,7 +178,7 @@ def _write_clients(ctx: RunContext, path: Path) -> None:
         }
         for c in range(ctx.num_clients)
     ]
-    path.write_text(json.dumps({"server": ctx.population.server.to_dict(), "clients": clients}))
+    write_atomic(path, json.dumps({"server": ctx.population.server.to_dict(), "clients": clients}))
 
 
 def run(
@@ -131,17 +192,45 @@ def run(
     Args:
         config: An :class:`ExperimentConfig`, a YAML path, or a mapping of fields.
         overrides: ``key=value`` overrides (``train.lr=0.05``).
-        run_dir: Where to write; default ``output.out_dir/<algorithm>-<dataset>-<time>``.
+        run_dir: Where to write: a new or an empty directory; default
+            ``output.out_dir/<algorithm>-<dataset>-<time>``.
         progress: Show a progress bar (default: ``output.progress``).
+
+    An OS error (a full disk, a read-only folder) before the run's first checkpoint removes
+    what the run created; after it, the directory is a stopped run to resume.
     """
     config = as_config(config, overrides)
+    check_output(config, run_dir)
     prepared = prepare(config)
-    path = Path(run_dir) if run_dir is not None else new_run_dir(config)
-    path.mkdir(parents=True, exist_ok=False)
-    with hold_lock(path):
-        dump_config(prepared.config, path / "config.yaml")  # resolved
-        _write_clients(prepared.ctx, path / "clients.json")
-        return _finish(prepared, path, start=None, progress=progress)
+    if run_dir is None:
+        path, created = new_run_dir(config), True
+    else:
+        path = Path(run_dir)
+        created = _claim_run_dir(path)
+    try:
+        with hold_lock(path):
+            if run_dir is not None:
+                _claim_run_dir(path)  # still empty, now that no other process can write it
+            dump_config(prepared.config, path / "config.yaml")  # resolved
+            _write_clients(prepared.ctx, path / "clients.json")
+            return _finish(prepared, path, start=None, progress=progress)
+    except OSError:
+        if not (path / "checkpoints" / "last.pt").exists():
+            _remove_unstarted(path, created)
+        raise
+
+
+def _remove_unstarted(path: Path, created: bool) -> None:
+    """Remove what a run that never reached its first checkpoint wrote (the folder itself
+    if the run created it), so no half-made run directory is left behind."""
+    if created:
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        for child in path.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
 
 
 def resume(
@@ -151,9 +240,12 @@ def resume(
 
     ``overrides`` may change only ``network.*`` settings (a resumed server listens where it
     is told, with the certificates and tokens it is given); the experiment stays as it was.
+    ``config.yaml`` may differ from the checkpoint's config only in the fields of
+    :data:`~splitfl.experiment.checkpoint.MAY_CHANGE` (e.g. more ``rounds``): a checkpoint
+    of another config is refused in one line naming the differing fields.
     """
     path = Path(run_dir)
-    if not (path / "config.yaml").exists():
+    if not (path / "config.yaml").is_file():
         raise ConfigError("--resume", f"{path} is not a run directory (no config.yaml)")
     for item in overrides or []:
         if not item.startswith("network."):
@@ -162,18 +254,20 @@ def resume(
         config = load_config(path / "config.yaml", overrides)
         prepared = prepare(config)
         ckpt_path = path / "checkpoints" / "last.pt"
+        remove_stale_tmp(ckpt_path.parent)
         start = None
         if ckpt_path.exists():
             shapes = {k: v.shape for k, v in prepared.ctx.model.state_dict().items()}
-            start = load_checkpoint(ckpt_path, shapes, config.rounds)
+            start = load_checkpoint(ckpt_path, shapes, config)
+        else:  # stopped before its first checkpoint: a fresh start under this config
+            _write_clients(prepared.ctx, path / "clients.json")
         return _finish(prepared, path, start=start, progress=progress)
 
 
 def _finish(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | None):
-    """Play the rounds, then store the final model (``model.pt``)."""
+    """Play the rounds (the loop writes ``model.pt``, then ``summary.json``)."""
     summary, st, rows = run_loop(prep, run_dir, start, progress)
     prep.ctx.model.load_state_dict(st.global_state)
-    torch.save(st.global_state, run_dir / "model.pt")
     return RunResult(run_dir, prep.config, rows, summary)
 
 

@@ -7,8 +7,18 @@ from typing import Any
 
 import matplotlib
 
+from splitfl.atomic import write_atomic
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Save ``fig`` as ``path`` atomically (a kill or a full disk leaves no half PNG)."""
+    try:
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110))
+    finally:
+        plt.close(fig)
 
 
 def plot_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str = "") -> Path:
@@ -39,9 +49,7 @@ def plot_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_bars(
@@ -63,9 +71,7 @@ def plot_bars(
         ax.tick_params(axis="x", labelrotation=30)
         plt.setp(ax.get_xticklabels(), ha="right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_waiting(

@@ -5,10 +5,12 @@ other folders, the config keys that differ between runs). Each cell gets the mea
 its seeds (std with ddof = 1, "—" for one seed) of what :func:`summarize` reports — final
 and best accuracy, simulated time and traffic to a common target, total simulated time,
 waiting time, energy — as in the papers' tables. Trials that did not finish (failed,
-diverged, stopped) are listed as their own rows with their error instead of breaking the
-report. Outputs: ``report.md``, ``report.csv``, ``accuracy_vs_time.png`` (mean curve per
-cell), ``waiting.png``, ``traffic_to_target.png`` and ``report.html``, a single file with
-the table and the plots embedded as data URIs (opens in a browser without a server).
+diverged, stopped, damaged) are listed as their own rows with their error instead of
+breaking the report (:mod:`splitfl.metrics.rundirs` reads the directories). Outputs:
+``report.md``, ``report.csv``, ``accuracy_vs_time.png`` (mean curve per cell),
+``waiting.png``, ``traffic_to_target.png`` and ``report.html``, a single file with the table
+and the plots embedded as data URIs (opens in a browser without a server). Every output is
+written atomically (:mod:`splitfl.atomic`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import base64
 import csv
 import html
+import io
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -23,18 +26,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from splitfl.config import ConfigError, ExperimentConfig, load_yaml
+from splitfl.atomic import creatable_dir_problem, naming, write_atomic
+from splitfl.config import ConfigError
 from splitfl.metrics.plots import plot_accuracy, plot_bars, plot_waiting
+from splitfl.metrics.rundirs import RunRecord, load_runs
 from splitfl.metrics.summary import (
+    check_target,
     format_value,
-    read_metrics,
     summarize,
     target_for,
     target_label,
 )
 from splitfl.proxies import display_name
 
-SWEEP_INDEX = "trials.json"
 PLOTS = ("accuracy_vs_time.png", "waiting.png", "traffic_to_target.png")
 
 #: (key, column header, format kind, getter on a summary); ``{t}`` is the target accuracy.
@@ -47,21 +51,6 @@ METRICS = (
     ("avg_waiting", "avg waiting", "time", lambda s: s["avg_waiting"]),
     ("energy_j", "energy", "energy", lambda s: s.get("energy_j")),
 )
-
-
-@dataclass
-class RunRecord:
-    """One run directory as the report sees it. ``status``: done, failed, diverged or
-    incomplete (stopped before its last round)."""
-
-    name: str
-    run_dir: Path
-    values: dict[str, Any]
-    config: dict[str, Any] | None
-    rows: list[dict[str, Any]]
-    status: str
-    error: str | None = None
-    summary: dict[str, Any] | None = None
 
 
 @dataclass
@@ -87,86 +76,7 @@ class ReportResult:
     target: float | None
     cells: list[Cell]
     files: dict[str, Path]
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def is_run_dir(path: Path) -> bool:
-    return (path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file()
-
-
-def read_run(path: Path, name: str | None = None, values: dict | None = None) -> RunRecord:
-    """A run directory (or a failed trial's directory holding only ``error.json``)."""
-    config = (
-        load_yaml((path / "config.yaml").read_text()) if (path / "config.yaml").exists() else None
-    )
-    rows = read_metrics(path / "metrics.jsonl")
-    summary_path, error_path = path / "summary.json", path / "error.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-    rounds = (config or {}).get("rounds", ExperimentConfig.rounds)
-    record = RunRecord(name or path.name, path, dict(values or {}), config, rows, "incomplete")
-    if error_path.exists():
-        err = json.loads(error_path.read_text())
-        record.status, record.error = err.get("status", "failed"), err.get("error")
-    elif summary and str(summary.get("status", "")).startswith("diverged"):
-        record.status, record.error = "diverged", summary["status"]
-    elif summary and summary.get("status") == "ok" and summary.get("rounds", 0) >= rounds:
-        record.status = "done"
-    else:
-        record.error = f"stopped after {len(rows)} of {rounds} rounds"
-    return record
-
-
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mapping → ``{dotted.key: value}`` (lists kept as values)."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def varied_keys(records: list[RunRecord]) -> list[str]:
-    """Config keys (outside ``output.*``) whose values differ between the runs."""
-    flats = [flatten(r.config) for r in records if r.config is not None]
-    keys: list[str] = []
-    for flat in flats:
-        keys += [k for k in flat if k not in keys and not k.startswith("output.")]
-    return [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flats}) > 1]
-
-
-def load_runs(path: Path) -> tuple[str, list[RunRecord], list[str]]:
-    """What ``path`` is (``sweep``, ``compare``, ``run`` or ``runs``), its runs and the
-    settings that vary between them."""
-    if (path / SWEEP_INDEX).is_file():
-        index = json.loads((path / SWEEP_INDEX).read_text())
-        records = [read_run(path / t["dir"], t["name"], t["values"]) for t in index["trials"]]
-        for record, entry in zip(records, index["trials"], strict=True):
-            if record.status == "incomplete" and entry.get("status") == "failed":
-                record.status, record.error = "failed", entry.get("error")
-        return "sweep", records, list(index["axes"])
-    if is_run_dir(path):
-        return "run", [read_run(path)], []
-    subdirs = (
-        sorted(
-            p
-            for p in path.iterdir()
-            if p.is_dir() and (is_run_dir(p) or (p / "error.json").exists())
-        )
-        if path.is_dir()
-        else []
-    )
-    if not subdirs:
-        raise ConfigError("report", f"{path} holds no run, comparison or sweep directory")
-    records = [read_run(p) for p in subdirs]
-    axes = varied_keys(records)
-    for r in records:
-        flat = flatten(r.config) if r.config is not None else {}
-        r.values = {k: flat.get(k) for k in axes}
-    return ("compare" if (path / "comparison.md").exists() else "runs"), records, axes
+    damaged: list[str] = field(default_factory=list)  # "<run>: <file>: <what>" per damaged run
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -187,7 +97,8 @@ def group_cells(records: list[RunRecord], axes: list[str]) -> list[Cell]:
     cells: dict[str, Cell] = {}
     for r in records:
         values = {k: r.values.get(k) for k in keys}
-        cells.setdefault(json.dumps(values, sort_keys=True), Cell(values, [])).runs.append(r)
+        key = json.dumps(values, sort_keys=True, default=str)
+        cells.setdefault(key, Cell(values, [])).runs.append(r)
     return list(cells.values())
 
 
@@ -279,18 +190,18 @@ def write_csv(cells: list[Cell], axes: list[str], path: Path) -> Path:
     header = [*keys, "n_done", "n_runs"]
     header += [f"{m}_{s}" for m, _, _, _ in METRICS for s in ("mean", "std")]
     header += ["status", "run", "error"]
-    with open(path, "w", newline="") as fh:
-        out = csv.writer(fh)
-        out.writerow(header)
-        for cell in cells:
-            ids = [cell.values.get(k) for k in keys]
-            stats = [x for m, _, _, _ in METRICS for x in cell.stats[m][:2]]
-            out.writerow([*ids, len(cell.done), len(cell.runs), *stats, "ok", "", ""])
-            for run in cell.runs:
-                if run.status != "done":
-                    blank = [""] * (2 * len(METRICS))
-                    out.writerow([*ids, 0, 1, *blank, run.status, run.name, run.error or ""])
-    return path
+    fh = io.StringIO(newline="")
+    out = csv.writer(fh)
+    out.writerow(header)
+    for cell in cells:
+        ids = [cell.values.get(k) for k in keys]
+        stats = [x for m, _, _, _ in METRICS for x in cell.stats[m][:2]]
+        out.writerow([*ids, len(cell.done), len(cell.runs), *stats, "ok", "", ""])
+        for run in cell.runs:
+            if run.status != "done":
+                blank = [""] * (2 * len(METRICS))
+                out.writerow([*ids, 0, 1, *blank, run.status, run.name, run.error or ""])
+    return write_atomic(path, fh.getvalue())
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -358,10 +269,15 @@ def report(
         target: Accuracy target (0-1) for time/traffic to target; default: the runs' common
             ``eval.target_accuracy``, else 95 % of the lowest best accuracy (as ``compare``).
     """
+    check_target(target)
     folder = Path(path)
     kind, records, axes = load_runs(folder)
     out = Path(out_dir) if out_dir is not None else folder
-    out.mkdir(parents=True, exist_ok=True)
+    problem = creatable_dir_problem(out)
+    if problem:
+        raise ConfigError("--out", f"{out}: {problem}")
+    with naming(out):
+        out.mkdir(parents=True, exist_ok=True)
     done = [r for r in records if r.status == "done"]
     target = target_for(
         [
@@ -386,12 +302,14 @@ def report(
         f"written {datetime.now():%Y-%m-%d %H:%M}."
     )
     files = {"report.md": out / "report.md", "report.csv": out / "report.csv"}
-    files["report.md"].write_text(f"{intro}\n\n{table}\n")
+    write_atomic(files["report.md"], f"{intro}\n\n{table}\n")
     write_csv(cells, axes, files["report.csv"])
     plots = write_plots(cells, out, target, f"{kind} {folder.resolve().name}")
     files.update(plots)
     files["report.html"] = out / "report.html"
-    files["report.html"].write_text(
-        html_page(f"splitfl report: {folder.resolve().name}", intro, header, rows, plots)
+    write_atomic(
+        files["report.html"],
+        html_page(f"splitfl report: {folder.resolve().name}", intro, header, rows, plots),
     )
-    return ReportResult(out, kind, table, target, cells, files)
+    damaged = [f"{r.name}: {r.error}" for r in records if r.status == "damaged"]
+    return ReportResult(out, kind, table, target, cells, files, damaged)

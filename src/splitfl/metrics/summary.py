@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,13 @@ DEFAULT_TARGET_FRACTION = 0.95
 def target_label(target: float | None) -> str:
     """``0.915`` → ``91.5%`` (column headers of time/traffic to target)."""
     return f"{100 * target:.4g}%" if target else "target"
+
+
+def check_target(target: Any, field: str = "--target") -> None:
+    """An accuracy target is None or a finite number in (0, 1] (one-line ConfigError)."""
+    ok = isinstance(target, int | float) and not isinstance(target, bool)
+    if target is not None and not (ok and math.isfinite(target) and 0 < target <= 1):
+        raise ConfigError(field, f"an accuracy in (0, 1], e.g. 0.9 (got {target!r})")
 
 
 def target_for(best_accs: list[float | None], configured: float | None) -> float | None:
@@ -112,18 +120,27 @@ def summarize(
     }
 
 
+def read_bytes(path: Path) -> bytes:
+    """The bytes of ``path``; a file that cannot be read (a directory, no permission) is a
+    one-line :class:`~splitfl.config.ConfigError` naming it."""
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise ConfigError(str(path), f"unreadable ({err.strerror or err})") from None
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``metrics.jsonl`` (none if it is missing); a damaged line is a one-line
     :class:`~splitfl.config.ConfigError` naming the file and line."""
     if not path.exists():
         return []
     rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(read_bytes(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except ValueError:
+        except ValueError:  # not JSON, or not UTF-8
             row = None
         if not isinstance(row, dict):
             raise ConfigError(str(path), f"line {i} is not a JSON metrics row (damaged file?)")
@@ -131,8 +148,19 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def write_metrics(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (``summary.json``, ``error.json``), None if there is no
+    such file; an unreadable, damaged or non-object file is a one-line
+    :class:`~splitfl.config.ConfigError` naming it."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        value = json.loads(read_bytes(path))
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ConfigError(str(path), "not a JSON object (truncated or damaged file?)")
+    return value
 
 
 def format_value(value: Any, kind: str) -> str:

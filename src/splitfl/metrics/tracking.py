@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from splitfl.metrics.report import flatten
+from splitfl.config import flatten
 
 
 class Tracker(Protocol):

@@ -11,10 +11,12 @@ from typing import Any
 
 import yaml
 
+from splitfl.atomic import write_atomic
 from splitfl.config import ConfigError, ExperimentConfig, from_dict, load_yaml
 from splitfl.data.base import DatasetError
 from splitfl.experiment import runner  # looked up per call (tests replace runner.prepare)
 from splitfl.experiment.validation import resolve_config
+from splitfl.metrics.rundirs import read_config
 from splitfl.sweeps.spec import SweepSpec, Trial
 from splitfl.sweeps.trial import FINAL, run_state
 
@@ -23,12 +25,12 @@ INDEX = "trials.json"
 
 def same_config(run_dir: Path, config: ExperimentConfig) -> bool:
     """Whether ``run_dir`` holds no config yet, or ``config`` itself (both resolved: a run
-    directory holds its config resolved)."""
-    path = run_dir / "config.yaml"
-    if not path.exists():
-        return True
-    held = from_dict(ExperimentConfig, load_yaml(path.read_text()))
-    return resolve_config(held) == resolve_config(config)
+    directory holds its config resolved); a damaged ``config.yaml`` is a one-line ConfigError
+    naming it."""
+    data = read_config(run_dir / "config.yaml")
+    return data is None or resolve_config(from_dict(ExperimentConfig, data)) == resolve_config(
+        config
+    )
 
 
 def check_data(trials: list[Trial], folder: Path | None = None) -> list[Trial]:
@@ -75,7 +77,7 @@ def check_same_sweep(folder: Path, spec: SweepSpec) -> None:
         return
     try:
         old = load_yaml(path.read_text()) or {}
-    except yaml.YAMLError:
+    except (ConfigError, UnicodeDecodeError):  # damaged: not this sweep
         old = {}
     new = load_yaml(yaml.safe_dump(spec.to_dict(), sort_keys=False))  # same round trip
     differ = [k for k in SAME_SWEEP_KEYS if not isinstance(old, dict) or old.get(k) != new[k]]
@@ -116,6 +118,5 @@ class Index:
         self.save()
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({**self.header, "trials": list(self.entries.values())}, indent=2))
-        tmp.replace(self.path)
+        text = json.dumps({**self.header, "trials": list(self.entries.values())}, indent=2)
+        write_atomic(self.path, text)

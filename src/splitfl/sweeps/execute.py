@@ -9,7 +9,6 @@ start afresh.
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from splitfl.atomic import naming, write_atomic
 from splitfl.config import ConfigError
 from splitfl.dirlock import hold_lock
 from splitfl.metrics.report import report as write_report
@@ -31,7 +31,7 @@ from splitfl.sweeps.directory import (
     sweep_dir_for,
 )
 from splitfl.sweeps.spec import SweepSpec, Trial, expand, load_sweep
-from splitfl.sweeps.trial import FINAL, run_state, write_error
+from splitfl.sweeps.trial import FINAL, read_summary, run_state, write_error
 
 
 @dataclass
@@ -165,7 +165,8 @@ def sweep(
     check_same_sweep(folder, spec)
     resources = (cpus_per_trial, gpus_per_trial)
     trials = _checked_trials(spec, folder, keep_going)
-    folder.mkdir(parents=True, exist_ok=True)
+    with naming(folder):
+        folder.mkdir(parents=True, exist_ok=True)
     with hold_lock(folder, "sweep"):
         check_same_sweep(folder, spec)  # again, now that no other process can write it
         index = _run_sweep(folder, spec, trials, backend, progress, address, resources)
@@ -177,7 +178,7 @@ def sweep(
 def _start_index(folder: Path, spec: SweepSpec, trials: list[Trial]) -> tuple[Index, list[Job]]:
     """Write ``sweep.yaml`` and the index (invalid trials failed, finished ones as they are);
     returns it and the trials still to run."""
-    (folder / "sweep.yaml").write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    write_atomic(folder / "sweep.yaml", yaml.safe_dump(spec.to_dict(), sort_keys=False))
     index = Index(folder, spec, trials)
     jobs: list[Job] = []
     for t in trials:
@@ -189,7 +190,7 @@ def _start_index(folder: Path, spec: SweepSpec, trials: list[Trial]) -> tuple[In
             continue
         state = run_state(run_dir, t.config.rounds)
         if state in FINAL:
-            summary = json.loads((run_dir / "summary.json").read_text())
+            summary = read_summary(run_dir) or {}
             error = summary["status"] if state == "diverged" else None
             index.entries[t.name].update(
                 status=state, error=error, **_summary_fields({"summary": summary})

@@ -22,6 +22,7 @@ nothing else.
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ from splitfl.experiment.compare import safe_name
 from splitfl.experiment.validation import validate_config
 
 SWEEP_FIELDS = ("name", "base", "base_source", "overrides", "axes", "out_dir")
+
+#: Longest trial (and sweep) directory name: file systems refuse names over
+#: :data:`~splitfl.atomic.NAME_MAX` bytes, and a taken name gets a ``-<n>`` suffix.
+MAX_TRIAL_NAME = 200
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,8 @@ def load_sweep(
     name = data.get("name") or stem
     if not isinstance(name, str) or safe_name(name) != name:
         raise ConfigError("sweep.name", f"use letters, digits, '_', '.', '-' (got {name!r})")
+    if len(name) > MAX_TRIAL_NAME:
+        raise ConfigError("sweep.name", f"at most {MAX_TRIAL_NAME} characters (got {len(name)})")
     return SweepSpec(
         name=name,
         base=base,
@@ -166,10 +173,16 @@ def _value_text(value: Any) -> str:
 
 
 def trial_name(values: dict[str, Any]) -> str:
-    """Directory name of a trial: ``label-value`` per axis joined by ``_`` (``base`` if none)."""
+    """Directory name of a trial: ``label-value`` per axis joined by ``_`` (``base`` if none).
+    A name longer than :data:`MAX_TRIAL_NAME` (many axes) keeps its beginning and ends with
+    12 hex digits of the SHA-256 of the whole name (the trial's values are in the index)."""
     keys = list(values)
     parts = [f"{_label(k, keys)}-{_value_text(v)}" for k, v in values.items()]
-    return safe_name("_".join(parts)) if parts else "base"
+    name = safe_name("_".join(parts)) if parts else "base"
+    if len(name) > MAX_TRIAL_NAME:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+        name = f"{name[: MAX_TRIAL_NAME - 13]}-{digest}"
+    return name
 
 
 def trial_config(spec: SweepSpec, values: dict[str, Any]) -> ExperimentConfig:

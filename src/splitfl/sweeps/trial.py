@@ -14,34 +14,59 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from splitfl.config import ExperimentConfig, from_dict
+from splitfl.atomic import error_line, write_atomic
+from splitfl.config import ConfigError, ExperimentConfig, from_dict
 from splitfl.executors import NonFiniteLossError
 from splitfl.experiment import runner  # looked up per call (tests replace runner.run)
+from splitfl.metrics.rundirs import read_rows
+from splitfl.metrics.summary import read_record
 
 FINAL = ("done", "diverged")  # not rerun on resume (a diverged trial diverges again)
 
 
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """``run_dir/summary.json``, or None if it is missing or damaged (a damaged one is
+    rewritten when the run is resumed)."""
+    try:
+        return read_record(run_dir / "summary.json")
+    except ConfigError:
+        return None
+
+
 def run_state(run_dir: Path, rounds: int) -> str:
-    """``done``, ``diverged``, ``partial`` (a run directory to resume) or ``new``."""
-    summary_path = run_dir / "summary.json"
-    if summary_path.exists():
-        status = json.loads(summary_path.read_text()).get("status", "")
-        if status.startswith("diverged"):
-            return "diverged"
-        summary = json.loads(summary_path.read_text())
-        if status == "ok" and summary.get("rounds") == rounds and (run_dir / "model.pt").exists():
+    """``done``, ``diverged``, ``partial`` (a run directory to resume) or ``new``.
+
+    ``done`` needs ``summary.json`` saying ``ok`` for ``rounds`` rounds, ``model.pt`` (both
+    written atomically, the model first: :mod:`splitfl.experiment.recorder`) and the rows of
+    rounds ``1..rounds`` in ``metrics.jsonl``; a damaged one is resumed, which restores it
+    from the checkpoint."""
+    summary = read_summary(run_dir) or {}
+    status = str(summary.get("status", ""))
+    if status.startswith("diverged"):
+        return "diverged"
+    if status == "ok" and summary.get("rounds") == rounds and (run_dir / "model.pt").is_file():
+        try:
+            read_rows(run_dir / "metrics.jsonl", rounds)
             return "done"
-    return "partial" if (run_dir / "config.yaml").exists() else "new"
+        except ConfigError:
+            pass
+    return "partial" if (run_dir / "config.yaml").is_file() else "new"
 
 
 def write_error(run_dir: Path, status: str, err: BaseException | str) -> str:
-    message = str(err).splitlines()[0] if str(err) else type(err).__name__
+    """Record a failed or diverged trial in ``run_dir/error.json``; returns the one-line
+    message. Best effort: a trial directory that cannot be written (a full disk, a name too
+    long) keeps no ``error.json``, and the sweep's index still records the failure."""
+    message = error_line(err)
     record: dict[str, Any] = {"status": status, "error": message}
     if isinstance(err, BaseException):
         record["type"] = type(err).__name__
         record["traceback"] = "".join(traceback.format_exception(err))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "error.json").write_text(json.dumps(record, indent=2))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_dir / "error.json", json.dumps(record, indent=2))
+    except OSError:
+        pass
     return message
 
 
@@ -57,7 +82,7 @@ def run_trial(config: dict[str, Any], run_dir: str) -> dict[str, Any]:
     state = run_state(path, cfg.rounds)
     start = time.perf_counter()
     if state in FINAL:
-        summary = json.loads((path / "summary.json").read_text())
+        summary = read_summary(path)
         return {"status": state, "action": "kept", "summary": summary, "error": None}
     try:
         if state == "partial":
