@@ -576,6 +576,9 @@ def main_fuzz(argv: list[str] | None = None) -> int:
                 (work / part).mkdir()
                 outcomes += fn(work / part, args.quick)
     counts = Counter(o.result for o in outcomes)
+    part = lambda o: "resume" if o.case.startswith("sweep --resume") else o.case.split()[0]  # noqa: E731
+    for (name, result), n in sorted(Counter((part(o), o.result) for o in outcomes).items()):
+        print(f"  {name:8s} {result:14s} {n}")
     print(f"cases: {len(outcomes)} in {time.perf_counter() - start:.0f} s")
     for key in ("one-line", "warned", "recovered", "killed"):
         print(f"  {key:28s} {counts.get(key, 0)}")

@@ -125,6 +125,8 @@ def creatable_dir_problem(path: str | Path) -> str | None:
     """Why ``path`` cannot be used as a new or existing directory, or None if it can: a
     component that exists but is not a directory, a name longer than :data:`NAME_MAX` bytes,
     or a nearest existing folder that this process cannot write."""
+    if "\0" in str(path):
+        return "a name with a NUL character"
     path = Path(os.path.abspath(path))
     for part in path.parts:
         if len(os.fsencode(part)) > NAME_MAX:

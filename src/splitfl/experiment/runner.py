@@ -120,25 +120,28 @@ def check_output(config: ExperimentConfig, run_dir: str | Path | None = None) ->
     field = "--out" if run_dir is not None else "output.out_dir"
     folder = Path(run_dir) if run_dir is not None else Path(config.output.out_dir)
     problem = creatable_dir_problem(folder)
-    if problem is None and run_dir is None:
+    if problem is not None:
+        raise ConfigError(field, f"{str(folder).replace(chr(0), '?')}: {problem}")
+    if run_dir is None:
         name = _default_name(config)
-        size, limit = len(name.encode()), NAME_MAX - 8  # room for the "-<n>" of a taken name
+        size, limit = len(Path(name).name.encode()), NAME_MAX - 8  # room for a "-<n>" suffix
         if size > limit:
             raise ConfigError(
                 "output.name", f"{size} bytes long; at most {limit} (file systems refuse more)"
             )
-    if problem is not None:
-        raise ConfigError(field, f"{folder}: {problem}")
+        problem = creatable_dir_problem(folder / name)
+        if problem is not None:
+            raise ConfigError("output.name", f"{name!r}: {problem}")
 
 
 def new_run_dir(config: ExperimentConfig, parent: Path | None = None) -> Path:
     """Create and return a new run directory ``out_dir/name`` (``name-1``, ``name-2``, …
     when taken). ``mkdir`` itself decides, so two runs started together never share one."""
-    base = parent or Path(config.output.out_dir)
-    name = _default_name(config)
+    target = (parent or Path(config.output.out_dir)) / _default_name(config)
+    base, name = target.parent, target.name
     with naming(base):
         base.mkdir(parents=True, exist_ok=True)
-    path, i = base / name, 1
+    path, i = target, 1
     while True:
         try:
             with naming(path):
