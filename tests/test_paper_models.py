@@ -80,6 +80,7 @@ def test_default_s2fl_and_sfl_runs_are_charged_eq1(tmp_path):
         cfg = tiny_config(algorithm=algorithm, rounds=4)
         rows = splitfl.run(cfg, run_dir=tmp_path / algorithm).metrics
         ctx = prepare(as_config(cfg)).ctx
+        assert len(rows) == 4  # the loops below run
         for row in rows:
             times = zip(row["clients"], row["cuts"], row["client_times"], strict=True)
             for client, cut, t in times:

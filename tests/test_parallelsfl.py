@@ -211,6 +211,7 @@ def test_link_rates_are_estimated_from_measured_transfers():
     _planned(alg, 1)
     a, rates, full = alg.options.ema, _measured_rates(report, plan), ctx.profile.total_bytes
     ema = lambda prior, seen: a * prior + (1 - a) * seen  # noqa: E731
+    assert plan.groups()  # the loop below runs
     for g, tasks in plan.groups().items():
         top, members = tops[g], [t.client for t in tasks]
         best = max(rates[k] for k in members)

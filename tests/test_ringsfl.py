@@ -250,6 +250,7 @@ def test_splitfed_ringsfl_steps_the_shared_server_on_the_mean_of_client_gradient
     assert sizes == [[64, 56, 64], [64, 56, 5]]  # unequal: the 1/N mean ≠ the per-sample mean
     for k, v in server.state_dict().items():
         assert torch.allclose(result.server_states[0][k], v, rtol=0, atol=1e-12), k
+    assert result.updates  # the loop below runs
     for u in result.updates:
         for k, v in devices[u.client].state_dict().items():
             assert torch.allclose(u.state[k], v, rtol=0, atol=1e-12), (u.client, k)
