@@ -29,6 +29,7 @@ Schemes (see :func:`partition_indices`):
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -83,26 +84,52 @@ def dirichlet(
     _check_sizes(len(labels), num_clients, min_samples, "dirichlet")
     by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
     for _ in range(MAX_DIRICHLET_ATTEMPTS):
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-        held = np.zeros(num_clients)
-        for idx in by_class:
-            idx = rng.permutation(idx)
-            p = rng.dirichlet(np.full(num_clients, float(alpha)))
-            if cap:
-                p = p * (held < len(labels) / num_clients)
-                p = p / p.sum() if p.sum() > 0 else np.full(num_clients, 1.0 / num_clients)
-            if not np.all(np.isfinite(p)) or p.sum() <= 0:  # underflow at tiny alpha
-                p = np.eye(num_clients)[rng.integers(num_clients)]
-            cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
-            for client, chunk in enumerate(np.split(idx, cuts)):
-                parts[client].append(chunk)
-                held[client] += len(chunk)
-        sizes = [sum(len(c) for c in chunks) for chunks in parts]
-        if min(sizes) >= min_samples:
-            return _finish([np.concatenate(c) for c in parts], min_samples, "dirichlet")
-    return _finish(
-        _top_up([np.concatenate(c) for c in parts], min_samples, rng), min_samples, "dirichlet"
-    )
+        draw = _dirichlet_draw(by_class, num_clients, rng, alpha, cap, len(labels))
+        if draw.held.min() >= min_samples:
+            return _finish(draw.parts(), min_samples, "dirichlet")
+    return _finish(_top_up(draw.parts(), min_samples, rng), min_samples, "dirichlet")
+
+
+@dataclass
+class _Draw:
+    """One Dirichlet draw: each class's shuffled indices and where they are cut among the
+    clients; ``held`` the samples each client gets."""
+
+    classes: list[tuple[np.ndarray, np.ndarray]]
+    held: np.ndarray
+
+    def parts(self) -> list[np.ndarray]:
+        """Each client's indices: its chunk of every class, in class order."""
+        chunks = [np.split(idx, cuts) for idx, cuts in self.classes]
+        return [np.concatenate([c[client] for c in chunks]) for client in range(len(self.held))]
+
+
+def _dirichlet_draw(
+    by_class: list[np.ndarray],
+    num_clients: int,
+    rng: np.random.Generator,
+    alpha: float,
+    cap: bool,
+    n: int,
+) -> _Draw:
+    """Deal every class by ``p ~ Dir(alpha)`` (``cap``: not to clients holding ``n /
+    num_clients`` already). Sizes come from the cut positions, so a draw that gives some
+    client fewer than ``min_samples`` is rejected without building the clients' arrays."""
+    held = np.zeros(num_clients, dtype=np.int64)
+    classes = []
+    for idx in by_class:
+        idx = rng.permutation(idx)
+        p = rng.dirichlet(np.full(num_clients, float(alpha)))
+        if cap:
+            p = p * (held < n / num_clients)
+            p = p / p.sum() if p.sum() > 0 else np.full(num_clients, 1.0 / num_clients)
+        if not np.all(np.isfinite(p)) or p.sum() <= 0:  # underflow at tiny alpha
+            p = np.eye(num_clients)[rng.integers(num_clients)]
+        cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
+        bounds = np.clip(np.concatenate(([0], cuts, [len(idx)])), 0, len(idx))
+        held += np.maximum(np.diff(bounds), 0)  # the chunk sizes np.split(idx, cuts) gives
+        classes.append((idx, cuts))
+    return _Draw(classes, held)
 
 
 def _top_up(parts: list[np.ndarray], min_samples: int, rng: np.random.Generator) -> list:

@@ -24,8 +24,9 @@ import torch
 
 from splitfl.config import TrainConfig
 from splitfl.executors.common import aux_head
+from splitfl.executors.pool import PartPool, cloned
 from splitfl.executors.roles import DeviceRole, Runtime, ServerRole, Smashed
-from splitfl.models import BlockModel, ModelPart
+from splitfl.models import BlockModel, ModelPart, block_index
 from splitfl.plan import ClientTask, ClientUpdate, RoundPlan
 
 State = dict[str, torch.Tensor]
@@ -56,10 +57,16 @@ class Fleet(Protocol):
 
 
 class LocalFleet:
-    """Devices in this process: ``make(task, part_state, aux_state)`` builds a client's role."""
+    """Devices in this process: ``make(task, part_state, aux_state)`` builds a client's role;
+    ``release(role)``, if given, takes back a finished role's part for reuse (its trained
+    states are cloned first)."""
 
-    def __init__(self, make: Callable[[ClientTask, State, State | None], DeviceRole]):
-        self.make = make
+    def __init__(
+        self,
+        make: Callable[[ClientTask, State, State | None], DeviceRole],
+        release: Callable[[DeviceRole], None] | None = None,
+    ):
+        self.make, self.release = make, release
         self.roles: dict[int, DeviceRole] = {}
         self.dropped: set[int] = set()
 
@@ -82,7 +89,15 @@ class LocalFleet:
         return {c: self.roles[c].local_step(step) for c, step in steps.items()}
 
     def finish(self, clients):
-        return {c: self.roles.pop(c).states() for c in clients}
+        out = {}
+        for c in clients:
+            role = self.roles.pop(c)
+            part, aux = role.states()
+            if self.release is not None:
+                part = cloned(part)
+                self.release(role)
+            out[c] = (part, aux)
+        return out
 
 
 @dataclass
@@ -108,10 +123,13 @@ def group_runs(ctx, model: BlockModel, plan: RoundPlan) -> Iterator[GroupRun]:
     RNG just before the group trains, in task order."""
     n = model.num_blocks
     dtype = next(model.parameters()).dtype
+    full, by_cut = model.state_dict(), {}
     for group, tasks in plan.groups().items():
         parts, aux = {}, {}
         for t in tasks:
-            parts[t.client] = t.init_state or ModelPart(model, 0, t.cut).state_dict()
+            if t.cut not in by_cut:  # the global model's blocks [0, cut): one view per cut
+                by_cut[t.cut] = {k: v for k, v in full.items() if block_index(k) < t.cut}
+            parts[t.client] = t.init_state or by_cut[t.cut]
             if plan.device_loss == "local" and t.cut < n:
                 elems = ctx.profile.blocks[t.cut - 1].out_elements
                 head = aux_head(elems, ctx.bundle.num_classes).to(model_device(model), dtype)
@@ -128,13 +146,18 @@ def server_role(
     train: TrainConfig,
     runtime: Runtime,
     gen: np.random.Generator,
+    pool: PartPool | None = None,
 ) -> ServerRole | None:
-    """A group's server copy (blocks ``[min cut, n)`` of ``model``), or None when every
-    member trains the whole model on its device."""
+    """A group's server copy (blocks ``[min cut, n)`` of ``model``; from ``pool`` if given),
+    or None when every member trains the whole model on its device."""
     cuts = [t.cut for t in tasks if t.cut < model.num_blocks]
     if not cuts:
         return None
-    part = copy.deepcopy(ModelPart(model, min(cuts), model.num_blocks))
+    start, n = min(cuts), model.num_blocks
+    if pool is None:
+        part = copy.deepcopy(ModelPart(model, start, n))
+    else:
+        part = pool.take(model, start, n, ModelPart(model, start, n).state_dict())
     lr = plan.server_lr if plan.server_lr is not None else tasks[0].lr
     return ServerRole(part, lr, train, plan, runtime, gen)
 

@@ -14,6 +14,7 @@ import torch
 
 from splitfl.executors.common import check_finite, detached
 from splitfl.executors.fleet import LocalFleet, group_runs, run_group, server_role
+from splitfl.executors.pool import PartPool, cloned
 from splitfl.executors.ring import ring_batch_update
 from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
 from splitfl.models import BlockModel, ModelPart
@@ -28,15 +29,16 @@ class SequentialExecutor:
         self.device = torch.device(device)
         self.precision = precision
         self.channels_last = channels_last
+        self.pool = PartPool()
+        self._model_of: BlockModel | None = None
+        self._model: BlockModel | None = None
 
     def run_round(
         self, ctx, global_state: dict[str, torch.Tensor], plan: RoundPlan, round_seed: int
     ) -> RoundResult:
-        model: BlockModel = copy.deepcopy(ctx.model).to(self.device)
+        model = self._working_model(ctx)
         model.load_state_dict(global_state)
         model.train()
-        if self.channels_last:
-            model = model.to(memory_format=torch.channels_last)
         runtime = Runtime(self.device, self.precision, self.channels_last)
         if plan.ring is not None:
             return self._run_ring(ctx, model, plan, round_seed, runtime)
@@ -44,8 +46,7 @@ class SequentialExecutor:
         train, data = ctx.config.train, (ctx.bundle.train.x, ctx.bundle.train.y)
 
         def make(task: ClientTask, part_state, aux_state) -> DeviceRole:
-            part = copy.deepcopy(ModelPart(model, 0, task.cut))
-            part.load_state_dict(part_state)
+            part = self.pool.take(model, 0, task.cut, part_state)
             aux = None if aux_state is None else aux_from_state(aux_state)
             indices = ctx.client_indices[task.client]
             return DeviceRole(task, part, aux, train, (*data, indices), round_seed, runtime)
@@ -53,11 +54,24 @@ class SequentialExecutor:
         updates: list[ClientUpdate] = []
         server_states: dict[int, dict[str, torch.Tensor]] = {}
         for run in group_runs(ctx, model, plan):
-            server = server_role(model, run.tasks, plan, train, runtime, gen)
-            updates += run_group(LocalFleet(make), server, run, plan)
+            server = server_role(model, run.tasks, plan, train, runtime, gen, self.pool)
+            updates += run_group(LocalFleet(make, self._release), server, run, plan)
             if server is not None:
-                server_states[run.group] = server.state()
+                server_states[run.group] = cloned(server.state())
+                self.pool.release(server.part)
         return RoundResult(updates=updates, server_states=server_states)
+
+    def _working_model(self, ctx) -> BlockModel:
+        """This executor's copy of the run's model (made once; a round loads its weights)."""
+        if self._model_of is not ctx.model:
+            self._model_of = ctx.model
+            self._model = copy.deepcopy(ctx.model).to(self.device)
+            if self.channels_last:
+                self._model = self._model.to(memory_format=torch.channels_last)
+        return self._model
+
+    def _release(self, role: DeviceRole) -> None:
+        self.pool.release(role.part)
 
     def _run_ring(self, ctx, model: BlockModel, plan: RoundPlan, round_seed: int, runtime):
         """RingSFL (Alg. 1–2): full local models, every client's batch around the ring."""

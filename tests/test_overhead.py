@@ -1,0 +1,93 @@
+"""The per-round fast paths change no result: pooled working copies of model parts (the
+sequential executor reuses them across clients and rounds) and the Dirichlet partition's
+size-first rejection of draws."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from splitfl.data.partition import _top_up, dirichlet
+from splitfl.executors.sequential import SequentialExecutor
+from splitfl.experiment.runner import as_config, prepare
+from splitfl.seeding import derive_seed, rng_for
+from splitfl.testing import config_for
+
+
+def _rounds(executor_for_round, algorithm: str, rounds: int = 3):
+    """Each round's result from ``executor_for_round(r)``, aggregating as the runner does."""
+    cfg = as_config(config_for(algorithm))
+    prep = prepare(cfg, dtype=torch.float64)
+    ctx, alg = prep.ctx, prep.algorithm
+    state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+    results = []
+    for r in range(rounds):
+        torch.manual_seed(derive_seed(cfg.seed, "torch", r))
+        clients = alg.select_clients(r, rng_for(cfg.seed, "select", r))
+        plan = alg.plan_round(r, clients, rng_for(cfg.seed, "plan", r))
+        result = executor_for_round(r).run_round(ctx, state, plan, derive_seed(cfg.seed, "b", r))
+        results.append(result)
+        state = alg.aggregate(state, plan, result)
+    return results, state
+
+
+@pytest.mark.parametrize("algorithm", ["s2fl", "splitfed_v1", "fedavg", "locfedmix_sl"])
+def test_one_pooled_executor_equals_a_fresh_executor_every_round(algorithm):
+    """Reused part copies hold nothing of the clients and rounds before them, and every
+    returned state is the client's own (no two updates share storage with a live copy)."""
+    shared = SequentialExecutor()
+    pooled, pooled_state = _rounds(lambda r: shared, algorithm)
+    fresh, fresh_state = _rounds(lambda r: SequentialExecutor(), algorithm)
+    for a, b in zip(pooled, fresh, strict=True):
+        assert [u.client for u in a.updates] == [u.client for u in b.updates]
+        for ua, ub in zip(a.updates, b.updates, strict=True):
+            for k in ub.state:
+                assert torch.equal(ua.state[k], ub.state[k]), (ua.client, k)
+        assert a.server_states.keys() == b.server_states.keys()
+        for g, sb in b.server_states.items():
+            assert all(torch.equal(a.server_states[g][k], v) for k, v in sb.items())
+    for k, v in fresh_state.items():
+        assert torch.equal(pooled_state[k], v), k
+    storages = [
+        v.untyped_storage().data_ptr() for u in pooled[-1].updates for v in u.state.values()
+    ]
+    assert len(storages) == len(set(storages))
+
+
+def _dirichlet_reference(labels, num_clients, rng, alpha, min_samples, cap):
+    """The partition as first written: every draw builds the clients' arrays."""
+    by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    for _ in range(1000):
+        parts = [[] for _ in range(num_clients)]
+        held = np.zeros(num_clients)
+        for idx in by_class:
+            idx = rng.permutation(idx)
+            p = rng.dirichlet(np.full(num_clients, float(alpha)))
+            if cap:
+                p = p * (held < len(labels) / num_clients)
+                p = p / p.sum() if p.sum() > 0 else np.full(num_clients, 1.0 / num_clients)
+            cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
+            for client, chunk in enumerate(np.split(idx, cuts)):
+                parts[client].append(chunk)
+                held[client] += len(chunk)
+        if min(sum(len(c) for c in chunks) for chunks in parts) >= min_samples:
+            return [np.concatenate(c) for c in parts]
+    return _top_up([np.concatenate(c) for c in parts], min_samples, rng)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("cap", [False, True])
+def test_dirichlet_draws_equal_the_array_building_reference(seed, cap):
+    gen = np.random.default_rng(100 + seed)
+    labels = gen.integers(0, int(gen.integers(2, 11)), size=int(gen.integers(300, 1500)))
+    clients, alpha, min_samples = int(gen.integers(5, 60)), [0.1, 0.5, 5.0][seed % 3], 4
+    got = dirichlet(
+        labels, clients, np.random.default_rng(seed), alpha=alpha, min_samples=min_samples, cap=cap
+    )
+    ref = _dirichlet_reference(
+        labels, clients, np.random.default_rng(seed), alpha, min_samples, cap
+    )
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref, strict=True):
+        np.testing.assert_array_equal(a, np.sort(b))  # the partition returns sorted indices
