@@ -202,14 +202,35 @@ def test_hostile_device_is_refused_and_exits_2(tmp_path, capfd):
 @pytest.mark.parametrize(
     ("x_shape", "label", "config", "own", "line"),
     [
-        ((4, 1, 4, 4), 1, OWN, True, "data mismatch: client 0: input shape [1, 4, 4] does not "
-         "fit the model's [1, 8, 8]"),
-        ((4, 1, 8, 8), 10, OWN, True, "data mismatch: client 0: label 10 does not fit the "
-         "model's 10 classes"),
-        ((4, 1, 8, 8), 1, OWN, False, "the server's clients train on the devices' own data: "
-         "give --data"),
-        ((4, 1, 8, 8), 1, {}, True, "this server partitions its own dataset (data.source: "
-         "partition); start the device without --data"),
+        (
+            (4, 1, 4, 4),
+            1,
+            OWN,
+            True,
+            "data mismatch: client 0: input shape [1, 4, 4] does not fit the model's [1, 8, 8]",
+        ),
+        (
+            (4, 1, 8, 8),
+            10,
+            OWN,
+            True,
+            "data mismatch: client 0: label 10 does not fit the model's 10 classes",
+        ),
+        (
+            (4, 1, 8, 8),
+            1,
+            OWN,
+            False,
+            "the server's clients train on the devices' own data: give --data",
+        ),
+        (
+            (4, 1, 8, 8),
+            1,
+            {},
+            True,
+            "this server partitions its own dataset (data.source: "
+            "partition); start the device without --data",
+        ),
     ],
     ids=["input-shape", "class-count", "no-data", "data-to-a-partition-server"],
 )

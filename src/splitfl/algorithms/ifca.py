@@ -98,7 +98,9 @@ class IFCA(Algorithm):
         self, client: int, rng: np.random.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The client's own samples at :meth:`estimate_positions`."""
-        take = torch.as_tensor(self.ctx.client_indices[client][self.estimate_positions(client, rng)])
+        take = torch.as_tensor(
+            self.ctx.client_indices[client][self.estimate_positions(client, rng)]
+        )
         return self.ctx.bundle.train.x[take], self.ctx.bundle.train.y[take]
 
     def estimate_cluster(self, client: int, rng: np.random.Generator) -> int:

@@ -12,8 +12,8 @@ import torch
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.data import DatasetBundle, load_dataset
 from splitfl.data.base import ArrayDataset, labels_only
-from splitfl.data.local import load_test
 from splitfl.data.clients import client_partition
+from splitfl.data.local import load_test
 from splitfl.data.partition import batch_sizes, label_histograms
 from splitfl.experiment.validation import resolve_config
 from splitfl.models import BlockModel, ModelProfile, build_model, profile_model

@@ -15,7 +15,6 @@ losses are handled in :mod:`splitfl.experiment.guards`.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,7 +30,6 @@ from splitfl.atomic import (
     creatable_dir_problem,
     naming,
     remove_stale_tmp,
-    write_atomic,
 )
 from splitfl.config import (
     ConfigError,

@@ -72,9 +72,7 @@ def effective_epsilon(server: float | None, device: float | None) -> float | Non
     return min(given) if given else None
 
 
-def data_mismatch(
-    input_shape: Sequence[int], labels_max: int, spec: dict
-) -> str | None:
+def data_mismatch(input_shape: Sequence[int], labels_max: int, spec: dict) -> str | None:
     """What makes a device's data unfit for the server's model (one line), or None."""
     want, classes = tuple(spec["input_shape"]), int(spec["num_classes"])
     if tuple(input_shape) != want:
@@ -90,7 +88,7 @@ def build_announcement(
     """The ``data`` field of a device's ``ready``: client → (x, y) tensors summarised."""
     classes = int(spec["num_classes"])
     entries = []
-    for c, (x, y) in sorted(data.items()):
+    for c, (_, y) in sorted(data.items()):
         hist = label_histogram(y.numpy(), classes)
         if epsilon is not None:
             hist = noisy_histogram(hist, epsilon, derive_seed(seed, "histogram-noise", c))
@@ -137,7 +135,8 @@ def check_announcement(
             )
         counts = tuple(_count(h, f"client {c}: histogram entries") for h in hist)
         if samples < 1 or (eps is None and sum(counts) != samples):
-            raise AnnouncementError(f"client {c}: {samples} samples, histogram sums to "
-                                    f"{sum(counts)}")
+            raise AnnouncementError(
+                f"client {c}: {samples} samples, histogram sums to {sum(counts)}"
+            )
         out[c] = Announced(device, samples, counts, None if eps is None else float(eps))
     return out

@@ -249,7 +249,8 @@ class DeviceAgent:
             raise WireError("identify: bad positions or model count")
         states = [state_from(f"m{j}", msg.tensors) for j in range(k)]
         take = torch.as_tensor(pos)
-        return Message("identified", {"cluster": lowest_loss_state(self.model, states, x[take], y[take])})
+        cluster = lowest_loss_state(self.model, states, x[take], y[take])
+        return Message("identified", {"cluster": cluster})
 
     def _on_finish(self, c: int, msg: Message) -> Message:
         part, aux = self.roles.pop(c).states()

@@ -50,9 +50,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         metavar="EPS",
         help="add Laplace noise (scale 1/EPS: EPS-DP) to the announced label histograms",
     )
-    p.add_argument(
-        "--noise-seed", type=int, help="seed of that noise (default: fresh OS entropy)"
-    )
+    p.add_argument("--noise-seed", type=int, help="seed of that noise (default: fresh OS entropy)")
     p.add_argument(
         "--client-id",
         default="",

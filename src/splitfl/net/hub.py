@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from splitfl.net.announce import AnnouncementError, Announced, check_announcement
+from splitfl.net.announce import Announced, AnnouncementError, check_announcement
 from splitfl.net.auth import TokenBook
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
@@ -343,7 +343,6 @@ class Hub:
         finally:
             with self.lock:
                 self.lock.notify_all()
-
 
     def _check_data(self, link: DeviceLink, ready: Message) -> str | None:
         """Why a device's ``ready`` is refused (its data announcement, or the device's own
