@@ -75,6 +75,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.rejoin_s": Range(0, 86400),
     "network.max_message_mb": Range(0, 4096, lo_open=True),
     "network.rate_limit": Range(0, 1e9),
+    "network.histogram_epsilon": Range(1e-6, 1e6),
 }
 #: ``seed`` feeds numpy's SeedSequence and torch.manual_seed: a non-negative 63-bit integer.
 SEED_LIMIT = 2**63
@@ -242,12 +243,6 @@ def _validate_network(config: ExperimentConfig) -> None:
     )
     _check(
         1 <= n.chunk_kb <= 65536, "network.chunk_kb", f"must be in [1, 65536] (got {n.chunk_kb})"
-    )
-    eps = n.histogram_epsilon
-    _check(
-        eps is None or 1e-6 <= eps <= 1e6,
-        "network.histogram_epsilon",
-        f"must be in [1e-6, 1e6] or null (got {eps})",
     )
     _check(
         n.data_dir is None or (n.devices >= 1 and config.data.source == "devices"),
