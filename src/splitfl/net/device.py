@@ -2,7 +2,9 @@
 
 It connects to the server, says hello (name, token, protocol version, the clients it asks to
 host), receives the run's config, loads **only its own clients' samples** (its partition of a
-dataset root, drawn exactly as the simulation draws it) and then answers the server's commands
+dataset root, drawn exactly as the simulation draws it, or its own files with ``--data``:
+:meth:`ClientData.from_local`, announced at join by :mod:`splitfl.net.announce`) and then
+answers the server's commands
 with :class:`~splitfl.executors.roles.DeviceRole` — the same code the in-process executor runs:
 
 * ``begin`` (task, device part, aux head, round seed) → ``ack``
@@ -10,6 +12,7 @@ with :class:`~splitfl.executors.roles.DeviceRole` — the same code the in-proce
 * ``backward`` (activation gradient) and ``head_update`` → no reply (the next reply follows)
 * ``local_step`` (step) → ``local_done`` (loss sum, samples)
 * ``finish`` → ``finished`` (trained device part and aux head)
+* ``identify`` (K models, sample positions; own data only) → ``identified`` (IFCA's cluster)
 
 Every reply carries ``compute_s``: device compute since the previous reply. The server never
 sends code or pickles: commands are JSON fields plus raw tensors (:mod:`splitfl.net.wire`).
