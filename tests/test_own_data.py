@@ -320,3 +320,36 @@ def test_local_data_layouts(tmp_path):
             load_local(tmp_path / bad)
         assert "\n" not in str(err.value)
     assert load_test(tmp_path / "one.npz")[2] == 6
+
+
+def _resume_with(tmp_path, run_dir: Path, folders: dict[str, Path], tag: str):
+    bed, threads = _threads(tmp_path / tag, folders, retry_s=3.0)
+    flags = [f"network.listen=127.0.0.1:{bed.port}", f"network.tokens={bed.tokens_file}"]
+    try:
+        return splitfl.resume(run_dir, overrides=flags)
+    finally:
+        for t in threads:
+            t.join(30)
+
+
+def test_resumed_run_keeps_the_view_it_started_with(tmp_path):
+    written = _write_devices(tmp_path / "data", "s2fl", 2, rounds=1)
+    folders = {name: tmp_path / "data" / name for name in written}
+    bed, threads = _threads(tmp_path / "a", folders)
+    net = bed.server_overrides(min_devices=2)
+    first = splitfl.run(config_for("s2fl", rounds=1, **OWN, **net), run_dir=tmp_path / "net")
+    for t in threads:
+        t.join(30)
+    config = yaml.safe_load((first.run_dir / "config.yaml").read_text())
+    config["rounds"] = 2
+    (first.run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    resumed = _resume_with(tmp_path, first.run_dir, folders, "b")
+    seq = splitfl.run(config_for("s2fl", rounds=2), run_dir=tmp_path / "seq")
+    assert _max_diff(_final(resumed.run_dir), _final(seq.run_dir)) <= 1e-5
+    # a device whose client 0 lost a sample since: refused in one line, naming the client
+    x, y = load_local(folders["local-0"] / "0.npz")[None]
+    np.savez(folders["local-0"] / "0.npz", x=x[1:].numpy(), y=y[1:].numpy())
+    config["rounds"] = 3
+    (first.run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=f"client 0's device announced {len(y) - 1} samples"):
+        _resume_with(tmp_path, first.run_dir, folders, "c")
