@@ -152,6 +152,7 @@ def _entry(client=0, samples=3, hist=None):
         ({"input_shape": [1, 8, 8], "clients": [_entry(hist=[1, 2] + [0] * 7)]}, "10 class"),
         ({"input_shape": [1, 8, 8], "clients": [_entry(hist=[3, 2] + [0] * 8)]}, "sums to 5"),
         ({"input_shape": [1, 8, 8], "clients": [_entry(client=5)]}, "not hosted"),
+        ({"input_shape": [1, 8, 8], "clients": [_entry(client=False)]}, "not hosted"),
         ({"input_shape": [1, 8, 8], "clients": [_entry(), _entry()]}, "one entry per"),
         ({"input_shape": [3, 32, 32], "clients": [_entry()]}, "does not fit the model"),
         ({"input_shape": [[[1]]], "clients": [_entry()]}, "input_shape must be"),

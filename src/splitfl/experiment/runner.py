@@ -98,8 +98,11 @@ def validate(
     ctx = prepare(cfg).ctx
     cfg = ctx.config  # resolved
     shared = "shared" if cfg.devices.contention else "not shared"
+    train = f"{len(ctx.bundle.train)} train samples"
+    if cfg.data.source == "devices":
+        train = f"training data on the devices, {len(ctx.bundle.test)} test samples"
     return (
-        f"ok: {cfg.algorithm} on {cfg.data.dataset} ({len(ctx.bundle.train)} train samples, "
+        f"ok: {cfg.algorithm} on {cfg.data.dataset} ({train}, "
         f"{ctx.num_clients} clients), model {cfg.model} ({ctx.num_blocks} blocks, "
         f"cut points {list(ctx.cut_points)}, default {ctx.model.default_cut}), devices "
         f"{cfg.devices.preset} (server link {shared}: "

@@ -122,9 +122,9 @@ def check_announcement(
     classes = int(spec["num_classes"])
     out: dict[int, Announced] = {}
     for entry in entries:
-        if not isinstance(entry, dict) or entry.get("client") not in clients:
+        c = entry.get("client") if isinstance(entry, dict) else None
+        if type(c) is not int or c not in clients:
             raise AnnouncementError(f"entry for a client not hosted here: {str(entry)[:60]}")
-        c = entry["client"]
         if c in out:
             raise AnnouncementError(f"client {c} announced twice")
         samples = _count(entry.get("samples"), f"client {c}: samples")

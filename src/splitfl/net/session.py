@@ -3,8 +3,10 @@
 :class:`NetworkSession` reads the ``network`` section: it loads the tokens file (or, for device
 processes it starts itself, makes one token per process in a private temporary folder), the
 TLS key and certificate, starts the :class:`~splitfl.net.hub.Hub`, starts ``network.devices``
-device processes on this machine (``splitfl launch``), waits for enough devices and writes
-``network.json`` (address, local device processes) into the run directory.
+device processes on this machine (``splitfl launch``; with ``network.data_dir`` each reads its
+own folder), waits for enough devices (and, with ``data.source: devices``, for every client's
+data announcement) and writes ``network.json`` (address, local device processes) into the run
+directory.
 """
 
 from __future__ import annotations
