@@ -354,3 +354,25 @@ def test_resumed_run_keeps_the_view_it_started_with(tmp_path):
     (first.run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match=f"client 0's device announced {len(y) - 1} samples"):
         _resume_with(tmp_path, first.run_dir, folders, "c")
+
+
+def test_device_flags_for_own_data(tmp_path):
+    from splitfl.net import device_cli
+
+    token = tmp_path / "t.token"
+    token.write_text("x" * 32)
+    base = ["--server", "127.0.0.1:1", "--name", "d0", "--token-file", str(token)]
+    args = device_cli.build_parser().parse_args(
+        [*base, "--data", "mine", "--histogram-epsilon", "0.5", "--noise-seed", "9"]
+    )
+    opts = device_cli.options_from(args)
+    assert (opts.data, opts.data_format, opts.histogram_epsilon, opts.noise_seed) == (
+        "mine",
+        "npz",
+        0.5,
+        9,
+    )
+    with pytest.raises(ValueError, match="--histogram-epsilon: must be in"):
+        device_cli.options_from(
+            device_cli.build_parser().parse_args([*base, "--histogram-epsilon", "0"])
+        )
