@@ -18,9 +18,10 @@ with the lowest loss on its own data.
 * Where the identity is computed: :meth:`IFCA.estimate_cluster` hands the K models and the
   client's own samples (:meth:`IFCA.client_samples`, nothing else of the data set) to
   :func:`~splitfl.models.base.lowest_loss_state`, a function a device process can run. It
-  runs in the server process at planning time for every executor, the networked one included
-  (whose devices are sent the chosen model only); that is the clock's charge above, not a
-  measurement, until devices hold their own data.
+  runs in the server process at planning time, except when the devices hold their own data
+  (``data.source: devices``): then the K models and the samples' positions go to the
+  client's device, which runs the same function on its own samples and answers the index
+  (:mod:`splitfl.net.client_data`); the clock charges it as above.
 
 Marked **proxy** (``splitfl.proxies``): the central-test-set evaluation with the most
 chosen cluster model is not IFCA's per-client evaluation.
@@ -86,18 +87,29 @@ class IFCA(Algorithm):
         """Samples the identity is estimated on: ``min(|D_i|, estimate_samples)``."""
         return min(int(self.ctx.data_sizes[client]), self.options.estimate_samples)
 
+    def estimate_positions(self, client: int, rng: np.random.Generator) -> np.ndarray:
+        """Positions in the client's own samples of the :meth:`estimate_size` samples the
+        identity is estimated on, drawn without replacement from ``rng`` (the round's plan
+        stream)."""
+        n = len(self.ctx.client_indices[client])
+        return rng.choice(n, size=self.estimate_size(client), replace=False)
+
     def client_samples(
         self, client: int, rng: np.random.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`estimate_size` of the client's own training samples, drawn without
-        replacement from ``rng`` (the round's plan stream)."""
-        idx = self.ctx.client_indices[client]
-        take = torch.as_tensor(rng.choice(idx, size=self.estimate_size(client), replace=False))
+        """The client's own samples at :meth:`estimate_positions`."""
+        take = torch.as_tensor(
+            self.ctx.client_indices[client][self.estimate_positions(client, rng)]
+        )
         return self.ctx.bundle.train.x[take], self.ctx.bundle.train.y[take]
 
     def estimate_cluster(self, client: int, rng: np.random.Generator) -> int:
         """Cluster identity: argmin over the K cluster models of the loss on the client's own
-        samples (:func:`~splitfl.models.base.lowest_loss_state`)."""
+        samples (:func:`~splitfl.models.base.lowest_loss_state`) — on the client's device
+        when the devices hold the data (``ctx.client_compute``)."""
+        remote = getattr(self.ctx, "client_compute", None)
+        if remote is not None:
+            return remote.lowest_loss(client, self.models, self.estimate_positions(client, rng))
         x, y = self.client_samples(client, rng)
         return lowest_loss_state(self.ctx.model, self.models, x, y)
 

@@ -15,7 +15,9 @@ import os
 from pathlib import Path
 
 from splitfl.config import ConfigError
+from splitfl.data.clients import write_partition
 from splitfl.experiment import resume, run
+from splitfl.experiment.runner import as_config
 from splitfl.metrics.summary import comparison_table
 from splitfl.net import device_cli
 from splitfl.net.auth import new_token, token_hash
@@ -72,6 +74,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.devices < 1:
         raise ConfigError("--devices", f"must be >= 1 (got {args.devices})")
     overrides = [*overrides, "executor=networked", f"network.devices={args.devices}"]
+    if args.data_dir:  # each device process trains on its own files
+        overrides += ["data.source=devices", f"network.data_dir={args.data_dir}"]
+        if args.write_partition:
+            cfg = as_config(config, overrides)
+            written = write_partition(cfg, Path(args.data_dir), args.devices)
+            print(f"wrote the seeded partition to {args.data_dir}: {written}")
+    elif args.write_partition:
+        raise ConfigError("--write-partition", "needs --data-dir")
     run_dir = Path(args.out) if args.out else None
     progress = False if args.no_progress else None
     return _report(run(config, overrides, run_dir=run_dir, progress=progress))
@@ -117,6 +127,16 @@ def add_network_parsers(sub) -> None:
     p = sub.add_parser("launch", help="one server and N device processes on this machine")
     p.add_argument("args", nargs="+", metavar="CONFIG [key=value ...]")
     p.add_argument("--devices", type=int, default=2, metavar="N")
+    p.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="devices train on their own files: device local-<i> reads DIR/local-<i>/",
+    )
+    p.add_argument(
+        "--write-partition",
+        action="store_true",
+        help="first write the config's seeded partition into --data-dir (one folder per device)",
+    )
     p.add_argument("--out", metavar="RUN_DIR")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(fn=cmd_launch)

@@ -75,6 +75,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.rejoin_s": Range(0, 86400),
     "network.max_message_mb": Range(0, 4096, lo_open=True),
     "network.rate_limit": Range(0, 1e9),
+    "network.histogram_epsilon": Range(1e-6, 1e6),
 }
 #: ``seed`` feeds numpy's SeedSequence and torch.manual_seed: a non-negative 63-bit integer.
 SEED_LIMIT = 2**63
@@ -171,6 +172,17 @@ def validate(config: ExperimentConfig) -> None:
         "data.train_samples",
         "only with executor: timing (training reads the dataset's images); use null",
     )
+    _choice(d.source, ["partition", "devices"], "data.source")
+    _check(
+        d.source == "partition" or config.executor == "networked",
+        "data.source",
+        "devices needs executor: networked (the devices hold the training data)",
+    )
+    _check(
+        d.test_path is None or d.source == "devices",
+        "data.test_path",
+        "only with data.source: devices (else the test split of data.dataset is used)",
+    )
     v = config.devices
     _check(v.label_bytes >= 0, "devices.label_bytes", "must be >= 0")
     _check(v.variation >= 0, "devices.variation", f"must be >= 0 (got {v.variation})")
@@ -231,6 +243,11 @@ def _validate_network(config: ExperimentConfig) -> None:
     )
     _check(
         1 <= n.chunk_kb <= 65536, "network.chunk_kb", f"must be in [1, 65536] (got {n.chunk_kb})"
+    )
+    _check(
+        n.data_dir is None or (n.devices >= 1 and config.data.source == "devices"),
+        "network.data_dir",
+        "needs network.devices >= 1 and data.source: devices",
     )
     host, sep, port = n.listen.rpartition(":")
     _check(

@@ -39,6 +39,14 @@ class DataConfig:
     min_samples: int = 10
     verify: str = "warn"
     train_samples: int | None = None
+    #: Where the clients' training data is: ``partition`` (one dataset, the seeded partition
+    #: above; simulation and ``splitfl launch``) or ``devices`` (``executor: networked``: each
+    #: device trains on its own files, ``splitfl device --data``, and announces its clients'
+    #: sample counts and label histograms at join; the server reads only a test set).
+    source: str = "partition"
+    #: ``source: devices``: the server's test set, an .npz with ``x``, ``y`` (and optionally
+    #: ``num_classes``), see ``splitfl.data.local``; null = the test split of ``dataset``.
+    test_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +177,12 @@ class NetworkConfig:
     #: the real network or to kernel traffic shaping (``benchmarks/tc_shaping.py``) and
     #: emulates compute only.
     emulate_links: bool = True
+    #: ``data.source: devices``: devices add Laplace noise of scale 1/ε to the label
+    #: histograms they announce (ε-DP per histogram; ``splitfl.net.announce``); null = exact.
+    histogram_epsilon: float | None = None
+    #: ``data.source: devices`` with local device processes (``splitfl launch --data-dir``):
+    #: device ``local-<i>`` reads ``data_dir/local-<i>`` (``<client>.npz`` files).
+    data_dir: str | None = None
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,14 @@ the dataset, so both see the same samples.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
-from splitfl.data.base import DatasetBundle
+from splitfl.data.base import DatasetBundle, load_dataset
+from splitfl.data.local import write_local
 from splitfl.data.partition import partition_indices
 from splitfl.seeding import rng_for
 
@@ -62,3 +66,21 @@ def client_partition(config: ExperimentConfig, bundle: DatasetBundle) -> list[np
         )
     except ValueError as err:
         raise ConfigError("data.partition", str(err).splitlines()[0]) from err
+
+
+def write_partition(config: ExperimentConfig, folder: Path, devices: int) -> dict[str, list[int]]:
+    """Write the run's seeded partition as own-data files: device ``local-<i>`` (the names
+    ``splitfl launch`` gives its device processes) gets ``folder/local-<i>/<client>.npz`` for
+    its clients ``k % devices == i``, each client's samples in partition order (so a device
+    reading them draws the batches the simulation draws). Returns device → clients."""
+    d = config.data
+    bundle = load_dataset(d.dataset, d.root, verify=d.verify)
+    parts = client_partition(config, bundle)
+    out: dict[str, list[int]] = {}
+    for i in range(devices):
+        name = f"local-{i}"
+        out[name] = [k for k in range(len(parts)) if k % devices == i]
+        for k in out[name]:
+            idx = torch.as_tensor(parts[k], dtype=torch.long)
+            write_local(Path(folder) / name / f"{k}.npz", bundle.train.x[idx], bundle.train.y[idx])
+    return out

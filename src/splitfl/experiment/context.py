@@ -11,8 +11,9 @@ import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.data import DatasetBundle, load_dataset
-from splitfl.data.base import labels_only
+from splitfl.data.base import ArrayDataset, labels_only
 from splitfl.data.clients import client_partition
+from splitfl.data.local import load_test
 from splitfl.data.partition import batch_sizes, label_histograms
 from splitfl.experiment.validation import resolve_config
 from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
@@ -30,6 +31,18 @@ class RunContext:
     population: Population
     model: BlockModel
     profile: ModelProfile
+    #: ``data.source: devices``: where computations on a client's own samples run (IFCA's
+    #: cluster identity): an object with ``lowest_loss(client, states, positions) -> int``
+    #: set by the networked executor; None = this process, on ``bundle.train``.
+    client_compute: object | None = None
+
+    def adopt_announced(self, sizes: list[int], hist: np.ndarray) -> None:
+        """``data.source: devices``: the clients' data view is what their devices announced
+        (sample counts, label histograms); a client's samples are positions ``0..n-1`` of
+        its device's own data (the server holds none of them)."""
+        self.client_indices = [np.arange(int(n)) for n in sizes]
+        self.label_hist = np.asarray(hist, dtype=np.int64)
+        self.__dict__.pop("data_sizes", None)  # the cached property is recomputed
 
     @property
     def num_clients(self) -> int:
@@ -131,7 +144,7 @@ class RunContext:
 def _check_label_range(config: ExperimentConfig, bundle: DatasetBundle, outputs: int) -> None:
     """Every label must index one of the model's ``outputs`` logits (else cross-entropy fails
     mid-run with an IndexError)."""
-    top = max(int(bundle.train.y.max()), int(bundle.test.y.max()))
+    top = max(int(split.y.max()) for split in (bundle.train, bundle.test) if len(split))
     if top >= outputs:
         raise ConfigError(
             "model",
@@ -142,6 +155,8 @@ def _check_label_range(config: ExperimentConfig, bundle: DatasetBundle, outputs:
 def read_data(config: ExperimentConfig) -> DatasetBundle:
     """The dataset's files, or (``data.train_samples``, ``executor: timing``) labels only."""
     d = config.data
+    if d.source == "devices":
+        return test_only(config)
     if d.train_samples is None:
         return load_dataset(d.dataset, d.root, verify=d.verify)
     try:
@@ -152,6 +167,20 @@ def read_data(config: ExperimentConfig) -> DatasetBundle:
             f"{d.dataset}'s sample shape is not registered (no labels without its files); "
             "use null to read the dataset",
         ) from None
+
+
+def test_only(config: ExperimentConfig) -> DatasetBundle:
+    """``data.source: devices``: the server's test set (``data.test_path``, else the test split
+    of ``data.dataset``) and an empty training split — the devices hold the training data."""
+    d = config.data
+    if d.test_path is None:
+        full = load_dataset(d.dataset, d.root, verify=d.verify)
+        test, classes = full.test, full.num_classes
+    else:
+        x, y, classes = load_test(d.test_path)
+        test = ArrayDataset(x, y)
+    empty = ArrayDataset(test.x[:0].clone(), test.y[:0].clone())
+    return DatasetBundle(d.dataset, empty, test, classes, tuple(test.x.shape[1:]))
 
 
 def build_context(config: ExperimentConfig) -> RunContext:
@@ -165,8 +194,12 @@ def build_context(config: ExperimentConfig) -> RunContext:
     config = resolve_config(config)
     d = config.data
     bundle = read_data(config)
-    parts = client_partition(config, bundle)
-    hist = label_histograms(bundle.train.y.numpy(), parts, bundle.num_classes)
+    if d.source == "devices":  # filled from the devices' announcements when they join
+        parts = [np.arange(0) for _ in range(d.num_clients)]
+        hist = np.zeros((d.num_clients, bundle.num_classes), dtype=np.int64)
+    else:
+        parts = client_partition(config, bundle)
+        hist = label_histograms(bundle.train.y.numpy(), parts, bundle.num_classes)
     population = draw_population(
         config.devices.preset,
         d.num_clients,
@@ -181,7 +214,7 @@ def build_context(config: ExperimentConfig) -> RunContext:
     try:
         model = build_model(config.model, bundle.input_shape, bundle.num_classes)
         with torch.no_grad():
-            logits = model.eval()(bundle.train.x[:2])
+            logits = model.eval()((bundle.train if len(bundle.train) else bundle.test).x[:2])
     except (RuntimeError, ValueError) as err:
         raise ConfigError(
             "model",

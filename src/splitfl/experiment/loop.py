@@ -23,6 +23,7 @@ from tqdm import tqdm
 from splitfl.atomic import error_line
 from splitfl.config import ConfigError, ExperimentConfig, resolve_device
 from splitfl.executors import NonFiniteLossError, make_executor
+from splitfl.experiment.device_data import adopt_device_data
 from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
 from splitfl.experiment.recorder import Recorder
 from splitfl.experiment.round_step import LoopState, evaluate_state, play_round, trains
@@ -125,6 +126,8 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
     device = resolve_device(config.device)
     executor = build_executor(config, device)
     with thread_limits(config.threads), executor_session(executor, prep.ctx, run_dir):
+        adopt_device_data(prep, executor, run_dir, resuming=start is not None)
+        config, algorithm = prep.config, prep.algorithm
         eval_model = prep.ctx.model if device == "cpu" else copy.deepcopy(prep.ctx.model).to(device)
         st, rec = start_state(prep, start, eval_model, run_dir, trains(executor))
         bar = _progress(config, len(rec.rows), progress)

@@ -15,7 +15,6 @@ losses are handled in :mod:`splitfl.experiment.guards`.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,7 +30,6 @@ from splitfl.atomic import (
     creatable_dir_problem,
     naming,
     remove_stale_tmp,
-    write_atomic,
 )
 from splitfl.config import (
     ConfigError,
@@ -44,6 +42,7 @@ from splitfl.config import (
 from splitfl.dirlock import LOCK_FILE, hold_lock
 from splitfl.experiment.checkpoint import load_checkpoint
 from splitfl.experiment.context import RunContext, build_context
+from splitfl.experiment.device_data import write_clients
 from splitfl.experiment.loop import run_loop
 from splitfl.experiment.validation import load_config, validate_config
 
@@ -99,8 +98,11 @@ def validate(
     ctx = prepare(cfg).ctx
     cfg = ctx.config  # resolved
     shared = "shared" if cfg.devices.contention else "not shared"
+    train = f"{len(ctx.bundle.train)} train samples"
+    if cfg.data.source == "devices":
+        train = f"training data on the devices, {len(ctx.bundle.test)} test samples"
     return (
-        f"ok: {cfg.algorithm} on {cfg.data.dataset} ({len(ctx.bundle.train)} train samples, "
+        f"ok: {cfg.algorithm} on {cfg.data.dataset} ({train}, "
         f"{ctx.num_clients} clients), model {cfg.model} ({ctx.num_blocks} blocks, "
         f"cut points {list(ctx.cut_points)}, default {ctx.model.default_cut}), devices "
         f"{cfg.devices.preset} (server link {shared}: "
@@ -171,19 +173,6 @@ def _claim_run_dir(path: Path) -> bool:
     return True
 
 
-def _write_clients(ctx: RunContext, path: Path) -> None:
-    clients = [
-        {
-            "client": c,
-            "samples": int(ctx.data_sizes[c]),
-            "label_histogram": ctx.label_hist[c].tolist(),
-            "device": ctx.population.devices[c].to_dict(),
-        }
-        for c in range(ctx.num_clients)
-    ]
-    write_atomic(path, json.dumps({"server": ctx.population.server.to_dict(), "clients": clients}))
-
-
 def run(
     config: ExperimentConfig | str | Path | dict,
     overrides: list[str] | None = None,
@@ -215,7 +204,7 @@ def run(
             if run_dir is not None:
                 _claim_run_dir(path)  # still empty, now that no other process can write it
             dump_config(prepared.config, path / "config.yaml")  # resolved
-            _write_clients(prepared.ctx, path / "clients.json")
+            write_clients(prepared.ctx, path / "clients.json")
             return _finish(prepared, path, start=None, progress=progress)
     except OSError:
         if not (path / "checkpoints" / "last.pt").exists():
@@ -263,7 +252,7 @@ def resume(
             shapes = {k: v.shape for k, v in prepared.ctx.model.state_dict().items()}
             start = load_checkpoint(ckpt_path, shapes, config)
         else:  # stopped before its first checkpoint: a fresh start under this config
-            _write_clients(prepared.ctx, path / "clients.json")
+            write_clients(prepared.ctx, path / "clients.json")
         return _finish(prepared, path, start=start, progress=progress)
 
 

@@ -2,7 +2,9 @@
 
 It connects to the server, says hello (name, token, protocol version, the clients it asks to
 host), receives the run's config, loads **only its own clients' samples** (its partition of a
-dataset root, drawn exactly as the simulation draws it) and then answers the server's commands
+dataset root, drawn exactly as the simulation draws it, or its own files with ``--data``:
+:meth:`ClientData.from_local`, announced at join by :mod:`splitfl.net.announce`) and then
+answers the server's commands
 with :class:`~splitfl.executors.roles.DeviceRole` — the same code the in-process executor runs:
 
 * ``begin`` (task, device part, aux head, round seed) → ``ack``
@@ -10,6 +12,7 @@ with :class:`~splitfl.executors.roles.DeviceRole` — the same code the in-proce
 * ``backward`` (activation gradient) and ``head_update`` → no reply (the next reply follows)
 * ``local_step`` (step) → ``local_done`` (loss sum, samples)
 * ``finish`` → ``finished`` (trained device part and aux head)
+* ``identify`` (K models, sample positions; own data only) → ``identified`` (IFCA's cluster)
 
 Every reply carries ``compute_s``: device compute since the previous reply. The server never
 sends code or pickles: commands are JSON fields plus raw tensors (:mod:`splitfl.net.wire`).
@@ -31,8 +34,11 @@ import torch
 from splitfl.config import ExperimentConfig
 from splitfl.data import load_dataset
 from splitfl.data.clients import client_partition
+from splitfl.data.local import LocalData
 from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
 from splitfl.models import ModelPart, build_model
+from splitfl.models.base import lowest_loss_state
+from splitfl.net.announce import build_announcement, data_mismatch
 from splitfl.net.emulation import FORWARD_SHARE, Profile, stretch, transfer
 from splitfl.net.peer import PeerEndpoint
 from splitfl.net.wire import (
@@ -62,6 +68,14 @@ class DeviceOptions:
     peer_listen: str | None = "127.0.0.1:0"
     #: the address peers dial (default: the listen address)
     peer_address: str | None = None
+    #: the device's own training data (``--data``; ``splitfl.data.local``), None = the
+    #: server's dataset from ``data_root``, partitioned by the server's seed
+    data: str | None = None
+    data_format: str = "npz"
+    #: Laplace ε of the announced label histograms (the server's may be smaller)
+    histogram_epsilon: float | None = None
+    #: seed of the histogram noise (None: fresh OS entropy, unknown to the server)
+    noise_seed: int | None = None
 
 
 class Refused(RuntimeError):
@@ -69,7 +83,8 @@ class Refused(RuntimeError):
 
 
 class ClientData:
-    """The samples of the clients this device hosts (and nothing else)."""
+    """The samples of the clients this device hosts (and nothing else): its partition of the
+    server's dataset, or (:meth:`from_local`) its own data."""
 
     def __init__(self, config: ExperimentConfig, clients: list[int], data_root: str | None):
         d = config.data
@@ -83,6 +98,28 @@ class ClientData:
             x, y = bundle.train.x[idx].clone(), bundle.train.y[idx].clone()
             self.samples[c] = (x, y, np.arange(len(idx)))
 
+    @classmethod
+    def from_local(cls, local: LocalData, clients: list[int], spec: dict) -> ClientData:
+        """The device's own data (``--data``) for the ``clients`` the server welcomed, checked
+        against the server's model (``spec``: ``input_shape``, ``num_classes``); a mismatch
+        is refused in one line (:class:`Refused`)."""
+        if None in local:  # one unnamed client's data: the one client the server gave it
+            if len(clients) != 1:
+                raise Refused(f"data mismatch: {len(clients)} clients assigned, data for one")
+            local = {clients[0]: local[None]}
+        missing = sorted(set(clients) - set(local))
+        if missing:
+            raise Refused(f"data mismatch: no local data for clients {missing}")
+        for c in clients:
+            x, y = local[c]
+            problem = data_mismatch(tuple(x.shape[1:]), int(y.max()), spec)
+            if problem:
+                raise Refused(f"data mismatch: client {c}: {problem}")
+        self = cls.__new__(cls)
+        self.input_shape, self.num_classes = tuple(spec["input_shape"]), int(spec["num_classes"])
+        self.samples = {c: (*local[c], np.arange(len(local[c][1]))) for c in clients}
+        return self
+
 
 #: Share of the part's per-sample FLOPs each command computes (emulation).
 _COMPUTE_SHARE = {
@@ -92,7 +129,7 @@ _COMPUTE_SHARE = {
     "local_step": 1.0,
 }
 #: Commands a device answers.
-COMMANDS = ("begin", "forward", "backward", "head_update", "local_step", "finish")
+COMMANDS = ("begin", "forward", "backward", "head_update", "local_step", "finish", "identify")
 
 
 class DeviceAgent:
@@ -117,7 +154,15 @@ class DeviceAgent:
         #: handlers of the device-to-device session commands (set by the connection loop,
         #: :mod:`splitfl.net.device_session`): command → handler(agent, client, message)
         self.sessions: dict = {}
+        #: what the device announced of its own data (``data.source: devices``), once
+        self.announced: dict | None = None
         self.warm_up()
+
+    def announcement(self, spec: dict, epsilon: float | None, seed: int) -> dict:
+        """What this device announces of its clients' data (``ready``'s ``data`` field,
+        :func:`~splitfl.net.announce.build_announcement`)."""
+        data = {c: (x, y) for c, (x, y, _) in self.data.samples.items()}
+        return build_announcement(data, spec, epsilon, seed)
 
     def abort_event(self, session) -> threading.Event:
         """The event that tells device-to-device session ``session`` (the seq of its command)
@@ -195,6 +240,20 @@ class DeviceAgent:
         loss_sum, samples = self.roles[c].local_step(msg.fields["step"])
         self.last_batch[c] = samples
         return Message("local_done", {"loss_sum": loss_sum, "samples": samples})
+
+    def _on_identify(self, c: int, msg: Message) -> Message:
+        """IFCA's cluster identity on this client's own samples at the given positions: the
+        index of the lowest-loss model among the ``models`` sent (``m0.*``, ``m1.*``, …)."""
+        x, y, _ = self.data.samples[c]
+        pos = msg.fields.get("positions")
+        k = msg.fields.get("models")
+        ok = isinstance(pos, list) and all(type(p) is int and 0 <= p < len(y) for p in pos)
+        if not ok or not pos or type(k) is not int or not 1 <= k <= 64:
+            raise WireError("identify: bad positions or model count")
+        states = [state_from(f"m{j}", msg.tensors) for j in range(k)]
+        take = torch.as_tensor(pos)
+        cluster = lowest_loss_state(self.model, states, x[take], y[take])
+        return Message("identified", {"cluster": cluster})
 
     def _on_finish(self, c: int, msg: Message) -> Message:
         part, aux = self.roles.pop(c).states()

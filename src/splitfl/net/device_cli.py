@@ -3,7 +3,7 @@
 Example (on the device; the server runs ``splitfl server CONFIG --listen 0.0.0.0:7070 ...``)::
 
     splitfl device --server 10.0.0.1:7070 --name jetson-3 --token-file jetson-3.token \\
-        --ca-cert ca.pem --data-root ./data \\
+        --ca-cert ca.pem --data ./my-data \\
         --peer-listen 0.0.0.0:7071 --peer-address 10.0.0.13:7071
 
 The device also listens for its peers (RingSFL's ring neighbours, ParallelSFL's top worker or
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from splitfl.data.local import FORMATS
 from splitfl.net.auth import AuthSetupError, channel_credentials, read_token
 from splitfl.net.device import DeviceOptions
 from splitfl.net.device_session import run_device
@@ -32,7 +33,24 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--name", required=True, help="this device's name (as in the tokens file)")
     p.add_argument("--token-file", required=True, help="file holding this device's token")
     p.add_argument("--ca-cert", help="PEM certificate to trust (TLS); without it: plain text")
-    p.add_argument("--data-root", help="dataset folder (default: the config's data.root)")
+    p.add_argument(
+        "--data-root",
+        help="dataset folder when the server partitions one dataset (default: its data.root)",
+    )
+    p.add_argument(
+        "--data",
+        metavar="PATH",
+        help="this device's own training data (servers with data.source: devices): an .npz "
+        "with x, y (and optionally client) or a folder of <client id>.npz files",
+    )
+    p.add_argument("--format", default="npz", choices=FORMATS, help="the format of --data")
+    p.add_argument(
+        "--histogram-epsilon",
+        type=float,
+        metavar="EPS",
+        help="add Laplace noise (scale 1/EPS: EPS-DP) to the announced label histograms",
+    )
+    p.add_argument("--noise-seed", type=int, help="seed of that noise (default: fresh OS entropy)")
     p.add_argument(
         "--client-id",
         default="",
@@ -73,7 +91,17 @@ def options_from(args: argparse.Namespace) -> DeviceOptions:
         compression=args.compression,
         peer_listen=None if args.peer_listen == "none" else args.peer_listen,
         peer_address=args.peer_address,
+        data=args.data,
+        data_format=args.format,
+        histogram_epsilon=_epsilon(args.histogram_epsilon),
+        noise_seed=args.noise_seed,
     )
+
+
+def _epsilon(value: float | None) -> float | None:
+    if value is not None and not 1e-6 <= value <= 1e6:
+        raise ValueError(f"--histogram-epsilon: must be in [1e-6, 1e6] (got {value})")
+    return value
 
 
 def run_from_args(args: argparse.Namespace) -> int:

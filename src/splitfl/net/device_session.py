@@ -12,6 +12,7 @@ loop serves a link to a peer's listener (ParallelSFL's bottom worker answering i
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -20,6 +21,8 @@ import grpc
 
 from splitfl.config import ConfigError, ExperimentConfig, from_dict
 from splitfl.data.base import DatasetError
+from splitfl.data.local import LocalData, load_local
+from splitfl.net.announce import effective_epsilon
 from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
 from splitfl.net.emulation import Profile
@@ -84,7 +87,12 @@ def run_device(opts: DeviceOptions, log=print, agent_cls: type | None = None) ->
         log(f"splitfl device {opts.name}: cannot listen for peers: {err}")
         return 2
     try:
-        return _serve_server(opts, log, agent_cls or DeviceAgent, peer)
+        local = load_local(opts.data, opts.data_format) if opts.data else None
+    except DatasetError as err:
+        log(f"splitfl device {opts.name}: error: {err}")
+        return 2
+    try:
+        return _serve_server(opts, log, agent_cls or DeviceAgent, peer, local)
     finally:
         if peer is not None:
             peer.stop()
@@ -101,12 +109,12 @@ def _peer_endpoint(opts: DeviceOptions) -> PeerEndpoint | None:
     )
 
 
-def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None) -> int:
+def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None, local) -> int:
     delay, gave_up_at = 0.5, time.monotonic() + opts.retry_s
     agent: DeviceAgent | None = None
     while True:
         try:
-            agent, done = _session(opts, agent, log, agent_cls, peer)
+            agent, done = _session(opts, agent, log, agent_cls, peer, local=local)
             if done:
                 return 0
             gave_up_at, delay = time.monotonic() + opts.retry_s, 0.5
@@ -147,10 +155,12 @@ def _session(
     peer: PeerEndpoint | None,
     to_peer: bool = False,
     watch=None,
+    local: LocalData | None = None,
 ) -> tuple[DeviceAgent | None, bool]:
     """One connection: hello, welcome, then commands until bye (True) or the stream ends.
     ``to_peer``: the connection is a device-to-device link to a peer's listener (ParallelSFL's
-    top worker) serving ``agent``'s client ``opts.clients[0]``."""
+    top worker) serving ``agent``'s client ``opts.clients[0]``. ``local``: the device's own
+    data (``--data``), announced after the welcome."""
     # chunks are at most the server's chunk size (told in welcome), messages at most ours
     limit = opts.max_message_bytes + 1024
     options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
@@ -161,7 +171,7 @@ def _session(
     outbox: queue.Queue = queue.Queue()
     chunking = {"bytes": 1 << 16}  # until the server's welcome says its chunk size
     hello = {"protocol": PROTOCOL_VERSION, "name": opts.name, "token": opts.token}
-    hello["clients"] = list(opts.clients)
+    hello["clients"] = list(opts.clients) if to_peer else hello_clients(opts, local)
     if peer is not None:
         hello["peer"] = peer.announce()
     outbox.put(encode(Message("hello", hello)))
@@ -170,7 +180,8 @@ def _session(
     if watch is not None:
         watch(stream)
     try:
-        return _serve(opts, stream, outbox, agent, log, agent_cls, chunking, peer, to_peer)
+        setup = (agent_cls, peer, to_peer, local)
+        return _serve(opts, stream, outbox, agent, log, setup, chunking)
     except grpc.RpcError as err:
         if err.code() in _REFUSALS:
             raise Refused(err.details()) from None
@@ -181,10 +192,9 @@ def _session(
         channel.close()
 
 
-def _serve(opts, stream, outbox, agent, log, agent_cls, chunking, peer, to_peer):
+def _serve(opts, stream, outbox, agent, log, setup, chunking):
     """Read the server's messages; commands go to the client's worker thread."""
     workers = ClientWorkers(outbox, stream.cancel)
-    setup = (agent_cls, peer, to_peer)
     try:
         return _read_commands(opts, stream, outbox, agent, log, setup, chunking, workers)
     except grpc.RpcError:
@@ -198,7 +208,7 @@ def _serve(opts, stream, outbox, agent, log, agent_cls, chunking, peer, to_peer)
 def _read_commands(
     opts, stream, outbox, agent, log, setup, chunking, workers
 ) -> tuple[DeviceAgent | None, bool]:
-    agent_cls, peer, to_peer = setup
+    agent_cls, peer, to_peer, local = setup
     assembler = Reassembler(opts.max_message_bytes)
     for chunk in stream:
         data = assembler.feed(chunk)
@@ -212,14 +222,16 @@ def _read_commands(
                 raise WireError(f"bad chunk size {size!r} in welcome")
             chunking["bytes"] = size
             if not to_peer and (agent is None or sorted(agent.data.samples) != sorted(clients)):
-                config = from_dict(ExperimentConfig, msg.fields["config"])
-                agent = agent_cls(config, ClientData(config, clients, opts.data_root))
+                agent = _new_agent(opts, msg.fields, clients, agent_cls, local, outbox)
                 agent.peer, agent.options, agent.sessions = peer, opts, SESSION_HANDLERS
-            outbox.put(encode(Message("ready")))
+            ready = {} if to_peer else _announce(opts, agent, msg.fields.get("data"), local)
+            outbox.put(encode(Message("ready", ready)))
             if not to_peer:
                 log(f"splitfl device {opts.name}: connected, hosting clients {clients}")
             continue
         if msg.type == "bye":
+            if msg.fields.get("refused"):
+                raise Refused(str(msg.fields["refused"])[:300])
             return agent, True
         if msg.type == "abort" and agent is not None:
             agent.abort_event(msg.fields.get("session")).set()
@@ -228,6 +240,45 @@ def _read_commands(
             raise WireError(f"{msg.type!r} before welcome")
         workers.dispatch(agent, msg, len(data))
     return agent, False
+
+
+def hello_clients(opts: DeviceOptions, local: LocalData | None) -> list[int]:
+    """The clients a device asks to host: ``--client-id``, or those its own data names."""
+    if local is None or None in local or opts.clients:
+        return list(opts.clients)
+    return sorted(local)
+
+
+def _new_agent(opts, welcome: dict, clients, agent_cls, local, outbox) -> DeviceAgent:
+    """The agent for the welcomed clients: the server's dataset partitioned by its seed, or
+    the device's own data (a device that cannot serve the server's data mode tells the
+    server why — it logs the same line — and exits 2)."""
+    config = from_dict(ExperimentConfig, welcome["config"])
+    spec = welcome.get("data") or {}
+    try:
+        if spec.get("own") and local is None:
+            raise Refused("the server's clients train on the devices' own data: give --data")
+        if local is None:
+            return agent_cls(config, ClientData(config, clients, opts.data_root))
+        return agent_cls(config, ClientData.from_local(local, clients, spec))
+    except Refused as err:
+        outbox.put(encode(Message("refuse", {"reason": str(err)})))
+        time.sleep(0.2)  # let the line reach the server before the stream closes
+        raise
+
+
+def _announce(opts: DeviceOptions, agent: DeviceAgent, spec: dict | None, local) -> dict:
+    """``ready``'s fields: with own data, the announcement of the clients' data (computed
+    once per process: a reconnect repeats it, noise included)."""
+    if local is None or spec is None:
+        return {}
+    if getattr(agent, "announced", None) is None:
+        eps = effective_epsilon(spec.get("histogram_epsilon"), opts.histogram_epsilon)
+        seed = opts.noise_seed
+        if seed is None:
+            seed = int.from_bytes(os.urandom(8), "little") >> 1
+        agent.announced = agent.announcement(spec, eps, seed)
+    return {"data": agent.announced}
 
 
 class ClientWorkers:

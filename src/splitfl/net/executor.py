@@ -26,6 +26,7 @@ from splitfl.config import ExperimentConfig
 from splitfl.executors.fleet import GroupRun, group_runs, run_group, server_role
 from splitfl.executors.roles import Runtime
 from splitfl.models import BlockModel
+from splitfl.net.client_data import RemoteClientData
 from splitfl.net.d2d import ClusterEmulation, D2DRound, run_cluster
 from splitfl.net.emulation import Profile
 from splitfl.net.fleet import Expect, Meter, RemoteFleet, TimedServer, expect_for
@@ -47,8 +48,21 @@ class NetworkedExecutor:
 
     def open(self, ctx, run_dir: Path) -> None:
         """Start listening (and the local device processes, if any) and wait for devices."""
-        self.session = NetworkSession(self.config, ctx.num_clients, run_dir)
+        own = self.config.data.source == "devices"
+        data = {
+            "input_shape": list(ctx.bundle.input_shape),
+            "num_classes": int(ctx.bundle.num_classes),
+            "own": own,
+            "histogram_epsilon": self.config.network.histogram_epsilon,
+        }
+        self.session = NetworkSession(self.config, ctx.num_clients, run_dir, data)
         self.session.start()
+        if own:  # computations on a client's own samples (IFCA's identity) run on its device
+            ctx.client_compute = RemoteClientData(self.session.hub, self.config.network.timeout_s)
+
+    def announced(self) -> dict:
+        """``data.source: devices``: client → what its device announced at join."""
+        return dict(self.session.hub.announced)
 
     def close(self) -> None:
         if self.session is not None:
@@ -184,7 +198,7 @@ def emulated_profiles(ctx, plan: RoundPlan, links: bool = True) -> dict[int, Pro
 def expectations(ctx, model: BlockModel, plan: RoundPlan) -> Expect:
     """What valid device replies look like for ``plan``'s cut points."""
     cuts = sorted({t.cut for t in plan.tasks})
-    return expect_for(model, ctx.bundle.train.x[:1], ctx.bundle.num_classes, cuts)
+    return expect_for(model, ctx.bundle.test.x[:1], ctx.bundle.num_classes, cuts)
 
 
 def measured_fields(m: Meter, wall: float) -> dict[str, float]:

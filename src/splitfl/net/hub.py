@@ -13,6 +13,7 @@ burst over the rate limit closes the device's link; waiting calls see the link a
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from splitfl.net.announce import Announced, AnnouncementError, check_announcement
 from splitfl.net.auth import TokenBook
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
@@ -105,6 +107,12 @@ class Hub:
     def __init__(self, settings: HubSettings, tokens: TokenBook, num_clients: int, welcome: dict):
         self.settings, self.tokens, self.num_clients = settings, tokens, num_clients
         self.welcome = welcome
+        #: the model's input shape and class count and whether devices bring their own data
+        #: (``data.source: devices``); None on a device's peer listener (no checks)
+        self.data_spec: dict | None = welcome.get("data")
+        #: client → what its device announced at its first join (``data.source: devices``)
+        self.announced: dict[int, Announced] = {}
+        self.log = lambda line: print(line, file=sys.stderr, flush=True)
         self.links: dict[str, DeviceLink] = {}
         self.lock = threading.Condition()
         self.server: grpc.Server | None = None
@@ -188,6 +196,18 @@ class Hub:
                 left = deadline - time.monotonic()
                 if len(ready) == len(set(clients)) or left <= 0 or (abort and abort.is_set()):
                     return ready
+                self.lock.wait(min(left, 0.2))
+
+    def wait_announced(self, timeout_s: float) -> list[int]:
+        """Block until every client's data has been announced (``data.source: devices``) or
+        ``timeout_s`` passed; the clients still missing."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while True:
+                missing = [c for c in range(self.num_clients) if c not in self.announced]
+                left = deadline - time.monotonic()
+                if not missing or left <= 0:
+                    return missing
                 self.lock.wait(min(left, 0.2))
 
     def _linked(self, client: int) -> bool:
@@ -282,6 +302,7 @@ class Hub:
             "clients": link.clients,
             "config": self.welcome["config"],
             "chunk_bytes": self.settings.chunk_bytes,
+            **({"data": self.data_spec} if self.data_spec is not None else {}),
         }
 
     def _read(self, link: DeviceLink, requests, assembler: Reassembler) -> None:
@@ -299,7 +320,13 @@ class Hub:
                 if limit and count > limit:
                     raise WireError(f"more than {limit:g} messages per second")
                 message = decode(data)
-                if message.type == "ready" and not link.ready:
+                if message.type in ("ready", "refuse") and not link.ready:
+                    refusal = self._check_data(link, message)
+                    if refusal is not None:
+                        self.log(f"splitfl server: device {link.name} refused: {refusal}")
+                        link.send(Message("bye", {"refused": refusal}))
+                        link.close(f"refused: {refusal}")
+                        return
                     with self.lock:
                         link.ready = True
                         self.lock.notify_all()
@@ -316,6 +343,34 @@ class Hub:
         finally:
             with self.lock:
                 self.lock.notify_all()
+
+    def _check_data(self, link: DeviceLink, ready: Message) -> str | None:
+        """Why a device's ``ready`` is refused (its data announcement, or the device's own
+        ``refuse`` of a data mismatch), or None; keeps a valid announcement (the first
+        announcement of a client stands; a later one must repeat its sample count)."""
+        spec, data = self.data_spec, ready.fields.get("data")
+        if ready.type == "refuse":
+            return str(ready.fields.get("reason"))[:300]
+        if spec is None or (not spec.get("own") and data is None):
+            return None
+        if not spec.get("own"):
+            return (
+                "this server partitions its own dataset (data.source: partition); start the "
+                "device without --data"
+            )
+        try:
+            got = check_announcement(data, link.name, link.clients, spec)
+        except AnnouncementError as err:
+            return f"data announcement: {err}"
+        with self.lock:
+            for c, a in got.items():
+                first = self.announced.get(c, a)
+                if first.samples != a.samples:
+                    return f"client {c}: {a.samples} samples, {first.samples} at its first join"
+            for c, a in got.items():
+                self.announced.setdefault(c, a)
+            self.lock.notify_all()
+        return None
 
 
 def _first_message(requests: Iterator[bytes], assembler: Reassembler) -> Message:

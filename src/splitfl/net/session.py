@@ -3,8 +3,10 @@
 :class:`NetworkSession` reads the ``network`` section: it loads the tokens file (or, for device
 processes it starts itself, makes one token per process in a private temporary folder), the
 TLS key and certificate, starts the :class:`~splitfl.net.hub.Hub`, starts ``network.devices``
-device processes on this machine (``splitfl launch``), waits for enough devices and writes
-``network.json`` (address, local device processes) into the run directory.
+device processes on this machine (``splitfl launch``; with ``network.data_dir`` each reads its
+own folder), waits for enough devices (and, with ``data.source: devices``, for every client's
+data announcement) and writes ``network.json`` (address, local device processes) into the run
+directory.
 """
 
 from __future__ import annotations
@@ -26,8 +28,14 @@ from splitfl.net.hub import Hub, HubSettings
 class NetworkSession:
     """Start/stop the server side of a networked run."""
 
-    def __init__(self, config: ExperimentConfig, num_clients: int, run_dir: Path):
+    def __init__(
+        self, config: ExperimentConfig, num_clients: int, run_dir: Path, data: dict | None = None
+    ):
+        """``data``: the model's ``input_shape`` and ``num_classes``, whether the devices bring
+        their own data (``own``) and the server's ``histogram_epsilon`` (sent in the welcome;
+        the hub checks the devices' announcements against it)."""
         self.config, self.num_clients, self.run_dir = config, num_clients, Path(run_dir)
+        self.data = data
         self.net = config.network
         self.hub: Hub | None = None
         self.procs: list[tuple[str, list[int], subprocess.Popen]] = []
@@ -57,6 +65,8 @@ class NetworkSession:
             rate_limit=n.rate_limit,
         )
         welcome = {"config": self.config.to_dict(), "block": math.ceil(self.num_clients / need)}
+        if self.data is not None:
+            welcome["data"] = self.data
         self.hub = Hub(settings, book, self.num_clients, welcome)
         host = n.listen.rpartition(":")[0]
         try:
@@ -66,6 +76,7 @@ class NetworkSession:
         self.address = f"{host}:{port}"
         self._spawn(tokens, port)
         self._wait(need)
+        self._wait_data()
         self._write_info()
 
     def _spawn(self, tokens: dict[str, str], port: int) -> None:
@@ -82,7 +93,10 @@ class NetworkSession:
             clients = [k for k in range(self.num_clients) if k % n.devices == i]
             cmd = [sys.executable, "-m", "splitfl.net.device_cli", "--server", f"{host}:{port}"]
             cmd += ["--name", name, "--token-file", str(token_file), "--retry-s", "10"]
-            cmd += ["--client-id", ",".join(map(str, clients))]
+            if n.data_dir:  # the device's own files name its clients
+                cmd += ["--data", str(Path(n.data_dir) / name)]
+            else:
+                cmd += ["--client-id", ",".join(map(str, clients))]
             cmd += ["--max-message-mb", str(n.max_message_mb)]
             if n.tls_cert:
                 cmd += ["--ca-cert", n.ca_cert or n.tls_cert]
@@ -108,6 +122,19 @@ class NetworkSession:
                         f"{ready} of {need} devices ready after {self.net.connect_timeout_s:g} s"
                         f"{why if dead else ''}"
                     ) from None
+
+    def _wait_data(self) -> None:
+        """``data.source: devices``: every client's data must be announced before the first
+        round (the algorithm plans with every client's sample count and histogram)."""
+        if not (self.data or {}).get("own"):
+            return
+        missing = self.hub.wait_announced(self.net.connect_timeout_s)
+        if missing:
+            self.stop()
+            raise RuntimeError(
+                f"no device announced the data of clients {missing[:20]} within "
+                f"{self.net.connect_timeout_s:g} s (data.num_clients={self.num_clients})"
+            )
 
     def wait_ready(self) -> None:
         """Before a round: wait (up to ``rejoin_s``) until ``min_devices`` devices are ready

@@ -1,0 +1,90 @@
+"""The clients' data view of a run (``clients.json``) and, with ``data.source: devices``, its
+adoption from what the devices announced when they joined (``devices.json``).
+
+With the devices' own data the server knows a client's data only by its device's announcement:
+sample count and label histogram (validated by :mod:`splitfl.net.announce`). Once the
+networked executor has every client's announcement, :func:`adopt_device_data` puts them into
+the run's context — every sample-weighted aggregation, S²FL's data-balance grouping and
+MergeSFL's / ParallelSFL's KL terms read ``ctx.data_sizes`` / ``ctx.label_hist`` — and
+rebuilds the algorithm on them. A resumed run keeps the view it started with: the devices
+must announce the same sample counts (the plan's step counts depend on them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from splitfl.atomic import write_atomic
+from splitfl.config import ConfigError
+
+if TYPE_CHECKING:
+    from splitfl.experiment.context import RunContext
+    from splitfl.experiment.runner import Prepared
+
+
+def write_clients(ctx: RunContext, path: Path) -> None:
+    """``clients.json``: each client's sample count, label histogram and device profile."""
+    clients = [
+        {
+            "client": c,
+            "samples": int(ctx.data_sizes[c]),
+            "label_histogram": ctx.label_hist[c].tolist(),
+            "device": ctx.population.devices[c].to_dict(),
+        }
+        for c in range(ctx.num_clients)
+    ]
+    write_atomic(path, json.dumps({"server": ctx.population.server.to_dict(), "clients": clients}))
+
+
+def adopt_device_data(prep: Prepared, executor, run_dir: Path, resuming: bool) -> None:
+    """``data.source: devices``: the announced sample counts and histograms become the run's
+    data view (``clients.json``), the algorithm is rebuilt on them, and ``devices.json``
+    records which device provided which clients. Resuming, the recorded view stays."""
+    if prep.config.data.source != "devices":
+        return
+    announced = executor.announced()  # client -> Announced, every client present
+    n = prep.ctx.num_clients
+    sizes = [announced[c].samples for c in range(n)]
+    hist = np.array([announced[c].histogram for c in range(n)], dtype=np.int64)
+    if resuming:
+        sizes, hist = _recorded(run_dir / "clients.json", sizes, hist)
+    prep.ctx.adopt_announced(sizes, hist)
+    prep.algorithm = type(prep.algorithm)(prep.algorithm.options, prep.ctx)
+    write_clients(prep.ctx, run_dir / "clients.json")
+    write_atomic(run_dir / "devices.json", json.dumps(_record(announced), indent=1) + "\n")
+
+
+def _record(announced: dict) -> dict:
+    """``devices.json``: device name → its clients with what it announced."""
+    devices: dict[str, list[dict]] = {}
+    for c, a in sorted(announced.items()):
+        entry = {"client": c, "samples": a.samples, "label_histogram": list(a.histogram)}
+        entry["histogram_epsilon"] = a.epsilon
+        devices.setdefault(a.device, []).append(entry)
+    return {"devices": [{"name": k, "clients": v} for k, v in sorted(devices.items())]}
+
+
+def _recorded(path: Path, sizes: list[int], hist: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """The view the run started with (its ``clients.json``), if the announced sample counts
+    still match it; a one-line ConfigError otherwise."""
+    try:
+        rows = json.loads(path.read_text())["clients"]
+        old = [int(r["samples"]) for r in rows]
+        old_hist = np.array([r["label_histogram"] for r in rows], dtype=np.int64)
+    except (OSError, ValueError, KeyError, TypeError):
+        return sizes, hist  # stopped before its first round: a fresh view
+    if old_hist.shape != hist.shape:
+        raise ConfigError("--resume", f"{path}: {old_hist.shape} histograms, not {hist.shape}")
+    if old != sizes:
+        diff = next(c for c in range(len(sizes)) if old[c] != sizes[c])
+        got = old[diff]
+        raise ConfigError(
+            "--resume",
+            f"client {diff}'s device announced {sizes[diff]} samples; the run started with "
+            f"{got} (resume with the same devices and data)",
+        )
+    return sizes, old_hist
