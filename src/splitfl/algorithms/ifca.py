@@ -99,7 +99,7 @@ class IFCA(Algorithm):
         """Cluster identity: argmin over the K cluster models of the loss on the client's own
         samples (:func:`~splitfl.models.base.lowest_loss_state`)."""
         x, y = self.client_samples(client, rng)
-        return lowest_loss_state(self.ctx.model, self.models, x, y)
+        return lowest_loss_state(self.ctx.model, self.models, x, y, self.ctx.config.train.loss)
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         full = self.ctx.num_blocks

@@ -67,6 +67,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "train.lr_min": Range(0, 1e9),
     "train.momentum": Range(0, 1, hi_open=True),
     "train.weight_decay": Range(0, 1),
+    "train.eps": Range(0, 1, lo_open=True),
     "train.explode_factor": Range(0, 1e30),
     "train.explode_recovery": Range(0, 1e30),
     "eval.target_accuracy": Range(0, 1, lo_open=True),
@@ -206,8 +207,18 @@ def validate(config: ExperimentConfig) -> None:
         "train.explode_recovery",
         f"must be in [1, train.explode_factor={f}], or 0/null to disable (got {r})",
     )
+    _check(
+        len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas),
+        "train.betas",
+        f"two values in [0, 1), like [0.9, 0.999] (got {t.betas})",
+    )
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")
+    _check(
+        len(e.metrics) >= 1 and len(set(e.metrics)) == len(e.metrics),
+        "eval.metrics",
+        f"a non-empty list without repeats, like [accuracy] (got {e.metrics})",
+    )
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
     _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
     _validate_tracking(config.output.tracking)

@@ -16,7 +16,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
@@ -27,6 +26,7 @@ from splitfl.executors.common import (
     to_memory_format,
 )
 from splitfl.models import BlockModel, ModelPart
+from splitfl.training import loss_fn
 
 
 @dataclass
@@ -226,12 +226,14 @@ class WorkerRow:
 @dataclass(frozen=True)
 class RowRunner:
     """How a bucket of rows runs: ``mode`` ``vmap`` (one batched call) or ``rows`` (one call
-    per row on row leaves sharing the stacked state), on ``device`` at ``precision``."""
+    per row on row leaves sharing the stacked state), on ``device`` at ``precision``, with
+    training loss ``loss`` (``train.loss``)."""
 
     mode: str
     device: torch.device
     precision: str
     channels_last: bool
+    loss: str = "cross_entropy"
 
     def forward(
         self,
@@ -283,10 +285,11 @@ def model_part(model: BlockModel, start: int, stop: int) -> tuple[ModelPart, lis
     return part, list(part.state_dict())
 
 
-def row_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-row summed cross-entropy of ``[rows, batch, classes]`` logits."""
-    flat = F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), y.flatten(), reduction="none")
-    return flat.view(y.shape).sum(1)
+def row_losses(logits: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
+    """Per-row summed ``loss`` (``train.loss``) of ``[rows, batch, outputs]`` logits against
+    ``[rows, batch, ...]`` targets."""
+    flat = loss_fn(loss)(at_least_fp32(logits.flatten(0, 1)), y.flatten(0, 1), reduction="none")
+    return flat.view(y.shape[:2]).sum(1)
 
 
 def check_finite(losses: torch.Tensor, bucket: list[WorkerRow]) -> None:

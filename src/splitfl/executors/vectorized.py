@@ -119,7 +119,8 @@ class VectorizedExecutor:
         model: BlockModel = copy.deepcopy(ctx.model).to(self.device)
         model.load_state_dict(global_state)
         model.train()
-        runner = RowRunner(self.mode, self.device, self.precision, self.channels_last)
+        loss = ctx.config.train.loss
+        runner = RowRunner(self.mode, self.device, self.precision, self.channels_last, loss)
         if plan.ring is not None:
             return run_batched_ring(runner, ctx, model, plan, round_seed, self._train_data(ctx))
         round_ = self._start_round(ctx, model, plan, round_seed, runner)

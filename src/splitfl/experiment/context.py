@@ -19,6 +19,7 @@ from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
 from splitfl.seeding import rng_for
 from splitfl.system import ClientCost, Population, draw_population, split_client_cost
 from splitfl.system.devices import with_variation
+from splitfl.training import target_problem
 
 
 @dataclass
@@ -129,14 +130,22 @@ class RunContext:
 
 
 def _check_label_range(config: ExperimentConfig, bundle: DatasetBundle, outputs: int) -> None:
-    """Every label must index one of the model's ``outputs`` logits (else cross-entropy fails
-    mid-run with an IndexError)."""
-    top = max(int(bundle.train.y.max()), int(bundle.test.y.max()))
-    if top >= outputs:
-        raise ConfigError(
-            "model",
-            f"{config.model} has {outputs} outputs but {config.data.dataset} labels reach {top}",
-        )
+    """The targets must fit ``train.loss`` on the model's ``outputs`` logits: class labels
+    below ``outputs`` (else cross-entropy fails mid-run with an IndexError), float targets of
+    ``outputs`` values per sample (:func:`~splitfl.training.target_problem`)."""
+    loss = config.train.loss
+    if loss == "cross_entropy" and not bundle.train.y.is_floating_point():
+        top = max(int(bundle.train.y.max()), int(bundle.test.y.max()))
+        if top >= outputs:
+            raise ConfigError(
+                "model",
+                f"{config.model} has {outputs} outputs but {config.data.dataset} labels "
+                f"reach {top}",
+            )
+    for split in (bundle.train, bundle.test):
+        problem = target_problem(loss, split.y, outputs)
+        if problem:
+            raise ConfigError("train.loss", f"{loss} {problem} ({config.data.dataset})")
 
 
 def read_data(config: ExperimentConfig) -> DatasetBundle:
@@ -166,7 +175,10 @@ def build_context(config: ExperimentConfig) -> RunContext:
     d = config.data
     bundle = read_data(config)
     parts = client_partition(config, bundle)
-    hist = label_histograms(bundle.train.y.numpy(), parts, bundle.num_classes)
+    if config.train.loss == "cross_entropy":
+        hist = label_histograms(bundle.train.y.numpy(), parts, bundle.num_classes)
+    else:  # no class labels (regression, multi-label): no label histograms
+        hist = np.zeros((len(parts), 0), dtype=np.int64)
     population = draw_population(
         config.devices.preset,
         d.num_clients,
