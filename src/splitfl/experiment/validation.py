@@ -47,6 +47,8 @@ def check_recipe(config: ExperimentConfig) -> None:
     t, e = config.train, config.eval
     _choice(t.loss, list(LOSSES), "train.loss")
     _choice(t.optimizer, list(OPTIMIZERS), "train.optimizer")
+    if t.loss != "cross_entropy":
+        _check_class_labels(config)
     for name in e.metrics:
         problem = metric_problem(name, t.loss)
         if problem:
@@ -59,19 +61,21 @@ def check_recipe(config: ExperimentConfig) -> None:
             f"{t.optimizer}: executor: vectorized trains its rows with SGD only; "
             "use executor: sequential",
         )
-    if t.loss == "cross_entropy":
-        return
-    if config.data.partition in LABEL_PARTITIONS and config.executor != "timing":
-        raise ConfigError(
-            "data.partition",
-            f"{config.data.partition} deals samples by class label and train.loss: {t.loss} "
-            "has none; use iid",
-        )
+
+
+def _check_class_labels(config: ExperimentConfig) -> None:
+    """A loss without class labels: the algorithm must not need them, nor the partition."""
+    loss = config.train.loss
     cls = resolve_algorithm(config.algorithm, config.options)[0]
     if cls.needs_class_labels:
         raise ConfigError(
-            "train.loss",
-            f"{config.algorithm}'s {cls.needs_class_labels}; use cross_entropy",
+            "train.loss", f"{config.algorithm}'s {cls.needs_class_labels}; use cross_entropy"
+        )
+    if config.data.partition in LABEL_PARTITIONS and config.executor != "timing":
+        raise ConfigError(
+            "data.partition",
+            f"{config.data.partition} deals samples by class label and train.loss: {loss} "
+            "has none; use iid",
         )
 
 
