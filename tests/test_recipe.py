@@ -147,7 +147,8 @@ def _one_client_round(algorithm: str, optimizer: str, **changes):
         "train.lr": 0.01,
         "train.optimizer": optimizer,
         "train.weight_decay": 0.01,
-        "train.betas": [0.8, 0.99],
+        "train.beta1": 0.8,
+        "train.beta2": 0.99,
     }
     changes = {**recipe, **changes, "train.clients_per_round": 1}
     cfg = as_config(tiny_config(algorithm=algorithm, **changes))
@@ -293,7 +294,7 @@ def test_classification_records_top_k_and_macro_f1(tmp_path):
         ({"train.loss": "hinge"}, "train.loss: unknown 'hinge'; allowed: cross_entropy, mse"),
         ({"train.optimizer": "rmsprop"}, "train.optimizer: unknown 'rmsprop'; allowed: sgd"),
         ({"eval.metrics": ["top0"]}, "eval.metrics: unknown 'top0'; allowed: accuracy"),
-        ({"train.betas": [0.9]}, "train.betas: two values in [0, 1)"),
+        ({"train.beta2": 1.0}, "train.beta2: must be < 1"),
         ({"eval.metrics": []}, "eval.metrics: a non-empty list without repeats"),
     ],
 )

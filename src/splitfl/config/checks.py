@@ -67,6 +67,8 @@ FLOAT_RANGES: dict[str, Range] = {
     "train.lr_min": Range(0, 1e9),
     "train.momentum": Range(0, 1, hi_open=True),
     "train.weight_decay": Range(0, 1),
+    "train.beta1": Range(0, 1, hi_open=True),
+    "train.beta2": Range(0, 1, hi_open=True),
     "train.eps": Range(0, 1, lo_open=True),
     "train.explode_factor": Range(0, 1e30),
     "train.explode_recovery": Range(0, 1e30),
@@ -206,11 +208,6 @@ def validate(config: ExperimentConfig) -> None:
         not r or 1 <= r <= (f or r),
         "train.explode_recovery",
         f"must be in [1, train.explode_factor={f}], or 0/null to disable (got {r})",
-    )
-    _check(
-        len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas),
-        "train.betas",
-        f"two values in [0, 1), like [0.9, 0.999] (got {t.betas})",
     )
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")

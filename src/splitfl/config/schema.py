@@ -83,8 +83,9 @@ class TrainConfig:
     The recipe (:mod:`splitfl.training`): ``loss`` is ``cross_entropy`` (int class labels),
     ``mse`` (regression, float targets) or ``bce_logits`` (multi-label, float multi-hot
     targets ``[N, C]``); ``optimizer`` is ``sgd`` (``momentum``, ``weight_decay``), ``adam``
-    or ``adamw`` (``betas``, ``eps``; ``weight_decay`` is Adam's L2 term or AdamW's decoupled
-    decay). Optimiser state lives for one local round (built afresh every round)."""
+    or ``adamw`` (``beta1``, ``beta2``, ``eps``: torch's defaults; ``weight_decay`` is Adam's
+    L2 term or AdamW's decoupled decay). Optimiser state lives for one local round (built
+    afresh every round)."""
 
     clients_per_round: int = 10
     batch_size: int = 128
@@ -97,7 +98,8 @@ class TrainConfig:
     local_steps: int | None = None
     loss: str = "cross_entropy"
     optimizer: str = "sgd"
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    beta1: float = 0.9
+    beta2: float = 0.999
     eps: float = 1e-8
     #: Explosion check (a divergence that never reaches NaN/inf): stop with exit code 3 when
     #: the round's training loss exceeds ``explode_factor`` × the initial model's test loss

@@ -2,8 +2,9 @@
 
 * ``sgd`` (default; S²FL §5, MergeSFL §V-A) — ``torch.optim.SGD`` with ``train.momentum`` and
   ``train.weight_decay`` (L2 added to the gradient).
-* ``adam`` — ``torch.optim.Adam`` with ``train.betas``, ``train.eps`` and ``train.weight_decay``
-  (L2 added to the gradient, torch's Adam semantics).
+* ``adam`` — ``torch.optim.Adam`` with ``train.beta1``/``beta2``, ``train.eps`` (torch's
+  defaults 0.9, 0.999, 1e-8) and ``train.weight_decay`` (L2 added to the gradient, torch's
+  Adam semantics).
 * ``adamw`` — ``torch.optim.AdamW``: the same moments with *decoupled* weight decay
   (Loshchilov & Hutter 2019); ``train.weight_decay`` is its coefficient (0 by default, not
   torch's 0.01, so that changing the optimiser changes nothing else).
@@ -35,6 +36,6 @@ def make_optimizer(params: Iterable[torch.Tensor], lr: float, train) -> torch.op
         )
     if name in ("adam", "adamw"):
         cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
-        betas = (float(train.betas[0]), float(train.betas[1]))
+        betas = (train.beta1, train.beta2)
         return cls(params, lr=lr, betas=betas, eps=train.eps, weight_decay=train.weight_decay)
     raise ValueError(f"unknown optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")
