@@ -1,8 +1,10 @@
 """The training recipe: ``train.loss``, ``train.optimizer`` and ``eval.metrics``."""
 
+import ast
 import copy
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from conftest import tiny_config
 from splitfl.config import ConfigError
 from splitfl.data.base import ArrayDataset, DatasetBundle, register_dataset
 from splitfl.executors import EXECUTORS, SequentialExecutor
-from splitfl.executors.common import client_batches
+from splitfl.executors.common import client_batches, evaluate
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.experiment.validation import validate_config
@@ -122,6 +124,11 @@ def test_macro_f1_multi_label_by_hand():
     assert score("macro_f1", out, y) == pytest.approx(2 / 3)
 
 
+def test_targets_of_the_wrong_size_are_refused_not_broadcast():
+    with pytest.raises(ValueError, match="targets of shape"):
+        loss_fn("mse")(torch.zeros(2, 3), torch.zeros(2))
+
+
 def test_mse_metric_by_hand():
     assert score("mse", torch.tensor([[1.0], [3.0]]), torch.tensor([0.0, 1.0])) == 2.5
 
@@ -198,13 +205,20 @@ def test_regression_round_equals_a_plain_torch_loop():
 @pytest.mark.parametrize("use_vmap", [True, False], ids=["vmap", "rows"])
 @pytest.mark.parametrize(
     ("algorithm", "task"),
-    [("fedavg", REGRESSION), ("splitfed_v1", REGRESSION), ("splitfed_v1", MULTILABEL)],
+    [
+        ("fedavg", {**REGRESSION, "train.momentum": 0.9}),
+        ("splitfed_v1", {**REGRESSION, "train.momentum": 0.9}),
+        ("splitfed_v1", {**MULTILABEL, "train.momentum": 0.9}),
+        ("ringsfl", {**REGRESSION, "data.num_clients": 4, "train.clients_per_round": 4}),
+    ],
 )
 def test_vectorized_equals_sequential_for_mse_and_bce(algorithm, task, use_vmap, monkeypatch):
+    """The batched rows (split step, batched ring) compute the sequential executor's losses
+    and updates under ``mse`` and ``bce_logits`` (float targets ``[rows, batch, ...]``)."""
     monkeypatch.setitem(
         EXECUTORS, "vectorized", lambda *a: VectorizedExecutor(*a, use_vmap=use_vmap)
     )
-    cfg = as_config(tiny_config(algorithm=algorithm, **{**task, "train.momentum": 0.9}))
+    cfg = as_config(config_for(algorithm, **task))
     prep = prepare(cfg, dtype=torch.float64)
     ctx, alg = prep.ctx, prep.algorithm
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
@@ -216,6 +230,37 @@ def test_vectorized_equals_sequential_for_mse_and_bce(algorithm, task, use_vmap,
         assert u.loss_sum == pytest.approx(v.loss_sum, rel=1e-9)
         for k in u.state:
             assert torch.allclose(u.state[k], v.state[k], atol=1e-9), k
+
+
+def test_non_finite_metrics_are_recorded_as_null():
+    """A diverged model's loss and metrics are null, not NaN (metrics rows are strict JSON)."""
+
+    class Diverged(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return torch.full((len(x), 3), math.nan) + self.w
+
+    x, y = torch.zeros(4, 2), torch.tensor([0, 1, 2, 0])
+    values = evaluate(Diverged(), x, y, 2, "cross_entropy", ["accuracy", "macro_f1"])
+    assert values["loss"] is None and set(values) == {"loss", "accuracy", "macro_f1"}
+    assert all(v is None or math.isfinite(v) for v in values.values())
+    out = evaluate(Diverged(), x, torch.zeros(4, 3), 2, "mse", ["mse"])
+    assert out == {"loss": None, "mse": None}
+
+
+def test_the_recipe_imports_nothing_of_splitfl_but_itself():
+    """``splitfl.training`` sits at the bottom: executors, algorithms, models and device
+    processes all import it."""
+    root = Path(splitfl.__file__).parent / "training"
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith("splitfl.") or node.module.startswith(
+                    "splitfl.training"
+                ), (path.name, node.module)
 
 
 # -- whole runs ------------------------------------------------------------------------------

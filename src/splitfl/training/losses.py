@@ -35,6 +35,8 @@ def _as_targets(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch
     y = y.to(out.dtype)
     if out.shape != y.shape and out.numel() == y.numel():
         out = out.reshape(y.shape)
+    if out.shape != y.shape:  # never broadcast one target over several outputs
+        raise ValueError(f"targets of shape {list(y.shape)} for outputs {list(out.shape)}")
     return out.reshape(len(out), -1), y.reshape(len(y), -1)
 
 
