@@ -144,6 +144,15 @@ def test_lowest_loss_state_uses_the_run_loss():
 
 
 # -- optimisers ------------------------------------------------------------------------------
+def _first_round(cfg):
+    """(context, algorithm, start state, plan, round seed) of round 0, in float64."""
+    prep = prepare(cfg, dtype=torch.float64)
+    ctx, alg = prep.ctx, prep.algorithm
+    start = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+    plan = alg.plan_round(0, alg.select_clients(0, rng_for(cfg.seed, "select", 0)), rng_for(0, "p"))
+    return ctx, alg, start, plan, derive_seed(cfg.seed, "b", 0)
+
+
 def _one_client_round(algorithm: str, optimizer: str, **changes):
     """One round of ``algorithm`` with one client in float64; the updated state and what a
     plain torch loop (the whole model, one optimiser) gives from the same start."""
@@ -160,11 +169,7 @@ def _one_client_round(algorithm: str, optimizer: str, **changes):
     }
     changes = {**recipe, **changes, "train.clients_per_round": 1}
     cfg = as_config(tiny_config(algorithm=algorithm, **changes))
-    prep = prepare(cfg, dtype=torch.float64)
-    ctx, alg = prep.ctx, prep.algorithm
-    start = {k: v.clone() for k, v in ctx.model.state_dict().items()}
-    plan = alg.plan_round(0, alg.select_clients(0, rng_for(cfg.seed, "select", 0)), rng_for(0, "p"))
-    seed = derive_seed(cfg.seed, "b", 0)
+    ctx, alg, start, plan, seed = _first_round(cfg)
     result = SequentialExecutor().run_round(ctx, start, plan, seed)
     got = alg.aggregate(start, plan, result)
 
@@ -219,12 +224,7 @@ def test_vectorized_equals_sequential_for_mse_and_bce(algorithm, task, use_vmap,
     monkeypatch.setitem(
         EXECUTORS, "vectorized", lambda *a: VectorizedExecutor(*a, use_vmap=use_vmap)
     )
-    cfg = as_config(config_for(algorithm, **task))
-    prep = prepare(cfg, dtype=torch.float64)
-    ctx, alg = prep.ctx, prep.algorithm
-    state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
-    plan = alg.plan_round(0, alg.select_clients(0, rng_for(cfg.seed, "select", 0)), rng_for(0, "p"))
-    seed = derive_seed(cfg.seed, "b", 0)
+    ctx, _, state, plan, seed = _first_round(as_config(config_for(algorithm, **task)))
     ref = SequentialExecutor().run_round(ctx, state, plan, seed)
     got = EXECUTORS["vectorized"]().run_round(ctx, state, plan, seed)
     for u, v in zip(ref.updates, got.updates, strict=True):
