@@ -212,21 +212,29 @@ def test_regression_round_equals_a_plain_torch_loop():
 @pytest.mark.parametrize(
     ("algorithm", "task"),
     [
+        ("fedavg", {**REGRESSION, "train.optimizer": "adam", "train.weight_decay": 0.01}),
+        ("splitfed_v1", {**REGRESSION, "train.optimizer": "adamw", "train.weight_decay": 0.1}),
+        ("s2fl", {"train.optimizer": "adam", "train.weight_decay": 0.01}),
+        ("mergesfl", {"train.optimizer": "adamw", "train.weight_decay": 0.1}),
         ("fedavg", {**REGRESSION, "train.momentum": 0.9}),
         ("splitfed_v1", {**REGRESSION, "train.momentum": 0.9}),
         ("splitfed_v1", {**MULTILABEL, "train.momentum": 0.9}),
         ("ringsfl", {**REGRESSION, "data.num_clients": 4, "train.clients_per_round": 4}),
     ],
 )
-def test_vectorized_equals_sequential_for_mse_and_bce(algorithm, task, use_vmap, monkeypatch):
+def test_vectorized_equals_sequential_for_each_recipe(algorithm, task, use_vmap, monkeypatch):
     """The batched rows (split step, batched ring) compute the sequential executor's losses
-    and updates under ``mse`` and ``bce_logits`` (float targets ``[rows, batch, ...]``)."""
+    and updates under ``mse`` and ``bce_logits`` (float targets ``[rows, batch, ...]``) and
+    with Adam/AdamW per row (:func:`~splitfl.executors.rowstack.adam_rows`), mixed cuts and
+    several steps included (S²FL, MergeSFL)."""
     monkeypatch.setitem(
         EXECUTORS, "vectorized", lambda *a: VectorizedExecutor(*a, use_vmap=use_vmap)
     )
     ctx, _, state, plan, seed = _first_round(as_config(config_for(algorithm, **task)))
     ref = SequentialExecutor().run_round(ctx, state, plan, seed)
-    got = EXECUTORS["vectorized"]().run_round(ctx, state, plan, seed)
+    vectorized = EXECUTORS["vectorized"]()
+    got = vectorized.run_round(ctx, state, plan, seed)
+    assert vectorized.fallbacks == 0  # the rows ran, not the reference loop
     for u, v in zip(ref.updates, got.updates, strict=True):
         assert u.loss_sum == pytest.approx(v.loss_sum, rel=1e-9)
         for k in u.state:
@@ -357,11 +365,6 @@ def test_classification_records_top_k_and_macro_f1(tmp_path):
         (
             {"algorithm": "fedavg", "data.partition": "iid", "train.loss": "mse"},
             "eval.metrics: accuracy needs train.loss: cross_entropy (got mse); use loss or mse",
-        ),
-        (
-            {"executor": "vectorized", "train.optimizer": "adam"},
-            "train.optimizer: adam: executor: vectorized trains its rows with SGD only; "
-            "use executor: sequential",
         ),
         (
             {"eval.metrics": ["loss"], "eval.target_accuracy": 0.5},

@@ -55,12 +55,6 @@ def check_recipe(config: ExperimentConfig) -> None:
             raise ConfigError("eval.metrics", problem)
     if e.target_accuracy is not None and "accuracy" not in e.metrics:
         raise ConfigError("eval.target_accuracy", "needs accuracy in eval.metrics; use null")
-    if t.optimizer != "sgd" and config.executor == "vectorized":
-        raise ConfigError(
-            "train.optimizer",
-            f"{t.optimizer}: executor: vectorized trains its rows with SGD only; "
-            "use executor: sequential",
-        )
 
 
 def _check_class_labels(config: ExperimentConfig) -> None:
