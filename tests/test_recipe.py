@@ -17,6 +17,7 @@ from splitfl.data.base import ArrayDataset, DatasetBundle, register_dataset
 from splitfl.executors import EXECUTORS, SequentialExecutor
 from splitfl.executors.common import client_batches, evaluate
 from splitfl.executors.vectorized import VectorizedExecutor
+from splitfl.experiment.checkpoint import identity_mismatch, run_identity
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.experiment.validation import validate_config
 from splitfl.models.base import lowest_loss_state
@@ -398,3 +399,16 @@ def test_targets_that_do_not_fit_the_loss_are_one_line(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"^train.loss: mse needs float targets"):
         splitfl.run(cfg, run_dir=tmp_path / "x")
+
+
+def test_checkpoints_from_before_the_recipe_fields_resume():
+    """A checkpoint written before ``train.loss``/``optimizer``/``eval.metrics`` existed
+    lacks them in its identity; at their defaults the run is the same run (a resume was
+    refused: "the config differs in eval.metrics ("<unset>" vs ["accuracy"]) ...")."""
+    config = as_config(tiny_config())
+    recipe = ("train.loss", "train.optimizer", "train.beta1", "train.beta2", "train.eps")
+    old = {k: v for k, v in run_identity(config).items() if k not in (*recipe, "eval.metrics")}
+    stored = {"config": json.dumps(old, sort_keys=True), "sha256": "from an older version"}
+    assert identity_mismatch(stored, config) is None
+    changed = as_config(tiny_config(**{"train.optimizer": "adam"}))
+    assert "train.optimizer" in identity_mismatch(stored, changed)
