@@ -44,6 +44,10 @@ class Algorithm:
     #: What stands in for :attr:`training_signals` under ``executor: timing``, in one line;
     #: "" with signals declared = ``executor: timing`` refuses the algorithm.
     timing_stand_in: ClassVar[str] = ""
+    #: What of the control needs class labels (the clients' label histograms), in one line;
+    #: "" = none, so any ``train.loss`` runs. Set: a ``train.loss`` other than
+    #: ``cross_entropy`` (regression, multi-label) is refused at validation.
+    needs_class_labels: ClassVar[str] = ""
 
     def __init__(self, options: Any, ctx: Any):
         """``ctx``: the run's :class:`~splitfl.experiment.context.RunContext` (handed in by the

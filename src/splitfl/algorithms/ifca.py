@@ -111,7 +111,7 @@ class IFCA(Algorithm):
         if remote is not None:
             return remote.lowest_loss(client, self.models, self.estimate_positions(client, rng))
         x, y = self.client_samples(client, rng)
-        return lowest_loss_state(self.ctx.model, self.models, x, y)
+        return lowest_loss_state(self.ctx.model, self.models, x, y, self.ctx.config.train.loss)
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         full = self.ctx.num_blocks

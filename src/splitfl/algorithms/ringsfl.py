@@ -100,7 +100,13 @@ class RingSFLOptions:
 
 def check_plain_sgd(train) -> None:
     """RingSFL's ring step is plain SGD (Alg. 2 and Eq. 6-7; the authors' code uses no momentum
-    or weight decay): reject a config that asks for either rather than ignore it."""
+    or weight decay): reject a config that asks for either, or another optimiser, rather than
+    ignore it."""
+    if train.optimizer != "sgd":
+        raise ConfigError(
+            "train.optimizer",
+            f"RingSFL trains with plain SGD (Alg. 2, Eq. 6-7); must be sgd (got {train.optimizer})",
+        )
     for name in ("momentum", "weight_decay"):
         value = getattr(train, name)
         if value:

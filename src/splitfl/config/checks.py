@@ -67,6 +67,9 @@ FLOAT_RANGES: dict[str, Range] = {
     "train.lr_min": Range(0, 1e9),
     "train.momentum": Range(0, 1, hi_open=True),
     "train.weight_decay": Range(0, 1),
+    "train.beta1": Range(0, 1, hi_open=True),
+    "train.beta2": Range(0, 1, hi_open=True),
+    "train.eps": Range(0, 1, lo_open=True),
     "train.explode_factor": Range(0, 1e30),
     "train.explode_recovery": Range(0, 1e30),
     "eval.target_accuracy": Range(0, 1, lo_open=True),
@@ -220,6 +223,11 @@ def validate(config: ExperimentConfig) -> None:
     )
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")
+    _check(
+        len(e.metrics) >= 1 and len(set(e.metrics)) == len(e.metrics),
+        "eval.metrics",
+        f"a non-empty list without repeats, like [accuracy] (got {e.metrics})",
+    )
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
     _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
     _validate_tracking(config.output.tracking)

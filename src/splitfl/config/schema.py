@@ -86,7 +86,14 @@ class DevicesConfig:
 class TrainConfig:
     """Local training. ``local_steps`` (if set) replaces ``local_epochs`` by a fixed number of
     iterations per round. Defaults follow S²FL §5 (batch 128, SGD lr 0.01). The learning rate
-    of round h is ``max(lr_min, lr * lr_decay**h)`` (MergeSFL §V-A: 0.993 per round)."""
+    of round h is ``max(lr_min, lr * lr_decay**h)`` (MergeSFL §V-A: 0.993 per round).
+
+    The recipe (:mod:`splitfl.training`): ``loss`` is ``cross_entropy`` (int class labels),
+    ``mse`` (regression, float targets) or ``bce_logits`` (multi-label, float multi-hot
+    targets ``[N, C]``); ``optimizer`` is ``sgd`` (``momentum``, ``weight_decay``), ``adam``
+    or ``adamw`` (``beta1``, ``beta2``, ``eps``: torch's defaults; ``weight_decay`` is Adam's
+    L2 term or AdamW's decoupled decay). Optimiser state lives for one local round (built
+    afresh every round)."""
 
     clients_per_round: int = 10
     batch_size: int = 128
@@ -97,6 +104,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     local_epochs: int = 1
     local_steps: int | None = None
+    loss: str = "cross_entropy"
+    optimizer: str = "sgd"
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
     #: Explosion check (a divergence that never reaches NaN/inf): stop with exit code 3 when
     #: the round's training loss exceeds ``explode_factor`` × the initial model's test loss
     #: for ``explode_rounds`` rounds in a row, or exceeds it once and stays above
@@ -112,9 +124,16 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
+    """Test-set evaluation every ``every`` rounds. ``metrics`` (recorded per round as
+    ``test_acc``, ``test_loss``, ``test_<name>``; the test loss always): ``accuracy``,
+    ``top<k>`` (e.g. ``top5``) and ``macro_f1`` for classification, ``macro_f1`` for
+    ``train.loss: bce_logits``, ``mse`` for ``train.loss: mse``, ``loss`` alone for the loss
+    only (:mod:`splitfl.training.scores`). ``target_accuracy`` needs ``accuracy``."""
+
     every: int = 1
     batch_size: int = 1000
     target_accuracy: float | None = None
+    metrics: list[str] = field(default_factory=lambda: ["accuracy"])
 
 
 #: Optional per-round metric loggers for ``output.tracking`` and the package each needs.

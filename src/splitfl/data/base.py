@@ -158,11 +158,16 @@ def _check_split(part: ArrayDataset, split: str, bundle: DatasetBundle, where: s
     n = len(part.x)
     if n == 0:
         fail("holds no samples")
-    if part.y.dtype != torch.int64 or tuple(part.y.shape) != (n,):
+    targets = part.y.is_floating_point()  # regression / multi-hot targets (train.loss)
+    if targets and (part.y.dim() == 0 or len(part.y) != n):
+        fail(f"targets must be float [{n}, ...], got {list(part.y.shape)}")
+    if not targets and (part.y.dtype != torch.int64 or tuple(part.y.shape) != (n,)):
         fail(f"labels must be int64 [{n}], got {part.y.dtype} {list(part.y.shape)}")
     if tuple(part.x.shape[1:]) != tuple(bundle.input_shape):
         fail(f"inputs have shape {list(part.x.shape[1:])}, expected {list(bundle.input_shape)}")
-    lo, hi = int(part.y.min()), int(part.y.max())
+    if targets and not bool(torch.isfinite(part.y).all()):
+        fail("holds NaN or infinite targets")
+    lo, hi = (0, 0) if targets else (int(part.y.min()), int(part.y.max()))
     if lo < 0 or hi >= bundle.num_classes:
         fail(f"labels span {lo}..{hi}, outside 0..{bundle.num_classes - 1}")
     if part.writers is not None and part.writers.shape != (n,):
@@ -173,8 +178,10 @@ def _check_split(part: ArrayDataset, split: str, bundle: DatasetBundle, where: s
 
 def check_bundle(bundle: DatasetBundle, where: str) -> None:
     """Invariants every loader's output must meet, whatever the format: both splits non-empty,
-    int64 labels in ``0..num_classes-1``, inputs of ``input_shape``, finite values, one writer
-    id per sample. Raises a one-line :class:`DatasetFileError` starting with ``where``."""
+    int64 labels in ``0..num_classes-1`` (or finite float targets ``[N, ...]`` for
+    ``train.loss: mse``/``bce_logits``, checked against the loss when the run is built),
+    inputs of ``input_shape``, finite values, one writer id per sample. Raises a one-line
+    :class:`DatasetFileError` starting with ``where``."""
     for split, part in (("train", bundle.train), ("test", bundle.test)):
         _check_split(part, split, bundle, where)
 

@@ -83,7 +83,7 @@ class _BatchedRing:
                     (r, rank[id(w)], v[i])
                     for i, (r, w) in enumerate(zip(rows, bucket, strict=True))
                 )
-        means = row_losses(h, y) / y.shape[1]
+        means = row_losses(h, y, self.runner.loss) / y.shape[1]
         check_finite(means, bucket)
         weights = torch.tensor(
             [self.ring.weights[w.task.client] for w in bucket], dtype=means.dtype

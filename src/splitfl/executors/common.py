@@ -1,4 +1,4 @@
-"""Helpers shared by every executor: batches, precision, memory format, SGD, evaluation.
+"""Helpers shared by every executor: batches, precision, memory format, optimiser, evaluation.
 
 Executors (:mod:`splitfl.executors.sequential`, :mod:`splitfl.executors.vectorized`) run a
 :class:`~splitfl.plan.RoundPlan`; what they need of the run is the model, the data and the
@@ -8,14 +8,15 @@ training hyperparameters (:class:`~splitfl.config.TrainConfig`), never the whole
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from splitfl.config import TrainConfig
 from splitfl.models import BlockModel
+from splitfl.training import loss_fn, make_optimizer, score
 
 
 class NonFiniteLossError(RuntimeError):
@@ -28,11 +29,10 @@ def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
-def sgd(module: nn.Module, lr: float, train: TrainConfig) -> torch.optim.Optimizer:
-    """Plain torch SGD over ``module``'s trainable parameters with the run's momentum and
-    weight decay (``train``: the run's :class:`~splitfl.config.TrainConfig`)."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    return torch.optim.SGD(params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay)
+def local_optimizer(module: nn.Module, lr: float, train: TrainConfig) -> torch.optim.Optimizer:
+    """``train.optimizer`` (:func:`~splitfl.training.make_optimizer`: SGD with the run's
+    momentum and weight decay, Adam, AdamW) over ``module``'s trainable parameters."""
+    return make_optimizer((p for p in module.parameters() if p.requires_grad), lr, train)
 
 
 def client_batches(
@@ -83,17 +83,28 @@ def detached(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def evaluate(
-    model: BlockModel, x: torch.Tensor, y: torch.Tensor, batch_size: int
-) -> tuple[float, float]:
-    """Accuracy and mean cross-entropy of ``model`` on ``(x, y)`` in eval mode."""
+    model: BlockModel,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+    loss: str = "cross_entropy",
+    metrics: tuple[str, ...] | list[str] = ("accuracy",),
+) -> dict[str, float | None]:
+    """The mean test ``loss`` (key ``loss``) and each of ``metrics``
+    (:func:`~splitfl.training.score`) of ``model`` on ``(x, y)`` in eval mode; a value that is
+    not finite is None (metrics rows are strict JSON)."""
     model.eval()
     device = next(model.parameters()).device
-    correct, loss_sum = 0, 0.0
+    criterion = loss_fn(loss)
+    loss_sum, outputs = 0.0, []
     with torch.no_grad():
         for start in range(0, len(y), batch_size):
             xb = x[start : start + batch_size].to(device)
             yb = y[start : start + batch_size].to(device)
-            logits = model(xb)
-            loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
-            correct += int((logits.argmax(1) == yb).sum())
-    return correct / len(y), loss_sum / len(y)
+            out = model(xb)
+            loss_sum += criterion(out, yb, reduction="sum").item()
+            outputs.append(out.cpu())
+    out = torch.cat(outputs)
+    values = {"loss": loss_sum / len(y)}
+    values.update({m: score(m, out, y) for m in metrics if m != "loss"})
+    return {k: v if math.isfinite(v) else None for k, v in values.items()}

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from splitfl.models.base import BlockModel
 from splitfl.plan import RingSpec
+from splitfl.training import loss_fn
 
 
 def ring_batch_update(
@@ -34,9 +34,12 @@ def ring_batch_update(
     weights: Mapping[int, float],
     lr: float,
     dynamic_lr: bool,
+    loss: str = "cross_entropy",
 ) -> dict[int, float]:
     """One BatchUpdate step for every client in ``batches`` (Alg. 2), updating ``models`` in
-    place with plain SGD (v2: per-block rate × |U_j,(k)|, Eq. 7). Returns each client's loss."""
+    place with plain SGD (v2: per-block rate × |U_j,(k)|, Eq. 7). Returns each client's mean
+    ``loss`` (``train.loss``)."""
+    criterion = loss_fn(loss)
     for m in models.values():
         m.zero_grad(set_to_none=True)
     ring = RingSpec(list(order), dict(lengths), dict(weights), dynamic_lr)
@@ -45,9 +48,9 @@ def ring_batch_update(
         h = x
         for client, lo, hi in ring.segments(start):
             h = models[client](h, lo, hi)
-        loss = F.cross_entropy(h, y)
-        (weights[start] * loss).backward()
-        losses[start] = loss.item()
+        value = criterion(h, y)
+        (weights[start] * value).backward()
+        losses[start] = value.item()
     num_blocks = next(iter(models.values())).num_blocks
     counts = ring.overlap_counts(num_blocks, list(batches))
     for client, model in models.items():
@@ -91,8 +94,9 @@ class RingMember:
     momentum, cumulative averages included): the member ends with the reference's statistics.
     """
 
-    def __init__(self, client: int, model: BlockModel, ring: RingSpec):
+    def __init__(self, client: int, model: BlockModel, ring: RingSpec, loss: str = "cross_entropy"):
         self.client, self.model, self.ring = client, model, ring
+        self.criterion = loss_fn(loss)
         self.saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         self.backward_done = 0
         self.norms = [
@@ -139,7 +143,7 @@ class RingMember:
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Hop N at the batch's own client: ∂(a_i·loss_i)/∂logits and loss_i."""
         leaf = logits.detach().requires_grad_()
-        loss = F.cross_entropy(leaf, labels)
+        loss = self.criterion(leaf, labels)
         (self.ring.weights[self.client] * loss).backward()
         return leaf.grad, loss.item()
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from splitfl.config import TrainConfig
@@ -29,12 +28,13 @@ from splitfl.executors.common import (
     check_finite,
     client_batches,
     detached,
+    local_optimizer,
     precision_context,
-    sgd,
     to_memory_format,
 )
 from splitfl.plan import ClientTask, RoundPlan
 from splitfl.seeding import derive_seed
+from splitfl.training import loss_fn
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class DeviceRole:
         seed = derive_seed(round_seed, task.client)
         self.batches = client_batches(indices, task.batch_size, task.steps, seed)
         trainable = nn.ModuleList([part] if aux is None else [part, aux])
-        self.optimizer = sgd(trainable, task.lr, train)
+        self.optimizer = local_optimizer(trainable, task.lr, train)
+        self.loss = loss_fn(train.loss)
         self._fx: torch.Tensor | None = None
         self._y: torch.Tensor | None = None
 
@@ -100,14 +101,14 @@ class DeviceRole:
 
     def head_update(self) -> None:
         """``device_loss: local``: step on the aux head's loss on the last smashed data."""
-        loss = F.cross_entropy(self.runtime.forward(self.aux, self._fx), self._y)
+        loss = self.loss(self.runtime.forward(self.aux, self._fx), self._y)
         self._step(loss)
         self._fx = None
 
     def local_step(self, step: int) -> tuple[float, int]:
         """A whole-model step on the device (cut = all blocks, FedAvg): (loss sum, samples)."""
         x, y = self.batch(step)
-        loss = F.cross_entropy(self.runtime.forward(self.part, x), y)
+        loss = self.loss(self.runtime.forward(self.part, x), y)
         self._step(loss)
         return loss.item() * len(y), len(y)
 
@@ -149,7 +150,8 @@ class ServerRole:
         gen: np.random.Generator,
     ):
         self.part, self.plan, self.runtime, self.gen = part, plan, runtime, gen
-        self.optimizer = sgd(part, lr, train)
+        self.optimizer = local_optimizer(part, lr, train)
+        self.loss = loss_fn(train.loss)
 
     @property
     def stop(self) -> int:
@@ -180,14 +182,14 @@ class ServerRole:
         return out
 
     def _member_losses(self, sent: list[Smashed], inputs) -> list[torch.Tensor]:
-        """Each member's summed cross-entropy. ``separate``: one forward per member.
+        """Each member's summed loss (``train.loss``). ``separate``: one forward per member.
         ``concat`` (MergeSFL Eq. 16, S²FL's merged batches): one forward per cut point on its
         members' concatenated smashed data (member order), the output sliced back per member;
         autograd slices the input gradient the same way."""
         mode = self.plan.group_forward
         if mode == "separate":
             return [
-                F.cross_entropy(self._forward(fs, s.cut), s.labels, reduction="sum")
+                self.loss(self._forward(fs, s.cut), s.labels, reduction="sum")
                 for s, fs in zip(sent, inputs, strict=True)
             ]
         if mode != "concat":
@@ -199,7 +201,7 @@ class ServerRole:
         for cut, members in by_cut.items():
             fs = torch.cat([inputs[i] for i in members])
             y = torch.cat([sent[i].labels for i in members])
-            per_sample = F.cross_entropy(self._forward(fs, cut), y, reduction="none")
+            per_sample = self.loss(self._forward(fs, cut), y, reduction="none")
             sizes = [len(sent[i].labels) for i in members]
             for i, part in zip(members, per_sample.split(sizes), strict=True):
                 losses[i] = part.sum()
@@ -211,8 +213,8 @@ class ServerRole:
         for fm, cut, ya, yb, lam in mix_pairs(sent, self.gen, self.plan.mixup_alpha):
             out = self._forward(fm, cut)
             terms.append(
-                lam * F.cross_entropy(out, ya, reduction="sum")
-                + (1 - lam) * F.cross_entropy(out, yb, reduction="sum")
+                lam * self.loss(out, ya, reduction="sum")
+                + (1 - lam) * self.loss(out, yb, reduction="sum")
             )
             mixed_n += len(ya)
         if not terms:

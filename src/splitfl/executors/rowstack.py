@@ -16,10 +16,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
+from splitfl.config import TrainConfig
 from splitfl.executors.common import (
     NonFiniteLossError,
     at_least_fp32,
@@ -27,6 +27,7 @@ from splitfl.executors.common import (
     to_memory_format,
 )
 from splitfl.models import BlockModel, ModelPart
+from splitfl.training import loss_fn
 
 
 @dataclass
@@ -34,7 +35,8 @@ class RowStack:
     """Stacked copies ("rows") of one module's state, trained with row-wise SGD.
 
     ``params`` are leaf tensors ``[rows, ...]`` that collect gradients; ``buffers`` (BatchNorm
-    running statistics) are updated in place; ``momentum``/``started`` hold SGD's buffers.
+    running statistics) are updated in place; ``momentum``/``started`` hold SGD's buffers
+    (``momentum``, ``second``, ``steps``: Adam's moments and step counts).
     """
 
     params: dict[str, torch.Tensor]
@@ -42,6 +44,9 @@ class RowStack:
     lr: torch.Tensor
     momentum: dict[str, torch.Tensor] = field(default_factory=dict)
     started: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: Adam/AdamW: second moments and per-row step counts (first moments in ``momentum``)
+    second: dict[str, torch.Tensor] = field(default_factory=dict)
+    steps: dict[str, torch.Tensor] = field(default_factory=dict)
     row_leaves: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
 
     @classmethod
@@ -167,6 +172,47 @@ def sgd_rows(
                 p.copy_(torch.where(expand_rows(mask, p), step, p))
 
 
+def step_rows(stack: RowStack, masks: dict[str, torch.Tensor], train: TrainConfig) -> None:
+    """``train.optimizer`` applied to each row of ``stack`` where ``masks`` allow:
+    :func:`sgd_rows` or :func:`adam_rows`."""
+    if train.optimizer == "sgd":
+        sgd_rows(stack, masks, train.momentum, train.weight_decay)
+    else:
+        adam_rows(stack, masks, train)
+
+
+def adam_rows(stack: RowStack, masks: dict[str, torch.Tensor], train: TrainConfig) -> None:
+    """``torch.optim.Adam`` / ``AdamW`` (not amsgrad, not maximize) applied to each row
+    independently, with per-row step counts t: AdamW first decays p ← p·(1 − η·λ), Adam adds
+    λ·p to the gradient; m ← β1·m + (1−β1)·g; v ← β2·v + (1−β2)·g²;
+    p ← p − η/(1−β1^t) · m / (√v / √(1−β2^t) + ε). Rows where ``masks[name]`` is False
+    (no gradient this step) are left untouched, their moments and step counts too."""
+    stack.collect_row_grads()
+    b1, b2, eps, decay = train.beta1, train.beta2, train.eps, train.weight_decay
+    with torch.no_grad():
+        for name, p in stack.params.items():
+            g, mask = p.grad, masks.get(name)
+            if g is None or mask is None or not bool(mask.any()):
+                continue
+            on, lr = expand_rows(mask, p), expand_rows(stack.lr, p)
+            t = stack.steps.get(name, torch.zeros(stack.rows, dtype=p.dtype, device=p.device))
+            t = torch.where(mask, t + 1, t)
+            base = p * (1 - lr * decay) if train.optimizer == "adamw" and decay else p
+            if train.optimizer == "adam" and decay:
+                g = g.add(p, alpha=decay)
+            m0 = stack.momentum.get(name, torch.zeros_like(p))
+            v0 = stack.second.get(name, torch.zeros_like(p))
+            m = m0.lerp(g, 1 - b1)
+            v = v0.mul(b2).addcmul_(g, g, value=1 - b2)
+            tt = expand_rows(t.clamp(min=1), p)
+            denom = (v.sqrt() / (1 - b2**tt).sqrt()).add_(eps)
+            step = base - (lr / (1 - b1**tt)) * m / denom
+            p.copy_(torch.where(on, step, p))
+            stack.momentum[name] = torch.where(on, m, m0)
+            stack.second[name] = torch.where(on, v, v0)
+            stack.steps[name] = t
+
+
 def chain_ema(start: torch.Tensor, results: torch.Tensor, momentum: float) -> torch.Tensor:
     """The running statistic after k BatchNorm updates applied one after another, from k
     updates that each started from ``start``: with r_i = (1−m)·r0 + m·s_i,
@@ -226,12 +272,14 @@ class WorkerRow:
 @dataclass(frozen=True)
 class RowRunner:
     """How a bucket of rows runs: ``mode`` ``vmap`` (one batched call) or ``rows`` (one call
-    per row on row leaves sharing the stacked state), on ``device`` at ``precision``."""
+    per row on row leaves sharing the stacked state), on ``device`` at ``precision``, with
+    training loss ``loss`` (``train.loss``)."""
 
     mode: str
     device: torch.device
     precision: str
     channels_last: bool
+    loss: str = "cross_entropy"
 
     def forward(
         self,
@@ -283,10 +331,11 @@ def model_part(model: BlockModel, start: int, stop: int) -> tuple[ModelPart, lis
     return part, list(part.state_dict())
 
 
-def row_losses(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Per-row summed cross-entropy of ``[rows, batch, classes]`` logits."""
-    flat = F.cross_entropy(at_least_fp32(logits.flatten(0, 1)), y.flatten(), reduction="none")
-    return flat.view(y.shape).sum(1)
+def row_losses(logits: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
+    """Per-row summed ``loss`` (``train.loss``) of ``[rows, batch, outputs]`` logits against
+    ``[rows, batch, ...]`` targets."""
+    flat = loss_fn(loss)(at_least_fp32(logits.flatten(0, 1)), y.flatten(0, 1), reduction="none")
+    return flat.view(y.shape[:2]).sum(1)
 
 
 def check_finite(losses: torch.Tensor, bucket: list[WorkerRow]) -> None:

@@ -101,6 +101,7 @@ class SequentialExecutor:
                 ring.weights,
                 plan.tasks[0].lr,
                 ring.dynamic_lr,
+                ctx.config.train.loss,
             )
             for c, loss in losses.items():
                 check_finite(torch.tensor(loss), c)

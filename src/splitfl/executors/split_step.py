@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from splitfl.executors.roles import group_loss, own_grad_factor
 from splitfl.executors.rowstack import (
@@ -27,6 +26,7 @@ from splitfl.executors.rowstack import (
 )
 from splitfl.models import BlockModel, ModelPart
 from splitfl.plan import RoundPlan
+from splitfl.training import loss_fn
 
 
 @dataclass
@@ -91,7 +91,7 @@ def _device_forward(round_: SplitRound, active: list[WorkerRow], step: int) -> l
         out, buffers = round_.runner.forward(*round_.part(0, cut), stack, row_idx, x)
         stack.scatter_buffers(row_idx, buffers)
         if cut >= n:  # the whole model on the device (FedAvg)
-            losses = row_losses(out, y)
+            losses = row_losses(out, y, round_.runner.loss)
             check_finite(losses, bucket)
             (losses / y.shape[1]).sum().backward()
             account(bucket, losses, y.shape[1])
@@ -131,7 +131,7 @@ def _server_separate(round_: SplitRound, sent: list) -> tuple[list, dict]:
         out, buffers = round_.runner.forward(
             *round_.part(cut, n), stack, grows, fs, keep_stack_buffers=True, start=cut
         )
-        server_losses.append(row_losses(out, y))
+        server_losses.append(row_losses(out, y, round_.runner.loss))
         for i, r in enumerate(bucket):
             for k, v in buffers.items():
                 bn_results.setdefault(k, []).append((r, v[i]))
@@ -164,8 +164,8 @@ def _server_concat(round_: SplitRound, sent: list) -> tuple[list, dict]:
         out, buffers = round_.runner.forward(
             *round_.part(cut, n), stack, grows, x, keep_stack_buffers=True, start=cut
         )
-        per_sample = F.cross_entropy(out.flatten(0, 1), y.flatten(), reduction="none")
-        per_sample = per_sample.view(y.shape)
+        loss = loss_fn(round_.runner.loss)
+        per_sample = loss(out.flatten(0, 1), y.flatten(0, 1), reduction="none").view(y.shape[:2])
         for row, b in enumerate(batches):
             sizes = [sent[j][3].shape[1] for _, j, _ in b]
             for (_, j, i), part in zip(b, per_sample[row].split(sizes), strict=True):

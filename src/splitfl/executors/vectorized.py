@@ -45,9 +45,10 @@ import copy
 import torch
 from torch import nn
 
+from splitfl.config import TrainConfig
 from splitfl.executors.batched_ring import run_batched_ring
 from splitfl.executors.common import client_batches
-from splitfl.executors.rowstack import RowRunner, RowStack, WorkerRow, bn_momenta, sgd_rows
+from splitfl.executors.rowstack import RowRunner, RowStack, WorkerRow, bn_momenta, step_rows
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.split_step import SplitRound, split_step
 from splitfl.models import BlockModel, ModelPart, block_index
@@ -119,7 +120,8 @@ class VectorizedExecutor:
         model: BlockModel = copy.deepcopy(ctx.model).to(self.device)
         model.load_state_dict(global_state)
         model.train()
-        runner = RowRunner(self.mode, self.device, self.precision, self.channels_last)
+        loss = ctx.config.train.loss
+        runner = RowRunner(self.mode, self.device, self.precision, self.channels_last, loss)
         if plan.ring is not None:
             return run_batched_ring(runner, ctx, model, plan, round_seed, self._train_data(ctx))
         round_ = self._start_round(ctx, model, plan, round_seed, runner)
@@ -128,7 +130,7 @@ class VectorizedExecutor:
             active = [r for r in round_.rows.values() if step < r.task.steps]
             for chunk in self._chunks(active):
                 split_step(round_, chunk, step)
-            self._sgd(round_, active, step, cfg.momentum, cfg.weight_decay)
+            self._step(round_, active, step, cfg)
         return self._result(round_)
 
     def _start_round(
@@ -191,23 +193,23 @@ class VectorizedExecutor:
         stack = RowStack.from_states(server_part, [base] * len(split_groups), lrs, self.device)
         return stack, server_part
 
-    def _sgd(
-        self, round_: SplitRound, active: list[WorkerRow], step: int, momentum: float, decay: float
+    def _step(
+        self, round_: SplitRound, active: list[WorkerRow], step: int, train: TrainConfig
     ) -> None:
-        """Row-wise SGD after a step: device rows of the active workers; server row g, block b
-        where an active member of g has cut ≤ b."""
+        """Row-wise ``train.optimizer`` after a step: device rows of the active workers; server
+        row g, block b where an active member of g has cut ≤ b."""
         for cut, stack in round_.device_stacks.items():
             on = torch.zeros(stack.rows, dtype=torch.bool, device=self.device)
             for r in active:
                 if r.cut == cut:
                     on[r.row] = True
-            sgd_rows(stack, dict.fromkeys(stack.params, on), momentum, decay)
+            step_rows(stack, dict.fromkeys(stack.params, on), train)
             stack.zero_grad()
         server_stack = round_.server_stack
         if server_stack is not None:
             n = round_.model.num_blocks
             masks = self._server_masks(server_stack, round_.member_order, step, n)
-            sgd_rows(server_stack, masks, momentum, decay)
+            step_rows(server_stack, masks, train)
             server_stack.zero_grad()
 
     @staticmethod

@@ -20,6 +20,7 @@ from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
 from splitfl.seeding import rng_for
 from splitfl.system import ClientCost, Population, draw_population, split_client_cost
 from splitfl.system.devices import with_variation
+from splitfl.training import target_problem
 
 
 @dataclass
@@ -142,14 +143,26 @@ class RunContext:
 
 
 def _check_label_range(config: ExperimentConfig, bundle: DatasetBundle, outputs: int) -> None:
-    """Every label must index one of the model's ``outputs`` logits (else cross-entropy fails
-    mid-run with an IndexError)."""
-    top = max(int(split.y.max()) for split in (bundle.train, bundle.test) if len(split))
-    if top >= outputs:
-        raise ConfigError(
-            "model",
-            f"{config.model} has {outputs} outputs but {config.data.dataset} labels reach {top}",
-        )
+    """The targets must fit ``train.loss`` on the model's ``outputs`` logits: class labels
+    below ``outputs`` (else cross-entropy fails mid-run with an IndexError), float targets of
+    ``outputs`` values per sample (:func:`~splitfl.training.target_problem`). An empty train
+    split (``data.source: devices``: the devices hold it) is not checked here."""
+    loss = config.train.loss
+    splits = [split for split in (bundle.train, bundle.test) if len(split)]
+    if loss == "cross_entropy" and not bundle.test.y.is_floating_point():
+        top = max(int(split.y.max()) for split in splits)
+        if top >= outputs:
+            raise ConfigError(
+                "model",
+                f"{config.model} has {outputs} outputs but {config.data.dataset} labels "
+                f"reach {top}",
+            )
+    if config.data.train_samples is not None:  # executor: timing's label vector trains nothing
+        return
+    for split in splits:
+        problem = target_problem(loss, split.y, outputs)
+        if problem:
+            raise ConfigError("train.loss", f"{loss} {problem} ({config.data.dataset})")
 
 
 def read_data(config: ExperimentConfig) -> DatasetBundle:
@@ -194,12 +207,16 @@ def build_context(config: ExperimentConfig) -> RunContext:
     config = resolve_config(config)
     d = config.data
     bundle = read_data(config)
+    classes = bundle.num_classes if config.train.loss == "cross_entropy" else 0
     if d.source == "devices":  # filled from the devices' announcements when they join
         parts = [np.arange(0) for _ in range(d.num_clients)]
-        hist = np.zeros((d.num_clients, bundle.num_classes), dtype=np.int64)
+        hist = np.zeros((d.num_clients, classes), dtype=np.int64)
     else:
         parts = client_partition(config, bundle)
-        hist = label_histograms(bundle.train.y.numpy(), parts, bundle.num_classes)
+        if classes:
+            hist = label_histograms(bundle.train.y.numpy(), parts, classes)
+        else:  # no class labels (regression, multi-label): no label histograms
+            hist = np.zeros((len(parts), 0), dtype=np.int64)
     population = draw_population(
         config.devices.preset,
         d.num_clients,

@@ -60,7 +60,7 @@ def start_state(
         global_state = {k: v.clone() for k, v in prep.ctx.model.state_dict().items()}
         initial = None
         if evaluate and config.train.explode_factor and config.train.explode_rounds:
-            initial = evaluate_state(prep.ctx, eval_model, global_state)[1]
+            initial = evaluate_state(prep.ctx, eval_model, global_state)["loss"]
         st = LoopState(global_state, SimClock(), Traffic(), initial)
         return st, Recorder(run_dir, config, [], [], 0)
     clock = SimClock()

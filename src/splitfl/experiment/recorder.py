@@ -25,6 +25,7 @@ from splitfl.experiment.round_step import LoopState
 from splitfl.metrics.plots import plot_accuracy
 from splitfl.metrics.summary import summarize
 from splitfl.metrics.tracking import make_trackers
+from splitfl.training import row_key
 
 
 class Recorder:
@@ -103,6 +104,17 @@ class Recorder:
         if any(r.get("test_acc") is not None for r in self.rows):  # none: executor: timing
             name = config.algorithm
             plot_accuracy({name: self.rows}, self.run_dir / "accuracy.png", name)
+        elif any(r.get("test_loss") is not None for r in self.rows):  # no accuracy metric
+            metric = next((m for m in config.eval.metrics if m != "loss"), "loss")
+            key = row_key(metric)
+            plot_accuracy(
+                {config.algorithm: self.rows},
+                self.run_dir / f"{metric}.png",
+                config.algorithm,
+                key=key,
+                label=f"test {metric}",
+                scale=1.0,
+            )
         write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         self.summary = summary
         return summary

@@ -22,6 +22,7 @@ from splitfl.plan import RoundPlan, RoundReport, RoundResult
 from splitfl.seeding import derive_seed, rng_for
 from splitfl.system import LINKS, ClientCost, SimClock, Traffic, jitter_factors
 from splitfl.system.cost import server_bytes
+from splitfl.training import row_key
 
 if TYPE_CHECKING:
     from splitfl.experiment.runner import Prepared  # runner imports this module
@@ -185,7 +186,8 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     if not trains(executor):  # executor: timing — nothing trained, nothing to evaluate
         row["train_loss"] = None
     elif (r + 1) % config.eval.every == 0 or r + 1 == config.rounds:
-        row["test_acc"], row["test_loss"] = evaluate_state(ctx, eval_model, st.global_state)
+        values = evaluate_state(ctx, eval_model, st.global_state)
+        row.update({row_key(name): value for name, value in values.items()})
     return row
 
 
@@ -194,8 +196,15 @@ def trains(executor) -> bool:
     return getattr(executor, "trains", True)
 
 
-def evaluate_state(ctx: RunContext, eval_model, state: dict[str, torch.Tensor]) -> tuple:
-    """Accuracy and mean loss of ``state`` on the test split."""
+def evaluate_state(ctx: RunContext, eval_model, state: dict[str, torch.Tensor]) -> dict:
+    """Mean test loss (``loss``) and ``eval.metrics`` of ``state`` on the test split."""
     eval_model.load_state_dict(state)
-    test = ctx.bundle.test
-    return evaluate(eval_model, test.x, test.y, ctx.config.eval.batch_size)
+    test, config = ctx.bundle.test, ctx.config
+    return evaluate(
+        eval_model,
+        test.x,
+        test.y,
+        config.eval.batch_size,
+        config.train.loss,
+        config.eval.metrics,
+    )

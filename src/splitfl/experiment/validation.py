@@ -15,6 +15,10 @@ from splitfl.data.base import VERIFY_MODES
 from splitfl.executors import EXECUTORS, PRECISIONS
 from splitfl.models import model_names
 from splitfl.system.devices import COMPOSITIONS, PRESETS, resolve_contention
+from splitfl.training import LOSSES, OPTIMIZERS, metric_problem
+
+#: Partitioners that deal samples by class label (else: iid, natural).
+LABEL_PARTITIONS = ("dirichlet", "shards")
 
 
 def _choice(value: str, allowed: list[str], path: str) -> None:
@@ -34,6 +38,39 @@ def check_registries(config: ExperimentConfig) -> None:
     _choice(config.data.verify, list(VERIFY_MODES), "data.verify")
     _choice(config.devices.preset, sorted(PRESETS), "devices.preset")
     _choice(config.devices.composition, list(COMPOSITIONS), "devices.composition")
+
+
+def check_recipe(config: ExperimentConfig) -> None:
+    """``train.loss``, ``train.optimizer`` and ``eval.metrics`` exist and fit each other, the
+    executor, the partition and the algorithm (a task without class labels — ``mse``,
+    ``bce_logits`` — cannot be dealt by label or grouped by label distributions)."""
+    t, e = config.train, config.eval
+    _choice(t.loss, list(LOSSES), "train.loss")
+    _choice(t.optimizer, list(OPTIMIZERS), "train.optimizer")
+    if t.loss != "cross_entropy":
+        _check_class_labels(config)
+    for name in e.metrics:
+        problem = metric_problem(name, t.loss)
+        if problem:
+            raise ConfigError("eval.metrics", problem)
+    if e.target_accuracy is not None and "accuracy" not in e.metrics:
+        raise ConfigError("eval.target_accuracy", "needs accuracy in eval.metrics; use null")
+
+
+def _check_class_labels(config: ExperimentConfig) -> None:
+    """A loss without class labels: the algorithm must not need them, nor the partition."""
+    loss = config.train.loss
+    cls = resolve_algorithm(config.algorithm, config.options)[0]
+    if cls.needs_class_labels:
+        raise ConfigError(
+            "train.loss", f"{config.algorithm}'s {cls.needs_class_labels}; use cross_entropy"
+        )
+    if config.data.partition in LABEL_PARTITIONS and config.executor != "timing":
+        raise ConfigError(
+            "data.partition",
+            f"{config.data.partition} deals samples by class label and train.loss: {loss} "
+            "has none; use iid",
+        )
 
 
 def resolve_config(config: ExperimentConfig) -> ExperimentConfig:
@@ -78,6 +115,7 @@ def validate_config(config: ExperimentConfig) -> None:
     validate(config)
     check_options(config)
     check_timing(config)
+    check_recipe(config)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None):
@@ -87,4 +125,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     check_registries(config)
     check_options(config)
     check_timing(config)
+    check_recipe(config)
     return config

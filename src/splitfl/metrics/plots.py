@@ -21,25 +21,33 @@ def _save(fig: Any, path: Path) -> Path:
         plt.close(fig)
 
 
-def plot_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str = "") -> Path:
-    """Two panels — test accuracy vs round and vs simulated time — one line per run."""
+def plot_accuracy(
+    runs: dict[str, list[dict[str, Any]]],
+    path: Path,
+    title: str = "",
+    key: str = "test_acc",
+    label: str = "test accuracy (%)",
+    scale: float = 100.0,
+) -> Path:
+    """Two panels — test accuracy (or the metrics-row ``key``, times ``scale``, as ``label``)
+    vs round and vs simulated time — one line per run."""
     many = len(runs) > 6  # legend beside the panels, and line styles beyond 10 colours
     fig, (ax_round, ax_time) = plt.subplots(1, 2, figsize=(14 if many else 11, 4))
     styles = ("-", "--", ":", "-.")
     plotted = False  # runs without evaluations (executor: timing) draw no line
     for k, (name, rows) in enumerate(runs.items()):
-        evals = [r for r in rows if r.get("test_acc") is not None]
+        evals = [r for r in rows if r.get(key) is not None]
         if not evals:
             continue
         plotted = True
-        acc = [100 * r["test_acc"] for r in evals]
+        acc = [scale * r[key] for r in evals]
         style = {"label": name, "linestyle": styles[(k // 10) % len(styles)]}
         ax_round.plot([r["round"] for r in evals], acc, **style)
         ax_time.plot([r["sim_time"] for r in evals], acc, **style)
     ax_round.set_xlabel("round")
     ax_time.set_xlabel("simulated time (s)")
     for ax in (ax_round, ax_time):
-        ax.set_ylabel("test accuracy (%)")
+        ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     if plotted and many:
         ax_time.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")

@@ -100,6 +100,7 @@ def summarize(
     """Summary of a run (what ``summary.json`` holds and ``compare`` tabulates); ``planned``
     is the configured number of rounds (see :func:`checked_status`)."""
     evals = [r for r in rows if r.get("test_acc") is not None]
+    losses = [r for r in rows if r.get("test_loss") is not None]
     waits = [r["avg_waiting"] for r in rows]
     last = rows[-1] if rows else {}
     return {
@@ -108,7 +109,8 @@ def summarize(
         "missing_rounds": missing_rounds(rows),
         "final_acc": evals[-1]["test_acc"] if evals else None,
         "best_acc": max(r["test_acc"] for r in evals) if evals else None,
-        "final_loss": evals[-1]["test_loss"] if evals else None,
+        "final_loss": losses[-1]["test_loss"] if losses else None,
+        **final_metrics(rows),
         "sim_time": last.get("sim_time", 0.0),
         "wall_time": last.get("wall_time", 0.0),
         "traffic_bytes": last.get("traffic_total_cum", 0.0),
@@ -118,6 +120,22 @@ def summarize(
         "to_target": to_target(rows, target),
         "warmup": warmup_summary(rows),
     }
+
+
+#: Metrics-row keys that are not ``eval.metrics`` values (``test_acc``/``test_loss`` are
+#: summarised as ``final_acc``, ``best_acc``, ``final_loss``).
+_SUMMARISED = ("test_acc", "test_loss")
+
+
+def final_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``final_<name>``: the last recorded value of each further ``eval.metrics`` entry
+    (``test_<name>`` in the rows: ``top5``, ``macro_f1``, ``mse``)."""
+    out: dict[str, Any] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key.startswith("test_") and key not in _SUMMARISED and value is not None:
+                out[f"final_{key[5:]}"] = value
+    return out
 
 
 def read_bytes(path: Path) -> bytes:

@@ -15,8 +15,9 @@ import copy
 from collections.abc import Mapping, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from splitfl.training import loss_fn
 
 
 class BlockModel(nn.Module):
@@ -110,16 +111,19 @@ def lowest_loss_state(
     states: Sequence[Mapping[str, torch.Tensor]],
     x: torch.Tensor,
     y: torch.Tensor,
+    loss: str = "cross_entropy",
 ) -> int:
-    """Index of the state under which ``model`` has the lowest mean cross-entropy on ``(x, y)``
+    """Index of the state under which ``model`` has the lowest mean ``loss`` (``train.loss``;
+    cross-entropy by default) on ``(x, y)``
     (IFCA's cluster identity estimate, Ghosh et al. 2020 Alg. 1: ``argmin_j F_i(θ_j)`` on
     client i's own samples): one forward pass of the whole model per state, in eval mode, on a
     copy (``model`` is left untouched). Ties go to the lowest index. Needs only what a
     device holds: the downloaded states and its own samples."""
     work = copy.deepcopy(model).eval()
+    criterion = loss_fn(loss)
     losses = []
     with torch.no_grad():
         for state in states:
             work.load_state_dict(state)
-            losses.append(F.cross_entropy(work(x), y).item())
+            losses.append(criterion(work(x), y).item())
     return int(torch.tensor(losses, dtype=torch.float64).argmin())

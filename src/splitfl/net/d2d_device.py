@@ -84,8 +84,9 @@ def _run_cluster(agent, msg: Message):
     profiles = None
     if all(m.get("emulate") for m in members):
         profiles = {m["client"]: Profile.from_fields(m["emulate"]) for m in members}
-    sample = next(iter(agent.data.samples.values()))[0][:1]
-    expect = expect_for(model, sample, agent.data.num_classes, sorted({t.cut for t in tasks}))
+    x, y = next(iter(agent.data.samples.values()))[:2]
+    cuts = sorted({t.cut for t in tasks})
+    expect = expect_for(model, x[:1], agent.data.num_classes, cuts, y[:1])
     fleet = RemoteFleet(agent.peer.hub, f["round_seed"], timeout, expect, meters, lost, profiles)
     gen = np.random.default_rng(derive_seed(f["round_seed"], "mix"))
     server = server_role(model, tasks, plan, agent.config.train, agent.runtime, gen)

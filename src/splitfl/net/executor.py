@@ -198,7 +198,8 @@ def emulated_profiles(ctx, plan: RoundPlan, links: bool = True) -> dict[int, Pro
 def expectations(ctx, model: BlockModel, plan: RoundPlan) -> Expect:
     """What valid device replies look like for ``plan``'s cut points."""
     cuts = sorted({t.cut for t in plan.tasks})
-    return expect_for(model, ctx.bundle.test.x[:1], ctx.bundle.num_classes, cuts)
+    test = ctx.bundle.test  # the server may hold no training data (data.source: devices)
+    return expect_for(model, test.x[:1], ctx.bundle.num_classes, cuts, test.y[:1])
 
 
 def measured_fields(m: Meter, wall: float) -> dict[str, float]:

@@ -57,13 +57,16 @@ class Meter:
 
 @dataclass
 class Expect:
-    """What valid replies look like: model dtype, smashed-data shape per cut, classes, and
-    the device part's tensors per cut (name → (shape, dtype))."""
+    """What valid replies look like: model dtype, smashed-data shape per cut, classes, the
+    device part's tensors per cut (name → (shape, dtype)), and the targets' dtype and
+    per-sample shape (int64 class labels, or float targets: ``train.loss`` mse/bce_logits)."""
 
     dtype: torch.dtype
     feature_shape: dict[int, tuple[int, ...]]
     num_classes: int
     part_specs: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]
+    target_dtype: torch.dtype = torch.int64
+    target_shape: tuple[int, ...] = ()
 
 
 class RemoteFleet:
@@ -244,14 +247,14 @@ class RemoteFleet:
         task, ex = self.tasks[c], self.expect
         if fx is None or y is None:
             return "missing tensor"
-        if fx.dtype != ex.dtype or y.dtype != torch.int64:
+        if fx.dtype != ex.dtype or y.dtype != ex.target_dtype:
             return f"dtype {fx.dtype}/{y.dtype}"
-        n = y.shape[0] if y.dim() == 1 else -1
+        n = y.shape[0] if y.dim() >= 1 and tuple(y.shape[1:]) == ex.target_shape else -1
         if not 1 <= n <= task.batch_size or tuple(fx.shape) != (n, *ex.feature_shape[task.cut]):
             return f"shape {tuple(fx.shape)}/{tuple(y.shape)}"
-        if not all_finite(fx):
+        if not all_finite(fx) or (y.is_floating_point() and not all_finite(y)):
             return "non-finite values"
-        if int(y.min()) < 0 or int(y.max()) >= ex.num_classes:
+        if not y.is_floating_point() and (int(y.min()) < 0 or int(y.max()) >= ex.num_classes):
             return "label out of range"
         return None
 
@@ -304,9 +307,12 @@ class TimedServer:
         return out
 
 
-def expect_for(model, sample: torch.Tensor, num_classes: int, cuts) -> Expect:
+def expect_for(
+    model, sample: torch.Tensor, num_classes: int, cuts, target: torch.Tensor | None = None
+) -> Expect:
     """What valid device replies look like for these cut points of ``model`` (a one-sample
-    dry run of each device part gives the smashed-data shape)."""
+    dry run of each device part gives the smashed-data shape; ``target``: one sample's
+    target, for its dtype and shape — int64 class labels when None)."""
     dtype = next(model.parameters()).dtype
     shapes, specs = {}, {}
     sample = sample.to(next(model.parameters()).device)
@@ -319,4 +325,6 @@ def expect_for(model, sample: torch.Tensor, num_classes: int, cuts) -> Expect:
             with torch.no_grad():
                 shapes[cut] = tuple(part.eval()(sample).shape[1:])
             part.train()
-    return Expect(dtype, shapes, num_classes, specs)
+    if target is None:
+        return Expect(dtype, shapes, num_classes, specs)
+    return Expect(dtype, shapes, num_classes, specs, target.dtype, tuple(target.shape[1:]))

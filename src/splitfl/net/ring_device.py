@@ -93,7 +93,7 @@ class _Member:
         self.model = copy.deepcopy(agent.model)
         self.model.load_state_dict(state_from("model", msg.tensors))
         self.model.train()
-        self.member = RingMember(c, self.model, self.ring)
+        self.member = RingMember(c, self.model, self.ring, agent.config.train.loss)
         n_blocks = self.model.num_blocks
         task = ClientTask(c, n_blocks, 0, int(f["batch_size"]), self.steps[c], float(f["lr"]))
         data = agent.data.samples[c]

@@ -97,6 +97,7 @@ class MergeSFLOptions:
 
 class MergeSFL(Algorithm):
     name = "mergesfl"
+    needs_class_labels = "KL divergence of label distributions needs class labels"
     paper = "Liao et al., MergeSFL §IV (Alg. 1, Eq. 5-17)"
     Options = MergeSFLOptions
 

@@ -104,6 +104,7 @@ class ParallelSFLOptions:
 
 class ParallelSFL(Algorithm):
     name = "parallelsfl"
+    needs_class_labels = "clustering by label distributions (KL) needs class labels"
     paper = "Liao et al., ParallelSFL §3.3-4.5 (Alg. 1, Eq. 2-18)"
     Options = ParallelSFLOptions
 

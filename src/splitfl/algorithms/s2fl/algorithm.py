@@ -201,6 +201,7 @@ def member_phases(
 
 class S2FL(Algorithm):
     name = "s2fl"
+    needs_class_labels = "data-balance grouping (Eq. 2) needs class labels"
     paper = "Yan et al., S²FL §3 (Alg. 1–2, Eq. 1–4)"
     Options = S2FLOptions
 
