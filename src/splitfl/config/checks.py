@@ -171,6 +171,13 @@ def validate(config: ExperimentConfig) -> None:
         "data.train_samples",
         "only with executor: timing (training reads the dataset's images); use null",
     )
+    _check(
+        d.image_size is None
+        or (len(d.image_size) == 2 and all(1 <= v <= 8192 for v in d.image_size)),
+        "data.image_size",
+        f"must be [height, width] in pixels (1..8192) or null (got {d.image_size})",
+    )
+    _check(bool(d.label_column), "data.label_column", "must name a column")
     v = config.devices
     _check(v.label_bytes >= 0, "devices.label_bytes", "must be >= 0")
     _check(v.variation >= 0, "devices.variation", f"must be >= 0 (got {v.variation})")

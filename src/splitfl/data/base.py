@@ -147,7 +147,23 @@ def load_dataset(
     if "verify" in inspect.signature(spec.loader).parameters:
         options["verify"] = verify
     bundle = spec.loader(Path(root) if root is not None else None, **options)
-    check_bundle(bundle, f"{name}: files in {root}")
+    where = f"{name}: files in {root}" if root is not None else f"{name}: loader {_named(spec)}"
+    check_bundle(cast_labels(bundle), where)
+    return bundle
+
+
+def _named(spec: DatasetSpec) -> str:
+    return f"{spec.loader.__module__}.{getattr(spec.loader, '__qualname__', spec.loader)}"
+
+
+def cast_labels(bundle: DatasetBundle) -> DatasetBundle:
+    """``bundle`` with integer labels of any dtype (int8..int32, uint8, ...) as int64
+    (other dtypes are left for :func:`check_bundle` to refuse)."""
+    for part in (bundle.train, bundle.test):
+        y = part.y if isinstance(part.y, torch.Tensor) else torch.as_tensor(np.asarray(part.y))
+        if not y.is_floating_point() and not y.is_complex() and y.dtype != torch.bool:
+            y = y.to(torch.int64)
+        part.y = y
     return bundle
 
 
@@ -167,7 +183,8 @@ def _check_split(part: ArrayDataset, split: str, bundle: DatasetBundle, where: s
         fail(f"labels span {lo}..{hi}, outside 0..{bundle.num_classes - 1}")
     if part.writers is not None and part.writers.shape != (n,):
         fail(f"has {part.writers.shape[0]} writer ids for {n} samples")
-    if part.x.is_floating_point() and not bool(torch.isfinite(part.x).all()):
+    lazy = not isinstance(part.x, torch.Tensor)  # LazyInputs: checked as samples are read
+    if not lazy and part.x.is_floating_point() and not bool(torch.isfinite(part.x).all()):
         fail("holds NaN or infinite input values")
 
 

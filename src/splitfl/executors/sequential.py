@@ -37,7 +37,7 @@ class SequentialExecutor:
         model.train()
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        runtime = Runtime(self.device, self.precision, self.channels_last)
+        runtime = Runtime(self.device, self.precision, self.channels_last, ctx.augment)
         if plan.ring is not None:
             return self._run_ring(ctx, model, plan, round_seed, runtime)
         gen = np.random.default_rng(derive_seed(round_seed, "mix"))

@@ -10,10 +10,12 @@ import numpy as np
 import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
-from splitfl.data import DatasetBundle, load_dataset
+from splitfl.data import DatasetBundle
 from splitfl.data.base import labels_only
 from splitfl.data.clients import client_partition
 from splitfl.data.partition import batch_sizes, label_histograms
+from splitfl.data.source import read_dataset, transforms_of
+from splitfl.data.transforms import Transforms
 from splitfl.experiment.validation import resolve_config
 from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
 from splitfl.seeding import rng_for
@@ -42,6 +44,12 @@ class RunContext:
     @property
     def cut_points(self) -> tuple[int, ...]:
         return self.model.cut_points
+
+    @cached_property
+    def augment(self) -> Transforms:
+        """``data.transforms``: the random ones are applied to training batches where they
+        are drawn (:meth:`splitfl.executors.roles.Runtime.batch`)."""
+        return transforms_of(self.config.data)
 
     @cached_property
     def data_sizes(self) -> np.ndarray:
@@ -143,7 +151,7 @@ def read_data(config: ExperimentConfig) -> DatasetBundle:
     """The dataset's files, or (``data.train_samples``, ``executor: timing``) labels only."""
     d = config.data
     if d.train_samples is None:
-        return load_dataset(d.dataset, d.root, verify=d.verify)
+        return read_dataset(d)
     try:
         return labels_only(d.dataset, d.train_samples)
     except KeyError:

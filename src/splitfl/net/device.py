@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from splitfl.config import ExperimentConfig
-from splitfl.data import load_dataset
 from splitfl.data.clients import client_partition
+from splitfl.data.source import read_dataset, transforms_of
 from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
 from splitfl.models import ModelPart, build_model
 from splitfl.net.emulation import FORWARD_SHARE, Profile, stretch, transfer
@@ -73,7 +73,7 @@ class ClientData:
 
     def __init__(self, config: ExperimentConfig, clients: list[int], data_root: str | None):
         d = config.data
-        bundle = load_dataset(d.dataset, data_root or d.root, verify=d.verify)
+        bundle = read_dataset(d, data_root)  # lazy inputs: only its clients' are read
         parts = client_partition(config, bundle)
         self.input_shape, self.num_classes = bundle.input_shape, bundle.num_classes
         self.samples: dict[int, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
@@ -104,7 +104,7 @@ class DeviceAgent:
             torch.set_num_threads(config.threads)  # as the simulation: same kernels, same digits
         torch.manual_seed(config.seed)
         self.model = build_model(config.model, data.input_shape, data.num_classes)
-        self.runtime = Runtime(torch.device("cpu"))
+        self.runtime = Runtime(torch.device("cpu"), augment=transforms_of(config.data))
         self.roles: dict[int, DeviceRole] = {}
         self.pending: dict[int, float] = {}
         self.profiles: dict[int, Profile | None] = {}

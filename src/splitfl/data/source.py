@@ -1,0 +1,56 @@
+"""The run's dataset as its config names it (``data.*``): a registered loader or a container
+the user brings (``data.format``), with ``normalize`` (``data.transforms``) applied to its
+inputs. The one place a run reads its data: the experiment's context and every device process
+(:mod:`splitfl.net.device`) call :func:`read_dataset`, so both see the same samples."""
+
+from __future__ import annotations
+
+from splitfl.config import ConfigError, DataConfig
+from splitfl.data.base import DatasetBundle, cast_labels, check_bundle, load_dataset
+from splitfl.data.formats import ContainerOptions, load_container
+from splitfl.data.lazy import LazyInputs
+from splitfl.data.transforms import (
+    TransformError,
+    Transforms,
+    check_input_shape,
+    normalize_inputs,
+    parse_transforms,
+)
+
+
+def read_dataset(d: DataConfig, root: str | None = None) -> DatasetBundle:
+    """``d``'s dataset (from ``root`` if given, else ``d.root``), normalised per
+    ``d.transforms``. Raises a one-line ``DatasetError`` (files) or ``ConfigError``."""
+    root = root or d.root
+    if d.format is None:
+        bundle = load_dataset(d.dataset, root, verify=d.verify)
+    else:
+        options = ContainerOptions(d.label_column, d.image_size, d.lazy, d.partition == "folders")
+        bundle = load_container(d.format, root, d.dataset, options)
+        check_bundle(cast_labels(bundle), f"{d.dataset}: {d.format} data in {root}")
+    return with_transforms(bundle, transforms_of(d))
+
+
+def transforms_of(d: DataConfig) -> Transforms:
+    """``d.transforms`` parsed (a malformed entry is a ``ConfigError`` on the field)."""
+    try:
+        return parse_transforms(d.transforms)
+    except TransformError as err:
+        raise ConfigError("data.transforms", str(err)) from None
+
+
+def with_transforms(bundle: DatasetBundle, t: Transforms) -> DatasetBundle:
+    """``bundle`` with ``normalize`` applied to both splits' inputs (lazily for lazy inputs);
+    the transforms checked against its input shape."""
+    try:
+        check_input_shape(t, bundle.input_shape)
+    except TransformError as err:
+        raise ConfigError("data.transforms", f"{bundle.name}: {err}") from None
+    if t.mean is None:
+        return bundle
+    for part in (bundle.train, bundle.test):
+        if isinstance(part.x, LazyInputs):
+            part.x = part.x.map(lambda x: normalize_inputs(t, x))
+        else:
+            part.x = normalize_inputs(t, part.x)
+    return bundle
