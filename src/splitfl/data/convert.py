@@ -69,7 +69,8 @@ def _torch_labels(ds, name: str, split: str) -> np.ndarray:
 def _torch_split(ds, name: str, split: str, lazy: bool | None) -> ArrayDataset:
     if len(ds) == 0:
         raise DatasetFileError(f"{name}: {split} dataset holds no samples")
-    shape = tuple(_as_tensor(_item(ds, 0, name, split)[0]).shape)
+    shape = getattr(ds, "input_shape", None)  # else read from the first item
+    shape = tuple(shape or _as_tensor(_item(ds, 0, name, split)[0]).shape)
 
     def read(idx: np.ndarray) -> torch.Tensor:
         return torch.stack([_as_tensor(_item(ds, int(i), name, split)[0]) for i in idx])
