@@ -249,22 +249,30 @@ def test_a_device_reads_only_its_own_clients_samples():
 
 @pytest.mark.parametrize("vectorized", [False, True], ids=["sequential", "vectorized-rows"])
 def test_lazy_round_reads_participants_only_and_equals_eager(vectorized):
-    rounds = {}
+    """Two rounds (different participants) on one executor: lazy inputs give the eager
+    updates, and a round reads its participants' samples only."""
+    updates = {}
     for kind in ("eager", "lazy"):
         changes = {"train.clients_per_round": 2, "train.local_steps": 2}
         cfg = _lazy_config(f"test_counting_{kind}", **changes)
         prep = prepare(cfg)
         ctx, alg = prep.ctx, prep.algorithm
-        HELD["train"].reads.clear()
-        plan = alg.plan_round(0, alg.select_clients(0, rng_for(3, "select", 0)), rng_for(3, "p"))
-        state = ctx.model.state_dict()
         ex = VectorizedExecutor(use_vmap=False) if vectorized else SequentialExecutor()
-        torch.manual_seed(0)
-        rounds[kind] = ex.run_round(ctx, state, plan, derive_seed(3, "b", 0))
-        own = set(np.concatenate([ctx.client_indices[t.client] for t in plan.tasks]).tolist())
-        assert kind == "eager" or set(HELD["train"].reads) <= own
-    for u, v in zip(rounds["eager"].updates, rounds["lazy"].updates, strict=True):
-        assert all(torch.equal(u.state[k], v.state[k]) for k in u.state)
+        state = ctx.model.state_dict()
+        for r in range(2):
+            HELD["train"].reads.clear()
+            clients = alg.select_clients(r, rng_for(3, "select", r))
+            plan = alg.plan_round(r, clients, rng_for(3, "p", r))
+            torch.manual_seed(r)
+            result = ex.run_round(ctx, state, plan, derive_seed(3, "b", r))
+            updates[kind, r] = result.updates
+            own = np.concatenate([ctx.client_indices[t.client] for t in plan.tasks])
+            assert kind == "eager" or set(HELD["train"].reads) <= set(own.tolist())
+            state = alg.aggregate(state, plan, result)
+    for r in range(2):
+        for u, v in zip(updates["eager", r], updates["lazy", r], strict=True):
+            assert u.client == v.client
+            assert all(torch.equal(u.state[k], v.state[k]) for k in u.state)
 
 
 # -- transforms -------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ class VectorizedExecutor:
         self.channels_last = channels_last
         self.reference = SequentialExecutor(device, precision, channels_last)
         self.fallbacks = 0
-        self._data: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self._data: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
     def batchable(plan: RoundPlan, model: BlockModel) -> bool:
@@ -107,8 +107,8 @@ class VectorizedExecutor:
 
     def _train_data(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = ctx.bundle.train.x, ctx.bundle.train.y
-        if self._data is None or self._data[0] != id(x):
-            self._data = (id(x), x.to(self.device), y.to(self.device))
+        if self._data is None or self._data[0] is not x:  # held: its id is never reused
+            self._data = (x, x.to(self.device), y.to(self.device))
         return self._data[1], self._data[2]
 
     # -- the round --------------------------------------------------------------------------
