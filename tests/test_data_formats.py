@@ -309,6 +309,15 @@ def test_random_crop_and_flip_are_windows_of_the_padded_batch():
     assert set(augment_batch(t, torch.ones(1, 1, 2, 2), 0).unique().tolist()) <= {1.0, -2.0}
 
 
+def test_crops_of_a_normalised_builtin_pad_with_its_black():
+    """digits stores (v/16 - 0.5)/0.5, so black is -1; torchvision pads black before
+    normalising, and so must a crop of the stored, normalised inputs."""
+    ctx = prepare(as_config(tiny_config(**{"data.transforms": [{"random_crop": 3}]}))).ctx
+    assert ctx.bundle.black == (-1.0,) and ctx.augment.pad_value == (-1.0,)
+    out = augment_batch(ctx.augment, torch.full((8, 1, 2, 2), 7.0), seed=1)
+    assert set(out.unique().tolist()) == {-1.0, 7.0}
+
+
 @pytest.mark.parametrize("use_vmap", [True, False], ids=["vmap", "rows"])
 def test_sequential_equals_vectorized_with_transforms(use_vmap):
     tf = [{"random_crop": 2}, "hflip"]
@@ -428,3 +437,35 @@ def test_splitfl_run_on_csv_and_a_corrupt_csv_exits_2(tmp_path, capsys):
         fh.write("1.0,oops,2.0,1\n")
     code, err = _run_cli(tmp_path, capsys, "validate", **changes)
     assert code == 2 and err.count("\n") == 1 and "train.csv: line 14" in err, err
+
+
+@pytest.mark.slow
+def test_networked_run_with_transforms_equals_sequential_run(tmp_path):
+    """Device processes augment their own batches exactly as the simulation does."""
+    import splitfl
+    from splitfl.net.testbed import Testbed
+    from splitfl.testing import config_for
+
+    devices = {"d0": [0, 2], "d1": [1, 3]}
+    changes = {
+        "rounds": 2,
+        "data.num_clients": 4,
+        "train.clients_per_round": 4,
+        "data.transforms": [{"random_crop": 2}, "hflip"],
+    }
+    bed = Testbed.create(tmp_path / "bed", list(devices))
+    threads = [bed.device(name, clients, None, retry_s=20.0) for name, clients in devices.items()]
+    net = bed.server_overrides(min_devices=len(devices))
+    runs = [
+        splitfl.run(config_for("s2fl", **changes, **net), run_dir=tmp_path / "net"),
+        splitfl.run(config_for("s2fl", **changes), run_dir=tmp_path / "seq"),
+    ]
+    for t in threads:
+        t.join(30)
+    a, b = (torch.load(r.run_dir / "model.pt", weights_only=True) for r in runs)
+    assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-5
+    plain = splitfl.run(
+        config_for("s2fl", **{**changes, "data.transforms": []}), run_dir=tmp_path / "plain"
+    )
+    c = torch.load(plain.run_dir / "model.pt", weights_only=True)
+    assert max((a[k].double() - c[k].double()).abs().max().item() for k in a) > 1e-3

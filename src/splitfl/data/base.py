@@ -60,13 +60,16 @@ class ArrayDataset:
 
 @dataclass
 class DatasetBundle:
-    """Train and test splits plus the facts a model needs."""
+    """Train and test splits plus the facts a model needs. ``black``: per channel, the value
+    a black (0) pixel has in the stored inputs, for loaders that normalise images (a padded
+    ``random_crop`` fills with it, as torchvision pads before normalising); None = 0."""
 
     name: str
     train: ArrayDataset
     test: ArrayDataset
     num_classes: int
     input_shape: tuple[int, ...]
+    black: tuple[float, ...] | None = None
 
 
 Loader = Callable[..., DatasetBundle]  # loader(root: Path | None, **options) -> DatasetBundle

@@ -15,6 +15,7 @@ from splitfl.data.transforms import (
     check_input_shape,
     normalize_inputs,
     parse_transforms,
+    with_black,
 )
 
 
@@ -37,6 +38,12 @@ def transforms_of(d: DataConfig) -> Transforms:
         return parse_transforms(d.transforms)
     except TransformError as err:
         raise ConfigError("data.transforms", str(err)) from None
+
+
+def augmentation(d: DataConfig, bundle: DatasetBundle) -> Transforms:
+    """What training batches of ``bundle`` go through (``d.transforms``), crops padded with
+    the bundle's black (:func:`~splitfl.data.transforms.with_black`)."""
+    return with_black(transforms_of(d), bundle.black)
 
 
 def with_transforms(bundle: DatasetBundle, t: Transforms) -> DatasetBundle:

@@ -22,6 +22,7 @@ pad-then-normalise. Built-in datasets are already normalised by their loaders.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +42,13 @@ class TransformError(ValueError):
 class Transforms:
     """Parsed ``data.transforms``: ``augment`` = ``(name, value)`` random ops in order
     (``("random_crop", padding)``, ``("hflip", p)``); ``mean``/``std`` of ``normalize``;
-    ``pad_value`` per channel: what a padded pixel holds (0 in the stored space, or the
-    normalised value of 0 when ``normalize`` comes after ``random_crop``)."""
+    ``crop_first``: a ``random_crop`` comes before ``normalize``; ``pad_value`` per channel:
+    what a padded pixel holds (see :func:`with_black`; None = 0)."""
 
     augment: tuple[tuple[str, float], ...] = ()
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    crop_first: bool = False
     pad_value: tuple[float, ...] | None = None
 
     @property
@@ -104,10 +106,25 @@ def parse_transforms(entries: list[Any]) -> Transforms:
                 raise TransformError(f"normalize: {len(mean)} means but {len(std)} stds")
         else:
             raise TransformError(f"unknown transform {name!r}; allowed: {', '.join(TRANSFORMS)}")
-    pad = None
-    if mean is not None and crop_before_norm:
-        pad = tuple(-m / s for m, s in zip(mean, std, strict=True))
-    return Transforms(tuple(augment), mean, std, pad)
+    return with_black(Transforms(tuple(augment), mean, std, crop_before_norm), None)
+
+
+def with_black(t: Transforms, black: tuple[float, ...] | None) -> Transforms:
+    """``t`` padding crops with a black pixel as the crop sees it: ``black`` (the stored
+    value of 0, :attr:`~splitfl.data.base.DatasetBundle.black`; None = 0), normalised when
+    ``normalize`` comes after the crop; 0 when the crop sees normalised inputs."""
+    base = black or (0.0,)
+    if t.mean is None:
+        pad = black
+    elif t.crop_first:
+        n = max(len(base), len(t.mean))
+        at = [
+            (base[i % len(base)], t.mean[i % len(t.mean)], t.std[i % len(t.std)]) for i in range(n)
+        ]
+        pad = tuple((b - m) / s for b, m, s in at)
+    else:
+        pad = None
+    return dataclasses.replace(t, pad_value=pad)
 
 
 def check_input_shape(t: Transforms, input_shape: tuple[int, ...]) -> None:

@@ -14,7 +14,7 @@ from splitfl.data import DatasetBundle
 from splitfl.data.base import labels_only
 from splitfl.data.clients import client_partition
 from splitfl.data.partition import batch_sizes, label_histograms
-from splitfl.data.source import read_dataset, transforms_of
+from splitfl.data.source import augmentation, read_dataset
 from splitfl.data.transforms import Transforms
 from splitfl.experiment.validation import resolve_config
 from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
@@ -49,7 +49,7 @@ class RunContext:
     def augment(self) -> Transforms:
         """``data.transforms``: the random ones are applied to training batches where they
         are drawn (:meth:`splitfl.executors.roles.Runtime.batch`)."""
-        return transforms_of(self.config.data)
+        return augmentation(self.config.data, self.bundle)
 
     @cached_property
     def data_sizes(self) -> np.ndarray:

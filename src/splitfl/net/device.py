@@ -30,7 +30,7 @@ import torch
 
 from splitfl.config import ExperimentConfig
 from splitfl.data.clients import client_partition
-from splitfl.data.source import read_dataset, transforms_of
+from splitfl.data.source import augmentation, read_dataset
 from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
 from splitfl.models import ModelPart, build_model
 from splitfl.net.emulation import FORWARD_SHARE, Profile, stretch, transfer
@@ -76,6 +76,7 @@ class ClientData:
         bundle = read_dataset(d, data_root)  # lazy inputs: only its clients' are read
         parts = client_partition(config, bundle)
         self.input_shape, self.num_classes = bundle.input_shape, bundle.num_classes
+        self.augment = augmentation(d, bundle)
         self.samples: dict[int, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
         for c in clients:
             idx = torch.as_tensor(parts[c], dtype=torch.long)
@@ -104,7 +105,7 @@ class DeviceAgent:
             torch.set_num_threads(config.threads)  # as the simulation: same kernels, same digits
         torch.manual_seed(config.seed)
         self.model = build_model(config.model, data.input_shape, data.num_classes)
-        self.runtime = Runtime(torch.device("cpu"), augment=transforms_of(config.data))
+        self.runtime = Runtime(torch.device("cpu"), augment=data.augment)
         self.roles: dict[int, DeviceRole] = {}
         self.pending: dict[int, float] = {}
         self.profiles: dict[int, Profile | None] = {}
