@@ -24,7 +24,7 @@ from splitfl.data.base import (
 from splitfl.data.clients import client_partition
 from splitfl.data.convert import bundle_from
 from splitfl.data.lazy import LazyInputs
-from splitfl.data.source import read_dataset
+from splitfl.data.source import from_object, read_dataset
 from splitfl.data.transforms import augment_batch, parse_transforms
 from splitfl.executors import SequentialExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
@@ -204,6 +204,12 @@ def test_torch_dataset_pair_infers_shape_and_classes():
     assert torch.equal(b.train.x, Counting(30, 0).x) and b.train.y.dtype == torch.int64
     with pytest.raises(DatasetError, match="expected a DatasetBundle"):
         bundle_from(42, "t")
+    dd = datasets.DatasetDict(train=_hf_images(4, 0), test=_hf_images(2, 1))
+    d = DataConfig(dataset="hf_obj", lazy=True, transforms=[{"normalize": {"mean": 0, "std": 2}}])
+    b = from_object(dd, d)
+    assert isinstance(b.train.x, LazyInputs) and b.input_shape == (3, 4, 4)
+    pixels = np.asarray(dd["train"][1]["image"]).transpose(2, 0, 1) / 255 / 2
+    assert torch.allclose(b.train.x[1], torch.from_numpy(pixels).float())
 
 
 def test_int32_labels_from_a_registered_loader_are_cast():

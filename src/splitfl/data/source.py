@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from splitfl.config import ConfigError, DataConfig
 from splitfl.data.base import DatasetBundle, cast_labels, check_bundle, load_dataset
+from splitfl.data.convert import bundle_from
 from splitfl.data.formats import ContainerOptions, load_container
 from splitfl.data.lazy import LazyInputs
 from splitfl.data.transforms import (
@@ -29,6 +30,17 @@ def read_dataset(d: DataConfig, root: str | None = None) -> DatasetBundle:
         options = ContainerOptions(d.label_column, d.image_size, d.lazy, d.partition == "folders")
         bundle = load_container(d.format, root, d.dataset, options)
         check_bundle(cast_labels(bundle), f"{d.dataset}: {d.format} data in {root}")
+    return with_transforms(bundle, transforms_of(d))
+
+
+def from_object(obj: object, d: DataConfig) -> DatasetBundle:
+    """A dataset given from Python (what ``data.dataset: pkg.mod:callable`` returns: a
+    ``DatasetBundle``, a ``(train, test)`` pair of torch ``Dataset`` s, a Hugging Face
+    ``DatasetDict``; :func:`~splitfl.data.convert.bundle_from`) as the run's bundle, read per
+    ``d`` (``lazy``, ``label_column``, ``image_size``), checked and normalised."""
+    options = {"label_column": d.label_column, "image_size": d.image_size}
+    bundle = bundle_from(obj, d.dataset, d.lazy, **options)
+    check_bundle(bundle, f"{d.dataset}: the object its callable returned")
     return with_transforms(bundle, transforms_of(d))
 
 
