@@ -475,3 +475,23 @@ def test_networked_run_with_transforms_equals_sequential_run(tmp_path):
     )
     c = torch.load(plain.run_dir / "model.pt", weights_only=True)
     assert max((a[k].double() - c[k].double()).abs().max().item() for k in a) > 1e-3
+
+
+BAD_DATA = [
+    ({"data.format": "tiff_stack"}, "data.format: unknown 'tiff_stack'"),
+    ({"data.format": "csv", "data.dataset": "mine"}, "data.root: data.format: csv reads data.root"),
+    ({"data.format": "csv", "data.root": "."}, "data.dataset: 'digits' is a built-in dataset"),
+    ({"data.partition": "folders"}, "data.partition: folders reads root/clients/"),
+    ({"data.image_size": [32]}, "data.image_size: must be [height, width]"),
+    ({"data.lazy": "sometimes"}, "data.lazy: expected true or false"),
+    (
+        {"data.transforms": [{"normalize": {"mean": [0, 0, 0], "std": [1, 1, 1]}}]},
+        "data.transforms: digits: normalize has 3 channel values for 1 channels",
+    ),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD_DATA)
+def test_bad_data_settings_are_one_line_errors(change, message, tmp_path, capsys):
+    code, err = _run_cli(tmp_path, capsys, "validate", **change)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
