@@ -93,7 +93,10 @@ class DeviceRole:
         self._y: torch.Tensor | None = None
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        seed = batch_seed(self.round_seed, self.task.client, step)
+        """Training batch ``step`` (augmented per ``data.transforms``, seeded by
+        :func:`~splitfl.data.transforms.batch_seed`)."""
+        aug = self.runtime.augment
+        seed = batch_seed(self.round_seed, self.task.client, step) if aug and aug.augment else None
         return self.runtime.batch(self.x_all, self.y_all, self.batches[step], seed)
 
     def forward(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
