@@ -108,6 +108,12 @@ def register_dataset(
     return wrap
 
 
+def black_of(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[float, ...]:
+    """The normalised value ``(0 - mean) / std`` of a black pixel per channel
+    (:attr:`DatasetBundle.black` of a loader that normalises with ``mean``/``std``)."""
+    return tuple(-m / s for m, s in zip(mean, std, strict=True))
+
+
 def labels_only(name: str, train_samples: int) -> DatasetBundle:
     """``name``'s shape with ``train_samples`` class-balanced training labels (sample ``i``
     has label ``i mod C``) and no images: inputs are one zero sample broadcast to every index

@@ -200,15 +200,9 @@ def natural(
     return _finish([np.flatnonzero(writers == w) for w in chosen], min_samples, "natural")
 
 
-def folders(
-    labels: np.ndarray,
-    num_clients: int,
-    rng: np.random.Generator,
-    *,
-    writers: np.ndarray,
-    min_samples: int = 1,
-) -> list[np.ndarray]:
-    """Client ``k`` holds the samples of folder ``k`` (``writers == k``), every folder."""
+def folders(writers: np.ndarray, num_clients: int, min_samples: int = 1) -> list[np.ndarray]:
+    """Client ``k`` holds the samples of folder ``k`` (``writers == k``), every folder; the
+    labels and the generator play no part."""
     writers = np.asarray(writers)
     count = int(writers.max()) + 1 if len(writers) else 0
     if num_clients != count:
@@ -271,7 +265,7 @@ def partition_indices(
     if scheme == "folders":
         if writers is None:
             raise ValueError("folders partition needs a per-client folder layout (root/clients/)")
-        return folders(labels, num_clients, rng, writers=writers, min_samples=min_samples)
+        return folders(writers, num_clients, min_samples)
     choices = ", ".join(PARTITIONERS)
     raise ValueError(f"unknown partition scheme {scheme!r}; choose one of {choices}")
 

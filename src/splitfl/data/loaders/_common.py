@@ -106,11 +106,6 @@ def find_folder(
     )
 
 
-def black(mean: Sequence[float], std: Sequence[float]) -> tuple[float, ...]:
-    """The normalised value of a black pixel per channel (``DatasetBundle.black``)."""
-    return tuple(-m / s for m, s in zip(mean, std, strict=True))
-
-
 def to_dataset(
     images: np.ndarray,
     labels: np.ndarray,

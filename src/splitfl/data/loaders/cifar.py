@@ -28,16 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from splitfl.data.base import DatasetBundle, DatasetShape, register_dataset
+from splitfl.data.base import DatasetBundle, DatasetShape, black_of, register_dataset
 from splitfl.data.loaders._checksums import verify_file
-from splitfl.data.loaders._common import (
-    black,
-    check_labels,
-    file_error,
-    find_folder,
-    reading,
-    to_dataset,
-)
+from splitfl.data.loaders._common import check_labels, file_error, find_folder, reading, to_dataset
 
 CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 CIFAR100_FILES = ["train", "test"]
@@ -141,7 +134,9 @@ def load_cifar10(root: Path | None = None, verify: str = "warn") -> DatasetBundl
     train_y = np.concatenate([p[1] for p in parts[:-1]])
     train = to_dataset(train_x, train_y, CIFAR10_MEAN, CIFAR10_STD)
     test = to_dataset(parts[-1][0], parts[-1][1], CIFAR10_MEAN, CIFAR10_STD)
-    return DatasetBundle("cifar10", train, test, 10, (3, 32, 32), black(CIFAR10_MEAN, CIFAR10_STD))
+    return DatasetBundle(
+        "cifar10", train, test, 10, (3, 32, 32), black_of(CIFAR10_MEAN, CIFAR10_STD)
+    )
 
 
 @register_dataset(
@@ -164,5 +159,5 @@ def load_cifar100(
     )
     train = to_dataset(train_x, train_y, CIFAR100_MEAN, CIFAR100_STD)
     test = to_dataset(test_x, test_y, CIFAR100_MEAN, CIFAR100_STD)
-    shape, zero = (3, 32, 32), black(CIFAR100_MEAN, CIFAR100_STD)
+    shape, zero = (3, 32, 32), black_of(CIFAR100_MEAN, CIFAR100_STD)
     return DatasetBundle("cifar100", train, test, classes, shape, zero)

@@ -36,9 +36,10 @@ from splitfl.data.base import (
     DatasetError,
     DatasetNotFoundError,
     DatasetShape,
+    black_of,
     register_dataset,
 )
-from splitfl.data.loaders._common import black, check_labels, file_error, reading, to_dataset
+from splitfl.data.loaders._common import check_labels, file_error, reading, to_dataset
 
 NPZ_KEYS = ("x", "y", "writer", "split")
 NUM_CLASSES = 62
@@ -54,7 +55,7 @@ def _bundle(train: tuple, test: tuple) -> DatasetBundle:
         x, y, w = part
         return to_dataset(x.reshape(-1, 1, 28, 28), y, _MEAN, _STD, w)
 
-    zero = black(_MEAN, _STD)
+    zero = black_of(_MEAN, _STD)
     return DatasetBundle("femnist", make(train), make(test), NUM_CLASSES, (1, 28, 28), zero)
 
 
