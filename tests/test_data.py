@@ -278,7 +278,7 @@ SCHEME_KW = {
 
 
 def test_partitioners_registry():
-    assert set(PARTITIONERS) == {"iid", "dirichlet", "shards", "natural"}
+    assert set(PARTITIONERS) == {"iid", "dirichlet", "shards", "natural", "folders"}
 
 
 @pytest.mark.parametrize("scheme", ["iid", "dirichlet", "shards"])

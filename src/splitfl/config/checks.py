@@ -186,6 +186,13 @@ def validate(config: ExperimentConfig) -> None:
         "data.test_path",
         "only with data.source: devices (else the test split of data.dataset is used)",
     )
+    _check(
+        d.image_size is None
+        or (len(d.image_size) == 2 and all(1 <= v <= 8192 for v in d.image_size)),
+        "data.image_size",
+        f"must be [height, width] in pixels (1..8192) or null (got {d.image_size})",
+    )
+    _check(bool(d.label_column), "data.label_column", "must name a column")
     v = config.devices
     _check(v.label_bytes >= 0, "devices.label_bytes", "must be >= 0")
     _check(v.variation >= 0, "devices.variation", f"must be >= 0 (got {v.variation})")

@@ -26,7 +26,15 @@ class DataConfig:
     (an error) or ``off``. ``train_samples`` (``executor: timing`` only): partition a
     class-balanced label vector of that many training samples instead of the dataset's labels,
     and read none of its files (e.g. 50000 for CIFAR-10 at paper scale); null reads the
-    dataset."""
+    dataset.
+    Data the user brings (``splitfl.data.formats``): ``format`` (null, ``image_folder``,
+    ``npz``, ``npy``, ``csv``, ``hf``, ``parquet``) reads that container under ``root``, and
+    ``dataset`` then names the data; ``label_column`` (CSV, Hugging Face); ``image_size``
+    ``[H, W]`` resizes images (null: all must have the first image's size); ``lazy``: read
+    inputs when a batch needs them (true), all at load (false), or null = lazy above 1 GiB.
+    ``transforms``: ``random_crop: P``, ``hflip``, ``normalize: {mean, std}``
+    (``splitfl.data.transforms``). ``partition: folders``: each ``root/clients/<id>`` is
+    one client."""
 
     dataset: str = "digits"
     root: str | None = None
@@ -47,6 +55,11 @@ class DataConfig:
     #: ``source: devices``: the server's test set, an .npz with ``x``, ``y`` (and optionally
     #: ``num_classes``), see ``splitfl.data.local``; null = the test split of ``dataset``.
     test_path: str | None = None
+    format: str | None = None
+    label_column: str = "label"
+    image_size: list[int] | None = None
+    lazy: bool | None = None
+    transforms: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

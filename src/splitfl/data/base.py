@@ -60,13 +60,16 @@ class ArrayDataset:
 
 @dataclass
 class DatasetBundle:
-    """Train and test splits plus the facts a model needs."""
+    """Train and test splits plus the facts a model needs. ``black``: per channel, the value
+    a black (0) pixel has in the stored inputs, for loaders that normalise images (a padded
+    ``random_crop`` fills with it, as torchvision pads before normalising); None = 0."""
 
     name: str
     train: ArrayDataset
     test: ArrayDataset
     num_classes: int
     input_shape: tuple[int, ...]
+    black: tuple[float, ...] | None = None
 
 
 Loader = Callable[..., DatasetBundle]  # loader(root: Path | None, **options) -> DatasetBundle
@@ -103,6 +106,12 @@ def register_dataset(
         return loader
 
     return wrap
+
+
+def black_of(mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[float, ...]:
+    """The normalised value ``(0 - mean) / std`` of a black pixel per channel
+    (:attr:`DatasetBundle.black` of a loader that normalises with ``mean``/``std``)."""
+    return tuple(-m / s for m, s in zip(mean, std, strict=True))
 
 
 def labels_only(name: str, train_samples: int) -> DatasetBundle:
@@ -147,7 +156,23 @@ def load_dataset(
     if "verify" in inspect.signature(spec.loader).parameters:
         options["verify"] = verify
     bundle = spec.loader(Path(root) if root is not None else None, **options)
-    check_bundle(bundle, f"{name}: files in {root}")
+    where = f"{name}: files in {root}" if root is not None else f"{name}: loader {_named(spec)}"
+    check_bundle(cast_labels(bundle), where)
+    return bundle
+
+
+def _named(spec: DatasetSpec) -> str:
+    return f"{spec.loader.__module__}.{getattr(spec.loader, '__qualname__', spec.loader)}"
+
+
+def cast_labels(bundle: DatasetBundle) -> DatasetBundle:
+    """``bundle`` with integer labels of any dtype (int8..int32, uint8, ...) as int64
+    (other dtypes are left for :func:`check_bundle` to refuse)."""
+    for part in (bundle.train, bundle.test):
+        y = part.y if isinstance(part.y, torch.Tensor) else torch.as_tensor(np.asarray(part.y))
+        if not y.is_floating_point() and not y.is_complex() and y.dtype != torch.bool:
+            y = y.to(torch.int64)
+        part.y = y
     return bundle
 
 
@@ -172,7 +197,8 @@ def _check_split(part: ArrayDataset, split: str, bundle: DatasetBundle, where: s
         fail(f"labels span {lo}..{hi}, outside 0..{bundle.num_classes - 1}")
     if part.writers is not None and part.writers.shape != (n,):
         fail(f"has {part.writers.shape[0]} writer ids for {n} samples")
-    if part.x.is_floating_point() and not bool(torch.isfinite(part.x).all()):
+    lazy = not isinstance(part.x, torch.Tensor)  # LazyInputs: checked as samples are read
+    if not lazy and part.x.is_floating_point() and not bool(torch.isfinite(part.x).all()):
         fail("holds NaN or infinite input values")
 
 

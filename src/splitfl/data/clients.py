@@ -50,8 +50,8 @@ def client_partition(config: ExperimentConfig, bundle: DatasetBundle) -> list[np
             f"must be <= the {classes} classes in the training labels of {d.dataset} for the "
             f"shards partition (got {d.classes_per_client})",
         )
-    if scheme == "natural" and bundle.train.writers is None:
-        raise ConfigError("data.partition", f"'natural' needs writer ids; {d.dataset} has none")
+    if scheme in ("natural", "folders") and bundle.train.writers is None:
+        raise ConfigError("data.partition", f"{scheme!r} needs writer ids; {d.dataset} has none")
     try:
         return partition_indices(
             scheme,

@@ -24,6 +24,9 @@ Schemes (see :func:`partition_indices`):
   RingSFL's "two classes per client").
 * ``natural``: one client per writer/user (``writers`` array); ``num_clients`` writers having
   ``>= min_samples`` samples are drawn with the generator (client order: ascending writer id).
+* ``folders``: the data's own per-client layout (``root/clients/<id>/...``, read by
+  :mod:`splitfl.data.formats`, which numbers the folders ``0..K-1`` as ``writers``): client
+  ``k`` is folder ``k``; ``num_clients`` must equal ``K``. No randomness.
 """
 
 from __future__ import annotations
@@ -224,11 +227,25 @@ def natural(
     return _finish([np.flatnonzero(writers == w) for w in chosen], min_samples, "natural")
 
 
+def folders(writers: np.ndarray, num_clients: int, min_samples: int = 1) -> list[np.ndarray]:
+    """Client ``k`` holds the samples of folder ``k`` (``writers == k``), every folder; the
+    labels and the generator play no part."""
+    writers = np.asarray(writers)
+    count = int(writers.max()) + 1 if len(writers) else 0
+    if num_clients != count:
+        raise ValueError(
+            f"folders partition: the data has {count} client folders but num_clients is "
+            f"{num_clients}; set data.num_clients: {count}"
+        )
+    return _finish([np.flatnonzero(writers == k) for k in range(count)], min_samples, "folders")
+
+
 PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": iid,
     "dirichlet": dirichlet,
     "shards": shards,
     "natural": natural,
+    "folders": folders,
 }
 
 
@@ -272,6 +289,10 @@ def partition_indices(
         if writers is None:
             raise ValueError("natural partition needs per-sample writer ids (dataset has none)")
         return natural(labels, num_clients, rng, writers=writers, min_samples=min_samples)
+    if scheme == "folders":
+        if writers is None:
+            raise ValueError("folders partition needs a per-client folder layout (root/clients/)")
+        return folders(writers, num_clients, min_samples)
     choices = ", ".join(PARTITIONERS)
     raise ValueError(f"unknown partition scheme {scheme!r}; choose one of {choices}")
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from splitfl.config import TrainConfig
+from splitfl.data.transforms import Transforms, augment_batch, batch_seed
 from splitfl.executors.common import (
     at_least_fp32,
     check_finite,
@@ -39,19 +40,27 @@ from splitfl.training import loss_fn
 
 @dataclass(frozen=True)
 class Runtime:
-    """Where and how tensors are computed: torch device, precision, image memory layout."""
+    """Where and how tensors are computed: torch device, precision, image memory layout, and
+    the training batches' augmentation (``data.transforms``)."""
 
     device: torch.device
     precision: str = "fp32"
     channels_last: bool = False
+    augment: Transforms | None = None
 
     def forward(self, module: nn.Module, x: torch.Tensor, **kwargs) -> torch.Tensor:
         """``module(x)`` under the configured precision; logits/features back in fp32."""
         with precision_context(self.device, self.precision):
             return at_least_fp32(module(x, **kwargs))
 
-    def batch(self, x_all, y_all, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, x_all, y_all, idx: torch.Tensor, seed: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples ``idx`` on the device; a training batch (``seed``: its
+        :func:`~splitfl.data.transforms.batch_seed`) augmented per ``data.transforms``."""
         x = x_all[idx].to(self.device)
+        if seed is not None:
+            x = augment_batch(self.augment, x, seed)
         return (to_memory_format(x) if self.channels_last else x), y_all[idx].to(self.device)
 
 
@@ -77,6 +86,7 @@ class DeviceRole:
         self.x_all, self.y_all, indices = data
         seed = derive_seed(round_seed, task.client)
         self.batches = client_batches(indices, task.batch_size, task.steps, seed)
+        self.round_seed = round_seed
         trainable = nn.ModuleList([part] if aux is None else [part, aux])
         self.optimizer = local_optimizer(trainable, task.lr, train)
         self.loss = loss_fn(train.loss)
@@ -84,7 +94,11 @@ class DeviceRole:
         self._y: torch.Tensor | None = None
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.runtime.batch(self.x_all, self.y_all, self.batches[step])
+        """Training batch ``step`` (augmented per ``data.transforms``, seeded by
+        :func:`~splitfl.data.transforms.batch_seed`)."""
+        aug = self.runtime.augment
+        seed = batch_seed(self.round_seed, self.task.client, step) if aug and aug.augment else None
+        return self.runtime.batch(self.x_all, self.y_all, self.batches[step], seed)
 
     def forward(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Smashed data of mini-batch ``step`` (detached; the graph is kept) and its labels."""

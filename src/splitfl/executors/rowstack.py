@@ -20,6 +20,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from splitfl.config import TrainConfig
+from splitfl.data.transforms import Transforms, augment_batch, batch_seed
 from splitfl.executors.common import (
     NonFiniteLossError,
     at_least_fp32,
@@ -280,6 +281,8 @@ class RowRunner:
     precision: str
     channels_last: bool
     loss: str = "cross_entropy"
+    augment: Transforms | None = None
+    round_seed: int = 0
 
     def forward(
         self,
@@ -320,6 +323,11 @@ class RowRunner:
         """The bucket's ``step``-th batches, stacked ``[rows, batch, ...]`` on the device."""
         idx = torch.stack([r.batches[step] for r in bucket]).to(self.device)
         x = x_all[idx]
+        if self.augment is not None and self.augment.augment:  # as Runtime.batch, per row
+            seeds = [batch_seed(self.round_seed, r.task.client, step) for r in bucket]
+            x = torch.stack(
+                [augment_batch(self.augment, xr, s) for xr, s in zip(x, seeds, strict=True)]
+            )
         if self.channels_last:
             x = to_memory_format(x)
         return x, y_all[idx]

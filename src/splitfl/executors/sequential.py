@@ -39,7 +39,7 @@ class SequentialExecutor:
         model = self._working_model(ctx)
         model.load_state_dict(global_state)
         model.train()
-        runtime = Runtime(self.device, self.precision, self.channels_last)
+        runtime = Runtime(self.device, self.precision, self.channels_last, ctx.augment)
         if plan.ring is not None:
             return self._run_ring(ctx, model, plan, round_seed, runtime)
         gen = np.random.default_rng(derive_seed(round_seed, "mix"))

@@ -41,11 +41,15 @@ functional calls, row-wise SGD, BatchNorm chaining) is :mod:`splitfl.executors.r
 from __future__ import annotations
 
 import copy
+import dataclasses
 
+import numpy as np
 import torch
 from torch import nn
 
 from splitfl.config import TrainConfig
+from splitfl.data.base import ArrayDataset
+from splitfl.data.lazy import is_lazy
 from splitfl.executors.batched_ring import run_batched_ring
 from splitfl.executors.common import client_batches
 from splitfl.executors.rowstack import RowRunner, RowStack, WorkerRow, bn_momenta, step_rows
@@ -86,7 +90,7 @@ class VectorizedExecutor:
         self.channels_last = channels_last
         self.reference = SequentialExecutor(device, precision, channels_last)
         self.fallbacks = 0
-        self._data: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self._data: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
     def batchable(plan: RoundPlan, model: BlockModel) -> bool:
@@ -104,8 +108,8 @@ class VectorizedExecutor:
 
     def _train_data(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = ctx.bundle.train.x, ctx.bundle.train.y
-        if self._data is None or self._data[0] != id(x):
-            self._data = (id(x), x.to(self.device), y.to(self.device))
+        if self._data is None or self._data[0] is not x:  # held: its id is never reused
+            self._data = (x, x.to(self.device), y.to(self.device))
         return self._data[1], self._data[2]
 
     # -- the round --------------------------------------------------------------------------
@@ -117,11 +121,21 @@ class VectorizedExecutor:
         if not self.batchable(plan, ctx.model):
             self.fallbacks += 1
             return self.reference.run_round(ctx, global_state, plan, round_seed)
+        if is_lazy(ctx.bundle.train.x):
+            ctx = participants_only(ctx, plan)
         model: BlockModel = copy.deepcopy(ctx.model).to(self.device)
         model.load_state_dict(global_state)
         model.train()
         loss = ctx.config.train.loss
-        runner = RowRunner(self.mode, self.device, self.precision, self.channels_last, loss)
+        runner = RowRunner(
+            self.mode,
+            self.device,
+            self.precision,
+            self.channels_last,
+            loss=loss,
+            augment=ctx.augment,
+            round_seed=round_seed,
+        )
         if plan.ring is not None:
             return run_batched_ring(runner, ctx, model, plan, round_seed, self._train_data(ctx))
         round_ = self._start_round(ctx, model, plan, round_seed, runner)
@@ -257,3 +271,19 @@ class VectorizedExecutor:
             if cuts:
                 first[g] = min(cuts)
         return {k: first <= block_index(k) for k in stack.params}
+
+
+def participants_only(ctx, plan: RoundPlan):
+    """``ctx`` whose training inputs are only the round's participants' samples, read from
+    lazy inputs (``data.lazy``) into one tensor — what the batched modes stack on the device —
+    and whose participants' indices point into it. The position map is monotonic, so every
+    client draws the same batches as from the whole dataset (:func:`client_batches`)."""
+    clients = sorted({t.client for t in plan.tasks})
+    held = np.unique(np.concatenate([ctx.client_indices[c] for c in clients]))
+    train = ctx.bundle.train
+    subset = ArrayDataset(train.x[torch.as_tensor(held)], train.y[torch.as_tensor(held)])
+    indices = [np.zeros(0, dtype=np.int64)] * len(ctx.client_indices)
+    for c in clients:
+        indices[c] = np.searchsorted(held, ctx.client_indices[c])
+    bundle = dataclasses.replace(ctx.bundle, train=subset)
+    return dataclasses.replace(ctx, bundle=bundle, client_indices=indices)

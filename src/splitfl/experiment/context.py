@@ -10,11 +10,13 @@ import numpy as np
 import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
-from splitfl.data import DatasetBundle, load_dataset
+from splitfl.data import DatasetBundle
 from splitfl.data.base import ArrayDataset, labels_only
 from splitfl.data.clients import client_partition
 from splitfl.data.local import load_test
 from splitfl.data.partition import batch_sizes, label_histograms
+from splitfl.data.source import augmentation, read_dataset
+from splitfl.data.transforms import Transforms
 from splitfl.experiment.validation import resolve_config
 from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
 from splitfl.seeding import rng_for
@@ -56,6 +58,12 @@ class RunContext:
     @property
     def cut_points(self) -> tuple[int, ...]:
         return self.model.cut_points
+
+    @cached_property
+    def augment(self) -> Transforms:
+        """``data.transforms``: the random ones are applied to training batches where they
+        are drawn (:meth:`splitfl.executors.roles.Runtime.batch`)."""
+        return augmentation(self.config.data, self.bundle)
 
     @cached_property
     def data_sizes(self) -> np.ndarray:
@@ -171,7 +179,7 @@ def read_data(config: ExperimentConfig) -> DatasetBundle:
     if d.source == "devices":
         return test_only(config)
     if d.train_samples is None:
-        return load_dataset(d.dataset, d.root, verify=d.verify)
+        return read_dataset(d)
     try:
         return labels_only(d.dataset, d.train_samples)
     except KeyError:
@@ -187,7 +195,7 @@ def test_only(config: ExperimentConfig) -> DatasetBundle:
     of ``data.dataset``) and an empty training split — the devices hold the training data."""
     d = config.data
     if d.test_path is None:
-        full = load_dataset(d.dataset, d.root, verify=d.verify)
+        full = read_dataset(d)
         test, classes = full.test, full.num_classes
     else:
         x, y, classes = load_test(d.test_path)

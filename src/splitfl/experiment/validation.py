@@ -12,6 +12,8 @@ from splitfl.config import ConfigError, ExperimentConfig, validate
 from splitfl.config import load_config as read_config
 from splitfl.data import PARTITIONERS, dataset_names
 from splitfl.data.base import VERIFY_MODES
+from splitfl.data.formats import CLIENT_FORMATS, FORMATS
+from splitfl.data.transforms import TransformError, parse_transforms
 from splitfl.executors import EXECUTORS, PRECISIONS
 from splitfl.models import model_names
 from splitfl.system.devices import COMPOSITIONS, PRESETS, resolve_contention
@@ -33,7 +35,7 @@ def check_registries(config: ExperimentConfig) -> None:
     _choice(config.model, model_names(), "model")
     _choice(config.executor, [*sorted(EXECUTORS), "networked"], "executor")
     _choice(config.precision, list(PRECISIONS), "precision")
-    _choice(config.data.dataset, dataset_names(), "data.dataset")
+    check_data_source(config)
     _choice(config.data.partition, sorted(PARTITIONERS), "data.partition")
     _choice(config.data.verify, list(VERIFY_MODES), "data.verify")
     _choice(config.devices.preset, sorted(PRESETS), "devices.preset")
@@ -71,6 +73,32 @@ def _check_class_labels(config: ExperimentConfig) -> None:
             f"{config.data.partition} deals samples by class label and train.loss: {loss} "
             "has none; use iid",
         )
+def check_data_source(config: ExperimentConfig) -> None:
+    """``data.dataset`` a registered name, or (``data.format``) a container under
+    ``data.root`` whose ``data.dataset`` names it; ``partition: folders`` needs such a
+    container; ``data.transforms`` well formed."""
+    d = config.data
+    if d.format is None:
+        _choice(d.dataset, dataset_names(), "data.dataset")
+    else:
+        _choice(d.format, list(FORMATS), "data.format")
+        if d.root is None:
+            raise ConfigError("data.root", f"data.format: {d.format} reads data.root; set it")
+        if d.dataset in dataset_names():
+            raise ConfigError(
+                "data.dataset",
+                f"{d.dataset!r} is a built-in dataset; with data.format give your data its "
+                "own name (e.g. dataset: my_images)",
+            )
+    if d.partition == "folders" and d.format not in CLIENT_FORMATS:
+        raise ConfigError(
+            "data.partition",
+            f"folders reads root/clients/ of data.format {', '.join(CLIENT_FORMATS)}",
+        )
+    try:
+        parse_transforms(d.transforms)
+    except TransformError as err:
+        raise ConfigError("data.transforms", str(err)) from None
 
 
 def resolve_config(config: ExperimentConfig) -> ExperimentConfig:

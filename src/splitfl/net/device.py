@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from splitfl.config import ExperimentConfig
-from splitfl.data import load_dataset
 from splitfl.data.clients import client_partition
 from splitfl.data.local import LocalData
+from splitfl.data.source import augmentation, read_dataset
 from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
 from splitfl.models import ModelPart, build_model
 from splitfl.models.base import lowest_loss_state
@@ -88,9 +88,10 @@ class ClientData:
 
     def __init__(self, config: ExperimentConfig, clients: list[int], data_root: str | None):
         d = config.data
-        bundle = load_dataset(d.dataset, data_root or d.root, verify=d.verify)
+        bundle = read_dataset(d, data_root)  # lazy inputs: only its clients' are read
         parts = client_partition(config, bundle)
         self.input_shape, self.num_classes = bundle.input_shape, bundle.num_classes
+        self.augment = augmentation(d, bundle)
         self.samples: dict[int, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
         for c in clients:
             idx = torch.as_tensor(parts[c], dtype=torch.long)
@@ -141,7 +142,7 @@ class DeviceAgent:
             torch.set_num_threads(config.threads)  # as the simulation: same kernels, same digits
         torch.manual_seed(config.seed)
         self.model = build_model(config.model, data.input_shape, data.num_classes)
-        self.runtime = Runtime(torch.device("cpu"))
+        self.runtime = Runtime(torch.device("cpu"), augment=data.augment)
         self.roles: dict[int, DeviceRole] = {}
         self.pending: dict[int, float] = {}
         self.profiles: dict[int, Profile | None] = {}

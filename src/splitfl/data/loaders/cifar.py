@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from splitfl.data.base import DatasetBundle, DatasetShape, register_dataset
+from splitfl.data.base import DatasetBundle, DatasetShape, black_of, register_dataset
 from splitfl.data.loaders._checksums import verify_file
 from splitfl.data.loaders._common import check_labels, file_error, find_folder, reading, to_dataset
 
@@ -134,7 +134,9 @@ def load_cifar10(root: Path | None = None, verify: str = "warn") -> DatasetBundl
     train_y = np.concatenate([p[1] for p in parts[:-1]])
     train = to_dataset(train_x, train_y, CIFAR10_MEAN, CIFAR10_STD)
     test = to_dataset(parts[-1][0], parts[-1][1], CIFAR10_MEAN, CIFAR10_STD)
-    return DatasetBundle("cifar10", train, test, 10, (3, 32, 32))
+    return DatasetBundle(
+        "cifar10", train, test, 10, (3, 32, 32), black_of(CIFAR10_MEAN, CIFAR10_STD)
+    )
 
 
 @register_dataset(
@@ -157,4 +159,5 @@ def load_cifar100(
     )
     train = to_dataset(train_x, train_y, CIFAR100_MEAN, CIFAR100_STD)
     test = to_dataset(test_x, test_y, CIFAR100_MEAN, CIFAR100_STD)
-    return DatasetBundle("cifar100", train, test, classes, (3, 32, 32))
+    shape, zero = (3, 32, 32), black_of(CIFAR100_MEAN, CIFAR100_STD)
+    return DatasetBundle("cifar100", train, test, classes, shape, zero)

@@ -32,4 +32,4 @@ def load_digits(
     def make(idx: np.ndarray) -> ArrayDataset:
         return ArrayDataset(torch.from_numpy(x[idx]).unsqueeze(1), torch.from_numpy(y[idx]))
 
-    return DatasetBundle("digits", make(train_idx), make(test_idx), 10, (1, 8, 8))
+    return DatasetBundle("digits", make(train_idx), make(test_idx), 10, (1, 8, 8), (-1.0,))

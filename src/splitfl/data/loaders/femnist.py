@@ -36,6 +36,7 @@ from splitfl.data.base import (
     DatasetError,
     DatasetNotFoundError,
     DatasetShape,
+    black_of,
     register_dataset,
 )
 from splitfl.data.loaders._common import check_labels, file_error, reading, to_dataset
@@ -54,7 +55,8 @@ def _bundle(train: tuple, test: tuple) -> DatasetBundle:
         x, y, w = part
         return to_dataset(x.reshape(-1, 1, 28, 28), y, _MEAN, _STD, w)
 
-    return DatasetBundle("femnist", make(train), make(test), NUM_CLASSES, (1, 28, 28))
+    zero = black_of(_MEAN, _STD)
+    return DatasetBundle("femnist", make(train), make(test), NUM_CLASSES, (1, 28, 28), zero)
 
 
 def _npz_arrays(path: Path) -> tuple[np.ndarray, ...]:

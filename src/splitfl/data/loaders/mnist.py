@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from splitfl.data.base import DatasetBundle, DatasetShape, register_dataset
+from splitfl.data.base import DatasetBundle, DatasetShape, black_of, register_dataset
 from splitfl.data.loaders._checksums import verify_file
 from splitfl.data.loaders._common import check_labels, file_error, find_folder, reading, to_dataset
 
@@ -141,7 +141,7 @@ def _load_idx_dataset(
     mean, std = (0.5,), (0.5,)
     train = to_dataset(train_x[:, None], train_y, mean, std, writers["train"])
     test = to_dataset(test_x[:, None], test_y, mean, std, writers["test"])
-    return DatasetBundle(name, train, test, 10, (1, 28, 28))
+    return DatasetBundle(name, train, test, 10, (1, 28, 28), black_of(mean, std))
 
 
 @register_dataset(

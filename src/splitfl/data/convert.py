@@ -1,0 +1,111 @@
+"""A dataset given from Python as a :class:`DatasetBundle` (:func:`bundle_from`).
+
+Accepted objects (what ``data.dataset: pkg.mod:callable`` may return, or a registered
+loader):
+
+* a :class:`~splitfl.data.base.DatasetBundle` (labels of any integer dtype are cast to int64);
+* a ``(train, test)`` pair of map-style torch ``Dataset`` s whose items are ``(x, y)``: ``x``
+  a tensor, an array or a PIL image (scaled to ``[0, 1]``, channels first), ``y`` an integer.
+  Labels come from a ``targets`` (or ``labels``) attribute when the dataset has one, else by
+  reading every item once. ``input_shape`` and ``num_classes`` are taken from attributes of the
+  training dataset when present (``num_classes``, or ``len(classes)``), else inferred from the
+  first item and the largest label. Inputs are read lazily through ``dataset[i]`` or all at
+  once, per ``lazy`` (``data.lazy``; null: lazy above 1 GiB);
+* a Hugging Face ``datasets.DatasetDict`` with ``train`` and ``test`` splits, or a pair of
+  ``datasets.Dataset`` s (columns as in :mod:`splitfl.data.formats.hf`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from splitfl.data.base import (
+    ArrayDataset,
+    DatasetBundle,
+    DatasetError,
+    DatasetFileError,
+    cast_labels,
+)
+from splitfl.data.formats import ContainerOptions, _hf_bundle
+from splitfl.data.lazy import LazyInputs, finish_inputs
+
+
+def _is_hf(obj: object) -> bool:
+    return type(obj).__module__.split(".")[0] == "datasets"
+
+
+def _as_tensor(x: object) -> torch.Tensor:
+    """One sample as float32: PIL images scaled to [0, 1] ``[C, H, W]``, else as given."""
+    if hasattr(x, "convert") and hasattr(x, "getbands"):  # a PIL image
+        arr = np.asarray(x, dtype=np.uint8)
+        arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+        return torch.from_numpy(arr.astype(np.float32) / 255.0)
+    return torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).float()
+
+
+def _item(ds, i: int, name: str, split: str) -> tuple:
+    item = ds[i]
+    if not isinstance(item, tuple | list) or len(item) < 2:
+        raise DatasetFileError(
+            f"{name}: {split} item {i} must be (x, y), got {type(item).__name__}"
+        )
+    return item[0], item[1]
+
+
+def _torch_labels(ds, name: str, split: str) -> np.ndarray:
+    given = getattr(ds, "targets", None)
+    given = getattr(ds, "labels", None) if given is None else given
+    if given is None:
+        given = [int(_item(ds, i, name, split)[1]) for i in range(len(ds))]
+    y = np.asarray(given.cpu() if isinstance(given, torch.Tensor) else given)
+    if y.ndim != 1 or y.dtype.kind not in "iu" or len(y) != len(ds):
+        raise DatasetFileError(
+            f"{name}: {split} labels must be {len(ds)} integers, got {y.dtype} {list(y.shape)}"
+        )
+    return y.astype(np.int64)
+
+
+def _torch_split(ds, name: str, split: str, lazy: bool | None) -> ArrayDataset:
+    if len(ds) == 0:
+        raise DatasetFileError(f"{name}: {split} dataset holds no samples")
+    shape = getattr(ds, "input_shape", None)  # else read from the first item
+    shape = tuple(shape or _as_tensor(_item(ds, 0, name, split)[0]).shape)
+
+    def read(idx: np.ndarray) -> torch.Tensor:
+        return torch.stack([_as_tensor(_item(ds, int(i), name, split)[0]) for i in idx])
+
+    x = finish_inputs(LazyInputs(read, len(ds), shape), lazy)
+    return ArrayDataset(x, torch.from_numpy(_torch_labels(ds, name, split)))
+
+
+def _from_torch(train, test, name: str, lazy: bool | None) -> DatasetBundle:
+    a, b = _torch_split(train, name, "train", lazy), _torch_split(test, name, "test", lazy)
+    classes = getattr(train, "num_classes", None)
+    if classes is None and getattr(train, "classes", None) is not None:
+        classes = len(train.classes)
+    top = int(max(a.y.max(), b.y.max())) + 1
+    shape = tuple(getattr(train, "input_shape", None) or a.x.shape[1:])
+    return DatasetBundle(name, a, b, int(classes or top), tuple(int(s) for s in shape))
+
+
+def bundle_from(obj: object, name: str, lazy: bool | None = None, **options) -> DatasetBundle:
+    """``obj`` (see the module docstring) as a :class:`DatasetBundle` named ``name``;
+    ``options``: ``label_column``, ``image_size`` for Hugging Face data. Raises a one-line
+    :class:`DatasetError` for anything else."""
+    if isinstance(obj, DatasetBundle):
+        return cast_labels(obj)
+    opts = ContainerOptions(lazy=lazy, **options)
+    if _is_hf(obj) and hasattr(obj, "keys"):
+        if not {"train", "test"} <= set(obj.keys()):
+            raise DatasetError(f"{name}: a DatasetDict needs splits train and test")
+        return _hf_bundle(name, (obj["train"], obj["test"]), ("train", "test"), opts)
+    if isinstance(obj, tuple | list) and len(obj) == 2:
+        if all(_is_hf(s) for s in obj):
+            return _hf_bundle(name, tuple(obj), ("train", "test"), opts)
+        if all(hasattr(s, "__getitem__") and hasattr(s, "__len__") for s in obj):
+            return _from_torch(obj[0], obj[1], name, lazy)
+    raise DatasetError(
+        f"{name}: expected a DatasetBundle, a (train, test) pair of torch Datasets or a "
+        f"Hugging Face DatasetDict, got {type(obj).__name__}"
+    )

@@ -1,0 +1,169 @@
+"""Datasets the user brings: standard on-disk containers under ``data.root`` (``data.format``).
+
+==============  ==========================================================================
+format          files under ``data.root``
+==============  ==========================================================================
+image_folder    ``train/<class>/*.png|jpg|...`` and ``test/<class>/...`` (Pillow)
+npz             ``train.npz`` and ``test.npz`` holding ``x`` and ``y``; or ``data.root`` is
+                one ``.npz`` file holding ``x_train``, ``y_train``, ``x_test``, ``y_test``
+npy             ``x_train.npy``, ``y_train.npy``, ``x_test.npy``, ``y_test.npy`` (``x``
+                memory-mapped: lazy splits read only the rows they are indexed with)
+csv             ``train.csv`` and ``test.csv``: a header, the label column
+                (``data.label_column``), numeric feature columns
+hf              a Hugging Face ``DatasetDict`` saved with ``save_to_disk`` (``train``, ``test``)
+parquet         ``train.parquet`` and ``test.parquet`` (Hugging Face / pyarrow tables)
+==============  ==========================================================================
+
+With ``data.partition: folders`` the training split is ``clients/<id>/<class>/*`` (image
+folder), ``clients/<id>.npz`` or ``clients/<id>.csv``: each entry is one client's data, in the
+order of the ids (numeric when every id is a number, else by name); the test split stays as
+above. Formats and conversions of each container: :mod:`.images`, :mod:`.arrays`, :mod:`.hf`.
+Every problem with a file is a one-line :class:`~splitfl.data.base.DatasetError` naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetNotFoundError
+from splitfl.data.formats import arrays, hf, images
+
+FORMATS = ("image_folder", "npz", "npy", "csv", "hf", "parquet")
+#: formats whose training split may come from ``clients/`` (``data.partition: folders``)
+CLIENT_FORMATS = ("image_folder", "npz", "csv")
+
+
+@dataclass(frozen=True)
+class ContainerOptions:
+    """What a container needs beyond its folder (``data.*`` fields of the same names)."""
+
+    label_column: str = "label"
+    image_size: list[int] | None = None
+    lazy: bool | None = None
+    clients: bool = False
+
+
+def _client_entries(root: Path, suffix: str, name: str) -> list[Path]:
+    """``root/clients/*<suffix>`` (folders when ``suffix`` is empty), in id order."""
+    folder = root / "clients"
+    if not folder.is_dir():
+        raise DatasetNotFoundError(f"{name}: missing folder {folder} (data.partition: folders)")
+    entries = [
+        p for p in folder.iterdir() if (p.is_dir() if not suffix else p.suffix.lower() == suffix)
+    ]
+    if not entries:
+        raise DatasetNotFoundError(f"{name}: {folder} holds no client entries (*{suffix or '/'})")
+    numeric = all(p.stem.isdigit() for p in entries)
+    return sorted(entries, key=lambda p: (int(p.stem), p.name) if numeric else (0, p.name))
+
+
+def _split(x, y: np.ndarray, writers: np.ndarray | None = None) -> ArrayDataset:
+    return ArrayDataset(x, torch.from_numpy(np.asarray(y, dtype=np.int64)), writers)
+
+
+def _writers(sizes: list[int]) -> np.ndarray:
+    return np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+
+
+def _bundle(name: str, train: ArrayDataset, test: ArrayDataset, classes: int | None):
+    top = int(max(train.y.max(), test.y.max())) + 1
+    shape = tuple(int(s) for s in train.x.shape[1:])
+    return DatasetBundle(name, train, test, max(classes or 0, top), shape)
+
+
+def _image_folder(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
+    if o.clients:
+        dirs = _client_entries(root, "", name)
+        classes = sorted({c for d in dirs for c in images.class_folders(d, name)})
+        listed = [images.list_images(d, classes, name) for d in dirs]
+        paths = [p for ps, _ in listed for p in ps]
+        labels = np.concatenate([ys for _, ys in listed])
+        writers = _writers([len(ys) for _, ys in listed])
+    else:
+        classes = images.class_folders(root / "train", name)
+        paths, labels = images.list_images(root / "train", classes, name)
+        writers = None
+    test_paths, test_labels = images.list_images(root / "test", classes, name)
+    decoder = images.ImageDecoder.from_file(paths[0], name, o.image_size)
+    train = _split(images.image_inputs(paths, decoder, o.lazy), labels, writers)
+    test = _split(images.image_inputs(test_paths, decoder, o.lazy), test_labels)
+    return _bundle(name, train, test, len(classes))
+
+
+def _need(path: Path, name: str) -> Path:
+    if not path.exists():
+        raise DatasetNotFoundError(f"{name}: missing file {path}")
+    return path
+
+
+def _npz(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
+    if root.is_file():
+        train = _split(*arrays.read_npz(root, name, ("x_train", "y_train")))
+        test = _split(*arrays.read_npz(root, name, ("x_test", "y_test")))
+        return _bundle(name, train, test, None)
+    if o.clients:
+        parts = [arrays.read_npz(p, name) for p in _client_entries(root, ".npz", name)]
+        x = torch.cat([x for x, _ in parts])
+        train = _split(
+            x, np.concatenate([y for _, y in parts]), _writers([len(y) for _, y in parts])
+        )
+    else:
+        train = _split(*arrays.read_npz(_need(root / "train.npz", name), name))
+    test = _split(*arrays.read_npz(_need(root / "test.npz", name), name))
+    return _bundle(name, train, test, None)
+
+
+def _npy(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
+    def split(s: str) -> ArrayDataset:
+        x, y = (_need(root / f"{v}_{s}.npy", name) for v in ("x", "y"))
+        return _split(*arrays.read_npy(x, y, name, o.lazy))
+
+    return _bundle(name, split("train"), split("test"), None)
+
+
+def _csv(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
+    files = _client_entries(root, ".csv", name) if o.clients else [_need(root / "train.csv", name)]
+    test_file = _need(root / "test.csv", name)
+    parts = [arrays.read_csv(f, name, o.label_column) for f in files]
+    test_x, test_raw = arrays.read_csv(test_file, name, o.label_column)
+    raw = [v for _, r in parts for v in r]
+    y, test_y, classes = arrays.encode_labels(raw, test_raw, name, (files[0], test_file))
+    widths = {x.shape[1] for x, _ in parts} | {test_x.shape[1]}
+    if len(widths) > 1:
+        raise arrays.file_error(name, test_file, f"feature counts differ: {sorted(widths)}")
+    writers = _writers([len(r) for _, r in parts]) if o.clients else None
+    train = _split(torch.cat([x for x, _ in parts]), y, writers)
+    return _bundle(name, train, _split(test_x, test_y), classes)
+
+
+def _hf_bundle(name: str, splits: tuple, where: tuple, o: ContainerOptions) -> DatasetBundle:
+    out, classes = [], None
+    for ds, at in zip(splits, where, strict=True):
+        y, classes = hf.hf_labels(ds, o.label_column, name, at)
+        out.append(_split(hf.hf_inputs(ds, o.label_column, name, at, o.image_size, o.lazy), y))
+    return _bundle(name, out[0], out[1], classes)
+
+
+def load_container(fmt: str, root: str | Path, name: str, options: ContainerOptions):
+    """The :class:`DatasetBundle` of container ``fmt`` (one of :data:`FORMATS`) at ``root``."""
+    root = Path(root)
+    if not root.exists():
+        raise DatasetNotFoundError(f"{name}: data.root {root} does not exist")
+    if fmt == "image_folder":
+        return _image_folder(root, name, options)
+    if fmt == "npz":
+        return _npz(root, name, options)
+    if fmt == "npy":
+        return _npy(root, name, options)
+    if fmt == "csv":
+        return _csv(root, name, options)
+    if fmt == "hf":
+        return _hf_bundle(name, hf.load_saved(root, name), (root / "train", root / "test"), options)
+    if fmt == "parquet":
+        files = (_need(root / "train.parquet", name), _need(root / "test.parquet", name))
+        return _hf_bundle(name, tuple(hf.load_parquet(f, name) for f in files), files, options)
+    raise ValueError(f"unknown data.format {fmt!r}; allowed: {', '.join(FORMATS)}")

@@ -1,0 +1,128 @@
+"""``data.format: npz | npy | csv``: arrays and tables.
+
+Inputs are used as stored, ``[N, *input_shape]`` (images channels-first, ``[N, C, H, W]``),
+cast to float32; ``uint8`` inputs are scaled to ``[0, 1]`` (``v / 255``). Labels are
+integers of any dtype (cast to int64) or, in CSV, class names (sorted; label ``k`` is the
+``k``-th name of the training split).
+
+* ``npz``: a split is a ``.npz`` file with arrays ``x`` and ``y``.
+* ``npy``: a split is a pair of ``.npy`` files ``x_<split>.npy``/``y_<split>.npy``; ``x`` is
+  memory-mapped, so a lazy split reads only the rows it is indexed with.
+* ``csv``: a split is a ``.csv`` file with a header row: the label column
+  (``data.label_column``) and numeric feature columns (every other column, in file order).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from splitfl.data.lazy import LazyInputs, finish_inputs
+from splitfl.data.loaders._common import file_error, reading
+
+
+def as_inputs(x: np.ndarray, name: str, path: Path) -> torch.Tensor:
+    """An input array as float32 (uint8 scaled to [0, 1]); non-numeric is an error."""
+    if x.dtype.kind not in "biuf" or x.ndim < 2:
+        raise file_error(
+            name, path, f"inputs must be a numeric [N, ...] array, got {x.dtype} {list(x.shape)}"
+        )
+    if x.dtype == np.uint8:
+        return torch.from_numpy(x.astype(np.float32) / 255.0)
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+
+
+def as_labels(y: np.ndarray, name: str, path: Path, count: int) -> np.ndarray:
+    """Integer labels of any dtype as int64 ``[count]``; else an error naming ``path``."""
+    y = np.asarray(y)
+    if y.ndim != 1 or y.dtype.kind not in "iu":
+        raise file_error(name, path, f"labels must be integers [N], got {y.dtype} {list(y.shape)}")
+    if len(y) != count:
+        raise file_error(name, path, f"holds {len(y)} labels for {count} samples")
+    if y.size and y.min() < 0:
+        raise file_error(name, path, f"label {int(y.min())} is negative")
+    return y.astype(np.int64)
+
+
+def read_npz(path: Path, name: str, keys: tuple[str, str] = ("x", "y")):
+    """``(x, y)`` from arrays ``keys`` of ``path``."""
+    with reading(name, path), np.load(path, allow_pickle=False) as z:
+        missing = [k for k in keys if k not in z.files]
+        if missing:
+            raise file_error(name, path, f"has no array {missing[0]!r} (holds {z.files})")
+        x, y = z[keys[0]], z[keys[1]]
+    return as_inputs(x, name, path), as_labels(y, name, path, len(x))
+
+
+def read_npy(x_path: Path, y_path: Path, name: str, lazy: bool | None):
+    """``(x, y)`` from a pair of ``.npy`` files; ``x`` memory-mapped (lazy) or read."""
+    with reading(name, x_path):
+        x = np.load(x_path, mmap_mode="r", allow_pickle=False)
+    with reading(name, y_path):
+        y = np.load(y_path, allow_pickle=False)
+    if x.dtype.kind not in "biuf" or x.ndim < 2:
+        as_inputs(np.empty((0,), x.dtype), name, x_path)  # raises the one-line error
+    labels = as_labels(y, name, y_path, len(x))
+
+    def read(idx: np.ndarray) -> torch.Tensor:
+        with reading(name, x_path):
+            rows = np.asarray(x[np.sort(idx)])
+        order = np.argsort(np.argsort(idx, kind="stable"), kind="stable")
+        return as_inputs(rows[order], name, x_path)
+
+    return finish_inputs(LazyInputs(read, len(x), tuple(x.shape[1:])), lazy), labels
+
+
+def read_csv(path: Path, name: str, label_column: str):
+    """``(features float32 [N, F], raw label strings [N])`` of a CSV file with a header."""
+    with reading(name, path), open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    if not rows:
+        raise file_error(name, path, "is empty (expected a header row)")
+    header, body = rows[0], [r for r in rows[1:] if r]
+    if label_column not in header:
+        raise file_error(name, path, f"has no column {label_column!r} (data.label_column)")
+    col = header.index(label_column)
+    if len(header) < 2 or not body:
+        raise file_error(name, path, "needs a label column, a feature column and a data row")
+    feats = np.empty((len(body), len(header) - 1), dtype=np.float32)
+    labels = []
+    for line, row in enumerate(body, start=2):
+        if len(row) != len(header):
+            raise file_error(name, path, f"line {line} has {len(row)} fields, not {len(header)}")
+        labels.append(row[col].strip())
+        try:
+            feats[line - 2] = [float(v) for i, v in enumerate(row) if i != col]
+        except ValueError as err:
+            raise file_error(name, path, f"line {line}: {err}") from None
+    if not np.isfinite(feats).all():
+        raise file_error(name, path, "holds NaN or infinite feature values")
+    return torch.from_numpy(feats), labels
+
+
+def encode_labels(
+    train: list[str], test: list[str], name: str, paths: tuple[Path, Path]
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """String labels → ``(train ints, test ints, num_classes)``: integers as they are when
+    every label is an integer, else sorted class names of the training split."""
+    try:
+        ints = [np.array([int(v) for v in s], dtype=np.int64) for s in (train, test)]
+    except ValueError:
+        ints = None
+    if ints is None:
+        classes = sorted(set(train))
+        index = {c: k for k, c in enumerate(classes)}
+        unknown = sorted(set(test) - set(classes))
+        if unknown:
+            raise file_error(name, paths[1], f"label {unknown[0]!r} is not in the training split")
+        return (
+            np.array([index[v] for v in train], dtype=np.int64),
+            np.array([index[v] for v in test], dtype=np.int64),
+            len(classes),
+        )
+    for arr, path in zip(ints, paths, strict=True):
+        as_labels(arr, name, path, len(arr))
+    return ints[0], ints[1], int(max(ints[0].max(), ints[1].max())) + 1

@@ -1,0 +1,75 @@
+"""The run's dataset as its config names it (``data.*``): a registered loader or a container
+the user brings (``data.format``), with ``normalize`` (``data.transforms``) applied to its
+inputs. The one place a run reads its data: the experiment's context and every device process
+(:mod:`splitfl.net.device`) call :func:`read_dataset`, so both see the same samples."""
+
+from __future__ import annotations
+
+from splitfl.config import ConfigError, DataConfig
+from splitfl.data.base import DatasetBundle, cast_labels, check_bundle, load_dataset
+from splitfl.data.convert import bundle_from
+from splitfl.data.formats import ContainerOptions, load_container
+from splitfl.data.lazy import LazyInputs
+from splitfl.data.transforms import (
+    TransformError,
+    Transforms,
+    check_input_shape,
+    normalize_inputs,
+    parse_transforms,
+    with_black,
+)
+
+
+def read_dataset(d: DataConfig, root: str | None = None) -> DatasetBundle:
+    """``d``'s dataset (from ``root`` if given, else ``d.root``), normalised per
+    ``d.transforms``. Raises a one-line ``DatasetError`` (files) or ``ConfigError``."""
+    root = root or d.root
+    if d.format is None:
+        bundle = load_dataset(d.dataset, root, verify=d.verify)
+    else:
+        options = ContainerOptions(d.label_column, d.image_size, d.lazy, d.partition == "folders")
+        bundle = load_container(d.format, root, d.dataset, options)
+        check_bundle(cast_labels(bundle), f"{d.dataset}: {d.format} data in {root}")
+    return with_transforms(bundle, transforms_of(d))
+
+
+def from_object(obj: object, d: DataConfig) -> DatasetBundle:
+    """A dataset given from Python (what ``data.dataset: pkg.mod:callable`` returns: a
+    ``DatasetBundle``, a ``(train, test)`` pair of torch ``Dataset`` s, a Hugging Face
+    ``DatasetDict``; :func:`~splitfl.data.convert.bundle_from`) as the run's bundle, read per
+    ``d`` (``lazy``, ``label_column``, ``image_size``), checked and normalised."""
+    options = {"label_column": d.label_column, "image_size": d.image_size}
+    bundle = bundle_from(obj, d.dataset, d.lazy, **options)
+    check_bundle(bundle, f"{d.dataset}: the object its callable returned")
+    return with_transforms(bundle, transforms_of(d))
+
+
+def transforms_of(d: DataConfig) -> Transforms:
+    """``d.transforms`` parsed (a malformed entry is a ``ConfigError`` on the field)."""
+    try:
+        return parse_transforms(d.transforms)
+    except TransformError as err:
+        raise ConfigError("data.transforms", str(err)) from None
+
+
+def augmentation(d: DataConfig, bundle: DatasetBundle) -> Transforms:
+    """What training batches of ``bundle`` go through (``d.transforms``), crops padded with
+    the bundle's black (:func:`~splitfl.data.transforms.with_black`)."""
+    return with_black(transforms_of(d), bundle.black)
+
+
+def with_transforms(bundle: DatasetBundle, t: Transforms) -> DatasetBundle:
+    """``bundle`` with ``normalize`` applied to both splits' inputs (lazily for lazy inputs);
+    the transforms checked against its input shape."""
+    try:
+        check_input_shape(t, bundle.input_shape)
+    except TransformError as err:
+        raise ConfigError("data.transforms", f"{bundle.name}: {err}") from None
+    if t.mean is None:
+        return bundle
+    for part in (bundle.train, bundle.test):
+        if isinstance(part.x, LazyInputs):
+            part.x = part.x.map(lambda x: normalize_inputs(t, x))
+        else:
+            part.x = normalize_inputs(t, part.x)
+    return bundle
