@@ -44,7 +44,16 @@ REQUIRED = ("round", "global_state", "algorithm", "clock", "traffic", "metrics",
 #: (``network``, as ``--resume`` overrides), the torch device and thread count, and where the
 #: data files lie and how their checksums are checked. Every other field is the run's
 #: identity: changing it mid-run would change what the earlier rounds computed.
-MAY_CHANGE = ("rounds", "output", "network", "device", "threads", "data.root", "data.verify")
+MAY_CHANGE = (
+    "rounds",
+    "output",
+    "network",
+    "device",
+    "threads",
+    "data.root",
+    "data.verify",
+    "import_dirs",  # where the user's modules are found, not what the run is
+)
 
 
 def run_identity(config: ExperimentConfig) -> dict[str, Any]:

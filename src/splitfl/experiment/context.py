@@ -10,12 +10,13 @@ import numpy as np
 import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
-from splitfl.data import DatasetBundle, load_dataset
+from splitfl.data import DatasetBundle
 from splitfl.data.base import labels_only
 from splitfl.data.clients import client_partition
 from splitfl.data.partition import batch_sizes, label_histograms
 from splitfl.experiment.validation import resolve_config
-from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
+from splitfl.extensions import build_model, load_dataset, profile_model
+from splitfl.models import BlockModel, ModelProfile
 from splitfl.seeding import rng_for
 from splitfl.system import ClientCost, Population, draw_population, split_client_cost
 from splitfl.system.devices import with_variation
@@ -154,6 +155,33 @@ def read_data(config: ExperimentConfig) -> DatasetBundle:
         ) from None
 
 
+def _checked_model(
+    config: ExperimentConfig, bundle: DatasetBundle
+) -> tuple[BlockModel, torch.Tensor]:
+    """The config's model and its outputs, checked on two training samples: it builds for the data's
+    shape, runs forward, and gives one row of outputs per sample (``[B, outputs]``)."""
+    try:
+        model = build_model(config.model, bundle.input_shape, bundle.num_classes)
+        with torch.no_grad():
+            logits = model.eval()(bundle.train.x[:2])
+    except ConfigError:
+        raise
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise ConfigError(
+            "model",
+            f"{config.model} does not fit {config.data.dataset} inputs {bundle.input_shape}: "
+            f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}",
+        ) from err
+    n = len(bundle.train.x[:2])
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != n:
+        shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ConfigError(
+            "model",
+            f"{config.model} gives outputs {shape} for a batch of {n}; expected [{n}, classes]",
+        )
+    return model, logits
+
+
 def build_context(config: ExperimentConfig) -> RunContext:
     """Load data, partition it, draw devices, build the model and its profile. The context
     holds ``config`` resolved (:func:`~splitfl.experiment.validation.resolve_config`).
@@ -178,16 +206,7 @@ def build_context(config: ExperimentConfig) -> RunContext:
     v = config.devices
     population = with_variation(population, v.variation, v.variation_period, config.seed)
     torch.manual_seed(config.seed)
-    try:
-        model = build_model(config.model, bundle.input_shape, bundle.num_classes)
-        with torch.no_grad():
-            logits = model.eval()(bundle.train.x[:2])
-    except (RuntimeError, ValueError) as err:
-        raise ConfigError(
-            "model",
-            f"{config.model} does not fit {d.dataset} inputs {bundle.input_shape}: "
-            f"{str(err).splitlines()[0]}",
-        ) from err
+    model, logits = _checked_model(config, bundle)
     _check_label_range(config, bundle, int(logits.shape[-1]))
     profile = profile_model(config.model, bundle.input_shape, bundle.num_classes)
     return RunContext(config, bundle, parts, hist, population, model, profile)
