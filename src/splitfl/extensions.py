@@ -21,6 +21,7 @@ dataset that works in one of them works in all:
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
 import os
@@ -86,13 +87,18 @@ def load_plugins() -> None:
             warnings.warn(f"splitfl plugin {ep.name} ({ep.value}): {_error_line(err)}", stacklevel=2)
 
 
+def _needed(config: ExperimentConfig) -> list[tuple[str, str]]:
+    """(field, module) of ``imports`` and of ``model:``/``data.dataset:`` import paths."""
+    out = [("imports", name) for name in config.imports]
+    for field, spec in (("model", config.model), ("data.dataset", config.data.dataset)):
+        if is_import_path(spec):
+            out.append((field, spec.partition(":")[0]))
+    return out
+
+
 def required_modules(config: ExperimentConfig) -> list[str]:
     """``imports`` plus the modules of ``model:`` and ``data.dataset:`` import paths."""
-    names = list(config.imports)
-    for spec in (config.model, config.data.dataset):
-        if is_import_path(spec):
-            names.append(spec.partition(":")[0])
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(name for _, name in _needed(config)))
 
 
 def import_user_modules(
@@ -124,8 +130,9 @@ def import_config_modules(
 ) -> list[ModuleType]:
     """Import what ``config`` needs (:func:`required_modules`), searching its
     ``import_dirs``, ``config_dir`` (the config file's directory) and the current directory."""
+    load_plugins()
     dirs = [*(config.import_dirs or []), *([config_dir] if config_dir else []), Path.cwd()]
-    return import_user_modules(required_modules(config), dirs)
+    return [m for field, name in _needed(config) for m in import_user_modules([name], dirs, field)]
 
 
 def _installed_roots() -> list[Path]:
@@ -267,3 +274,17 @@ def reject_objects(data: dict[str, Any]) -> None:
 def _dataset(data: dict[str, Any]) -> Any:
     section = data.get("data")
     return section.get("dataset") if isinstance(section, dict) else None
+
+
+def add_import_flag(parser: argparse.ArgumentParser) -> None:
+    """``--import MODULE`` (repeatable) on a command: modules imported before the config
+    is checked, as the config's ``imports:``."""
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (it may register models, datasets, algorithms); repeatable; "
+        "found on PYTHONPATH, in the current directory and the config's directory",
+    )

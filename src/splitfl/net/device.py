@@ -29,10 +29,10 @@ import numpy as np
 import torch
 
 from splitfl.config import ExperimentConfig
-from splitfl.data import load_dataset
 from splitfl.data.clients import client_partition
 from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
-from splitfl.models import ModelPart, build_model
+from splitfl.extensions import build_model, load_dataset
+from splitfl.models import ModelPart
 from splitfl.net.emulation import FORWARD_SHARE, Profile, stretch, transfer
 from splitfl.net.peer import PeerEndpoint
 from splitfl.net.wire import (

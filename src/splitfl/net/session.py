@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.extensions import child_env
 from splitfl.net.auth import AuthSetupError, TokenBook, new_token, server_credentials
 from splitfl.net.hub import Hub, HubSettings
 
@@ -75,6 +76,7 @@ class NetworkSession:
             return
         logs.mkdir(parents=True, exist_ok=True)
         host = "localhost" if n.tls_cert else "127.0.0.1"
+        env = child_env(self.config)  # they find the run's modules where the server did
         for i, (name, token) in enumerate(tokens.items()):
             token_file = Path(self.tmp.name) / f"{name}.token"
             token_file.write_text(token)
@@ -89,7 +91,7 @@ class NetworkSession:
             if n.compression != "none":
                 cmd += ["--compression", n.compression]
             with open(logs / f"{name}.log", "w") as log:  # the child keeps its own handle
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             self.procs.append((name, clients, proc))
 
     def _wait(self, need: int) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfl.config import ConfigError
+from splitfl.extensions import modules_to_ship
 from splitfl.sweeps.spec import Trial
 from splitfl.sweeps.trial import run_trial
 
@@ -45,6 +46,16 @@ def import_ray() -> Any:
     return ray
 
 
+def runtime_env(jobs: list[Job]) -> dict[str, Any] | None:
+    """The Ray runtime environment of the trials: the user modules their configs import that
+    are not installed packages (:func:`~splitfl.extensions.modules_to_ship`), shipped as
+    ``py_modules`` so a worker on any machine imports them (each trial imports its config's
+    modules before it is checked); None when there are none."""
+    configs = [trial.config for trial, _ in jobs if trial.config is not None]
+    modules = {m.__name__: m for cfg in configs for m in modules_to_ship(cfg)}
+    return {"py_modules": list(modules.values())} if modules else None
+
+
 def run_ray(
     jobs: list[Job],
     on_start: Callable[[Trial], None],
@@ -68,7 +79,10 @@ def run_ray(
         started = True
     try:
         task = ray.remote(run_trial).options(
-            num_cpus=cpus_per_trial, num_gpus=gpus_per_trial, max_retries=0
+            num_cpus=cpus_per_trial,
+            num_gpus=gpus_per_trial,
+            max_retries=0,
+            runtime_env=runtime_env(jobs),
         )
         pending = {}
         for trial, run_dir in jobs:
