@@ -87,6 +87,7 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_cli_runs_and_resumes_a_user_module_outside_the_tree(tmp_path):
     proj = _project(tmp_path / "proj").parent
     done = _splitfl("run", "config.yaml", "--out", "run", "--no-progress", cwd=proj)
@@ -98,33 +99,40 @@ def test_cli_runs_and_resumes_a_user_module_outside_the_tree(tmp_path):
     saved["rounds"] = 3
     (proj / "run" / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
     (tmp_path / "elsewhere").mkdir()
-    done = _splitfl("run", "--resume", str(proj / "run"), "--no-progress", cwd=tmp_path / "elsewhere")
+    done = _splitfl(
+        "run", "--resume", str(proj / "run"), "--no-progress", cwd=tmp_path / "elsewhere"
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert [r["round"] for r in _rows(proj / "run")] == [1, 2, 3]
 
 
-def test_cli_import_flag_and_one_line_import_errors(tmp_path):
-    proj = _project(tmp_path / "proj").parent
+def test_cli_import_flag_and_one_line_import_errors(tmp_path, monkeypatch, capsys):
+    """In this process (``main``): a module found in the current directory only."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    proj = _project(tmp_path / "proj", module="user_ext_flag").parent
+    monkeypatch.chdir(proj)
     cfg = yaml.safe_load((proj / "config.yaml").read_text())
     del cfg["imports"]
     cfg["model"] = "cnn_digits"
     (proj / "plain.yaml").write_text(yaml.safe_dump(cfg))
-    ok = _splitfl("validate", "plain.yaml", "--import", "user_ext", cwd=proj)
-    assert ok.returncode == 0 and ok.stdout.startswith("ok: splitfed_v1 on user_ext_digits")
-    missing = _splitfl("validate", "plain.yaml", cwd=proj)
-    assert missing.returncode == 2
-    assert "data.dataset: unknown 'user_ext_digits'" in missing.stderr
-    (proj / "broken.py").write_text("import torch\nraise RuntimeError('no GPU here')\n")
-    bad = _splitfl("validate", "config.yaml", "--import", "broken", cwd=proj)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
-    assert bad.stderr.startswith(
-        "error: imports: cannot import 'broken': RuntimeError: no GPU here (broken.py line 2)"
-    )
+    assert main(["validate", "plain.yaml"]) == 2
+    assert "data.dataset: unknown 'user_ext_flag_digits'" in capsys.readouterr().err
+    assert main(["validate", "plain.yaml", "--import", "user_ext_flag"]) == 0
+    assert capsys.readouterr().out.startswith("ok: splitfed_v1 on user_ext_flag_digits")
+    (proj / "broken_h1.py").write_text("import torch\nraise RuntimeError('no GPU here')\n")
+    assert main(["validate", "config.yaml", "--import", "broken_h1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "error: imports: cannot import 'broken_h1': RuntimeError: no GPU here (broken_h1.py line 2)"
+    ), err
 
 
 @pytest.mark.slow
 def test_ray_sweep_trials_import_the_user_module(tmp_path):
     proj = _project(tmp_path / "proj").parent
+    log = tmp_path / "imported-from.txt"  # where each process found the module
+    with (proj / "user_ext.py").open("a") as f:
+        f.write(f"\nopen({str(log)!r}, 'a').write(__file__ + '\\n')\n")
     sweep = {"base": "config.yaml", "axes": {"seed": [0, 1]}}
     (proj / "sweep.yaml").write_text(yaml.safe_dump(sweep))
     done = _splitfl("sweep", "sweep.yaml", "--backend", "ray", "--out", "sw", cwd=proj, timeout=400)
@@ -132,6 +140,9 @@ def test_ray_sweep_trials_import_the_user_module(tmp_path):
     index = json.loads((proj / "sw" / "trials.json").read_text())["trials"]
     assert [t["status"] for t in index] == ["done", "done"]
     assert all(len(_rows(proj / "sw" / t["name"])) == 2 for t in index)
+    # the workers imported the copy Ray shipped (runtime_env py_modules), not the project's
+    found = set(log.read_text().split())
+    assert str(proj / "user_ext.py") in found and len(found) >= 2, found
 
 
 def test_a_ray_trial_ships_the_modules_that_are_not_installed(tmp_path, monkeypatch):
@@ -139,7 +150,7 @@ def test_a_ray_trial_ships_the_modules_that_are_not_installed(tmp_path, monkeypa
     path = _project(tmp_path, module="user_ext_ray")
     config = splitfl.load_config(path)
     env = runtime_env([(Trial(0, "t", {}, config), tmp_path / "t")])
-    assert [m.__name__ for m in env["py_modules"]] == ["user_ext_ray"]
+    assert env == {"py_modules": [str((tmp_path / "user_ext_ray.py").resolve())]}
     plain = splitfl.load_config(None, ["data.dataset=digits"])
     assert runtime_env([(Trial(0, "t", {}, plain), tmp_path / "t")]) is None
 
@@ -147,7 +158,9 @@ def test_a_ray_trial_ships_the_modules_that_are_not_installed(tmp_path, monkeypa
 @pytest.mark.slow
 def test_launch_devices_import_the_user_module(tmp_path):
     proj = _project(tmp_path / "proj").parent
-    done = _splitfl("launch", "config.yaml", "--devices", "2", "--out", "net", "--no-progress", cwd=proj)
+    done = _splitfl(
+        "launch", "config.yaml", "--devices", "2", "--out", "net", "--no-progress", cwd=proj
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert len(_rows(proj / "net")) == 2
     seq = _splitfl("run", "config.yaml", "--out", "seq", "--no-progress", cwd=proj)

@@ -84,7 +84,9 @@ def load_plugins() -> None:
             if callable(obj) and not isinstance(obj, ModuleType):
                 obj()
         except Exception as err:  # noqa: BLE001 - one broken plugin must not stop the others
-            warnings.warn(f"splitfl plugin {ep.name} ({ep.value}): {_error_line(err)}", stacklevel=2)
+            warnings.warn(
+                f"splitfl plugin {ep.name} ({ep.value}): {_error_line(err)}", stacklevel=2
+            )
 
 
 def _needed(config: ExperimentConfig) -> list[tuple[str, str]]:
@@ -156,10 +158,14 @@ def _user_roots(names: Iterable[str]) -> list[ModuleType]:
     return out
 
 
-def modules_to_ship(config: ExperimentConfig) -> list[ModuleType]:
-    """The config's user modules that are not installed (a Ray worker elsewhere lacks them):
-    the ``py_modules`` of a trial's runtime environment."""
-    return _user_roots(required_modules(config))
+def modules_to_ship(config: ExperimentConfig) -> list[str]:
+    """The files (a module) or folders (a package) of the config's user modules that are not
+    installed (a Ray worker elsewhere lacks them): a trial's runtime environment's
+    ``py_modules``."""
+    return [
+        str(Path(m.__path__[0]) if hasattr(m, "__path__") else Path(m.__file__))
+        for m in _user_roots(required_modules(config))
+    ]
 
 
 def fill_import_dirs(config: ExperimentConfig) -> ExperimentConfig:
@@ -235,9 +241,7 @@ def profile_model(spec: str, input_shape: tuple[int, ...], num_classes: int):
     return profiles.profile_model(spec, input_shape, num_classes, build=build_model)
 
 
-def load_dataset(
-    spec: str, root: str | Path | None = None, verify: str = "warn"
-) -> DatasetBundle:
+def load_dataset(spec: str, root: str | Path | None = None, verify: str = "warn") -> DatasetBundle:
     """The dataset ``spec`` names: registered (:func:`splitfl.data.load_dataset`), or an
     import path whose callable gets ``root`` and ``verify`` where its signature takes them."""
     if not is_import_path(spec):
