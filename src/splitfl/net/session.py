@@ -95,21 +95,39 @@ class NetworkSession:
             self.procs.append((name, clients, proc))
 
     def _wait(self, need: int) -> None:
-        deadline = time.monotonic() + self.net.connect_timeout_s
+        start = time.monotonic()
         while True:
             try:
                 self.hub.wait_for(need, 1.0)
                 return
             except TimeoutError:
                 dead = [(name, p.returncode) for name, _, p in self.procs if p.poll() is not None]
-                if dead or time.monotonic() > deadline:
+                waited = time.monotonic() - start
+                if dead or waited > self.net.connect_timeout_s:
                     ready = len(self.hub.live())
                     self.stop()
-                    why = f"; device processes exited: {dead} (logs in {self.run_dir / 'devices'})"
+                    if dead:  # one line: which device ended, and the last line it wrote
+                        raise ConfigError(
+                            "network.devices",
+                            f"{ready} of {need} devices ready after {waited:.0f} s; device "
+                            f"processes exited: {self._exits(dead)} (logs in "
+                            f"{self.run_dir / 'devices'})",
+                        ) from None
                     raise RuntimeError(
                         f"{ready} of {need} devices ready after {self.net.connect_timeout_s:g} s"
-                        f"{why if dead else ''}"
                     ) from None
+
+    def _exits(self, dead: list[tuple[str, int]]) -> str:
+        """``name (exit code: last line of its log)`` for each ended device process."""
+        out = []
+        for name, code in dead:
+            try:
+                lines = (self.run_dir / "devices" / f"{name}.log").read_text().splitlines()
+            except OSError:
+                lines = []
+            last = next((x.strip() for x in reversed(lines) if x.strip()), "")
+            out.append(f"{name} (exit {code}{': ' + last if last else ''})")
+        return "; ".join(out)
 
     def wait_ready(self) -> None:
         """Before a round: wait (up to ``rejoin_s``) until ``min_devices`` devices are ready
