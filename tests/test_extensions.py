@@ -24,6 +24,7 @@ from splitfl.algorithms import ALGORITHMS, S2FL
 from splitfl.cli.main import main
 from splitfl.config import ConfigError
 from splitfl.data.base import DATASETS
+from splitfl.experiment.checkpoint import identity_mismatch, identity_record
 from splitfl.models.registry import MODELS
 from splitfl.net.testbed import Testbed
 from splitfl.sweeps.backends import runtime_env
@@ -336,3 +337,15 @@ def test_an_installed_plugin_registers_itself(tmp_path, monkeypatch):
         assert splitfl.validate(tiny_config(model="h1_plugin_mlp")).startswith("ok:")
     finally:
         MODELS.pop("h1_plugin_mlp", None)
+
+
+def test_a_checkpoint_from_before_imports_existed_still_resumes():
+    """A field newer than a checkpoint counts as its default (``imports: []``)."""
+    config = splitfl.load_config(None, ["data.dataset=digits"])
+    old = json.loads(identity_record(config)["config"])
+    assert old.pop("imports") == [] and "import_dirs" not in old  # where, not what
+    stored = {"config": json.dumps(old, sort_keys=True), "sha256": "older"}
+    assert identity_mismatch(stored, config) is None
+    assert 'imports ("<unset>" vs ["json"])' in identity_mismatch(
+        stored, config.replace(imports=["json"])
+    )

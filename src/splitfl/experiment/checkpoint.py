@@ -83,7 +83,11 @@ def identity_mismatch(stored: Any, config: ExperimentConfig) -> str | None:
         return "its run identity is unreadable"
     new = run_identity(config)
     unset = "<unset>"
-    keys = sorted(k for k in {*old, *new} if old.get(k, unset) != new.get(k, unset))
+    # a field newer than the checkpoint (absent from it) counts as its default value
+    default = flatten(ExperimentConfig().to_dict())
+    keys = sorted(k for k in {*old, *new} if old.get(k, default.get(k, unset)) != new.get(k, unset))
+    if not keys:
+        return None
     shown = [f"{k} ({_short(old.get(k, unset))} vs {_short(new.get(k, unset))})" for k in keys]
     more = f" and {len(keys) - 4} more" if len(keys) > 4 else ""
     return f"the config differs in {', '.join(shown[:4])}{more} (checkpoint vs config.yaml)"
