@@ -5,6 +5,7 @@ refuse to shadow a name; "did you mean"; ``dir(splitfl)``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -349,3 +350,13 @@ def test_a_checkpoint_from_before_imports_existed_still_resumes():
     assert 'imports ("<unset>" vs ["json"])' in identity_mismatch(
         stored, config.replace(imports=["json"])
     )
+
+
+def test_a_device_refuses_a_name_registered_only_in_the_server_in_one_line():
+    config = splitfl.load_config(None, ["data.dataset=digits"])
+    config = config.replace(data=dataclasses.replace(config.data, dataset="only_on_server"))
+    with pytest.raises(ConfigError) as err:
+        extensions.device_imports(config)
+    message = str(err.value)
+    assert message.startswith("data.dataset: unknown 'only_on_server'") and "\n" not in message
+    assert message.endswith("reaches devices through a module in imports:)")

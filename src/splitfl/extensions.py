@@ -221,6 +221,23 @@ def check_dataset(spec: str) -> None:
         raise ConfigError("data.dataset", unknown_choice(spec, dataset_names()) + _import_hint())
 
 
+def device_imports(config: ExperimentConfig) -> None:
+    """On a device process: import what the server's config names (its ``imports`` and
+    import paths) from this device's own environment (``PYTHONPATH``, current directory;
+    never the server's paths), and check its model and dataset names. A device lacking one
+    gets a one-line ConfigError."""
+    import_config_modules(config.replace(import_dirs=None))
+    try:
+        check_model(config.model)
+        check_dataset(config.data.dataset)
+    except ConfigError as err:
+        raise ConfigError(
+            err.field_path,
+            f"{str(err).partition(': ')[2]} (on this device: a name registered in the "
+            "server's process only reaches devices through a module in imports:)",
+        ) from None
+
+
 def _import_hint() -> str:
     return "; or an import path package.module:callable"
 

@@ -20,7 +20,7 @@ import grpc
 
 from splitfl.config import ConfigError, ExperimentConfig, from_dict
 from splitfl.data.base import DatasetError
-from splitfl.extensions import import_config_modules
+from splitfl.extensions import device_imports
 from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
 from splitfl.net.emulation import Profile
@@ -214,9 +214,7 @@ def _read_commands(
             chunking["bytes"] = size
             if not to_peer and (agent is None or sorted(agent.data.samples) != sorted(clients)):
                 config = from_dict(ExperimentConfig, msg.fields["config"])
-                # the modules the server's config names (imports, import paths): this
-                # device's own (PYTHONPATH, current directory), never the server's paths
-                import_config_modules(config.replace(import_dirs=None))
+                device_imports(config)  # the modules and names the server's config needs
                 agent = agent_cls(config, ClientData(config, clients, opts.data_root))
                 agent.peer, agent.options, agent.sessions = peer, opts, SESSION_HANDLERS
             outbox.put(encode(Message("ready")))
