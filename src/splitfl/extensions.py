@@ -109,6 +109,7 @@ def import_user_modules(
     """Import ``names`` (after the plugins), with ``search_dirs`` appended to ``sys.path``
     (after ``PYTHONPATH`` and the installed packages). Raises a one-line ConfigError."""
     load_plugins()
+    search_dirs = list(search_dirs)
     for folder in search_dirs:
         path = str(Path(folder).resolve())
         if path not in sys.path and Path(path).is_dir():
