@@ -10,6 +10,10 @@ Python API (mirrors the CLI)::
     splitfl.catalog()                                                  # splitfl list
     splitfl.sweep("sweep.yaml", backend="local")                       # splitfl sweep
     splitfl.report("runs/my-sweep")                                    # splitfl report
+
+Your own model, data and algorithm (ARCHITECTURE.md, "Extension points"): a module that
+calls ``splitfl.register_model`` / ``register_dataset`` / ``register_algorithm``, named in
+the config's ``imports:`` (or ``--import``), or ``model: package.module:callable``.
 """
 
 from __future__ import annotations
@@ -35,14 +39,24 @@ _API = {
     "report": "splitfl.metrics.report",
     "SweepResult": "splitfl.sweeps",
     "sweep": "splitfl.sweeps",
+    "register_algorithm": "splitfl.algorithms",
+    "register_dataset": "splitfl.data.base",
+    "register_model": "splitfl.models.registry",
+    "BlockModel": "splitfl.models.base",
+    "DatasetBundle": "splitfl.data.base",
+    "ArrayDataset": "splitfl.data.base",
 }
 
 if TYPE_CHECKING:
+    from splitfl.algorithms import register_algorithm
     from splitfl.config import ConfigError, ExperimentConfig
+    from splitfl.data.base import ArrayDataset, DatasetBundle, register_dataset
     from splitfl.experiment import CompareResult, RunResult, compare, resume, run, validate
     from splitfl.experiment.validation import load_config
     from splitfl.listing import catalog
     from splitfl.metrics.report import ReportResult, report
+    from splitfl.models.base import BlockModel
+    from splitfl.models.registry import register_model
     from splitfl.sweeps import SweepResult, sweep
 
 __version__ = "0.1.0"
@@ -56,7 +70,15 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def __dir__() -> list[str]:
+    """The public API too (imported lazily, so not yet in the module's namespace)."""
+    return sorted({*globals(), *_API})
+
+
 __all__ = [
+    "ArrayDataset",
+    "BlockModel",
+    "DatasetBundle",
     "CompareResult",
     "ConfigError",
     "ExperimentConfig",
@@ -68,6 +90,9 @@ __all__ = [
     "resume",
     "run",
     "catalog",
+    "register_algorithm",
+    "register_dataset",
+    "register_model",
     "report",
     "sweep",
     "validate",

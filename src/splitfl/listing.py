@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from splitfl.algorithms import ALGORITHMS, ALIASES
 from splitfl.data.base import DATASETS, dataset_names
+from splitfl.extensions import load_plugins
 from splitfl.models.registry import MODELS, model_names
 from splitfl.proxies import PROXIES
 from splitfl.system.devices import COMPOSITIONS, PRESETS
@@ -21,7 +22,8 @@ def timing_note(cls) -> str:
 def catalog() -> dict[str, dict[str, str]]:
     """``{"algorithms"|"models"|"datasets"|"device_presets"|"compositions"|"executors":
     {name: description}}``; a proxy baseline's description starts with ``[proxy: reason]``
-    (:mod:`splitfl.proxies`)."""
+    (:mod:`splitfl.proxies`). Installed plugins (``splitfl.plugins``) are loaded first."""
+    load_plugins()
     algorithms = {
         name: (f"[proxy: {PROXIES[name]}] " if name in PROXIES else "")
         + cls.paper

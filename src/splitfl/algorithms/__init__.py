@@ -23,6 +23,7 @@ from splitfl.algorithms.splitfed_v1 import SplitFedV1
 from splitfl.algorithms.splitfed_v2 import SplitFedV2
 from splitfl.algorithms.vanilla_sl import VanillaSL
 from splitfl.config import ConfigError, from_dict
+from splitfl.config.choices import unknown_choice
 from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
@@ -60,13 +61,20 @@ ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
-    """Add ``cls`` to :data:`ALGORITHMS` under ``cls.name`` (usable as a class decorator). An
-    algorithm that needs no new topology is one module plus this call."""
+def register_algorithm(cls: type[Algorithm] | None = None, *, replace: bool = False):
+    """Add ``cls`` to :data:`ALGORITHMS` under ``cls.name`` (usable as a class decorator, or
+    as ``@register_algorithm(replace=True)``). An algorithm that needs no new topology is one
+    module plus this call. A name already registered (or an alias) is a ``ValueError``
+    unless ``replace=True``."""
+    if cls is None:
+        return lambda c: register_algorithm(c, replace=replace)
     if not cls.name or not isinstance(cls.name, str):
         raise ValueError(f"{cls.__name__} needs a non-empty class attribute 'name'")
-    if cls.name in ALIASES or ALGORITHMS.get(cls.name, cls) is not cls:
-        raise ValueError(f"algorithm name {cls.name!r} is already registered")
+    if cls.name in ALIASES or (ALGORITHMS.get(cls.name, cls) is not cls and not replace):
+        raise ValueError(
+            f"algorithm name {cls.name!r} is already registered; pick another name"
+            + ("" if cls.name in ALIASES else " or pass replace=True")
+        )
     ALGORITHMS[cls.name] = cls
     return cls
 
@@ -87,7 +95,7 @@ def resolve_algorithm(name: str, options: dict[str, dict[str, Any]]) -> tuple[ty
     elif name in ALGORITHMS:
         base, preset = name, {}
     else:
-        raise ConfigError("algorithm", f"unknown {name!r}; allowed: {', '.join(algorithm_names())}")
+        raise ConfigError("algorithm", unknown_choice(name, algorithm_names()))
     cls = ALGORITHMS[base]
     for key in dict.fromkeys((base, name)):
         if not isinstance(options.get(key, {}), dict):

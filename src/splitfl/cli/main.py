@@ -22,6 +22,7 @@ from splitfl.config import ConfigError
 from splitfl.data.base import DatasetError, DatasetWarning
 from splitfl.executors import NonFiniteLossError
 from splitfl.experiment import compare, resume, run, validate
+from splitfl.extensions import add_import_flag
 from splitfl.listing import catalog
 from splitfl.metrics.report import report
 from splitfl.metrics.summary import comparison_table
@@ -52,12 +53,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         if config or overrides:
             raise ConfigError("--resume", "takes only the run directory (its config is reused)")
-        result = resume(args.resume, progress=progress)
+        result = resume(args.resume, progress=progress, imports=args.imports)
     else:
         if config is None:
             raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")
         run_dir = Path(args.out) if args.out else None
-        result = run(config, overrides, run_dir=run_dir, progress=progress)
+        result = run(config, overrides, run_dir=run_dir, progress=progress, imports=args.imports)
     print(comparison_table({result.config.algorithm: result.summary}))
     print(f"run directory: {result.run_dir}")
     return 0
@@ -74,6 +75,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         overrides,
         out_dir=args.out,
         progress=False if args.no_progress else None,
+        imports=args.imports,
     )
     print(result.table)
     print(f"comparison directory: {result.out_dir} (accuracy.png, waiting.png, comparison.md)")
@@ -101,6 +103,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         cpus_per_trial=args.cpus_per_trial,
         keep_going=args.keep_going,
         overrides=overrides,
+        imports=args.imports,
     )
     counts = ", ".join(f"{n} {status}" for status, n in sorted(result.counts.items()))
     print(f"sweep directory: {result.out_dir} ({counts}; report.md, report.html)")
@@ -120,7 +123,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     config, overrides = _split_args(args.args)
     if config is None:  # as `splitfl run`: the defaults alone are not a config to check
         raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")
-    print(validate(config, overrides))
+    print(validate(config, overrides, imports=args.imports))
     return 0
 
 
@@ -142,12 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run")
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default: output.out_dir/…)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_import_flag(p)
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("compare", help="run several algorithms on one config and tabulate")
     p.add_argument("args", nargs="+", metavar="CONFIG [key=value ...]")
     p.add_argument("--algorithms", required=True, help="comma-separated, e.g. fedavg,s2fl")
     p.add_argument("--out", metavar="DIR", help="comparison directory")
     p.add_argument("--no-progress", action="store_true")
+    add_import_flag(p)
     p.set_defaults(fn=cmd_compare)
     p = sub.add_parser(
         "sweep",
@@ -176,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="record invalid trials as failed and run the others (default: stop before running)",
     )
+    add_import_flag(p)
     p.set_defaults(fn=cmd_sweep)
     p = sub.add_parser("report", help="table (mean ± std over seeds), plots and an HTML page")
     p.add_argument("dir", metavar="DIR", help="a sweep, comparison or run directory")
@@ -184,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_report)
     p = sub.add_parser("validate", help="check a config (and its data) without running")
     p.add_argument("args", nargs="+", metavar="CONFIG [key=value ...]")
+    add_import_flag(p)
     p.set_defaults(fn=cmd_validate)
     p = sub.add_parser("list", help="algorithms, models, datasets, device presets")
     p.set_defaults(fn=cmd_list)

@@ -18,6 +18,7 @@ from splitfl.config import ConfigError
 from splitfl.data.clients import write_partition
 from splitfl.experiment import resume, run
 from splitfl.experiment.runner import as_config
+from splitfl.extensions import add_import_flag
 from splitfl.metrics.summary import comparison_table
 from splitfl.net import device_cli
 from splitfl.net.auth import new_token, token_hash
@@ -58,13 +59,13 @@ def cmd_server(args: argparse.Namespace) -> int:
     if args.resume:
         if args.args:
             raise ConfigError("--resume", "takes only the run directory and network flags")
-        return _report(resume(args.resume, progress=progress, overrides=net))
+        return _report(resume(args.resume, progress=progress, overrides=net, imports=args.imports))
     config, overrides = _split(args.args)
     if config is None:
         raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")
     run_dir = Path(args.out) if args.out else None
     overrides = [*overrides, "executor=networked", *net]
-    return _report(run(config, overrides, run_dir=run_dir, progress=progress))
+    return _report(run(config, overrides, run_dir=run_dir, progress=progress, imports=args.imports))
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -84,7 +85,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise ConfigError("--write-partition", "needs --data-dir")
     run_dir = Path(args.out) if args.out else None
     progress = False if args.no_progress else None
-    return _report(run(config, overrides, run_dir=run_dir, progress=progress))
+    return _report(run(config, overrides, run_dir=run_dir, progress=progress, imports=args.imports))
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -123,6 +124,7 @@ def add_network_parsers(sub) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped networked run")
     p.add_argument("--out", metavar="RUN_DIR")
     p.add_argument("--no-progress", action="store_true")
+    add_import_flag(p)
     p.set_defaults(fn=cmd_server)
     p = sub.add_parser("launch", help="one server and N device processes on this machine")
     p.add_argument("args", nargs="+", metavar="CONFIG [key=value ...]")
@@ -139,6 +141,7 @@ def add_network_parsers(sub) -> None:
     )
     p.add_argument("--out", metavar="RUN_DIR")
     p.add_argument("--no-progress", action="store_true")
+    add_import_flag(p)
     p.set_defaults(fn=cmd_launch)
     p = sub.add_parser("device", help="run this machine as an edge device of a server")
     device_cli.build_parser(p)

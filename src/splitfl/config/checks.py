@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from splitfl.config.choices import unknown_choice
 from splitfl.config.schema import (
     CLOCKS,
     COMPRESSIONS,
@@ -97,7 +98,7 @@ def _check_float_ranges(config: ExperimentConfig) -> None:
 
 
 def _choice(value: str, allowed: list[str], path: str) -> None:
-    _check(value in allowed, path, f"unknown {value!r}; allowed: {', '.join(allowed)}")
+    _check(value in allowed, path, unknown_choice(value, allowed))
 
 
 def resolve_device(name: str) -> str:

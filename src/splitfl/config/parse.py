@@ -18,6 +18,7 @@ import yaml
 
 from splitfl.atomic import write_atomic
 from splitfl.config.checks import validate
+from splitfl.config.choices import did_you_mean
 from splitfl.config.schema import (
     ConfigError,
     ExperimentConfig,
@@ -141,7 +142,8 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(path, f"unknown field; allowed: {', '.join(names)}")
+            hint = did_you_mean(key, names)
+            raise ConfigError(path, f"unknown field{hint}; allowed: {', '.join(names)}")
         kwargs[key] = _coerce(value, hints[key], path)
     for name in names:
         if name not in kwargs and dataclasses.is_dataclass(hints[name]):

@@ -248,6 +248,14 @@ class ExperimentConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Python modules imported before the config is checked (they register models, datasets
+    #: and algorithms), found on PYTHONPATH, in the current directory and in the config
+    #: file's directory; also in Ray workers, device processes and on resume
+    #: (:mod:`splitfl.extensions`).
+    imports: list[str] = field(default_factory=list)
+    #: Where those modules (and ``model:``/``data.dataset:`` import paths) were found:
+    #: filled in when the run starts (null), so a resumed run or a launched device finds them.
+    import_dirs: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

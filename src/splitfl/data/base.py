@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from splitfl.config.choices import unknown_choice
+
 
 class DatasetError(ValueError):
     """A dataset cannot be used; ``str(err)`` is one line naming the file or folder at fault.
@@ -97,12 +99,29 @@ DATASETS: dict[str, DatasetSpec] = {}
 
 
 def register_dataset(
-    name: str, description: str, needs_root: bool = True, shape: DatasetShape | None = None
+    name: str,
+    description: str = "",
+    needs_root: bool = True,
+    shape: DatasetShape | None = None,
+    *,
+    replace: bool = False,
 ):
-    """Decorator adding a loader to :data:`DATASETS` under ``name``."""
+    """Decorator adding ``loader(root, **options) -> DatasetBundle`` to :data:`DATASETS`
+    under ``name`` (``data.dataset: name``). A name already registered (``mnist`` included)
+    is a ``ValueError`` unless ``replace=True``; names hold no ``:`` (an import path)."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"dataset name must be a non-empty string without ':' (got {name!r})")
 
     def wrap(loader: Loader) -> Loader:
-        DATASETS[name] = DatasetSpec(name, loader, description, needs_root, shape)
+        old = DATASETS.get(name)
+        if old is not None and old.loader is not loader and not replace:
+            raise ValueError(
+                f"dataset {name!r} is already registered "
+                f"({old.loader.__module__}.{old.loader.__qualname__}); "
+                "pick another name or pass replace=True"
+            )
+        about = description or (inspect.getdoc(loader) or "").strip().split("\n")[0]
+        DATASETS[name] = DatasetSpec(name, loader, about, needs_root, shape)
         return loader
 
     return wrap
@@ -149,7 +168,7 @@ def load_dataset(
     """
     _load_all()
     if name not in DATASETS:
-        raise KeyError(f"unknown dataset {name!r}; choose one of {', '.join(sorted(DATASETS))}")
+        raise KeyError(f"data.dataset: {unknown_choice(name, sorted(DATASETS))}")
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
     spec = DATASETS[name]

@@ -44,7 +44,16 @@ REQUIRED = ("round", "global_state", "algorithm", "clock", "traffic", "metrics",
 #: (``network``, as ``--resume`` overrides), the torch device and thread count, and where the
 #: data files lie and how their checksums are checked. Every other field is the run's
 #: identity: changing it mid-run would change what the earlier rounds computed.
-MAY_CHANGE = ("rounds", "output", "network", "device", "threads", "data.root", "data.verify")
+MAY_CHANGE = (
+    "rounds",
+    "output",
+    "network",
+    "device",
+    "threads",
+    "data.root",
+    "data.verify",
+    "import_dirs",  # where the user's modules are found, not what the run is
+)
 
 
 def run_identity(config: ExperimentConfig) -> dict[str, Any]:
@@ -74,15 +83,9 @@ def identity_mismatch(stored: Any, config: ExperimentConfig) -> str | None:
         return "its run identity is unreadable"
     new = run_identity(config)
     unset = "<unset>"
-    # a field added to the schema after the checkpoint was written, at its default, computes
-    # what the older code computed (e.g. train.loss: cross_entropy)
-    defaults = flatten(ExperimentConfig().to_dict())
-    keys = sorted(
-        k
-        for k in {*old, *new}
-        if old.get(k, unset) != new.get(k, unset)
-        and not (k not in old and k in defaults and new.get(k) == defaults[k])
-    )
+    # a field newer than the checkpoint (absent from it) counts as its default value
+    default = flatten(ExperimentConfig().to_dict())
+    keys = sorted(k for k in {*old, *new} if old.get(k, default.get(k, unset)) != new.get(k, unset))
     if not keys:
         return None
     shown = [f"{k} ({_short(old.get(k, unset))} vs {_short(new.get(k, unset))})" for k in keys]

@@ -58,13 +58,15 @@ def compare(
     overrides: list[str] | None = None,
     out_dir: str | Path | None = None,
     progress: bool | None = None,
+    imports: list[str] | None = None,
 ) -> CompareResult:
     """Run each of ``algorithms`` with ``config`` and write a comparison directory.
 
     Every configuration is validated (and its data checked) before the first run starts.
+    ``imports``: modules to import first (``--import``), added to the config's ``imports``.
     """
     algorithms = _names(algorithms)
-    base = as_config(config, overrides)
+    base = as_config(config, overrides, imports)
     configs = {a: as_config(base.replace(algorithm=a)) for a in algorithms}
     for cfg in configs.values():
         prepare(cfg)
@@ -73,7 +75,7 @@ def compare(
         if out_dir is not None
         else (
             Path(base.output.out_dir)
-            / f"compare-{base.data.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
+            / f"compare-{base.data.dataset.rpartition(':')[2]}-{datetime.now():%Y%m%d-%H%M%S}"
         )
     )
     with naming(folder):

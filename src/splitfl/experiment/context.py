@@ -15,10 +15,11 @@ from splitfl.data.base import ArrayDataset, labels_only
 from splitfl.data.clients import client_partition
 from splitfl.data.local import load_test
 from splitfl.data.partition import batch_sizes, label_histograms
-from splitfl.data.source import augmentation, read_dataset
+from splitfl.data.source import augmentation
 from splitfl.data.transforms import Transforms
 from splitfl.experiment.validation import resolve_config
-from splitfl.models import BlockModel, ModelProfile, build_model, profile_model
+from splitfl.extensions import build_model, load_dataset, profile_model
+from splitfl.models import BlockModel, ModelProfile
 from splitfl.seeding import rng_for
 from splitfl.system import ClientCost, Population, draw_population, split_client_cost
 from splitfl.system.devices import with_variation
@@ -179,7 +180,7 @@ def read_data(config: ExperimentConfig) -> DatasetBundle:
     if d.source == "devices":
         return test_only(config)
     if d.train_samples is None:
-        return read_dataset(d)
+        return load_dataset(d)
     try:
         return labels_only(d.dataset, d.train_samples)
     except KeyError:
@@ -195,13 +196,46 @@ def test_only(config: ExperimentConfig) -> DatasetBundle:
     of ``data.dataset``) and an empty training split — the devices hold the training data."""
     d = config.data
     if d.test_path is None:
-        full = read_dataset(d)
+        full = load_dataset(d)
         test, classes = full.test, full.num_classes
     else:
         x, y, classes = load_test(d.test_path)
         test = ArrayDataset(x, y)
     empty = ArrayDataset(test.x[:0].clone(), test.y[:0].clone())
     return DatasetBundle(d.dataset, empty, test, classes, tuple(test.x.shape[1:]))
+
+
+def _checked_model(
+    config: ExperimentConfig, bundle: DatasetBundle
+) -> tuple[BlockModel, torch.Tensor]:
+    """The config's model and its outputs, checked on two training samples: it builds for the data's
+    shape, runs forward, and gives one row of outputs per sample (``[B, outputs]``)."""
+    try:
+        model = build_model(config.model, bundle.input_shape, bundle.num_classes)
+        with torch.no_grad():
+            logits = model.eval()(_probe(bundle))
+    except ConfigError:
+        raise
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise ConfigError(
+            "model",
+            f"{config.model} does not fit {config.data.dataset} inputs {bundle.input_shape}: "
+            f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}",
+        ) from err
+    n = len(_probe(bundle))
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != n:
+        shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ConfigError(
+            "model",
+            f"{config.model} gives outputs {shape} for a batch of {n}; expected [{n}, classes]",
+        )
+    return model, logits
+
+
+def _probe(bundle: DatasetBundle) -> torch.Tensor:
+    """Two samples to check the model on (the test split's when the devices hold the training
+    data, ``data.source: devices``)."""
+    return (bundle.train if len(bundle.train) else bundle.test).x[:2]
 
 
 def build_context(config: ExperimentConfig) -> RunContext:
@@ -246,6 +280,7 @@ def build_context(config: ExperimentConfig) -> RunContext:
             f"{config.model} does not fit {d.dataset} inputs {bundle.input_shape}: "
             f"{str(err).splitlines()[0]}",
         ) from err
+    model, logits = _checked_model(config, bundle)
     _check_label_range(config, bundle, int(logits.shape[-1]))
     profile = profile_model(config.model, bundle.input_shape, bundle.num_classes)
     return RunContext(config, bundle, parts, hist, population, model, profile)

@@ -44,7 +44,8 @@ from splitfl.experiment.checkpoint import load_checkpoint
 from splitfl.experiment.context import RunContext, build_context
 from splitfl.experiment.device_data import write_clients
 from splitfl.experiment.loop import run_loop
-from splitfl.experiment.validation import load_config, validate_config
+from splitfl.experiment.validation import load_config, validate_config, with_imports
+from splitfl.extensions import import_user_modules, reject_objects
 
 
 @dataclass
@@ -88,12 +89,15 @@ def prepare(config: ExperimentConfig, dtype: torch.dtype | None = None) -> Prepa
 
 
 def validate(
-    config: ExperimentConfig | str | Path | dict, overrides: list[str] | None = None
+    config: ExperimentConfig | str | Path | dict,
+    overrides: list[str] | None = None,
+    imports: list[str] | None = None,
 ) -> str:
     """Check a config and that it fits its data and model, without running (``splitfl
-    validate``); the output folder too (:func:`check_output`). Returns a one-line
+    validate``); the output folder too (:func:`check_output`). ``imports``: modules to import
+    first (``--import``), added to the config's ``imports``. Returns a one-line
     description; raises ConfigError / DatasetError."""
-    cfg = as_config(config, overrides)
+    cfg = as_config(config, overrides, imports)
     check_output(cfg)
     ctx = prepare(cfg).ctx
     cfg = ctx.config  # resolved
@@ -111,9 +115,8 @@ def validate(
 
 
 def _default_name(config: ExperimentConfig) -> str:
-    return config.output.name or (
-        f"{config.algorithm}-{config.data.dataset}-{datetime.now():%Y%m%d-%H%M%S}"
-    )
+    dataset = config.data.dataset.rpartition(":")[2]  # an import path: its callable's name
+    return config.output.name or (f"{config.algorithm}-{dataset}-{datetime.now():%Y%m%d-%H%M%S}")
 
 
 def check_output(config: ExperimentConfig, run_dir: str | Path | None = None) -> None:
@@ -178,20 +181,24 @@ def run(
     overrides: list[str] | None = None,
     run_dir: str | Path | None = None,
     progress: bool | None = None,
+    imports: list[str] | None = None,
 ) -> RunResult:
     """Run one experiment (the Python twin of ``splitfl run``).
 
     Args:
-        config: An :class:`ExperimentConfig`, a YAML path, or a mapping of fields.
+        config: An :class:`ExperimentConfig`, a YAML path, or a mapping of fields. A model
+            or dataset is named (registered, or an import path ``package.module:callable``),
+            never given as an object: a name reaches Ray workers, devices and a resume.
         overrides: ``key=value`` overrides (``train.lr=0.05``).
         run_dir: Where to write: a new or an empty directory; default
             ``output.out_dir/<algorithm>-<dataset>-<time>``.
         progress: Show a progress bar (default: ``output.progress``).
+        imports: Modules to import first (``--import``), added to the config's ``imports``.
 
     An OS error (a full disk, a read-only folder) before the run's first checkpoint removes
     what the run created; after it, the directory is a stopped run to resume.
     """
-    config = as_config(config, overrides)
+    config = as_config(config, overrides, imports)
     check_output(config, run_dir)
     prepared = prepare(config)
     if run_dir is None:
@@ -226,7 +233,10 @@ def _remove_unstarted(path: Path, created: bool) -> None:
 
 
 def resume(
-    run_dir: str | Path, progress: bool | None = None, overrides: list[str] | None = None
+    run_dir: str | Path,
+    progress: bool | None = None,
+    overrides: list[str] | None = None,
+    imports: list[str] | None = None,
 ) -> RunResult:
     """Continue a stopped run from ``run_dir/checkpoints/last.pt`` (``splitfl run --resume``).
 
@@ -234,8 +244,11 @@ def resume(
     is told, with the certificates and tokens it is given); the experiment stays as it was.
     ``config.yaml`` may differ from the checkpoint's config only in the fields of
     :data:`~splitfl.experiment.checkpoint.MAY_CHANGE` (e.g. more ``rounds``): a checkpoint
-    of another config is refused in one line naming the differing fields.
+    of another config is refused in one line naming the differing fields. The run's own
+    ``imports`` are imported again from where they were found (``import_dirs``); ``imports``
+    names more modules to import first (they do not change the run's config).
     """
+    import_user_modules(imports or [], [Path.cwd()], field="--import")
     path = Path(run_dir)
     if not (path / "config.yaml").is_file():
         raise ConfigError("--resume", f"{path} is not a run directory (no config.yaml)")
@@ -263,10 +276,13 @@ def _finish(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | 
     return RunResult(run_dir, prep.config, rows, summary)
 
 
-def as_config(config: Any, overrides: list[str] | None = None) -> ExperimentConfig:
-    """An :class:`ExperimentConfig` from a config, a mapping or a YAML path (+ overrides),
-    fully validated. A hand-built config is rebuilt from its fields, so its values are
-    type-checked (and numpy scalars turned into Python ones) as a file's would be."""
+def as_config(
+    config: Any, overrides: list[str] | None = None, imports: list[str] | None = None
+) -> ExperimentConfig:
+    """An :class:`ExperimentConfig` from a config, a mapping or a YAML path (+ overrides, +
+    ``imports``), fully validated. A hand-built config is rebuilt from its fields, so its
+    values are type-checked (and numpy scalars turned into Python ones) as a file's would
+    be; a model or dataset object in a mapping is a one-line error saying what to give."""
     if isinstance(config, ExperimentConfig):
         config = config_fields(config)
     elif not isinstance(config, dict | str | Path | None):
@@ -274,7 +290,9 @@ def as_config(config: Any, overrides: list[str] | None = None) -> ExperimentConf
             "config", f"expected an ExperimentConfig, a mapping or a YAML path, got {config!r}"
         )
     if isinstance(config, dict):
+        reject_objects(config)
         cfg = from_dict(ExperimentConfig, apply_overrides(config, overrides or []))
+        cfg = with_imports(cfg, imports)
         validate_config(cfg)
         return cfg
-    return load_config(config, overrides)
+    return load_config(config, overrides, imports)

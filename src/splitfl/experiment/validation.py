@@ -10,12 +10,13 @@ from pathlib import Path
 from splitfl.algorithms import algorithm_names, resolve_algorithm
 from splitfl.config import ConfigError, ExperimentConfig, validate
 from splitfl.config import load_config as read_config
+from splitfl.config.choices import unknown_choice
 from splitfl.data import PARTITIONERS, dataset_names
 from splitfl.data.base import VERIFY_MODES
 from splitfl.data.formats import CLIENT_FORMATS, FORMATS
 from splitfl.data.transforms import TransformError, parse_transforms
 from splitfl.executors import EXECUTORS, PRECISIONS
-from splitfl.models import model_names
+from splitfl.extensions import check_dataset, check_model, fill_import_dirs, import_config_modules
 from splitfl.system.devices import COMPOSITIONS, PRESETS, resolve_contention
 from splitfl.training import LOSSES, OPTIMIZERS, metric_problem
 
@@ -25,14 +26,17 @@ LABEL_PARTITIONS = ("dirichlet", "shards")
 
 def _choice(value: str, allowed: list[str], path: str) -> None:
     if value not in allowed:
-        raise ConfigError(path, f"unknown {value!r}; allowed: {', '.join(allowed)}")
+        raise ConfigError(path, unknown_choice(value, allowed))
 
 
-def check_registries(config: ExperimentConfig) -> None:
+def check_registries(config: ExperimentConfig, config_dir: str | Path | None = None) -> None:
     """Every registry name of ``config`` exists: algorithm, model, executor, precision,
-    dataset, partition, verify mode, device preset and composition."""
+    dataset, partition, verify mode, device preset and composition. First the config's
+    ``imports`` (and the modules of its import paths) are imported, searching
+    ``config_dir`` (the config file's folder) too: they may register names."""
+    import_config_modules(config, config_dir)
     _choice(config.algorithm, algorithm_names(), "algorithm")
-    _choice(config.model, model_names(), "model")
+    check_model(config.model)
     _choice(config.executor, [*sorted(EXECUTORS), "networked"], "executor")
     _choice(config.precision, list(PRECISIONS), "precision")
     check_data_source(config)
@@ -73,13 +77,15 @@ def _check_class_labels(config: ExperimentConfig) -> None:
             f"{config.data.partition} deals samples by class label and train.loss: {loss} "
             "has none; use iid",
         )
+
+
 def check_data_source(config: ExperimentConfig) -> None:
     """``data.dataset`` a registered name, or (``data.format``) a container under
     ``data.root`` whose ``data.dataset`` names it; ``partition: folders`` needs such a
     container; ``data.transforms`` well formed."""
     d = config.data
     if d.format is None:
-        _choice(d.dataset, dataset_names(), "data.dataset")
+        check_dataset(d.dataset)
     else:
         _choice(d.format, list(FORMATS), "data.format")
         if d.root is None:
@@ -105,7 +111,9 @@ def resolve_config(config: ExperimentConfig) -> ExperimentConfig:
     """``config`` with the values that default to a registry's choice filled in (the one place
     they are resolved; the run's context, ``config.yaml`` and ``splitfl validate`` show the
     result): ``devices.contention`` null → the device preset's paper model
-    (:func:`~splitfl.system.devices.resolve_contention`)."""
+    (:func:`~splitfl.system.devices.resolve_contention`); ``import_dirs`` null → where the
+    user modules were found (:func:`~splitfl.extensions.fill_import_dirs`)."""
+    config = fill_import_dirs(config)
     d = config.devices
     contention = resolve_contention(d.preset, d.contention)
     if d.contention is contention:
@@ -136,21 +144,34 @@ def check_timing(config: ExperimentConfig) -> None:
         )
 
 
-def validate_config(config: ExperimentConfig) -> None:
+def validate_config(config: ExperimentConfig, config_dir: str | Path | None = None) -> None:
     """Static checks of every field and every registry name (``splitfl validate`` without
-    the data). Raises :class:`~splitfl.config.ConfigError`."""
-    check_registries(config)
+    the data), after importing the config's modules (searching ``config_dir`` too). Raises
+    :class:`~splitfl.config.ConfigError`."""
+    check_registries(config, config_dir)
     validate(config)
     check_options(config)
     check_timing(config)
     check_recipe(config)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None):
-    """Read a YAML config (or defaults when ``path`` is None), apply overrides, validate all
-    of it (:func:`validate_config`)."""
-    config = read_config(path, overrides)
-    check_registries(config)
+def with_imports(config: ExperimentConfig, imports: list[str] | None) -> ExperimentConfig:
+    """``config`` with the modules of ``--import`` (``imports=``) added to its ``imports``."""
+    if not imports:
+        return config
+    return config.replace(imports=list(dict.fromkeys([*config.imports, *imports])))
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    imports: list[str] | None = None,
+):
+    """Read a YAML config (or defaults when ``path`` is None), apply overrides, add the
+    ``imports`` given, import them (searching the file's folder too), validate all of it
+    (:func:`validate_config`)."""
+    config = with_imports(read_config(path, overrides), imports)
+    check_registries(config, Path(path).resolve().parent if path is not None else None)
     check_options(config)
     check_timing(config)
     check_recipe(config)

@@ -8,6 +8,7 @@ per-sample figure. Profiles are cached per (model name, input shape, num_classes
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -168,11 +169,19 @@ def _measure(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProfile:
 
 
 @lru_cache(maxsize=64)
-def _cached_profile(name: str, input_shape: tuple[int, ...], num_classes: int) -> ModelProfile:
+def _cached_profile(
+    name: str, input_shape: tuple[int, ...], num_classes: int, build: Callable[..., BlockModel]
+) -> ModelProfile:
     with torch.random.fork_rng(devices=[]):  # building the model draws its random init
-        return measure_profile(build_model(name, input_shape, num_classes), input_shape)
+        return measure_profile(build(name, input_shape, num_classes), input_shape)
 
 
-def profile_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> ModelProfile:
-    """Cached :func:`measure_profile` of registered model ``name``."""
-    return _cached_profile(name, tuple(input_shape), int(num_classes))
+def profile_model(
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    build: Callable[..., BlockModel] = build_model,
+) -> ModelProfile:
+    """Cached :func:`measure_profile` of model ``name`` as ``build`` makes it (default: the
+    registry; :func:`splitfl.extensions.profile_model` also takes import paths)."""
+    return _cached_profile(name, tuple(input_shape), int(num_classes), build)

@@ -1,13 +1,32 @@
-"""Registry of block-list models by short name (``model: resnet8`` in a config)."""
+"""Registry of block-list models by short name (``model: resnet8`` in a config), and the
+model-builder contract shared by registered builders and ``model: package.module:callable``
+import paths (:mod:`splitfl.extensions`).
+
+A builder is called with ``input_shape`` and ``num_classes`` where its signature takes them
+(by those names, or as its first two positional parameters), and returns a
+:class:`BlockModel`, an ``nn.Sequential`` or a list of modules. A Sequential or a list
+becomes one block per top-level child; its candidate cut points are every block boundary,
+or the ``cut_points`` attribute set on the returned Sequential (a BlockModel declares its
+own, and its ``default_cut``)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from torch import nn
+
+from splitfl.config.choices import unknown_choice
 from splitfl.models.base import BlockModel
 
-Builder = Callable[[tuple[int, ...], int], BlockModel]
+Builder = Callable[..., Any]
+
+
+class ModelContractError(ValueError):
+    """A builder broke the contract (returned something else, too few blocks, bad cut
+    points); ``str(err)`` is one line naming the builder."""
 
 
 @dataclass(frozen=True)
@@ -22,14 +41,34 @@ class ModelSpec:
 MODELS: dict[str, ModelSpec] = {}
 
 
-def register_model(name: str, description: str) -> Callable[[Builder], Builder]:
-    """Decorator adding a builder to :data:`MODELS` under ``name``."""
+def register_model(
+    name: str, description: str = "", *, replace: bool = False
+) -> Callable[[Builder], Builder]:
+    """Decorator adding ``builder`` to :data:`MODELS` under ``name`` (``model: name`` in a
+    config). A name already registered (a built-in such as ``cnn_digits`` included) is a
+    ``ValueError`` unless ``replace=True``; names hold no ``:`` (that marks an import path)."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"model name must be a non-empty string without ':' (got {name!r})")
 
     def wrap(builder: Builder) -> Builder:
-        MODELS[name] = ModelSpec(name, builder, description)
+        old = MODELS.get(name)
+        if old is not None and old.builder is not builder and not replace:
+            raise ValueError(
+                f"model {name!r} is already registered ({_where(old.builder)}); "
+                "pick another name or pass replace=True"
+            )
+        MODELS[name] = ModelSpec(name, builder, description or _first_line(builder))
         return builder
 
     return wrap
+
+
+def _where(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+
+
+def _first_line(fn: Any) -> str:
+    return (inspect.getdoc(fn) or "").strip().split("\n")[0]
 
 
 def model_names() -> list[str]:
@@ -37,14 +76,62 @@ def model_names() -> list[str]:
     return sorted(MODELS)
 
 
+def call_builder(builder: Builder, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """``builder`` called with ``input_shape``/``num_classes`` where it takes them: by those
+    names (or ``**kwargs``), else as its first two positional parameters, else not at all."""
+    try:
+        params = inspect.signature(builder).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a C callable): the old contract
+        return builder(input_shape, num_classes)
+    facts = {"input_shape": input_shape, "num_classes": num_classes}
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return builder(**facts)
+    named = {p.name for p in params if p.kind is not p.POSITIONAL_ONLY} & set(facts)
+    if named:
+        return builder(**{k: facts[k] for k in named})
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 2:
+        return builder(input_shape, num_classes)
+    return builder()
+
+
+def as_block_model(obj: Any, where: str) -> BlockModel:
+    """``obj`` as a :class:`BlockModel`: itself, or one block per child of an
+    ``nn.Sequential`` / list of modules, with the Sequential's ``cut_points`` attribute or
+    every block boundary as candidate cut points. Raises :class:`ModelContractError`."""
+    if isinstance(obj, BlockModel):
+        return obj
+    blocks = list(obj) if isinstance(obj, nn.Sequential | nn.ModuleList | list | tuple) else None
+    if blocks is None or not all(isinstance(b, nn.Module) for b in blocks):
+        raise ModelContractError(
+            f"{where} returned {type(obj).__name__}; expected a BlockModel, an nn.Sequential "
+            "or a list of nn.Modules (one block each)"
+        )
+    if len(blocks) < 2:
+        raise ModelContractError(f"{where} returned {len(blocks)} block(s); a split needs >= 2")
+    cuts = getattr(obj, "cut_points", None)
+    cuts = range(1, len(blocks)) if cuts is None else cuts
+    try:
+        return BlockModel(blocks, cuts)
+    except (TypeError, ValueError) as err:
+        raise ModelContractError(f"{where}: {err}") from None
+
+
+def make_model(
+    builder: Builder, name: str, input_shape: tuple[int, ...], num_classes: int
+) -> BlockModel:
+    """Call ``builder`` under the builder contract; the model is named ``name``."""
+    model = as_block_model(call_builder(builder, tuple(input_shape), int(num_classes)), name)
+    model.name = name
+    return model
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> BlockModel:
     """Build registered model ``name`` for per-sample ``input_shape`` and ``num_classes``."""
     _load_zoo()
     if name not in MODELS:
-        raise KeyError(f"unknown model {name!r}; choose one of {', '.join(sorted(MODELS))}")
-    model = MODELS[name].builder(tuple(input_shape), int(num_classes))
-    model.name = name
-    return model
+        raise KeyError(f"model: {unknown_choice(name, sorted(MODELS))}")
+    return make_model(MODELS[name].builder, name, input_shape, num_classes)
 
 
 def _load_zoo() -> None:

@@ -34,9 +34,10 @@ import torch
 from splitfl.config import ExperimentConfig
 from splitfl.data.clients import client_partition
 from splitfl.data.local import LocalData
-from splitfl.data.source import augmentation, read_dataset
+from splitfl.data.source import augmentation
 from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
-from splitfl.models import ModelPart, build_model
+from splitfl.extensions import build_model, load_dataset
+from splitfl.models import ModelPart
 from splitfl.models.base import lowest_loss_state
 from splitfl.net.announce import build_announcement, data_mismatch
 from splitfl.net.emulation import FORWARD_SHARE, Profile, stretch, transfer
@@ -88,7 +89,7 @@ class ClientData:
 
     def __init__(self, config: ExperimentConfig, clients: list[int], data_root: str | None):
         d = config.data
-        bundle = read_dataset(d, data_root)  # lazy inputs: only its clients' are read
+        bundle = load_dataset(d, data_root)  # lazy inputs: only its clients' are read
         parts = client_partition(config, bundle)
         self.input_shape, self.num_classes = bundle.input_shape, bundle.num_classes
         self.augment = augmentation(d, bundle)

@@ -13,15 +13,20 @@ server relays to the peers that dial it; each link uses a one-round token from t
 Only this module, the config, data and model code and the executor roles are imported: the
 device needs torch, numpy, PyYAML and grpcio, not matplotlib, scipy, scikit-learn or Ray.
 Exit codes: 0 after the server said bye, 1 when the server stayed unreachable for
-``--retry-s`` seconds, 2 when refused (token, protocol version, name) or given bad flags.
+``--retry-s`` seconds, 2 when refused (token, protocol version, name), given bad flags, or
+lacking a module the run imports (the welcome's config names them in ``imports`` and in
+``model:``/``data.dataset:`` import paths; install them, or put them on ``PYTHONPATH``, in
+the current directory, or name them with ``--import``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from splitfl.data.local import FORMATS
+from splitfl.extensions import add_import_flag, import_user_modules
 from splitfl.net.auth import AuthSetupError, channel_credentials, read_token
 from splitfl.net.device import DeviceOptions
 from splitfl.net.device_session import run_device
@@ -68,6 +73,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument(
         "--peer-address", help="HOST:PORT peers dial (needed when --peer-listen is 0.0.0.0)"
     )
+    add_import_flag(p)
     return p
 
 
@@ -107,6 +113,7 @@ def _epsilon(value: float | None) -> float | None:
 def run_from_args(args: argparse.Namespace) -> int:
     try:
         opts = options_from(args)
+        import_user_modules(args.imports, [Path.cwd()], field="--import")
     except (AuthSetupError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

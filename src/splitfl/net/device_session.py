@@ -22,6 +22,7 @@ import grpc
 from splitfl.config import ConfigError, ExperimentConfig, from_dict
 from splitfl.data.base import DatasetError
 from splitfl.data.local import LocalData, load_local
+from splitfl.extensions import device_imports
 from splitfl.net.announce import effective_epsilon
 from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
@@ -254,6 +255,7 @@ def _new_agent(opts, welcome: dict, clients, agent_cls, local, outbox) -> Device
     the device's own data (a device that cannot serve the server's data mode tells the
     server why — it logs the same line — and exits 2)."""
     config = from_dict(ExperimentConfig, welcome["config"])
+    device_imports(config)  # the modules and names the server's config needs
     spec = welcome.get("data") or {}
     try:
         if spec.get("own") and local is None:

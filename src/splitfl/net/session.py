@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.extensions import child_env
 from splitfl.net.auth import AuthSetupError, TokenBook, new_token, server_credentials
 from splitfl.net.hub import Hub, HubSettings
 
@@ -86,6 +87,7 @@ class NetworkSession:
             return
         logs.mkdir(parents=True, exist_ok=True)
         host = "localhost" if n.tls_cert else "127.0.0.1"
+        env = child_env(self.config)  # they find the run's modules where the server did
         for i, (name, token) in enumerate(tokens.items()):
             token_file = Path(self.tmp.name) / f"{name}.token"
             token_file.write_text(token)
@@ -103,24 +105,30 @@ class NetworkSession:
             if n.compression != "none":
                 cmd += ["--compression", n.compression]
             with open(logs / f"{name}.log", "w") as log:  # the child keeps its own handle
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             self.procs.append((name, clients, proc))
 
     def _wait(self, need: int) -> None:
-        deadline = time.monotonic() + self.net.connect_timeout_s
+        start = time.monotonic()
         while True:
             try:
                 self.hub.wait_for(need, 1.0)
                 return
             except TimeoutError:
                 dead = [(name, p.returncode) for name, _, p in self.procs if p.poll() is not None]
-                if dead or time.monotonic() > deadline:
+                waited = time.monotonic() - start
+                if dead or waited > self.net.connect_timeout_s:
                     ready = len(self.hub.live())
                     self.stop()
-                    why = f"; device processes exited: {dead} (logs in {self.run_dir / 'devices'})"
+                    if dead:  # one line: which device ended, and the last line it wrote
+                        raise ConfigError(
+                            "network.devices",
+                            f"{ready} of {need} devices ready after {waited:.0f} s; device "
+                            f"processes exited: {self._exits(dead)} (logs in "
+                            f"{self.run_dir / 'devices'})",
+                        ) from None
                     raise RuntimeError(
                         f"{ready} of {need} devices ready after {self.net.connect_timeout_s:g} s"
-                        f"{why if dead else ''}"
                     ) from None
 
     def _wait_data(self) -> None:
@@ -135,6 +143,18 @@ class NetworkSession:
                 f"no device announced the data of clients {missing[:20]} within "
                 f"{self.net.connect_timeout_s:g} s (data.num_clients={self.num_clients})"
             )
+
+    def _exits(self, dead: list[tuple[str, int]]) -> str:
+        """``name (exit code: last line of its log)`` for each ended device process."""
+        out = []
+        for name, code in dead:
+            try:
+                lines = (self.run_dir / "devices" / f"{name}.log").read_text().splitlines()
+            except OSError:
+                lines = []
+            last = next((x.strip() for x in reversed(lines) if x.strip()), "")
+            out.append(f"{name} (exit {code}{': ' + last if last else ''})")
+        return "; ".join(out)
 
     def wait_ready(self) -> None:
         """Before a round: wait (up to ``rejoin_s``) until ``min_devices`` devices are ready

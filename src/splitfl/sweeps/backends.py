@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from splitfl.config import ConfigError
+from splitfl.extensions import modules_to_ship
 from splitfl.sweeps.spec import Trial
 from splitfl.sweeps.trial import run_trial
 
@@ -45,6 +46,20 @@ def import_ray() -> Any:
     return ray
 
 
+def runtime_env(jobs: list[Job]) -> dict[str, Any] | None:
+    """The Ray runtime environment of the trials: the user modules their configs import that
+    are not installed packages (:func:`~splitfl.extensions.modules_to_ship`), shipped as
+    ``py_modules`` so a worker on any machine imports them (each trial imports its config's
+    modules before it is checked); None when there are none. It is the job's environment
+    (``ray.init``: Ray uploads local paths only there); a Ray instance started before the
+    sweep keeps its own (workers on this machine still find the modules through the
+    config's ``import_dirs``; elsewhere pass ``runtime_env={"py_modules": [...]}`` to
+    ``ray.init``)."""
+    configs = [trial.config for trial, _ in jobs if trial.config is not None]
+    modules = list(dict.fromkeys(path for cfg in configs for path in modules_to_ship(cfg)))
+    return {"py_modules": modules} if modules else None
+
+
 def run_ray(
     jobs: list[Job],
     on_start: Callable[[Trial], None],
@@ -64,11 +79,16 @@ def run_ray(
             kwargs["address"] = address
         else:
             kwargs["num_cpus"] = os.cpu_count()
+        env = runtime_env(jobs)
+        if env is not None:
+            kwargs["runtime_env"] = env
         ray.init(**kwargs)
         started = True
     try:
         task = ray.remote(run_trial).options(
-            num_cpus=cpus_per_trial, num_gpus=gpus_per_trial, max_retries=0
+            num_cpus=cpus_per_trial,
+            num_gpus=gpus_per_trial,
+            max_retries=0,
         )
         pending = {}
         for trial, run_dir in jobs:

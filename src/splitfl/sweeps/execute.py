@@ -91,9 +91,11 @@ def _resolve_spec(
     spec: str | Path | dict[str, Any] | SweepSpec,
     out_dir: str | Path | None,
     overrides: list[str] | None,
+    imports: list[str] | None = None,
 ) -> tuple[SweepSpec, str | Path | None]:
     """The sweep (a file, a mapping, a :class:`SweepSpec` or a sweep directory to resume) with
-    ``overrides`` applied, and the sweep directory given (a resumed directory's own)."""
+    ``overrides`` applied and ``imports`` added to its base config's, and the sweep directory
+    given (a resumed directory's own)."""
     if isinstance(spec, str | Path) and Path(spec).is_dir():
         out_dir = spec if out_dir is None else out_dir
         spec = Path(spec) / "sweep.yaml"
@@ -101,6 +103,11 @@ def _resolve_spec(
         spec = load_sweep(spec, overrides)
     elif overrides:
         spec = SweepSpec(**{**spec.__dict__, "overrides": [*spec.overrides, *overrides]})
+    if imports:
+        own = spec.base.get("imports") or []
+        own = [own] if isinstance(own, str) else list(own)
+        base = {**spec.base, "imports": list(dict.fromkeys([*own, *imports]))}
+        spec = SweepSpec(**{**spec.__dict__, "base": base})
     return spec, out_dir
 
 
@@ -132,6 +139,7 @@ def sweep(
     report: bool = True,
     *,
     executor: str | None = None,
+    imports: list[str] | None = None,
 ) -> SweepResult:
     """Run every trial of a sweep (the Python twin of ``splitfl sweep``).
 
@@ -150,6 +158,9 @@ def sweep(
         progress: Print one line per finished trial.
         report: Write the report (``splitfl report``) into the sweep directory at the end.
         executor: Deprecated name of ``backend`` (:class:`DeprecationWarning`).
+        imports: Modules to import first (``--import``), added to the base config's
+            ``imports``; every trial imports them, in this process or a Ray worker (which
+            gets the ones not installed as its runtime environment's ``py_modules``).
 
     Raises:
         ConfigError: a malformed sweep file, invalid trials (without ``keep_going``), a
@@ -158,7 +169,7 @@ def sweep(
     backend = resolve_backend(backend, executor)
     if backend not in BACKENDS:
         raise ConfigError("--executor", f"unknown {backend!r}; allowed: ray, local")
-    spec, out_dir = _resolve_spec(spec, out_dir, overrides)
+    spec, out_dir = _resolve_spec(spec, out_dir, overrides, imports)
     if backend == "ray":
         import_ray()
     folder = sweep_dir_for(spec, out_dir)

@@ -40,6 +40,7 @@ from splitfl.config import (
 )
 from splitfl.experiment.compare import safe_name
 from splitfl.experiment.validation import validate_config
+from splitfl.extensions import fill_import_dirs
 
 SWEEP_FIELDS = ("name", "base", "base_source", "overrides", "axes", "out_dir")
 
@@ -191,8 +192,8 @@ def trial_config(spec: SweepSpec, values: dict[str, Any]) -> ExperimentConfig:
     for key, value in values.items():
         set_dotted(data, key.split("."), copy.deepcopy(value))
     config = from_dict(ExperimentConfig, data)
-    validate_config(config)
-    return config
+    validate_config(config, Path(spec.base_source).parent if spec.base_source else None)
+    return fill_import_dirs(config)  # Ray workers and resumes find the modules there too
 
 
 def expand(spec: SweepSpec) -> list[Trial]:
