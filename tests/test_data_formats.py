@@ -223,8 +223,9 @@ def test_int32_labels_from_a_registered_loader_are_cast():
     assert load_dataset("test_int32_labels").train.y.dtype == torch.int64
 
     @register_dataset("test_float_labels", "float labels", False)
-    def bad(root=None) -> DatasetBundle:
+    def bad(root=None) -> DatasetBundle:  # float targets (regression) must at least be finite
         x, y = torch.randn(20, 4), (torch.arange(20) % 2).float()
+        y[3] = float("nan")
         return DatasetBundle("f", ArrayDataset(x, y), ArrayDataset(x, y), 2, (4,))
 
     with pytest.raises(DatasetError, match=r"test_float_labels: loader .*\.bad: train split"):

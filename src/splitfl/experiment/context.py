@@ -270,16 +270,6 @@ def build_context(config: ExperimentConfig) -> RunContext:
     v = config.devices
     population = with_variation(population, v.variation, v.variation_period, config.seed)
     torch.manual_seed(config.seed)
-    try:
-        model = build_model(config.model, bundle.input_shape, bundle.num_classes)
-        with torch.no_grad():
-            logits = model.eval()((bundle.train if len(bundle.train) else bundle.test).x[:2])
-    except (RuntimeError, ValueError) as err:
-        raise ConfigError(
-            "model",
-            f"{config.model} does not fit {d.dataset} inputs {bundle.input_shape}: "
-            f"{str(err).splitlines()[0]}",
-        ) from err
     model, logits = _checked_model(config, bundle)
     _check_label_range(config, bundle, int(logits.shape[-1]))
     profile = profile_model(config.model, bundle.input_shape, bundle.num_classes)

@@ -120,6 +120,7 @@ class ClientData:
         self = cls.__new__(cls)
         self.input_shape, self.num_classes = tuple(spec["input_shape"]), int(spec["num_classes"])
         self.samples = {c: (*local[c], np.arange(len(local[c][1]))) for c in clients}
+        self.augment = None  # own data: no batch augmentation yet
         return self
 
 
