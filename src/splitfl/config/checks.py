@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from splitfl.config.schema import (
+    AGGREGATIONS,
     CLOCKS,
     COMPRESSIONS,
     TRACKERS,
@@ -75,6 +76,13 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.rejoin_s": Range(0, 86400),
     "network.max_message_mb": Range(0, 4096, lo_open=True),
     "network.rate_limit": Range(0, 1e9),
+    "network.bounds.update_norm_factor": Range(0, 1e6, lo_open=True),
+    "network.bounds.update_norm_abs": Range(0, 1e6),
+    "network.bounds.activation_factor": Range(1, 1e6),
+    "network.bounds.activation_abs": Range(0, 1e6),
+    "network.bounds.loss_max": Range(0, 1e30, lo_open=True),
+    "train.clip_norm": Range(0, 1e30, lo_open=True),
+    "train.trim_fraction": Range(0, 0.5, hi_open=True),
 }
 #: ``seed`` feeds numpy's SeedSequence and torch.manual_seed: a non-negative 63-bit integer.
 SEED_LIMIT = 2**63
@@ -206,6 +214,9 @@ def validate(config: ExperimentConfig) -> None:
         "train.explode_recovery",
         f"must be in [1, train.explode_factor={f}], or 0/null to disable (got {r})",
     )
+    _choice(t.aggregation, list(AGGREGATIONS), "train.aggregation")
+    b = config.network.bounds
+    _check(1 <= b.inbox_max <= 4096, "network.bounds.inbox_max", "must be in [1, 4096]")
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")

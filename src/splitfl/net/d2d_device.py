@@ -31,6 +31,7 @@ from splitfl.executors.fleet import GroupRun, run_group, server_role
 from splitfl.net.emulation import Profile
 from splitfl.net.fleet import Meter, RemoteFleet, TimedServer, expect_for
 from splitfl.net.ring_device import ring_session
+from splitfl.net.trust import REFERENCE_SAMPLES
 from splitfl.net.wire import Message, state_from, state_tensors
 from splitfl.plan import ClientTask, RoundPlan
 from splitfl.seeding import derive_seed
@@ -84,8 +85,9 @@ def _run_cluster(agent, msg: Message):
     profiles = None
     if all(m.get("emulate") for m in members):
         profiles = {m["client"]: Profile.from_fields(m["emulate"]) for m in members}
-    sample = next(iter(agent.data.samples.values()))[0][:1]
-    expect = expect_for(model, sample, agent.data.num_classes, sorted({t.cut for t in tasks}))
+    sample = next(iter(agent.data.samples.values()))[0][:REFERENCE_SAMPLES]
+    cuts, bounds = sorted({t.cut for t in tasks}), agent.config.network.bounds
+    expect = expect_for(model, sample, agent.data.num_classes, cuts, bounds)
     fleet = RemoteFleet(agent.peer.hub, f["round_seed"], timeout, expect, meters, lost, profiles)
     gen = np.random.default_rng(derive_seed(f["round_seed"], "mix"))
     server = server_role(model, tasks, plan, agent.config.train, agent.runtime, gen)

@@ -31,6 +31,7 @@ from splitfl.net.emulation import Profile
 from splitfl.net.fleet import Expect, Meter, RemoteFleet, TimedServer, expect_for
 from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
+from splitfl.net.trust import REFERENCE_SAMPLES
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
 from splitfl.system.cost import d2d_rate
@@ -67,12 +68,10 @@ class NetworkedExecutor:
         meters = {t.client: Meter() for t in plan.tasks}
         lost: dict[int, str] = {}
         tag = f"r{plan.round_idx}-{next(self._rounds)}"
-        rnd = D2DRound(
-            self.session.hub, tag, round_seed, self.config.network.timeout_s, meters, lost
-        )
+        net = self.config.network
+        rnd = D2DRound(self.session.hub, tag, round_seed, net.timeout_s, meters, lost, net.bounds)
         start = time.perf_counter()
         if plan.ring is not None:
-            net = self.config.network
             emulation = ring_emulation(ctx, plan, net.emulate_links) if net.emulate else None
             updates, server_states = run_ring(rnd, plan, model, emulation), {}
         else:
@@ -182,9 +181,11 @@ def emulated_profiles(ctx, plan: RoundPlan, links: bool = True) -> dict[int, Pro
 
 
 def expectations(ctx, model: BlockModel, plan: RoundPlan) -> Expect:
-    """What valid device replies look like for ``plan``'s cut points."""
+    """What valid device replies look like for ``plan``'s cut points (the activation bound
+    relative to the global part on the first :data:`REFERENCE_SAMPLES` training samples)."""
     cuts = sorted({t.cut for t in plan.tasks})
-    return expect_for(model, ctx.bundle.train.x[:1], ctx.bundle.num_classes, cuts)
+    sample, bounds = ctx.bundle.train.x[:REFERENCE_SAMPLES], ctx.config.network.bounds
+    return expect_for(model, sample, ctx.bundle.num_classes, cuts, bounds)
 
 
 def measured_fields(m: Meter, wall: float) -> dict[str, float]:

@@ -24,11 +24,20 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitfl.config import BoundsConfig
 from splitfl.executors.roles import ServerRole
 from splitfl.models import ModelPart
 from splitfl.net.emulation import Profile, stretch
 from splitfl.net.hub import LOST, DeviceLink, Hub
-from splitfl.net.wire import Message, all_finite, payload_bytes, state_from, state_tensors
+from splitfl.net.trust import (
+    activation_scale,
+    check_state,
+    is_number,
+    loss_problem,
+    smashed_problem,
+    state_specs,
+)
+from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientTask
 
 State = dict[str, torch.Tensor]
@@ -57,13 +66,16 @@ class Meter:
 
 @dataclass
 class Expect:
-    """What valid replies look like: model dtype, smashed-data shape per cut, classes, and
-    the device part's tensors per cut (name → (shape, dtype))."""
+    """What valid replies look like: model dtype, smashed-data shape per cut, classes, the
+    device part's tensors per cut (name → (shape, dtype)), the largest smashed-data value
+    allowed per cut and the bounds (:mod:`splitfl.net.trust`)."""
 
     dtype: torch.dtype
     feature_shape: dict[int, tuple[int, ...]]
     num_classes: int
     part_specs: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]
+    activation_max: dict[int, float] = field(default_factory=dict)
+    bounds: BoundsConfig = field(default_factory=BoundsConfig)
 
 
 class RemoteFleet:
@@ -89,12 +101,16 @@ class RemoteFleet:
         self.unanswered: dict[int, int] = {}
         #: each client's link, looked up once per round (not under the hub's lock per batch)
         self.links: dict[int, DeviceLink | None] = {}
+        #: what each client was sent at ``begin`` (device part, aux head): updates are checked
+        #: against it (:func:`~splitfl.net.trust.update_problem`)
+        self.sent: dict[int, tuple[State, State | None]] = {}
 
     # -- Fleet -------------------------------------------------------------------------------
     def begin(self, tasks, parts, aux):
         requests = {}
         for t in tasks:
             self.tasks[t.client] = t
+            self.sent[t.client] = (parts[t.client], aux.get(t.client))
             fields = {
                 "cut": t.cut,
                 "group": t.group,
@@ -145,13 +161,9 @@ class RemoteFleet:
         out = {}
         for c, msg in self._call(requests, "local_done").items():
             loss_sum, samples = msg.fields.get("loss_sum"), msg.fields.get("samples")
-            ok = isinstance(loss_sum, float | int) and math.isfinite(loss_sum)
-            if (
-                not ok
-                or not isinstance(samples, int)
-                or not 1 <= samples <= self.tasks[c].batch_size
-            ):
-                self._drop(c, "rejected local step report")
+            problem = loss_problem(loss_sum, samples, self.tasks[c].batch_size, self.expect.bounds)
+            if problem:
+                self._drop(c, f"rejected local step report: {problem}")
                 continue
             out[c] = (float(loss_sum), samples)
         return out
@@ -161,7 +173,7 @@ class RemoteFleet:
         out = {}
         for c, msg in self._call(requests, "finished").items():
             part, aux = state_from("part", msg.tensors), state_from("aux", msg.tensors)
-            problem = self._check_part(c, part)
+            problem = self._check_part(c, part, aux)
             if problem:
                 self._drop(c, f"rejected model update: {problem}")
                 continue
@@ -205,8 +217,11 @@ class RemoteFleet:
             if got is None:
                 continue
             msg, up, arrived = got
+            if msg.type == "error":
+                self._drop(c, f"device refused: {str(msg.fields.get('error'))[:200]}")
+                continue
             if msg.type != reply:
-                self._drop(c, f"expected {reply!r}, got {msg.type!r}")
+                self._drop(c, f"expected {reply!r}, got {msg.type[:40]!r}")
                 continue
             self._measure(c, msg, arrived - sent_at, up, down)
             out[c] = msg
@@ -225,8 +240,7 @@ class RemoteFleet:
 
     def _measure(self, c, msg, rtt, up, down) -> None:
         compute = msg.fields.get("compute_s")
-        compute = float(compute) if isinstance(compute, float | int) else 0.0
-        compute = min(max(compute, 0.0), rtt)
+        compute = min(max(float(compute), 0.0), rtt) if is_number(compute) else 0.0
         comm = rtt - compute  # the device serves each client in its own thread
         meter = self.meters[c]
         meter.compute_s += compute
@@ -242,40 +256,19 @@ class RemoteFleet:
     # -- validation ------------------------------------------------------------------------------
     def _check_smashed(self, c: int, fx, y) -> str | None:
         task, ex = self.tasks[c], self.expect
-        if fx is None or y is None:
-            return "missing tensor"
-        if fx.dtype != ex.dtype or y.dtype != torch.int64:
-            return f"dtype {fx.dtype}/{y.dtype}"
-        n = y.shape[0] if y.dim() == 1 else -1
-        if not 1 <= n <= task.batch_size or tuple(fx.shape) != (n, *ex.feature_shape[task.cut]):
-            return f"shape {tuple(fx.shape)}/{tuple(y.shape)}"
-        if not all_finite(fx):
-            return "non-finite values"
-        if int(y.min()) < 0 or int(y.max()) >= ex.num_classes:
-            return "label out of range"
-        return None
+        shape, limit = ex.feature_shape[task.cut], ex.activation_max.get(task.cut, math.inf)
+        return smashed_problem(fx, y, ex.dtype, shape, task.batch_size, ex.num_classes, limit)
 
-    def _check_part(self, c: int, part: State) -> str | None:
-        return check_state(part, self.expect.part_specs[self.tasks[c].cut])
-
-
-def state_specs(state: State) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Name → (shape, dtype) of a model part's tensors (what :func:`check_state` expects)."""
-    return {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
-
-
-def check_state(state: State, specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> str | None:
-    """What is wrong with a model part a device sent (names, shapes, dtypes, finite values
-    against ``specs``: name → (shape, dtype)), or None."""
-    if set(state) != set(specs):
-        return "tensor names differ from the model part's"
-    for name, (shape, dtype) in specs.items():
-        t = state[name]
-        if tuple(t.shape) != shape or t.dtype != dtype:
-            return f"{name}: {tuple(t.shape)} {t.dtype}"
-        if not all_finite(t):
-            return f"{name}: non-finite values"
-    return None
+    def _check_part(self, c: int, part: State, aux: State) -> str | None:
+        task, (sent_part, sent_aux) = self.tasks[c], self.sent[c]
+        bounds = self.expect.bounds
+        problem = check_state(part, self.expect.part_specs[task.cut], sent_part, bounds, task.steps)
+        if problem or (not aux and not sent_aux):
+            return problem
+        if not sent_aux:
+            return "aux head sent but none was given"
+        problem = check_state(aux, state_specs(sent_aux), sent_aux, bounds, task.steps)
+        return f"aux head: {problem}" if problem else None
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -304,11 +297,15 @@ class TimedServer:
         return out
 
 
-def expect_for(model, sample: torch.Tensor, num_classes: int, cuts) -> Expect:
-    """What valid device replies look like for these cut points of ``model`` (a one-sample
-    dry run of each device part gives the smashed-data shape)."""
+def expect_for(
+    model, sample: torch.Tensor, num_classes: int, cuts, bounds: BoundsConfig | None = None
+) -> Expect:
+    """What valid device replies look like for these cut points of ``model``: a dry run of
+    each device part on the reference ``sample`` rows gives the smashed-data shape and the
+    activation scale the bounds are relative to (:mod:`splitfl.net.trust`)."""
+    bounds = bounds or BoundsConfig()
     dtype = next(model.parameters()).dtype
-    shapes, specs = {}, {}
+    shapes, specs, limits = {}, {}, {}
     sample = sample.to(next(model.parameters()).device)
     if sample.is_floating_point():
         sample = sample.to(dtype)
@@ -317,6 +314,8 @@ def expect_for(model, sample: torch.Tensor, num_classes: int, cuts) -> Expect:
         specs[cut] = state_specs(part.state_dict())
         if cut < model.num_blocks:
             with torch.no_grad():
-                shapes[cut] = tuple(part.eval()(sample).shape[1:])
+                shapes[cut] = tuple(part.eval()(sample[:1]).shape[1:])
+            scale = activation_scale(part, sample)
+            limits[cut] = bounds.activation_factor * scale + bounds.activation_abs
             part.train()
-    return Expect(dtype, shapes, num_classes, specs)
+    return Expect(dtype, shapes, num_classes, specs, limits, bounds)
