@@ -16,7 +16,7 @@ import torch
 
 from splitfl.algorithms import Algorithm
 from splitfl.config import ExperimentConfig
-from splitfl.executors import evaluate
+from splitfl.executors import NonFiniteLossError, evaluate
 from splitfl.experiment.context import RunContext
 from splitfl.plan import RoundPlan, RoundReport, RoundResult
 from splitfl.seeding import derive_seed, rng_for
@@ -133,7 +133,8 @@ def round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r
     helpers = sum(c.helper_energy for c in report.costs.values())
     return {
         "round_time": report.round_time,
-        "train_loss": result.train_loss,
+        # null when no client completed the round (every one dropped): nothing was trained
+        "train_loss": result.train_loss if result.updates else None,
         "test_acc": None,
         "test_loss": None,
         "avg_waiting": sum(waits.values()) / len(waits) if waits else 0.0,
@@ -169,6 +170,7 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     if result.updates:
         algorithm.observe(r, done, report)
         st.global_state = algorithm.aggregate(st.global_state, done, result)
+        check_finite_state(st.global_state)
     st.clock.advance(report.round_time)
     traffic = Traffic()
     for cost in report.costs.values():
@@ -187,6 +189,14 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     elif (r + 1) % config.eval.every == 0 or r + 1 == config.rounds:
         row["test_acc"], row["test_loss"] = evaluate_state(ctx, eval_model, st.global_state)
     return row
+
+
+def check_finite_state(state: dict[str, torch.Tensor]) -> None:
+    """The aggregated model must be finite: a NaN/inf in it ends the run as diverged
+    (exit code 3) instead of being trained, evaluated and saved."""
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise NonFiniteLossError(f"non-finite values in the aggregated model ({name})")
 
 
 def trains(executor) -> bool:

@@ -71,6 +71,18 @@ def check_timing(config: ExperimentConfig) -> None:
         )
 
 
+def check_aggregation(config: ExperimentConfig) -> None:
+    """``train.aggregation`` is one the algorithm's aggregation supports
+    (``Algorithm.aggregations``), else a one-line refusal."""
+    cls = resolve_algorithm(config.algorithm, config.options)[0]
+    if config.train.aggregation not in cls.aggregations:
+        raise ConfigError(
+            "train.aggregation",
+            f"{config.algorithm} supports {', '.join(cls.aggregations)} "
+            f"(got {config.train.aggregation!r})",
+        )
+
+
 def validate_config(config: ExperimentConfig) -> None:
     """Static checks of every field and every registry name (``splitfl validate`` without
     the data). Raises :class:`~splitfl.config.ConfigError`."""
@@ -78,6 +90,7 @@ def validate_config(config: ExperimentConfig) -> None:
     validate(config)
     check_options(config)
     check_timing(config)
+    check_aggregation(config)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None):
@@ -87,4 +100,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     check_registries(config)
     check_options(config)
     check_timing(config)
+    check_aggregation(config)
     return config

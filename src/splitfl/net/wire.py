@@ -166,7 +166,7 @@ def parse_header(text: bytes | bytearray) -> Any:
     except WireError:
         raise
     except (UnicodeDecodeError, ValueError):  # JSONDecodeError, a 5000-digit integer
-        raise WireError("header is not strict JSON") from None
+        raise WireError("header is not JSON (strict RFC 8259)") from None
     if _depth(value) > MAX_HEADER_DEPTH:
         raise WireError(f"header nests deeper than {MAX_HEADER_DEPTH}")
     return value
