@@ -20,7 +20,6 @@ import torch
 import splitfl
 import splitfl.net.wire as wire
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.algorithms.robust import Rule
 from splitfl.experiment.runner import as_config
 from splitfl.net.auth import TokenBook
 from splitfl.net.device import DeviceAgent
@@ -49,7 +48,7 @@ def _run(tmp_path, algorithm, agent_cls, devices=None, **changes):
     devices = devices or {"evil": [0], "ok": [1, 2, 3]}
     bed = Testbed.create(tmp_path / "bed", list(devices))
     threads = [
-        bed.device(name, clients, agent_cls if name == "evil" else None, retry_s=3.0)
+        bed.device(name, clients, agent_cls if name == "evil" else None, retry_s=20.0)
         for name, clients in devices.items()
     ]
     net = bed.server_overrides(min_devices=len(devices))
@@ -124,7 +123,8 @@ def test_a_nan_in_a_reply_is_refused_and_metrics_stay_strict_json(tmp_path, monk
     for row in rows:
         assert "non-finite" in row["dropped_reasons"]["0"]
         assert all(t is None or math.isfinite(t) for t in row["measured_compute_s"])
-        assert all(t is not None and math.isfinite(t) for t in row["client_times"])
+        times = dict(zip(row["clients"], row["client_times"], strict=True))
+        assert all(math.isfinite(t) for c, t in times.items() if c != 0)
 
 
 def test_strict_json_on_the_wire():
@@ -270,7 +270,13 @@ W = [1.0, 1.0, 2.0]
 ZERO = {"blocks.0.w": torch.zeros(2, dtype=torch.float64)}
 
 
-def _agg(rule: Rule) -> list[float]:
+def Rule(*args, **kwargs):  # noqa: N802 (imported late: the old code has no module to import)
+    from splitfl.algorithms.robust import Rule as rule
+
+    return rule(*args, **kwargs)
+
+
+def _agg(rule) -> list[float]:
     ups, weights = _updates([A, B, C], W)
     return layerwise_aggregate(ZERO, ups, {}, weights, rule)["blocks.0.w"].tolist()
 

@@ -151,8 +151,9 @@ class BoundsConfig:
     ``update_norm_abs`` of the part the server sent (L2 over its float tensors); smashed data
     within ``activation_factor`` × the largest activation of the round's global device part
     on the server's reference samples + ``activation_abs``; a reported loss at most
-    ``loss_max`` per sample. Defaults leave honest training of the shipped configs 2–3
-    orders of magnitude of room while keeping every sum the server forms finite."""
+    ``loss_max`` per sample. The defaults leave honest training of the shipped configs well over
+    an order of magnitude of room (README, "Hostile devices") while keeping every sum the server
+    forms finite."""
 
     update_norm_factor: float = 10.0
     update_norm_abs: float = 1.0

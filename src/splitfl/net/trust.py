@@ -10,19 +10,20 @@ relative to the current model, so they scale with any model and need no tuning:
   most ``update_norm_factor × ‖sent‖ + update_norm_abs`` from the part the server sent (L2
   norm over its floating-point tensors); integer buffers (BatchNorm's batch counter) may only
   grow, by at most :data:`COUNTER_SLACK` per local step. An honest round moves a part by a
-  few learning-rate-sized steps, far below its own norm (the shipped configs: under 0.5 ×
-  ‖sent‖ in every round we measured, the factor is 10); what passes keeps every weighted sum
-  finite (values stay below ~11 × the global norm, nowhere near float32's 3.4e38).
+  few learning-rate-sized steps, a fraction of its own norm (factor 10); what passes keeps
+  every weighted sum finite (values stay within ~11 × the global norm, nowhere near
+  float32's 3.4e38).
 * smashed data may be at most ``activation_factor × a + activation_abs`` in absolute value,
   ``a`` the largest activation of the round's global device part on the server's reference
-  samples (:func:`activation_scale`); local training changes a part's activations by a small
-  factor within a round (factor 100).
+  samples, computed as training computes it (:func:`activation_scale`); local training
+  changes a part's activations by a small factor within a round (factor 100).
 * a reported loss is finite, non-negative and at most ``loss_max`` per sample; times and byte
   counts are finite, non-negative and bounded (:func:`bounded`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -99,11 +100,14 @@ def update_problem(state: State, sent: State, bounds: BoundsConfig, steps: int) 
 
 
 def activation_scale(part: torch.nn.Module, sample: torch.Tensor) -> float:
-    """Largest absolute activation of ``part`` (eval mode, no gradient) on ``sample``."""
-    was_training = part.training
-    with torch.no_grad():
-        out = part.eval()(sample)
-    part.train(was_training)
+    """Largest absolute activation of ``part`` on ``sample`` as local training computes it:
+    train mode (BatchNorm normalises by the batch's own statistics, as on the device), on a
+    copy (the model's running statistics stay as they are) and with the random state restored
+    afterwards (dropout in the probe draws nothing from the run's seeded streams)."""
+    probe = copy.deepcopy(part).train()
+    devices = [sample.device.index or 0] if sample.is_cuda else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        out = probe(sample)
     return float(out.abs().max()) if out.numel() else 0.0
 
 
