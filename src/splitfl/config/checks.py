@@ -215,8 +215,6 @@ def validate(config: ExperimentConfig) -> None:
         f"must be in [1, train.explode_factor={f}], or 0/null to disable (got {r})",
     )
     _choice(t.aggregation, list(AGGREGATIONS), "train.aggregation")
-    b = config.network.bounds
-    _check(1 <= b.inbox_max <= 4096, "network.bounds.inbox_max", "must be in [1, 4096]")
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")

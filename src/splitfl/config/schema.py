@@ -160,8 +160,6 @@ class BoundsConfig:
     activation_factor: float = 100.0
     activation_abs: float = 10.0
     loss_max: float = 1e4
-    #: Most unanswered replies a device may queue for one client (beyond: dropped, logged).
-    inbox_max: int = 16
 
 
 @dataclass(frozen=True)

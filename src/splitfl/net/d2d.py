@@ -142,7 +142,7 @@ def run_cluster(
             links[t.client].send(Message("abort", {"session": joins[t.client]}))
     join_errors = _joined(links, joins, rnd.timeout_s)
     if failed:
-        why = got if isinstance(got, str) else got[0].fields.get("error", got[0].type)
+        why = got if isinstance(got, str) else str(got[0].fields.get("error", got[0].type))[:200]
         for t in tasks:
             lost[t.client] = f"top worker {host}: {why}"
         return [], None
@@ -153,9 +153,11 @@ def run_cluster(
             lost[t.client] = f"top worker {host}: rejected report: {checked}"
         return [], None
     average, server_state, report = checked
-    for c, reason in reply.fields.get("dropped", {}).items():
-        if int(c) in tokens:
-            lost[int(c)] = join_errors.get(int(c)) or f"top worker {host}: {reason}"
+    dropped = reply.fields.get("dropped")
+    for c, reason in (dropped if isinstance(dropped, dict) else {}).items():
+        if c.isdigit() and int(c) in tokens:
+            why = str(reason)[:200]
+            lost[int(c)] = join_errors.get(int(c)) or f"top worker {host}: {why}"
     share = _ps_share(arrived - sent_at, reply, up, down, payload_bytes(host_msg), len(report))
     updates = []
     for t in tasks:
@@ -231,8 +233,10 @@ def _check_hosted(reply: Message, tasks, expect: Expect, sent: tuple[State, Stat
     problem = check_state(server_state, state_specs(top), top, expect.bounds, most)
     if problem:
         return f"top part: {problem}"
-    report = {}
-    for key, stats in (reply.fields.get("members") or {}).items():
+    report, members = {}, reply.fields.get("members") or {}
+    if not isinstance(members, dict):
+        return "members is not an object"
+    for key, stats in members.items():
         c = int(key) if str(key).isdigit() else -1
         if c not in steps or not isinstance(stats, dict):
             return f"bad member entry {str(key)[:40]!r}"
