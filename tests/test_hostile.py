@@ -20,7 +20,7 @@ import torch
 import splitfl
 import splitfl.net.wire as wire
 from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.experiment.runner import as_config
+from splitfl.experiment.runner import as_config, prepare
 from splitfl.net.auth import TokenBook
 from splitfl.net.device import DeviceAgent
 from splitfl.net.hub import LOST, METHOD, Hub, HubSettings
@@ -83,6 +83,27 @@ def test_a_huge_model_part_drops_that_client_and_never_reaches_the_model(tmp_pat
         assert "update norm" in row["dropped_reasons"]["0"]
         assert math.isfinite(row["test_loss"]) and row["train_loss"] > 0
     assert all(torch.isfinite(v).all() for v in _final(result).values() if v.is_floating_point())
+
+
+def test_a_round_every_client_was_dropped_from_trains_nothing_and_says_so(tmp_path):
+    changes = {"data.num_clients": 2, "train.clients_per_round": 2}
+    result = _run(tmp_path, "splitfed_v1", _HugePart, {"evil": [0, 1]}, **changes)
+    rows = _strict_rows(result.run_dir)
+    assert [row["dropped_clients"] for row in rows] == [[0, 1], [0, 1]]
+    assert [row["train_loss"] for row in rows] == [None, None]  # old code: 0.0
+    start = prepare(as_config(config_for("splitfed_v1", **{**SMALL, **changes}))).ctx.model
+    final = _final(result)
+    assert all(torch.equal(v, final[k]) for k, v in start.state_dict().items())
+
+
+def test_a_nan_in_the_aggregated_model_ends_the_run_as_diverged():
+    from splitfl.executors import NonFiniteLossError
+    from splitfl.experiment.round_step import check_finite_state
+
+    check_finite_state({"w": torch.ones(2), "n": torch.tensor(3)})
+    check_finite_state({"w": torch.tensor([1.0, math.inf])})  # left to the explosion check
+    with pytest.raises(NonFiniteLossError, match="NaN in the aggregated model"):
+        check_finite_state({"w": torch.tensor([1.0, math.nan])})
 
 
 # -- B.2: finite but huge smashed data ----------------------------------------------------------

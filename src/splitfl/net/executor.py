@@ -182,9 +182,10 @@ def emulated_profiles(ctx, plan: RoundPlan, links: bool = True) -> dict[int, Pro
 
 def expectations(ctx, model: BlockModel, plan: RoundPlan) -> Expect:
     """What valid device replies look like for ``plan``'s cut points (the activation bound
-    relative to the global part on the first :data:`REFERENCE_SAMPLES` training samples)."""
+    relative to the global part on the first :data:`REFERENCE_SAMPLES` test samples: the
+    server holds those whatever the devices hold)."""
     cuts = sorted({t.cut for t in plan.tasks})
-    sample, bounds = ctx.bundle.train.x[:REFERENCE_SAMPLES], ctx.config.network.bounds
+    sample, bounds = ctx.bundle.test.x[:REFERENCE_SAMPLES], ctx.config.network.bounds
     return expect_for(model, sample, ctx.bundle.num_classes, cuts, bounds)
 
 
