@@ -140,6 +140,8 @@ class DeviceAgent:
         self.model = build_model(config.model, data.input_shape, data.num_classes)
         self.runtime = Runtime(torch.device("cpu"))
         self.roles: dict[int, DeviceRole] = {}
+        #: each client's last refused command, since its last ``begin``
+        self.refusals: dict[int, str] = {}
         self.pending: dict[int, float] = {}
         self.profiles: dict[int, Profile | None] = {}
         self.last_batch: dict[int, int] = {}
@@ -176,10 +178,11 @@ class DeviceAgent:
         try:
             return self._handle(c, msg)
         except REFUSED as err:
+            why = f"{msg.type[:40]!r} refused: {type(err).__name__}: {str(err)[:200]}"
             if isinstance(c, int):  # the client's round state is unknown now: discarded
                 self.roles.pop(c, None)
                 self.pending.pop(c, None)
-            why = f"{msg.type[:40]!r} refused: {type(err).__name__}: {str(err)[:200]}"
+                self.refusals[c] = why  # said again with the next command (backward has no reply)
             return Message("error", {"client": c, "seq": msg.fields.get("seq"), "error": why})
 
     def _handle(self, c, msg: Message) -> Message | None:
@@ -193,7 +196,10 @@ class DeviceAgent:
         if msg.type not in COMMANDS:
             raise CommandError(f"unknown command {msg.type[:40]!r}")
         if msg.type != "begin" and c not in self.roles:
-            raise CommandError(f"{msg.type!r} before 'begin'")
+            earlier = self.refusals.get(c)
+            raise CommandError(
+                f"{msg.type!r} before 'begin'" + (f" ({earlier})" if earlier else "")
+            )
         t0 = time.perf_counter()
         reply = getattr(self, f"_on_{msg.type}")(c, msg)
         self._stretch(c, msg.type, t0)
@@ -225,6 +231,7 @@ class DeviceAgent:
         part.load_state_dict(state_from("part", msg.tensors))
         aux_state = state_from("aux", msg.tensors)
         aux = aux_from_state(aux_state) if aux_state else None
+        self.refusals.pop(c, None)
         torch.manual_seed(derive_seed(f["round_seed"], "device-rng", c))  # dropout masks
         self.roles[c] = DeviceRole(
             task, part, aux, self.config.train, self.data.samples[c], f["round_seed"], self.runtime

@@ -13,7 +13,6 @@ burst over the rate limit closes the device's link; waiting calls see the link a
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from splitfl.net.auth import TokenBook
+from splitfl.net.inbox import deliver
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
     Message,
@@ -53,43 +53,6 @@ class HubSettings:
     admit_wait_s: float = 0.0
 
 
-#: Most messages, and bytes, a client's inbox holds (:class:`Inbox`). The server awaits each
-#: reply before its next command to the client, so an honest device has one reply queued at a
-#: time: the bounds only stop a device that sends replies nobody asked for.
-INBOX_MAX = 16
-INBOX_BYTES = 64 << 20
-
-
-class Inbox(queue.Queue):
-    """A client's inbox, bounded: a message is accepted into an empty inbox whatever its size
-    (the reply being awaited), else only while the inbox holds fewer than :data:`INBOX_MAX`
-    messages and :data:`INBOX_BYTES` bytes; :data:`LOST` always fits."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.nbytes = 0
-        self.dropped = 0
-
-    def offer(self, item: tuple[Message, int, float]) -> bool:
-        """Queue ``item`` (message, bytes, arrival) if it fits; else count it as dropped."""
-        with self.mutex:
-            full = len(self.queue) >= INBOX_MAX or self.nbytes + item[1] > INBOX_BYTES
-            if self.queue and full:
-                self.dropped += 1
-                return False
-        self.put(item)
-        return True
-
-    def _put(self, item) -> None:
-        self.nbytes += 0 if item is LOST else item[1]
-        super()._put(item)
-
-    def _get(self):
-        item = super()._get()
-        self.nbytes -= 0 if item is LOST else item[1]
-        return item
-
-
 @dataclass
 class DeviceLink:
     """One connected device process: its clients, inboxes and outgoing queue."""
@@ -107,23 +70,6 @@ class DeviceLink:
     peer_address: str = ""
     peer_cert: str = ""
 
-    def __post_init__(self) -> None:
-        # every inbox is bounded (:class:`Inbox`), whatever the caller built
-        self.inbox = {
-            c: box if isinstance(box, Inbox) else Inbox() for c, box in self.inbox.items()
-        }
-
-    def deliver(self, client: int, message: Message, nbytes: int) -> None:
-        """Put a reply in ``client``'s inbox, or drop it (one line on stderr on the first
-        drop and every 100th) when the inbox is full (:class:`Inbox`)."""
-        box = self.inbox[client]
-        if not box.offer((message, nbytes, time.perf_counter())) and box.dropped % 100 == 1:
-            print(
-                f"splitfl hub: device {self.name}: dropped {box.dropped} unanswered replies "
-                f"for client {client} (inbox full: {INBOX_MAX} messages / {INBOX_BYTES} bytes)",
-                file=sys.stderr,
-            )
-
     def send(self, message: Message) -> int:
         """Queue ``message`` for the device; its encoded size (0 if the link is closed)."""
         if not self.alive:
@@ -135,15 +81,15 @@ class DeviceLink:
     def reply(self, client: int, seq: int, wait_s: float):
         """The reply to command ``seq`` for ``client`` — (message, bytes, arrival time) — if
         it comes within ``wait_s``; :data:`LOST` if the link closed first; None on time-out.
-        Replies to earlier commands are skipped, except an ``error`` (the device refused one)."""
+        Replies to earlier commands are skipped."""
         deadline = time.monotonic() + wait_s
         while (left := deadline - time.monotonic()) > 0:
             try:
                 got = self.inbox[client].get(timeout=left)
             except queue.Empty:
                 return None
-            if got is LOST or got[0].fields.get("seq") == seq or got[0].type == "error":
-                return got  # a device's refusal of an earlier command ends the wait too
+            if got is LOST or got[0].fields.get("seq") == seq:
+                return got
         return None
 
     def close(self, reason: str) -> None:
@@ -364,7 +310,7 @@ class Hub:
                     raise WireError(
                         f"reply for client {str(client)[:40]} not hosted by {link.name}"
                     )
-                link.deliver(client, message, len(data))
+                deliver(link, client, message, len(data))
             link.close("device closed the stream")
         except WireError as err:
             link.close(f"protocol violation: {err}")
