@@ -29,6 +29,7 @@ import torch
 
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.estimates import fill_unmeasured, update_table
+from splitfl.algorithms.robust import clip_scales
 from splitfl.config import ConfigError
 from splitfl.plan import RoundPlan, RoundReport, RoundResult
 
@@ -63,6 +64,9 @@ class AdaSampling(Algorithm):
     Options = AdaSamplingOptions
     training_signals = "samples clients by the gradient norms G_i of their model updates"
     timing_stand_in = "G_i = 1 for every client (no update moves): q_i ∝ p_i/√t_i"
+    # an unbiased importance-weighted sum of updates: clipping each keeps it a sum, a
+    # coordinate-wise median or trimmed mean would not
+    aggregations = ("mean", "clip_mean")
 
     def __init__(self, options: AdaSamplingOptions, ctx) -> None:
         super().__init__(options, ctx)
@@ -99,13 +103,19 @@ class AdaSampling(Algorithm):
         k = len(self.draws)
         p = self.ctx.data_sizes / self.ctx.data_sizes.sum()
         out = {n: t.to(torch.float64).clone() for n, t in global_state.items()}
-        for u in result.updates:
+        scales = [1.0] * len(result.updates)
+        if self.aggregation.name == "clip_mean":  # each Δ_i clipped (splitfl.algorithms.robust)
+            states = [u.state for u in result.updates]
+            scales = clip_scales(global_state, states, self.aggregation)
+        for u, scale in zip(result.updates, scales, strict=True):
             coef = plan.info["draws"][u.client] * p[u.client] / (k * self.q[u.client])
             sq = 0.0
             for n, t in global_state.items():
                 if u.state[n] is t:  # untouched (executor: timing): adds nothing
                     continue
                 delta = u.state[n].to(torch.float64) - t.to(torch.float64)
+                if t.is_floating_point():
+                    delta = scale * delta
                 out[n] += coef * delta
                 if t.is_floating_point():
                     sq += float((delta**2).sum())

@@ -93,7 +93,9 @@ class AdaSFL(Algorithm):
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
         """Weights ∝ samples processed (d_i·τ_i)."""
         weights = {u.client: float(u.samples) for u in result.updates}
-        return layerwise_aggregate(global_state, result.updates, result.server_states, weights)
+        return layerwise_aggregate(
+            global_state, result.updates, result.server_states, weights, self.aggregation
+        )
 
     def state_dict(self) -> dict:
         return {"workers": self.state.state_dict()}

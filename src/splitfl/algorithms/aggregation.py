@@ -19,10 +19,11 @@ from typing import Protocol
 
 import torch
 
+from splitfl.algorithms.robust import MEAN, Rule, clip_scales, combine, robust_average
 from splitfl.averaging import weighted_average
 from splitfl.models.base import block_index
 
-__all__ = ["layerwise_aggregate", "weighted_average"]
+__all__ = ["Rule", "layerwise_aggregate", "robust_average", "weighted_average"]
 
 
 class TrainedPart(Protocol):
@@ -37,6 +38,7 @@ def layerwise_aggregate(
     updates: Iterable[TrainedPart],
     server_states: Mapping[int, Mapping[str, torch.Tensor]],
     weights: Mapping[int, float],
+    rule: Rule = MEAN,
 ) -> dict[str, torch.Tensor]:
     """S²FL Algorithm 1 (lines 3–17): layer-wise weighted average of device and server copies.
 
@@ -47,25 +49,42 @@ def layerwise_aggregate(
         server_states: Trained server-side copy per group (full-model keys for blocks ≥ the
             smallest cut in the group).
         weights: ``|D_i|`` per client.
+        rule: ``train.aggregation`` (:mod:`splitfl.algorithms.robust`); ``mean`` is the
+            paper's average.
     """
     updates = list(updates)
+    picked = {
+        key: [
+            (u.state if block_index(key) < u.cut else server_states[u.group])[key] for u in updates
+        ]
+        for key in global_state
+    }
+    scales = None
+    if rule.name == "clip_mean" and updates:
+        models = [{key: copies[i] for key, copies in picked.items()} for i in range(len(updates))]
+        scales = clip_scales(dict(global_state), models, rule)
     out: dict[str, torch.Tensor] = {}
     for key, current in global_state.items():
-        block = block_index(key)
-        sources = [(u.state if block < u.cut else server_states[u.group])[key] for u in updates]
+        sources = picked[key]
         if all(s is current for s in sources):  # no copy changed (executor: timing)
             out[key] = current.clone()
             continue
-        total = torch.zeros_like(current, dtype=torch.float64)
-        weight_sum = 0.0
-        for u, source in zip(updates, sources, strict=True):
-            w = float(weights[u.client])
-            total += w * source.to(torch.float64)
-            weight_sum += w
-        if weight_sum == 0:
+        w = [float(weights[u.client]) for u in updates]
+        if sum(w) == 0:
             out[key] = current.clone()
-        elif current.is_floating_point():
-            out[key] = (total / weight_sum).to(current.dtype)
+        elif rule.name != "mean":
+            out[key] = combine(current, sources, w, rule, scales)
         else:
-            out[key] = torch.round(total / weight_sum).to(current.dtype)
+            out[key] = _mean(current, sources, w)
     return out
+
+
+def _mean(current: torch.Tensor, sources: list[torch.Tensor], w: list[float]) -> torch.Tensor:
+    """The weighted average in float64 (integer tensors rounded), in participant order."""
+    total = torch.zeros_like(current, dtype=torch.float64)
+    for weight, source in zip(w, sources, strict=True):
+        total += weight * source.to(torch.float64)
+    avg = total / sum(w)
+    return (
+        avg.to(current.dtype) if current.is_floating_point() else torch.round(avg).to(current.dtype)
+    )

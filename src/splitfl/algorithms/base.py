@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.algorithms.aggregation import Rule, layerwise_aggregate
 from splitfl.plan import ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.system.cost import ClientCost, round_times, share_server_link
 
@@ -48,6 +48,9 @@ class Algorithm:
     #: "" = none, so any ``train.loss`` runs. Set: a ``train.loss`` other than
     #: ``cross_entropy`` (regression, multi-label) is refused at validation.
     needs_class_labels: ClassVar[str] = ""
+    #: ``train.aggregation`` rules the algorithm's aggregation supports
+    #: (:mod:`splitfl.algorithms.robust`); the validation refuses others in one line.
+    aggregations: ClassVar[tuple[str, ...]] = ("mean", "clip_mean", "median", "trimmed_mean")
 
     def __init__(self, options: Any, ctx: Any):
         """``ctx``: the run's :class:`~splitfl.experiment.context.RunContext` (handed in by the
@@ -104,7 +107,14 @@ class Algorithm:
     ) -> dict[str, torch.Tensor]:
         """S²FL Algorithm 1 with weights |D_i| (reduces to FedAvg for unsplit models)."""
         weights = {u.client: float(self.ctx.data_sizes[u.client]) for u in result.updates}
-        return layerwise_aggregate(global_state, result.updates, result.server_states, weights)
+        return layerwise_aggregate(
+            global_state, result.updates, result.server_states, weights, self.aggregation
+        )
+
+    @property
+    def aggregation(self) -> Rule:
+        """The run's ``train.aggregation`` rule (every algorithm's averaging uses it)."""
+        return Rule.of(self.ctx.config.train)
 
     # -- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -148,7 +148,9 @@ class IFCA(Algorithm):
             ]
             if members:
                 weights = {u.client: float(self.ctx.data_sizes[u.client]) for u in members}
-                self.models[k] = layerwise_aggregate(self.models[k], members, {}, weights)
+                self.models[k] = layerwise_aggregate(
+                    self.models[k], members, {}, weights, self.aggregation
+                )
                 self.chosen_count[k] += len(members)
         return {n: t.clone() for n, t in self.models[int(np.argmax(self.chosen_count))].items()}
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from splitfl.algorithms.aggregation import layerwise_aggregate, weighted_average
+from splitfl.algorithms.aggregation import layerwise_aggregate, robust_average
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.models.base import block_index
@@ -125,15 +125,17 @@ class LocFedMixSL(Algorithm):
             self.local[u.client] = u.state
             self.local_aux[u.client] = u.aux_state
         weights = {u.client: float(self.ctx.data_sizes[u.client]) for u in result.updates}
-        new = layerwise_aggregate(global_state, result.updates, result.server_states, weights)
+        rule = self.aggregation
+        new = layerwise_aggregate(global_state, result.updates, result.server_states, weights, rule)
         if not plan.info["aggregated"]:
             return {
                 k: (global_state[k] if block_index(k) < self.cut else v) for k, v in new.items()
             }
         clients = sorted(self.local)
         w = [float(self.ctx.data_sizes[c]) for c in clients]
-        device = weighted_average([self.local[c] for c in clients], w)
-        self.global_aux = weighted_average([self.local_aux[c] for c in clients], w)
+        device = robust_average([self.local[c] for c in clients], w, rule, global_state)
+        aux = [self.local_aux[c] for c in clients]
+        self.global_aux = robust_average(aux, w, rule, self.global_aux)
         self.local, self.local_aux = {}, {}
         return {**new, **device}
 

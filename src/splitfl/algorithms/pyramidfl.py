@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.aggregation import weighted_average
+from splitfl.algorithms.aggregation import robust_average
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.estimates import fill_unmeasured, update_table
 from splitfl.config import ConfigError
@@ -230,7 +230,8 @@ class PyramidFL(Algorithm):
                 new[key] = global_state[key].clone()
                 continue
             w = [float(self.ctx.data_sizes[u.client]) for u in kept]
-            new[key] = weighted_average([{key: u.state[key]} for u in kept], w)[key]
+            states = [{key: u.state[key]} for u in kept]
+            new[key] = robust_average(states, w, self.aggregation, global_state)[key]
         return new
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:

@@ -256,4 +256,6 @@ class RingSFL(Algorithm):
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
         """Eq. (5): plain average of the blended models."""
         weights = {u.client: 1.0 for u in result.updates}
-        return layerwise_aggregate(global_state, result.updates, result.server_states, weights)
+        return layerwise_aggregate(
+            global_state, result.updates, result.server_states, weights, self.aggregation
+        )

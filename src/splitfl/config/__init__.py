@@ -35,9 +35,11 @@ from splitfl.config.parse import (
     set_dotted,
 )
 from splitfl.config.schema import (
+    AGGREGATIONS,
     CLOCKS,
     COMPRESSIONS,
     TRACKERS,
+    BoundsConfig,
     ConfigError,
     DataConfig,
     DevicesConfig,
@@ -50,6 +52,7 @@ from splitfl.config.schema import (
 from splitfl.yaml_limits import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_VALUES
 
 __all__ = [
+    "AGGREGATIONS",
     "CLOCKS",
     "COMPRESSIONS",
     "FLOAT_RANGES",
@@ -60,6 +63,7 @@ __all__ = [
     "MAX_YAML_VALUES",
     "SEED_LIMIT",
     "TRACKERS",
+    "BoundsConfig",
     "ConfigError",
     "DataConfig",
     "DevicesConfig",

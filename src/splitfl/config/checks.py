@@ -13,6 +13,7 @@ import torch
 
 from splitfl.config.choices import unknown_choice
 from splitfl.config.schema import (
+    AGGREGATIONS,
     CLOCKS,
     COMPRESSIONS,
     TRACKERS,
@@ -80,6 +81,13 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.max_message_mb": Range(0, 4096, lo_open=True),
     "network.rate_limit": Range(0, 1e9),
     "network.histogram_epsilon": Range(1e-6, 1e6),
+    "network.bounds.update_norm_factor": Range(0, 1e6, lo_open=True),
+    "network.bounds.update_norm_abs": Range(0, 1e6),
+    "network.bounds.activation_factor": Range(1, 1e6),
+    "network.bounds.activation_abs": Range(0, 1e6),
+    "network.bounds.loss_max": Range(0, 1e30, lo_open=True),
+    "train.clip_norm": Range(0, 1e30, lo_open=True),
+    "train.trim_fraction": Range(0, 0.5, hi_open=True),
 }
 #: ``seed`` feeds numpy's SeedSequence and torch.manual_seed: a non-negative 63-bit integer.
 SEED_LIMIT = 2**63
@@ -229,6 +237,7 @@ def validate(config: ExperimentConfig) -> None:
         "train.explode_recovery",
         f"must be in [1, train.explode_factor={f}], or 0/null to disable (got {r})",
     )
+    _choice(t.aggregation, list(AGGREGATIONS), "train.aggregation")
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")
     _check(

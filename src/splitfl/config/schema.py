@@ -133,6 +133,14 @@ class TrainConfig:
     explode_factor: float | None = 100.0
     explode_rounds: int | None = 3
     explode_recovery: float | None = 10.0
+    #: How the clients' copies of a layer are combined (every algorithm that averages; see
+    #: ``splitfl.algorithms.robust``): ``mean`` (the papers' weighted average), ``clip_mean``
+    #: (each update's distance from the global model clipped to ``clip_norm``; null = the
+    #: round's median update norm), ``median`` or ``trimmed_mean`` (coordinate-wise,
+    #: dropping ``trim_fraction`` of the clients at each end).
+    aggregation: str = "mean"
+    clip_norm: float | None = None
+    trim_fraction: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -169,8 +177,29 @@ class OutputConfig:
 #: ``clock`` values: what the algorithms observe — the cost model's simulated times, or (with
 #: ``executor: networked``) the times measured on the devices.
 CLOCKS = ("simulated", "measured")
+#: ``train.aggregation`` values (``splitfl.algorithms.robust``).
+AGGREGATIONS = ("mean", "clip_mean", "median", "trimmed_mean")
 #: ``network.compression`` values (gRPC message compression).
 COMPRESSIONS = ("none", "gzip")
+
+
+@dataclass(frozen=True)
+class BoundsConfig:
+    """``network.bounds``: what a device may send (checked by ``splitfl.net.trust`` before
+    use; a violation drops that client for the round, never the run). A model part (or aux
+    head, ring model, top part) must lie within ``update_norm_factor`` × ‖part sent‖ +
+    ``update_norm_abs`` of the part the server sent (L2 over its float tensors); smashed data
+    within ``activation_factor`` × the largest activation of the round's global device part
+    on the server's reference samples + ``activation_abs``; a reported loss at most
+    ``loss_max`` per sample. The defaults leave honest training of the shipped configs well over
+    an order of magnitude of room (README, "Hostile devices") while keeping every sum the server
+    forms finite."""
+
+    update_norm_factor: float = 10.0
+    update_norm_abs: float = 1.0
+    activation_factor: float = 100.0
+    activation_abs: float = 10.0
+    loss_max: float = 1e4
 
 
 @dataclass(frozen=True)
@@ -215,6 +244,8 @@ class NetworkConfig:
     #: ``data.source: devices`` with local device processes (``splitfl launch --data-dir``):
     #: device ``local-<i>`` reads ``data_dir/local-<i>`` (``<client>.npz`` files).
     data_dir: str | None = None
+    #: Bounds on what devices send (:class:`BoundsConfig`).
+    bounds: BoundsConfig = field(default_factory=BoundsConfig)
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,13 @@ class DeviceRole:
         self._fx, self._y = self.runtime.forward(self.part, x), y
         return self._fx.detach(), y
 
+    def pending_output(self) -> torch.Tensor:
+        """The smashed data of the last ``forward`` awaiting its gradient (ValueError if
+        there is none: a ``backward`` or ``head_update`` out of order)."""
+        if self._fx is None:
+            raise ValueError("no forward awaits a gradient")
+        return self._fx
+
     def backward(self, grad: torch.Tensor) -> None:
         """Back-propagate the returned activation gradient and step (S²FL Eq. 4's device side)."""
         self.optimizer.zero_grad()

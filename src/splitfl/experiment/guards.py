@@ -7,6 +7,7 @@ path, so either records ``interrupted at round k`` in ``summary.json`` (see
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 from collections.abc import Iterator
@@ -48,7 +49,9 @@ def check_explosion(rows: list[dict[str, Any]], initial_loss: float | None, trai
     factor, k, recovery = train.explode_factor, train.explode_rounds, train.explode_recovery
     if not factor or not k or initial_loss is None or len(rows) < k:
         return
-    losses = [r["train_loss"] for r in rows]
+    # a round every client was dropped from has no training loss (null): it counts as not
+    # exploded
+    losses = [-math.inf if r["train_loss"] is None else r["train_loss"] for r in rows]
     limit = factor * initial_loss
     if all(loss > limit for loss in losses[-k:]):
         raise LossExplosionError(

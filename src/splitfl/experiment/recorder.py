@@ -11,6 +11,7 @@ atomically (:mod:`splitfl.atomic`), and ``summary.json`` is written last: when i
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,8 +63,10 @@ class Recorder:
         self.trackers = make_trackers(self.config, self.run_dir)  # output.tracking (default none)
 
     def record(self, row: dict[str, Any]) -> None:
-        """Append a round's row to ``metrics.jsonl`` and the trackers."""
-        line = json.dumps(row) + "\n"
+        """Append a round's row to ``metrics.jsonl`` and the trackers (strict JSON: a
+        non-finite number is written as null, with a warning naming it)."""
+        row = finite_json(row, f"round {row.get('round')}")
+        line = json.dumps(row, allow_nan=False) + "\n"
         self.rows.append(row)
         self.lines.append(line)
         append_text(self.run_dir / "metrics.jsonl", line)
@@ -115,9 +118,25 @@ class Recorder:
                 label=f"test {metric}",
                 scale=1.0,
             )
-        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        summary = finite_json(summary, "summary.json")
+        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
         self.summary = summary
         return summary
+
+
+def finite_json(value: Any, where: str, path: str = "") -> Any:
+    """``value`` with every non-finite float (NaN, ±inf) replaced by None — strict JSON, which
+    readers other than Python's accept — and one warning line on stderr per replaced field."""
+    if isinstance(value, float) and not math.isfinite(value):
+        print(f"warning: {where}: {path or 'value'} is {value}; written as null", file=sys.stderr)
+        return None
+    if isinstance(value, dict):
+        return {
+            k: finite_json(v, where, f"{path}.{k}" if path else str(k)) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [finite_json(v, where, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
 
 
 def _note_restored(path: Path, lines: list[str]) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from splitfl.algorithms import Algorithm
 from splitfl.config import ExperimentConfig
-from splitfl.executors import evaluate
+from splitfl.executors import NonFiniteLossError, evaluate
 from splitfl.experiment.context import RunContext
 from splitfl.plan import RoundPlan, RoundReport, RoundResult
 from splitfl.seeding import derive_seed, rng_for
@@ -134,7 +134,8 @@ def round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r
     helpers = sum(c.helper_energy for c in report.costs.values())
     return {
         "round_time": report.round_time,
-        "train_loss": result.train_loss,
+        # null when no client completed the round (every one dropped): nothing was trained
+        "train_loss": result.train_loss if result.updates else None,
         "test_acc": None,
         "test_loss": None,
         "avg_waiting": sum(waits.values()) / len(waits) if waits else 0.0,
@@ -170,6 +171,7 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     if result.updates:
         algorithm.observe(r, done, report)
         st.global_state = algorithm.aggregate(st.global_state, done, result)
+        check_finite_state(st.global_state)
     st.clock.advance(report.round_time)
     traffic = Traffic()
     for cost in report.costs.values():
@@ -189,6 +191,16 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
         values = evaluate_state(ctx, eval_model, st.global_state)
         row.update({row_key(name): value for name, value in values.items()})
     return row
+
+
+def check_finite_state(state: dict[str, torch.Tensor]) -> None:
+    """A NaN in the aggregated model ends the run as diverged (exit code 3) instead of being
+    trained, evaluated and saved as ``ok``. An infinity alone (a BatchNorm variance that
+    overflowed while the losses stay finite) is left to the explosion check
+    (``train.explode_*``), which judges the losses."""
+    for name, t in state.items():
+        if t.is_floating_point() and bool(torch.isnan(t).any()):
+            raise NonFiniteLossError(f"NaN in the aggregated model ({name})")
 
 
 def trains(executor) -> bool:

@@ -144,6 +144,18 @@ def check_timing(config: ExperimentConfig) -> None:
         )
 
 
+def check_aggregation(config: ExperimentConfig) -> None:
+    """``train.aggregation`` is one the algorithm's aggregation supports
+    (``Algorithm.aggregations``), else a one-line refusal."""
+    cls = resolve_algorithm(config.algorithm, config.options)[0]
+    if config.train.aggregation not in cls.aggregations:
+        raise ConfigError(
+            "train.aggregation",
+            f"{config.algorithm} supports {', '.join(cls.aggregations)} "
+            f"(got {config.train.aggregation!r})",
+        )
+
+
 def validate_config(config: ExperimentConfig, config_dir: str | Path | None = None) -> None:
     """Static checks of every field and every registry name (``splitfl validate`` without
     the data), after importing the config's modules (searching ``config_dir`` too). Raises
@@ -153,6 +165,7 @@ def validate_config(config: ExperimentConfig, config_dir: str | Path | None = No
     check_options(config)
     check_timing(config)
     check_recipe(config)
+    check_aggregation(config)
 
 
 def with_imports(config: ExperimentConfig, imports: list[str] | None) -> ExperimentConfig:
@@ -175,4 +188,5 @@ def load_config(
     check_options(config)
     check_timing(config)
     check_recipe(config)
+    check_aggregation(config)
     return config

@@ -23,16 +23,18 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from splitfl.config import BoundsConfig
 from splitfl.executors.fleet import GroupRun
 from splitfl.models import BlockModel, ModelPart
 from splitfl.net.auth import new_token, token_hash
 from splitfl.net.d2d_device import PLAN_FIELDS
-from splitfl.net.fleet import Expect, Meter, check_state, state_specs
+from splitfl.net.fleet import Expect, Meter
 from splitfl.net.hub import LOST, DeviceLink, Hub
+from splitfl.net.trust import MAX_BYTES, bounded, check_state, loss_problem, state_specs
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientUpdate, RoundPlan
 
@@ -50,6 +52,7 @@ class D2DRound:
     timeout_s: float
     meters: dict[int, Meter]
     lost: dict[int, str]
+    bounds: BoundsConfig = field(default_factory=BoundsConfig)
 
 
 @dataclass(frozen=True)
@@ -139,20 +142,22 @@ def run_cluster(
             links[t.client].send(Message("abort", {"session": joins[t.client]}))
     join_errors = _joined(links, joins, rnd.timeout_s)
     if failed:
-        why = got if isinstance(got, str) else got[0].fields.get("error", got[0].type)
+        why = got if isinstance(got, str) else str(got[0].fields.get("error", got[0].type))[:200]
         for t in tasks:
             lost[t.client] = f"top worker {host}: {why}"
         return [], None
     reply, up, arrived = got
-    checked = _check_hosted(reply, tasks, expect, model, cut)
+    checked = _check_hosted(reply, tasks, expect, (bottom, server_part), arrived - sent_at)
     if isinstance(checked, str):
         for t in tasks:
             lost[t.client] = f"top worker {host}: rejected report: {checked}"
         return [], None
     average, server_state, report = checked
-    for c, reason in reply.fields.get("dropped", {}).items():
-        if int(c) in tokens:
-            lost[int(c)] = join_errors.get(int(c)) or f"top worker {host}: {reason}"
+    dropped = reply.fields.get("dropped")
+    for c, reason in (dropped if isinstance(dropped, dict) else {}).items():
+        if c.isdigit() and int(c) in tokens:
+            why = str(reason)[:200]
+            lost[int(c)] = join_errors.get(int(c)) or f"top worker {host}: {why}"
     share = _ps_share(arrived - sent_at, reply, up, down, payload_bytes(host_msg), len(report))
     updates = []
     for t in tasks:
@@ -185,7 +190,7 @@ def _ps_share(rtt, reply, up, down, down_payload, members) -> dict[str, float]:
     """Each member's share of the top worker's model traffic with the server (the cost model
     splits it equally): time = round trip − the session, split by bytes."""
     session = reply.fields.get("session_s")
-    session = min(max(float(session), 0.0), rtt) if non_negative(session) else rtt
+    session = min(float(session), rtt) if bounded(session, math.inf) else rtt
     comm, n = rtt - session, max(members, 1)
     return {
         "download_s": comm * down / max(up + down, 1) / n,
@@ -212,47 +217,45 @@ def _fill_meter(meter: Meter, stats: dict, share: dict[str, float]) -> None:
     meter.count("d2d_gradients", d2d.get("gradients_down", 0))
 
 
-def non_negative(x) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+#: Per-member numbers of a top worker's report (times in seconds, then bytes).
+_TIMES = ("compute_s", "upload_s", "download_s", "server_s")
+_BYTES = ("wire_up", "wire_down")
 
 
-def _check_hosted(reply: Message, tasks, expect: Expect, model: BlockModel, cut: int):
-    """(average bottom, top part, per-member stats) or what is wrong with the report."""
-    server_specs = state_specs(ModelPart(model, cut, model.num_blocks).state_dict())
+def _check_hosted(reply: Message, tasks, expect: Expect, sent: tuple[State, State], rtt: float):
+    """(average bottom, top part, per-member stats) or what is wrong with the report: the
+    parts against what was sent (``sent``: bottom, top; :func:`~splitfl.net.trust.check_state`),
+    each member's loss, times (at most the round trip ``rtt``) and byte counts."""
+    bottom, top = sent
+    steps = {t.client: t for t in tasks}
+    most = sum(t.steps for t in tasks) * len(tasks)  # top-part forwards: ≤ one per member-step
     server_state = state_from("server", reply.tensors)
-    problem = check_state(server_state, server_specs)
+    problem = check_state(server_state, state_specs(top), top, expect.bounds, most)
     if problem:
         return f"top part: {problem}"
-    report, steps = {}, {t.client: t for t in tasks}
-    for key, stats in (reply.fields.get("members") or {}).items():
+    report, members = {}, reply.fields.get("members") or {}
+    if not isinstance(members, dict):
+        return "members is not an object"
+    for key, stats in members.items():
         c = int(key) if str(key).isdigit() else -1
-        keys = (
-            "samples",
-            "loss_sum",
-            "compute_s",
-            "upload_s",
-            "download_s",
-            "server_s",
-            "wire_up",
-            "wire_down",
+        if c not in steps or not isinstance(stats, dict):
+            return f"bad member entry {str(key)[:40]!r}"
+        t = steps[c]
+        problem = loss_problem(
+            stats.get("loss_sum"), stats.get("samples"), t.steps * t.batch_size, expect.bounds
         )
-        if (
-            c not in steps
-            or not isinstance(stats, dict)
-            or not all(non_negative(stats.get(k)) for k in keys)
-        ):
-            return f"bad member entry {key!r}"
-        if not isinstance(stats["samples"], int) or stats["samples"] > (
-            steps[c].steps * steps[c].batch_size
-        ):
-            return f"member {c}: {stats['samples']!r} samples"
+        if problem or not all(bounded(stats.get(k), rtt) for k in _TIMES):
+            return f"member {c}: {problem or 'bad times'}"
         payload = stats.get("payload")
-        if not isinstance(payload, dict) or not all(non_negative(v) for v in payload.values()):
-            return f"member {c}: bad payload counts"
+        counts = [stats.get(k) for k in _BYTES] + list((payload or {}).values())
+        if not isinstance(payload, dict) or not all(bounded(v, MAX_BYTES) for v in counts):
+            return f"member {c}: bad byte counts"
         report[c] = stats
     average = state_from("part", reply.tensors)
     if report:
-        problem = check_state(average, expect.part_specs[cut])
+        cut = tasks[0].cut
+        most = max(t.steps for t in tasks)
+        problem = check_state(average, expect.part_specs[cut], bottom, expect.bounds, most)
         if problem:
             return f"bottom part: {problem}"
     return average, server_state, report

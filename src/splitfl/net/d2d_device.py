@@ -31,6 +31,7 @@ from splitfl.executors.fleet import GroupRun, run_group, server_role
 from splitfl.net.emulation import Profile
 from splitfl.net.fleet import Meter, RemoteFleet, TimedServer, expect_for
 from splitfl.net.ring_device import ring_session
+from splitfl.net.trust import REFERENCE_SAMPLES
 from splitfl.net.wire import Message, state_from, state_tensors
 from splitfl.plan import ClientTask, RoundPlan
 from splitfl.seeding import derive_seed
@@ -85,8 +86,8 @@ def _run_cluster(agent, msg: Message):
     if all(m.get("emulate") for m in members):
         profiles = {m["client"]: Profile.from_fields(m["emulate"]) for m in members}
     x, y = next(iter(agent.data.samples.values()))[:2]
-    cuts = sorted({t.cut for t in tasks})
-    expect = expect_for(model, x[:1], agent.data.num_classes, cuts, y[:1])
+    cuts, bounds = sorted({t.cut for t in tasks}), agent.config.network.bounds
+    expect = expect_for(model, x[:REFERENCE_SAMPLES], agent.data.num_classes, cuts, y[:1], bounds)
     fleet = RemoteFleet(agent.peer.hub, f["round_seed"], timeout, expect, meters, lost, profiles)
     gen = np.random.default_rng(derive_seed(f["round_seed"], "mix"))
     server = server_role(model, tasks, plan, agent.config.train, agent.runtime, gen)

@@ -45,6 +45,7 @@ from splitfl.net.peer import PeerEndpoint
 from splitfl.net.wire import (
     Message,
     WireError,
+    all_finite,
     state_from,
     state_tensors,
 )
@@ -124,6 +125,39 @@ class ClientData:
         return self
 
 
+class CommandError(WireError):
+    """A command this device refuses (malformed, out of order, not for its clients)."""
+
+
+#: What refusing a command catches: the device's own checks and what a malformed command
+#: makes torch or the handlers raise (a wrong shape, a missing field); an OSError (a lost
+#: link) still ends the session.
+REFUSED = (WireError, KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError)
+#: Largest batch size, local steps and group index a ``begin`` may ask for.
+_MOST = 1 << 24
+
+
+def _check_begin(f: dict, num_blocks: int) -> None:
+    """The ``begin`` fields are in range (one :class:`CommandError` naming the field)."""
+    ints = {"cut": (1, num_blocks), "group": (0, _MOST), "batch_size": (1, _MOST)}
+    ints |= {"steps": (1, _MOST), "round_seed": (0, 2**63 - 1)}
+    for name, (lo, hi) in ints.items():
+        v = f.get(name)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise CommandError(f"'begin' field {name}: {str(v)[:40]} not in [{lo}, {hi}]")
+    lr = f.get("lr")
+    if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 < lr < 1e9:
+        raise CommandError(f"'begin' field lr: {str(lr)[:40]}")
+
+
+def _step(msg: Message, role: DeviceRole) -> int:
+    """The command's mini-batch index, checked against the task's steps."""
+    step = msg.fields.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < role.task.steps:
+        raise CommandError(f"step {str(step)[:40]} not in [0, {role.task.steps})")
+    return step
+
+
 #: Share of the part's per-sample FLOPs each command computes (emulation).
 _COMPUTE_SHARE = {
     "forward": FORWARD_SHARE,
@@ -146,6 +180,8 @@ class DeviceAgent:
         self.model = build_model(config.model, data.input_shape, data.num_classes)
         self.runtime = Runtime(torch.device("cpu"), augment=data.augment)
         self.roles: dict[int, DeviceRole] = {}
+        #: each client's last refused command, since its last ``begin``
+        self.refusals: dict[int, str] = {}
         self.pending: dict[int, float] = {}
         self.profiles: dict[int, Profile | None] = {}
         self.last_batch: dict[int, int] = {}
@@ -183,15 +219,35 @@ class DeviceAgent:
 
     def handle(self, msg: Message) -> Message | None:
         """One command → its reply (None for ``backward``/``head_update``). With emulation,
-        compute is stretched to the client's profile (:mod:`splitfl.net.emulation`)."""
+        compute is stretched to the client's profile (:mod:`splitfl.net.emulation`). A bad
+        or out-of-order command is refused with an ``error`` reply (the client's round state
+        is discarded) and the device keeps serving."""
         c = msg.fields.get("client")
-        if msg.type in self.sessions and c in self.data.samples:
+        try:
+            return self._handle(c, msg)
+        except REFUSED as err:
+            why = f"{msg.type[:40]!r} refused: {type(err).__name__}: {str(err)[:200]}"
+            if isinstance(c, int):  # the client's round state is unknown now: discarded
+                self.roles.pop(c, None)
+                self.pending.pop(c, None)
+                self.refusals[c] = why  # said again with the next command (backward has no reply)
+            return Message("error", {"client": c, "seq": msg.fields.get("seq"), "error": why})
+
+    def _handle(self, c, msg: Message) -> Message | None:
+        if not isinstance(c, int) or c not in self.data.samples:
+            raise CommandError(f"client {str(c)[:40]} is not hosted here")
+        if msg.type in self.sessions:
             reply = self.sessions[msg.type](self, c, msg)
             reply.fields.update(client=c, seq=msg.fields.get("seq"), compute_s=0.0)
             self.aborts.pop(msg.fields.get("seq"), None)
             return reply
-        if msg.type not in COMMANDS or c not in self.data.samples:
-            raise WireError(f"unexpected command {msg.type!r} for client {c!r}")
+        if msg.type not in COMMANDS:
+            raise CommandError(f"unknown command {msg.type[:40]!r}")
+        if msg.type != "begin" and c not in self.roles:
+            earlier = self.refusals.get(c)
+            raise CommandError(
+                f"{msg.type!r} before 'begin'" + (f" ({earlier})" if earlier else "")
+            )
         t0 = time.perf_counter()
         reply = getattr(self, f"_on_{msg.type}")(c, msg)
         self._stretch(c, msg.type, t0)
@@ -217,11 +273,13 @@ class DeviceAgent:
 
     def _on_begin(self, c: int, msg: Message) -> Message:
         f = msg.fields
+        _check_begin(f, self.model.num_blocks)
         task = ClientTask(c, f["cut"], f["group"], f["batch_size"], f["steps"], f["lr"])
         part = copy.deepcopy(ModelPart(self.model, 0, task.cut))
         part.load_state_dict(state_from("part", msg.tensors))
         aux_state = state_from("aux", msg.tensors)
         aux = aux_from_state(aux_state) if aux_state else None
+        self.refusals.pop(c, None)
         torch.manual_seed(derive_seed(f["round_seed"], "device-rng", c))  # dropout masks
         self.roles[c] = DeviceRole(
             task, part, aux, self.config.train, self.data.samples[c], f["round_seed"], self.runtime
@@ -229,18 +287,28 @@ class DeviceAgent:
         return Message("ack")
 
     def _on_forward(self, c: int, msg: Message) -> Message:
-        fx, y = self.roles[c].forward(msg.fields["step"])
+        fx, y = self.roles[c].forward(_step(msg, self.roles[c]))
         self.last_batch[c] = len(y)
         return Message("forwarded", {"step": msg.fields["step"]}, {"fx": fx, "y": y})
 
     def _on_backward(self, c: int, msg: Message) -> None:
-        self.roles[c].backward(msg.tensors["grad"])
+        role, grad = self.roles[c], msg.tensors.get("grad")
+        fx = role.pending_output()
+        if grad is None or grad.shape != fx.shape or grad.dtype != fx.dtype:
+            raise CommandError(f"gradient does not fit the smashed data {tuple(fx.shape)}")
+        if not all_finite(grad):
+            raise CommandError("non-finite gradient")
+        role.backward(grad)
 
     def _on_head_update(self, c: int, msg: Message) -> None:
-        self.roles[c].head_update()
+        role = self.roles[c]
+        role.pending_output()
+        if role.aux is None:
+            raise CommandError("'head_update' without an aux head")
+        role.head_update()
 
     def _on_local_step(self, c: int, msg: Message) -> Message:
-        loss_sum, samples = self.roles[c].local_step(msg.fields["step"])
+        loss_sum, samples = self.roles[c].local_step(_step(msg, self.roles[c]))
         self.last_batch[c] = samples
         return Message("local_done", {"loss_sum": loss_sum, "samples": samples})
 

@@ -199,9 +199,13 @@ def _serve(opts, stream, outbox, agent, log, setup, chunking):
     try:
         return _read_commands(opts, stream, outbox, agent, log, setup, chunking, workers)
     except grpc.RpcError:
-        if workers.error is not None:
-            raise workers.error from None
-        raise
+        err = workers.error
+        if err is None:
+            raise
+        if isinstance(err, OSError | WireError) or not isinstance(err, Exception):
+            raise err from None
+        # anything else a worker raised is logged and the device reconnects (no traceback)
+        raise WireError(f"client worker failed: {type(err).__name__}: {str(err)[:200]}") from None
     finally:
         workers.close()
 
@@ -217,7 +221,9 @@ def _read_commands(
             continue
         msg = decode(data)
         if msg.type == "welcome":
-            clients = msg.fields["clients"]
+            clients = msg.fields.get("clients")
+            if not isinstance(clients, list) or not isinstance(msg.fields.get("config"), dict):
+                raise WireError("welcome without clients or config")
             size = msg.fields.get("chunk_bytes")
             if not isinstance(size, int) or not 1 <= size <= opts.max_message_bytes:
                 raise WireError(f"bad chunk size {size!r} in welcome")
@@ -315,7 +321,7 @@ class ClientWorkers:
                 agent.link(client, "down", nbytes)  # emulated download, before use
                 reply = agent.handle(msg)
                 if reply is not None:
-                    frame = encode(reply)
+                    frame = _encode_reply(reply)
                     agent.link(client, "up", len(frame))  # leaves at the link's rate
                     self.outbox.put(frame)
         except BaseException as err:  # noqa: BLE001 (reported to the session, which ends)
@@ -327,6 +333,17 @@ class ClientWorkers:
             box.put(None)
         for thread in self.threads:
             thread.join(timeout=5)
+
+
+def _encode_reply(reply: Message):
+    """The reply's frame; one that cannot be sent (a NaN in its fields: strict JSON) becomes
+    an ``error`` reply saying so."""
+    try:
+        return encode(reply)
+    except WireError as err:
+        f = reply.fields
+        why = {"client": f.get("client"), "seq": f.get("seq"), "error": str(err)[:200]}
+        return encode(Message("error", why))
 
 
 def start_in_thread(opts: DeviceOptions, agent_cls: type | None = None) -> DeviceThread:

@@ -32,6 +32,7 @@ from splitfl.net.emulation import Profile
 from splitfl.net.fleet import Expect, Meter, RemoteFleet, TimedServer, expect_for
 from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
+from splitfl.net.trust import REFERENCE_SAMPLES
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
 from splitfl.system.cost import d2d_rate
@@ -81,12 +82,10 @@ class NetworkedExecutor:
         meters = {t.client: Meter() for t in plan.tasks}
         lost: dict[int, str] = {}
         tag = f"r{plan.round_idx}-{next(self._rounds)}"
-        rnd = D2DRound(
-            self.session.hub, tag, round_seed, self.config.network.timeout_s, meters, lost
-        )
+        net = self.config.network
+        rnd = D2DRound(self.session.hub, tag, round_seed, net.timeout_s, meters, lost, net.bounds)
         start = time.perf_counter()
         if plan.ring is not None:
-            net = self.config.network
             emulation = ring_emulation(ctx, plan, net.emulate_links) if net.emulate else None
             updates, server_states = run_ring(rnd, plan, model, emulation), {}
         else:
@@ -196,10 +195,13 @@ def emulated_profiles(ctx, plan: RoundPlan, links: bool = True) -> dict[int, Pro
 
 
 def expectations(ctx, model: BlockModel, plan: RoundPlan) -> Expect:
-    """What valid device replies look like for ``plan``'s cut points."""
+    """What valid device replies look like for ``plan``'s cut points (the activation bound
+    relative to the global part on the first :data:`REFERENCE_SAMPLES` test samples: the
+    server holds those whatever the devices hold)."""
     cuts = sorted({t.cut for t in plan.tasks})
     test = ctx.bundle.test  # the server may hold no training data (data.source: devices)
-    return expect_for(model, test.x[:1], ctx.bundle.num_classes, cuts, test.y[:1])
+    sample, bounds = test.x[:REFERENCE_SAMPLES], ctx.config.network.bounds
+    return expect_for(model, sample, ctx.bundle.num_classes, cuts, test.y[:1], bounds)
 
 
 def measured_fields(m: Meter, wall: float) -> dict[str, float]:

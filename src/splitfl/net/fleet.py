@@ -24,11 +24,20 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitfl.config import BoundsConfig
 from splitfl.executors.roles import ServerRole
 from splitfl.models import ModelPart
 from splitfl.net.emulation import Profile, stretch
 from splitfl.net.hub import LOST, DeviceLink, Hub
-from splitfl.net.wire import Message, all_finite, payload_bytes, state_from, state_tensors
+from splitfl.net.trust import (
+    activation_scale,
+    check_state,
+    is_number,
+    loss_problem,
+    smashed_problem,
+    state_specs,
+)
+from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientTask
 
 State = dict[str, torch.Tensor]
@@ -58,8 +67,9 @@ class Meter:
 @dataclass
 class Expect:
     """What valid replies look like: model dtype, smashed-data shape per cut, classes, the
-    device part's tensors per cut (name → (shape, dtype)), and the targets' dtype and
-    per-sample shape (int64 class labels, or float targets: ``train.loss`` mse/bce_logits)."""
+    device part's tensors per cut (name → (shape, dtype)), the targets' dtype and
+    per-sample shape (int64 class labels, or float targets: ``train.loss`` mse/bce_logits),
+    the largest smashed-data value allowed per cut and the bounds (:mod:`splitfl.net.trust`)."""
 
     dtype: torch.dtype
     feature_shape: dict[int, tuple[int, ...]]
@@ -67,6 +77,8 @@ class Expect:
     part_specs: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]
     target_dtype: torch.dtype = torch.int64
     target_shape: tuple[int, ...] = ()
+    activation_max: dict[int, float] = field(default_factory=dict)
+    bounds: BoundsConfig = field(default_factory=BoundsConfig)
 
 
 class RemoteFleet:
@@ -92,12 +104,16 @@ class RemoteFleet:
         self.unanswered: dict[int, int] = {}
         #: each client's link, looked up once per round (not under the hub's lock per batch)
         self.links: dict[int, DeviceLink | None] = {}
+        #: what each client was sent at ``begin`` (device part, aux head): updates are checked
+        #: against it (:func:`~splitfl.net.trust.update_problem`)
+        self.sent: dict[int, tuple[State, State | None]] = {}
 
     # -- Fleet -------------------------------------------------------------------------------
     def begin(self, tasks, parts, aux):
         requests = {}
         for t in tasks:
             self.tasks[t.client] = t
+            self.sent[t.client] = (parts[t.client], aux.get(t.client))
             fields = {
                 "cut": t.cut,
                 "group": t.group,
@@ -148,13 +164,9 @@ class RemoteFleet:
         out = {}
         for c, msg in self._call(requests, "local_done").items():
             loss_sum, samples = msg.fields.get("loss_sum"), msg.fields.get("samples")
-            ok = isinstance(loss_sum, float | int) and math.isfinite(loss_sum)
-            if (
-                not ok
-                or not isinstance(samples, int)
-                or not 1 <= samples <= self.tasks[c].batch_size
-            ):
-                self._drop(c, "rejected local step report")
+            problem = loss_problem(loss_sum, samples, self.tasks[c].batch_size, self.expect.bounds)
+            if problem:
+                self._drop(c, f"rejected local step report: {problem}")
                 continue
             out[c] = (float(loss_sum), samples)
         return out
@@ -164,7 +176,7 @@ class RemoteFleet:
         out = {}
         for c, msg in self._call(requests, "finished").items():
             part, aux = state_from("part", msg.tensors), state_from("aux", msg.tensors)
-            problem = self._check_part(c, part)
+            problem = self._check_part(c, part, aux)
             if problem:
                 self._drop(c, f"rejected model update: {problem}")
                 continue
@@ -208,8 +220,11 @@ class RemoteFleet:
             if got is None:
                 continue
             msg, up, arrived = got
+            if msg.type == "error":
+                self._drop(c, f"device refused: {str(msg.fields.get('error'))[:200]}")
+                continue
             if msg.type != reply:
-                self._drop(c, f"expected {reply!r}, got {msg.type!r}")
+                self._drop(c, f"expected {reply!r}, got {msg.type[:40]!r}")
                 continue
             self._measure(c, msg, arrived - sent_at, up, down)
             out[c] = msg
@@ -228,8 +243,7 @@ class RemoteFleet:
 
     def _measure(self, c, msg, rtt, up, down) -> None:
         compute = msg.fields.get("compute_s")
-        compute = float(compute) if isinstance(compute, float | int) else 0.0
-        compute = min(max(compute, 0.0), rtt)
+        compute = min(max(float(compute), 0.0), rtt) if is_number(compute) else 0.0
         comm = rtt - compute  # the device serves each client in its own thread
         meter = self.meters[c]
         meter.compute_s += compute
@@ -245,40 +259,22 @@ class RemoteFleet:
     # -- validation ------------------------------------------------------------------------------
     def _check_smashed(self, c: int, fx, y) -> str | None:
         task, ex = self.tasks[c], self.expect
-        if fx is None or y is None:
-            return "missing tensor"
-        if fx.dtype != ex.dtype or y.dtype != ex.target_dtype:
-            return f"dtype {fx.dtype}/{y.dtype}"
-        n = y.shape[0] if y.dim() >= 1 and tuple(y.shape[1:]) == ex.target_shape else -1
-        if not 1 <= n <= task.batch_size or tuple(fx.shape) != (n, *ex.feature_shape[task.cut]):
-            return f"shape {tuple(fx.shape)}/{tuple(y.shape)}"
-        if not all_finite(fx) or (y.is_floating_point() and not all_finite(y)):
-            return "non-finite values"
-        if not y.is_floating_point() and (int(y.min()) < 0 or int(y.max()) >= ex.num_classes):
-            return "label out of range"
-        return None
+        shape, limit = ex.feature_shape[task.cut], ex.activation_max.get(task.cut, math.inf)
+        target = (ex.target_dtype, ex.target_shape)
+        return smashed_problem(
+            fx, y, ex.dtype, shape, task.batch_size, ex.num_classes, limit, target
+        )
 
-    def _check_part(self, c: int, part: State) -> str | None:
-        return check_state(part, self.expect.part_specs[self.tasks[c].cut])
-
-
-def state_specs(state: State) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Name → (shape, dtype) of a model part's tensors (what :func:`check_state` expects)."""
-    return {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
-
-
-def check_state(state: State, specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> str | None:
-    """What is wrong with a model part a device sent (names, shapes, dtypes, finite values
-    against ``specs``: name → (shape, dtype)), or None."""
-    if set(state) != set(specs):
-        return "tensor names differ from the model part's"
-    for name, (shape, dtype) in specs.items():
-        t = state[name]
-        if tuple(t.shape) != shape or t.dtype != dtype:
-            return f"{name}: {tuple(t.shape)} {t.dtype}"
-        if not all_finite(t):
-            return f"{name}: non-finite values"
-    return None
+    def _check_part(self, c: int, part: State, aux: State) -> str | None:
+        task, (sent_part, sent_aux) = self.tasks[c], self.sent[c]
+        bounds = self.expect.bounds
+        problem = check_state(part, self.expect.part_specs[task.cut], sent_part, bounds, task.steps)
+        if problem or (not aux and not sent_aux):
+            return problem
+        if not sent_aux:
+            return "aux head sent but none was given"
+        problem = check_state(aux, state_specs(sent_aux), sent_aux, bounds, task.steps)
+        return f"aux head: {problem}" if problem else None
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -308,13 +304,20 @@ class TimedServer:
 
 
 def expect_for(
-    model, sample: torch.Tensor, num_classes: int, cuts, target: torch.Tensor | None = None
+    model,
+    sample: torch.Tensor,
+    num_classes: int,
+    cuts,
+    target: torch.Tensor | None = None,
+    bounds: BoundsConfig | None = None,
 ) -> Expect:
-    """What valid device replies look like for these cut points of ``model`` (a one-sample
-    dry run of each device part gives the smashed-data shape; ``target``: one sample's
-    target, for its dtype and shape — int64 class labels when None)."""
+    """What valid device replies look like for these cut points of ``model``: a dry run of
+    each device part on the reference ``sample`` rows gives the smashed-data shape and the
+    activation scale the bounds are relative to (:mod:`splitfl.net.trust`); ``target``: one
+    sample's target, for its dtype and shape (int64 class labels when None)."""
+    bounds = bounds or BoundsConfig()
     dtype = next(model.parameters()).dtype
-    shapes, specs = {}, {}
+    shapes, specs, limits = {}, {}, {}
     sample = sample.to(next(model.parameters()).device)
     if sample.is_floating_point():
         sample = sample.to(dtype)
@@ -323,8 +326,10 @@ def expect_for(
         specs[cut] = state_specs(part.state_dict())
         if cut < model.num_blocks:
             with torch.no_grad():
-                shapes[cut] = tuple(part.eval()(sample).shape[1:])
+                shapes[cut] = tuple(part.eval()(sample[:1]).shape[1:])
+            scale = activation_scale(part, sample)
+            limits[cut] = bounds.activation_factor * scale + bounds.activation_abs
             part.train()
-    if target is None:
-        return Expect(dtype, shapes, num_classes, specs)
-    return Expect(dtype, shapes, num_classes, specs, target.dtype, tuple(target.shape[1:]))
+    target_dtype = torch.int64 if target is None else target.dtype
+    target_shape = () if target is None else tuple(target.shape[1:])
+    return Expect(dtype, shapes, num_classes, specs, target_dtype, target_shape, limits, bounds)

@@ -24,6 +24,7 @@ import grpc
 
 from splitfl.net.announce import Announced, AnnouncementError, check_announcement
 from splitfl.net.auth import TokenBook
+from splitfl.net.inbox import deliver
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
     Message,
@@ -332,9 +333,11 @@ class Hub:
                         self.lock.notify_all()
                     continue
                 client = message.fields.get("client")
-                if client not in link.inbox:
-                    raise WireError(f"reply for client {client!r} not hosted by {link.name}")
-                link.inbox[client].put((message, len(data), time.perf_counter()))
+                if not isinstance(client, int) or client not in link.inbox:
+                    raise WireError(
+                        f"reply for client {str(client)[:40]} not hosted by {link.name}"
+                    )
+                deliver(link, client, message, len(data))
             link.close("device closed the stream")
         except WireError as err:
             link.close(f"protocol violation: {err}")

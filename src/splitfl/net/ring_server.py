@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
 from splitfl.models import BlockModel
 from splitfl.net.auth import new_token, token_hash
-from splitfl.net.d2d import D2DRound, non_negative, send_command
-from splitfl.net.fleet import Meter, check_state, state_specs
+from splitfl.net.d2d import D2DRound, send_command
+from splitfl.net.fleet import Meter
 from splitfl.net.hub import LOST, DeviceLink
+from splitfl.net.trust import MAX_BYTES, bounded, check_state, loss_problem, state_specs
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientUpdate, RoundPlan
 
@@ -69,7 +69,7 @@ def run_ring(
         sent[c] = (*send_command(links[c], c, msg), payload_bytes(msg))
     replies, failure = _collect(rnd, links, sent, max(t.steps for t in plan.tasks))
     if failure is None:
-        failure = _check(replies, model, tasks)
+        failure = _check(replies, model, tasks, rnd.bounds, {c: v[2] for c, v in sent.items()})
     if failure is not None:
         _abandon(rnd, order, failure)
         return []
@@ -126,21 +126,23 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
     return replies, (causes or failures)[0]
 
 
-def _check(replies, model: BlockModel, tasks) -> str | None:
-    specs = state_specs(model.state_dict())
-    for c, (reply, _, _) in replies.items():
-        f = reply.fields
-        numbers = ("loss_sum", "compute_s", "d2d_s", "session_s", "d2d_wire")
-        if not isinstance(f.get("samples"), int) or not all(
-            non_negative(f.get(k)) for k in numbers
-        ):
-            return f"client {c}: bad ring report"
-        if f["samples"] > tasks[c].steps * tasks[c].batch_size or not math.isfinite(f["loss_sum"]):
-            return f"client {c}: {f['samples']} samples"
+def _check(replies, model: BlockModel, tasks, bounds, sent_at: dict[int, float]) -> str | None:
+    """What is wrong with a member's report, or None: its loss, times (at most its round
+    trip), byte counts and blended model (against the global model, :mod:`splitfl.net.trust`)."""
+    state = model.state_dict()
+    specs, steps = state_specs(state), sum(t.steps for t in tasks.values()) * len(tasks)
+    for c, (reply, _, arrived) in replies.items():
+        f, t = reply.fields, tasks[c]
+        most = t.steps * t.batch_size
+        problem = loss_problem(f.get("loss_sum"), f.get("samples"), most, bounds)
+        times = ("compute_s", "d2d_s", "session_s")
+        if problem or not all(bounded(f.get(k), arrived - sent_at[c]) for k in times):
+            return f"client {c}: bad ring report: {problem or 'times'}"
         payload = f.get("payload")
-        if not isinstance(payload, dict) or not all(non_negative(v) for v in payload.values()):
+        counts = [f.get("d2d_wire")] + list((payload or {}).values())
+        if not isinstance(payload, dict) or not all(bounded(v, MAX_BYTES) for v in counts):
             return f"client {c}: bad payload counts"
-        problem = check_state(state_from("model", reply.tensors), specs)
+        problem = check_state(state_from("model", reply.tensors), specs, state, bounds, steps)
         if problem:
             return f"client {c}: rejected model: {problem}"
     return None

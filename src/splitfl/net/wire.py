@@ -11,6 +11,8 @@ multiple of 8 (the header is padded with spaces, each tensor with zero bytes), s
 read in place from the received buffer, aligned. Nothing is ever unpickled: a tensor is
 rebuilt with :func:`torch.frombuffer` from its declared dtype (one of :data:`DTYPES`) and shape,
 and the decoder refuses any message whose sizes do not add up exactly (:class:`WireError`).
+Headers are strict JSON both ways: NaN and infinities are neither sent nor accepted, and a
+header nesting deeper than :data:`MAX_HEADER_DEPTH` is refused (:func:`parse_header`).
 
 On the gRPC stream a message travels as chunks of at most ``chunk_bytes``: each chunk is one
 gRPC message, its first byte ``1`` on the last chunk of a message and ``0`` before it
@@ -34,6 +36,8 @@ MAGIC = b"SFL1"
 PROTOCOL_VERSION = 1
 #: Largest header accepted (JSON text).
 MAX_HEADER_BYTES = 1 << 20
+#: Deepest nesting of JSON objects/arrays accepted in a header (splitfl's own need 4).
+MAX_HEADER_DEPTH = 16
 #: Dtypes allowed on the wire, by name.
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -95,11 +99,14 @@ def encode(message: Message) -> Frame:
             raise WireError(f"tensor {name!r}: dtype {t.dtype} cannot be sent")
         specs.append([name, _NAMES[t.dtype], list(t.shape)])
         flats.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-    header = json.dumps(
-        {"type": message.type, "fields": message.fields, "tensors": specs},
-        separators=(",", ":"),
-        allow_nan=False,
-    ).encode()
+    try:
+        header = json.dumps(
+            {"type": message.type, "fields": message.fields, "tensors": specs},
+            separators=(",", ":"),
+            allow_nan=False,
+        ).encode()
+    except (TypeError, ValueError) as err:  # NaN/inf (strict JSON) or a non-JSON value
+        raise WireError(f"{message.type!r} cannot be sent: {err}") from None
     header += b" " * (_aligned(8 + len(header)) - 8 - len(header))
     parts = [memoryview(MAGIC + struct.pack("<I", len(header)) + header)]
     for flat in flats:
@@ -122,10 +129,7 @@ def decode(data: bytes | bytearray | Frame) -> Message:
     (size,) = struct.unpack("<I", data[4:8])
     if size > MAX_HEADER_BYTES or 8 + size > len(data):
         raise WireError(f"header length {size} out of bounds")
-    try:
-        header = json.loads(data[8 : 8 + size].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise WireError(f"header is not JSON: {err}") from None
+    header = parse_header(data[8 : 8 + size])
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
         raise WireError("header must be an object with a string 'type'")
     fields, specs = header.get("fields", {}), header.get("tensors", [])
@@ -147,6 +151,50 @@ def decode(data: bytes | bytearray | Frame) -> Message:
     if offset != len(data):
         raise WireError(f"{len(data) - offset} trailing bytes after the declared tensors")
     return Message(header["type"], fields, tensors)
+
+
+def parse_header(text: bytes | bytearray) -> Any:
+    """Strict JSON (RFC 8259): no ``NaN``/``Infinity`` literals, no number that overflows a
+    float, nesting at most :data:`MAX_HEADER_DEPTH`; anything else is a one-line
+    :class:`WireError` (never Python's exception text to the peer)."""
+    try:
+        value = json.loads(
+            bytes(text).decode(), parse_constant=_non_finite, parse_float=_finite_float
+        )
+    except RecursionError:
+        raise WireError(f"header nests deeper than {MAX_HEADER_DEPTH}") from None
+    except WireError:
+        raise
+    except (UnicodeDecodeError, ValueError):  # JSONDecodeError, a 5000-digit integer
+        raise WireError("header is not JSON (strict RFC 8259)") from None
+    if _depth(value) > MAX_HEADER_DEPTH:
+        raise WireError(f"header nests deeper than {MAX_HEADER_DEPTH}")
+    return value
+
+
+def _non_finite(literal: str):
+    raise WireError(f"non-finite number {literal} in header (strict JSON)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise WireError(f"number {text[:20]} overflows (strict JSON)")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value (iterative: no recursion on hostile input)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_HEADER_DEPTH:
+                return depth
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _tensor_spec(spec: Any) -> tuple[str, torch.dtype, list[int]]:

@@ -178,7 +178,9 @@ class MergeSFL(Algorithm):
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
         """Eq. (17): bottom models weighted by batch size d_i (top model: the PS's copy)."""
         weights = {t.client: float(t.batch_size) for t in plan.tasks}
-        return layerwise_aggregate(global_state, result.updates, result.server_states, weights)
+        return layerwise_aggregate(
+            global_state, result.updates, result.server_states, weights, self.aggregation
+        )
 
     def state_dict(self) -> dict:
         return {

@@ -363,7 +363,9 @@ class ParallelSFL(Algorithm):
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
         """Eq. (4) + Eq. (18): per-worker weight τ_c (cluster weight N_c·τ_c)."""
         weights = {t.client: float(t.steps) for t in plan.tasks}
-        return layerwise_aggregate(global_state, result.updates, result.server_states, weights)
+        return layerwise_aggregate(
+            global_state, result.updates, result.server_states, weights, self.aggregation
+        )
 
     def state_dict(self) -> dict:
         names = ("mu_b", "mu_p", "beta", "d2d", "ps")

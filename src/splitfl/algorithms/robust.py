@@ -1,0 +1,155 @@
+"""Robust aggregation rules (``train.aggregation``), one implementation for every algorithm.
+
+The papers average the clients' copies of a layer weighted by data size (S²FL Algorithm 1,
+FedAvg) — ``mean``, the default, computed exactly as before. Where some clients may be hostile
+(``splitfl server`` with devices one does not control), a rule can replace the average:
+
+* ``clip_mean`` — norm clipping (Sun et al., "Can you really backdoor federated learning?",
+  2019): each participant's update ``Δ_i = w_i − w`` (its whole model as the layer-wise rule
+  assembles it, all floating-point layers) is scaled by ``min(1, C / ‖Δ_i‖)`` before the
+  weighted average; ``C`` = ``train.clip_norm``, or (null, the default) the median of the
+  round's update norms, which needs no tuning: at most half the participants are clipped and
+  an honest round's updates are of one size.
+* ``median`` — coordinate-wise weighted median (Yin et al., ICML 2018, with the algorithm's
+  weights): per coordinate, the value where the cumulative weight of the sorted values
+  reaches half the total — the mean of the two middle values when it lands exactly on half,
+  so equal weights give the usual median.
+* ``trimmed_mean`` — coordinate-wise trimmed mean (Yin et al.): per coordinate drop the
+  ``⌊trim_fraction · n⌋`` smallest and largest values (at least one value is kept) and take
+  the weighted mean of the rest with their weights.
+
+Integer tensors (BatchNorm's batch counter) follow the same rule and are rounded; clipping
+applies to floating-point tensors only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from splitfl.averaging import weighted_average
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An aggregation rule and its parameters (``train.aggregation``, ``train.clip_norm``,
+    ``train.trim_fraction``)."""
+
+    name: str = "mean"
+    clip_norm: float | None = None
+    trim_fraction: float = 0.1
+
+    @classmethod
+    def of(cls, train) -> Rule:
+        """The rule of a ``train`` config section."""
+        return cls(train.aggregation, train.clip_norm, train.trim_fraction)
+
+
+MEAN = Rule()
+
+
+def clip_scales(
+    current: dict[str, torch.Tensor], models: list[dict[str, torch.Tensor]], rule: Rule
+) -> list[float]:
+    """``clip_mean``: each participant's factor ``min(1, C / ‖Δ_i‖)`` (module docstring);
+    ``models[i]`` maps each layer to participant i's copy."""
+    norms = [_distance(current, m) for m in models]
+    bound = rule.clip_norm
+    if bound is None:
+        bound = _median(norms)
+    return [1.0 if n <= bound or n == 0 else bound / n for n in norms]
+
+
+def _median(values: list[float]) -> float:
+    """The median (mean of the two middle values for an even count)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        return 0.0
+    return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+
+
+def _distance(current: dict[str, torch.Tensor], model: dict[str, torch.Tensor]) -> float:
+    total = 0.0
+    for key, base in current.items():
+        copy = model[key]
+        if base.is_floating_point() and copy is not base:
+            total += float((copy.double() - base.double()).pow(2).sum())
+    return math.sqrt(total)
+
+
+def combine(
+    current: torch.Tensor,
+    sources: list[torch.Tensor],
+    weights: list[float],
+    rule: Rule,
+    scales: list[float] | None = None,
+) -> torch.Tensor:
+    """One layer from the participants' copies ``sources`` (weights ``weights``) under a
+    robust ``rule`` (``scales``: :func:`clip_scales`, for ``clip_mean``); the result has
+    ``current``'s dtype. ``mean`` itself is computed by the callers' own loop."""
+    stack = torch.stack([s.to(torch.float64) for s in sources])
+    w = torch.tensor(weights, dtype=torch.float64)
+    shape = (-1,) + (1,) * current.dim()
+    if rule.name == "clip_mean":
+        if scales is not None and current.is_floating_point():
+            base = current.to(torch.float64)
+            stack = base + (stack - base) * torch.tensor(scales, dtype=torch.float64).view(shape)
+        value = (stack * w.view(shape)).sum(0) / w.sum()
+    elif rule.name == "median":
+        value = weighted_median(stack, w)
+    elif rule.name == "trimmed_mean":
+        value = trimmed_mean(stack, w, rule.trim_fraction)
+    else:
+        raise ValueError(f"unknown aggregation rule {rule.name!r}")
+    return (
+        value.to(current.dtype) if current.is_floating_point() else value.round().to(current.dtype)
+    )
+
+
+def weighted_median(stack: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Coordinate-wise weighted median of ``stack`` (participants × …), weights ``w``."""
+    values, order = stack.sort(dim=0)
+    cum = w[order].cumsum(0)
+    half = w.sum() / 2
+    last = stack.shape[0] - 1
+    lower = (cum < half).sum(0, keepdim=True).clamp(max=last)
+    upper = (cum <= half).sum(0, keepdim=True).clamp(max=last)
+    return (values.gather(0, lower) + values.gather(0, upper)).squeeze(0) / 2
+
+
+def trimmed_mean(stack: torch.Tensor, w: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Coordinate-wise trimmed mean: the weighted mean of the values left after dropping
+    ``⌊fraction · n⌋`` at each end (at least one value kept)."""
+    n = stack.shape[0]
+    k = min(math.floor(fraction * n), (n - 1) // 2)
+    values, order = stack.sort(dim=0)
+    kept, kept_w = values[k : n - k], w[order][k : n - k]
+    total = kept_w.sum(0)
+    mean = (kept * kept_w).sum(0) / total.clamp(min=1e-300)
+    return torch.where(total > 0, mean, kept.mean(0))
+
+
+def robust_average(
+    states: list[dict[str, torch.Tensor]],
+    weights: list[float],
+    rule: Rule,
+    reference: dict[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """:func:`~splitfl.averaging.weighted_average` under ``rule`` (``reference``: the global
+    copy the ``clip_mean`` updates are measured from; without it nothing is clipped)."""
+    if rule.name == "mean" or not states:
+        return weighted_average(states, weights)
+    scales = None
+    if rule.name == "clip_mean" and reference is not None:
+        scales = clip_scales({k: reference[k] for k in states[0]}, states, rule)
+    out = {}
+    for key, first in states[0].items():
+        if all(s[key] is first for s in states):
+            out[key] = first.clone()
+            continue
+        base = reference[key] if reference is not None else first
+        out[key] = combine(base, [s[key] for s in states], weights, rule, scales)
+    return out

@@ -1,0 +1,52 @@
+"""Bounded inboxes: what a device may queue on the server without being asked.
+
+The server awaits each reply before its next command to a client, so an honest device has one
+reply in a client's inbox at a time (a reply to an earlier command, skipped by
+``DeviceLink.reply``, at most one more). :func:`deliver` puts a reply in the inbox only while it
+holds fewer than :data:`INBOX_MAX` messages and :data:`INBOX_BYTES` bytes (an empty inbox takes
+any message up to ``network.max_message_mb``: the reply being awaited); beyond, the reply is
+dropped and logged — to the link's audit log where it has one, else one line on stderr — on
+the first drop and every 100th. A device flooding its clients' inboxes only delays its own
+replies (their clients time out and are dropped for the round).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from splitfl.net.wire import Message
+
+#: Most messages, and bytes, one client's inbox holds.
+INBOX_MAX = 16
+INBOX_BYTES = 64 << 20
+
+
+def deliver(link, client: int, message: Message, nbytes: int) -> bool:
+    """Queue ``message`` (``nbytes`` on the wire) in ``link.inbox[client]`` if it fits (see the
+    module docstring); whether it was queued."""
+    box = link.inbox[client]
+    with box.mutex:  # the queue's own lock: held messages and their sizes, read consistently
+        held = [item for item in box.queue if isinstance(item, tuple)]
+        full = len(held) >= INBOX_MAX or sum(item[1] for item in held) + nbytes > INBOX_BYTES
+    if held and full:
+        _log_drop(link, client)
+        return False
+    box.put((message, nbytes, time.perf_counter()))
+    return True
+
+
+def _log_drop(link, client: int) -> None:
+    dropped = getattr(link, "dropped_replies", 0) + 1
+    link.dropped_replies = dropped
+    if dropped % 100 != 1:
+        return
+    line = (
+        f"device={link.name} client={client} dropped {dropped} replies nobody awaited "
+        f"(inbox full: {INBOX_MAX} messages / {INBOX_BYTES} bytes)"
+    )
+    audit = getattr(link, "audit", None)
+    if audit is not None:
+        audit("dropped-reply", getattr(link, "address", ""), line)
+    else:
+        print(f"splitfl hub: {line}", file=sys.stderr)

@@ -1,0 +1,167 @@
+"""Validation of what crosses a trust boundary: everything a device (or a peer) sends is
+checked for type, shape and magnitude here before the server — or a top worker — uses it.
+
+A check returns what is wrong (a short reason for the run's ``dropped_reasons``) or None; the
+caller drops the client for the round (:class:`~splitfl.plan.RoundResult` ``dropped``), never
+the run. The magnitude bounds (``network.bounds``, :class:`~splitfl.config.BoundsConfig`) are
+relative to the current model, so they scale with any model and need no tuning:
+
+* a model part (device part, aux head, ParallelSFL's top part, RingSFL's model) may lie at
+  most ``update_norm_factor × ‖sent‖ + update_norm_abs`` from the part the server sent (L2
+  norm over its floating-point tensors); integer buffers (BatchNorm's batch counter) may only
+  grow, by at most :data:`COUNTER_SLACK` per local step. An honest round moves a part by a
+  few learning-rate-sized steps, a fraction of its own norm (factor 10); what passes keeps
+  every weighted sum finite (values stay within ~11 × the global norm, nowhere near
+  float32's 3.4e38).
+* smashed data may be at most ``activation_factor × a + activation_abs`` in absolute value,
+  ``a`` the largest activation of the round's global device part on the server's reference
+  samples, computed as training computes it (:func:`activation_scale`); local training
+  changes a part's activations by a small factor within a round (factor 100).
+* a reported loss is finite, non-negative and at most ``loss_max`` per sample; times and byte
+  counts are finite, non-negative and bounded (:func:`bounded`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from splitfl.config import BoundsConfig
+from splitfl.net.wire import all_finite
+
+State = dict[str, torch.Tensor]
+Specs = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+#: How much an integer buffer may grow per local step (BatchNorm's ``num_batches_tracked``
+#: counts one per training forward; an aux head or mixup adds at most one more).
+COUNTER_SLACK = 4
+#: Samples the activation scale is measured on (:func:`activation_scale`).
+REFERENCE_SAMPLES = 64
+#: Largest byte count a device may report (2**53: exact in a float).
+MAX_BYTES = 2**53
+
+
+def state_specs(state: State) -> Specs:
+    """Name → (shape, dtype) of a model part's tensors (what :func:`check_state` expects)."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in state.items()}
+
+
+def check_state(
+    state: State,
+    specs: Specs,
+    sent: State | None = None,
+    bounds: BoundsConfig | None = None,
+    steps: int = 1,
+) -> str | None:
+    """What is wrong with a model part a device sent (names, shapes, dtypes, finite values
+    against ``specs``: name → (shape, dtype); with ``sent``, its distance from the part the
+    server sent, :func:`update_problem`), or None."""
+    if set(state) != set(specs):
+        return "tensor names differ from the model part's"
+    for name, (shape, dtype) in specs.items():
+        t = state[name]
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            return f"{name}: {tuple(t.shape)} {t.dtype}"
+        if not all_finite(t):
+            return f"{name}: non-finite values"
+    if sent is None:
+        return None
+    return update_problem(state, sent, bounds or BoundsConfig(), steps)
+
+
+def state_norm(state: State) -> float:
+    """L2 norm over the floating-point tensors of ``state`` (float64)."""
+    return math.sqrt(
+        sum(float(t.double().pow(2).sum()) for t in state.values() if t.is_floating_point())
+    )
+
+
+def update_problem(state: State, sent: State, bounds: BoundsConfig, steps: int) -> str | None:
+    """The norm bound of a checked part (module docstring), or None. ``steps``: the client's
+    local steps this round (integer buffers grow by at most :data:`COUNTER_SLACK` each)."""
+    for name, t in state.items():
+        if t.is_floating_point() or t.dtype == torch.bool or not t.numel():
+            continue
+        moved = t.long() - sent[name].long()
+        lo, hi = int(moved.min()), int(moved.max())
+        if lo < 0 or hi > COUNTER_SLACK * max(steps, 1):
+            return f"{name}: counter moved by {lo if lo < 0 else hi} in {steps} steps"
+    delta = {k: t.double() - sent[k].double() for k, t in state.items() if t.is_floating_point()}
+    distance, limit = state_norm(delta), bounds.update_norm_factor * state_norm(sent)
+    limit += bounds.update_norm_abs
+    if distance > limit:
+        return (
+            f"update norm {distance:.3g} above {limit:.3g} (network.bounds.update_norm_factor "
+            f"x the global part's norm + update_norm_abs)"
+        )
+    return None
+
+
+def activation_scale(part: torch.nn.Module, sample: torch.Tensor) -> float:
+    """Largest absolute activation of ``part`` on ``sample`` as local training computes it:
+    train mode (BatchNorm normalises by the batch's own statistics, as on the device), on a
+    copy (the model's running statistics stay as they are) and with the random state restored
+    afterwards (dropout in the probe draws nothing from the run's seeded streams)."""
+    probe = copy.deepcopy(part).train()
+    devices = [sample.device.index or 0] if sample.is_cuda else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad():
+        out = probe(sample)
+    return float(out.abs().max()) if out.numel() else 0.0
+
+
+def smashed_problem(
+    fx,
+    y,
+    dtype: torch.dtype,
+    shape: tuple,
+    batch_size: int,
+    classes: int,
+    limit: float,
+    target: tuple[torch.dtype, tuple[int, ...]] = (torch.int64, ()),
+) -> str | None:
+    """What is wrong with one batch of smashed data and targets (dtypes, shape, finite values,
+    magnitude at most ``limit``, class labels in range), or None. ``target``: the targets'
+    dtype and per-sample shape (int64 class labels, or float targets for ``train.loss``
+    mse/bce_logits)."""
+    if fx is None or y is None:
+        return "missing tensor"
+    if fx.dtype != dtype or y.dtype != target[0]:
+        return f"dtype {fx.dtype}/{y.dtype}"
+    n = y.shape[0] if y.dim() >= 1 and tuple(y.shape[1:]) == target[1] else -1
+    if not 1 <= n <= batch_size or tuple(fx.shape) != (n, *shape):
+        return f"shape {tuple(fx.shape)}/{tuple(y.shape)}"
+    if not all_finite(fx) or (y.is_floating_point() and not all_finite(y)):
+        return "non-finite values"
+    peak = float(fx.abs().max())
+    if peak > limit:
+        return (
+            f"activation {peak:.3g} above {limit:.3g} (network.bounds.activation_factor x "
+            f"the global part's + activation_abs)"
+        )
+    if not y.is_floating_point() and (int(y.min()) < 0 or int(y.max()) >= classes):
+        return "label out of range"
+    return None
+
+
+def is_number(x) -> bool:
+    """A JSON number (not a bool) that is finite."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def bounded(x, hi: float, lo: float = 0.0) -> bool:
+    """``x`` is a finite number in ``[lo, hi]``."""
+    return is_number(x) and lo <= x <= hi
+
+
+def loss_problem(loss_sum, samples, most_samples: int, bounds: BoundsConfig) -> str | None:
+    """What is wrong with a reported (loss sum, samples) pair, or None: samples an integer in
+    ``[1, most_samples]``, the loss finite, non-negative and at most ``loss_max`` per sample."""
+    if isinstance(samples, bool) or not isinstance(samples, int):
+        return f"samples {str(samples)[:40]!r}"
+    if not 1 <= samples <= most_samples:
+        return f"{samples} samples (at most {most_samples})"
+    if not bounded(loss_sum, bounds.loss_max * samples):
+        return f"loss {str(loss_sum)[:40]} (network.bounds.loss_max: {bounds.loss_max:g}/sample)"
+    return None
