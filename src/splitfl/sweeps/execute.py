@@ -157,7 +157,7 @@ def sweep(
     """
     backend = resolve_backend(backend, executor)
     if backend not in BACKENDS:
-        raise ConfigError("--executor", f"unknown {backend!r}; allowed: ray, local")
+        raise ConfigError("--backend", f"unknown {backend!r}; allowed: ray, local")
     spec, out_dir = _resolve_spec(spec, out_dir, overrides)
     if backend == "ray":
         import_ray()
