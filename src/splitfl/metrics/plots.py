@@ -5,16 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
 from splitfl.atomic import write_atomic
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+
+def _pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend, imported on first use (a command
+    that draws nothing, such as ``splitfl list``, does not pay for it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _save(fig: Any, path: Path) -> Path:
     """Save ``fig`` as ``path`` atomically (a kill or a full disk leaves no half PNG)."""
+    plt = _pyplot()
     try:
         return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110))
     finally:
@@ -24,6 +31,7 @@ def _save(fig: Any, path: Path) -> Path:
 def plot_accuracy(runs: dict[str, list[dict[str, Any]]], path: Path, title: str = "") -> Path:
     """Two panels — test accuracy vs round and vs simulated time — one line per run."""
     many = len(runs) > 6  # legend beside the panels, and line styles beyond 10 colours
+    plt = _pyplot()
     fig, (ax_round, ax_time) = plt.subplots(1, 2, figsize=(14 if many else 11, 4))
     styles = ("-", "--", ":", "-.")
     plotted = False  # runs without evaluations (executor: timing) draw no line
@@ -63,6 +71,7 @@ def plot_bars(
     names = list(values)
     heights = [values[n] or 0.0 for n in names]
     yerr = [(errors or {}).get(n) or 0.0 for n in names] if errors else None
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 3.5))
     ax.bar(names, heights, yerr=yerr, capsize=4 if yerr else 0, color=color)
     ax.set_ylabel(ylabel)

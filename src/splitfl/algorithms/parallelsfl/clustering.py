@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from sklearn.cluster import KMeans
 
 from splitfl.algorithms.parallelsfl.problem import IMPROVE_TOL, Cluster, ClusterInputs
 
@@ -47,6 +46,8 @@ def cluster_label_sets(
     k = max(1, min(int(k), n, distinct))
     if k == 1:
         return [np.arange(n)]
+    from sklearn.cluster import KMeans  # here: importing scikit-learn takes ~0.5 s
+
     labels = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit_predict(dists)
     sets = [np.flatnonzero(labels == c) for c in range(k)]
     return [s for s in sets if s.size]
