@@ -13,7 +13,7 @@ from typing import Any
 from splitfl.atomic import naming, write_atomic
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.experiment.runner import RunResult, as_config, prepare, run
-from splitfl.metrics.plots import plot_accuracy, plot_waiting
+from splitfl.metrics.plots import plot_accuracy, plot_loss, plot_waiting
 from splitfl.metrics.rundirs import chance_accuracy
 from splitfl.metrics.summary import DEFAULT_TARGET_FRACTION, comparison_table, summarize, target_for
 
@@ -90,5 +90,6 @@ def compare(
     write_atomic(folder / "summary.json", json.dumps(summaries, indent=2))
     title = f"{base.data.dataset} / {base.model} / {base.data.partition}"
     plot_accuracy({a: r.metrics for a, r in runs.items()}, folder / "accuracy.png", title)
+    plot_loss({a: r.metrics for a, r in runs.items()}, folder / "loss.png", title)
     plot_waiting(summaries, folder / "waiting.png")
     return CompareResult(folder, runs, summaries, table, target)
