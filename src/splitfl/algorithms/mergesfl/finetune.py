@@ -10,6 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
+
+def load_solver() -> None:
+    """Import SciPy's optimiser now. Call it before a run limits the BLAS threads
+    (``experiment/loop.py``): threadpoolctl limits only libraries already loaded, and SLSQP on
+    a BLAS loaded inside the limits runs with its default threads and moves in the last bits
+    (it is imported lazily so that ``splitfl list`` and ``validate`` do not pay for it)."""
+    import scipy.optimize  # noqa: F401
+
+
 #: Absolute slack on ``KL ≤ ε`` when judging a numerical solution of line 6 feasible.
 KL_ATOL = 1e-9
 

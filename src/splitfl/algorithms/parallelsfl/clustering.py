@@ -24,6 +24,12 @@ import numpy as np
 from splitfl.algorithms.parallelsfl.problem import IMPROVE_TOL, Cluster, ClusterInputs
 
 
+def load_kmeans() -> None:
+    """Import scikit-learn's K-means now: before a run limits the BLAS/OpenMP threads, as
+    :func:`splitfl.algorithms.mergesfl.finetune.load_solver` explains."""
+    import sklearn.cluster  # noqa: F401
+
+
 def cluster_label_sets(
     label_dists: np.ndarray, k: int, rng: np.random.Generator, n_init: int = 10
 ) -> list[np.ndarray]:
