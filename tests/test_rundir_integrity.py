@@ -393,7 +393,8 @@ def test_disk_full_before_the_first_checkpoint_is_one_line_and_leaves_nothing(
 
 def test_disk_full_mid_run_keeps_a_resumable_run(full, tmp_path, monkeypatch, capsys):
     cfg = _cfg_file(tmp_path)
-    _disk_full(monkeypatch, after=4)  # config, clients, metrics, checkpoint 0; round 1 fails
+    # config, clients, version, metrics, checkpoint 0; round 1 fails
+    _disk_full(monkeypatch, after=5)
     run_dir = tmp_path / "run"
     assert main(["run", str(cfg), "--out", str(run_dir), "--no-progress"]) == 2
     _one_error_line(capsys, str(run_dir / "checkpoints" / "last.pt"), "No space left")

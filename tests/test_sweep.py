@@ -215,9 +215,7 @@ def test_missing_ray_gives_a_one_line_hint(tmp_path, monkeypatch, capsys):
     path = _sweep_file(tmp_path, axes={"seed": [0]}, rounds=1)
     assert main(["sweep", str(path), "--out", str(tmp_path / "sw")]) == 2
     err = capsys.readouterr().err
-    assert (
-        err.count("\n") == 1 and "pip install 'splitfl[ray]'" in err and "--executor local" in err
-    )
+    assert err.count("\n") == 1 and "pip install 'splitfl[ray]'" in err and "--backend local" in err
 
 
 @pytest.mark.slow

@@ -78,7 +78,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         imports=args.imports,
     )
     print(result.table)
-    print(f"comparison directory: {result.out_dir} (accuracy.png, waiting.png, comparison.md)")
+    files = "accuracy.png, loss.png, waiting.png, comparison.md"
+    print(f"comparison directory: {result.out_dir} ({files})")
     return 0
 
 

@@ -13,7 +13,8 @@ from typing import Any
 from splitfl.atomic import naming, write_atomic
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.experiment.runner import RunResult, as_config, prepare, run
-from splitfl.metrics.plots import plot_accuracy, plot_waiting
+from splitfl.metrics.plots import plot_accuracy, plot_loss, plot_waiting
+from splitfl.metrics.rundirs import chance_accuracy
 from splitfl.metrics.summary import DEFAULT_TARGET_FRACTION, comparison_table, summarize, target_for
 
 __all__ = ["DEFAULT_TARGET_FRACTION", "CompareResult", "common_target", "compare", "safe_name"]
@@ -34,7 +35,8 @@ def safe_name(algorithm: str) -> str:
 
 
 def common_target(runs: dict[str, RunResult], configured: float | None) -> float | None:
-    return target_for([r.summary["best_acc"] for r in runs.values()], configured)
+    chance = chance_accuracy([r.run_dir for r in runs.values()])
+    return target_for([r.summary["best_acc"] for r in runs.values()], configured, chance)
 
 
 def _names(algorithms: Any) -> list[str]:
@@ -90,5 +92,6 @@ def compare(
     write_atomic(folder / "summary.json", json.dumps(summaries, indent=2))
     title = f"{base.data.dataset} / {base.model} / {base.data.partition}"
     plot_accuracy({a: r.metrics for a, r in runs.items()}, folder / "accuracy.png", title)
+    plot_loss({a: r.metrics for a, r in runs.items()}, folder / "loss.png", title)
     plot_waiting(summaries, folder / "waiting.png")
     return CompareResult(folder, runs, summaries, table, target)

@@ -14,11 +14,10 @@ import copy
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from threadpoolctl import threadpool_limits
-from tqdm import tqdm
 
 from splitfl.atomic import error_line
 from splitfl.config import ConfigError, ExperimentConfig, resolve_device
@@ -78,7 +77,10 @@ def start_state(
     return st, Recorder.restored(run_dir, config, start)
 
 
-def _progress(config: ExperimentConfig, first: int, progress: bool | None) -> tqdm:
+def _progress(config: ExperimentConfig, first: int, progress: bool | None) -> Any:
+    """The rounds as a tqdm progress bar (imported here, when a run starts)."""
+    from tqdm import tqdm
+
     show = config.output.progress if progress is None else progress
     return tqdm(
         range(first, config.rounds),

@@ -1,5 +1,5 @@
 """Recording a run: ``metrics.jsonl``, trackers, checkpoints, ``model.pt``, ``summary.json``
-and the plot.
+and the plots.
 
 The checkpoint holds the metric rows up to its round and the run's identity, and is the
 source of truth on resume (:mod:`splitfl.experiment.checkpoint`): a restored run rewrites
@@ -23,7 +23,7 @@ from splitfl.atomic import append_text, write_atomic
 from splitfl.config import ExperimentConfig
 from splitfl.experiment.checkpoint import identity_record, save_atomic, save_checkpoint
 from splitfl.experiment.round_step import LoopState
-from splitfl.metrics.plots import plot_accuracy
+from splitfl.metrics.plots import plot_accuracy, plot_loss
 from splitfl.metrics.summary import summarize
 from splitfl.metrics.tracking import make_trackers
 from splitfl.training import row_key
@@ -96,7 +96,7 @@ class Recorder:
 
     def finish(self, status: str, final_state: dict[str, torch.Tensor] | None = None) -> dict:
         """Close the trackers and write ``model.pt`` (``final_state``, a finished run only),
-        ``accuracy.png`` and, last, ``summary.json``; returns the summary."""
+        ``accuracy.png``, ``loss.png`` and, last, ``summary.json``; returns the summary."""
         if self.trackers is not None:
             trackers, self.trackers = self.trackers, None
             trackers.close()
@@ -104,8 +104,8 @@ class Recorder:
         summary = summarize(self.rows, config.eval.target_accuracy, status, config.rounds)
         if final_state is not None:
             save_atomic(final_state, self.run_dir / "model.pt")
+        name = config.algorithm
         if any(r.get("test_acc") is not None for r in self.rows):  # none: executor: timing
-            name = config.algorithm
             plot_accuracy({name: self.rows}, self.run_dir / "accuracy.png", name)
         elif any(r.get("test_loss") is not None for r in self.rows):  # no accuracy metric
             metric = next((m for m in config.eval.metrics if m != "loss"), "loss")
@@ -118,6 +118,8 @@ class Recorder:
                 label=f"test {metric}",
                 scale=1.0,
             )
+        if any(r.get(k) is not None for r in self.rows for k in ("train_loss", "test_loss")):
+            plot_loss({name: self.rows}, self.run_dir / "loss.png", name)
         summary = finite_json(summary, "summary.json")
         write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
         self.summary = summary

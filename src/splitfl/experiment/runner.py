@@ -3,9 +3,10 @@
 The round step is :func:`splitfl.experiment.round_step.play_round`, the loop around it
 :mod:`splitfl.experiment.loop`, the records :mod:`splitfl.experiment.recorder`. A run
 directory holds ``config.yaml`` (resolved), ``clients.json`` (label histograms and device
-profiles), ``metrics.jsonl`` (one row per round), ``summary.json``, ``accuracy.png`` and
-``checkpoints/last.pt``. Optimisers are created afresh each round and every random stream is
-derived from ``(seed, purpose, round)`` (see :mod:`splitfl.seeding`), so a checkpoint of
+profiles), ``metrics.jsonl`` (one row per round), ``summary.json``, ``accuracy.png``,
+``version.json`` (:mod:`splitfl.experiment.provenance`) and ``checkpoints/last.pt``.
+Optimisers are created afresh each round and every random stream is derived from ``(seed,
+purpose, round)`` (see :mod:`splitfl.seeding`), so a checkpoint of
 the global model, the algorithm state and the clock is all a resume needs to reproduce an
 uninterrupted run exactly. The checkpoint also holds the metric rows up to its round and is
 the source of truth on resume (:mod:`splitfl.experiment.checkpoint`); a run directory is
@@ -44,6 +45,7 @@ from splitfl.experiment.checkpoint import load_checkpoint
 from splitfl.experiment.context import RunContext, build_context
 from splitfl.experiment.device_data import write_clients
 from splitfl.experiment.loop import run_loop
+from splitfl.experiment.provenance import write_version
 from splitfl.experiment.validation import load_config, validate_config, with_imports
 from splitfl.extensions import import_user_modules, reject_objects
 
@@ -270,7 +272,9 @@ def resume(
 
 
 def _finish(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | None):
-    """Play the rounds (the loop writes ``model.pt``, then ``summary.json``)."""
+    """Record the software (``version.json``), then play the rounds (the loop writes
+    ``model.pt``, then ``summary.json``)."""
+    write_version(run_dir)
     summary, st, rows = run_loop(prep, run_dir, start, progress)
     prep.ctx.model.load_state_dict(st.global_state)
     return RunResult(run_dir, prep.config, rows, summary)

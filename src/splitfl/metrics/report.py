@@ -29,9 +29,11 @@ from typing import Any
 from splitfl.atomic import creatable_dir_problem, naming, write_atomic
 from splitfl.config import ConfigError
 from splitfl.metrics.plots import plot_accuracy, plot_bars, plot_waiting
-from splitfl.metrics.rundirs import RunRecord, load_runs
+from splitfl.metrics.rundirs import RunRecord, chance_accuracy, load_runs
 from splitfl.metrics.summary import (
     check_target,
+    energy_unit,
+    format_energy,
     format_value,
     summarize,
     target_for,
@@ -146,7 +148,12 @@ def _cell_text(stat: tuple[float | None, float | None, int], kind: str, n: int) 
     mean, std, k = stat
     if mean is None:
         return "-"
-    text = f"{format_value(mean, kind)} ± {format_value(std, kind) if std is not None else '—'}"
+    if kind == "energy":  # the spread in the mean's unit: 1.50 ± 0.02 kJ
+        unit = energy_unit(mean)
+        spread = "—" if std is None else format_energy(std, unit).split(" ")[0]
+        text = f"{format_energy(mean, unit).split(' ')[0]} ± {spread} {unit[0]}"
+    else:
+        text = f"{format_value(mean, kind)} ± {format_value(std, kind) if std is not None else '—'}"
     return text + (f" ({k}/{n})" if k < n else "")
 
 
@@ -267,7 +274,8 @@ def report(
         path: The directory to report on.
         out_dir: Where to write the report files (default: ``path`` itself).
         target: Accuracy target (0-1) for time/traffic to target; default: the runs' common
-            ``eval.target_accuracy``, else 95 % of the lowest best accuracy (as ``compare``).
+            ``eval.target_accuracy``, else 95 % of the lowest best accuracy (as ``compare``;
+            none when that is not above chance, 1 / classes).
     """
     check_target(target)
     folder = Path(path)
@@ -285,6 +293,7 @@ def report(
             for r in done
         ],
         target if target is not None else common_configured_target(records),
+        chance_accuracy([r.run_dir for r in done]),
     )
     for r in done:
         r.summary = summarize(r.rows, target, "ok")

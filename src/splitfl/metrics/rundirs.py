@@ -131,6 +131,21 @@ def _read_files(record: RunRecord) -> None:
         record.error = f"stopped after {len(record.rows)} of {rounds} rounds"
 
 
+def chance_accuracy(run_dirs: list[Path]) -> float | None:
+    """The highest chance accuracy (1 / number of classes, read from the label histograms
+    in ``clients.json``) among ``run_dirs``; None where no such file can be read."""
+    chances = []
+    for path in run_dirs:
+        try:
+            clients = json.loads((Path(path) / "clients.json").read_bytes())["clients"]
+            classes = len(clients[0]["label_histogram"])
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            continue
+        if isinstance(classes, int) and classes > 0:
+            chances.append(1 / classes)
+    return max(chances, default=None)
+
+
 def check_complete(rows: list[dict[str, Any]], rounds: int, path: Path) -> None:
     """A finished run's rows are rounds ``1..rounds`` (else ``metrics.jsonl`` lost rows)."""
     if [r["round"] for r in rows] != list(range(1, rounds + 1)):

@@ -27,15 +27,20 @@ def check_target(target: Any, field: str = "--target") -> None:
         raise ConfigError(field, f"an accuracy in (0, 1], e.g. 0.9 (got {target!r})")
 
 
-def target_for(best_accs: list[float | None], configured: float | None) -> float | None:
+def target_for(
+    best_accs: list[float | None], configured: float | None, chance: float | None = None
+) -> float | None:
     """The common accuracy target of several runs (``compare`` and ``report``): the
-    configured one, else :data:`DEFAULT_TARGET_FRACTION` of the lowest best accuracy."""
+    configured one, else :data:`DEFAULT_TARGET_FRACTION` of the lowest best accuracy — or
+    none when that is not above ``chance`` (1 / number of classes): "time to 9.5 %" on ten
+    classes measures nothing a random guess would not reach."""
     if configured is not None:
         return configured
     bests = [b for b in best_accs if b is not None]
     if not bests:
         return None
-    return int(min(bests) * DEFAULT_TARGET_FRACTION * 200) / 200
+    automatic = int(min(bests) * DEFAULT_TARGET_FRACTION * 200) / 200
+    return automatic if chance is None or automatic > chance else None
 
 
 def to_target(rows: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
@@ -181,8 +186,27 @@ def read_record(path: Path) -> dict[str, Any] | None:
     return value
 
 
+ENERGY_UNITS = (("MJ", 1e6), ("kJ", 1e3), ("J", 1.0))
+
+
+def energy_unit(joules: float) -> tuple[str, float]:
+    """The unit a figure of ``joules`` reads best in (J, kJ or MJ) and its size in J."""
+    return next((u for u in ENERGY_UNITS if abs(joules) >= u[1]), ENERGY_UNITS[-1])
+
+
+def format_energy(joules: float, unit: tuple[str, float] | None = None) -> str:
+    """``1500`` → ``1.50 kJ``, ``3.2`` → ``3.20 J``, ``0.004`` → ``0.004 J``: three
+    significant digits at least, in ``unit`` (default: :func:`energy_unit`)."""
+    name, scale = unit or energy_unit(joules)
+    value = joules / scale
+    if value == 0 or abs(value) >= 0.01:
+        return f"{value:,.2f} {name}"
+    return f"{value:.3g} {name}"
+
+
 def format_value(value: Any, kind: str) -> str:
-    """One table cell: ``pct`` (0-1 → %), ``time`` (s), ``energy`` (J → kJ), ``bytes``."""
+    """One table cell: ``pct`` (0-1 → %), ``time`` (s), ``energy`` (J, kJ or MJ),
+    ``bytes``."""
     if value is None:
         return "-"
     if kind == "pct":
@@ -190,7 +214,7 @@ def format_value(value: Any, kind: str) -> str:
     if kind == "time":
         return f"{value:,.0f}s" if value >= 100 else f"{value:.2f}s"
     if kind == "energy":
-        return f"{value / 1e3:,.2f} kJ"
+        return format_energy(value)
     if kind == "bytes":
         return f"{value / 1e6:,.1f}M"
     return str(value)

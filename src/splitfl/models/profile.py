@@ -1,22 +1,23 @@
 """Per-block cost profile of a :class:`BlockModel`: parameters, FLOPs and activation sizes.
 
-FLOPs are *measured* with :class:`torch.utils.flop_counter.FlopCounterMode` (forward plus
-backward of one training step), not written by hand, and divided by the batch size to give a
-per-sample figure. Profiles are cached per (model name, input shape, num_classes).
+FLOPs are *measured* with torch's per-operator formulas (:mod:`splitfl.models.flops`; forward
+plus backward of one training step), not written by hand, and divided by the batch size to give
+a per-sample figure. Profiles are cached in memory per (model name, input shape, num_classes)
+and on disk by content (:mod:`splitfl.models.profile_cache`).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 
 import torch
-from torch.utils import flop_counter
-from torch.utils.flop_counter import FlopCounterMode
 
 from splitfl.models.base import BlockModel
+from splitfl.models.flops import count_flops
+from splitfl.models.profile_cache import architecture_key, read_entry, write_entry
 from splitfl.models.registry import build_model
 
 BYTES_PER_ELEMENT = 4  # fp32 parameters, activations and gradients on the wire
@@ -85,45 +86,6 @@ class ModelProfile:
         return self.part_flops(0, self.num_blocks)
 
 
-def _register_cpu_attention_flops() -> None:
-    """torch's FlopCounterMode has formulas for the CUDA attention kernels but not for the CPU
-    flash-attention kernel (and its backward); register the same formulas for them so
-    transformer blocks are not under-counted on CPU."""
-    aten = torch.ops.aten
-
-    def forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-        return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
-
-    def backward(grad_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kw):
-        return flop_counter.sdpa_backward_flop_count(
-            grad_shape, query_shape, key_shape, value_shape
-        )
-
-    pairs = [
-        ("_scaled_dot_product_flash_attention_for_cpu", forward),
-        ("_scaled_dot_product_flash_attention_for_cpu_backward", backward),
-    ]
-    for op_name, formula in pairs:
-        op = getattr(aten, op_name, None)
-        if (
-            op is None
-            or op in flop_counter.flop_registry
-            or op.default in flop_counter.flop_registry
-        ):
-            continue
-        flop_counter.register_flop_formula(op)(formula)
-
-
-_register_cpu_attention_flops()
-
-
-def _count_flops(fn) -> int:
-    counter = FlopCounterMode(display=False)
-    with counter:
-        fn()
-    return counter.get_total_flops()
-
-
 def measure_profile(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProfile:
     """Measure each block's cost for per-sample input shape ``input_shape``.
 
@@ -149,7 +111,7 @@ def _measure(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProfile:
                 out.float().sum().backward()
             return out
 
-        flops = _count_flops(step)
+        flops = count_flops(step)
         with torch.no_grad():
             out = block(x)
         params = sum(p.numel() for p in block.parameters())
@@ -168,12 +130,40 @@ def _measure(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProfile:
     return ModelProfile(tuple(costs))
 
 
+def _from_entry(entry: object) -> ModelProfile | None:
+    """The profile stored in a cache entry, or None if it is not a well-formed one."""
+    names = {f.name: f.type for f in fields(BlockCost)}
+    if not isinstance(entry, list) or not entry:
+        return None
+    blocks = []
+    for row in entry:
+        if not isinstance(row, dict) or set(row) != set(names):
+            return None
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in row.values()):
+            return None
+        blocks.append(BlockCost(**row))
+    return ModelProfile(tuple(blocks))
+
+
+def cached_profile(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProfile:
+    """:func:`measure_profile`, read from the on-disk cache when this architecture and input
+    shape were measured before (:mod:`splitfl.models.profile_cache`), else measured and
+    stored there."""
+    settings = {"batch": PROFILE_BATCH, "bytes_per_element": BYTES_PER_ELEMENT}
+    key = architecture_key(model, input_shape, settings)
+    profile = _from_entry(read_entry(key))
+    if profile is None or profile.num_blocks != len(model.blocks):
+        profile = measure_profile(model, input_shape)
+        write_entry(key, [asdict(b) for b in profile.blocks])
+    return profile
+
+
 @lru_cache(maxsize=64)
 def _cached_profile(
     name: str, input_shape: tuple[int, ...], num_classes: int, build: Callable[..., BlockModel]
 ) -> ModelProfile:
     with torch.random.fork_rng(devices=[]):  # building the model draws its random init
-        return measure_profile(build(name, input_shape, num_classes), input_shape)
+        return cached_profile(build(name, input_shape, num_classes), input_shape)
 
 
 def profile_model(
@@ -183,5 +173,6 @@ def profile_model(
     build: Callable[..., BlockModel] = build_model,
 ) -> ModelProfile:
     """Cached :func:`measure_profile` of model ``name`` as ``build`` makes it (default: the
-    registry; :func:`splitfl.extensions.profile_model` also takes import paths)."""
+    registry; :func:`splitfl.extensions.profile_model` also takes import paths): in memory,
+    and on disk by content (:func:`cached_profile`)."""
     return _cached_profile(name, tuple(input_shape), int(num_classes), build)

@@ -40,8 +40,8 @@ def import_ray() -> Any:
         import ray
     except ImportError:
         raise ConfigError(
-            "--executor",
-            "ray is not installed: pip install 'splitfl[ray]', or use --executor local",
+            "--backend",
+            "ray is not installed: pip install 'splitfl[ray]', or use --backend local",
         ) from None
     return ray
 

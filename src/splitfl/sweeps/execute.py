@@ -30,7 +30,7 @@ from splitfl.sweeps.directory import (
     same_config,
     sweep_dir_for,
 )
-from splitfl.sweeps.spec import SweepSpec, Trial, expand, load_sweep
+from splitfl.sweeps.spec import SweepSpec, Trial, expand, load_sweep, narrow_axes
 from splitfl.sweeps.trial import FINAL, read_summary, run_state, write_error
 
 
@@ -71,6 +71,16 @@ def _progress_line(done: int, total: int, trial: Trial, outcome: dict[str, Any])
     return f"[{done}/{total}] {trial.name}: {status} ({detail})"
 
 
+def grid_line(spec: SweepSpec, total: int, to_run: int, backend: str) -> str:
+    """What a sweep is about to do, printed before its first trial starts: ``36 trials
+    (algorithm 6 × alpha 2 × seed 3); 36 to run on ray``."""
+    sizes = " × ".join(f"{k} {len(v)}" for k, v in spec.axes.items()) or "no axes"
+    done = total - to_run
+    kept = f"; {done} already finished or invalid" if done else ""
+    noun = "trial" if total == 1 else "trials"
+    return f"{total} {noun} ({sizes}){kept}; {to_run} to run on {backend}"
+
+
 def resolve_backend(backend: str | None, executor: str | None) -> str:
     """The trial backend of :func:`sweep`: ``backend`` (default ``ray``), or ``executor``, its
     deprecated old name (it clashed with the config field ``executor``), with a
@@ -102,7 +112,8 @@ def _resolve_spec(
     if not isinstance(spec, SweepSpec):
         spec = load_sweep(spec, overrides)
     elif overrides:
-        spec = SweepSpec(**{**spec.__dict__, "overrides": [*spec.overrides, *overrides]})
+        axes, extra = narrow_axes(spec.axes, overrides)
+        spec = SweepSpec(**{**spec.__dict__, "axes": axes, "overrides": [*spec.overrides, *extra]})
     if imports:
         own = spec.base.get("imports") or []
         own = [own] if isinstance(own, str) else list(own)
@@ -168,7 +179,7 @@ def sweep(
     """
     backend = resolve_backend(backend, executor)
     if backend not in BACKENDS:
-        raise ConfigError("--executor", f"unknown {backend!r}; allowed: ray, local")
+        raise ConfigError("--backend", f"unknown {backend!r}; allowed: ray, local")
     spec, out_dir = _resolve_spec(spec, out_dir, overrides, imports)
     if backend == "ray":
         import_ray()
@@ -225,10 +236,8 @@ def _run_sweep(
     index, jobs = _start_index(folder, spec, trials)
     finished = [len(trials) - len(jobs)]
     log = print if progress else (lambda *_: None)
-    if finished[0]:
-        log(
-            f"{finished[0]} of {len(trials)} trials already finished or invalid; {len(jobs)} to run"
-        )
+    log(grid_line(spec, len(trials), len(jobs), backend))
+    sys.stdout.flush()
 
     def on_start(trial: Trial) -> None:
         index.update(trial.name, status="running", error=None)

@@ -33,8 +33,10 @@ from splitfl.config import (
     ConfigError,
     ExperimentConfig,
     apply_overrides,
+    check_overrides,
     from_dict,
     load_yaml,
+    parse_override,
     read_yaml_mapping,
     set_dotted,
 )
@@ -106,17 +108,53 @@ def _check_sweep_mapping(data: dict[str, Any]) -> None:
     if not isinstance(axes, dict):
         raise ConfigError("sweep.axes", "must map dotted config keys to lists of values")
     for key, values in axes.items():
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"sweep.axes.{key}", f"must be a non-empty list (got {values!r})")
-        for i, j in itertools.combinations(range(len(values)), 2):
-            if values[i] == values[j]:  # 0 and 0.0 too: the same seed, the same trial twice
-                raise ConfigError(
-                    f"sweep.axes.{key}",
-                    f"repeated values in {values!r} ({values[i]!r} and {values[j]!r} are equal)",
-                )
+        _check_axis(f"sweep.axes.{key}", values)
     overrides = data.get("overrides") or []
     if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
         raise ConfigError("sweep.overrides", "must be a list of key=value strings")
+    for text in overrides:  # the axis would silently win over it in every trial
+        key = ".".join(parse_override(text)[0])
+        if key in axes:
+            raise ConfigError(
+                "sweep.overrides", f"{text!r} sets {key}, an axis; change the axis instead"
+            )
+
+
+def _check_axis(field: str, values: Any) -> None:
+    if not isinstance(values, list) or not values:
+        raise ConfigError(field, f"must be a non-empty list (got {values!r})")
+    for i, j in itertools.combinations(range(len(values)), 2):
+        if values[i] == values[j]:  # 0 and 0.0 too: the same seed, the same trial twice
+            raise ConfigError(
+                field, f"repeated values in {values!r} ({values[i]!r} and {values[j]!r} are equal)"
+            )
+
+
+def narrow_axes(
+    axes: dict[str, list[Any]], overrides: list[str]
+) -> tuple[dict[str, list[Any]], list[str]]:
+    """Split command-line ``overrides`` into new axes and the overrides of every trial.
+
+    An override naming an axis sets that axis's values instead of being overwritten by them in
+    every trial: ``seed=[0]`` or ``seed=0`` runs seed 0 only, ``seed=[3,4]`` seeds 3 and 4. A
+    list is the values, unless the axis's values are lists themselves and it is a flat list
+    (then it is one value). Returns ``(axes, other overrides)``.
+    """
+    axes = {k: list(v) for k, v in axes.items()}
+    rest = []
+    for text in check_overrides(overrides):
+        keys, value = parse_override(text)
+        key = ".".join(keys)
+        if key not in axes:
+            rest.append(text)
+            continue
+        nested = any(isinstance(v, list) for v in axes[key])
+        is_values = isinstance(value, list) and (
+            not nested or all(isinstance(v, list) for v in value)
+        )
+        axes[key] = value if is_values else [value]
+        _check_axis(key, axes[key])
+    return axes, rest
 
 
 def _resolve_base(base: Any, folder: Path) -> tuple[dict[str, Any], str | None]:
@@ -134,7 +172,8 @@ def _resolve_base(base: Any, folder: Path) -> tuple[dict[str, Any], str | None]:
 def load_sweep(
     source: str | Path | dict[str, Any], overrides: list[str] | None = None
 ) -> SweepSpec:
-    """Read and validate a sweep file (or mapping); ``overrides`` are appended to its own.
+    """Read and validate a sweep file (or mapping); ``overrides`` naming an axis set its
+    values (:func:`narrow_axes`), the others are appended to the file's own.
 
     Raises :class:`ConfigError` (``sweep.<field>: ...``) for a malformed sweep file; trial
     configs are validated by :func:`expand`.
@@ -153,11 +192,12 @@ def load_sweep(
         raise ConfigError("sweep.name", f"use letters, digits, '_', '.', '-' (got {name!r})")
     if len(name) > MAX_TRIAL_NAME:
         raise ConfigError("sweep.name", f"at most {MAX_TRIAL_NAME} characters (got {len(name)})")
+    axes, extra = narrow_axes(data.get("axes") or {}, overrides or [])
     return SweepSpec(
         name=name,
         base=base,
-        axes={k: list(v) for k, v in (data.get("axes") or {}).items()},
-        overrides=[*(data.get("overrides") or []), *(overrides or [])],
+        axes=axes,
+        overrides=[*(data.get("overrides") or []), *extra],
         out_dir=data.get("out_dir"),
         base_source=data.get("base_source") or base_source,
     )

@@ -44,6 +44,7 @@ import numpy as np
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl.arrangement import arrange_workers
+from splitfl.algorithms.mergesfl.finetune import load_solver
 from splitfl.algorithms.mergesfl.ingress import update_ingress
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
 from splitfl.config import ConfigError
@@ -103,6 +104,7 @@ class MergeSFL(Algorithm):
 
     def __init__(self, options: MergeSFLOptions, ctx) -> None:
         super().__init__(options, ctx)
+        load_solver()  # before the run's thread limits (same numbers in every process)
         self.state = WorkerStateEstimator(ctx, self.cut, options.ema)
         self.participation = np.zeros(ctx.num_clients, dtype=np.int64)
         self.ingress_estimate: float | None = None

@@ -9,7 +9,15 @@ problem; the |Δd_i| of Eq. (14) is linearised with d = d⁰ + u − v, u, v ≥
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import minimize
+
+
+def load_solver() -> None:
+    """Import SciPy's optimiser now. Call it before a run limits the BLAS threads
+    (``experiment/loop.py``): threadpoolctl limits only libraries already loaded, and SLSQP on
+    a BLAS loaded inside the limits runs with its default threads and moves in the last bits
+    (it is imported lazily so that ``splitfl list`` and ``validate`` do not pay for it)."""
+    import scipy.optimize  # noqa: F401
+
 
 #: Absolute slack on ``KL ≤ ε`` when judging a numerical solution of line 6 feasible.
 KL_ATOL = 1e-9
@@ -74,6 +82,8 @@ def finetune_batch_sizes(
     kl0, _ = _kl_and_grad(d0, dists, phi0)
     if kl0 <= epsilon:
         return d0.copy()
+
+    from scipy.optimize import minimize  # here: importing it takes ~0.5 s
 
     bounds_d = [(1.0, float(max_batch))] * size
     res = minimize(

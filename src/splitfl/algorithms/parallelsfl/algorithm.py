@@ -57,6 +57,7 @@ import numpy as np
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.estimates import moving_average
+from splitfl.algorithms.parallelsfl.clustering import load_kmeans
 from splitfl.algorithms.parallelsfl.frequency import round_waiting
 from splitfl.algorithms.parallelsfl.monitoring import radio_observations, record_radios
 from splitfl.algorithms.parallelsfl.planner import plan_clusters
@@ -110,6 +111,7 @@ class ParallelSFL(Algorithm):
 
     def __init__(self, options: ParallelSFLOptions, ctx) -> None:
         super().__init__(options, ctx)
+        load_kmeans()  # before the run's thread limits (same numbers in every process)
         self.cut = ctx.resolve_cut(options.cut, self.name)
         self.mu_b: np.ndarray | None = None
         self.mu_p: np.ndarray | None = None

@@ -20,9 +20,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from sklearn.cluster import KMeans
 
 from splitfl.algorithms.parallelsfl.problem import IMPROVE_TOL, Cluster, ClusterInputs
+
+
+def load_kmeans() -> None:
+    """Import scikit-learn's K-means now: before a run limits the BLAS/OpenMP threads, as
+    :func:`splitfl.algorithms.mergesfl.finetune.load_solver` explains."""
+    import sklearn.cluster  # noqa: F401
 
 
 def cluster_label_sets(
@@ -47,6 +52,8 @@ def cluster_label_sets(
     k = max(1, min(int(k), n, distinct))
     if k == 1:
         return [np.arange(n)]
+    from sklearn.cluster import KMeans  # here: importing scikit-learn takes ~0.5 s
+
     labels = KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit_predict(dists)
     sets = [np.flatnonzero(labels == c) for c in range(k)]
     return [s for s in sets if s.size]

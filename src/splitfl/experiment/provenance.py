@@ -1,0 +1,109 @@
+"""What software wrote a run directory: ``version.json`` (splitfl's version, and the git
+commit with a dirty flag when splitfl runs from a git checkout; torch and Python versions).
+
+Written atomically by every process that starts or resumes the run, so it names the software
+that wrote the newest rows. The commit is read from the checkout's files (``HEAD``, loose and
+packed refs, worktrees) without running git; only the dirty flag asks ``git status`` (None
+where git is missing or fails).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import splitfl
+from splitfl.atomic import write_atomic
+
+VERSION_FILE = "version.json"
+
+
+def checkout_root() -> Path | None:
+    """The git checkout splitfl's own source lies in (``ROOT/src/splitfl`` or
+    ``ROOT/splitfl``), or None (an installed wheel; a venv inside another repository)."""
+    package = Path(splitfl.__file__).resolve().parent
+    for root in (package.parent.parent, package.parent):
+        if (root / ".git").exists() and package in (root / "src" / "splitfl", root / "splitfl"):
+            return root
+    return None
+
+
+def git_dir(root: Path) -> Path | None:
+    """``root/.git``, or the folder a ``.git`` file (a worktree, a submodule) points to."""
+    dot = root / ".git"
+    if dot.is_dir():
+        return dot
+    try:
+        text = dot.read_text().strip()
+    except OSError:
+        return None
+    if not text.startswith("gitdir:"):
+        return None
+    target = Path(text[len("gitdir:") :].strip())
+    return target if target.is_absolute() else (root / target).resolve()
+
+
+def head_commit(gitdir: Path) -> str | None:
+    """The commit ``HEAD`` names (detached, a loose ref or a packed one), or None."""
+    try:
+        head = (gitdir / "HEAD").read_text().strip()
+        if not head.startswith("ref:"):
+            return head or None
+        ref = head[len("ref:") :].strip()
+        common = gitdir
+        if (gitdir / "commondir").is_file():
+            common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
+        for base in (gitdir, common):
+            if (base / ref).is_file():
+                return (base / ref).read_text().strip()
+        packed = common / "packed-refs"
+        lines = packed.read_text().splitlines() if packed.is_file() else []
+    except OSError:
+        return None
+    for line in lines:
+        sha, _, name = line.partition(" ")
+        if name.strip() == ref:
+            return sha
+    return None
+
+
+def is_dirty(root: Path) -> bool | None:
+    """Whether tracked files differ from the commit (``git status``); None if unknown."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip())
+
+
+def software_record() -> dict[str, Any]:
+    """``version.json``'s content: versions, and the checkout's commit and dirty flag."""
+    root = checkout_root()
+    gitdir = git_dir(root) if root is not None else None
+    return {
+        "splitfl_version": splitfl.__version__,
+        "git_commit": head_commit(gitdir) if gitdir is not None else None,
+        "git_dirty": is_dirty(root) if gitdir is not None else None,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "written": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def write_version(run_dir: Path) -> dict[str, Any]:
+    """Write ``run_dir/version.json`` atomically; returns its content."""
+    record = software_record()
+    write_atomic(Path(run_dir) / VERSION_FILE, json.dumps(record, indent=2))
+    return record

@@ -1,0 +1,60 @@
+"""Plots: whole-round ticks on round axes, and the loss plot (training and test loss)."""
+
+from __future__ import annotations
+
+import pytest
+
+import splitfl.metrics.plots as plots
+
+
+def rows(n: int, evaluated: bool = True) -> list[dict]:
+    return [
+        {
+            "round": k,
+            "sim_time": 10.0 * k,
+            "test_acc": 0.1 * k if evaluated else None,
+            "test_loss": 2.0 / k if evaluated else None,
+            "train_loss": 3.0 / k,
+        }
+        for k in range(1, n + 1)
+    ]
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the plot functions draw, kept open instead of saved."""
+    kept = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: kept.append(fig) or path)
+    yield kept
+    plt = plots._pyplot()
+    for fig in kept:
+        plt.close(fig)
+
+
+def round_ticks(ax) -> list[float]:
+    ax.figure.canvas.draw()
+    low, high = ax.get_xlim()
+    return [t for t in ax.get_xticks() if low <= t <= high]
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_round_axes_tick_whole_rounds(figures, tmp_path, n):
+    plots.plot_accuracy({"a": rows(n)}, tmp_path / "acc.png")
+    plots.plot_loss({"a": rows(n)}, tmp_path / "loss.png")
+    acc, loss = figures
+    for ax in (acc.axes[0], *loss.axes):
+        ticks = round_ticks(ax)
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_loss_plot_draws_training_and_test_loss_per_run(figures, tmp_path):
+    plots.plot_loss({"a": rows(3), "b": rows(2, evaluated=False)}, tmp_path / "loss.png")
+    (fig,) = figures
+    train, test = fig.axes
+    assert train.get_ylabel() == "training loss" and test.get_ylabel() == "test loss"
+    assert [list(line.get_ydata()) for line in train.get_lines()] == [
+        [3.0, 1.5, 1.0],
+        [3.0, 1.5],
+    ]
+    assert [list(line.get_ydata()) for line in test.get_lines()] == [[2.0, 1.0, 2.0 / 3]]
+    assert [line.get_label() for line in train.get_lines()] == ["a", "b"]
