@@ -4,6 +4,7 @@ counts, devices, trackers and the network section; no registry is consulted here
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import os
 import sys
 from dataclasses import dataclass
@@ -75,6 +76,8 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.rejoin_s": Range(0, 86400),
     "network.max_message_mb": Range(0, 4096, lo_open=True),
     "network.rate_limit": Range(0, 1e9),
+    "network.keepalive_s": Range(0, 86400),
+    "network.auth_timeout_s": Range(0, 3600, lo_open=True),
 }
 #: ``seed`` feeds numpy's SeedSequence and torch.manual_seed: a non-negative 63-bit integer.
 SEED_LIMIT = 2**63
@@ -214,6 +217,17 @@ def validate(config: ExperimentConfig) -> None:
     _validate_network(config)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (of a ``host:port`` address) is ``localhost`` or a loopback IP
+    literal (``127.0.0.0/8``, ``::1``); a host *name* such as ``127.example.org`` is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _validate_network(config: ExperimentConfig) -> None:
     """``clock``, and the ``network`` section's counts, addresses and TLS files."""
     _choice(config.clock, list(CLOCKS), "clock")
@@ -232,6 +246,10 @@ def _validate_network(config: ExperimentConfig) -> None:
     _check(
         1 <= n.chunk_kb <= 65536, "network.chunk_kb", f"must be in [1, 65536] (got {n.chunk_kb})"
     )
+    for name, lo in (("max_hello_kb", 1), ("max_pending", 1), ("max_devices", 1)):
+        value = getattr(n, name)
+        _check(value >= lo, f"network.{name}", f"must be >= {lo} (got {value})")
+    _check(n.auth_failures >= 0, "network.auth_failures", f"must be >= 0 (got {n.auth_failures})")
     host, sep, port = n.listen.rpartition(":")
     _check(
         bool(sep and host) and port.isdigit() and int(port) < 65536,
@@ -243,7 +261,7 @@ def _validate_network(config: ExperimentConfig) -> None:
         "network.tls_cert",
         "give both tls_cert and tls_key (or neither)",
     )
-    loopback = host in ("localhost", "[::1]", "::1") or host.startswith("127.")
+    loopback = is_loopback(host)
     _check(
         not networked or loopback or n.tls_cert is not None or n.insecure,
         "network.listen",

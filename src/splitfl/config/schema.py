@@ -162,6 +162,18 @@ class NetworkConfig:
     chunk_kb: int = 4096
     compression: str = "none"
     rate_limit: float = 0.0
+    #: Transport robustness (``splitfl.net.guard``): keepalive ping interval both ways (a
+    #: silent link is dropped after about twice this; devices redial), the time an
+    #: unauthenticated stream may take to authenticate, the largest hello, the most
+    #: unauthenticated streams at once, the most devices connected at once (late joiners up
+    #: to it are accepted and used from the next round), and failed authentications per
+    #: address and minute before the address is refused for a minute (0: never).
+    keepalive_s: float = 10.0
+    auth_timeout_s: float = 10.0
+    max_hello_kb: int = 64
+    max_pending: int = 16
+    max_devices: int = 64
+    auth_failures: int = 10
     #: Devices emulate their ``devices.preset`` profiles: compute stretched to the profile's
     #: FLOPS, transfers held for bytes / rate (``splitfl.net.emulation``).
     emulate: bool = False

@@ -62,6 +62,8 @@ class DeviceOptions:
     peer_listen: str | None = "127.0.0.1:0"
     #: the address peers dial (default: the listen address)
     peer_address: str | None = None
+    #: gRPC keepalive ping interval (a silent link is dropped after about twice this); 0 = off
+    keepalive_s: float = 10.0
 
 
 class Refused(RuntimeError):

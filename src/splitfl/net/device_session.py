@@ -4,7 +4,10 @@
 :func:`run_device` opens the device's peer listener (:class:`~splitfl.net.peer.PeerEndpoint`),
 connects to the server, says hello (with the listener's address and certificate), builds the
 agent from the welcome's config and hands every command to the hosted client's worker thread
-(:class:`ClientWorkers`); it reconnects with exponential backoff when the link drops. The same
+(:class:`ClientWorkers`); it reconnects with exponential backoff when the link drops —
+keepalive pings (``--keepalive-s``) turn a silent partition into a dropped link — and retries
+transient refusals (clients still held by its own stale link or another device, a server at
+capacity or throttling) the same way; only a wrong token, protocol or client set ends it. The same
 loop serves a link to a peer's listener (ParallelSFL's bottom worker answering its top worker,
 :func:`join_cluster`). Device-to-device session commands (``host``, ``join``, ``ring``) are
 :data:`SESSION_HANDLERS`.
@@ -23,7 +26,8 @@ from splitfl.data.base import DatasetError
 from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
 from splitfl.net.emulation import Profile
-from splitfl.net.hub import METHOD
+from splitfl.net.guard import Audit
+from splitfl.net.hub import METHOD, keepalive_options
 from splitfl.net.peer import PeerEndpoint, outgoing
 from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, WireError, decode, encode
 
@@ -79,7 +83,7 @@ def run_device(opts: DeviceOptions, log=print, agent_cls: type | None = None) ->
     connection). Returns the process exit code (0 after bye, 1 when it gave up, 2 refused).
     ``agent_cls`` replaces :class:`DeviceAgent` (custom devices, fault injection)."""
     try:
-        peer = _peer_endpoint(opts)
+        peer = _peer_endpoint(opts, log)
     except (ValueError, OSError, RuntimeError, ConfigError) as err:
         log(f"splitfl device {opts.name}: cannot listen for peers: {err}")
         return 2
@@ -90,14 +94,18 @@ def run_device(opts: DeviceOptions, log=print, agent_cls: type | None = None) ->
             peer.stop()
 
 
-def _peer_endpoint(opts: DeviceOptions) -> PeerEndpoint | None:
+def _peer_endpoint(opts: DeviceOptions, log) -> PeerEndpoint | None:
     """The listener for device-to-device links: TLS when the server link is TLS."""
     if not opts.peer_listen:
         return None
     tls = opts.credentials is not None
     wait = 30.0  # a peer's hello may arrive before the server told us to expect it
+    audit = Audit(
+        sink=lambda line: log(f"splitfl device {opts.name}: peer listener: {line}"),
+        only=("refused", "throttled"),  # not every round's links
+    )
     return PeerEndpoint.start(
-        opts.peer_listen, opts.peer_address, tls, opts.max_message_bytes, wait
+        opts.peer_listen, opts.peer_address, tls, opts.max_message_bytes, wait, audit
     )
 
 
@@ -129,12 +137,13 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
         delay = min(delay * 2, 10.0)
 
 
+#: Permanent refusals (exit 2). ALREADY_EXISTS (clients held by another link, e.g. this
+#: device's own half-open one), RESOURCE_EXHAUSTED (the server is full) and UNAVAILABLE
+#: (throttled, unreachable) are retried with backoff.
 _REFUSALS = {
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.ALREADY_EXISTS,
     grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.PERMISSION_DENIED,
 }
 
@@ -154,6 +163,7 @@ def _session(
     # chunks are at most the server's chunk size (told in welcome), messages at most ours
     limit = opts.max_message_bytes + 1024
     options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+    options += keepalive_options(opts.keepalive_s)
     if opts.credentials is None:
         channel = grpc.insecure_channel(opts.server, options=options)
     else:
@@ -220,6 +230,10 @@ def _read_commands(
                 log(f"splitfl device {opts.name}: connected, hosting clients {clients}")
             continue
         if msg.type == "bye":
+            if not to_peer:
+                log(
+                    f"splitfl device {opts.name}: server said bye ({str(msg.fields.get('reason'))[:200]})"
+                )
             return agent, True
         if msg.type == "abort" and agent is not None:
             agent.abort_event(msg.fields.get("session")).set()

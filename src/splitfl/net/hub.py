@@ -2,9 +2,13 @@
 
 Each device process opens one bidirectional stream (``/splitfl.Hub/Connect``, raw bytes: the
 chunks of :mod:`splitfl.net.wire`) and says ``hello`` (protocol version, name, token, the
-clients it asks to host). The hub checks the token against the stored hashes, refuses a
-different protocol version or a name already connected, assigns clients and answers
-``welcome`` with the run's config. From then on the server sends commands on the stream and
+clients it asks to host). Before that, the :class:`~splitfl.net.guard.Gate` bounds what an
+unauthenticated caller may hold (hello size, time, concurrent streams, failed attempts per
+address). The hub checks the token against the stored hashes, refuses a different protocol
+version, assigns clients (only those the token is bound to, if it is) and answers ``welcome``
+with what the device needs of the run's config; the same name connecting again replaces its
+old (possibly half-open) link. gRPC keepalive pings both ways detect a silent link within
+about ``2 × keepalive_s``. From then on the server sends commands on the stream and
 routes each reply to the inbox of the client it names — a device may only speak for its own
 clients. A broken stream, a malformed or oversized message, a reply for a foreign client or a
 burst over the rate limit closes the device's link; waiting calls see the link as lost.
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from splitfl.net.auth import TokenBook
+from splitfl.net.guard import Audit, Gate, peer_address
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
     Message,
@@ -45,7 +50,17 @@ class HubSettings:
     max_message_bytes: int
     chunk_bytes: int
     rate_limit: float = 0.0
-    hello_timeout_s: float = 30.0
+    #: a stream must authenticate within this (its hello read and checked)
+    auth_timeout_s: float = 10.0
+    max_hello_bytes: int = 64 << 10
+    #: unauthenticated streams held at once; more are refused at once
+    max_pending: int = 16
+    #: connected devices at once (with ``max_pending``, this bounds the worker threads)
+    max_links: int = 64
+    #: failed authentications per address and minute before it is refused for a minute
+    auth_failures: int = 10
+    #: seconds between gRPC keepalive pings (and to wait for their answer); 0 = none
+    keepalive_s: float = 10.0
     #: How long a hello from a name not (yet) in the token book waits for it to be added
     #: (a device's peer listener learns whom to expect from the server, possibly after the
     #: peer's hello arrived); 0 = refuse at once (the server's hub).
@@ -68,6 +83,9 @@ class DeviceLink:
     #: certificate that listener presents ("" = plain text), as its hello announced
     peer_address: str = ""
     peer_cert: str = ""
+    #: the caller's address and the audit log (a line when the link closes)
+    address: str = ""
+    audit: Audit | None = None
 
     def send(self, message: Message) -> int:
         """Queue ``message`` for the device; its encoded size (0 if the link is closed)."""
@@ -94,6 +112,8 @@ class DeviceLink:
     def close(self, reason: str) -> None:
         if self.alive:
             self.alive, self.reason = False, reason
+            if self.audit is not None:
+                self.audit("dropped", self.address, f"device={self.name} {reason}")
             self.outbox.put(None)
             for box in self.inbox.values():
                 box.put(LOST)
@@ -102,23 +122,44 @@ class DeviceLink:
 class Hub:
     """Accepts device sessions and keeps the links of the connected ones."""
 
-    def __init__(self, settings: HubSettings, tokens: TokenBook, num_clients: int, welcome: dict):
+    def __init__(
+        self,
+        settings: HubSettings,
+        tokens: TokenBook,
+        num_clients: int,
+        welcome: dict,
+        audit: Audit | None = None,
+    ):
         self.settings, self.tokens, self.num_clients = settings, tokens, num_clients
         self.welcome = welcome
         self.links: dict[str, DeviceLink] = {}
+        self.seen: set[str] = set()  # names that connected before (a new link: "reconnected")
         self.lock = threading.Condition()
         self.server: grpc.Server | None = None
+        self.audit = audit or Audit()
+        self.gate = Gate(
+            settings.max_pending, settings.auth_timeout_s, settings.auth_failures, self.audit
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, address: str, credentials: grpc.ServerCredentials | None) -> int:
         """Listen on ``address`` (``host:port``; port 0 picks one); returns the port."""
-        limit = self.settings.chunk_bytes + 1024
+        st = self.settings
+        limit = st.chunk_bytes + 1024
         options = [
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             ("grpc.so_reuseport", 0),
+            *keepalive_options(st.keepalive_s),
+            # devices ping at their own --keepalive-s: accept pings up to once a second
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+            ("grpc.http2.max_ping_strikes", 0),
         ]
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=256), options=options)
+        # each stream holds a worker for its life: links + unauthenticated ones + slack; a
+        # call beyond that is refused at once (RESOURCE_EXHAUSTED), never queued
+        workers = st.max_links + st.max_pending + 4
+        pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="splitfl-hub")
+        server = grpc.server(pool, options=options, maximum_concurrent_rpcs=workers)
         handler = grpc.method_handlers_generic_handler(
             SERVICE, {"Connect": grpc.stream_stream_rpc_method_handler(self._connect)}
         )
@@ -142,6 +183,7 @@ class Hub:
         if self.server is not None:
             self.server.stop(grace=1.0).wait(5.0)
             self.server = None
+        self.gate.stop()
 
     def wait_for(self, devices: int, timeout_s: float) -> None:
         """Block until ``devices`` device processes are connected (TimeoutError after
@@ -203,16 +245,22 @@ class Hub:
 
     # -- one device session -------------------------------------------------------------------
     def _connect(self, requests: Iterator[bytes], context) -> Iterator[bytes]:
-        assembler = Reassembler(self.settings.max_message_bytes)
-        timer = threading.Timer(self.settings.hello_timeout_s, context.cancel)
-        timer.start()  # a peer that never says hello does not hold a worker thread
+        address = peer_address(context)
+        refused = self.gate.enter(context, address)
+        if refused:
+            code = grpc.StatusCode.UNAVAILABLE if "failed" in refused else None
+            self._refuse(context, address, code or grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         try:
-            hello = _first_message(requests, assembler)
-        except WireError as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad hello: {err}")
+            try:  # the hello has its own, small size limit
+                hello = _first_message(requests, Reassembler(self.settings.max_hello_bytes))
+            except WireError as err:
+                self.gate.failed(address)
+                why = f"bad hello: {err}"
+                self._refuse(context, address, grpc.StatusCode.INVALID_ARGUMENT, why)
+            link = self._admit(hello, context, address)
         finally:
-            timer.cancel()
-        link = self._admit(hello, context)
+            self.gate.leave(context)
+        assembler = Reassembler(self.settings.max_message_bytes)
         reader = threading.Thread(target=self._read, args=(link, requests, assembler), daemon=True)
         reader.start()
         context.add_callback(lambda: link.close("stream closed"))
@@ -225,58 +273,98 @@ class Hub:
                 return
             yield from chunks(data, self.settings.chunk_bytes)
 
-    def _admit(self, hello: Message, context) -> DeviceLink:
-        """Check a hello and register the device (aborts the RPC with a reason if refused)."""
+    def _refuse(self, context, address: str, code: grpc.StatusCode, reason: str) -> None:
+        """Write the refusal to the audit log and abort the call (raises)."""
+        self.audit("refused", address, f"{code.name} {reason}")
+        context.abort(code, reason)
+
+    def _admit(self, hello: Message, context, address: str) -> DeviceLink:
+        """Check a hello and register the device (aborts the RPC with a reason if refused);
+        a live link of the same name is replaced (the device reconnected)."""
         f = hello.fields
         if hello.type != "hello" or f.get("protocol") != PROTOCOL_VERSION:
-            context.abort(
+            self._refuse(
+                context,
+                address,
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"protocol version {f.get('protocol')!r} not supported; this server speaks "
-                f"{PROTOCOL_VERSION} (install the same splitfl version on the device)",
+                f"protocol version {str(f.get('protocol'))[:20]} not supported; this server "
+                f"speaks {PROTOCOL_VERSION} (install the same splitfl version on the device)",
             )
         name = f.get("name")
-        if not isinstance(name, str) or not self._known(name, f.get("token")):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown device name or wrong token")
+        if not isinstance(name, str) or not self._known(name, f.get("token"), context):
+            self.gate.failed(address)
+            why = f"unknown device name or wrong token (name {str(name)[:60]!r})"
+            self._refuse(context, address, grpc.StatusCode.UNAUTHENTICATED, why)
         peer = f.get("peer") or {}
-        address, cert = peer.get("address", ""), peer.get("cert", "")
-        if not isinstance(address, str) or not isinstance(cert, str) or len(address) > 300:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad peer listener in hello")
+        listen, cert = peer.get("address", ""), peer.get("cert", "")
+        if not isinstance(listen, str) or not isinstance(cert, str) or len(listen) > 300:
+            self._refuse(context, address, grpc.StatusCode.INVALID_ARGUMENT, "bad peer listener")
         with self.lock:
-            if name in self.links and self.links[name].alive:
-                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"device {name!r} already connected")
-            clients = self._assign(f.get("clients"), context)
+            old = self.links.get(name)
+            clients = self._assign(name, f.get("clients"), context, address)
             link = DeviceLink(name, clients, {c: queue.Queue() for c in clients})
-            link.peer_address, link.peer_cert = address, cert
+            link.peer_address, link.peer_cert = listen, cert
+            link.address, link.audit = address, self.audit
+            if old is not None and old.alive:  # a live duplicate hears why it must stop
+                old.send(Message("bye", {"reason": f"replaced by a connection from {address}"}))
+                old.close(f"replaced by a new connection from {address}")
+            event = "reconnected" if name in self.seen else "joined"
+            self.seen.add(name)
             self.links[name] = link
             self.lock.notify_all()
+        self.audit(event, address, f"device={name} clients={clients}")
         return link
 
-    def _known(self, name: str, token) -> bool:
+    def _known(self, name: str, token, context) -> bool:
         """The token checks out; a name not in the book yet is waited for up to
-        ``admit_wait_s`` (a wrong token for a known name is refused at once)."""
-        deadline = time.monotonic() + self.settings.admit_wait_s
+        ``admit_wait_s`` (a wrong token for a known name is refused at once), never past the
+        stream's authentication deadline."""
+        deadline = min(time.monotonic() + self.settings.admit_wait_s, self.gate.deadline(context))
         with self.lock:
             while name not in self.tokens.hashes and time.monotonic() < deadline:
                 self.lock.wait(min(deadline - time.monotonic(), 0.2))
             return self.tokens.check(name, token)
 
-    def _assign(self, asked, context) -> list[int]:
-        """The clients a device asked for (each unhosted), else the next free block."""
-        hosted = {c for link in self.links.values() if link.alive for c in link.clients}
+    def _assign(self, name: str, asked, context, address: str) -> list[int]:
+        """The clients a device asked for (each unhosted by another device and allowed to its
+        token), else its bound clients, else the next free block (under the lock)."""
+        hosted = {c for k in self.links.values() if k.alive and k.name != name for c in k.clients}
+        if self.settings.max_links and len(self.live_names() - {name}) >= self.settings.max_links:
+            why = f"{self.settings.max_links} devices connected already (network.max_devices)"
+            self._refuse(context, address, grpc.StatusCode.RESOURCE_EXHAUSTED, why)
         if asked:
             ok = isinstance(asked, list) and all(isinstance(c, int) for c in asked)
             if not ok or any(not 0 <= c < self.num_clients for c in asked):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad client ids {asked!r}")
+                why = f"bad client ids {str(asked)[:80]}"
+                self._refuse(context, address, grpc.StatusCode.INVALID_ARGUMENT, why)
+            foreign = sorted(c for c in set(asked) if not self.tokens.may_host(name, c))
+            if foreign:
+                why = f"clients {foreign} are not bound to {name!r}'s token"
+                self._refuse(context, address, grpc.StatusCode.PERMISSION_DENIED, why)
             taken = sorted(set(asked) & hosted)
             if taken:
-                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"clients {taken} already hosted")
+                why = f"clients {taken} already hosted by another device"
+                self._refuse(context, address, grpc.StatusCode.ALREADY_EXISTS, why)
             return sorted(set(asked))
-        free = [c for c in range(self.num_clients) if c not in hosted]
+        if name in self.tokens.bound:
+            free = [c for c in sorted(self.tokens.bound[name]) if c < self.num_clients]
+            block = len(free)
+        else:
+            free = [c for c in range(self.num_clients) if self.tokens.may_host(name, c)]
+            block = int(self.welcome.get("block", 1))
+        free = [c for c in free if c not in hosted]
         if not free:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "every client is already hosted")
-        return free[: int(self.welcome.get("block", 1))]
+            why = "every client this device may host is hosted already"
+            self._refuse(context, address, grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+        return free[:block]
+
+    def live_names(self) -> set[str]:
+        """Names with an open link (ready or not)."""
+        return {k.name for k in self.links.values() if k.alive}
 
     def _welcome(self, link: DeviceLink) -> dict:
+        """What the device needs: its clients, the chunk size and the run's config as the
+        session prepared it (:func:`~splitfl.net.session.device_config`: no server paths)."""
         return {
             "protocol": PROTOCOL_VERSION,
             "clients": link.clients,
@@ -316,6 +404,21 @@ class Hub:
         finally:
             with self.lock:
                 self.lock.notify_all()
+
+
+def keepalive_options(keepalive_s: float) -> list[tuple[str, int]]:
+    """gRPC channel arguments for keepalive pings every ``keepalive_s`` seconds, the link
+    declared dead when one is not answered within another ``keepalive_s`` (both ends: a
+    silent partition ends the stream instead of hanging it); [] for 0."""
+    if keepalive_s <= 0:
+        return []
+    ms = max(int(keepalive_s * 1000), 1000)
+    return [
+        ("grpc.keepalive_time_ms", ms),
+        ("grpc.keepalive_timeout_ms", ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
 
 
 def _first_message(requests: Iterator[bytes], assembler: Reassembler) -> Message:
