@@ -231,9 +231,8 @@ def _read_commands(
             continue
         if msg.type == "bye":
             if not to_peer:
-                log(
-                    f"splitfl device {opts.name}: server said bye ({str(msg.fields.get('reason'))[:200]})"
-                )
+                why = str(msg.fields.get("reason"))[:200]
+                log(f"splitfl device {opts.name}: server said bye ({why})")
             return agent, True
         if msg.type == "abort" and agent is not None:
             agent.abort_event(msg.fields.get("session")).set()
