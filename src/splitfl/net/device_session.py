@@ -27,7 +27,7 @@ from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
 from splitfl.net.emulation import Profile
 from splitfl.net.guard import Audit
-from splitfl.net.hub import METHOD, keepalive_options
+from splitfl.net.hub import METHOD, SILENT_PERIODS, keepalive_options
 from splitfl.net.peer import PeerEndpoint, outgoing
 from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, WireError, decode, encode
 
@@ -194,7 +194,8 @@ def _session(
 def _serve(opts, stream, outbox, agent, log, agent_cls, chunking, peer, to_peer):
     """Read the server's messages; commands go to the client's worker thread."""
     workers = ClientWorkers(outbox, stream.cancel)
-    setup = (agent_cls, peer, to_peer)
+    silence = Silence(stream, SILENT_PERIODS * opts.keepalive_s, log, opts.name)
+    setup = (agent_cls, peer, to_peer, silence)
     try:
         return _read_commands(opts, stream, outbox, agent, log, setup, chunking, workers)
     except grpc.RpcError:
@@ -202,20 +203,51 @@ def _serve(opts, stream, outbox, agent, log, agent_cls, chunking, peer, to_peer)
             raise workers.error from None
         raise
     finally:
+        silence.stop()
         workers.close()
+
+
+class Silence:
+    """The device's end of the keepalive: cancels the stream (the device then redials) when
+    the server has sent nothing — not even its ``ping`` — for ``limit`` seconds (0: never);
+    the welcome sets ``limit`` to :data:`~splitfl.net.hub.SILENT_PERIODS` × the server's
+    ``keepalive_s``."""
+
+    def __init__(self, stream, limit: float, log, name: str):
+        self.stream, self.limit, self.log, self.name = stream, limit, log, name
+        self.heard = time.monotonic()
+        self.done = threading.Event()
+        threading.Thread(target=self._watch, daemon=True, name="splitfl-silence").start()
+
+    def _watch(self) -> None:
+        while not self.done.wait(0.25):
+            silent = time.monotonic() - self.heard
+            if self.limit > 0 and silent > self.limit:
+                self.log(f"splitfl device {self.name}: server silent {silent:.0f} s, redialling")
+                self.stream.cancel()
+                return
+
+    def stop(self) -> None:
+        self.done.set()
 
 
 def _read_commands(
     opts, stream, outbox, agent, log, setup, chunking, workers
 ) -> tuple[DeviceAgent | None, bool]:
-    agent_cls, peer, to_peer = setup
+    agent_cls, peer, to_peer, silence = setup
     assembler = Reassembler(opts.max_message_bytes)
     for chunk in stream:
+        silence.heard = time.monotonic()
         data = assembler.feed(chunk)
         if data is None:
             continue
         msg = decode(data)
+        if msg.type == "ping":
+            outbox.put(encode(Message("pong")))
+            continue
         if msg.type == "welcome":
+            keepalive = msg.fields.get("keepalive_s", 0)
+            silence.limit = 0.0  # loading the data may take a while
             clients = msg.fields["clients"]
             size = msg.fields.get("chunk_bytes")
             if not isinstance(size, int) or not 1 <= size <= opts.max_message_bytes:
@@ -226,6 +258,9 @@ def _read_commands(
                 agent = agent_cls(config, ClientData(config, clients, opts.data_root))
                 agent.peer, agent.options, agent.sessions = peer, opts, SESSION_HANDLERS
             outbox.put(encode(Message("ready")))
+            silence.heard = time.monotonic()
+            if isinstance(keepalive, int | float) and 0 < keepalive < 86400:
+                silence.limit = SILENT_PERIODS * keepalive
             if not to_peer:
                 log(f"splitfl device {opts.name}: connected, hosting clients {clients}")
             continue

@@ -7,11 +7,14 @@ unauthenticated caller may hold (hello size, time, concurrent streams, failed at
 address). The hub checks the token against the stored hashes, refuses a different protocol
 version, assigns clients (only those the token is bound to, if it is) and answers ``welcome``
 with what the device needs of the run's config; the same name connecting again replaces its
-old (possibly half-open) link. gRPC keepalive pings both ways detect a silent link within
-about ``2 × keepalive_s``. From then on the server sends commands on the stream and
-routes each reply to the inbox of the client it names — a device may only speak for its own
-clients. A broken stream, a malformed or oversized message, a reply for a foreign client or a
-burst over the rate limit closes the device's link; waiting calls see the link as lost.
+old (possibly half-open) link. Keepalive: the hub sends ``ping`` on every link each
+``keepalive_s`` and the device answers ``pong`` at once; a link silent for
+:data:`SILENT_PERIODS` periods is closed (both ends: the device redials when the server's
+messages stop), so a partition ends in a reconnect, never in a hang. From then on the
+server sends commands on the stream and routes each reply to the inbox of the client it
+names — a device may only speak for its own clients. A broken stream, a malformed or
+oversized message, a reply for a foreign client or a burst over the rate limit closes the
+device's link; waiting calls see the link as lost.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ SERVICE = "splitfl.Hub"
 METHOD = f"/{SERVICE}/Connect"
 #: Placed in a client's inbox when its device's link closes.
 LOST = Message("lost")
+#: Keepalive periods without a message after which a link counts as lost (either end).
+SILENT_PERIODS = 3
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,8 @@ class DeviceLink:
     #: the caller's address and the audit log (a line when the link closes)
     address: str = ""
     audit: Audit | None = None
+    #: when the device last sent anything (``time.monotonic``)
+    heard: float = field(default_factory=time.monotonic)
 
     def send(self, message: Message) -> int:
         """Queue ``message`` for the device; its encoded size (0 if the link is closed)."""
@@ -172,6 +179,8 @@ class Hub:
             raise OSError(f"cannot listen on {address}")
         server.start()
         self.server = server
+        if st.keepalive_s > 0:
+            threading.Thread(target=self._heartbeat, daemon=True, name="splitfl-ping").start()
         return port
 
     def stop(self) -> None:
@@ -362,6 +371,22 @@ class Hub:
         """Names with an open link (ready or not)."""
         return {k.name for k in self.links.values() if k.alive}
 
+    def _heartbeat(self) -> None:
+        """Each ``keepalive_s``: ping every link; close those silent for too long."""
+        period = self.settings.keepalive_s
+        while self.server is not None:
+            time.sleep(period)
+            with self.lock:
+                links = [k for k in self.links.values() if k.alive]
+            for link in links:
+                silent = time.monotonic() - link.heard
+                if link.ready and silent > SILENT_PERIODS * period:  # not while it loads
+                    link.close(f"silent for {silent:.0f} s (keepalive)")
+                else:
+                    link.send(Message("ping"))
+            with self.lock:
+                self.lock.notify_all()
+
     def _welcome(self, link: DeviceLink) -> dict:
         """What the device needs: its clients, the chunk size and the run's config as the
         session prepared it (:func:`~splitfl.net.session.device_config`: no server paths)."""
@@ -370,6 +395,7 @@ class Hub:
             "clients": link.clients,
             "config": self.welcome["config"],
             "chunk_bytes": self.settings.chunk_bytes,
+            "keepalive_s": self.settings.keepalive_s,
         }
 
     def _read(self, link: DeviceLink, requests, assembler: Reassembler) -> None:
@@ -377,6 +403,7 @@ class Hub:
         window, count = time.monotonic(), 0
         try:
             for chunk in requests:
+                link.heard = time.monotonic()
                 data = assembler.feed(chunk)
                 if data is None:
                     continue
@@ -387,6 +414,8 @@ class Hub:
                 if limit and count > limit:
                     raise WireError(f"more than {limit:g} messages per second")
                 message = decode(data)
+                if message.type == "pong":
+                    continue
                 if message.type == "ready" and not link.ready:
                     with self.lock:
                         link.ready = True

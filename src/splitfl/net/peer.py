@@ -73,6 +73,7 @@ class PeerEndpoint:
             auth_timeout_s=wait_s + 5.0,
             max_pending=PEER_PENDING,
             max_links=PEER_LINKS,
+            keepalive_s=0.0,  # one-round links with their own time-outs; no pings
         )
         hub = Hub(settings, TokenBook(), 1 << 31, {"config": {}, "block": 1}, audit)
         cert = key = ""
