@@ -22,6 +22,7 @@ import pytest
 
 import splitfl
 from splitfl.config import ConfigError
+from splitfl.config.schema import NetworkConfig
 from splitfl.experiment.runner import as_config
 from splitfl.net.auth import TokenBook, is_loopback, token_hash
 from splitfl.net.device import DeviceAgent, DeviceOptions
@@ -37,6 +38,15 @@ def _settings(**limits) -> HubSettings:
     known = {f.name for f in dataclasses.fields(HubSettings)}
     base = {"max_message_bytes": 4 << 20, "chunk_bytes": 1 << 16}
     return HubSettings(**base, **{k: v for k, v in limits.items() if k in known})
+
+
+def _known(obj, prefix: str = "", **values):
+    """``obj`` with these fields replaced (a dataclass), or the overrides (with ``prefix``),
+    keeping only the fields ``obj`` has: the same test runs against the old code."""
+    known = {k: v for k, v in values.items() if k in {f.name for f in dataclasses.fields(obj)}}
+    if prefix:
+        return {prefix + k: v for k, v in known.items()}
+    return dataclasses.replace(obj, **known)
 
 
 def _hub(bed: Testbed, book: TokenBook | None = None, block: int = 1, **limits) -> Hub:
@@ -195,7 +205,7 @@ def test_oversized_hello_is_refused_before_authentication(tmp_path):
     bed = Testbed.create(tmp_path / "bed", ["a"])
     hub = _hub(bed, max_hello_bytes=64 << 10)
     try:
-        big = _Raw(bed.port).hello("nobody", "f" * 64, pad=1 << 20)  # 1 MiB, under 4 MiB
+        big = _Raw(bed.port).hello("nobody", "f" * 64, pad=200 << 10)  # over 64 KiB only
         assert big.outcome(10) == grpc.StatusCode.INVALID_ARGUMENT
         big.close()
     finally:
@@ -244,7 +254,8 @@ def test_idle_streams_do_not_grow_the_listeners_threads(tmp_path):
 def test_failed_authentications_throttle_the_address_and_are_audited(tmp_path):
     bed = Testbed.create(tmp_path / "bed", ["a"])
     log = tmp_path / "audit.log"
-    net = bed.server_overrides(min_devices=1, auth_failures=3, connect_timeout_s=8.0)
+    net = bed.server_overrides(min_devices=1, connect_timeout_s=8.0)
+    net.update(_known(NetworkConfig(), auth_failures=3, prefix="network."))
     config = as_config(config_for("splitfed_v1", rounds=1, **net))
     from splitfl.net.session import NetworkSession
 
@@ -426,9 +437,10 @@ def test_device_behind_a_silent_link_redials_and_trains_again(tmp_path):
         opts = DeviceOptions(
             f"127.0.0.1:{proxy.port}", "far", bed.tokens["far"], (0,), retry_s=60.0
         )
-        far = start_in_thread(dataclasses.replace(opts, keepalive_s=1.0), _Cut)
+        far = start_in_thread(_known(opts, keepalive_s=1.0), _Cut)
         near = bed.device("near", [1], retry_s=60.0)
-        net = bed.server_overrides(min_devices=2, timeout_s=1.5, rejoin_s=2.0, keepalive_s=1.0)
+        net = bed.server_overrides(min_devices=2, timeout_s=1.5, rejoin_s=2.0)
+        net.update(_known(NetworkConfig(), keepalive_s=1.0, prefix="network."))
         changes = {"rounds": 8, "data.num_clients": 2, "train.clients_per_round": 2}
         result = splitfl.run(config_for("splitfed_v1", **changes, **net), run_dir=tmp_path / "r")
         rows = _rows(result.run_dir)
