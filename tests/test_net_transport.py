@@ -212,16 +212,21 @@ def test_oversized_hello_is_refused_before_authentication(tmp_path):
         hub.stop()
 
 
+def _silent_streams(port: int, n: int) -> list[_Raw]:
+    """``n`` streams that never say hello (a stream opens with its first chunk: a bare one)."""
+    streams = [_Raw(port) for _ in range(n)]
+    for s in streams:
+        s.out.put(b"\x00")
+    return streams
+
+
 def test_silent_streams_are_closed_at_the_auth_deadline_and_capped(tmp_path):
     bed = Testbed.create(tmp_path / "bed", ["a"])
     hub = _hub(bed, auth_timeout_s=1.5, max_pending=2, max_links=4)
-    silent = [_Raw(bed.port) for _ in range(2)]
+    silent = _silent_streams(bed.port, 2)
     try:
-        for s in silent:  # the stream opens once its first message is sent: a bare chunk
-            s.out.put(b"\x00")
         time.sleep(0.5)
-        third = _Raw(bed.port)
-        third.out.put(b"\x00")
+        (third,) = _silent_streams(bed.port, 1)
         assert third.outcome(5) == grpc.StatusCode.RESOURCE_EXHAUSTED
         third.close()
         assert all(s.outcome(10) == grpc.StatusCode.CANCELLED for s in silent)
@@ -238,10 +243,8 @@ def test_idle_streams_do_not_grow_the_listeners_threads(tmp_path):
     bed = Testbed.create(tmp_path / "bed", ["a"])
     hub = _hub(bed, auth_timeout_s=30.0, max_pending=4, max_links=4)
     before = threading.active_count()
-    idle = [_Raw(bed.port) for _ in range(40)]
+    idle = _silent_streams(bed.port, 40)
     try:
-        for s in idle:
-            s.out.put(b"\x00")
         time.sleep(2.0)
         # pool: max_links + max_pending + 4 workers, a watchdog, a pinger (+ slack for the
         # threads of earlier tests still ending); the old hub: a worker and a timer each

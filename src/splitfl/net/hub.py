@@ -24,12 +24,13 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
 from splitfl.net.auth import TokenBook
 from splitfl.net.guard import Audit, Gate, peer_address
+from splitfl.net.link import LOST, SILENT_PERIODS, DeviceLink, keepalive_options
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
     Message,
@@ -40,12 +41,12 @@ from splitfl.net.wire import (
     encode,
 )
 
+#: (``LOST``, ``DeviceLink``, keepalive: from :mod:`splitfl.net.link`, re-exported)
+__all__ = ["LOST", "METHOD", "SILENT_PERIODS", "DeviceLink", "Hub", "HubSettings"]
+__all__ += ["keepalive_options"]
+
 SERVICE = "splitfl.Hub"
 METHOD = f"/{SERVICE}/Connect"
-#: Placed in a client's inbox when its device's link closes.
-LOST = Message("lost")
-#: Keepalive periods without a message after which a link counts as lost (either end).
-SILENT_PERIODS = 3
 
 
 @dataclass(frozen=True)
@@ -70,60 +71,6 @@ class HubSettings:
     #: (a device's peer listener learns whom to expect from the server, possibly after the
     #: peer's hello arrived); 0 = refuse at once (the server's hub).
     admit_wait_s: float = 0.0
-
-
-@dataclass
-class DeviceLink:
-    """One connected device process: its clients, inboxes and outgoing queue."""
-
-    name: str
-    clients: list[int]
-    inbox: dict[int, queue.Queue] = field(default_factory=dict)
-    outbox: queue.Queue = field(default_factory=queue.Queue)
-    alive: bool = True
-    #: the device has loaded its data and model (it said ``ready``): it can be given work
-    ready: bool = False
-    reason: str = ""
-    #: where the device accepts device-to-device links (``host:port``) and the PEM
-    #: certificate that listener presents ("" = plain text), as its hello announced
-    peer_address: str = ""
-    peer_cert: str = ""
-    #: the caller's address and the audit log (a line when the link closes)
-    address: str = ""
-    audit: Audit | None = None
-    #: when the device last sent anything (``time.monotonic``)
-    heard: float = field(default_factory=time.monotonic)
-
-    def send(self, message: Message) -> int:
-        """Queue ``message`` for the device; its encoded size (0 if the link is closed)."""
-        if not self.alive:
-            return 0
-        data = encode(message)
-        self.outbox.put(data)
-        return len(data)
-
-    def reply(self, client: int, seq: int, wait_s: float):
-        """The reply to command ``seq`` for ``client`` — (message, bytes, arrival time) — if
-        it comes within ``wait_s``; :data:`LOST` if the link closed first; None on time-out.
-        Replies to earlier commands are skipped."""
-        deadline = time.monotonic() + wait_s
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                got = self.inbox[client].get(timeout=left)
-            except queue.Empty:
-                return None
-            if got is LOST or got[0].fields.get("seq") == seq:
-                return got
-        return None
-
-    def close(self, reason: str) -> None:
-        if self.alive:
-            self.alive, self.reason = False, reason
-            if self.audit is not None:
-                self.audit("dropped", self.address, f"device={self.name} {reason}")
-            self.outbox.put(None)
-            for box in self.inbox.values():
-                box.put(LOST)
 
 
 class Hub:
@@ -433,21 +380,6 @@ class Hub:
         finally:
             with self.lock:
                 self.lock.notify_all()
-
-
-def keepalive_options(keepalive_s: float) -> list[tuple[str, int]]:
-    """gRPC channel arguments for keepalive pings every ``keepalive_s`` seconds, the link
-    declared dead when one is not answered within another ``keepalive_s`` (both ends: a
-    silent partition ends the stream instead of hanging it); [] for 0."""
-    if keepalive_s <= 0:
-        return []
-    ms = max(int(keepalive_s * 1000), 1000)
-    return [
-        ("grpc.keepalive_time_ms", ms),
-        ("grpc.keepalive_timeout_ms", ms),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-    ]
 
 
 def _first_message(requests: Iterator[bytes], assembler: Reassembler) -> Message:
