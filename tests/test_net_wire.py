@@ -223,6 +223,9 @@ def test_plain_text_device_cannot_reach_a_tls_server(tmp_path):
         ({"network.tokens": "/nonexistent/tokens"}, "network.tokens", "no such file"),
         ({"network.timeout_s": 0}, "network.timeout_s", "must be >"),
         ({"network.compression": "zstd"}, "network.compression", "allowed"),
+        ({"network.keepalive_s": -1}, "network.keepalive_s", "allowed"),
+        ({"network.max_pending": 0}, "network.max_pending", "must be >= 1"),
+        ({"network.auth_failures": -1}, "network.auth_failures", "must be >= 0"),
     ],
 )
 def test_bad_network_settings_are_one_line_errors(changes, field, words):

@@ -143,9 +143,9 @@ class NetworkConfig:
     to ``rejoin_s`` for lost devices to reconnect. A device that does not answer within
     ``timeout_s`` is dropped for the round. A non-loopback ``listen`` needs ``tls_cert`` and
     ``tls_key`` unless ``insecure``; ``tokens`` is the server's tokens file (``name:sha256``
-    lines, made by ``splitfl token``). Messages above ``max_message_mb`` are refused; they
-    travel in chunks of ``chunk_kb`` (devices follow the server's); ``rate_limit`` caps
-    messages per second per device (0: no cap)."""
+    lines, ``:clients=0-4,7`` binding client ids; made by ``splitfl token``). Messages
+    above ``max_message_mb`` are refused; they travel in chunks of ``chunk_kb`` (devices
+    follow the server's); ``rate_limit`` caps messages per second per device (0: no cap)."""
 
     listen: str = "127.0.0.1:0"
     devices: int = 2
