@@ -172,7 +172,7 @@ class NetworkConfig:
     auth_timeout_s: float = 10.0
     max_hello_kb: int = 64
     max_pending: int = 16
-    max_devices: int = 64
+    max_devices: int = 256
     auth_failures: int = 10
     #: Devices emulate their ``devices.preset`` profiles: compute stretched to the profile's
     #: FLOPS, transfers held for bytes / rate (``splitfl.net.emulation``).

@@ -171,6 +171,7 @@ class Hub:
         with self.lock:
             for name in names:
                 self.tokens.hashes.pop(name, None)
+                self.seen.discard(name)
                 link = self.links.pop(name, None)
                 if link is not None:
                     link.send(Message("bye", {"reason": "round over"}))

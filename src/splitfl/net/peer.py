@@ -27,8 +27,9 @@ from splitfl.net.hub import LOST, METHOD, Hub, HubSettings, keepalive_options
 from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, chunks, decode, encode
 
 #: Links a peer listener holds at once (ParallelSFL's top worker serves its cluster's bottom
-#: workers; a ring member one predecessor), and unauthenticated streams it tolerates.
-PEER_LINKS, PEER_PENDING = 32, 8
+#: workers, who may all dial before the server told it to expect them; a ring member one
+#: predecessor), and unauthenticated streams it tolerates.
+PEER_LINKS, PEER_PENDING = 64, 64
 
 
 def outgoing(outbox: queue.Queue, chunking: dict) -> Iterator[bytes]:
