@@ -180,15 +180,19 @@ def test_other_protocol_version_is_refused_with_a_clear_message(hub, monkeypatch
     assert "protocol version 99 not supported" in " ".join(old.lines)
 
 
-def test_duplicate_names_and_taken_clients_are_refused(hub):
+def test_duplicate_names_replace_and_taken_clients_are_waited_for(hub):
+    """The same name connecting again replaces the old link (which is told why and stops);
+    clients hosted by another device are retried for, up to ``retry_s`` (exit 1)."""
     server, bed = hub
     first = bed.device("a", [0, 1])
     server.wait_for(1, 30)
     again = bed.device("a", [2])
-    assert _wait_code(again) == 2 and "already connected" in " ".join(again.lines)
-    taken = bed.device("b", [1])
-    assert _wait_code(taken) == 2 and "already hosted" in " ".join(taken.lines)
-    assert first.is_alive() and server.link_of(0).name == "a"
+    assert _wait_code(first) == 0 and "replaced" in " ".join(first.lines)
+    server.wait_for(1, 30)
+    assert server.link_of(2).name == "a" and server.link_of(0) is None and again.is_alive()
+    taken = bed.device("b", [2], retry_s=2.0)
+    assert _wait_code(taken) == 1 and "already hosted" in " ".join(taken.lines)
+    assert again.is_alive() and server.link_of(2).name == "a"
 
 
 def test_plain_text_device_cannot_reach_a_tls_server(tmp_path):
@@ -219,6 +223,9 @@ def test_plain_text_device_cannot_reach_a_tls_server(tmp_path):
         ({"network.tokens": "/nonexistent/tokens"}, "network.tokens", "no such file"),
         ({"network.timeout_s": 0}, "network.timeout_s", "must be >"),
         ({"network.compression": "zstd"}, "network.compression", "allowed"),
+        ({"network.keepalive_s": -1}, "network.keepalive_s", "allowed"),
+        ({"network.max_pending": 0}, "network.max_pending", "must be >= 1"),
+        ({"network.auth_failures": -1}, "network.auth_failures", "must be >= 0"),
     ],
 )
 def test_bad_network_settings_are_one_line_errors(changes, field, words):

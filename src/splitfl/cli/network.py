@@ -21,7 +21,7 @@ from splitfl.experiment.runner import as_config
 from splitfl.extensions import add_import_flag
 from splitfl.metrics.summary import comparison_table
 from splitfl.net import device_cli
-from splitfl.net.auth import new_token, token_hash
+from splitfl.net.auth import format_ids, new_token, parse_ids, token_hash
 from splitfl.net.certs import write_self_signed
 
 
@@ -90,9 +90,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_token(args: argparse.Namespace) -> int:
     """A new token for device ``name``: the token into ``--out`` (mode 600), its hash
-    appended to the server's ``--tokens`` file."""
+    appended to the server's ``--tokens`` file — with ``--clients 0-4,7`` bound to those
+    client ids (``name:hash:clients=0-4,7``: only this token may host them)."""
     if not args.name or any(c in args.name for c in ":\n#") or args.name != args.name.strip():
         raise ConfigError("NAME", "a device name without ':', '#', newlines or edge spaces")
+    bind = ""
+    if args.clients is not None:
+        try:
+            bind = f":clients={format_ids(parse_ids(args.clients))}"
+        except ValueError as err:
+            raise ConfigError("--clients", str(err)) from None
     token = new_token()
     out = Path(args.out or f"{args.name}.token")
     if out.exists():
@@ -101,7 +108,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     with open(args.tokens, "a") as f:
-        f.write(f"{args.name}:{token_hash(token)}\n")
+        f.write(f"{args.name}:{token_hash(token)}{bind}\n")
     print(f"token for {args.name}: {out} (copy it to the device); hash added to {args.tokens}")
     return 0
 
@@ -150,6 +157,9 @@ def add_network_parsers(sub) -> None:
     p.add_argument("name", metavar="NAME")
     p.add_argument("--tokens", required=True, metavar="FILE", help="the server's tokens file")
     p.add_argument("--out", metavar="FILE", help="the device's token file (default NAME.token)")
+    p.add_argument(
+        "--clients", metavar="IDS", help="bind these client ids to the token (e.g. 0-4,7)"
+    )
     p.set_defaults(fn=cmd_token)
     p = sub.add_parser("certs", help="make a self-signed TLS certificate for the server")
     p.add_argument("--out", required=True, metavar="DIR")

@@ -4,6 +4,7 @@ counts, devices, trackers and the network section; no registry is consulted here
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import os
 import sys
 from dataclasses import dataclass
@@ -88,6 +89,8 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.bounds.loss_max": Range(0, 1e30, lo_open=True),
     "train.clip_norm": Range(0, 1e30, lo_open=True),
     "train.trim_fraction": Range(0, 0.5, hi_open=True),
+    "network.keepalive_s": Range(0, 86400),
+    "network.auth_timeout_s": Range(0, 3600, lo_open=True),
 }
 #: ``seed`` feeds numpy's SeedSequence and torch.manual_seed: a non-negative 63-bit integer.
 SEED_LIMIT = 2**63
@@ -251,6 +254,17 @@ def validate(config: ExperimentConfig) -> None:
     _validate_network(config)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (of a ``host:port`` address) is ``localhost`` or a loopback IP
+    literal (``127.0.0.0/8``, ``::1``); a host *name* such as ``127.example.org`` is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _validate_network(config: ExperimentConfig) -> None:
     """``clock``, and the ``network`` section's counts, addresses and TLS files."""
     _choice(config.clock, list(CLOCKS), "clock")
@@ -274,6 +288,10 @@ def _validate_network(config: ExperimentConfig) -> None:
         "network.data_dir",
         "needs network.devices >= 1 and data.source: devices",
     )
+    for name, lo in (("max_hello_kb", 1), ("max_pending", 1), ("max_devices", 1)):
+        value = getattr(n, name)
+        _check(value >= lo, f"network.{name}", f"must be >= {lo} (got {value})")
+    _check(n.auth_failures >= 0, "network.auth_failures", f"must be >= 0 (got {n.auth_failures})")
     host, sep, port = n.listen.rpartition(":")
     _check(
         bool(sep and host) and port.isdigit() and int(port) < 65536,
@@ -285,7 +303,7 @@ def _validate_network(config: ExperimentConfig) -> None:
         "network.tls_cert",
         "give both tls_cert and tls_key (or neither)",
     )
-    loopback = host in ("localhost", "[::1]", "::1") or host.startswith("127.")
+    loopback = is_loopback(host)
     _check(
         not networked or loopback or n.tls_cert is not None or n.insecure,
         "network.listen",

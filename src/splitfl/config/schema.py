@@ -212,9 +212,9 @@ class NetworkConfig:
     to ``rejoin_s`` for lost devices to reconnect. A device that does not answer within
     ``timeout_s`` is dropped for the round. A non-loopback ``listen`` needs ``tls_cert`` and
     ``tls_key`` unless ``insecure``; ``tokens`` is the server's tokens file (``name:sha256``
-    lines, made by ``splitfl token``). Messages above ``max_message_mb`` are refused; they
-    travel in chunks of ``chunk_kb`` (devices follow the server's); ``rate_limit`` caps
-    messages per second per device (0: no cap)."""
+    lines, ``:clients=0-4,7`` binding client ids; made by ``splitfl token``). Messages
+    above ``max_message_mb`` are refused; they travel in chunks of ``chunk_kb`` (devices
+    follow the server's); ``rate_limit`` caps messages per second per device (0: no cap)."""
 
     listen: str = "127.0.0.1:0"
     devices: int = 2
@@ -231,6 +231,18 @@ class NetworkConfig:
     chunk_kb: int = 4096
     compression: str = "none"
     rate_limit: float = 0.0
+    #: Transport robustness (``splitfl.net.guard``): keepalive ping interval both ways (a
+    #: silent link is dropped after about twice this; devices redial), the time an
+    #: unauthenticated stream may take to authenticate, the largest hello, the most
+    #: unauthenticated streams at once, the most devices connected at once (late joiners up
+    #: to it are accepted and used from the next round), and failed authentications per
+    #: address and minute before the address is refused for a minute (0: never).
+    keepalive_s: float = 10.0
+    auth_timeout_s: float = 10.0
+    max_hello_kb: int = 64
+    max_pending: int = 16
+    max_devices: int = 256
+    auth_failures: int = 10
     #: Devices emulate their ``devices.preset`` profiles: compute stretched to the profile's
     #: FLOPS, transfers held for bytes / rate (``splitfl.net.emulation``).
     emulate: bool = False

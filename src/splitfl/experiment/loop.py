@@ -115,6 +115,14 @@ def executor_session(executor, ctx, run_dir: Path) -> Iterator[None]:
         executor.close()
 
 
+def resume_command(config, run_dir: Path) -> str:  # noqa: ANN001
+    """The command that continues a stopped run: a server waiting for remote devices resumes
+    as ``splitfl server --resume`` (with its network flags), any other run as ``splitfl run``."""
+    if config.executor == "networked" and config.network.devices == 0:
+        return f"splitfl server --resume {run_dir} (with the same --listen/--tls/--tokens flags)"
+    return f"splitfl run --resume {run_dir}"
+
+
 def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool | None):
     """Play the rounds from ``start`` (None: a fresh run) to ``config.rounds``; returns the
     summary and the final loop state.
@@ -149,7 +157,7 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
                 rec.checkpoint(st, algorithm)  # nothing is lost; mid-round, the last one stays
             raise RunInterrupted(
                 f"{status} of {config.rounds}; checkpoint at round {rec.checkpoint_round} kept "
-                f"in {run_dir / 'checkpoints'}; continue with: splitfl run --resume {run_dir}"
+                f"in {run_dir / 'checkpoints'}; continue with: {resume_command(config, run_dir)}"
             ) from err
         except Exception as err:  # an OS error (a full disk), a lost network, a bug
             status = f"stopped at round {len(rec.rows)}: {error_line(err)}"

@@ -1,9 +1,11 @@
 """Device tokens and TLS credentials.
 
 The server keeps only SHA-256 hashes of device tokens: a tokens file has one ``name:hash``
-line per device (``#`` comments allowed). A device keeps its token (32 random bytes, hex) in a
-file of its own. :func:`new_token` makes one and the line for the server's file
-(``splitfl token``). Tokens are compared in constant time.
+line per device (``#`` comments allowed), optionally binding the client ids that token may
+host: ``name:hash:clients=0-4,7`` (a token without ``clients=`` may host any client no other
+token is bound to). A device keeps its token (32 random bytes, hex) in a file of its own.
+:func:`new_token` makes one and the line for the server's file (``splitfl token``). Tokens are
+compared in constant time.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+
+from splitfl.config.checks import is_loopback  # noqa: F401 (the net modules' import)
 
 
 class AuthSetupError(ValueError):
@@ -29,11 +33,47 @@ def new_token() -> str:
     return secrets.token_hex(32)
 
 
+def parse_ids(text: str) -> frozenset[int]:
+    """``0-4,7`` → {0, 1, 2, 3, 4, 7} (ValueError on anything else)."""
+    ids: set[int] = set()
+    for item in text.split(","):
+        lo, dash, hi = item.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"bad client ids {text!r} (expected e.g. 0-4,7)")
+        if int(hi or lo) - int(lo) > 1_000_000:
+            raise ValueError(f"client id range {item!r} too large")
+        ids.update(range(int(lo), int(hi or lo) + 1))
+    if not ids:
+        raise ValueError(f"bad client ids {text!r} (expected e.g. 0-4,7)")
+    return frozenset(ids)
+
+
+def format_ids(ids) -> str:
+    """{0, 1, 2, 7} → ``0-2,7`` (:func:`parse_ids`'s inverse)."""
+    out, run = [], []
+    for c in sorted(ids):
+        if run and c != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(c)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
 @dataclass
 class TokenBook:
-    """Device name → token hash."""
+    """Device name → token hash, and the client ids a name is bound to (absent: unbound)."""
 
     hashes: dict[str, str] = field(default_factory=dict)
+    bound: dict[str, frozenset[int]] = field(default_factory=dict)
+
+    def may_host(self, name: str, client: int) -> bool:
+        """Whether ``name`` may host ``client``: its own bound ids, or (unbound) any client
+        not bound to another name."""
+        if name in self.bound:
+            return client in self.bound[name]
+        return not any(client in ids for other, ids in self.bound.items() if other != name)
 
     def check(self, name: str, token) -> bool:
         expected = self.hashes.get(name)
@@ -46,7 +86,7 @@ class TokenBook:
 
     @classmethod
     def read(cls, path: str | Path) -> TokenBook:
-        """Parse a tokens file (``name:sha256-hex`` per line)."""
+        """Parse a tokens file (``name:sha256-hex[:clients=IDS]`` per line)."""
         path = Path(path)
         try:
             lines = path.read_text().splitlines()
@@ -57,11 +97,20 @@ class TokenBook:
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            name, _, digest = line.partition(":")
+            name, _, rest = line.partition(":")
+            digest, _, bind = rest.partition(":")
             ok = name and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
-            if not ok:
-                raise AuthSetupError(f"{path}:{number}: expected 'name:<sha256 hex>'")
+            if not ok or (bind and not bind.startswith("clients=")):
+                raise AuthSetupError(
+                    f"{path}:{number}: expected 'name:<sha256 hex>' or "
+                    "'name:<sha256 hex>:clients=0-4,7'"
+                )
             book.hashes[name] = digest
+            if bind:
+                try:
+                    book.bound[name] = parse_ids(bind.removeprefix("clients="))
+                except ValueError as err:
+                    raise AuthSetupError(f"{path}:{number}: {err}") from None
         if not book.hashes:
             raise AuthSetupError(f"{path}: no device tokens")
         return book
@@ -96,8 +145,3 @@ def channel_credentials(ca_cert: str | Path | None) -> grpc.ChannelCredentials:
     """TLS credentials of a device: trust ``ca_cert`` (PEM) or the system's roots."""
     roots = None if ca_cert is None else _read_bytes(ca_cert, "CA certificate")
     return grpc.ssl_channel_credentials(root_certificates=roots)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (of a ``host:port`` listen address) is a loopback address."""
-    return host in ("localhost", "127.0.0.1", "::1", "[::1]") or host.startswith("127.")

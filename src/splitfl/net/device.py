@@ -78,6 +78,8 @@ class DeviceOptions:
     histogram_epsilon: float | None = None
     #: seed of the histogram noise (None: fresh OS entropy, unknown to the server)
     noise_seed: int | None = None
+    #: gRPC keepalive ping interval (a silent link is dropped after about twice this); 0 = off
+    keepalive_s: float = 10.0
 
 
 class Refused(RuntimeError):

@@ -12,11 +12,12 @@ server relays to the peers that dial it; each link uses a one-round token from t
 
 Only this module, the config, data and model code and the executor roles are imported: the
 device needs torch, numpy, PyYAML and grpcio, not matplotlib, scipy, scikit-learn or Ray.
-Exit codes: 0 after the server said bye, 1 when the server stayed unreachable for
-``--retry-s`` seconds, 2 when refused (token, protocol version, name), given bad flags, or
-lacking a module the run imports (the welcome's config names them in ``imports`` and in
-``model:``/``data.dataset:`` import paths; install them, or put them on ``PYTHONPATH``, in
-the current directory, or name them with ``--import``).
+Exit codes: 0 after the server said bye, 1 when the server stayed unreachable (or kept
+refusing for a transient reason: clients still held, server full, throttled) for
+``--retry-s`` seconds, 2 when refused for good (token, protocol version, clients not bound to
+the token), given bad flags, or lacking a module the run imports (the welcome's config names
+them in ``imports`` and in ``model:``/``data.dataset:`` import paths; install them, or put
+them on ``PYTHONPATH``, in the current directory, or name them with ``--import``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--max-message-mb", type=float, default=256.0, help="largest message accepted")
     p.add_argument("--compression", choices=("none", "gzip"), default="none")
     p.add_argument(
+        "--keepalive-s",
+        type=float,
+        default=10.0,
+        help="keepalive ping interval: a silent link is dropped (and redialled) after about "
+        "twice this (0 = off)",
+    )
+    p.add_argument(
         "--peer-listen",
         default="127.0.0.1:0",
         help="HOST:PORT where peers reach this device (RingSFL, ParallelSFL; port 0 = any); "
@@ -85,6 +93,8 @@ def options_from(args: argparse.Namespace) -> DeviceOptions:
         raise ValueError(
             f"--client-id: expected comma-separated integers, got {args.client_id!r}"
         ) from None
+    if not args.keepalive_s >= 0:
+        raise ValueError(f"--keepalive-s: must be >= 0 (got {args.keepalive_s})")
     return DeviceOptions(
         server=args.server,
         name=args.name,
@@ -101,6 +111,7 @@ def options_from(args: argparse.Namespace) -> DeviceOptions:
         data_format=args.format,
         histogram_epsilon=_epsilon(args.histogram_epsilon),
         noise_seed=args.noise_seed,
+        keepalive_s=args.keepalive_s,
     )
 
 

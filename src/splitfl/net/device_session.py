@@ -4,7 +4,10 @@
 :func:`run_device` opens the device's peer listener (:class:`~splitfl.net.peer.PeerEndpoint`),
 connects to the server, says hello (with the listener's address and certificate), builds the
 agent from the welcome's config and hands every command to the hosted client's worker thread
-(:class:`ClientWorkers`); it reconnects with exponential backoff when the link drops. The same
+(:class:`ClientWorkers`); it reconnects with exponential backoff when the link drops —
+keepalive pings (``--keepalive-s``) turn a silent partition into a dropped link — and retries
+transient refusals (clients still held by its own stale link or another device, a server at
+capacity or throttling) the same way; only a wrong token, protocol or client set ends it. The same
 loop serves a link to a peer's listener (ParallelSFL's bottom worker answering its top worker,
 :func:`join_cluster`). Device-to-device session commands (``host``, ``join``, ``ring``) are
 :data:`SESSION_HANDLERS`.
@@ -27,7 +30,8 @@ from splitfl.net.announce import effective_epsilon
 from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
 from splitfl.net.emulation import Profile
-from splitfl.net.hub import METHOD
+from splitfl.net.guard import Audit
+from splitfl.net.hub import METHOD, SILENT_PERIODS, keepalive_options
 from splitfl.net.peer import PeerEndpoint, outgoing
 from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, WireError, decode, encode
 
@@ -83,7 +87,7 @@ def run_device(opts: DeviceOptions, log=print, agent_cls: type | None = None) ->
     connection). Returns the process exit code (0 after bye, 1 when it gave up, 2 refused).
     ``agent_cls`` replaces :class:`DeviceAgent` (custom devices, fault injection)."""
     try:
-        peer = _peer_endpoint(opts)
+        peer = _peer_endpoint(opts, log)
     except (ValueError, OSError, RuntimeError, ConfigError) as err:
         log(f"splitfl device {opts.name}: cannot listen for peers: {err}")
         return 2
@@ -99,14 +103,18 @@ def run_device(opts: DeviceOptions, log=print, agent_cls: type | None = None) ->
             peer.stop()
 
 
-def _peer_endpoint(opts: DeviceOptions) -> PeerEndpoint | None:
+def _peer_endpoint(opts: DeviceOptions, log) -> PeerEndpoint | None:
     """The listener for device-to-device links: TLS when the server link is TLS."""
     if not opts.peer_listen:
         return None
     tls = opts.credentials is not None
     wait = 30.0  # a peer's hello may arrive before the server told us to expect it
+    audit = Audit(
+        sink=lambda line: log(f"splitfl device {opts.name}: peer listener: {line}"),
+        only=("refused", "throttled"),  # not every round's links
+    )
     return PeerEndpoint.start(
-        opts.peer_listen, opts.peer_address, tls, opts.max_message_bytes, wait
+        opts.peer_listen, opts.peer_address, tls, opts.max_message_bytes, wait, audit
     )
 
 
@@ -138,12 +146,13 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
         delay = min(delay * 2, 10.0)
 
 
+#: Permanent refusals (exit 2). ALREADY_EXISTS (clients held by another link, e.g. this
+#: device's own half-open one), RESOURCE_EXHAUSTED (the server is full) and UNAVAILABLE
+#: (throttled, unreachable) are retried with backoff.
 _REFUSALS = {
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.ALREADY_EXISTS,
     grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.PERMISSION_DENIED,
 }
 
@@ -165,6 +174,7 @@ def _session(
     # chunks are at most the server's chunk size (told in welcome), messages at most ours
     limit = opts.max_message_bytes + 1024
     options = [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+    options += keepalive_options(opts.keepalive_s)
     if opts.credentials is None:
         channel = grpc.insecure_channel(opts.server, options=options)
     else:
@@ -196,6 +206,8 @@ def _session(
 def _serve(opts, stream, outbox, agent, log, setup, chunking):
     """Read the server's messages; commands go to the client's worker thread."""
     workers = ClientWorkers(outbox, stream.cancel)
+    silence = Silence(stream, SILENT_PERIODS * opts.keepalive_s, log, opts.name)
+    setup = (*setup, silence)
     try:
         return _read_commands(opts, stream, outbox, agent, log, setup, chunking, workers)
     except grpc.RpcError:
@@ -207,23 +219,54 @@ def _serve(opts, stream, outbox, agent, log, setup, chunking):
         # anything else a worker raised is logged and the device reconnects (no traceback)
         raise WireError(f"client worker failed: {type(err).__name__}: {str(err)[:200]}") from None
     finally:
+        silence.stop()
         workers.close()
+
+
+class Silence:
+    """The device's end of the keepalive: cancels the stream (the device then redials) when
+    the server has sent nothing — not even its ``ping`` — for ``limit`` seconds (0: never);
+    the welcome sets ``limit`` to :data:`~splitfl.net.hub.SILENT_PERIODS` × the server's
+    ``keepalive_s``."""
+
+    def __init__(self, stream, limit: float, log, name: str):
+        self.stream, self.limit, self.log, self.name = stream, limit, log, name
+        self.heard = time.monotonic()
+        self.done = threading.Event()
+        threading.Thread(target=self._watch, daemon=True, name="splitfl-silence").start()
+
+    def _watch(self) -> None:
+        while not self.done.wait(0.25):
+            silent = time.monotonic() - self.heard
+            if self.limit > 0 and silent > self.limit:
+                self.log(f"splitfl device {self.name}: server silent {silent:.0f} s, redialling")
+                self.stream.cancel()
+                return
+
+    def stop(self) -> None:
+        self.done.set()
 
 
 def _read_commands(
     opts, stream, outbox, agent, log, setup, chunking, workers
 ) -> tuple[DeviceAgent | None, bool]:
-    agent_cls, peer, to_peer, local = setup
+    agent_cls, peer, to_peer, local, silence = setup
     assembler = Reassembler(opts.max_message_bytes)
     for chunk in stream:
+        silence.heard = time.monotonic()
         data = assembler.feed(chunk)
         if data is None:
             continue
         msg = decode(data)
+        if msg.type == "ping":
+            outbox.put(encode(Message("pong")))
+            continue
         if msg.type == "welcome":
             clients = msg.fields.get("clients")
             if not isinstance(clients, list) or not isinstance(msg.fields.get("config"), dict):
                 raise WireError("welcome without clients or config")
+            keepalive = msg.fields.get("keepalive_s", 0)
+            silence.limit = 0.0  # loading the data may take a while
             size = msg.fields.get("chunk_bytes")
             if not isinstance(size, int) or not 1 <= size <= opts.max_message_bytes:
                 raise WireError(f"bad chunk size {size!r} in welcome")
@@ -233,12 +276,18 @@ def _read_commands(
                 agent.peer, agent.options, agent.sessions = peer, opts, SESSION_HANDLERS
             ready = {} if to_peer else _announce(opts, agent, msg.fields.get("data"), local)
             outbox.put(encode(Message("ready", ready)))
+            silence.heard = time.monotonic()
+            if isinstance(keepalive, int | float) and 0 < keepalive < 86400:
+                silence.limit = SILENT_PERIODS * keepalive
             if not to_peer:
                 log(f"splitfl device {opts.name}: connected, hosting clients {clients}")
             continue
         if msg.type == "bye":
             if msg.fields.get("refused"):
                 raise Refused(str(msg.fields["refused"])[:300])
+            if not to_peer:
+                why = str(msg.fields.get("reason"))[:200]
+                log(f"splitfl device {opts.name}: server said bye ({why})")
             return agent, True
         if msg.type == "abort" and agent is not None:
             agent.abort_event(msg.fields.get("session")).set()

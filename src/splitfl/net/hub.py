@@ -2,12 +2,19 @@
 
 Each device process opens one bidirectional stream (``/splitfl.Hub/Connect``, raw bytes: the
 chunks of :mod:`splitfl.net.wire`) and says ``hello`` (protocol version, name, token, the
-clients it asks to host). The hub checks the token against the stored hashes, refuses a
-different protocol version or a name already connected, assigns clients and answers
-``welcome`` with the run's config. From then on the server sends commands on the stream and
-routes each reply to the inbox of the client it names — a device may only speak for its own
-clients. A broken stream, a malformed or oversized message, a reply for a foreign client or a
-burst over the rate limit closes the device's link; waiting calls see the link as lost.
+clients it asks to host). Before that, the :class:`~splitfl.net.guard.Gate` bounds what an
+unauthenticated caller may hold (hello size, time, concurrent streams, failed attempts per
+address). The hub checks the token against the stored hashes, refuses a different protocol
+version, assigns clients (only those the token is bound to, if it is) and answers ``welcome``
+with what the device needs of the run's config; the same name connecting again replaces its
+old (possibly half-open) link. Keepalive: the hub sends ``ping`` on every link each
+``keepalive_s`` and the device answers ``pong`` at once; a link silent for
+:data:`SILENT_PERIODS` periods is closed (both ends: the device redials when the server's
+messages stop), so a partition ends in a reconnect, never in a hang. From then on the
+server sends commands on the stream and routes each reply to the inbox of the client it
+names — a device may only speak for its own clients. A broken stream, a malformed or
+oversized message, a reply for a foreign client or a burst over the rate limit closes the
+device's link; waiting calls see the link as lost.
 """
 
 from __future__ import annotations
@@ -18,13 +25,15 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
 from splitfl.net.announce import Announced, AnnouncementError, check_announcement
 from splitfl.net.auth import TokenBook
+from splitfl.net.guard import Audit, Gate, peer_address
 from splitfl.net.inbox import deliver
+from splitfl.net.link import LOST, SILENT_PERIODS, DeviceLink, keepalive_options
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
     Message,
@@ -35,10 +44,12 @@ from splitfl.net.wire import (
     encode,
 )
 
+#: (``LOST``, ``DeviceLink``, keepalive: from :mod:`splitfl.net.link`, re-exported)
+__all__ = ["LOST", "METHOD", "SILENT_PERIODS", "DeviceLink", "Hub", "HubSettings"]
+__all__ += ["keepalive_options"]
+
 SERVICE = "splitfl.Hub"
 METHOD = f"/{SERVICE}/Connect"
-#: Placed in a client's inbox when its device's link closes.
-LOST = Message("lost")
 
 
 @dataclass(frozen=True)
@@ -48,64 +59,34 @@ class HubSettings:
     max_message_bytes: int
     chunk_bytes: int
     rate_limit: float = 0.0
-    hello_timeout_s: float = 30.0
+    #: a stream must authenticate within this (its hello read and checked)
+    auth_timeout_s: float = 10.0
+    max_hello_bytes: int = 64 << 10
+    #: unauthenticated streams held at once; more are refused at once
+    max_pending: int = 16
+    #: connected devices at once (with ``max_pending``, this bounds the worker threads)
+    max_links: int = 64
+    #: failed authentications per address and minute before it is refused for a minute
+    auth_failures: int = 10
+    #: seconds between gRPC keepalive pings (and to wait for their answer); 0 = none
+    keepalive_s: float = 10.0
     #: How long a hello from a name not (yet) in the token book waits for it to be added
     #: (a device's peer listener learns whom to expect from the server, possibly after the
     #: peer's hello arrived); 0 = refuse at once (the server's hub).
     admit_wait_s: float = 0.0
 
 
-@dataclass
-class DeviceLink:
-    """One connected device process: its clients, inboxes and outgoing queue."""
-
-    name: str
-    clients: list[int]
-    inbox: dict[int, queue.Queue] = field(default_factory=dict)
-    outbox: queue.Queue = field(default_factory=queue.Queue)
-    alive: bool = True
-    #: the device has loaded its data and model (it said ``ready``): it can be given work
-    ready: bool = False
-    reason: str = ""
-    #: where the device accepts device-to-device links (``host:port``) and the PEM
-    #: certificate that listener presents ("" = plain text), as its hello announced
-    peer_address: str = ""
-    peer_cert: str = ""
-
-    def send(self, message: Message) -> int:
-        """Queue ``message`` for the device; its encoded size (0 if the link is closed)."""
-        if not self.alive:
-            return 0
-        data = encode(message)
-        self.outbox.put(data)
-        return len(data)
-
-    def reply(self, client: int, seq: int, wait_s: float):
-        """The reply to command ``seq`` for ``client`` — (message, bytes, arrival time) — if
-        it comes within ``wait_s``; :data:`LOST` if the link closed first; None on time-out.
-        Replies to earlier commands are skipped."""
-        deadline = time.monotonic() + wait_s
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                got = self.inbox[client].get(timeout=left)
-            except queue.Empty:
-                return None
-            if got is LOST or got[0].fields.get("seq") == seq:
-                return got
-        return None
-
-    def close(self, reason: str) -> None:
-        if self.alive:
-            self.alive, self.reason = False, reason
-            self.outbox.put(None)
-            for box in self.inbox.values():
-                box.put(LOST)
-
-
 class Hub:
     """Accepts device sessions and keeps the links of the connected ones."""
 
-    def __init__(self, settings: HubSettings, tokens: TokenBook, num_clients: int, welcome: dict):
+    def __init__(
+        self,
+        settings: HubSettings,
+        tokens: TokenBook,
+        num_clients: int,
+        welcome: dict,
+        audit: Audit | None = None,
+    ):
         self.settings, self.tokens, self.num_clients = settings, tokens, num_clients
         self.welcome = welcome
         #: the model's input shape and class count and whether devices bring their own data
@@ -115,19 +96,33 @@ class Hub:
         self.announced: dict[int, Announced] = {}
         self.log = lambda line: print(line, file=sys.stderr, flush=True)
         self.links: dict[str, DeviceLink] = {}
+        self.seen: set[str] = set()  # names that connected before (a new link: "reconnected")
         self.lock = threading.Condition()
         self.server: grpc.Server | None = None
+        self.audit = audit or Audit()
+        self.gate = Gate(
+            settings.max_pending, settings.auth_timeout_s, settings.auth_failures, self.audit
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, address: str, credentials: grpc.ServerCredentials | None) -> int:
         """Listen on ``address`` (``host:port``; port 0 picks one); returns the port."""
-        limit = self.settings.chunk_bytes + 1024
+        st = self.settings
+        limit = st.chunk_bytes + 1024
         options = [
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             ("grpc.so_reuseport", 0),
+            *keepalive_options(st.keepalive_s),
+            # devices ping at their own --keepalive-s: accept pings up to once a second
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+            ("grpc.http2.max_ping_strikes", 0),
         ]
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=256), options=options)
+        # each stream holds a worker for its life: links + unauthenticated ones + slack; a
+        # call beyond that is refused at once (RESOURCE_EXHAUSTED), never queued
+        workers = st.max_links + st.max_pending + 4
+        pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="splitfl-hub")
+        server = grpc.server(pool, options=options, maximum_concurrent_rpcs=workers)
         handler = grpc.method_handlers_generic_handler(
             SERVICE, {"Connect": grpc.stream_stream_rpc_method_handler(self._connect)}
         )
@@ -140,6 +135,8 @@ class Hub:
             raise OSError(f"cannot listen on {address}")
         server.start()
         self.server = server
+        if st.keepalive_s > 0:
+            threading.Thread(target=self._heartbeat, daemon=True, name="splitfl-ping").start()
         return port
 
     def stop(self) -> None:
@@ -151,6 +148,7 @@ class Hub:
         if self.server is not None:
             self.server.stop(grace=1.0).wait(5.0)
             self.server = None
+        self.gate.stop()
 
     def wait_for(self, devices: int, timeout_s: float) -> None:
         """Block until ``devices`` device processes are connected (TimeoutError after
@@ -182,6 +180,7 @@ class Hub:
         with self.lock:
             for name in names:
                 self.tokens.hashes.pop(name, None)
+                self.seen.discard(name)
                 link = self.links.pop(name, None)
                 if link is not None:
                     link.send(Message("bye", {"reason": "round over"}))
@@ -224,16 +223,22 @@ class Hub:
 
     # -- one device session -------------------------------------------------------------------
     def _connect(self, requests: Iterator[bytes], context) -> Iterator[bytes]:
-        assembler = Reassembler(self.settings.max_message_bytes)
-        timer = threading.Timer(self.settings.hello_timeout_s, context.cancel)
-        timer.start()  # a peer that never says hello does not hold a worker thread
+        address = peer_address(context)
+        refused = self.gate.enter(context, address)
+        if refused:
+            code = grpc.StatusCode.UNAVAILABLE if "failed" in refused else None
+            self._refuse(context, address, code or grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         try:
-            hello = _first_message(requests, assembler)
-        except WireError as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad hello: {err}")
+            try:  # the hello has its own, small size limit
+                hello = _first_message(requests, Reassembler(self.settings.max_hello_bytes))
+            except WireError as err:
+                self.gate.failed(address)
+                why = f"bad hello: {err}"
+                self._refuse(context, address, grpc.StatusCode.INVALID_ARGUMENT, why)
+            link = self._admit(hello, context, address)
         finally:
-            timer.cancel()
-        link = self._admit(hello, context)
+            self.gate.leave(context)
+        assembler = Reassembler(self.settings.max_message_bytes)
         reader = threading.Thread(target=self._read, args=(link, requests, assembler), daemon=True)
         reader.start()
         context.add_callback(lambda: link.close("stream closed"))
@@ -246,64 +251,121 @@ class Hub:
                 return
             yield from chunks(data, self.settings.chunk_bytes)
 
-    def _admit(self, hello: Message, context) -> DeviceLink:
-        """Check a hello and register the device (aborts the RPC with a reason if refused)."""
+    def _refuse(self, context, address: str, code: grpc.StatusCode, reason: str) -> None:
+        """Write the refusal to the audit log and abort the call (raises)."""
+        self.audit("refused", address, f"{code.name} {reason}")
+        context.abort(code, reason)
+
+    def _admit(self, hello: Message, context, address: str) -> DeviceLink:
+        """Check a hello and register the device (aborts the RPC with a reason if refused);
+        a live link of the same name is replaced (the device reconnected)."""
         f = hello.fields
         if hello.type != "hello" or f.get("protocol") != PROTOCOL_VERSION:
-            context.abort(
+            self._refuse(
+                context,
+                address,
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"protocol version {f.get('protocol')!r} not supported; this server speaks "
-                f"{PROTOCOL_VERSION} (install the same splitfl version on the device)",
+                f"protocol version {str(f.get('protocol'))[:20]} not supported; this server "
+                f"speaks {PROTOCOL_VERSION} (install the same splitfl version on the device)",
             )
         name = f.get("name")
-        if not isinstance(name, str) or not self._known(name, f.get("token")):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown device name or wrong token")
+        if not isinstance(name, str) or not self._known(name, f.get("token"), context):
+            self.gate.failed(address)
+            why = f"unknown device name or wrong token (name {str(name)[:60]!r})"
+            self._refuse(context, address, grpc.StatusCode.UNAUTHENTICATED, why)
         peer = f.get("peer") or {}
-        address, cert = peer.get("address", ""), peer.get("cert", "")
-        if not isinstance(address, str) or not isinstance(cert, str) or len(address) > 300:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad peer listener in hello")
+        listen, cert = peer.get("address", ""), peer.get("cert", "")
+        if not isinstance(listen, str) or not isinstance(cert, str) or len(listen) > 300:
+            self._refuse(context, address, grpc.StatusCode.INVALID_ARGUMENT, "bad peer listener")
         with self.lock:
-            if name in self.links and self.links[name].alive:
-                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"device {name!r} already connected")
-            clients = self._assign(f.get("clients"), context)
+            old = self.links.get(name)
+            clients = self._assign(name, f.get("clients"), context, address)
             link = DeviceLink(name, clients, {c: queue.Queue() for c in clients})
-            link.peer_address, link.peer_cert = address, cert
+            link.peer_address, link.peer_cert = listen, cert
+            link.address, link.audit = address, self.audit
+            if old is not None and old.alive:  # a live duplicate hears why it must stop
+                old.send(Message("bye", {"reason": f"replaced by a connection from {address}"}))
+                old.close(f"replaced by a new connection from {address}")
+            event = "reconnected" if name in self.seen else "joined"
+            self.seen.add(name)
             self.links[name] = link
             self.lock.notify_all()
+        self.audit(event, address, f"device={name} clients={clients}")
         return link
 
-    def _known(self, name: str, token) -> bool:
+    def _known(self, name: str, token, context) -> bool:
         """The token checks out; a name not in the book yet is waited for up to
-        ``admit_wait_s`` (a wrong token for a known name is refused at once)."""
-        deadline = time.monotonic() + self.settings.admit_wait_s
+        ``admit_wait_s`` (a wrong token for a known name is refused at once), never past the
+        stream's authentication deadline."""
+        deadline = min(time.monotonic() + self.settings.admit_wait_s, self.gate.deadline(context))
         with self.lock:
             while name not in self.tokens.hashes and time.monotonic() < deadline:
                 self.lock.wait(min(deadline - time.monotonic(), 0.2))
             return self.tokens.check(name, token)
 
-    def _assign(self, asked, context) -> list[int]:
-        """The clients a device asked for (each unhosted), else the next free block."""
-        hosted = {c for link in self.links.values() if link.alive for c in link.clients}
+    def _assign(self, name: str, asked, context, address: str) -> list[int]:
+        """The clients a device asked for (each unhosted by another device and allowed to its
+        token), else its bound clients, else the next free block (under the lock)."""
+        hosted = {c for k in self.links.values() if k.alive and k.name != name for c in k.clients}
+        if self.settings.max_links and len(self.live_names() - {name}) >= self.settings.max_links:
+            why = f"{self.settings.max_links} devices connected already (network.max_devices)"
+            self._refuse(context, address, grpc.StatusCode.RESOURCE_EXHAUSTED, why)
         if asked:
             ok = isinstance(asked, list) and all(isinstance(c, int) for c in asked)
             if not ok or any(not 0 <= c < self.num_clients for c in asked):
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad client ids {asked!r}")
+                why = f"bad client ids {str(asked)[:80]}"
+                self._refuse(context, address, grpc.StatusCode.INVALID_ARGUMENT, why)
+            foreign = sorted(c for c in set(asked) if not self.tokens.may_host(name, c))
+            if foreign:
+                why = f"clients {foreign} are not bound to {name!r}'s token"
+                self._refuse(context, address, grpc.StatusCode.PERMISSION_DENIED, why)
             taken = sorted(set(asked) & hosted)
             if taken:
-                context.abort(grpc.StatusCode.ALREADY_EXISTS, f"clients {taken} already hosted")
+                why = f"clients {taken} already hosted by another device"
+                self._refuse(context, address, grpc.StatusCode.ALREADY_EXISTS, why)
             return sorted(set(asked))
-        free = [c for c in range(self.num_clients) if c not in hosted]
+        if name in self.tokens.bound:
+            free = [c for c in sorted(self.tokens.bound[name]) if c < self.num_clients]
+            block = len(free)
+        else:
+            free = [c for c in range(self.num_clients) if self.tokens.may_host(name, c)]
+            block = int(self.welcome.get("block", 1))
+        free = [c for c in free if c not in hosted]
         if not free:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "every client is already hosted")
-        return free[: int(self.welcome.get("block", 1))]
+            why = "every client this device may host is hosted already"
+            self._refuse(context, address, grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+        return free[:block]
+
+    def live_names(self) -> set[str]:
+        """Names with an open link (ready or not)."""
+        return {k.name for k in self.links.values() if k.alive}
+
+    def _heartbeat(self) -> None:
+        """Each ``keepalive_s``: ping every link; close those silent for too long."""
+        period = self.settings.keepalive_s
+        while self.server is not None:
+            time.sleep(period)
+            with self.lock:
+                links = [k for k in self.links.values() if k.alive]
+            for link in links:
+                silent = time.monotonic() - link.heard
+                if link.ready and silent > SILENT_PERIODS * period:  # not while it loads
+                    link.close(f"silent for {silent:.0f} s (keepalive)")
+                else:
+                    link.send(Message("ping"))
+            with self.lock:
+                self.lock.notify_all()
 
     def _welcome(self, link: DeviceLink) -> dict:
+        """What the device needs: its clients, the chunk size and the run's config as the
+        session prepared it (:func:`~splitfl.net.session.device_config`: no server paths)."""
         return {
             "protocol": PROTOCOL_VERSION,
             "clients": link.clients,
             "config": self.welcome["config"],
             "chunk_bytes": self.settings.chunk_bytes,
             **({"data": self.data_spec} if self.data_spec is not None else {}),
+            "keepalive_s": self.settings.keepalive_s,
         }
 
     def _read(self, link: DeviceLink, requests, assembler: Reassembler) -> None:
@@ -311,6 +373,7 @@ class Hub:
         window, count = time.monotonic(), 0
         try:
             for chunk in requests:
+                link.heard = time.monotonic()
                 data = assembler.feed(chunk)
                 if data is None:
                     continue
@@ -321,6 +384,8 @@ class Hub:
                 if limit and count > limit:
                     raise WireError(f"more than {limit:g} messages per second")
                 message = decode(data)
+                if message.type == "pong":
+                    continue
                 if message.type in ("ready", "refuse") and not link.ready:
                     refusal = self._check_data(link, message)
                     if refusal is not None:

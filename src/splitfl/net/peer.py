@@ -1,9 +1,10 @@
 """Device-to-device links (RingSFL's ring, ParallelSFL's clusters).
 
 Every device process also *listens* (:class:`PeerEndpoint`: the same
-:class:`~splitfl.net.hub.Hub` the server runs, so the same token, protocol-version, size and
-rate rules apply) and announces the address — and, when it reaches the server over TLS, the
-self-signed certificate its listener presents — in its hello. Each round the server tells a
+:class:`~splitfl.net.hub.Hub` the server runs, so the same token, protocol-version, size,
+rate and pre-authentication rules apply, with a small thread pool: :data:`PEER_LINKS` links)
+and announces the address — and, when it reaches the server over TLS, the self-signed
+certificate its listener presents — in its hello. Each round the server tells a
 device whom to expect (name → token hash) and tells its peers where to connect with which
 one-round token, over their already-authenticated links to the server; a connecting peer pins
 the relayed certificate. :class:`PeerChannel` is the connecting end of one such link.
@@ -21,8 +22,14 @@ import grpc
 
 from splitfl.net.auth import TokenBook, is_loopback
 from splitfl.net.certs import self_signed_pem
-from splitfl.net.hub import LOST, METHOD, Hub, HubSettings
+from splitfl.net.guard import Audit
+from splitfl.net.hub import LOST, METHOD, Hub, HubSettings, keepalive_options
 from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, chunks, decode, encode
+
+#: Links a peer listener holds at once (ParallelSFL's top worker serves its cluster's bottom
+#: workers, who may all dial before the server told it to expect them; a ring member one
+#: predecessor), and unauthenticated streams it tolerates.
+PEER_LINKS, PEER_PENDING = 64, 64
 
 
 def outgoing(outbox: queue.Queue, chunking: dict) -> Iterator[bytes]:
@@ -45,16 +52,31 @@ class PeerEndpoint:
 
     @classmethod
     def start(
-        cls, listen: str, advertise: str | None, tls: bool, max_message_bytes: int, wait_s: float
+        cls,
+        listen: str,
+        advertise: str | None,
+        tls: bool,
+        max_message_bytes: int,
+        wait_s: float,
+        audit: Audit | None = None,
     ) -> PeerEndpoint:
         """Listen on ``listen`` (``host:0`` picks a port); ``advertise`` is the address peers
         should dial (default: the listen host). With ``tls`` the listener presents a fresh
-        self-signed certificate (needs the ``net`` extra)."""
+        self-signed certificate (needs the ``net`` extra) — to any caller, as TLS does: it
+        holds only a public key; what admits a peer is its one-round token."""
         host = listen.rpartition(":")[0]
         if advertise is None and host in ("0.0.0.0", "[::]", ""):
             raise ValueError(f"--peer-listen {listen}: give --peer-address (what peers dial)")
-        settings = HubSettings(max_message_bytes, 1 << 20, admit_wait_s=wait_s)
-        hub = Hub(settings, TokenBook(), 1 << 31, {"config": {}, "block": 1})
+        settings = HubSettings(
+            max_message_bytes,
+            1 << 20,
+            admit_wait_s=wait_s,
+            auth_timeout_s=wait_s + 5.0,
+            max_pending=PEER_PENDING,
+            max_links=PEER_LINKS,
+            keepalive_s=0.0,  # one-round links with their own time-outs; no pings
+        )
+        hub = Hub(settings, TokenBook(), 1 << 31, {"config": {}, "block": 1}, audit)
         cert = key = ""
         credentials = None
         if tls:
@@ -94,6 +116,7 @@ class PeerChannel:
         limit = max_message_bytes + 1024
         options = [("grpc.max_receive_message_length", limit)]
         options.append(("grpc.max_send_message_length", limit))
+        options += keepalive_options(10.0)
         if cert_pem:
             creds = grpc.ssl_channel_credentials(root_certificates=cert_pem.encode())
             self.channel = grpc.secure_channel(address, creds, options=options)

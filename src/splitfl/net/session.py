@@ -3,10 +3,12 @@
 :class:`NetworkSession` reads the ``network`` section: it loads the tokens file (or, for device
 processes it starts itself, makes one token per process in a private temporary folder), the
 TLS key and certificate, starts the :class:`~splitfl.net.hub.Hub`, starts ``network.devices``
-device processes on this machine (``splitfl launch``; with ``network.data_dir`` each reads its
-own folder), waits for enough devices (and, with ``data.source: devices``, for every client's
-data announcement) and writes ``network.json`` (address, local device processes) into the run
-directory.
+device processes on this machine (``splitfl launch``), waits for enough devices (a line
+``waiting for devices k/N`` on stderr as they come) and writes ``network.json`` (address,
+local device processes) into the run directory; ``audit.log`` there gets one line per
+refusal, dropped link and reconnection (:class:`~splitfl.net.guard.Audit`). Devices are
+welcomed with the run's config less the server's own ``network`` and ``output`` sections
+(:func:`device_config`: no paths of the tokens file, keys or run directories).
 """
 
 from __future__ import annotations
@@ -23,7 +25,40 @@ from pathlib import Path
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.extensions import child_env
 from splitfl.net.auth import AuthSetupError, TokenBook, new_token, server_credentials
+from splitfl.net.guard import Audit
 from splitfl.net.hub import Hub, HubSettings
+
+
+class NoDevicesError(ConfigError):
+    """Too few devices connected in time (a one-line error; the run directory is left as
+    it was, so the run can be resumed once the devices are back)."""
+
+
+def device_config(config: ExperimentConfig) -> dict:
+    """What a device is told of the run's config: all but the server's ``output`` section and
+    its ``network`` section, of which only ``bounds`` (what a top worker checks its members'
+    replies against) is sent; the device keeps its own defaults for the rest (no paths of
+    the tokens file, keys or run directories). ``import_dirs`` (the server's folders) stays
+    behind too: a device imports from its own environment."""
+    fields = config.to_dict()
+    out = {k: v for k, v in fields.items() if k not in ("network", "output", "import_dirs")}
+    out["network"] = {"bounds": fields["network"]["bounds"]}
+    return out
+
+
+def hub_settings(n) -> HubSettings:
+    """The hub's limits from the config's ``network`` section."""
+    return HubSettings(
+        max_message_bytes=int(n.max_message_mb * 2**20),
+        chunk_bytes=n.chunk_kb * 1024,
+        rate_limit=n.rate_limit,
+        auth_timeout_s=n.auth_timeout_s,
+        max_hello_bytes=n.max_hello_kb * 1024,
+        max_pending=n.max_pending,
+        max_links=max(n.max_devices, n.devices),
+        auth_failures=n.auth_failures,
+        keepalive_s=n.keepalive_s,
+    )
 
 
 class NetworkSession:
@@ -60,15 +95,12 @@ class NetworkSession:
         if not book.hashes:
             raise ConfigError("network.tokens", "no device can connect: give a tokens file")
         need = self.need
-        settings = HubSettings(
-            max_message_bytes=int(n.max_message_mb * 2**20),
-            chunk_bytes=n.chunk_kb * 1024,
-            rate_limit=n.rate_limit,
-        )
-        welcome = {"config": self.config.to_dict(), "block": math.ceil(self.num_clients / need)}
+        welcome = {"config": device_config(self.config)}
+        welcome["block"] = math.ceil(self.num_clients / need)
         if self.data is not None:
             welcome["data"] = self.data
-        self.hub = Hub(settings, book, self.num_clients, welcome)
+        audit = Audit(self.run_dir / "audit.log")
+        self.hub = Hub(hub_settings(n), book, self.num_clients, welcome, audit)
         host = n.listen.rpartition(":")[0]
         try:
             port = self.hub.start(n.listen, creds)
@@ -110,7 +142,12 @@ class NetworkSession:
 
     def _wait(self, need: int) -> None:
         start = time.monotonic()
+        shown = -1
         while True:
+            ready = len(self.hub.live())
+            if ready != shown and ready < need:
+                print(f"waiting for devices {ready}/{need}", file=sys.stderr, flush=True)
+                shown = ready
             try:
                 self.hub.wait_for(need, 1.0)
                 return
@@ -121,14 +158,15 @@ class NetworkSession:
                     ready = len(self.hub.live())
                     self.stop()
                     if dead:  # one line: which device ended, and the last line it wrote
-                        raise ConfigError(
+                        raise NoDevicesError(
                             "network.devices",
                             f"{ready} of {need} devices ready after {waited:.0f} s; device "
                             f"processes exited: {self._exits(dead)} (logs in "
                             f"{self.run_dir / 'devices'})",
                         ) from None
-                    raise RuntimeError(
-                        f"{ready} of {need} devices ready after {self.net.connect_timeout_s:g} s"
+                    raise NoDevicesError(
+                        "network.min_devices",
+                        f"{ready} of {need} devices ready after {self.net.connect_timeout_s:g} s",
                     ) from None
 
     def _wait_data(self) -> None:

@@ -33,7 +33,7 @@ import torch
 
 MAGIC = b"SFL1"
 #: Protocol version: a peer announcing another one is refused at hello.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: keepalive ping/pong, welcome without the server's network section
 #: Largest header accepted (JSON text).
 MAX_HEADER_BYTES = 1 << 20
 #: Deepest nesting of JSON objects/arrays accepted in a header (splitfl's own need 4).

@@ -1,0 +1,91 @@
+"""One device's link as the server (or a peer listener) holds it, and the keepalive rules
+both ends share (:mod:`splitfl.net.hub` accepts the links).
+
+A :class:`DeviceLink` has one inbox per hosted client and an outgoing queue; closing it puts
+:data:`LOST` in every inbox (waiting calls see the link as lost) and writes a line to the
+audit log. Keepalive: the hub pings every link each ``keepalive_s`` and closes one silent for
+:data:`SILENT_PERIODS` periods; the device redials when the server is silent as long.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+
+from splitfl.net.guard import Audit
+from splitfl.net.wire import Message, encode
+
+#: Placed in a client's inbox when its device's link closes.
+LOST = Message("lost")
+#: Keepalive periods without a message after which a link counts as lost (either end).
+SILENT_PERIODS = 3
+
+
+@dataclass
+class DeviceLink:
+    """One connected device process: its clients, inboxes and outgoing queue."""
+
+    name: str
+    clients: list[int]
+    inbox: dict[int, queue.Queue] = field(default_factory=dict)
+    outbox: queue.Queue = field(default_factory=queue.Queue)
+    alive: bool = True
+    #: the device has loaded its data and model (it said ``ready``): it can be given work
+    ready: bool = False
+    reason: str = ""
+    #: where the device accepts device-to-device links (``host:port``) and the PEM
+    #: certificate that listener presents ("" = plain text), as its hello announced
+    peer_address: str = ""
+    peer_cert: str = ""
+    #: the caller's address and the audit log (a line when the link closes)
+    address: str = ""
+    audit: Audit | None = None
+    #: when the device last sent anything (``time.monotonic``)
+    heard: float = field(default_factory=time.monotonic)
+
+    def send(self, message: Message) -> int:
+        """Queue ``message`` for the device; its encoded size (0 if the link is closed)."""
+        if not self.alive:
+            return 0
+        data = encode(message)
+        self.outbox.put(data)
+        return len(data)
+
+    def reply(self, client: int, seq: int, wait_s: float):
+        """The reply to command ``seq`` for ``client`` — (message, bytes, arrival time) — if
+        it comes within ``wait_s``; :data:`LOST` if the link closed first; None on time-out.
+        Replies to earlier commands are skipped."""
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                got = self.inbox[client].get(timeout=left)
+            except queue.Empty:
+                return None
+            if got is LOST or got[0].fields.get("seq") == seq:
+                return got
+        return None
+
+    def close(self, reason: str) -> None:
+        if self.alive:
+            self.alive, self.reason = False, reason
+            if self.audit is not None:
+                self.audit("dropped", self.address, f"device={self.name} {reason}")
+            self.outbox.put(None)
+            for box in self.inbox.values():
+                box.put(LOST)
+
+
+def keepalive_options(keepalive_s: float) -> list[tuple[str, int]]:
+    """gRPC channel arguments for keepalive pings every ``keepalive_s`` seconds, the link
+    declared dead when one is not answered within another ``keepalive_s`` (both ends: a
+    silent partition ends the stream instead of hanging it); [] for 0."""
+    if keepalive_s <= 0:
+        return []
+    ms = max(int(keepalive_s * 1000), 1000)
+    return [
+        ("grpc.keepalive_time_ms", ms),
+        ("grpc.keepalive_timeout_ms", ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
