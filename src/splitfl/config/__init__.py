@@ -37,6 +37,7 @@ from splitfl.config.parse import (
 from splitfl.config.schema import (
     CLOCKS,
     COMPRESSIONS,
+    PARALLEL_BACKENDS,
     TRACKERS,
     ConfigError,
     DataConfig,
@@ -45,6 +46,7 @@ from splitfl.config.schema import (
     ExperimentConfig,
     NetworkConfig,
     OutputConfig,
+    ParallelConfig,
     TrainConfig,
 )
 from splitfl.yaml_limits import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_VALUES
@@ -58,6 +60,7 @@ __all__ = [
     "MAX_YAML_BYTES",
     "MAX_YAML_DEPTH",
     "MAX_YAML_VALUES",
+    "PARALLEL_BACKENDS",
     "SEED_LIMIT",
     "TRACKERS",
     "ConfigError",
@@ -67,6 +70,7 @@ __all__ = [
     "ExperimentConfig",
     "NetworkConfig",
     "OutputConfig",
+    "ParallelConfig",
     "Range",
     "TrainConfig",
     "apply_overrides",

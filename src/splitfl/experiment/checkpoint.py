@@ -42,9 +42,19 @@ REQUIRED = ("round", "global_state", "algorithm", "clock", "traffic", "metrics",
 #: Config fields a resume may change (dotted prefixes): extending ``rounds``, where and how
 #: the run is shown and saved (``output``), the network endpoints, certificates and tokens
 #: (``network``, as ``--resume`` overrides), the torch device and thread count, and where the
-#: data files lie and how their checksums are checked. Every other field is the run's
+#: data files lie and how their checksums are checked, and how many workers ``executor:
+#: parallel`` uses, where (results do not depend on them). Every other field is the run's
 #: identity: changing it mid-run would change what the earlier rounds computed.
-MAY_CHANGE = ("rounds", "output", "network", "device", "threads", "data.root", "data.verify")
+MAY_CHANGE = (
+    "rounds",
+    "output",
+    "network",
+    "device",
+    "threads",
+    "data.root",
+    "data.verify",
+    "parallel",
+)
 
 
 def run_identity(config: ExperimentConfig) -> dict[str, Any]:

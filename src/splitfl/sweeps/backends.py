@@ -10,12 +10,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from splitfl.config import ConfigError
+from splitfl.ray_cluster import import_ray, join_ray
 from splitfl.sweeps.spec import Trial
 from splitfl.sweeps.trial import run_trial
 
@@ -33,18 +32,6 @@ def run_local(jobs: list[Job], on_start: Callable[[Trial], None], on_done: OnDon
         on_done(trial, run_trial(trial.config.to_dict(), str(run_dir)))
 
 
-def import_ray() -> Any:
-    """``ray``, or a one-line ConfigError saying how to get it."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(
-            "--executor",
-            "ray is not installed: pip install 'splitfl[ray]', or use --executor local",
-        ) from None
-    return ray
-
-
 def run_ray(
     jobs: list[Job],
     on_start: Callable[[Trial], None],
@@ -57,15 +44,7 @@ def run_ray(
     ``ray.wait`` as they finish. Uses a running Ray instance if this process has one,
     else connects to ``address`` (``auto``, ``ray://host:10001``) or starts a local one."""
     ray = import_ray()
-    started = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-        if address:
-            kwargs["address"] = address
-        else:
-            kwargs["num_cpus"] = os.cpu_count()
-        ray.init(**kwargs)
-        started = True
+    started = join_ray(ray, address)
     try:
         task = ray.remote(run_trial).options(
             num_cpus=cpus_per_trial, num_gpus=gpus_per_trial, max_retries=0
