@@ -44,6 +44,9 @@ class Algorithm:
     #: What stands in for :attr:`training_signals` under ``executor: timing``, in one line;
     #: "" with signals declared = ``executor: timing`` refuses the algorithm.
     timing_stand_in: ClassVar[str] = ""
+    #: ``executor: parallel``: "" when a round's groups are independent units (dealt to the
+    #: workers), else why a round is one coupled unit (it runs in the driver, as sequential).
+    coupled_round: ClassVar[str] = ""
 
     def __init__(self, options: Any, ctx: Any):
         """``ctx``: the run's :class:`~splitfl.experiment.context.RunContext` (handed in by the

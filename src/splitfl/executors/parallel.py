@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -91,7 +90,11 @@ class ParallelExecutor:
                     "threads": c.threads,
                 }
                 self._send(w, [encode(init), encode(data_op(ctx, self.held[w]))], "data")
-            self._gather({w: "starting" for w in range(c.workers)}, lambda w, a: None)
+            busy = {w: "starting" for w in range(c.workers)}
+            while busy:
+                error = self._next(busy)[2]
+                if error is not None:
+                    raise error
         except BaseException:
             self.close()
             raise
@@ -135,18 +138,15 @@ class ParallelExecutor:
 
     def _deal(self, ctx, runs: list[GroupRun], setup: bytes, round_idx: int) -> list[dict]:
         """Every unit to a free worker (longest first, data already there preferred); the
-        answers in ``runs`` order."""
+        answers in ``runs`` order. A unit's error is raised once the units before it (in
+        ``runs`` order) have answered — the error the sequential executor raises."""
         queue = sorted(range(len(runs)), key=lambda i: -work(runs[i]))
-        answers: list[dict] = [{}] * len(runs)
+        answers: dict[int, dict] = {}
+        errors: dict[int, BaseException] = {}
         busy: dict[int, str] = {}
         unit_of: dict[int, int] = {}
         set_up: set[int] = set()
         free = list(range(self.config.workers))
-
-        def done(w: int, answer: dict) -> None:
-            answers[unit_of.pop(w)] = answer
-            free.append(w)
-
         while queue or busy:
             while free and queue:
                 w = free.pop(0)
@@ -162,36 +162,33 @@ class ParallelExecutor:
                 unit_of[w] = i
                 busy[w] = f"training group {runs[i].group} of round {round_idx}"
                 self._send(w, ops, "units")
-            self._gather(busy, done, first_only=True)
-        return answers
+            w, answer, error = self._next(busy)
+            i = unit_of.pop(w)
+            free.append(w)
+            if error is None:
+                answers[i] = answer
+                self.stats["unit_seconds"].append(answer["seconds"])
+            else:
+                errors[i] = error
+                queue = [j for j in queue if j < min(errors)]
+        if errors:
+            raise errors[min(errors)]
+        return [answers[i] for i in range(len(runs))]
 
     def _send(self, w: int, ops: list[bytes], kind: str) -> None:
         self.stats["bytes_to_workers"][kind] += sum(len(b) for b in ops)
         self.pool.submit(w, ops)
 
-    def _gather(
-        self, busy: dict[int, str], done: Callable[[int, dict], None], first_only=False
-    ) -> None:
-        """Wait for the ``busy`` workers' answers (the first one only: ``first_only``),
-        passing each on to ``done``; a worker's error is raised here once the others have
-        answered (a NaN loss as :class:`NonFiniteLossError`, as the sequential executor)."""
-        error: BaseException | None = None
-        while busy:
-            w, blob = self.pool.wait_any(busy)
-            what = busy.pop(w)
-            answer = decode(blob)
-            self.stats["bytes_from_workers"] += len(blob)
-            self.stats["worker_peak_rss"][w] = answer["peak_rss"]
-            if not answer["ok"]:
-                error = error or worker_error(self.pool.describe(w), what, answer)
-                continue
-            if "seconds" in answer:
-                self.stats["unit_seconds"].append(answer["seconds"])
-            done(w, answer)
-            if first_only and error is None:
-                return
-        if error is not None:
-            raise error
+    def _next(self, busy: dict[int, str]) -> tuple[int, dict, BaseException | None]:
+        """The next answer of one of the ``busy`` workers (removed from it), and the error it
+        reports (a NaN loss as :class:`NonFiniteLossError`, as the sequential executor)."""
+        w, blob = self.pool.wait_any(busy)
+        what = busy.pop(w)
+        answer = decode(blob)
+        self.stats["bytes_from_workers"] += len(blob)
+        self.stats["worker_peak_rss"][w] = answer["peak_rss"]
+        error = None if answer["ok"] else worker_error(self.pool.describe(w), what, answer)
+        return w, answer, error
 
 
 def new_stats() -> dict[str, Any]:

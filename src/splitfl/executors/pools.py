@@ -16,14 +16,15 @@ Every wait is bounded (``timeout_s``); a worker that dies or does not answer rai
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import socket
 import subprocess
 import sys
-from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from splitfl.executors.workers import UnitWorker
+from splitfl.executors.workers import UnitWorker, recv_message, send_message
 from splitfl.ray_cluster import import_ray, join_ray
 
 
@@ -32,23 +33,20 @@ class WorkerError(RuntimeError):
 
 
 class LocalPool:
-    """Worker processes on this machine."""
+    """Worker processes on this machine, one socket pair each; every send and receive on the
+    driver's side is bounded by ``timeout_s``."""
 
     def __init__(self, n: int, threads: int, timeout_s: float):
         self.timeout_s = timeout_s
         env = {**os.environ, **{v: str(threads) for v in THREAD_VARS}}
         self.procs: list[subprocess.Popen] = []
-        self.conns: list[Connection] = []
+        self.socks: list[socket.socket] = []
         for _ in range(n):
             mine, theirs = socket.socketpair()
+            fd = str(theirs.fileno())
             self.procs.append(
                 subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "splitfl.executors.worker_process",
-                        str(theirs.fileno()),
-                    ],
+                    [sys.executable, "-m", "splitfl.executors.worker_process", fd],
                     pass_fds=(theirs.fileno(),),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
@@ -56,45 +54,53 @@ class LocalPool:
                 )
             )
             theirs.close()
-            self.conns.append(Connection(mine.detach()))
+            mine.settimeout(timeout_s)
+            self.socks.append(mine)
 
     def describe(self, w: int) -> str:
         return f"parallel worker {w} (local process {self.procs[w].pid})"
 
+    def set_timeout(self, seconds: float) -> None:
+        self.timeout_s = seconds
+        for sock in self.socks:
+            sock.settimeout(seconds)
+
     def submit(self, w: int, ops: list[bytes]) -> None:
         try:
-            self.conns[w].send_bytes(len(ops).to_bytes(8, "little"))
-            for blob in ops:
-                self.conns[w].send_bytes(blob)
+            send_message(self.socks[w], ops)
+        except TimeoutError:
+            raise WorkerError(_late(self, {w: "receiving work"}, self.timeout_s)) from None
         except OSError:
             raise WorkerError(f"{self.describe(w)} {self._ended(w)}") from None
 
     def wait_any(self, busy: dict[int, str]) -> tuple[int, bytes]:
         """The next answer from one of the ``busy`` workers (worker → what it is doing)."""
-        by_conn = {self.conns[w]: w for w in busy}
-        ready = wait(list(by_conn), timeout=self.timeout_s)
+        by_sock = {self.socks[w]: w for w in busy}
+        ready, _, _ = select.select(list(by_sock), [], [], self.timeout_s)
         if not ready:
             raise WorkerError(_late(self, busy, self.timeout_s))
-        w = by_conn[ready[0]]
+        w = by_sock[ready[0]]
         try:
-            return w, self.conns[w].recv_bytes()
-        except (EOFError, OSError):
+            (answer,) = recv_message(self.socks[w])
+        except TimeoutError:
+            raise WorkerError(_late(self, {w: busy[w]}, self.timeout_s)) from None
+        except (EOFError, OSError, ValueError):
             raise WorkerError(f"{self.describe(w)} {self._ended(w)} while {busy[w]}") from None
+        return w, answer
 
     def _ended(self, w: int) -> str:
         try:
             code = self.procs[w].wait(timeout=5)
         except subprocess.TimeoutExpired:
-            return "closed its pipe"
+            return "closed its connection"
         return f"exited with code {code} (a negative code is the signal that killed it)"
 
     def close(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send_bytes((0).to_bytes(8, "little"))
-                conn.close()
-            except OSError:
-                pass
+        for sock in self.socks:
+            with contextlib.suppress(OSError):
+                sock.settimeout(1)
+                send_message(sock, [])
+            sock.close()
         for proc in self.procs:
             try:
                 proc.wait(timeout=10)

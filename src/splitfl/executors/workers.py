@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import os
 import resource
+import socket
 import time
 import traceback
 from typing import Any
@@ -42,6 +43,32 @@ def encode(obj: Any) -> bytes:
 def decode(blob: bytes) -> Any:
     """What :func:`encode` made; full unpickling: only for the driver's own workers' pipes."""
     return torch.load(io.BytesIO(blob), weights_only=False)
+
+
+def send_message(sock: socket.socket, parts: list[bytes]) -> None:
+    """A message on a stream socket: the part count, then each part's length and bytes (the
+    socket's timeout bounds the whole send)."""
+    sock.sendall(len(parts).to_bytes(8, "little"))
+    for part in parts:
+        sock.sendall(len(part).to_bytes(8, "little"))
+        sock.sendall(part)
+
+
+def recv_message(sock: socket.socket) -> list[bytes]:
+    """A message :func:`send_message` sent; EOFError when the other end closed the socket."""
+    count = int.from_bytes(_recv_exact(sock, 8), "little")
+    return [_recv_exact(sock, int.from_bytes(_recv_exact(sock, 8), "little")) for _ in range(count)]
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buffer = bytearray(n)
+    view, got = memoryview(buffer), 0
+    while got < n:
+        chunk = sock.recv_into(view[got:])
+        if not chunk:
+            raise EOFError("the other end closed the connection")
+        got += chunk
+    return bytes(buffer)
 
 
 def peak_rss() -> int:

@@ -99,6 +99,7 @@ class MergeSFL(Algorithm):
     name = "mergesfl"
     paper = "Liao et al., MergeSFL §IV (Alg. 1, Eq. 5-17)"
     Options = MergeSFLOptions
+    coupled_round = "one merged batch per step (Eq. 16); units with feature_merging: false"
 
     def __init__(self, options: MergeSFLOptions, ctx) -> None:
         super().__init__(options, ctx)
