@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import deque
 from typing import Any
 
 import torch
@@ -37,6 +38,9 @@ from splitfl.executors.pools import LocalPool, RayPool, WorkerError
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.workers import decode, encode, peak_rss
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
+
+#: Largest unit message queued behind a worker's running unit (below a socket's buffer).
+PIPELINE_BYTES = 64 * 1024
 
 
 def coupled(plan: RoundPlan) -> str:
@@ -137,43 +141,54 @@ class ParallelExecutor:
         return RoundResult(updates=updates, server_states=server_states)
 
     def _deal(self, ctx, runs: list[GroupRun], setup: bytes, round_idx: int) -> list[dict]:
-        """Every unit to a free worker (longest first, data already there preferred); the
-        answers in ``runs`` order. A unit's error is raised once the units before it (in
-        ``runs`` order) have answered — the error the sequential executor raises."""
+        """Every unit to a worker (longest first, data already there preferred); the answers
+        in ``runs`` order. A unit's error is raised once the units before it (in ``runs``
+        order) have answered — the error the sequential executor raises."""
         queue = sorted(range(len(runs)), key=lambda i: -work(runs[i]))
         answers: dict[int, dict] = {}
         errors: dict[int, BaseException] = {}
-        busy: dict[int, str] = {}
-        unit_of: dict[int, int] = {}
+        inflight: dict[int, deque[int]] = {w: deque() for w in range(self.config.workers)}
         set_up: set[int] = set()
-        free = list(range(self.config.workers))
-        while queue or busy:
-            while free and queue:
-                w = free.pop(0)
-                i = next((i for i in queue if clients(runs[i]) <= self.held[w]), queue[0])
-                queue.remove(i)
-                ops = [] if w in set_up else [setup]
-                set_up.add(w)
-                missing = clients(runs[i]) - self.held[w]
-                if missing:
-                    ops.append(encode(data_op(ctx, missing)))
-                    self.held[w] |= missing
-                ops.append(encode(unit_op(runs[i])))
-                unit_of[w] = i
-                busy[w] = f"training group {runs[i].group} of round {round_idx}"
-                self._send(w, ops, "units")
+        while queue or any(inflight.values()):
+            for depth in (0, 1):  # every idle worker first, then one queued behind the running
+                for w in [w for w, units in inflight.items() if len(units) == depth]:
+                    if queue and (depth == 0 or len(queue) > len(inflight)):
+                        self._hand(ctx, w, runs, queue, inflight[w], set_up, setup, depth)
+            busy = {
+                w: f"training group {runs[units[0]].group} of round {round_idx}"
+                for w, units in inflight.items()
+                if units
+            }
             w, answer, error = self._next(busy)
-            i = unit_of.pop(w)
-            free.append(w)
+            i = inflight[w].popleft()
             if error is None:
                 answers[i] = answer
                 self.stats["unit_seconds"].append(answer["seconds"])
             else:
                 errors[i] = error
-                queue = [j for j in queue if j < min(errors)]
+                queue[:] = [j for j in queue if j < min(errors)]
         if errors:
             raise errors[min(errors)]
         return [answers[i] for i in range(len(runs))]
+
+    def _hand(self, ctx, w, runs, queue, units, set_up, setup, depth) -> None:  # noqa: ANN001
+        """Send worker ``w`` the first unit of ``queue`` whose clients' data it holds (else
+        the first), with the round's setup and missing data where needed. Behind a running
+        unit (``depth`` 1) only a small message without setup or data is queued: the worker
+        reads it only when it is free, and a large one would hold up the driver meanwhile."""
+        i = next((i for i in queue if clients(runs[i]) <= self.held[w]), queue[0])
+        missing = clients(runs[i]) - self.held[w]
+        unit = encode(unit_op(runs[i]))
+        if depth and (missing or w not in set_up or len(unit) > PIPELINE_BYTES):
+            return
+        ops = [] if w in set_up else [setup]
+        if missing:
+            ops.append(encode(data_op(ctx, missing)))
+            self.held[w] |= missing
+        set_up.add(w)
+        queue.remove(i)
+        units.append(i)
+        self._send(w, [*ops, unit], "units")
 
     def _send(self, w: int, ops: list[bytes], kind: str) -> None:
         self.stats["bytes_to_workers"][kind] += sum(len(b) for b in ops)

@@ -72,7 +72,16 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def peak_rss() -> int:
-    """This process's peak resident memory in bytes (Linux reports KiB)."""
+    """This process's peak resident memory in bytes: ``VmHWM`` (Linux; reset by ``exec``,
+    unlike ``ru_maxrss``, which a worker process would inherit from the driver that started
+    it), else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
