@@ -20,6 +20,7 @@ Usage::
     python benchmarks/bench_parallel.py                     # 4 rounds, 1 repeat, local workers
     python benchmarks/bench_parallel.py --rounds 6 --repeats 3 --backend ray
     python benchmarks/bench_parallel.py --algorithms splitfed_v1 --workers 1,2,4
+    python benchmarks/bench_parallel.py --device cuda --gpus-per-worker 0.5 --workers 1,2,8
 
 Raw results go to ``benchmarks/results/parallel-<date>.json`` (``--out``).
 """
@@ -65,7 +66,12 @@ def config(algorithm: str, executor: str, workers: int, args) -> dict:
         "train": {"batch_size": 32, "lr": 0.01, "local_steps": args.steps},
         "eval": {"every": args.rounds},
         "output": {"progress": False, "checkpoint_every": args.rounds},
-        "parallel": {"workers": max(workers, 1), "backend": args.backend},
+        "device": args.device,
+        "parallel": {
+            "workers": max(workers, 1),
+            "backend": args.backend,
+            "gpus_per_worker": args.gpus_per_worker,
+        },
     }
     for key, value in WORKLOADS[algorithm].items():
         set_dotted(cfg, key.split("."), value)
@@ -108,6 +114,7 @@ def run_child(algorithm: str, executor: str, workers: int, folder: Path, args) -
     run_dir = folder / f"{algorithm}-{executor}-{workers}-{len(list(folder.iterdir()))}"
     cmd = [sys.executable, __file__, "--child", algorithm, executor, str(workers), str(run_dir)]
     cmd += ["--rounds", str(args.rounds), "--steps", str(args.steps), "--backend", args.backend]
+    cmd += ["--device", args.device, "--gpus-per-worker", str(args.gpus_per_worker)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{algorithm}/{executor}/{workers} failed:\n{out.stderr[-3000:]}")
@@ -181,6 +188,8 @@ def main() -> None:
     p.add_argument("--algorithms", default=",".join(WORKLOADS))
     p.add_argument("--workers", default="1,2")
     p.add_argument("--backend", default="local", choices=["local", "ray"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda (driver and workers)")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--steps", type=int, default=5, help="local steps per client per round")
     p.add_argument("--repeats", type=int, default=1)
@@ -211,6 +220,8 @@ def main() -> None:
         "steps": args.steps,
         "repeats": args.repeats,
         "backend": args.backend,
+        "device": args.device,
+        "gpus_per_worker": args.gpus_per_worker,
     }
     print(json.dumps(summary, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
