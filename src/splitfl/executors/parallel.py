@@ -129,8 +129,8 @@ class ParallelExecutor:
         shell = dataclasses.replace(plan, tasks=[], info={})
         setup = encode({"op": "setup", "global_state": global_state, "plan": shell,
                         "round_seed": round_seed})  # fmt: skip
-        round_idx = next(self._rounds)
-        answers = self._deal(ctx, runs, setup, round_idx)
+        count = next(self._rounds)
+        answers = self._deal(ctx, runs, setup, count if plan.round_idx is None else plan.round_idx)
         updates: list[ClientUpdate] = []
         server_states: dict[int, dict[str, torch.Tensor]] = {}
         for run, answer in zip(runs, answers, strict=True):
@@ -155,7 +155,7 @@ class ParallelExecutor:
                     if queue and (depth == 0 or len(queue) > len(inflight)):
                         self._hand(ctx, w, runs, queue, inflight[w], set_up, setup, depth)
             busy = {
-                w: f"training group {runs[units[0]].group} of round {round_idx}"
+                w: f"training group {runs[units[0]].group} of round {round_idx + 1}"
                 for w, units in inflight.items()
                 if units
             }
