@@ -19,6 +19,14 @@ def timing_note(cls) -> str:
     return f" [executor timing: {cls.training_signals}; {use}]"
 
 
+def parallel_note(cls) -> str:
+    """`` [parallel: units]`` when ``executor: parallel`` deals a round's groups to its workers,
+    else `` [parallel: coupled: why]`` (the round runs in the driver, as sequential)."""
+    return (
+        f" [parallel: coupled: {cls.coupled_round}]" if cls.coupled_round else " [parallel: units]"
+    )
+
+
 def catalog() -> dict[str, dict[str, str]]:
     """``{"algorithms"|"models"|"datasets"|"device_presets"|"compositions"|"executors":
     {name: description}}``; a proxy baseline's description starts with ``[proxy: reason]``
@@ -28,6 +36,7 @@ def catalog() -> dict[str, dict[str, str]]:
         name: (f"[proxy: {PROXIES[name]}] " if name in PROXIES else "")
         + cls.paper
         + timing_note(cls)
+        + parallel_note(cls)
         for name, cls in sorted(ALGORITHMS.items())
     }
     for name, (base, preset) in sorted(ALIASES.items()):
@@ -49,5 +58,7 @@ def catalog() -> dict[str, dict[str, str]]:
             "device / launch); parameter-server algorithms; measured time and bytes",
             "timing": "no training: the clock prices each round's plan (time, traffic, "
             "waiting) at any model size in seconds; no accuracy",
+            "parallel": "a round's groups dealt to persistent workers (processes or Ray actors; "
+            "parallel: {workers, backend, ...}); same results as sequential",
         },
     }

@@ -51,6 +51,9 @@ class Algorithm:
     #: ``train.aggregation`` rules the algorithm's aggregation supports
     #: (:mod:`splitfl.algorithms.robust`); the validation refuses others in one line.
     aggregations: ClassVar[tuple[str, ...]] = ("mean", "clip_mean", "median", "trimmed_mean")
+    #: ``executor: parallel``: "" when a round's groups are independent units (dealt to the
+    #: workers), else why a round is one coupled unit (it runs in the driver, as sequential).
+    coupled_round: ClassVar[str] = ""
 
     def __init__(self, options: Any, ctx: Any):
         """``ctx``: the run's :class:`~splitfl.experiment.context.RunContext` (handed in by the

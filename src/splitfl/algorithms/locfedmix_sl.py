@@ -64,6 +64,7 @@ class LocFedMixSL(Algorithm):
     name = "locfedmix_sl"
     paper = "Oh et al., LocFedMix-SL (WWW 2022); baseline in MergeSFL/ParallelSFL §V/§5"
     Options = LocFedMixOptions
+    coupled_round = "one server copy for all clients (mixup pairs across them)"
 
     def __init__(self, options: LocFedMixOptions, ctx) -> None:
         super().__init__(options, ctx)

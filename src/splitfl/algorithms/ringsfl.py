@@ -120,6 +120,7 @@ class RingSFL(Algorithm):
     name = "ringsfl"
     paper = "Shen et al., RingSFL §3 (Alg. 1-2, Eq. 1-7)"
     Options = RingSFLOptions
+    coupled_round = "one ring: every batch crosses every device"
 
     def __init__(self, options: RingSFLOptions, ctx) -> None:
         super().__init__(options, ctx)

@@ -54,6 +54,7 @@ class SplitFedRingSFL(Algorithm):
         "one step per iteration on the clients' gradients scaled 1/N (not SFLV1/V2)"
     )
     Options = SplitFedRingOptions
+    coupled_round = "one server copy for all clients"
 
     def __init__(self, options: SplitFedRingOptions, ctx) -> None:
         super().__init__(options, ctx)

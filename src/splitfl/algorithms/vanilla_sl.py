@@ -65,6 +65,7 @@ class VanillaSL(Algorithm):
     paper = "Gupta & Raskar 2018; RingSFL §4.1.3 baseline"
     Options = VanillaSLOptions
     aggregations = ("mean",)  # nothing is averaged: the model is the chain's last client's
+    coupled_round = "one chain: each device starts from the previous one's part"
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         cut = self.ctx.resolve_cut(self.options.cut, self.name)

@@ -38,6 +38,7 @@ from splitfl.config.schema import (
     AGGREGATIONS,
     CLOCKS,
     COMPRESSIONS,
+    PARALLEL_BACKENDS,
     TRACKERS,
     BoundsConfig,
     ConfigError,
@@ -47,6 +48,7 @@ from splitfl.config.schema import (
     ExperimentConfig,
     NetworkConfig,
     OutputConfig,
+    ParallelConfig,
     TrainConfig,
 )
 from splitfl.yaml_limits import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_VALUES
@@ -61,6 +63,7 @@ __all__ = [
     "MAX_YAML_BYTES",
     "MAX_YAML_DEPTH",
     "MAX_YAML_VALUES",
+    "PARALLEL_BACKENDS",
     "SEED_LIMIT",
     "TRACKERS",
     "BoundsConfig",
@@ -71,6 +74,7 @@ __all__ = [
     "ExperimentConfig",
     "NetworkConfig",
     "OutputConfig",
+    "ParallelConfig",
     "Range",
     "TrainConfig",
     "apply_overrides",

@@ -17,6 +17,7 @@ from splitfl.config.schema import (
     AGGREGATIONS,
     CLOCKS,
     COMPRESSIONS,
+    PARALLEL_BACKENDS,
     TRACKERS,
     ConfigError,
     ExperimentConfig,
@@ -91,6 +92,8 @@ FLOAT_RANGES: dict[str, Range] = {
     "train.trim_fraction": Range(0, 0.5, hi_open=True),
     "network.keepalive_s": Range(0, 86400),
     "network.auth_timeout_s": Range(0, 3600, lo_open=True),
+    "parallel.gpus_per_worker": Range(0, 64),
+    "parallel.timeout_s": Range(0, 86400, lo_open=True),
 }
 #: ``seed`` feeds numpy's SeedSequence and torch.manual_seed: a non-negative 63-bit integer.
 SEED_LIMIT = 2**63
@@ -252,6 +255,38 @@ def validate(config: ExperimentConfig) -> None:
     _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
     _validate_tracking(config.output.tracking)
     _validate_network(config)
+    _validate_parallel(config)
+
+
+#: Most workers ``executor: parallel`` may start.
+MAX_WORKERS = 1024
+
+
+def _validate_parallel(config: ExperimentConfig) -> None:
+    """The ``parallel`` section: worker count, backend, threads, GPUs (only on a GPU device,
+    and needed there with Ray, which gives an actor no GPU it did not ask for)."""
+    p = config.parallel
+    _check(1 <= p.workers <= MAX_WORKERS, "parallel.workers", f"must be in [1, {MAX_WORKERS}]")
+    _choice(p.backend, list(PARALLEL_BACKENDS), "parallel.backend")
+    _check(1 <= p.threads <= MAX_THREADS, "parallel.threads", f"must be in [1, {MAX_THREADS}]")
+    _check(
+        p.address is None or p.backend == "ray",
+        "parallel.address",
+        "a Ray cluster address needs parallel.backend: ray",
+    )
+    if config.executor != "parallel":
+        return
+    gpu = config.device.startswith("cuda") or resolve_device(config.device) == "cuda"
+    _check(
+        p.gpus_per_worker == 0 or gpu,
+        "parallel.gpus_per_worker",
+        f"needs device: cuda (device is {config.device})",
+    )
+    _check(
+        p.gpus_per_worker > 0 or not gpu or p.backend == "local",
+        "parallel.gpus_per_worker",
+        "must be > 0 with device: cuda and backend: ray (Ray actors see only GPUs they ask for)",
+    )
 
 
 def is_loopback(host: str) -> bool:

@@ -260,6 +260,26 @@ class NetworkConfig:
     bounds: BoundsConfig = field(default_factory=BoundsConfig)
 
 
+#: ``parallel.backend`` values: worker processes on this machine, or Ray actors.
+PARALLEL_BACKENDS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """``executor: parallel``: the independent units of a round (its groups) are dealt to
+    ``workers`` persistent workers — processes on this machine (``local``) or Ray actors
+    (``ray``: a local instance, the sweep trial's, or the cluster at ``address``), each asking
+    for ``threads`` CPUs and ``gpus_per_worker`` GPUs — that keep the data partitions they were
+    sent. A worker that does not start or answer within ``timeout_s`` stops the run."""
+
+    workers: int = 2
+    backend: str = "local"
+    gpus_per_worker: float = 0.0
+    address: str | None = None
+    threads: int = 1
+    timeout_s: float = 600.0
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
     """One experiment. ``options`` maps an algorithm name to its options (see ``splitfl list``).
@@ -290,6 +310,7 @@ class ExperimentConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Python modules imported before the config is checked (they register models, datasets
     #: and algorithms), found on PYTHONPATH, in the current directory and in the config

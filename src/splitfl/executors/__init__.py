@@ -4,7 +4,9 @@ Every executor has ``run_round(ctx, global_state, plan, round_seed) -> RoundResu
 return the same result for the same plan: :class:`SequentialExecutor` is the reference,
 :class:`VectorizedExecutor` batches the clients of a step into one computation.
 :class:`TimingExecutor` trains nothing: it returns the plan's sample counts so that the clock
-prices the round (time, traffic, waiting) in seconds at any model size. Executors
+prices the round (time, traffic, waiting) in seconds at any model size.
+:class:`ParallelExecutor` deals a round's independent units (its groups) to worker processes or
+Ray actors and returns what the sequential executor returns, bit for bit. Executors
 import the round contract (:mod:`splitfl.plan`), the models and the system layer, never an
 algorithm or the experiment.
 """
@@ -12,16 +14,19 @@ algorithm or the experiment.
 from __future__ import annotations
 
 from splitfl.executors.common import PRECISIONS, NonFiniteLossError, evaluate
+from splitfl.executors.parallel import ParallelExecutor
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.timing import TimingExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
 
-#: ``executor`` values: the reference loop, the batched one (``executors/vectorized.py``) and
-#: the clock alone, no training (``executors/timing.py``).
+#: ``executor`` values: the reference loop, the batched one (``executors/vectorized.py``), the
+#: clock alone, no training (``executors/timing.py``), and units on workers
+#: (``executors/parallel.py``; the experiment passes it the config's ``parallel`` section).
 EXECUTORS = {
     "sequential": SequentialExecutor,
     "vectorized": VectorizedExecutor,
     "timing": TimingExecutor,
+    "parallel": ParallelExecutor,
 }
 
 
@@ -36,6 +41,7 @@ __all__ = [
     "EXECUTORS",
     "PRECISIONS",
     "NonFiniteLossError",
+    "ParallelExecutor",
     "SequentialExecutor",
     "TimingExecutor",
     "VectorizedExecutor",

@@ -119,8 +119,8 @@ class GroupRun:
 def group_runs(ctx, model: BlockModel, plan: RoundPlan) -> Iterator[GroupRun]:
     """Each group of ``plan`` with its members' starting device parts (the global model's
     blocks ``[0, cut)`` or the task's ``init_state``) and, for ``device_loss: local``, aux
-    heads (``aux_state`` or a fresh one). Lazy: a group's fresh heads are drawn from the torch
-    RNG just before the group trains, in task order."""
+    heads (``aux_state`` or a fresh one). Fresh heads are drawn from the round's torch RNG in
+    group and task order (groups train under streams of their own: ``sequential.run_unit``)."""
     n = model.num_blocks
     dtype = next(model.parameters()).dtype
     full, by_cut = model.state_dict(), {}
@@ -137,6 +137,12 @@ def group_runs(ctx, model: BlockModel, plan: RoundPlan) -> Iterator[GroupRun]:
                     head.load_state_dict(t.aux_state)
                 aux[t.client] = head.state_dict()
         yield GroupRun(group, tasks, parts, aux)
+
+
+def start_part(model: BlockModel, task: ClientTask) -> State:
+    """Where ``task``'s device part starts: its ``init_state``, else the round's model's blocks
+    ``[0, cut)`` (``model``'s own tensors, not copies)."""
+    return task.init_state or ModelPart(model, 0, task.cut).state_dict()
 
 
 def server_role(

@@ -7,13 +7,16 @@ own code runs. Other executors (GPU-vectorised, networked) must return the same
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
+from splitfl.config import TrainConfig
 from splitfl.executors.common import check_finite, detached
-from splitfl.executors.fleet import LocalFleet, group_runs, run_group, server_role
+from splitfl.executors.fleet import GroupRun, LocalFleet, State, group_runs, run_group, server_role
 from splitfl.executors.pool import PartPool, cloned
 from splitfl.executors.ring import ring_batch_update
 from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
@@ -44,21 +47,17 @@ class SequentialExecutor:
             return self._run_ring(ctx, model, plan, round_seed, runtime)
         gen = np.random.default_rng(derive_seed(round_seed, "mix"))
         train, data = ctx.config.train, (ctx.bundle.train.x, ctx.bundle.train.y)
-
-        def make(task: ClientTask, part_state, aux_state) -> DeviceRole:
-            part = self.pool.take(model, 0, task.cut, part_state)
-            aux = None if aux_state is None else aux_from_state(aux_state)
-            indices = ctx.client_indices[task.client]
-            return DeviceRole(task, part, aux, train, (*data, indices), round_seed, runtime)
-
+        data_of = lambda c: (*data, ctx.client_indices[c])  # noqa: E731
+        make = device_maker(model, train, data_of, round_seed, runtime, self.pool)
         updates: list[ClientUpdate] = []
         server_states: dict[int, dict[str, torch.Tensor]] = {}
         for run in group_runs(ctx, model, plan):
-            server = server_role(model, run.tasks, plan, train, runtime, gen, self.pool)
-            updates += run_group(LocalFleet(make, self._release), server, run, plan)
-            if server is not None:
-                server_states[run.group] = cloned(server.state())
-                self.pool.release(server.part)
+            done, server_state = run_unit(
+                model, run, plan, train, runtime, gen, make, round_seed, self.pool
+            )
+            updates += done
+            if server_state is not None:
+                server_states[run.group] = server_state
         return RoundResult(updates=updates, server_states=server_states)
 
     def _working_model(self, ctx) -> BlockModel:
@@ -69,9 +68,6 @@ class SequentialExecutor:
             if self.channels_last:
                 self._model = self._model.to(memory_format=torch.channels_last)
         return self._model
-
-    def _release(self, role: DeviceRole) -> None:
-        self.pool.release(role.part)
 
     def _run_ring(self, ctx, model: BlockModel, plan: RoundPlan, round_seed: int, runtime):
         """RingSFL (Alg. 1–2): full local models, every client's batch around the ring."""
@@ -121,3 +117,84 @@ class SequentialExecutor:
             for i, (c, role) in enumerate(roles.items())
         ]
         return RoundResult(updates=updates, server_states={})
+
+
+def round_model(
+    template: BlockModel, global_state: State, device: torch.device, channels_last: bool
+) -> BlockModel:
+    """A copy of ``template`` on ``device`` holding ``global_state``, in training mode: where
+    every device part and server copy of the round is copied from."""
+    model: BlockModel = copy.deepcopy(template).to(device)
+    model.load_state_dict(global_state)
+    model.train()
+    return model.to(memory_format=torch.channels_last) if channels_last else model
+
+
+Data = tuple[torch.Tensor, torch.Tensor, np.ndarray]
+
+
+def device_maker(
+    model: BlockModel,
+    train: TrainConfig,
+    data_of: Callable[[int], Data],
+    round_seed: int,
+    runtime: Runtime,
+    pool: PartPool | None = None,
+) -> Callable[[ClientTask, State, State | None], DeviceRole]:
+    """What builds a client's :class:`DeviceRole` for a :class:`LocalFleet`: its device part
+    (a copy of ``model``'s blocks ``[0, cut)`` holding the part state; from ``pool`` if given),
+    aux head and samples (``data_of(client)``: ``(x, y, indices)``)."""
+
+    def make(task: ClientTask, part_state: State, aux_state: State | None) -> DeviceRole:
+        if pool is None:
+            part = copy.deepcopy(ModelPart(model, 0, task.cut))
+            part.load_state_dict(part_state)
+        else:
+            part = pool.take(model, 0, task.cut, part_state)
+        aux = None if aux_state is None else aux_from_state(aux_state)
+        return DeviceRole(task, part, aux, train, data_of(task.client), round_seed, runtime)
+
+    return make
+
+
+def run_unit(
+    model: BlockModel,
+    run: GroupRun,
+    plan: RoundPlan,
+    train: TrainConfig,
+    runtime: Runtime,
+    gen: np.random.Generator,
+    make: Callable[[ClientTask, State, State | None], DeviceRole],
+    round_seed: int,
+    pool: PartPool | None = None,
+) -> tuple[list[ClientUpdate], State | None]:
+    """One group of a round, the unit ``executor: parallel`` deals to its workers: its
+    members' updates and its server copy's state (None: nothing split). The group trains
+    under its own torch random stream (dropout masks), ``derive_seed(round_seed, "unit",
+    group)``, so what it computes does not depend on which groups ran before it. With
+    ``pool`` (the one ``make`` takes parts from), the parts go back to it and the returned
+    states are clones."""
+    with unit_stream(derive_seed(round_seed, "unit", run.group), runtime.device):
+        server = server_role(model, run.tasks, plan, train, runtime, gen, pool)
+        release = None if pool is None else (lambda role: pool.release(role.part))
+        updates = run_group(LocalFleet(make, release), server, run, plan)
+        if server is None:
+            return updates, None
+        if pool is None:
+            return updates, server.state()
+        state = cloned(server.state())
+        pool.release(server.part)
+        return updates, state
+
+
+@contextlib.contextmanager
+def unit_stream(seed: int, device: torch.device) -> Iterator[None]:
+    """torch's global random stream (and ``device``'s, on a GPU) seeded with ``seed`` inside,
+    restored afterwards: the caller's stream advances as if the block never ran."""
+    gpus = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpus):
+        torch.default_generator.manual_seed(seed)
+        if gpus:
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)
+        yield

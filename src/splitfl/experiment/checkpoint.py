@@ -42,7 +42,8 @@ REQUIRED = ("round", "global_state", "algorithm", "clock", "traffic", "metrics",
 #: Config fields a resume may change (dotted prefixes): extending ``rounds``, where and how
 #: the run is shown and saved (``output``), the network endpoints, certificates and tokens
 #: (``network``, as ``--resume`` overrides), the torch device and thread count, and where the
-#: data files lie and how their checksums are checked. Every other field is the run's
+#: data files lie and how their checksums are checked, and how many workers ``executor:
+#: parallel`` uses, where (results do not depend on them). Every other field is the run's
 #: identity: changing it mid-run would change what the earlier rounds computed.
 MAY_CHANGE = (
     "rounds",
@@ -53,6 +54,7 @@ MAY_CHANGE = (
     "data.root",
     "data.verify",
     "import_dirs",  # where the user's modules are found, not what the run is
+    "parallel",
 )
 
 

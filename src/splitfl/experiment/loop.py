@@ -21,7 +21,7 @@ from threadpoolctl import threadpool_limits
 
 from splitfl.atomic import error_line
 from splitfl.config import ConfigError, ExperimentConfig, resolve_device
-from splitfl.executors import NonFiniteLossError, make_executor
+from splitfl.executors import NonFiniteLossError, ParallelExecutor, make_executor
 from splitfl.experiment.device_data import adopt_device_data
 from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
 from splitfl.experiment.recorder import Recorder
@@ -97,6 +97,8 @@ def build_executor(config: ExperimentConfig, device: str):
     """The config's executor: in-process (``executors/``) or over the network (``net/``)."""
     if config.executor == "networked":
         return NetworkedExecutor(config, device)
+    if config.executor == "parallel":
+        return ParallelExecutor(device, config.precision, config.channels_last, config.parallel)
     return make_executor(config.executor, device, config.precision, config.channels_last)
 
 

@@ -10,13 +10,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from splitfl.config import ConfigError
 from splitfl.extensions import modules_to_ship
+from splitfl.ray_cluster import import_ray, join_ray
 from splitfl.sweeps.spec import Trial
 from splitfl.sweeps.trial import run_trial
 
@@ -32,18 +31,6 @@ def run_local(jobs: list[Job], on_start: Callable[[Trial], None], on_done: OnDon
     for trial, run_dir in jobs:
         on_start(trial)
         on_done(trial, run_trial(trial.config.to_dict(), str(run_dir)))
-
-
-def import_ray() -> Any:
-    """``ray``, or a one-line ConfigError saying how to get it."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(
-            "--backend",
-            "ray is not installed: pip install 'splitfl[ray]', or use --backend local",
-        ) from None
-    return ray
 
 
 def runtime_env(jobs: list[Job]) -> dict[str, Any] | None:
@@ -72,18 +59,7 @@ def run_ray(
     ``ray.wait`` as they finish. Uses a running Ray instance if this process has one,
     else connects to ``address`` (``auto``, ``ray://host:10001``) or starts a local one."""
     ray = import_ray()
-    started = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-        if address:
-            kwargs["address"] = address
-        else:
-            kwargs["num_cpus"] = os.cpu_count()
-        env = runtime_env(jobs)
-        if env is not None:
-            kwargs["runtime_env"] = env
-        ray.init(**kwargs)
-        started = True
+    started = join_ray(ray, address, runtime_env(jobs))
     try:
         task = ray.remote(run_trial).options(
             num_cpus=cpus_per_trial,

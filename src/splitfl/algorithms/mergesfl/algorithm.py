@@ -101,6 +101,7 @@ class MergeSFL(Algorithm):
     needs_class_labels = "KL divergence of label distributions needs class labels"
     paper = "Liao et al., MergeSFL §IV (Alg. 1, Eq. 5-17)"
     Options = MergeSFLOptions
+    coupled_round = "one merged batch per step (Eq. 16); units with feature_merging: false"
 
     def __init__(self, options: MergeSFLOptions, ctx) -> None:
         super().__init__(options, ctx)

@@ -1,0 +1,257 @@
+"""``executor: parallel``: a round's independent units on persistent workers.
+
+The units of a round are its groups (:meth:`~splitfl.plan.RoundPlan.groups`): a SplitFed V1
+or FedAvg client, an S²FL group, a ParallelSFL cluster. Each trains from the global model with
+its own server copy, its members' own mini-batch streams (``derive_seed(round_seed, client)``)
+and its own torch stream (``derive_seed(round_seed, "unit", group)``,
+:func:`~splitfl.executors.sequential.run_unit`), so what it computes does not depend on where
+or after what it runs: the result equals :class:`~splitfl.executors.SequentialExecutor`'s bit
+for bit. The driver (this process) draws what the round's torch stream draws (fresh aux heads,
+in group order, as the sequential executor does), deals the units, and gathers the updates
+and server states in group order for the algorithm to aggregate.
+
+A round that is one coupled unit — a ring (RingSFL), one group (MergeSFL's merged batch,
+SplitFed V2's and vanilla SL's server serving clients in turn, LocFedMix-SL) or mixup pairs
+drawn from one stream across groups — runs in the driver, as the sequential executor runs it
+(``splitfl list`` shows which algorithms do).
+
+Dealing: units longest first (members × steps × batch) to whichever worker is free, each
+preferring the first unit whose clients' data it already holds. Worker ``w`` is sent the
+data of clients ``c ≡ w (mod N)`` when it starts, any other client's with the first unit that
+needs it, and keeps what it was sent; the global model goes once per round to each worker
+that trains a unit of it. :attr:`ParallelExecutor.stats` counts units, seconds and bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import deque
+from typing import Any
+
+import torch
+
+from splitfl.config import ParallelConfig
+from splitfl.executors.common import NonFiniteLossError
+from splitfl.executors.fleet import GroupRun, group_runs
+from splitfl.executors.pools import LocalPool, RayPool, WorkerError
+from splitfl.executors.sequential import SequentialExecutor
+from splitfl.executors.workers import decode, encode, peak_rss
+from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
+
+#: Largest unit message queued behind a worker's running unit (below a socket's buffer).
+PIPELINE_BYTES = 64 * 1024
+
+
+def coupled(plan: RoundPlan) -> str:
+    """Why ``plan``'s round is one coupled unit (it then runs in the driver), or ""."""
+    if plan.ring is not None:
+        return "a ring"
+    if plan.mixup_alpha:
+        return "mixup pairs drawn from one stream across groups"
+    if len(plan.groups()) < 2:
+        return "one group"
+    return ""
+
+
+class ParallelExecutor:
+    """Deals each round's units to ``parallel.workers`` workers; :meth:`open` starts them,
+    :meth:`close` stops them."""
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        precision: str = "fp32",
+        channels_last: bool = False,
+        parallel: ParallelConfig | None = None,
+    ):
+        self.config = parallel or ParallelConfig()
+        self.device, self.precision, self.channels_last = device, precision, channels_last
+        self.sequential = SequentialExecutor(device, precision, channels_last)
+        self.pool: LocalPool | RayPool | None = None
+        self.held: list[set[int]] = []
+        self._rounds = itertools.count()
+        self.stats: dict[str, Any] = new_stats()
+
+    def open(self, ctx, run_dir=None) -> None:  # noqa: ANN001 - the experiment's RunContext
+        """Start the workers; send each its model architecture, hyperparameters and the data
+        of its home clients; wait until all have answered."""
+        c = self.config
+        if c.backend == "ray":
+            self.pool = RayPool(c.workers, c.threads, c.gpus_per_worker, c.address, c.timeout_s)
+        else:
+            self.pool = LocalPool(c.workers, c.threads, c.timeout_s)
+        self.held = [set(range(w, ctx.num_clients, c.workers)) for w in range(c.workers)]
+        try:
+            for w in range(c.workers):
+                init = {
+                    "op": "init",
+                    "model": ctx.model,
+                    "train": ctx.config.train,
+                    "device": self._worker_device(w),
+                    "precision": self.precision,
+                    "channels_last": self.channels_last,
+                    "augment": ctx.augment,
+                    "threads": c.threads,
+                }
+                self._send(w, [encode(init), encode(data_op(ctx, self.held[w]))], "data")
+            busy = {w: "starting" for w in range(c.workers)}
+            while busy:
+                error = self._next(busy)[2]
+                if error is not None:
+                    raise error
+        except BaseException:
+            self.close()
+            raise
+
+    def _worker_device(self, w: int) -> str:
+        """Ray gives an actor the GPUs it asked for as ``cuda``; local workers share this
+        machine's GPUs round-robin."""
+        if not self.device.startswith("cuda"):
+            return "cpu"
+        if self.config.backend == "ray":
+            return "cuda"
+        return f"cuda:{w % torch.cuda.device_count()}"
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def run_round(
+        self, ctx, global_state: dict[str, torch.Tensor], plan: RoundPlan, round_seed: int
+    ) -> RoundResult:
+        if coupled(plan):
+            self.stats["coupled_rounds"] += 1
+            return self.sequential.run_round(ctx, global_state, plan, round_seed)
+        if self.pool is None:
+            raise RuntimeError("ParallelExecutor.open() was not called")
+        runs = list(group_runs(ctx, ctx.model, plan))  # the round's torch draws, in order
+        shell = dataclasses.replace(plan, tasks=[], info={})
+        setup = encode({"op": "setup", "global_state": global_state, "plan": shell,
+                        "round_seed": round_seed})  # fmt: skip
+        count = next(self._rounds)
+        answers = self._deal(ctx, runs, setup, count if plan.round_idx is None else plan.round_idx)
+        updates: list[ClientUpdate] = []
+        server_states: dict[int, dict[str, torch.Tensor]] = {}
+        for run, answer in zip(runs, answers, strict=True):
+            updates += answer["updates"]
+            if answer["server_state"] is not None:
+                server_states[run.group] = answer["server_state"]
+        self.stats["driver_peak_rss"] = peak_rss()
+        return RoundResult(updates=updates, server_states=server_states)
+
+    def _deal(self, ctx, runs: list[GroupRun], setup: bytes, round_idx: int) -> list[dict]:
+        """Every unit to a worker (longest first, data already there preferred); the answers
+        in ``runs`` order. A unit's error is raised once the units before it (in ``runs``
+        order) have answered — the error the sequential executor raises."""
+        queue = sorted(range(len(runs)), key=lambda i: -work(runs[i]))
+        answers: dict[int, dict] = {}
+        errors: dict[int, BaseException] = {}
+        inflight: dict[int, deque[int]] = {w: deque() for w in range(self.config.workers)}
+        set_up: set[int] = set()
+        while queue or any(inflight.values()):
+            for depth in (0, 1):  # every idle worker first, then one queued behind the running
+                for w in [w for w, units in inflight.items() if len(units) == depth]:
+                    if queue and (depth == 0 or len(queue) > len(inflight)):
+                        self._hand(ctx, w, runs, queue, inflight[w], set_up, setup, depth)
+            busy = {
+                w: f"training group {runs[units[0]].group} of round {round_idx + 1}"
+                for w, units in inflight.items()
+                if units
+            }
+            w, answer, error = self._next(busy)
+            i = inflight[w].popleft()
+            if error is None:
+                answers[i] = answer
+                self.stats["unit_seconds"].append(answer["seconds"])
+            else:
+                errors[i] = error
+                queue[:] = [j for j in queue if j < min(errors)]
+        if errors:
+            raise errors[min(errors)]
+        return [answers[i] for i in range(len(runs))]
+
+    def _hand(self, ctx, w, runs, queue, units, set_up, setup, depth) -> None:  # noqa: ANN001
+        """Send worker ``w`` the first unit of ``queue`` whose clients' data it holds (else
+        the first), with the round's setup and missing data where needed. Behind a running
+        unit (``depth`` 1) only a small message without setup or data is queued: the worker
+        reads it only when it is free, and a large one would hold up the driver meanwhile."""
+        i = next((i for i in queue if clients(runs[i]) <= self.held[w]), queue[0])
+        missing = clients(runs[i]) - self.held[w]
+        unit = encode(unit_op(runs[i]))
+        if depth and (missing or w not in set_up or len(unit) > PIPELINE_BYTES):
+            return
+        ops = [] if w in set_up else [setup]
+        if missing:
+            ops.append(encode(data_op(ctx, missing)))
+            self.held[w] |= missing
+        set_up.add(w)
+        queue.remove(i)
+        units.append(i)
+        self._send(w, [*ops, unit], "units")
+
+    def _send(self, w: int, ops: list[bytes], kind: str) -> None:
+        self.stats["bytes_to_workers"][kind] += sum(len(b) for b in ops)
+        self.pool.submit(w, ops)
+
+    def _next(self, busy: dict[int, str]) -> tuple[int, dict, BaseException | None]:
+        """The next answer of one of the ``busy`` workers (removed from it), and the error it
+        reports (a NaN loss as :class:`NonFiniteLossError`, as the sequential executor)."""
+        w, blob = self.pool.wait_any(busy)
+        what = busy.pop(w)
+        answer = decode(blob)
+        self.stats["bytes_from_workers"] += len(blob)
+        self.stats["worker_peak_rss"][w] = answer["peak_rss"]
+        error = None if answer["ok"] else worker_error(self.pool.describe(w), what, answer)
+        return w, answer, error
+
+
+def new_stats() -> dict[str, Any]:
+    """Counters of a parallel run: bytes each way (to the workers by kind: ``data`` and
+    start-up, the rounds' ``units`` including the global model), each unit's training
+    seconds on its worker, peak resident memory per worker and of the driver."""
+    return {
+        "bytes_to_workers": {"data": 0, "units": 0},
+        "bytes_from_workers": 0,
+        "unit_seconds": [],
+        "worker_peak_rss": {},
+        "driver_peak_rss": 0,
+        "coupled_rounds": 0,
+    }
+
+
+def work(run: GroupRun) -> int:
+    """A unit's size for dealing: samples its members process."""
+    return sum(t.steps * t.batch_size for t in run.tasks)
+
+
+def clients(run: GroupRun) -> set[int]:
+    return {t.client for t in run.tasks}
+
+
+def data_op(ctx, which: set[int]) -> dict[str, Any]:  # noqa: ANN001 - the RunContext
+    """The samples ``(x, y)`` of the clients ``which``, for a worker to keep."""
+    x, y = ctx.bundle.train.x, ctx.bundle.train.y
+    partitions = {}
+    for c in sorted(which):
+        idx = torch.as_tensor(ctx.client_indices[c], dtype=torch.long)
+        partitions[c] = (x[idx], y[idx])
+    return {"op": "data", "partitions": partitions}
+
+
+def unit_op(run: GroupRun) -> dict[str, Any]:
+    """A unit for a worker: its tasks (with their starting states, without the aux states
+    that ``aux`` carries) and its aux heads; the worker takes the other parts from the
+    round's model."""
+    tasks = [dataclasses.replace(t, aux_state=None) for t in run.tasks]
+    return {"op": "unit", "group": run.group, "tasks": tasks, "aux": run.aux}
+
+
+def worker_error(who: str, what: str, answer: dict) -> BaseException:
+    """The exception a worker's error answer stands for."""
+    if answer["type"] == NonFiniteLossError.__name__:
+        return NonFiniteLossError(answer["message"])
+    err = WorkerError(f"{who} failed while {what}: {answer['type']}: {answer['message']}")
+    err.add_note(answer["traceback"])
+    return err

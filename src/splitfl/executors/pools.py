@@ -1,0 +1,168 @@
+"""The workers of ``executor: parallel`` and how the driver talks to them.
+
+A pool starts ``n`` workers (:class:`~splitfl.executors.workers.UnitWorker`), sends a worker a
+message (a list of encoded operations) and waits for the next answer from any worker:
+
+* :class:`LocalPool` — processes on this machine (``python -m splitfl.executors.worker_process``),
+  each on one end of a socket pair; their environment limits the math libraries to the
+  worker's thread count before torch is imported.
+* :class:`RayPool` — one Ray actor per worker asking for ``threads`` CPUs and
+  ``gpus_per_worker`` GPUs, on a local Ray instance, the one this process runs in (a sweep
+  trial) or the cluster at ``address`` (:func:`splitfl.ray_cluster.join_ray`).
+
+Every wait is bounded (``timeout_s``); a worker that dies or does not answer raises
+:class:`WorkerError` naming it and what it was doing, never a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from splitfl.executors.workers import UnitWorker, recv_message, send_message
+from splitfl.ray_cluster import import_ray, join_ray
+
+
+class WorkerError(RuntimeError):
+    """A worker died, did not answer in time or could not be started."""
+
+
+class LocalPool:
+    """Worker processes on this machine, one socket pair each; every send and receive on the
+    driver's side is bounded by ``timeout_s``."""
+
+    def __init__(self, n: int, threads: int, timeout_s: float):
+        self.timeout_s = timeout_s
+        env = {**os.environ, **{v: str(threads) for v in THREAD_VARS}}
+        self.procs: list[subprocess.Popen] = []
+        self.socks: list[socket.socket] = []
+        for _ in range(n):
+            mine, theirs = socket.socketpair()
+            fd = str(theirs.fileno())
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "splitfl.executors.worker_process", fd],
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    env=env,
+                )
+            )
+            theirs.close()
+            mine.settimeout(timeout_s)
+            self.socks.append(mine)
+
+    def describe(self, w: int) -> str:
+        return f"parallel worker {w} (local process {self.procs[w].pid})"
+
+    def set_timeout(self, seconds: float) -> None:
+        self.timeout_s = seconds
+        for sock in self.socks:
+            sock.settimeout(seconds)
+
+    def submit(self, w: int, ops: list[bytes]) -> None:
+        try:
+            send_message(self.socks[w], ops)
+        except TimeoutError:
+            raise WorkerError(_late(self, {w: "receiving work"}, self.timeout_s)) from None
+        except OSError:
+            raise WorkerError(f"{self.describe(w)} {self._ended(w)}") from None
+
+    def wait_any(self, busy: dict[int, str]) -> tuple[int, bytes]:
+        """The next answer from one of the ``busy`` workers (worker → what it is doing)."""
+        by_sock = {self.socks[w]: w for w in busy}
+        ready, _, _ = select.select(list(by_sock), [], [], self.timeout_s)
+        if not ready:
+            raise WorkerError(_late(self, busy, self.timeout_s))
+        w = by_sock[ready[0]]
+        try:
+            (answer,) = recv_message(self.socks[w])
+        except TimeoutError:
+            raise WorkerError(_late(self, {w: busy[w]}, self.timeout_s)) from None
+        except (EOFError, OSError, ValueError):
+            raise WorkerError(f"{self.describe(w)} {self._ended(w)} while {busy[w]}") from None
+        return w, answer
+
+    def _ended(self, w: int) -> str:
+        try:
+            code = self.procs[w].wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "closed its connection"
+        return f"exited with code {code} (a negative code is the signal that killed it)"
+
+    def close(self) -> None:
+        for sock in self.socks:
+            with contextlib.suppress(OSError):
+                sock.settimeout(1)
+                send_message(sock, [])
+            sock.close()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+#: Environment variables that size the math libraries' thread pools in a worker process.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+class _RayWorker:
+    """The Ray actor around a :class:`UnitWorker`."""
+
+    def __init__(self) -> None:
+        self.worker = UnitWorker()
+
+    def handle(self, ops: list[bytes]) -> bytes:
+        return self.worker.handle(ops)
+
+
+class RayPool:
+    """One Ray actor per worker."""
+
+    def __init__(
+        self, n: int, threads: int, gpus: float, address: str | None, timeout_s: float
+    ) -> None:
+        self.ray = import_ray("parallel.backend", "parallel.backend: local")
+        self.started = join_ray(self.ray, address)
+        self.timeout_s = timeout_s
+        actor = self.ray.remote(_RayWorker).options(
+            num_cpus=threads, num_gpus=gpus, max_restarts=0, max_concurrency=1
+        )
+        self.actors = [actor.remote() for _ in range(n)]
+        self.pending: dict[Any, int] = {}
+
+    def describe(self, w: int) -> str:
+        return f"parallel worker {w} (Ray actor)"
+
+    def submit(self, w: int, ops: list[bytes]) -> None:
+        self.pending[self.actors[w].handle.remote(ops)] = w
+
+    def wait_any(self, busy: dict[int, str]) -> tuple[int, bytes]:
+        ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=self.timeout_s)
+        if not ready:
+            raise WorkerError(_late(self, busy, self.timeout_s, "; enough free CPUs/GPUs?"))
+        w = self.pending.pop(ready[0])
+        try:
+            return w, self.ray.get(ready[0])
+        except self.ray.exceptions.RayActorError as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise WorkerError(f"{self.describe(w)} died while {busy[w]}: {first}") from None
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        self.actors, self.pending = [], {}
+        if self.started:
+            self.ray.shutdown()
+
+
+def _late(pool, busy: dict[int, str], timeout_s: float, hint: str = "") -> str:
+    doing = "; ".join(f"{pool.describe(w)} {what}" for w, what in sorted(busy.items()))
+    return f"no answer within parallel.timeout_s={timeout_s:g} s ({doing}){hint}"

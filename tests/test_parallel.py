@@ -1,0 +1,211 @@
+"""``executor: parallel`` returns what the sequential executor returns, bit for bit.
+
+Equivalence runs in float64 on the tiny digits configs, with dropout added to a device block
+and a server block: a unit's result then depends on its torch stream too, so a unit seeded by
+the order it runs in (rather than by the round and its group) fails these tests.
+"""
+
+import os
+import signal
+
+import pytest
+import torch
+from torch import nn
+
+import splitfl
+from splitfl.algorithms import ALGORITHMS, ALIASES, algorithm_names
+from splitfl.config import ConfigError, ParallelConfig
+from splitfl.executors import NonFiniteLossError, ParallelExecutor, SequentialExecutor
+from splitfl.executors.parallel import coupled
+from splitfl.executors.pools import WorkerError
+from splitfl.experiment.round_step import measure
+from splitfl.experiment.runner import as_config, prepare
+from splitfl.seeding import derive_seed, rng_for
+from splitfl.testing import config_for
+
+HARD = {"train.lr": 0.01, "train.momentum": 0.9, "train.weight_decay": 1e-4}
+
+
+def _class(name: str):
+    return ALGORITHMS[ALIASES[name][0] if name in ALIASES else name]
+
+
+#: MergeSFL without feature merging trains each worker as its own group (its listing says so).
+SPLIT_BY_OPTIONS = {"mergesfl-w/o-FM"}
+UNITS = [n for n in algorithm_names() if not _class(n).coupled_round or n in SPLIT_BY_OPTIONS]
+COUPLED = [n for n in algorithm_names() if n not in UNITS]
+
+
+def with_dropout(model):
+    """Dropout at the end of the first block (a device part) and of the second to last (a
+    server part, or the device's with a whole-model cut)."""
+    model.blocks[0].append(nn.Dropout(0.3))
+    model.blocks[model.num_blocks - 2].append(nn.Dropout(0.3))
+    return model
+
+
+def _prepare(algorithm: str, **changes):
+    hard = {"train.lr": 0.01} if algorithm.startswith("ringsfl") else HARD
+    cfg = as_config(config_for(algorithm, **{**hard, **changes}))
+    prep = prepare(cfg, dtype=torch.float64)
+    with_dropout(prep.ctx.model)
+    return cfg, prep
+
+
+@pytest.fixture(scope="module")
+def executor():
+    """Two local workers for the whole module: every algorithm's tiny config has the same
+    data and model architecture, which is what the workers hold."""
+    _, prep = _prepare("splitfed_v1")
+    ex = ParallelExecutor(parallel=ParallelConfig(workers=2, timeout_s=120))
+    ex.open(prep.ctx)
+    yield ex
+    ex.close()
+
+
+def assert_identical(ref, got) -> None:
+    """Same updates in the same order, same server copies: every tensor bit for bit."""
+    key = [(u.client, u.cut, u.group, u.samples, u.steps, u.loss_sum) for u in ref.updates]
+    assert key == [(u.client, u.cut, u.group, u.samples, u.steps, u.loss_sum) for u in got.updates]
+    for u, v in zip(ref.updates, got.updates, strict=True):
+        assert u.state.keys() == v.state.keys()
+        assert all(torch.equal(u.state[k], v.state[k]) for k in u.state), u.client
+        assert (u.aux_state is None) == (v.aux_state is None)
+    assert list(ref.server_states) == list(got.server_states)
+    for g, state in ref.server_states.items():
+        assert all(torch.equal(state[k], got.server_states[g][k]) for k in state), g
+
+
+def _rounds(algorithm: str, ex, rounds: int = 2):
+    """Both executors from the same state and plan, round after round (aggregating the
+    sequential result); yields each round's plan and results."""
+    cfg, prep = _prepare(algorithm)
+    ctx, alg = prep.ctx, prep.algorithm
+    state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+    for r in range(rounds):
+        torch.manual_seed(derive_seed(cfg.seed, "torch", r))
+        clients = alg.select_clients(r, rng_for(cfg.seed, "select", r))
+        plan = alg.plan_round(r, clients, rng_for(cfg.seed, "plan", r))
+        seed = derive_seed(cfg.seed, "b", r)
+        torch.manual_seed(derive_seed(cfg.seed, "torch", r))  # as the runner, per executor
+        ref = SequentialExecutor().run_round(ctx, state, plan, seed)
+        torch.manual_seed(derive_seed(cfg.seed, "torch", r))
+        got = ex.run_round(ctx, state, plan, seed)
+        yield plan, ref, got
+        report, _ = measure(cfg, alg, plan, ref, r)
+        alg.observe(r, plan, report)
+        state = alg.aggregate(state, plan, ref)
+
+
+@pytest.mark.parametrize("algorithm", UNITS)
+def test_parallel_round_is_bit_identical_to_sequential(algorithm, executor):
+    units = len(executor.stats["unit_seconds"])
+    for plan, ref, got in _rounds(algorithm, executor):
+        assert coupled(plan) == "", "the round must be dealt to the workers"
+        assert_identical(ref, got)
+    assert len(executor.stats["unit_seconds"]) >= units + 4  # dealt, not run in the driver
+
+
+@pytest.mark.parametrize("algorithm", COUPLED)
+def test_coupled_rounds_run_in_the_driver_and_equal_sequential(algorithm, executor):
+    before = dict(executor.stats["bytes_to_workers"]), executor.stats["coupled_rounds"]
+    for plan, ref, got in _rounds(algorithm, executor, rounds=1):
+        assert coupled(plan)
+        assert_identical(ref, got)
+    assert executor.stats["bytes_to_workers"] == before[0]  # nothing was sent
+    assert executor.stats["coupled_rounds"] == before[1] + 1
+
+
+def test_a_diverging_unit_raises_the_sequential_error(executor):
+    _, prep = _prepare("splitfed_v1", **{"train.lr": 1e9})
+    ctx, alg = prep.ctx, prep.algorithm
+    plan = alg.plan_round(0, alg.select_clients(0, rng_for(3, "select", 0)), rng_for(3, "p", 0))
+    state = ctx.model.state_dict()
+    with pytest.raises(NonFiniteLossError) as ref:
+        SequentialExecutor().run_round(ctx, state, plan, 7)
+    with pytest.raises(NonFiniteLossError) as got:
+        executor.run_round(ctx, state, plan, 7)
+    assert str(got.value) == str(ref.value)
+    for _, ref_result, result in _rounds("splitfed_v1", executor, rounds=1):
+        assert_identical(ref_result, result)  # the workers are still in step
+
+
+def _small_pool(timeout_s: float):
+    cfg, prep = _prepare("fedavg")
+    ex = ParallelExecutor(parallel=ParallelConfig(workers=2, timeout_s=timeout_s))
+    ex.open(prep.ctx)
+    alg = prep.algorithm
+    plan = alg.plan_round(0, alg.select_clients(0, rng_for(3, "select", 0)), rng_for(3, "p", 0))
+    return ex, prep.ctx, plan
+
+
+def test_a_killed_worker_is_a_clear_error(tmp_path):
+    ex, ctx, plan = _small_pool(60)
+    try:
+        pid = ex.pool.procs[1].pid
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match=rf"parallel worker 1 \(local process {pid}\) "):
+            ex.run_round(ctx, ctx.model.state_dict(), plan, 5)
+    finally:
+        ex.close()
+
+
+def test_a_stalled_worker_is_a_clear_error_within_the_timeout():
+    ex, ctx, plan = _small_pool(120)  # start-up (imports) takes longer than the bound tested
+    ex.pool.set_timeout(3)
+    pid = ex.pool.procs[0].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(WorkerError, match=r"no answer within parallel.timeout_s=3 s"):
+            ex.run_round(ctx, ctx.model.state_dict(), plan, 5)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        ex.close()
+
+
+def test_splitfl_run_with_the_parallel_executor_equals_sequential(tmp_path):
+    runs = {
+        ex: splitfl.run(config_for("s2fl", rounds=2, executor=ex), run_dir=tmp_path / ex)
+        for ex in ("sequential", "parallel")
+    }
+    a, b = (torch.load(r.run_dir / "model.pt", weights_only=True) for r in runs.values())
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    drop = ("wall_time",)
+    rows = [
+        [{k: v for k, v in row.items() if k not in drop} for row in r.metrics]
+        for r in runs.values()
+    ]
+    assert rows[0] == rows[1]
+
+
+def test_ray_workers_equal_sequential():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        ex = ParallelExecutor(parallel=ParallelConfig(workers=2, backend="ray", timeout_s=180))
+        _, prep = _prepare("s2fl")
+        ex.open(prep.ctx)
+        try:
+            for _, ref, got in _rounds("s2fl", ex, rounds=1):
+                assert_identical(ref, got)
+        finally:
+            ex.close()
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"parallel.workers": 0}, "parallel.workers: must be in [1, 1024]"),
+        ({"parallel.backend": "mpi"}, "parallel.backend: unknown 'mpi'; allowed: local, ray"),
+        ({"parallel.threads": 0}, "parallel.threads: must be in [1, "),
+        ({"parallel.address": "auto"}, "parallel.address: a Ray cluster address needs"),
+        ({"parallel.gpus_per_worker": 1.0}, "parallel.gpus_per_worker: needs device: cuda"),
+        ({"parallel.timeout_s": 0}, "parallel.timeout_s: must be > 0"),
+    ],
+)
+def test_bad_parallel_values_are_one_line_errors(changes, message):
+    with pytest.raises(ConfigError) as err:
+        as_config(config_for("s2fl", executor="parallel", **changes))
+    assert str(err.value).startswith(message), str(err.value)
