@@ -316,7 +316,7 @@ def test_local_data_layouts(tmp_path):
     folder = load_local(tmp_path / "folder")
     assert sorted(folder) == [3, 7] and folder[3][1].tolist() == [2, 3, 4, 5]
     np.savez(tmp_path / "bad.npz", x=x, y=y[:3])
-    for bad, words in [("bad.npz", "6 inputs for 3 labels"), ("none.npz", "no such file")]:
+    for bad, words in [("bad.npz", "bad.npz: holds 3 labels for 6 samples"), ("none.npz", "no such file")]:
         with pytest.raises(DatasetError, match=words) as err:
             load_local(tmp_path / bad)
         assert "\n" not in str(err.value)
