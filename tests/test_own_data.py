@@ -444,7 +444,7 @@ def _own_equals_sequential(tmp_path, fmt: str, model: str, transforms: list, tes
     data = {"data.format": fmt, "data.root": str(root), "data.partition": "folders"}
     data.update({"data.dataset": "mine", "data.num_clients": 4, "data.transforms": transforms})
     common = {"rounds": 2, "model": model, "train.clients_per_round": 4, **data}
-    bed, threads = _threads(tmp_path / "bed", devices)
+    bed, threads = _threads(tmp_path / "bed", devices, data_format=fmt)
     net = bed.server_overrides(min_devices=2)
     test = {"data.test_path": str(root / test_path)}
     own = config_for("s2fl", **common, **OWN, **net, **test)
@@ -544,3 +544,19 @@ def test_device_accepts_every_container_format(tmp_path):
     for fmt in ("image_folder", "npz", "npy", "csv", "hf", "parquet"):
         args = device_cli.build_parser().parse_args([*base, "--data", "m", "--format", fmt])
         assert device_cli.options_from(args).data_format == fmt
+
+
+def test_own_npz_with_crop_pads_with_the_datasets_black(tmp_path):
+    """Digits are stored normalised (black = -1): an own-data device pads its crops with the
+    server dataset's black (sent in the welcome), as the simulation does."""
+    changes = {"rounds": 2, "data.transforms": [{"random_crop": 2}, "hflip"]}
+    written = _write_devices(tmp_path / "data", "s2fl", 2, **changes)
+    bed, threads = _threads(tmp_path, {name: tmp_path / "data" / name for name in written})
+    net = bed.server_overrides(min_devices=2)
+    try:
+        own = splitfl.run(config_for("s2fl", **changes, **OWN, **net), run_dir=tmp_path / "net")
+    finally:
+        for t in threads:
+            t.join(30)
+    seq = splitfl.run(config_for("s2fl", **changes), run_dir=tmp_path / "seq")
+    assert _max_diff(_final(own.run_dir), _final(seq.run_dir)) <= 1e-5
