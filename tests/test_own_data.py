@@ -34,7 +34,7 @@ from splitfl.net.announce import (
     check_announcement,
     noisy_histogram,
 )
-from splitfl.net.device import DeviceAgent
+from splitfl.net.device import ClientData, DeviceAgent
 from splitfl.net.testbed import Testbed
 from splitfl.seeding import derive_seed
 from splitfl.testing import config_for
@@ -439,9 +439,11 @@ def _own_containers(tmp_path: Path, fmt: str) -> tuple[Path, dict[str, Path]]:
     return root, devices
 
 
-def _own_equals_sequential(tmp_path, fmt: str, model: str, transforms: list, test_path: str):
+def _own_equals_sequential(
+    tmp_path, fmt: str, model: str, transforms: list, test_path: str, **changes
+):
     root, devices = _own_containers(tmp_path, fmt)
-    data = {"data.format": fmt, "data.root": str(root), "data.partition": "folders"}
+    data = {"data.format": fmt, "data.root": str(root), "data.partition": "folders", **changes}
     data.update({"data.dataset": "mine", "data.num_clients": 4, "data.transforms": transforms})
     common = {"rounds": 2, "model": model, "train.clients_per_round": 4, **data}
     bed, threads = _threads(tmp_path / "bed", devices, data_format=fmt)
@@ -465,11 +467,16 @@ def _own_equals_sequential(tmp_path, fmt: str, model: str, transforms: list, tes
     assert hosted == {"local-0": [0, 2], "local-1": [1, 3]}
 
 
-@pytest.mark.parametrize("transforms", [[], CROP_FLIP], ids=["plain", "crop-flip-normalize"])
-def test_own_image_folders_equal_the_sequential_run(tmp_path, transforms):
+@pytest.mark.parametrize(
+    "transforms, lazy", [([], None), (CROP_FLIP, True)], ids=["plain", "crop-flip-normalize-lazy"]
+)
+def test_own_image_folders_equal_the_sequential_run(tmp_path, transforms, lazy):
     """Two devices reading PNG folders (``clients/<id>/<class>/``), with the server's
-    ``data.transforms`` (normalize at read, random crop + flip per batch) as the simulation."""
-    _own_equals_sequential(tmp_path, "image_folder", "cnn_digits", transforms, "")
+    ``data.transforms`` (normalize at read, random crop + flip per batch) as the simulation;
+    lazy (``data.lazy: true``): the devices decode images per batch."""
+    _own_equals_sequential(
+        tmp_path, "image_folder", "cnn_digits", transforms, "", **{"data.lazy": lazy}
+    )
 
 
 def test_own_csv_files_equal_the_sequential_run(tmp_path):
@@ -560,3 +567,14 @@ def test_own_npz_with_crop_pads_with_the_datasets_black(tmp_path):
             t.join(30)
     seq = splitfl.run(config_for("s2fl", **changes), run_dir=tmp_path / "seq")
     assert _max_diff(_final(own.run_dir), _final(seq.run_dir)) <= 1e-5
+
+
+def test_lazy_own_data_stays_lazy_on_the_device(tmp_path):
+    _png_tree(tmp_path / "mine", _client_data(1, 2)[0][0])
+    local = load_local(tmp_path / "mine", "image_folder", ContainerOptions(lazy=True))
+    d = as_config(config_for("s2fl", **{"data.transforms": CROP_FLIP})).data
+    data = ClientData.from_local(local, [4], {**SPEC, "black": None}, d)
+    x, y, _ = data.samples[4]
+    assert isinstance(x, LazyInputs) and len(y) == 20
+    raw = load_local(tmp_path / "mine", "image_folder", ContainerOptions(lazy=False))[None][0]
+    assert torch.allclose(x[torch.tensor([3, 0])], (raw[[3, 0]] - 0.5) / 0.5)
