@@ -52,8 +52,9 @@ class DataConfig:
     #: device trains on its own files, ``splitfl device --data``, and announces its clients'
     #: sample counts and label histograms at join; the server reads only a test set).
     source: str = "partition"
-    #: ``source: devices``: the server's test set, an .npz with ``x``, ``y`` (and optionally
-    #: ``num_classes``), see ``splitfl.data.local``; null = the test split of ``dataset``.
+    #: ``source: devices``: the server's test set in ``format`` (npz when null): a file (an
+    #: .npz with ``x``, ``y``, optionally ``num_classes``) or a folder holding the container's
+    #: test split, see ``splitfl.data.local.load_test``; null = the test split of ``dataset``.
     test_path: str | None = None
     format: str | None = None
     label_column: str = "label"
