@@ -578,3 +578,22 @@ def test_lazy_own_data_stays_lazy_on_the_device(tmp_path):
     assert isinstance(x, LazyInputs) and len(y) == 20
     raw = load_local(tmp_path / "mine", "image_folder", ContainerOptions(lazy=False))[None][0]
     assert torch.allclose(x[torch.tensor([3, 0])], (raw[[3, 0]] - 0.5) / 0.5)
+
+
+@pytest.mark.slow
+def test_launch_data_dir_of_image_folders_equals_the_sequential_run(tmp_path):
+    """``splitfl launch --data-dir``: device processes read ``local-<i>/clients/<id>/`` in
+    ``data.format`` (here image folders) and reproduce the sequential run."""
+    root, _ = _own_containers(tmp_path, "image_folder")
+    data = {"data.format": "image_folder", "data.root": str(root), "data.partition": "folders"}
+    common = {"rounds": 2, "train.clients_per_round": 4, "data.num_clients": 4, **data}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config_for("s2fl", **common, **{"data.dataset": "mine"})))
+    cmd = [sys.executable, "-m", "splitfl", "launch", str(cfg), "--devices", "2"]
+    cmd += ["--data-dir", str(tmp_path), "--out", str(tmp_path / "net")]
+    proc = subprocess.run(cmd, capture_output=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    seq = splitfl.run(
+        config_for("s2fl", **common, **{"data.dataset": "mine"}), run_dir=tmp_path / "seq"
+    )
+    assert _max_diff(_final(tmp_path / "net"), _final(seq.run_dir)) <= 1e-5

@@ -214,7 +214,8 @@ class NetworkConfig:
     #: histograms they announce (ε-DP per histogram; ``splitfl.net.announce``); null = exact.
     histogram_epsilon: float | None = None
     #: ``data.source: devices`` with local device processes (``splitfl launch --data-dir``):
-    #: device ``local-<i>`` reads ``data_dir/local-<i>`` (``<client>.npz`` files).
+    #: device ``local-<i>`` reads ``data_dir/local-<i>`` (``<client>.npz`` files, else in
+    #: ``data.format``: ``splitfl.data.local.launch_format``).
     data_dir: str | None = None
 
 

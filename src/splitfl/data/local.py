@@ -43,7 +43,7 @@ _ENTRY = {"npz": ".npz", "csv": ".csv"}
 #: client id → (inputs, labels); the key None is one unnamed client.
 LocalData = dict[int | None, tuple[torch.Tensor, torch.Tensor]]
 
-__all__ = ["FORMATS", "LocalData", "load_local", "load_test", "write_local"]
+__all__ = ["FORMATS", "LocalData", "launch_format", "load_local", "load_test", "write_local"]
 
 
 def load_local(
@@ -90,6 +90,13 @@ def load_test(
                 raise file_error(NAME, path, "'num_classes' must be an integer > every label")
             classes = int(given)
     return x, y, int(classes)  # x may be lazy (read per evaluation batch)
+
+
+def launch_format(folder: Path, data_format: str | None) -> str:
+    """The ``--format`` of a device ``splitfl launch --data-dir`` starts on ``folder``: npz
+    for ``<client id>.npz`` files (what ``--write-partition`` writes), else the run's
+    ``data.format`` (npz when null)."""
+    return "npz" if any(Path(folder).glob("*.npz")) else data_format or "npz"
 
 
 def _folder(path: Path, split: str) -> Path:
