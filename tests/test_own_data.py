@@ -23,6 +23,8 @@ import splitfl
 from splitfl.config import ConfigError
 from splitfl.data import DatasetError, load_dataset
 from splitfl.data.clients import client_partition
+from splitfl.data.formats import ContainerOptions
+from splitfl.data.lazy import LazyInputs
 from splitfl.data.local import load_local, load_test
 from splitfl.data.partition import label_histograms
 from splitfl.experiment.runner import as_config, prepare
@@ -32,7 +34,7 @@ from splitfl.net.announce import (
     check_announcement,
     noisy_histogram,
 )
-from splitfl.net.device import DeviceAgent
+from splitfl.net.device import ClientData, DeviceAgent
 from splitfl.net.testbed import Testbed
 from splitfl.seeding import derive_seed
 from splitfl.testing import config_for
@@ -316,7 +318,10 @@ def test_local_data_layouts(tmp_path):
     folder = load_local(tmp_path / "folder")
     assert sorted(folder) == [3, 7] and folder[3][1].tolist() == [2, 3, 4, 5]
     np.savez(tmp_path / "bad.npz", x=x, y=y[:3])
-    for bad, words in [("bad.npz", "6 inputs for 3 labels"), ("none.npz", "no such file")]:
+    for bad, words in [
+        ("bad.npz", "bad.npz: holds 3 labels for 6 samples"),
+        ("none.npz", "no such file"),
+    ]:
         with pytest.raises(DatasetError, match=words) as err:
             load_local(tmp_path / bad)
         assert "\n" not in str(err.value)
@@ -376,3 +381,219 @@ def test_device_flags_for_own_data(tmp_path):
         device_cli.options_from(
             device_cli.build_parser().parse_args([*base, "--histogram-epsilon", "0"])
         )
+
+
+# --- own data in every container format (the readers of data.format) -----------------------
+
+CROP_FLIP = [{"random_crop": 2}, "hflip", {"normalize": {"mean": [0.5], "std": [0.5]}}]
+
+
+def _client_data(clients: int = 4, per_class: int = 3):
+    """Digits samples by client: client k gets ``per_class`` samples of every class."""
+    bundle = load_dataset("digits")
+    y = bundle.train.y.numpy()
+    by_class = [np.flatnonzero(y == c) for c in range(10)]
+    out = []
+    for k in range(clients):
+        idx = np.concatenate([ix[k * per_class : (k + 1) * per_class] for ix in by_class])
+        out.append((bundle.train.x[idx].numpy(), y[idx]))
+    test = (bundle.test.x[:40].numpy(), bundle.test.y[:40].numpy())
+    return out, test
+
+
+def _png_tree(folder: Path, data: tuple[np.ndarray, np.ndarray]) -> None:
+    """``folder/<class>/<i>.png``: the samples ``data`` (digits in [-1, 1]) as 8x8 gray PNGs."""
+    from PIL import Image
+
+    x, y = data
+    for i in range(len(y)):
+        (folder / str(y[i])).mkdir(parents=True, exist_ok=True)
+        pixels = np.round((x[i, 0] + 1.0) * 127.5).astype(np.uint8)
+        Image.fromarray(pixels, mode="L").save(folder / str(y[i]) / f"{i:03d}.png")
+
+
+def _csv_file(path: Path, data: tuple[np.ndarray, np.ndarray]) -> None:
+    x, y = data
+    rows = ["label," + ",".join(f"f{j}" for j in range(64))]
+    rows += [f"{y[i]}," + ",".join(f"{v:.4f}" for v in x[i].reshape(-1)) for i in range(len(y))]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(rows) + "\n")
+
+
+def _own_containers(tmp_path: Path, fmt: str) -> tuple[Path, dict[str, Path]]:
+    """The same clients as a ``folders`` container (the simulation's root) and as two
+    devices' own folders (client k on device k % 2), in ``fmt`` (image_folder or csv)."""
+    clients, test = _client_data()
+    root = tmp_path / "root"
+    devices = {f"local-{i}": tmp_path / f"local-{i}" for i in range(2)}
+    for k, data in enumerate(clients):
+        for base in (root, devices[f"local-{k % 2}"]):
+            if fmt == "image_folder":
+                _png_tree(base / "clients" / str(k), data)
+            else:
+                _csv_file(base / "clients" / f"{k}.csv", data)
+    if fmt == "image_folder":
+        _png_tree(root / "test", test)
+    else:
+        _csv_file(root / "test.csv", test)
+    return root, devices
+
+
+def _own_equals_sequential(
+    tmp_path, fmt: str, model: str, transforms: list, test_path: str, **changes
+):
+    root, devices = _own_containers(tmp_path, fmt)
+    data = {"data.format": fmt, "data.root": str(root), "data.partition": "folders", **changes}
+    data.update({"data.dataset": "mine", "data.num_clients": 4, "data.transforms": transforms})
+    common = {"rounds": 2, "model": model, "train.clients_per_round": 4, **data}
+    bed, threads = _threads(tmp_path / "bed", devices, data_format=fmt)
+    net = bed.server_overrides(min_devices=2)
+    test = {"data.test_path": str(root / test_path)}
+    own = config_for("s2fl", **common, **OWN, **net, **test)
+    try:
+        result = splitfl.run(own, run_dir=tmp_path / "net")
+    finally:
+        for t in threads:
+            t.join(30)
+    seq = splitfl.run(config_for("s2fl", **common), run_dir=tmp_path / "seq")
+    assert _max_diff(_final(result.run_dir), _final(seq.run_dir)) <= 1e-5
+    net_rows, seq_rows = _rows(result.run_dir), _rows(seq.run_dir)
+    assert [r["test_acc"] for r in net_rows] == [r["test_acc"] for r in seq_rows]
+    assert [r["train_loss"] for r in net_rows] == pytest.approx(
+        [r["train_loss"] for r in seq_rows], abs=1e-5
+    )
+    record = json.loads((result.run_dir / "devices.json").read_text())
+    hosted = {d["name"]: [c["client"] for c in d["clients"]] for d in record["devices"]}
+    assert hosted == {"local-0": [0, 2], "local-1": [1, 3]}
+
+
+@pytest.mark.parametrize(
+    "transforms, lazy", [([], None), (CROP_FLIP, True)], ids=["plain", "crop-flip-normalize-lazy"]
+)
+def test_own_image_folders_equal_the_sequential_run(tmp_path, transforms, lazy):
+    """Two devices reading PNG folders (``clients/<id>/<class>/``), with the server's
+    ``data.transforms`` (normalize at read, random crop + flip per batch) as the simulation;
+    lazy (``data.lazy: true``): the devices decode images per batch."""
+    _own_equals_sequential(
+        tmp_path, "image_folder", "cnn_digits", transforms, "", **{"data.lazy": lazy}
+    )
+
+
+def test_own_csv_files_equal_the_sequential_run(tmp_path):
+    _own_equals_sequential(tmp_path, "csv", "mlp", [], "test.csv")
+
+
+def test_own_data_layouts_of_every_container(tmp_path):
+    clients, test = _client_data(clients=2, per_class=1)
+    x, y = clients[0]
+    _png_tree(tmp_path / "img" / "train", clients[0])
+    _csv_file(tmp_path / "one.csv", clients[0])
+    np.save(tmp_path / "x_train.npy", x)
+    np.save(tmp_path / "y_train.npy", y)
+    (tmp_path / "npz" / "clients").mkdir(parents=True)
+    for k, (xk, yk) in enumerate(clients):
+        np.savez(tmp_path / "npz" / "clients" / f"{k + 5}.npz", x=xk, y=yk)
+    np.savez(tmp_path / "npz" / "train.npz", x=x, y=y)  # ignored: clients/ wins
+    lazy = ContainerOptions(lazy=True)
+    img = load_local(tmp_path / "img", "image_folder", lazy)[None]
+    assert isinstance(img[0], LazyInputs) and img[1].tolist() == sorted(y.tolist())
+    for data in (load_local(tmp_path / "one.csv", "csv"), load_local(tmp_path, "npy")):
+        assert torch.allclose(data[None][0].reshape(len(y), -1), torch.as_tensor(x).flatten(1))
+        assert data[None][1].tolist() == y.tolist()
+    many = load_local(tmp_path / "npz", "npz")
+    assert sorted(many) == [5, 6] and torch.equal(many[6][1], torch.as_tensor(clients[1][1]))
+    _png_tree(tmp_path / "test" / "test", test)
+    tx, ty, classes = load_test(tmp_path / "test", "image_folder")
+    assert classes == 10 and len(ty) == 40 and tuple(tx.shape[1:]) == (1, 8, 8)
+
+
+def test_bad_own_data_is_one_line_naming_the_file(tmp_path):
+    _csv_file(tmp_path / "a" / "clients" / "0.csv", _client_data(1, 1)[0][0])
+    bad = tmp_path / "a" / "clients" / "1.csv"
+    bad.write_text("label,f0\n1,zz\n")
+    (tmp_path / "b" / "3").mkdir(parents=True)
+    (tmp_path / "b" / "3" / "x.png").write_bytes(b"not a png")
+    (tmp_path / "c" / "clients" / "alice").mkdir(parents=True)
+    cases = [
+        ("a", "csv", f"{bad}: line 2"),
+        ("b", "image_folder", str(tmp_path / "b" / "3" / "x.png")),
+        ("c", "image_folder", "entries not named by client id"),
+        ("a", "tfrecord", "--format: 'tfrecord' is not one of"),
+    ]
+    for path, fmt, words in cases:
+        with pytest.raises(DatasetError) as err:
+            load_local(tmp_path / path, fmt, ContainerOptions(lazy=False))
+        assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_write_partition_writes_the_stored_inputs(tmp_path):
+    from splitfl.data.clients import write_partition
+
+    changes = {
+        "data.transforms": CROP_FLIP[2:],
+        "data.num_clients": 4,
+        "train.clients_per_round": 4,
+    }
+    config = as_config(config_for("s2fl", **changes))
+    written = write_partition(config, tmp_path, 2)
+    bundle, parts = _partition("s2fl", **changes)
+    assert written == {"local-0": [0, 2], "local-1": [1, 3]}
+    got = load_local(tmp_path / "local-1")
+    assert torch.equal(got[3][0], bundle.train.x[parts[3]])  # normalised by the device
+
+
+def test_device_accepts_every_container_format(tmp_path):
+    from splitfl.net import device_cli
+
+    token = tmp_path / "t.token"
+    token.write_text("x" * 32)
+    base = ["--server", "127.0.0.1:1", "--name", "d0", "--token-file", str(token)]
+    for fmt in ("image_folder", "npz", "npy", "csv", "hf", "parquet"):
+        args = device_cli.build_parser().parse_args([*base, "--data", "m", "--format", fmt])
+        assert device_cli.options_from(args).data_format == fmt
+
+
+def test_own_npz_with_crop_pads_with_the_datasets_black(tmp_path):
+    """Digits are stored normalised (black = -1): an own-data device pads its crops with the
+    server dataset's black (sent in the welcome), as the simulation does."""
+    changes = {"rounds": 2, "data.transforms": [{"random_crop": 2}, "hflip"]}
+    written = _write_devices(tmp_path / "data", "s2fl", 2, **changes)
+    bed, threads = _threads(tmp_path, {name: tmp_path / "data" / name for name in written})
+    net = bed.server_overrides(min_devices=2)
+    try:
+        own = splitfl.run(config_for("s2fl", **changes, **OWN, **net), run_dir=tmp_path / "net")
+    finally:
+        for t in threads:
+            t.join(30)
+    seq = splitfl.run(config_for("s2fl", **changes), run_dir=tmp_path / "seq")
+    assert _max_diff(_final(own.run_dir), _final(seq.run_dir)) <= 1e-5
+
+
+def test_lazy_own_data_stays_lazy_on_the_device(tmp_path):
+    _png_tree(tmp_path / "mine", _client_data(1, 2)[0][0])
+    local = load_local(tmp_path / "mine", "image_folder", ContainerOptions(lazy=True))
+    d = as_config(config_for("s2fl", **{"data.transforms": CROP_FLIP})).data
+    data = ClientData.from_local(local, [4], {**SPEC, "black": None}, d)
+    x, y, _ = data.samples[4]
+    assert isinstance(x, LazyInputs) and len(y) == 20
+    raw = load_local(tmp_path / "mine", "image_folder", ContainerOptions(lazy=False))[None][0]
+    assert torch.allclose(x[torch.tensor([3, 0])], (raw[[3, 0]] - 0.5) / 0.5)
+
+
+@pytest.mark.slow
+def test_launch_data_dir_of_image_folders_equals_the_sequential_run(tmp_path):
+    """``splitfl launch --data-dir``: device processes read ``local-<i>/clients/<id>/`` in
+    ``data.format`` (here image folders) and reproduce the sequential run."""
+    root, _ = _own_containers(tmp_path, "image_folder")
+    data = {"data.format": "image_folder", "data.root": str(root), "data.partition": "folders"}
+    common = {"rounds": 2, "train.clients_per_round": 4, "data.num_clients": 4, **data}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config_for("s2fl", **common, **{"data.dataset": "mine"})))
+    cmd = [sys.executable, "-m", "splitfl", "launch", str(cfg), "--devices", "2"]
+    cmd += ["--data-dir", str(tmp_path), "--out", str(tmp_path / "net")]
+    proc = subprocess.run(cmd, capture_output=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    seq = splitfl.run(
+        config_for("s2fl", **common, **{"data.dataset": "mine"}), run_dir=tmp_path / "seq"
+    )
+    assert _max_diff(_final(tmp_path / "net"), _final(seq.run_dir)) <= 1e-5

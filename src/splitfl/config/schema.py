@@ -52,8 +52,9 @@ class DataConfig:
     #: device trains on its own files, ``splitfl device --data``, and announces its clients'
     #: sample counts and label histograms at join; the server reads only a test set).
     source: str = "partition"
-    #: ``source: devices``: the server's test set, an .npz with ``x``, ``y`` (and optionally
-    #: ``num_classes``), see ``splitfl.data.local``; null = the test split of ``dataset``.
+    #: ``source: devices``: the server's test set in ``format`` (npz when null): a file (an
+    #: .npz with ``x``, ``y``, optionally ``num_classes``) or a folder holding the container's
+    #: test split, see ``splitfl.data.local.load_test``; null = the test split of ``dataset``.
     test_path: str | None = None
     format: str | None = None
     label_column: str = "label"
@@ -254,7 +255,8 @@ class NetworkConfig:
     #: histograms they announce (ε-DP per histogram; ``splitfl.net.announce``); null = exact.
     histogram_epsilon: float | None = None
     #: ``data.source: devices`` with local device processes (``splitfl launch --data-dir``):
-    #: device ``local-<i>`` reads ``data_dir/local-<i>`` (``<client>.npz`` files).
+    #: device ``local-<i>`` reads ``data_dir/local-<i>`` (``<client>.npz`` files, else in
+    #: ``data.format``: ``splitfl.data.local.launch_format``).
     data_dir: str | None = None
     #: Bounds on what devices send (:class:`BoundsConfig`).
     bounds: BoundsConfig = field(default_factory=BoundsConfig)

@@ -8,15 +8,17 @@ the dataset, so both see the same samples.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
-from splitfl.data.base import DatasetBundle, load_dataset
+from splitfl.data.base import DatasetBundle
 from splitfl.data.local import write_local
 from splitfl.data.partition import partition_indices
+from splitfl.data.source import read_dataset
 from splitfl.seeding import rng_for
 
 
@@ -74,7 +76,8 @@ def write_partition(config: ExperimentConfig, folder: Path, devices: int) -> dic
     its clients ``k % devices == i``, each client's samples in partition order (so a device
     reading them draws the batches the simulation draws). Returns device → clients."""
     d = config.data
-    bundle = load_dataset(d.dataset, d.root, verify=d.verify)
+    # as stored (before data.transforms' normalize, which the devices apply as they read)
+    bundle = read_dataset(dataclasses.replace(d, transforms=[]))
     parts = client_partition(config, bundle)
     out: dict[str, list[int]] = {}
     for i in range(devices):

@@ -1,18 +1,29 @@
-"""A device's own training data (``splitfl device --data PATH``) and the test set a server
-holds when the devices bring their data (``data.source: devices``, ``data.test_path``).
+"""A device's own training data (``splitfl device --data PATH --format F``) and the test set a
+server holds when the devices bring their data (``data.source: devices``, ``data.test_path``).
 
-Kept to one small entry point, :func:`load_local`, so that it can be pointed at the general
-container loaders. Supported layouts (``fmt="npz"``):
+Every file is read by the container readers of :mod:`splitfl.data.formats` (the ones
+``data.format`` uses): this module only says where a device's clients are. ``F`` is one of
+:data:`FORMATS` (default ``npz``); the layouts of ``PATH``:
 
-* a file ``PATH.npz`` with arrays ``x`` (inputs ``[N, *input_shape]``, floats, already
-  normalised as the model expects) and ``y`` (integer labels ``[N]``); optionally ``client``
-  (integer ``[N]``): the samples of several clients in one file, each client's in file order.
-  Without ``client`` the file is one client's whole data (its id is given by the device's
-  ``--client-id`` or assigned by the server).
-* a folder of files ``<client id>.npz`` (each with ``x`` and ``y``): one client per file — the
-  layout :func:`write_partition` writes.
+* ``PATH/clients/<id>...``: several clients, the per-client layout of ``data.partition:
+  folders`` — ``clients/<id>/<class>/*.png`` (image_folder), ``clients/<id>.npz``,
+  ``clients/<id>.csv``; for npy, hf and parquet ``clients/<id>/`` is one client's folder as
+  below. Ids are integers.
+* one client (its id given by ``--client-id`` or assigned by the server): image_folder
+  ``PATH/<class>/*`` or ``PATH/train/<class>/*``; npz a file with ``x``, ``y`` or
+  ``PATH/train.npz``; csv a file or ``PATH/train.csv``; npy ``PATH/x_train.npy`` and
+  ``PATH/y_train.npy``; hf a ``save_to_disk`` ``Dataset`` or ``DatasetDict`` (its ``train``);
+  parquet a file or ``PATH/train.parquet``.
+* npz only (kept from the first own-data layout): a folder of ``<client id>.npz`` files (what
+  :func:`write_local` writes), or one ``.npz`` whose optional integer array ``client`` names
+  each sample's client.
 
-A test file may also hold ``num_classes`` (a scalar) when its labels do not show every class.
+Labels as in the containers: integers, or class names (image folders' class folders, CSV
+names) sorted over the device's own clients — so every device must hold the same class
+folders / names (empty class folders allowed), or use integer labels. Inputs are read as the
+containers read them (``uint8`` scaled to [0, 1], images resized to ``data.image_size``,
+lazy per ``data.lazy``); the device applies the server's ``data.transforms`` to them
+(:meth:`splitfl.net.device.ClientData.from_local`), as a simulation run does.
 """
 
 from __future__ import annotations
@@ -23,39 +34,145 @@ import numpy as np
 import torch
 
 from splitfl.data.base import DatasetError
+from splitfl.data.formats import FORMATS, ContainerOptions, arrays, client_entries, hf, images
+from splitfl.data.loaders._common import file_error, reading
 
-#: ``--format`` values.
-FORMATS = ("npz",)
+NAME = "--data"
+#: suffix of one client's entry under ``clients/`` ("" = a folder)
+_ENTRY = {"npz": ".npz", "csv": ".csv"}
 #: client id → (inputs, labels); the key None is one unnamed client.
 LocalData = dict[int | None, tuple[torch.Tensor, torch.Tensor]]
 
+__all__ = ["FORMATS", "LocalData", "launch_format", "load_local", "load_test", "write_local"]
 
-def load_local(path: str | Path, fmt: str = "npz") -> LocalData:
-    """The samples at ``path`` by client (see the module docstring for the layouts).
+
+def load_local(
+    path: str | Path, fmt: str = "npz", options: ContainerOptions | None = None
+) -> LocalData:
+    """The samples at ``path`` by client (layouts: the module docstring); ``options`` are
+    the server's ``data.label_column``, ``image_size``, ``lazy``.
 
     Raises:
         DatasetError: one line naming the file at fault (missing, unreadable, inconsistent).
     """
     if fmt not in FORMATS:
         raise DatasetError(f"--format: {fmt!r} is not one of {list(FORMATS)}")
-    path = Path(path)
+    path, o = Path(path), options or ContainerOptions()
+    if not path.exists():
+        raise DatasetError(f"{path}: no such file or folder")
+    if (path / "clients").is_dir():
+        return _clients(path, fmt, o)
+    if fmt == "npz" and (path.is_file() or not (path / "train.npz").exists()):
+        return _npz_layouts(path)
+    return {None: _checked(*_split(path, fmt, o, "train"), path)}
+
+
+def load_test(
+    path: str | Path, fmt: str | None = None, options: ContainerOptions | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A server's test set (``data.test_path`` in ``data.format``, npz when null): a file,
+    or a folder holding that container's test split (``test/<class>/``, ``test.npz``,
+    ``test.csv``, ``x_test.npy``/``y_test.npy``, a saved ``DatasetDict``'s ``test``,
+    ``test.parquet``). Inputs, labels and the class count: the .npz's ``num_classes``, the
+    image folder's class folders, else the largest label + 1."""
+    path, fmt, o = Path(path), fmt or "npz", options or ContainerOptions()
+    if not path.exists():
+        raise DatasetError(f"{path}: no such file or folder")
+    x, y = _split(path, fmt, o, "test")
+    classes = _checked(x, y, path)[1].max().item() + 1
+    if fmt == "image_folder":
+        classes = max(classes, len(images.class_folders(_folder(path, "test"), NAME)))
+    if fmt == "npz" and path.is_file():
+        with reading(NAME, path), np.load(path, allow_pickle=False) as z:
+            given = z["num_classes"] if "num_classes" in z.files else None
+        if given is not None:
+            if given.shape != () or given.dtype.kind not in "iu" or int(given) < classes:
+                raise file_error(NAME, path, "'num_classes' must be an integer > every label")
+            classes = int(given)
+    return x, y, int(classes)  # x may be lazy (read per evaluation batch)
+
+
+def launch_format(folder: Path, data_format: str | None) -> str:
+    """The ``--format`` of a device ``splitfl launch --data-dir`` starts on ``folder``: npz
+    for ``<client id>.npz`` files (what ``--write-partition`` writes), else the run's
+    ``data.format`` (npz when null)."""
+    return "npz" if any(Path(folder).glob("*.npz")) else data_format or "npz"
+
+
+def _folder(path: Path, split: str) -> Path:
+    return path / split if (path / split).is_dir() else path
+
+
+def _file(path: Path, split: str, suffix: str) -> Path:
+    return path if path.is_file() else path / f"{split}{suffix}"
+
+
+def _split(path: Path, fmt: str, o: ContainerOptions, split: str):
+    """One client's ``(x, y)`` (y int64 tensor) at ``path`` (a file or a container folder)."""
+    if fmt == "image_folder":
+        folder = _folder(path, split)
+        return _images([folder], images.class_folders(folder, NAME), o)[0]
+    if fmt == "npz":
+        x, y = arrays.read_npz(_need(_file(path, split, ".npz")), NAME)
+    elif fmt == "npy":
+        pair = (_need(path / f"{v}_{split}.npy") for v in ("x", "y"))
+        x, y = arrays.read_npy(*pair, NAME, o.lazy)
+    elif fmt == "csv":
+        file = _need(_file(path, split, ".csv"))
+        x, raw = arrays.read_csv(file, NAME, o.label_column)
+        y = arrays.encode_labels(raw, raw, NAME, (file, file))[0]
+    else:
+        if fmt == "hf":
+            ds, where = hf.load_split(path, NAME, split), path
+        else:
+            where = _need(_file(path, split, ".parquet"))
+            ds = hf.load_parquet(where, NAME)
+        y = hf.hf_labels(ds, o.label_column, NAME, where)[0]
+        x = hf.hf_inputs(ds, o.label_column, NAME, where, o.image_size, o.lazy)
+    return x, torch.from_numpy(np.asarray(y, dtype=np.int64))
+
+
+def _images(folders: list[Path], classes: list[str], o: ContainerOptions) -> list[tuple]:
+    """Each image folder's ``(x, y)``, one decoder (the first image's mode and size)."""
+    listed = [images.list_images(f, classes, NAME) for f in folders]
+    decoder = images.ImageDecoder.from_file(listed[0][0][0], NAME, o.image_size)
+    return [
+        (images.image_inputs(paths, decoder, o.lazy), torch.from_numpy(ys)) for paths, ys in listed
+    ]
+
+
+def _clients(path: Path, fmt: str, o: ContainerOptions) -> LocalData:
+    """``path/clients/<id>...``: one entry per client (the ``folders`` partition's layout)."""
+    entries = client_entries(path, _ENTRY.get(fmt, ""), NAME)
+    bad = [e.name for e in entries if not e.stem.isdigit()]
+    if bad:
+        raise file_error(NAME, path / "clients", f"entries not named by client id: {bad[:3]}")
+    ids = [int(e.stem) for e in entries]
+    if fmt == "image_folder":
+        classes = sorted({c for e in entries for c in images.class_folders(e, NAME)})
+        data = _images(entries, classes, o)
+    else:
+        data = [_split(e, fmt, o, "train") for e in entries]
+    return {c: _checked(x, y, e) for c, (x, y), e in zip(ids, data, entries, strict=True)}
+
+
+def _npz_layouts(path: Path) -> LocalData:
+    """The npz layouts kept from the first own-data format (a folder of ``<id>.npz``, or one
+    file with an optional ``client`` array)."""
     if path.is_dir():
         files = sorted(path.glob("*.npz"))
-        named = {f: f.stem for f in files}
-        bad = [f.name for f, stem in named.items() if not stem.isdigit()]
+        bad = [f.name for f in files if not f.stem.isdigit()]
         if bad or not files:
             what = f"files not named <client id>.npz: {bad[:3]}" if bad else "no .npz files"
             raise DatasetError(f"{path}: {what}")
-        return {int(stem): _single(_read(f), f) for f, stem in sorted(named.items())}
-    if not path.is_file():
-        raise DatasetError(f"{path}: no such file or folder")
-    arrays = _read(path)
-    if "client" not in arrays:
-        return {None: _single(arrays, path)}
-    x, y = _single(arrays, path)
-    owner = arrays["client"]
+        return {int(f.stem): _checked(*_split(f, "npz", ContainerOptions(), ""), f) for f in files}
+    x, y = _checked(*_split(path, "npz", ContainerOptions(), ""), path)
+    with reading(NAME, path), np.load(path, allow_pickle=False) as z:
+        owner = z["client"] if "client" in z.files else None
+    if owner is None:
+        return {None: (x, y)}
     if owner.shape != (len(y),) or owner.dtype.kind not in "iu" or (owner < 0).any():
-        raise DatasetError(f"{path}: 'client' must be non-negative integers, one per sample")
+        raise file_error(NAME, path, "'client' must be non-negative integers, one per sample")
     out: LocalData = {}
     for c in np.unique(owner):
         idx = torch.as_tensor(np.flatnonzero(owner == c))
@@ -63,43 +180,20 @@ def load_local(path: str | Path, fmt: str = "npz") -> LocalData:
     return out
 
 
-def load_test(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """A server's test set (one unnamed client's file): inputs, labels and the class count
-    (the file's ``num_classes`` if given, else the largest label + 1)."""
-    arrays = _read(Path(path))
-    x, y = _single(arrays, Path(path))
-    classes = int(y.max()) + 1
-    if "num_classes" in arrays:
-        given = arrays["num_classes"]
-        if given.shape != () or given.dtype.kind not in "iu" or int(given) < classes:
-            raise DatasetError(f"{path}: 'num_classes' must be an integer > every label")
-        classes = int(given)
-    return x, y, classes
+def _need(path: Path) -> Path:
+    if not path.exists():
+        raise DatasetError(f"{path}: no such file or folder")
+    return path
 
 
-def _read(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            return {k: f[k] for k in f.files}
-    except (OSError, ValueError, EOFError) as err:
-        raise DatasetError(f"{path}: not a readable .npz file ({err})") from None
-
-
-def _single(arrays: dict[str, np.ndarray], path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` as float32 and ``y`` as int64, checked against each other."""
-    if "x" not in arrays or "y" not in arrays:
-        raise DatasetError(f"{path}: needs arrays 'x' and 'y' (has {sorted(arrays)})")
-    x, y = arrays["x"], arrays["y"]
-    if x.dtype.kind not in "fiu" or y.dtype.kind not in "iu" or y.ndim != 1:
-        raise DatasetError(f"{path}: 'x' must be numbers and 'y' 1-D integer labels")
-    if len(y) == 0 or x.ndim < 2 or x.shape[0] != len(y):
-        raise DatasetError(f"{path}: {x.shape[0] if x.ndim else 0} inputs for {len(y)} labels")
-    if (y < 0).any():
-        raise DatasetError(f"{path}: negative labels")
-    xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-    if not torch.isfinite(xt).all():
-        raise DatasetError(f"{path}: non-finite inputs")
-    return xt, torch.from_numpy(y.astype(np.int64))
+def _checked(x, y: torch.Tensor, path: Path) -> tuple:
+    """``(x, y)`` with at least one sample and finite inputs (eager ones: lazy inputs are
+    checked as they are read, like the containers')."""
+    if len(y) == 0:
+        raise file_error(NAME, path, "holds no samples")
+    if isinstance(x, torch.Tensor) and not torch.isfinite(x).all():
+        raise file_error(NAME, path, "holds NaN or infinite inputs")
+    return x, y
 
 
 def write_local(path: str | Path, x: torch.Tensor, y: torch.Tensor) -> Path:

@@ -27,8 +27,7 @@ def read_dataset(d: DataConfig, root: str | None = None) -> DatasetBundle:
     if d.format is None:
         bundle = load_dataset(d.dataset, root, verify=d.verify)
     else:
-        options = ContainerOptions(d.label_column, d.image_size, d.lazy, d.partition == "folders")
-        bundle = load_container(d.format, root, d.dataset, options)
+        bundle = load_container(d.format, root, d.dataset, container_options(d))
         check_bundle(cast_labels(bundle), f"{d.dataset}: {d.format} data in {root}")
     return with_transforms(bundle, transforms_of(d))
 
@@ -65,11 +64,22 @@ def with_transforms(bundle: DatasetBundle, t: Transforms) -> DatasetBundle:
         check_input_shape(t, bundle.input_shape)
     except TransformError as err:
         raise ConfigError("data.transforms", f"{bundle.name}: {err}") from None
-    if t.mean is None:
-        return bundle
     for part in (bundle.train, bundle.test):
-        if isinstance(part.x, LazyInputs):
-            part.x = part.x.map(lambda x: normalize_inputs(t, x))
-        else:
-            part.x = normalize_inputs(t, part.x)
+        part.x = normalized(part.x, t)
     return bundle
+
+
+def normalized(x, t: Transforms):
+    """Inputs ``x`` (a tensor or lazy) with ``t``'s ``normalize`` applied (lazily for lazy
+    inputs); ``x`` itself without one. A device's own data goes through this too."""
+    if t.mean is None:
+        return x
+    if isinstance(x, LazyInputs):
+        return x.map(lambda b: normalize_inputs(t, b))
+    return normalize_inputs(t, x)
+
+
+def container_options(d: DataConfig) -> ContainerOptions:
+    """How ``d`` reads a container's files (``label_column``, ``image_size``, ``lazy``,
+    ``partition: folders``)."""
+    return ContainerOptions(d.label_column, d.image_size, d.lazy, d.partition == "folders")

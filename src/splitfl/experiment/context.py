@@ -15,7 +15,12 @@ from splitfl.data.base import ArrayDataset, labels_only
 from splitfl.data.clients import client_partition
 from splitfl.data.local import load_test
 from splitfl.data.partition import batch_sizes, label_histograms
-from splitfl.data.source import augmentation
+from splitfl.data.source import (
+    augmentation,
+    container_options,
+    normalized,
+    transforms_of,
+)
 from splitfl.data.transforms import Transforms
 from splitfl.experiment.validation import resolve_config
 from splitfl.extensions import build_model, load_dataset, profile_model
@@ -195,14 +200,15 @@ def test_only(config: ExperimentConfig) -> DatasetBundle:
     """``data.source: devices``: the server's test set (``data.test_path``, else the test split
     of ``data.dataset``) and an empty training split — the devices hold the training data."""
     d = config.data
+    black = None
     if d.test_path is None:
         full = load_dataset(d)
-        test, classes = full.test, full.num_classes
+        test, classes, black = full.test, full.num_classes, full.black
     else:
-        x, y, classes = load_test(d.test_path)
-        test = ArrayDataset(x, y)
+        x, y, classes = load_test(d.test_path, d.format, container_options(d))
+        test = ArrayDataset(normalized(x, transforms_of(d)), y)
     empty = ArrayDataset(test.x[:0].clone(), test.y[:0].clone())
-    return DatasetBundle(d.dataset, empty, test, classes, tuple(test.x.shape[1:]))
+    return DatasetBundle(d.dataset, empty, test, classes, tuple(test.x.shape[1:]), black)
 
 
 def _checked_model(

@@ -31,10 +31,11 @@ import grpc
 import numpy as np
 import torch
 
-from splitfl.config import ExperimentConfig
+from splitfl.config import DataConfig, ExperimentConfig
 from splitfl.data.clients import client_partition
 from splitfl.data.local import LocalData
-from splitfl.data.source import augmentation
+from splitfl.data.source import augmentation, normalized, transforms_of
+from splitfl.data.transforms import with_black
 from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
 from splitfl.extensions import build_model, load_dataset
 from splitfl.models import ModelPart
@@ -104,10 +105,15 @@ class ClientData:
             self.samples[c] = (x, y, np.arange(len(idx)))
 
     @classmethod
-    def from_local(cls, local: LocalData, clients: list[int], spec: dict) -> ClientData:
+    def from_local(
+        cls, local: LocalData, clients: list[int], spec: dict, d: DataConfig
+    ) -> ClientData:
         """The device's own data (``--data``) for the ``clients`` the server welcomed, checked
-        against the server's model (``spec``: ``input_shape``, ``num_classes``); a mismatch
-        is refused in one line (:class:`Refused`)."""
+        against the server's model (``spec``: ``input_shape``, ``num_classes``, ``black``); a
+        mismatch is refused in one line (:class:`Refused`). The server's ``data.transforms``
+        apply as in a simulation run: ``normalize`` to the inputs as read (lazily for lazy
+        inputs), crop/flip to each training batch (crops padded with the server dataset's
+        black, ``spec["black"]``)."""
         if None in local:  # one unnamed client's data: the one client the server gave it
             if len(clients) != 1:
                 raise Refused(f"data mismatch: {len(clients)} clients assigned, data for one")
@@ -122,8 +128,13 @@ class ClientData:
                 raise Refused(f"data mismatch: client {c}: {problem}")
         self = cls.__new__(cls)
         self.input_shape, self.num_classes = tuple(spec["input_shape"]), int(spec["num_classes"])
-        self.samples = {c: (*local[c], np.arange(len(local[c][1]))) for c in clients}
-        self.augment = None  # own data: no batch augmentation yet
+        t = transforms_of(d)
+        black = spec.get("black")
+        self.augment = with_black(t, tuple(black) if black else None)
+        self.samples = {
+            c: (normalized(local[c][0], t), local[c][1], np.arange(len(local[c][1])))
+            for c in clients
+        }
         return self
 
 

@@ -46,10 +46,16 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument(
         "--data",
         metavar="PATH",
-        help="this device's own training data (servers with data.source: devices): an .npz "
-        "with x, y (and optionally client) or a folder of <client id>.npz files",
+        help="this device's own training data (servers with data.source: devices): one "
+        "client's data, or PATH/clients/<id>... for several (see --format)",
     )
-    p.add_argument("--format", default="npz", choices=FORMATS, help="the format of --data")
+    p.add_argument(
+        "--format",
+        default="npz",
+        choices=FORMATS,
+        help="the container of --data (as data.format; npz also: a folder of <client id>.npz "
+        "or one .npz with x, y and optionally client)",
+    )
     p.add_argument(
         "--histogram-epsilon",
         type=float,

@@ -24,7 +24,9 @@ import grpc
 
 from splitfl.config import ConfigError, ExperimentConfig, from_dict
 from splitfl.data.base import DatasetError
+from splitfl.data.formats import ContainerOptions
 from splitfl.data.local import LocalData, load_local
+from splitfl.data.source import container_options
 from splitfl.extensions import device_imports
 from splitfl.net.announce import effective_epsilon
 from splitfl.net.d2d_device import host_cluster, ring_member
@@ -80,6 +82,9 @@ def _serve_peer(agent, client: int, address: str, name: str, token: str, cert: s
 
 #: The device-to-device session commands: one whole session each, one reply at its end.
 SESSION_HANDLERS = {"host": host_cluster, "join": join_cluster, "ring": ring_member}
+#: how ``--data`` is checked at start (lazy: lists files, reads labels, decodes no image);
+#: the server's ``data.*`` options (label column, image size, lazy) apply from its welcome
+STARTUP = ContainerOptions(lazy=True)
 
 
 def run_device(opts: DeviceOptions, log=print, agent_cls: type | None = None) -> int:
@@ -92,7 +97,8 @@ def run_device(opts: DeviceOptions, log=print, agent_cls: type | None = None) ->
         log(f"splitfl device {opts.name}: cannot listen for peers: {err}")
         return 2
     try:
-        local = load_local(opts.data, opts.data_format) if opts.data else None
+        # checked now (one line, exit 2); read again with the server's options at welcome
+        local = load_local(opts.data, opts.data_format, STARTUP) if opts.data else None
     except DatasetError as err:
         log(f"splitfl device {opts.name}: error: {err}")
         return 2
@@ -317,7 +323,12 @@ def _new_agent(opts, welcome: dict, clients, agent_cls, local, outbox) -> Device
             raise Refused("the server's clients train on the devices' own data: give --data")
         if local is None:
             return agent_cls(config, ClientData(config, clients, opts.data_root))
-        return agent_cls(config, ClientData.from_local(local, clients, spec))
+        local = load_local(opts.data, opts.data_format, container_options(config.data))
+        return agent_cls(config, ClientData.from_local(local, clients, spec, config.data))
+    except DatasetError as err:  # the server's data options on these files: tell it too
+        outbox.put(encode(Message("refuse", {"reason": f"data: {err}"})))
+        time.sleep(0.2)
+        raise
     except Refused as err:
         outbox.put(encode(Message("refuse", {"reason": str(err)})))
         time.sleep(0.2)  # let the line reach the server before the stream closes

@@ -54,6 +54,8 @@ class NetworkedExecutor:
             "input_shape": list(ctx.bundle.input_shape),
             "num_classes": int(ctx.bundle.num_classes),
             "own": own,
+            # a crop's padding value in the stored inputs (own-data devices pad as the server)
+            "black": list(ctx.bundle.black) if ctx.bundle.black else None,
             "histogram_epsilon": self.config.network.histogram_epsilon,
         }
         self.session = NetworkSession(self.config, ctx.num_clients, run_dir, data)

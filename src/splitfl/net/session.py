@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.data.local import launch_format
 from splitfl.extensions import child_env
 from splitfl.net.auth import AuthSetupError, TokenBook, new_token, server_credentials
 from splitfl.net.guard import Audit
@@ -128,7 +129,9 @@ class NetworkSession:
             cmd = [sys.executable, "-m", "splitfl.net.device_cli", "--server", f"{host}:{port}"]
             cmd += ["--name", name, "--token-file", str(token_file), "--retry-s", "10"]
             if n.data_dir:  # the device's own files name its clients
-                cmd += ["--data", str(Path(n.data_dir) / name)]
+                folder = Path(n.data_dir) / name
+                fmt = launch_format(folder, self.config.data.format)
+                cmd += ["--data", str(folder), "--format", fmt]
             else:
                 cmd += ["--client-id", ",".join(map(str, clients))]
             cmd += ["--max-message-mb", str(n.max_message_mb)]

@@ -47,7 +47,7 @@ class ContainerOptions:
     clients: bool = False
 
 
-def _client_entries(root: Path, suffix: str, name: str) -> list[Path]:
+def client_entries(root: Path, suffix: str, name: str) -> list[Path]:
     """``root/clients/*<suffix>`` (folders when ``suffix`` is empty), in id order."""
     folder = root / "clients"
     if not folder.is_dir():
@@ -77,7 +77,7 @@ def _bundle(name: str, train: ArrayDataset, test: ArrayDataset, classes: int | N
 
 def _image_folder(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
     if o.clients:
-        dirs = _client_entries(root, "", name)
+        dirs = client_entries(root, "", name)
         classes = sorted({c for d in dirs for c in images.class_folders(d, name)})
         listed = [images.list_images(d, classes, name) for d in dirs]
         paths = [p for ps, _ in listed for p in ps]
@@ -106,7 +106,7 @@ def _npz(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
         test = _split(*arrays.read_npz(root, name, ("x_test", "y_test")))
         return _bundle(name, train, test, None)
     if o.clients:
-        parts = [arrays.read_npz(p, name) for p in _client_entries(root, ".npz", name)]
+        parts = [arrays.read_npz(p, name) for p in client_entries(root, ".npz", name)]
         x = torch.cat([x for x, _ in parts])
         train = _split(
             x, np.concatenate([y for _, y in parts]), _writers([len(y) for _, y in parts])
@@ -126,7 +126,7 @@ def _npy(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
 
 
 def _csv(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
-    files = _client_entries(root, ".csv", name) if o.clients else [_need(root / "train.csv", name)]
+    files = client_entries(root, ".csv", name) if o.clients else [_need(root / "train.csv", name)]
     test_file = _need(root / "test.csv", name)
     parts = [arrays.read_csv(f, name, o.label_column) for f in files]
     test_x, test_raw = arrays.read_csv(test_file, name, o.label_column)

@@ -46,6 +46,21 @@ def load_saved(root: Path, name: str) -> tuple:
     return dict_splits(saved, name, root)
 
 
+def load_split(root: Path, name: str, split: str):
+    """Split ``split`` of a ``save_to_disk`` folder: a ``DatasetDict``'s, or a saved
+    ``Dataset`` itself (a device's own data, :mod:`splitfl.data.local`)."""
+    datasets = _datasets(name)
+    if not root.is_dir():
+        raise DatasetNotFoundError(f"{name}: missing folder {root} (a save_to_disk dataset)")
+    with reading(name, root):
+        saved = datasets.load_from_disk(str(root))
+    if isinstance(saved, datasets.Dataset):
+        return saved
+    if split not in saved:
+        raise file_error(name, root, f"has no split {split!r} (holds {list(saved)})")
+    return saved[split]
+
+
 def dict_splits(saved, name: str, where: Path | str) -> tuple:
     """``(train, test)`` of a ``DatasetDict`` (or a ``{"train", "test"}`` mapping)."""
     missing = [s for s in ("train", "test") if s not in getattr(saved, "keys", dict)()]
