@@ -9,6 +9,7 @@
    measured round time of SplitFed V1 on digits and each device process's resident memory.
 
     python benchmarks/bench_network.py --devices 10 50 --out benchmarks/results/net.json
+    python benchmarks/bench_network.py --per-batch-only --shapes 16x1024 64x4096 --repeats 5
 """
 
 from __future__ import annotations
@@ -183,22 +184,37 @@ def splitfl_round_trip(iters: int, rows: int, width: int, folder: Path) -> list[
     return times
 
 
-def overhead(iters: int, rows: int, width: int, folder: Path) -> dict:
+def overhead(iters: int, rows: int, width: int, folder: Path, repeats: int = 1) -> dict:
+    """Median per-exchange times of both transports; with ``repeats`` > 1 the two are run
+    alternately (bare, splitfl, splitfl, bare, …) and the ratio is the median of the
+    per-repeat ratios (robust to load from other processes drifting during the run)."""
     up = rows * width * 4 + rows * 8
     down = rows * width * 4
-    bare = bare_round_trip(iters, up, down)
-    ours = splitfl_round_trip(iters, rows, width, folder)
     skip = iters // 10  # warm-up
-    b, s = statistics.median(bare[skip:]), statistics.median(ours[skip:])
-    return {
+    bares, ours = [], []
+    for r in range(repeats):
+        order = ("bare", "splitfl") if r % 2 == 0 else ("splitfl", "bare")
+        for kind in order:
+            if kind == "bare":
+                times = bare_round_trip(iters, up, down)
+                bares.append(statistics.median(times[skip:]))
+            else:
+                times = splitfl_round_trip(iters, rows, width, folder / f"r{r}")
+                ours.append(statistics.median(times[skip:]))
+    b, s = statistics.median(bares), statistics.median(ours)
+    row = {
         "rows": rows,
         "width": width,
         "bytes_up": up,
         "bytes_down": down,
         "bare_ms": b * 1e3,
         "splitfl_ms": s * 1e3,
-        "ratio": s / b,
+        "ratio": statistics.median(o / x for o, x in zip(ours, bares)),
     }
+    if repeats > 1:
+        row["bare_ms_each"] = [x * 1e3 for x in bares]
+        row["splitfl_ms_each"] = [x * 1e3 for x in ours]
+    return row
 
 
 # -- round time and memory with N device processes ------------------------------------------
@@ -274,6 +290,10 @@ def main() -> None:
     p.add_argument("--shapes", nargs="*", default=["16x1024", "64x4096", "128x16384"])
     p.add_argument("--devices", type=int, nargs="*", default=[10, 50])
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=1, help="alternating runs per shape")
+    p.add_argument(
+        "--per-batch-only", action="store_true", help="only the per-batch overhead part"
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -282,11 +302,11 @@ def main() -> None:
         results["overhead"] = []
         for i, shape in enumerate(args.shapes):
             rows, width = map(int, shape.split("x"))
-            row = overhead(args.iters, rows, width, Path(tmp) / f"o{i}")
+            row = overhead(args.iters, rows, width, Path(tmp) / f"o{i}", args.repeats)
             print(json.dumps(row), flush=True)
             results["overhead"].append(row)
         results["launch"] = []
-        for n in args.devices:
+        for n in [] if args.per_batch_only else args.devices:
             row = launch_round(n, Path(tmp), args.steps)
             print(json.dumps(row), flush=True)
             results["launch"].append(row)
