@@ -31,6 +31,7 @@ import grpc
 import torch
 import yaml
 
+from splitfl.config.schema import NetworkConfig
 from splitfl.experiment.runner import as_config
 from splitfl.net.auth import TokenBook
 from splitfl.net.fleet import Expect, Meter, RemoteFleet
@@ -49,7 +50,7 @@ up = b"u" * int(sys.argv[2])
 channel = grpc.insecure_channel(sys.argv[1], options=[
     ("grpc.max_receive_message_length", 1 << 26), ("grpc.max_send_message_length", 1 << 26)])
 import queue
-out = queue.Queue()
+out = queue.SimpleQueue()
 def gen():
     while True:
         item = out.get()
@@ -71,8 +72,8 @@ def bare_round_trip(iters: int, up: int, down: int) -> list[float]:
     """Per-exchange seconds: server sends "go", device answers ``up`` bytes, server sends
     ``down`` bytes (the gradient), over a raw gRPC bidirectional stream."""
     times: list[float] = []
-    inbox: queue.Queue = queue.Queue()
-    outbox: queue.Queue = queue.Queue()
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
 
     def handler(requests, context):
         def read():
@@ -149,7 +150,9 @@ def splitfl_round_trip(iters: int, rows: int, width: int, folder: Path) -> list[
     bed = Testbed.create(folder, ["bench"])
     small = {"data.num_clients": 2, "train.clients_per_round": 2}
     cfg = as_config(config_for("splitfed_v1", **small))
-    settings = HubSettings(max_message_bytes=1 << 28, chunk_bytes=1 << 20)
+    # the config's default chunk size (a 1 MB message is one chunk, as in a run)
+    chunk = NetworkConfig().chunk_kb * 1024
+    settings = HubSettings(max_message_bytes=1 << 28, chunk_bytes=chunk)
     hub = Hub(settings, TokenBook.read(bed.tokens_file), 2, {"config": cfg.to_dict()})
     hub.start(f"127.0.0.1:{bed.port}", None)
     device = subprocess.Popen(
@@ -209,7 +212,7 @@ def overhead(iters: int, rows: int, width: int, folder: Path, repeats: int = 1) 
         "bytes_down": down,
         "bare_ms": b * 1e3,
         "splitfl_ms": s * 1e3,
-        "ratio": statistics.median(o / x for o, x in zip(ours, bares)),
+        "ratio": statistics.median(o / x for o, x in zip(ours, bares, strict=True)),
     }
     if repeats > 1:
         row["bare_ms_each"] = [x * 1e3 for x in bares]
@@ -291,9 +294,7 @@ def main() -> None:
     p.add_argument("--devices", type=int, nargs="*", default=[10, 50])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--repeats", type=int, default=1, help="alternating runs per shape")
-    p.add_argument(
-        "--per-batch-only", action="store_true", help="only the per-batch overhead part"
-    )
+    p.add_argument("--per-batch-only", action="store_true", help="only the per-batch overhead part")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     torch.set_num_threads(1)

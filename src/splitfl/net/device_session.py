@@ -26,6 +26,7 @@ from splitfl.net.announce import effective_epsilon
 from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
 from splitfl.net.emulation import Profile
+from splitfl.net.heap import keep_freed_buffers
 from splitfl.net.hub import METHOD
 from splitfl.net.peer import PeerEndpoint, outgoing
 from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, WireError, decode, encode
@@ -91,6 +92,7 @@ def run_device(opts: DeviceOptions, log=print, agent_cls: type | None = None) ->
     except DatasetError as err:
         log(f"splitfl device {opts.name}: error: {err}")
         return 2
+    keep_freed_buffers()  # message-sized buffers reused, not faulted in per message
     try:
         return _serve_server(opts, log, agent_cls or DeviceAgent, peer, local)
     finally:
@@ -168,7 +170,7 @@ def _session(
         channel = grpc.insecure_channel(opts.server, options=options)
     else:
         channel = grpc.secure_channel(opts.server, opts.credentials, options=options)
-    outbox: queue.Queue = queue.Queue()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
     chunking = {"bytes": 1 << 16}  # until the server's welcome says its chunk size
     hello = {"protocol": PROTOCOL_VERSION, "name": opts.name, "token": opts.token}
     hello["clients"] = list(opts.clients) if to_peer else hello_clients(opts, local)
@@ -286,9 +288,9 @@ class ClientWorkers:
     concurrently, as separate devices would (their emulated transfers and compute overlap);
     each client's commands run in order. A worker's error ends the session."""
 
-    def __init__(self, outbox: queue.Queue, stop_stream):
+    def __init__(self, outbox: queue.SimpleQueue, stop_stream):
         self.outbox, self.stop_stream = outbox, stop_stream
-        self.queues: dict[int, queue.Queue] = {}
+        self.queues: dict[int, queue.SimpleQueue] = {}
         self.threads: list[threading.Thread] = []
         self.error: BaseException | None = None
 
@@ -297,7 +299,7 @@ class ClientWorkers:
         if client not in self.queues:
             if client not in agent.data.samples:
                 raise WireError(f"command for client {client!r}, not hosted here")
-            self.queues[client] = queue.Queue()
+            self.queues[client] = queue.SimpleQueue()
             thread = threading.Thread(target=self._run, args=(agent, client), daemon=True)
             self.threads.append(thread)
             thread.start()

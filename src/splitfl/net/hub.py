@@ -24,6 +24,7 @@ import grpc
 
 from splitfl.net.announce import Announced, AnnouncementError, check_announcement
 from splitfl.net.auth import TokenBook
+from splitfl.net.heap import keep_freed_buffers
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
     Message,
@@ -60,8 +61,9 @@ class DeviceLink:
 
     name: str
     clients: list[int]
-    inbox: dict[int, queue.Queue] = field(default_factory=dict)
-    outbox: queue.Queue = field(default_factory=queue.Queue)
+    #: SimpleQueue (C-implemented): one lock hand-off per message, not a Python Condition's
+    inbox: dict[int, queue.SimpleQueue] = field(default_factory=dict)
+    outbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     alive: bool = True
     #: the device has loaded its data and model (it said ``ready``): it can be given work
     ready: bool = False
@@ -137,6 +139,7 @@ class Hub:
             port = server.add_secure_port(address, credentials)
         if port == 0:
             raise OSError(f"cannot listen on {address}")
+        keep_freed_buffers()  # message-sized buffers reused, not faulted in per message
         server.start()
         self.server = server
         return port
@@ -265,7 +268,7 @@ class Hub:
             if name in self.links and self.links[name].alive:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS, f"device {name!r} already connected")
             clients = self._assign(f.get("clients"), context)
-            link = DeviceLink(name, clients, {c: queue.Queue() for c in clients})
+            link = DeviceLink(name, clients, {c: queue.SimpleQueue() for c in clients})
             link.peer_address, link.peer_cert = address, cert
             self.links[name] = link
             self.lock.notify_all()

@@ -25,7 +25,7 @@ from splitfl.net.hub import LOST, METHOD, Hub, HubSettings
 from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, chunks, decode, encode
 
 
-def outgoing(outbox: queue.Queue, chunking: dict) -> Iterator[bytes]:
+def outgoing(outbox: queue.SimpleQueue, chunking: dict) -> Iterator[bytes]:
     """The request stream of a connecting end: encoded messages from ``outbox`` in chunks of
     ``chunking["bytes"]`` until None."""
     while True:
