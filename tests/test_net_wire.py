@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import struct
 import time
@@ -47,6 +48,37 @@ def test_scalar_and_non_contiguous_tensors_round_trip():
     t = torch.arange(12.0).reshape(3, 4).t()  # a transposed view
     back = decode(encode(Message("t", {}, {"t": t, "s": torch.tensor(7)})))
     assert torch.equal(back.tensors["t"], t) and back.tensors["s"].item() == 7
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()))
+def test_one_dim_zero_dim_and_grad_tensors_round_trip(dtype):
+    vec = (torch.randn(5) * 100).to(dtype)
+    scalar = torch.tensor(3).to(dtype)
+    grad = torch.randn(2, 3, requires_grad=True)  # sent without its graph
+    back = decode(encode(Message("t", {}, {"v": vec, "s": scalar, "g": grad * 2})))
+    assert back.tensors["v"].shape == (5,) and torch.equal(back.tensors["v"], vec)
+    assert back.tensors["s"].shape == () and torch.equal(back.tensors["s"], scalar)
+    assert not back.tensors["g"].requires_grad and torch.equal(back.tensors["g"], grad * 2)
+
+
+def test_decoded_tensors_are_views_of_the_received_buffer():
+    data = bytearray(encode(Message("t", {}, {"x": torch.zeros(4)})).tobytes())
+    x = decode(data).tensors["x"]
+    data[-4:] = struct.pack("<f", 2.5)  # the last float of the (aligned) message
+    assert x.tolist() == [0.0, 0.0, 0.0, 2.5]
+
+
+def test_freed_buffers_are_kept_unless_the_environment_chose(tmp_path):
+    import subprocess
+    import sys
+
+    code = "from splitfl.net.heap import keep_freed_buffers as k; print(k(), k())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    run = lambda e: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert run(env) == ["True", "True"]
+    assert run({**env, "MALLOC_TRIM_THRESHOLD_": "1"}) == ["False", "False"]
 
 
 def _raw(header: bytes, body: bytes = b"") -> bytes:
