@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import struct
+import threading
 import time
 
 import pytest
@@ -280,3 +282,34 @@ def test_non_loopback_listen_is_allowed_with_insecure_or_tls(tmp_path):
 def test_measured_clock_needs_the_networked_executor():
     with pytest.raises(ConfigError, match="measured needs executor: networked"):
         as_config(config_for("s2fl", clock="measured"))
+
+
+class _Agent:
+    """Records which thread ran each command (ClientWorkers' scheduling only)."""
+
+    def __init__(self, clients):
+        self.data = type("D", (), {"samples": {c: None for c in clients}})()
+        self.sessions = {"host": None}
+        self.profiles, self.ran = {}, []
+
+    def link(self, client, kind, nbytes):
+        pass
+
+    def handle(self, msg):
+        self.ran.append((msg.type, threading.current_thread()))
+        return Message("done", {"type": msg.type})
+
+
+@pytest.mark.parametrize(
+    "clients, kind, inline",
+    [([0], "forward", True), ([0], "host", False), ([0, 1], "forward", False)],
+)
+def test_device_runs_a_lone_clients_command_in_the_reading_thread(clients, kind, inline):
+    agent, out = _Agent(clients), queue.SimpleQueue()
+    workers = device_module.ClientWorkers(out, lambda: None)
+    workers.dispatch(agent, Message(kind, {"client": 0}), 10)
+    assert decode(out.get(timeout=10)).fields == {"type": kind}  # the reply was queued
+    workers.close()
+    assert (agent.ran[0][1] is threading.current_thread()) == inline
+    with pytest.raises(WireError, match="not hosted"):
+        workers.dispatch(agent, Message(kind, {"client": 7}), 10)
