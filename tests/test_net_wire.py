@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import queue
 import struct
@@ -68,19 +67,6 @@ def test_decoded_tensors_are_views_of_the_received_buffer():
     x = decode(data).tensors["x"]
     data[-4:] = struct.pack("<f", 2.5)  # the last float of the (aligned) message
     assert x.tolist() == [0.0, 0.0, 0.0, 2.5]
-
-
-def test_freed_buffers_are_kept_unless_the_environment_chose(tmp_path):
-    import subprocess
-    import sys
-
-    code = "from splitfl.net.heap import keep_freed_buffers as k; print(k(), k())"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    run = lambda e: subprocess.run(  # noqa: E731
-        [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert run(env) == ["True", "True"]
-    assert run({**env, "MALLOC_TRIM_THRESHOLD_": "1"}) == ["False", "False"]
 
 
 def _raw(header: bytes, body: bytes = b"") -> bytes:

@@ -26,7 +26,6 @@ from splitfl.net.announce import effective_epsilon
 from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
 from splitfl.net.emulation import Profile
-from splitfl.net.heap import keep_freed_buffers
 from splitfl.net.hub import METHOD
 from splitfl.net.peer import PeerEndpoint, outgoing
 from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, WireError, decode, encode
@@ -92,7 +91,6 @@ def run_device(opts: DeviceOptions, log=print, agent_cls: type | None = None) ->
     except DatasetError as err:
         log(f"splitfl device {opts.name}: error: {err}")
         return 2
-    keep_freed_buffers()  # message-sized buffers reused, not faulted in per message
     try:
         return _serve_server(opts, log, agent_cls or DeviceAgent, peer, local)
     finally:

@@ -24,7 +24,6 @@ import grpc
 
 from splitfl.net.announce import Announced, AnnouncementError, check_announcement
 from splitfl.net.auth import TokenBook
-from splitfl.net.heap import keep_freed_buffers
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
     Message,
@@ -139,7 +138,6 @@ class Hub:
             port = server.add_secure_port(address, credentials)
         if port == 0:
             raise OSError(f"cannot listen on {address}")
-        keep_freed_buffers()  # message-sized buffers reused, not faulted in per message
         server.start()
         self.server = server
         return port
