@@ -9,6 +9,7 @@
    measured round time of SplitFed V1 on digits and each device process's resident memory.
 
     python benchmarks/bench_network.py --devices 10 50 --out benchmarks/results/net.json
+    python benchmarks/bench_network.py --per-batch-only --shapes 16x1024 64x4096 --repeats 5
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import grpc
 import torch
 import yaml
 
+from splitfl.config.schema import NetworkConfig
 from splitfl.experiment.runner import as_config
 from splitfl.net.auth import TokenBook
 from splitfl.net.fleet import Expect, Meter, RemoteFleet
@@ -48,7 +50,7 @@ up = b"u" * int(sys.argv[2])
 channel = grpc.insecure_channel(sys.argv[1], options=[
     ("grpc.max_receive_message_length", 1 << 26), ("grpc.max_send_message_length", 1 << 26)])
 import queue
-out = queue.Queue()
+out = queue.SimpleQueue()
 def gen():
     while True:
         item = out.get()
@@ -70,13 +72,16 @@ def bare_round_trip(iters: int, up: int, down: int) -> list[float]:
     """Per-exchange seconds: server sends "go", device answers ``up`` bytes, server sends
     ``down`` bytes (the gradient), over a raw gRPC bidirectional stream."""
     times: list[float] = []
-    inbox: queue.Queue = queue.Queue()
-    outbox: queue.Queue = queue.Queue()
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
 
     def handler(requests, context):
         def read():
-            for msg in requests:
-                inbox.put(msg)
+            try:
+                for msg in requests:
+                    inbox.put(msg)
+            except grpc.RpcError:
+                pass  # the stream ends when the run is over
 
         threading.Thread(target=read, daemon=True).start()
         while True:
@@ -128,12 +133,13 @@ from splitfl.net.device import DeviceAgent, DeviceOptions
 from splitfl.net.device_session import run_device
 from splitfl.net.wire import Message
 rows, width = int(sys.argv[4]), int(sys.argv[5])
+FX, Y = torch.ones(rows, width), torch.zeros(rows, dtype=torch.long)  # built once, as bare's
 class Fixed(DeviceAgent):
     def _on_begin(self, c, msg):
         return Message("ack")
     def _on_forward(self, c, msg):
         return Message("forwarded", {"step": msg.fields["step"]},
-                       {"fx": torch.ones(rows, width), "y": torch.zeros(rows, dtype=torch.long)})
+                       {"fx": FX, "y": Y})
     def _on_backward(self, c, msg):
         return None
 opts = DeviceOptions(server=sys.argv[1], name="bench", token=sys.argv[2], clients=(0,),
@@ -148,7 +154,9 @@ def splitfl_round_trip(iters: int, rows: int, width: int, folder: Path) -> list[
     bed = Testbed.create(folder, ["bench"])
     small = {"data.num_clients": 2, "train.clients_per_round": 2}
     cfg = as_config(config_for("splitfed_v1", **small))
-    settings = HubSettings(max_message_bytes=1 << 28, chunk_bytes=1 << 20)
+    # the config's default chunk size (a 1 MB message is one chunk, as in a run)
+    chunk = NetworkConfig().chunk_kb * 1024
+    settings = HubSettings(max_message_bytes=1 << 28, chunk_bytes=chunk)
     hub = Hub(settings, TokenBook.read(bed.tokens_file), 2, {"config": cfg.to_dict()})
     hub.start(f"127.0.0.1:{bed.port}", None)
     device = subprocess.Popen(
@@ -183,22 +191,37 @@ def splitfl_round_trip(iters: int, rows: int, width: int, folder: Path) -> list[
     return times
 
 
-def overhead(iters: int, rows: int, width: int, folder: Path) -> dict:
+def overhead(iters: int, rows: int, width: int, folder: Path, repeats: int = 1) -> dict:
+    """Median per-exchange times of both transports; with ``repeats`` > 1 the two are run
+    alternately (bare, splitfl, splitfl, bare, …) and the ratio is the median of the
+    per-repeat ratios (robust to load from other processes drifting during the run)."""
     up = rows * width * 4 + rows * 8
     down = rows * width * 4
-    bare = bare_round_trip(iters, up, down)
-    ours = splitfl_round_trip(iters, rows, width, folder)
     skip = iters // 10  # warm-up
-    b, s = statistics.median(bare[skip:]), statistics.median(ours[skip:])
-    return {
+    bares, ours = [], []
+    for r in range(repeats):
+        order = ("bare", "splitfl") if r % 2 == 0 else ("splitfl", "bare")
+        for kind in order:
+            if kind == "bare":
+                times = bare_round_trip(iters, up, down)
+                bares.append(statistics.median(times[skip:]))
+            else:
+                times = splitfl_round_trip(iters, rows, width, folder / f"r{r}")
+                ours.append(statistics.median(times[skip:]))
+    b, s = statistics.median(bares), statistics.median(ours)
+    row = {
         "rows": rows,
         "width": width,
         "bytes_up": up,
         "bytes_down": down,
         "bare_ms": b * 1e3,
         "splitfl_ms": s * 1e3,
-        "ratio": s / b,
+        "ratio": statistics.median(o / x for o, x in zip(ours, bares, strict=True)),
     }
+    if repeats > 1:
+        row["bare_ms_each"] = [x * 1e3 for x in bares]
+        row["splitfl_ms_each"] = [x * 1e3 for x in ours]
+    return row
 
 
 # -- round time and memory with N device processes ------------------------------------------
@@ -274,6 +297,8 @@ def main() -> None:
     p.add_argument("--shapes", nargs="*", default=["16x1024", "64x4096", "128x16384"])
     p.add_argument("--devices", type=int, nargs="*", default=[10, 50])
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=1, help="alternating runs per shape")
+    p.add_argument("--per-batch-only", action="store_true", help="only the per-batch overhead part")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -282,11 +307,11 @@ def main() -> None:
         results["overhead"] = []
         for i, shape in enumerate(args.shapes):
             rows, width = map(int, shape.split("x"))
-            row = overhead(args.iters, rows, width, Path(tmp) / f"o{i}")
+            row = overhead(args.iters, rows, width, Path(tmp) / f"o{i}", args.repeats)
             print(json.dumps(row), flush=True)
             results["overhead"].append(row)
         results["launch"] = []
-        for n in args.devices:
+        for n in [] if args.per_batch_only else args.devices:
             row = launch_round(n, Path(tmp), args.steps)
             print(json.dumps(row), flush=True)
             results["launch"].append(row)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pickle
+import queue
 import struct
+import threading
 import time
 
 import pytest
@@ -47,6 +49,24 @@ def test_scalar_and_non_contiguous_tensors_round_trip():
     t = torch.arange(12.0).reshape(3, 4).t()  # a transposed view
     back = decode(encode(Message("t", {}, {"t": t, "s": torch.tensor(7)})))
     assert torch.equal(back.tensors["t"], t) and back.tensors["s"].item() == 7
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()))
+def test_one_dim_zero_dim_and_grad_tensors_round_trip(dtype):
+    vec = (torch.randn(5) * 100).to(dtype)
+    scalar = torch.tensor(3).to(dtype)
+    grad = torch.randn(2, 3, requires_grad=True)  # sent without its graph
+    back = decode(encode(Message("t", {}, {"v": vec, "s": scalar, "g": grad * 2})))
+    assert back.tensors["v"].shape == (5,) and torch.equal(back.tensors["v"], vec)
+    assert back.tensors["s"].shape == () and torch.equal(back.tensors["s"], scalar)
+    assert not back.tensors["g"].requires_grad and torch.equal(back.tensors["g"], grad * 2)
+
+
+def test_decoded_tensors_are_views_of_the_received_buffer():
+    data = bytearray(encode(Message("t", {}, {"x": torch.zeros(4)})).tobytes())
+    x = decode(data).tensors["x"]
+    data[-4:] = struct.pack("<f", 2.5)  # the last float of the (aligned) message
+    assert x.tolist() == [0.0, 0.0, 0.0, 2.5]
 
 
 def _raw(header: bytes, body: bytes = b"") -> bytes:
@@ -255,3 +275,34 @@ def test_non_loopback_listen_is_allowed_with_insecure_or_tls(tmp_path):
 def test_measured_clock_needs_the_networked_executor():
     with pytest.raises(ConfigError, match="measured needs executor: networked"):
         as_config(config_for("s2fl", clock="measured"))
+
+
+class _Agent:
+    """Records which thread ran each command (ClientWorkers' scheduling only)."""
+
+    def __init__(self, clients):
+        self.data = type("D", (), {"samples": {c: None for c in clients}})()
+        self.sessions = {"host": None}
+        self.profiles, self.ran = {}, []
+
+    def link(self, client, kind, nbytes):
+        pass
+
+    def handle(self, msg):
+        self.ran.append((msg.type, threading.current_thread()))
+        return Message("done", {"type": msg.type})
+
+
+@pytest.mark.parametrize(
+    "clients, kind, inline",
+    [([0], "forward", True), ([0], "host", False), ([0, 1], "forward", False)],
+)
+def test_device_runs_a_lone_clients_command_in_the_reading_thread(clients, kind, inline):
+    agent, out = _Agent(clients), queue.SimpleQueue()
+    workers = device_module.ClientWorkers(out, lambda: None)
+    workers.dispatch(agent, Message(kind, {"client": 0}), 10)
+    assert decode(out.get(timeout=10)).fields == {"type": kind}  # the reply was queued
+    workers.close()
+    assert (agent.ran[0][1] is threading.current_thread()) == inline
+    with pytest.raises(WireError, match="not hosted"):
+        workers.dispatch(agent, Message(kind, {"client": 7}), 10)

@@ -185,7 +185,7 @@ def _session(
         channel = grpc.insecure_channel(opts.server, options=options)
     else:
         channel = grpc.secure_channel(opts.server, opts.credentials, options=options)
-    outbox: queue.Queue = queue.Queue()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
     chunking = {"bytes": 1 << 16}  # until the server's welcome says its chunk size
     hello = {"protocol": PROTOCOL_VERSION, "name": opts.name, "token": opts.token}
     hello["clients"] = list(opts.clients) if to_peer else hello_clients(opts, local)
@@ -352,41 +352,57 @@ def _announce(opts: DeviceOptions, agent: DeviceAgent, spec: dict | None, local)
 class ClientWorkers:
     """One thread per hosted client: a device process hosting several clients runs them
     concurrently, as separate devices would (their emulated transfers and compute overlap);
-    each client's commands run in order. A worker's error ends the session."""
+    each client's commands run in order. A worker's error ends the session. A device hosting
+    one client runs a command in the reading thread itself when that client's worker is idle
+    (one thread hand-off less per message, same order); device-to-device session commands,
+    which run until the server's ``abort`` or their end, always go to the worker."""
 
-    def __init__(self, outbox: queue.Queue, stop_stream):
+    def __init__(self, outbox: queue.SimpleQueue, stop_stream):
         self.outbox, self.stop_stream = outbox, stop_stream
-        self.queues: dict[int, queue.Queue] = {}
+        self.queues: dict[int, queue.SimpleQueue] = {}
         self.threads: list[threading.Thread] = []
         self.error: BaseException | None = None
+        #: commands queued per client (written by the reader) and finished by its worker
+        #: (written by the worker): the worker is idle when they are equal
+        self.queued: dict[int, int] = {}
+        self.finished: dict[int, int] = {}
 
     def dispatch(self, agent: DeviceAgent, msg: Message, nbytes: int) -> None:
         client = msg.fields.get("client")
+        if client not in agent.data.samples:
+            raise WireError(f"command for client {client!r}, not hosted here")
+        idle = self.queued.get(client, 0) == self.finished.get(client, 0)
+        if idle and len(agent.data.samples) == 1 and msg.type not in agent.sessions:
+            self._serve(agent, client, msg, nbytes)
+            return
         if client not in self.queues:
-            if client not in agent.data.samples:
-                raise WireError(f"command for client {client!r}, not hosted here")
-            self.queues[client] = queue.Queue()
+            self.queues[client] = queue.SimpleQueue()
             thread = threading.Thread(target=self._run, args=(agent, client), daemon=True)
             self.threads.append(thread)
             thread.start()
+        self.queued[client] = self.queued.get(client, 0) + 1
         self.queues[client].put((msg, nbytes))
 
     def _run(self, agent: DeviceAgent, client: int) -> None:
         box = self.queues[client]
         try:
             while (item := box.get()) is not None:
-                msg, nbytes = item
-                if msg.type in ("begin", "ring"):
-                    agent.profiles[client] = Profile.from_fields(msg.fields.get("emulate") or {})
-                agent.link(client, "down", nbytes)  # emulated download, before use
-                reply = agent.handle(msg)
-                if reply is not None:
-                    frame = _encode_reply(reply)
-                    agent.link(client, "up", len(frame))  # leaves at the link's rate
-                    self.outbox.put(frame)
+                self._serve(agent, client, *item)
+                self.finished[client] = self.finished.get(client, 0) + 1
         except BaseException as err:  # noqa: BLE001 (reported to the session, which ends)
             self.error = err
             self.stop_stream()
+
+    def _serve(self, agent: DeviceAgent, client: int, msg: Message, nbytes: int) -> None:
+        """Run one command and queue its reply (emulated transfers held on the way)."""
+        if msg.type in ("begin", "ring"):
+            agent.profiles[client] = Profile.from_fields(msg.fields.get("emulate") or {})
+        agent.link(client, "down", nbytes)  # emulated download, before use
+        reply = agent.handle(msg)
+        if reply is not None:
+            frame = _encode_reply(reply)
+            agent.link(client, "up", len(frame))  # leaves at the link's rate
+            self.outbox.put(frame)
 
     def close(self) -> None:
         for box in self.queues.values():

@@ -32,7 +32,7 @@ from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, chunks, dec
 PEER_LINKS, PEER_PENDING = 64, 64
 
 
-def outgoing(outbox: queue.Queue, chunking: dict) -> Iterator[bytes]:
+def outgoing(outbox: queue.SimpleQueue, chunking: dict) -> Iterator[bytes]:
     """The request stream of a connecting end: encoded messages from ``outbox`` in chunks of
     ``chunking["bytes"]`` until None."""
     while True:

@@ -94,16 +94,13 @@ def encode(message: Message) -> Frame:
     are (no dtype conversion); a dtype outside :data:`DTYPES` raises :class:`WireError`."""
     specs, flats = [], []
     for name, tensor in message.tensors.items():
-        t = tensor.detach().to("cpu").contiguous()
-        if t.dtype not in _NAMES:
-            raise WireError(f"tensor {name!r}: dtype {t.dtype} cannot be sent")
-        specs.append([name, _NAMES[t.dtype], list(t.shape)])
-        flats.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        if tensor.dtype not in _NAMES:
+            raise WireError(f"tensor {name!r}: dtype {tensor.dtype} cannot be sent")
+        specs.append([name, _NAMES[tensor.dtype], list(tensor.shape)])
+        flats.append(_raw_bytes(tensor))
     try:
-        header = json.dumps(
-            {"type": message.type, "fields": message.fields, "tensors": specs},
-            separators=(",", ":"),
-            allow_nan=False,
+        header = _HEADER.encode(
+            {"type": message.type, "fields": message.fields, "tensors": specs}
         ).encode()
     except (TypeError, ValueError) as err:  # NaN/inf (strict JSON) or a non-JSON value
         raise WireError(f"{message.type!r} cannot be sent: {err}") from None
@@ -114,6 +111,25 @@ def encode(message: Message) -> Frame:
         if flat.nbytes % 8:
             parts.append(_PAD[: _aligned(flat.nbytes) - flat.nbytes])
     return Frame(parts)
+
+
+#: One JSON encoder for every header (``json.dumps`` with options builds a new one per call).
+_HEADER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+    """A CPU tensor's bytes in C order, without a copy where it already is one: the numpy
+    view's bytes (bfloat16, which numpy lacks, through a uint8 view)."""
+    t = tensor.detach()
+    if t.numel() == 0:
+        return memoryview(b"")
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return memoryview(t.numpy()).cast("B")
 
 
 def decode(data: bytes | bytearray | Frame) -> Message:
@@ -139,14 +155,14 @@ def decode(data: bytes | bytearray | Frame) -> Message:
     for spec in specs:
         name, dtype, shape = _tensor_spec(spec)
         count = math.prod(shape)
-        nbytes = count * _itemsize(dtype)
+        nbytes = count * dtype.itemsize
         if offset + nbytes > len(data):
             raise WireError(f"tensor {name!r}: {nbytes} bytes declared, message too short")
         if nbytes:
             flat = torch.frombuffer(data, dtype=dtype, count=count, offset=offset)
+            tensors[name] = flat.view(shape) if len(shape) != 1 else flat
         else:
-            flat = torch.empty(0, dtype=dtype)
-        tensors[name] = flat.reshape(shape)
+            tensors[name] = torch.empty(shape, dtype=dtype)
         offset += _aligned(nbytes)
     if offset != len(data):
         raise WireError(f"{len(data) - offset} trailing bytes after the declared tensors")
@@ -205,10 +221,6 @@ def _tensor_spec(spec: Any) -> tuple[str, torch.dtype, list[int]]:
     if len(shape) > _MAX_DIMS or not all(isinstance(d, int) and 0 <= d < 2**40 for d in shape):
         raise WireError(f"tensor {spec[0]!r}: bad shape {str(shape)[:80]}")
     return spec[0], DTYPES[spec[1]], shape
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def all_finite(t: torch.Tensor) -> bool:
