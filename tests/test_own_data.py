@@ -35,6 +35,7 @@ from splitfl.net.announce import (
     noisy_histogram,
 )
 from splitfl.net.device import ClientData, DeviceAgent
+from splitfl.net.session import NoDevicesError
 from splitfl.net.testbed import Testbed
 from splitfl.seeding import derive_seed
 from splitfl.testing import config_for
@@ -185,7 +186,7 @@ def _refused_run(tmp_path, capfd, folders, agent_cls=None, config=OWN, **device_
     """A server that no device can join (refused): the run stops, both sides log why."""
     bed, threads = _threads(tmp_path, folders, agent_cls, retry_s=3.0, **device_opts)
     net = bed.server_overrides(min_devices=1, connect_timeout_s=4.0)
-    with pytest.raises(RuntimeError, match="devices ready"):
+    with pytest.raises(NoDevicesError, match="devices ready"):
         splitfl.run(config_for("fedavg", rounds=1, **config, **net), run_dir=tmp_path / "n")
     threads[0].join(30)
     server = [ln for ln in capfd.readouterr().err.splitlines() if "splitfl server" in ln]

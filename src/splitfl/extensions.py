@@ -226,11 +226,15 @@ def device_imports(config: ExperimentConfig) -> None:
     """On a device process: import what the server's config names (its ``imports`` and
     import paths) from this device's own environment (``PYTHONPATH``, current directory;
     never the server's paths), and check its model and dataset names. A device lacking one
-    gets a one-line ConfigError."""
+    gets a one-line ConfigError. The dataset name matters only where the device reads the
+    server's dataset: with ``data.format`` it merely names a container, and with
+    ``data.source: devices`` the device reads its own files."""
     import_config_modules(config.replace(import_dirs=None))
+    d = config.data
     try:
         check_model(config.model)
-        check_dataset(config.data.dataset)
+        if d.format is None and d.source == "partition":
+            check_dataset(d.dataset)
     except ConfigError as err:
         raise ConfigError(
             err.field_path,
