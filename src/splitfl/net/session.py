@@ -29,6 +29,15 @@ from splitfl.net.guard import Audit
 from splitfl.net.hub import Hub, HubSettings
 
 
+def deal_block(num_clients: int, need: int, bound: dict[str, frozenset[int]]) -> int:
+    """How many clients the server deals a device that names none and has no bound clients:
+    the clients not bound to any token, shared among the devices the run waits for less those
+    with bound tokens (at least 1), so ``min_devices`` devices host every client."""
+    taken = {c for ids in bound.values() for c in ids if 0 <= c < num_clients}
+    unbound_devices = max(1, need - len(bound))
+    return max(1, math.ceil((num_clients - len(taken)) / unbound_devices))
+
+
 class NoDevicesError(ConfigError):
     """Too few devices connected in time (a one-line error; the run directory is left as
     it was, so the run can be resumed once the devices are back)."""
@@ -96,7 +105,7 @@ class NetworkSession:
             raise ConfigError("network.tokens", "no device can connect: give a tokens file")
         need = self.need
         welcome = {"config": device_config(self.config)}
-        welcome["block"] = math.ceil(self.num_clients / need)
+        welcome["block"] = deal_block(self.num_clients, need, book.bound)
         if self.data is not None:
             welcome["data"] = self.data
         audit = Audit(self.run_dir / "audit.log")
