@@ -29,13 +29,17 @@ from splitfl.net.guard import Audit
 from splitfl.net.hub import Hub, HubSettings
 
 
-def deal_block(num_clients: int, need: int, bound: dict[str, frozenset[int]]) -> int:
+def deal_block(num_clients: int, need: int, bound: dict[str, frozenset[int]], names: int) -> int:
     """How many clients the server deals a device that names none and has no bound clients:
-    the clients not bound to any token, shared among the devices the run waits for less those
-    with bound tokens (at least 1), so ``min_devices`` devices host every client."""
-    taken = {c for ids in bound.values() for c in ids if 0 <= c < num_clients}
-    unbound_devices = max(1, need - len(bound))
-    return max(1, math.ceil((num_clients - len(taken)) / unbound_devices))
+    ⌈clients / need⌉; when the tokens file names exactly the ``need`` devices awaited
+    (``names <= need``), the clients bound to no token shared among the unbound devices, so
+    a bound token's few clients do not leave the rest unhosted (at least 1)."""
+    bound = {name: {c for c in ids if 0 <= c < num_clients} for name, ids in bound.items()}
+    bound = {name: ids for name, ids in bound.items() if ids}
+    if names > need or not bound:
+        return math.ceil(num_clients / need)
+    taken = set().union(*bound.values())
+    return max(1, math.ceil((num_clients - len(taken)) / max(1, need - len(bound))))
 
 
 class NoDevicesError(ConfigError):
@@ -105,7 +109,7 @@ class NetworkSession:
             raise ConfigError("network.tokens", "no device can connect: give a tokens file")
         need = self.need
         welcome = {"config": device_config(self.config)}
-        welcome["block"] = deal_block(self.num_clients, need, book.bound)
+        welcome["block"] = deal_block(self.num_clients, need, book.bound, len(book.hashes))
         if self.data is not None:
             welcome["data"] = self.data
         audit = Audit(self.run_dir / "audit.log")
