@@ -30,6 +30,19 @@ from splitfl.net.guard import Audit
 from splitfl.net.hub import Hub, HubSettings
 
 
+def deal_block(num_clients: int, need: int, bound: dict[str, frozenset[int]], names: int) -> int:
+    """How many clients the server deals a device that names none and has no bound clients:
+    ⌈clients / need⌉; when the tokens file names exactly the ``need`` devices awaited
+    (``names <= need``), the clients bound to no token shared among the unbound devices, so
+    a bound token's few clients do not leave the rest unhosted (at least 1)."""
+    bound = {name: {c for c in ids if 0 <= c < num_clients} for name, ids in bound.items()}
+    bound = {name: ids for name, ids in bound.items() if ids}
+    if names > need or not bound:
+        return math.ceil(num_clients / need)
+    taken = set().union(*bound.values())
+    return max(1, math.ceil((num_clients - len(taken)) / max(1, need - len(bound))))
+
+
 class NoDevicesError(ConfigError):
     """Too few devices connected in time (a one-line error; the run directory is left as
     it was, so the run can be resumed once the devices are back)."""
@@ -97,7 +110,7 @@ class NetworkSession:
             raise ConfigError("network.tokens", "no device can connect: give a tokens file")
         need = self.need
         welcome = {"config": device_config(self.config)}
-        welcome["block"] = math.ceil(self.num_clients / need)
+        welcome["block"] = deal_block(self.num_clients, need, book.bound, len(book.hashes))
         if self.data is not None:
             welcome["data"] = self.data
         audit = Audit(self.run_dir / "audit.log")
