@@ -139,6 +139,7 @@ def test_a_nan_in_a_reply_is_refused_and_metrics_stay_strict_json(tmp_path, monk
         dumps=lambda *a, **k: json.dumps(*a, **{**k, "allow_nan": True}), loads=json.loads
     )
     monkeypatch.setattr(wire, "json", lenient)
+    monkeypatch.setattr(wire, "_HEADER", json.JSONEncoder(separators=(",", ":"), allow_nan=True))
     result = _run(tmp_path, "s2fl", _NaNTime, clock="measured")
     rows = _strict_rows(result.run_dir)  # old code: NaN literals, not JSON
     for row in rows:

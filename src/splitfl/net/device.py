@@ -256,7 +256,7 @@ class DeviceAgent:
             return reply
         if msg.type not in COMMANDS:
             raise CommandError(f"unknown command {msg.type[:40]!r}")
-        if msg.type != "begin" and c not in self.roles:
+        if msg.type not in ("begin", "identify") and c not in self.roles:  # identify: stateless
             earlier = self.refusals.get(c)
             raise CommandError(
                 f"{msg.type!r} before 'begin'" + (f" ({earlier})" if earlier else "")
@@ -336,7 +336,7 @@ class DeviceAgent:
             raise WireError("identify: bad positions or model count")
         states = [state_from(f"m{j}", msg.tensors) for j in range(k)]
         take = torch.as_tensor(pos)
-        cluster = lowest_loss_state(self.model, states, x[take], y[take])
+        cluster = lowest_loss_state(self.model, states, x[take], y[take], self.config.train.loss)
         return Message("identified", {"cluster": cluster})
 
     def _on_finish(self, c: int, msg: Message) -> Message:
