@@ -30,33 +30,26 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _python(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python ARGS`` in ``cwd`` as a user types it; fails the test on a non-zero exit."""
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
 def test_the_example_runs_from_a_copy_outside_the_tree(tmp_path):
     project = tmp_path / "elsewhere" / "own_model_and_data"
     shutil.copytree(EXAMPLE, project)
-    cli = subprocess.run(
-        [sys.executable, "-m", "splitfl", "run", "config.yaml", "rounds=2", "output.out_dir=cli"],
-        cwd=project,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert cli.returncode == 0, cli.stderr[-2000:]
+    _python("-m", "splitfl", "run", "config.yaml", "rounds=2", "output.out_dir=cli", cwd=project)
     (run_dir,) = (project / "cli").iterdir()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
     assert all(r["test_macro_f1"] is not None for r in rows)
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["model"] == "my_project:small_cnn" and config["imports"] == ["my_project"]
-    api = subprocess.run(
-        [sys.executable, "run.py", str(tmp_path / "api"), "rounds=2"],
-        cwd=project,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert api.returncode == 0, api.stderr[-2000:]
+    api = _python("run.py", str(tmp_path / "api"), "rounds=2", cwd=project)
     assert "accuracy" in api.stdout
     (api_dir,) = (tmp_path / "api").iterdir()
     api_rows = [json.loads(x) for x in (api_dir / "metrics.jsonl").read_text().splitlines()]
