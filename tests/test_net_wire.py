@@ -306,3 +306,35 @@ def test_device_runs_a_lone_clients_command_in_the_reading_thread(clients, kind,
     assert (agent.ran[0][1] is threading.current_thread()) == inline
     with pytest.raises(WireError, match="not hosted"):
         workers.dispatch(agent, Message(kind, {"client": 7}), 10)
+
+
+class _SlowAgent(_Agent):
+    """The first command blocks until released; records what ran."""
+
+    def __init__(self, clients):
+        super().__init__(clients)
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def handle(self, msg):
+        if not self.started.is_set():
+            self.started.set()
+            self.release.wait(10)
+        return super().handle(msg)
+
+
+def test_closing_a_session_drops_its_queued_commands_and_waits_for_the_running_one():
+    """After a lost connection, commands queued for it must not run on the agent the next
+    session uses (an old ``backward`` would step the new round's part)."""
+    agent, out = _SlowAgent([0, 1]), queue.SimpleQueue()
+    workers = device_module.ClientWorkers(out, lambda: None)
+    for kind in ("forward", "backward", "finish"):
+        workers.dispatch(agent, Message(kind, {"client": 0}), 10)
+    assert agent.started.wait(10)  # the first command runs; two are queued behind it
+    closing = threading.Thread(target=workers.close)
+    closing.start()
+    time.sleep(0.2)
+    assert closing.is_alive()  # waits for the running command
+    agent.release.set()
+    closing.join(10)
+    assert not closing.is_alive()
+    assert [kind for kind, _ in agent.ran] == ["forward"]

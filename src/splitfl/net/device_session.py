@@ -405,10 +405,19 @@ class ClientWorkers:
             self.outbox.put(frame)
 
     def close(self) -> None:
+        """End the session's workers: commands still queued belong to a connection that is
+        gone and are dropped (run after a reconnect, an old ``backward`` would step the new
+        session's round); a command already running is waited for, so the next session
+        starts on a quiet agent."""
         for box in self.queues.values():
+            while True:
+                try:
+                    box.get_nowait()
+                except queue.Empty:
+                    break
             box.put(None)
         for thread in self.threads:
-            thread.join(timeout=5)
+            thread.join(timeout=120)
 
 
 def _encode_reply(reply: Message):
