@@ -14,6 +14,7 @@ import torch
 from splitfl.config import ConfigError
 from splitfl.experiment.runner import as_config
 from splitfl.net import device_session as device_module
+from splitfl.net import device_workers
 from splitfl.net.auth import AuthSetupError, TokenBook, channel_credentials, server_credentials
 from splitfl.net.certs import write_self_signed
 from splitfl.net.hub import Hub, HubSettings
@@ -299,7 +300,7 @@ class _Agent:
 )
 def test_device_runs_a_lone_clients_command_in_the_reading_thread(clients, kind, inline):
     agent, out = _Agent(clients), queue.SimpleQueue()
-    workers = device_module.ClientWorkers(out, lambda: None)
+    workers = device_workers.ClientWorkers(out, lambda: None)
     workers.dispatch(agent, Message(kind, {"client": 0}), 10)
     assert decode(out.get(timeout=10)).fields == {"type": kind}  # the reply was queued
     workers.close()
@@ -326,7 +327,7 @@ def test_closing_a_session_drops_its_queued_commands_and_waits_for_the_running_o
     """After a lost connection, commands queued for it must not run on the agent the next
     session uses (an old ``backward`` would step the new round's part)."""
     agent, out = _SlowAgent([0, 1]), queue.SimpleQueue()
-    workers = device_module.ClientWorkers(out, lambda: None)
+    workers = device_workers.ClientWorkers(out, lambda: None)
     for kind in ("forward", "backward", "finish"):
         workers.dispatch(agent, Message(kind, {"client": 0}), 10)
     assert agent.started.wait(10)  # the first command runs; two are queued behind it

@@ -41,7 +41,12 @@ def encode(obj: Any) -> bytes:
 
 
 def decode(blob: bytes) -> Any:
-    """What :func:`encode` made; full unpickling: only for the driver's own workers' pipes."""
+    """What :func:`encode` made. Full unpickling, so only bytes splitfl itself produced reach
+    it: the ``local`` backend's messages travel over a ``socket.socketpair()`` (an unnamed
+    Unix socket between the driver and the worker processes it spawned; nothing on a network
+    can write to it), the ``ray`` backend's as arguments of the driver's own actor calls inside
+    the Ray cluster the user started (Ray unpickles those itself). Device processes and the
+    networked executor never use this: their bytes are checked by :mod:`splitfl.net.wire`."""
     return torch.load(io.BytesIO(blob), weights_only=False)
 
 

@@ -140,3 +140,22 @@ def check_announcement(
             )
         out[c] = Announced(device, samples, counts, None if eps is None else float(eps))
     return out
+
+
+def ready_problem(kind: str, fields: dict, spec: dict | None, link) -> tuple[str | None, dict]:
+    """Why a device's ``ready`` (or its own ``refuse`` of a data mismatch) is refused, or
+    None, and its valid announcement by client (empty without one). ``spec``: the server's
+    data spec (``own``: the devices bring their data); ``link``: the device (``name``,
+    ``clients``)."""
+    if kind == "refuse":
+        return str(fields.get("reason"))[:300], {}
+    data = fields.get("data")
+    if spec is None or (not spec.get("own") and data is None):
+        return None, {}
+    if not spec.get("own"):
+        why = "this server partitions its own dataset (data.source: partition); start the "
+        return why + "device without --data", {}
+    try:
+        return None, check_announcement(data, link.name, link.clients, spec)
+    except AnnouncementError as err:
+        return f"data announcement: {err}", {}

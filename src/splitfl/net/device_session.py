@@ -31,7 +31,7 @@ from splitfl.extensions import device_imports
 from splitfl.net.announce import effective_epsilon
 from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
-from splitfl.net.emulation import Profile
+from splitfl.net.device_workers import ClientWorkers, Silence
 from splitfl.net.guard import Audit
 from splitfl.net.hub import METHOD, SILENT_PERIODS, keepalive_options
 from splitfl.net.peer import PeerEndpoint, outgoing
@@ -229,30 +229,6 @@ def _serve(opts, stream, outbox, agent, log, setup, chunking):
         workers.close()
 
 
-class Silence:
-    """The device's end of the keepalive: cancels the stream (the device then redials) when
-    the server has sent nothing — not even its ``ping`` — for ``limit`` seconds (0: never);
-    the welcome sets ``limit`` to :data:`~splitfl.net.hub.SILENT_PERIODS` × the server's
-    ``keepalive_s``."""
-
-    def __init__(self, stream, limit: float, log, name: str):
-        self.stream, self.limit, self.log, self.name = stream, limit, log, name
-        self.heard = time.monotonic()
-        self.done = threading.Event()
-        threading.Thread(target=self._watch, daemon=True, name="splitfl-silence").start()
-
-    def _watch(self) -> None:
-        while not self.done.wait(0.25):
-            silent = time.monotonic() - self.heard
-            if self.limit > 0 and silent > self.limit:
-                self.log(f"splitfl device {self.name}: server silent {silent:.0f} s, redialling")
-                self.stream.cancel()
-                return
-
-    def stop(self) -> None:
-        self.done.set()
-
-
 def _read_commands(
     opts, stream, outbox, agent, log, setup, chunking, workers
 ) -> tuple[DeviceAgent | None, bool]:
@@ -347,88 +323,6 @@ def _announce(opts: DeviceOptions, agent: DeviceAgent, spec: dict | None, local)
             seed = int.from_bytes(os.urandom(8), "little") >> 1
         agent.announced = agent.announcement(spec, eps, seed)
     return {"data": agent.announced}
-
-
-class ClientWorkers:
-    """One thread per hosted client: a device process hosting several clients runs them
-    concurrently, as separate devices would (their emulated transfers and compute overlap);
-    each client's commands run in order. A worker's error ends the session. A device hosting
-    one client runs a command in the reading thread itself when that client's worker is idle
-    (one thread hand-off less per message, same order); device-to-device session commands,
-    which run until the server's ``abort`` or their end, always go to the worker."""
-
-    def __init__(self, outbox: queue.SimpleQueue, stop_stream):
-        self.outbox, self.stop_stream = outbox, stop_stream
-        self.queues: dict[int, queue.SimpleQueue] = {}
-        self.threads: list[threading.Thread] = []
-        self.error: BaseException | None = None
-        #: commands queued per client (written by the reader) and finished by its worker
-        #: (written by the worker): the worker is idle when they are equal
-        self.queued: dict[int, int] = {}
-        self.finished: dict[int, int] = {}
-
-    def dispatch(self, agent: DeviceAgent, msg: Message, nbytes: int) -> None:
-        client = msg.fields.get("client")
-        if client not in agent.data.samples:
-            raise WireError(f"command for client {client!r}, not hosted here")
-        idle = self.queued.get(client, 0) == self.finished.get(client, 0)
-        if idle and len(agent.data.samples) == 1 and msg.type not in agent.sessions:
-            self._serve(agent, client, msg, nbytes)
-            return
-        if client not in self.queues:
-            self.queues[client] = queue.SimpleQueue()
-            thread = threading.Thread(target=self._run, args=(agent, client), daemon=True)
-            self.threads.append(thread)
-            thread.start()
-        self.queued[client] = self.queued.get(client, 0) + 1
-        self.queues[client].put((msg, nbytes))
-
-    def _run(self, agent: DeviceAgent, client: int) -> None:
-        box = self.queues[client]
-        try:
-            while (item := box.get()) is not None:
-                self._serve(agent, client, *item)
-                self.finished[client] = self.finished.get(client, 0) + 1
-        except BaseException as err:  # noqa: BLE001 (reported to the session, which ends)
-            self.error = err
-            self.stop_stream()
-
-    def _serve(self, agent: DeviceAgent, client: int, msg: Message, nbytes: int) -> None:
-        """Run one command and queue its reply (emulated transfers held on the way)."""
-        if msg.type in ("begin", "ring"):
-            agent.profiles[client] = Profile.from_fields(msg.fields.get("emulate") or {})
-        agent.link(client, "down", nbytes)  # emulated download, before use
-        reply = agent.handle(msg)
-        if reply is not None:
-            frame = _encode_reply(reply)
-            agent.link(client, "up", len(frame))  # leaves at the link's rate
-            self.outbox.put(frame)
-
-    def close(self) -> None:
-        """End the session's workers: commands still queued belong to a connection that is
-        gone and are dropped (run after a reconnect, an old ``backward`` would step the new
-        session's round); a command already running is waited for, so the next session
-        starts on a quiet agent."""
-        for box in self.queues.values():
-            while True:
-                try:
-                    box.get_nowait()
-                except queue.Empty:
-                    break
-            box.put(None)
-        for thread in self.threads:
-            thread.join(timeout=120)
-
-
-def _encode_reply(reply: Message):
-    """The reply's frame; one that cannot be sent (a NaN in its fields: strict JSON) becomes
-    an ``error`` reply saying so."""
-    try:
-        return encode(reply)
-    except WireError as err:
-        f = reply.fields
-        why = {"client": f.get("client"), "seq": f.get("seq"), "error": str(err)[:200]}
-        return encode(Message("error", why))
 
 
 def start_in_thread(opts: DeviceOptions, agent_cls: type | None = None) -> DeviceThread:

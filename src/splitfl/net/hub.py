@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from splitfl.net.announce import Announced, AnnouncementError, check_announcement
+from splitfl.net.announce import Announced, ready_problem
+from splitfl.net.assign import AssignRefused, assign_clients
 from splitfl.net.auth import TokenBook
 from splitfl.net.guard import Audit, Gate, peer_address
 from splitfl.net.inbox import deliver
@@ -304,37 +305,18 @@ class Hub:
             return self.tokens.check(name, token)
 
     def _assign(self, name: str, asked, context, address: str) -> list[int]:
-        """The clients a device asked for (each unhosted by another device and allowed to its
-        token), else its bound clients, else the next free block (under the lock)."""
-        hosted = {c for k in self.links.values() if k.alive and k.name != name for c in k.clients}
+        """The clients a device gets (:func:`~splitfl.net.assign.assign_clients`, under the
+        lock); a refusal is sent with its gRPC status."""
         if self.settings.max_links and len(self.live_names() - {name}) >= self.settings.max_links:
             why = f"{self.settings.max_links} devices connected already (network.max_devices)"
             self._refuse(context, address, grpc.StatusCode.RESOURCE_EXHAUSTED, why)
-        if asked:
-            ok = isinstance(asked, list) and all(isinstance(c, int) for c in asked)
-            if not ok or any(not 0 <= c < self.num_clients for c in asked):
-                why = f"bad client ids {str(asked)[:80]}"
-                self._refuse(context, address, grpc.StatusCode.INVALID_ARGUMENT, why)
-            foreign = sorted(c for c in set(asked) if not self.tokens.may_host(name, c))
-            if foreign:
-                why = f"clients {foreign} are not bound to {name!r}'s token"
-                self._refuse(context, address, grpc.StatusCode.PERMISSION_DENIED, why)
-            taken = sorted(set(asked) & hosted)
-            if taken:
-                why = f"clients {taken} already hosted by another device"
-                self._refuse(context, address, grpc.StatusCode.ALREADY_EXISTS, why)
-            return sorted(set(asked))
-        if name in self.tokens.bound:
-            free = [c for c in sorted(self.tokens.bound[name]) if c < self.num_clients]
-            block = len(free)
-        else:
-            free = [c for c in range(self.num_clients) if self.tokens.may_host(name, c)]
-            block = int(self.welcome.get("block", 1))
-        free = [c for c in free if c not in hosted]
-        if not free:
-            why = "every client this device may host is hosted already"
-            self._refuse(context, address, grpc.StatusCode.RESOURCE_EXHAUSTED, why)
-        return free[:block]
+        hosted = {c for k in self.links.values() if k.alive and k.name != name for c in k.clients}
+        block = int(self.welcome.get("block", 1))
+        try:
+            return assign_clients(name, asked, hosted, self.tokens, self.num_clients, block)
+        except AssignRefused as err:
+            self._refuse(context, address, getattr(grpc.StatusCode, err.code), err.why)
+            raise
 
     def live_names(self) -> set[str]:
         """Names with an open link (ready or not)."""
@@ -413,23 +395,12 @@ class Hub:
                 self.lock.notify_all()
 
     def _check_data(self, link: DeviceLink, ready: Message) -> str | None:
-        """Why a device's ``ready`` is refused (its data announcement, or the device's own
-        ``refuse`` of a data mismatch), or None; keeps a valid announcement (the first
-        announcement of a client stands; a later one must repeat its sample count)."""
-        spec, data = self.data_spec, ready.fields.get("data")
-        if ready.type == "refuse":
-            return str(ready.fields.get("reason"))[:300]
-        if spec is None or (not spec.get("own") and data is None):
-            return None
-        if not spec.get("own"):
-            return (
-                "this server partitions its own dataset (data.source: partition); start the "
-                "device without --data"
-            )
-        try:
-            got = check_announcement(data, link.name, link.clients, spec)
-        except AnnouncementError as err:
-            return f"data announcement: {err}"
+        """Why a device's ``ready`` is refused (:func:`~splitfl.net.announce.ready_problem`),
+        or None; keeps a valid announcement (the first announcement of a client stands; a
+        later one must repeat its sample count)."""
+        problem, got = ready_problem(ready.type, ready.fields, self.data_spec, link)
+        if problem is not None or not got:
+            return problem
         with self.lock:
             for c, a in got.items():
                 first = self.announced.get(c, a)
