@@ -123,13 +123,11 @@ def group_runs(ctx, model: BlockModel, plan: RoundPlan) -> Iterator[GroupRun]:
     group and task order (groups train under streams of their own: ``sequential.run_unit``)."""
     n = model.num_blocks
     dtype = next(model.parameters()).dtype
-    full, by_cut = model.state_dict(), {}
+    starts = StartParts(model)
     for group, tasks in plan.groups().items():
         parts, aux = {}, {}
         for t in tasks:
-            if t.cut not in by_cut:  # the global model's blocks [0, cut): one view per cut
-                by_cut[t.cut] = {k: v for k, v in full.items() if block_index(k) < t.cut}
-            parts[t.client] = t.init_state or by_cut[t.cut]
+            parts[t.client] = starts.of(t)
             if plan.device_loss == "local" and t.cut < n:
                 elems = ctx.profile.blocks[t.cut - 1].out_elements
                 head = aux_head(elems, ctx.bundle.num_classes).to(model_device(model), dtype)
@@ -139,10 +137,22 @@ def group_runs(ctx, model: BlockModel, plan: RoundPlan) -> Iterator[GroupRun]:
         yield GroupRun(group, tasks, parts, aux)
 
 
-def start_part(model: BlockModel, task: ClientTask) -> State:
-    """Where ``task``'s device part starts: its ``init_state``, else the round's model's blocks
-    ``[0, cut)`` (``model``'s own tensors, not copies)."""
-    return task.init_state or ModelPart(model, 0, task.cut).state_dict()
+class StartParts:
+    """Where tasks' device parts start: a task's ``init_state``, else the round's model's
+    blocks ``[0, cut)`` (``model``'s own tensors, not copies; one view per cut point)."""
+
+    def __init__(self, model: BlockModel):
+        self.full: State = model.state_dict()
+        self.by_cut: dict[int, State] = {}
+
+    def of(self, task: ClientTask) -> State:
+        if task.init_state:
+            return task.init_state
+        if task.cut not in self.by_cut:
+            self.by_cut[task.cut] = {
+                k: v for k, v in self.full.items() if block_index(k) < task.cut
+            }
+        return self.by_cut[task.cut]
 
 
 def server_role(

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from splitfl.executors.fleet import GroupRun, start_part
+from splitfl.executors.fleet import GroupRun, StartParts
 from splitfl.executors.roles import Runtime
 from splitfl.executors.sequential import device_maker, round_model, run_unit
 from splitfl.seeding import derive_seed
@@ -142,7 +142,8 @@ class UnitWorker:
         start = time.perf_counter()
         model, plan, seed = self.round["model"], self.round["plan"], self.round["seed"]
         rt = self.runtime
-        parts = {t.client: start_part(model, t) for t in tasks}
+        starts = StartParts(model)
+        parts = {t.client: starts.of(t) for t in tasks}
         aux = {c: {k: v.to(rt.device) for k, v in s.items()} for c, s in aux.items()}
         run = GroupRun(group, tasks, parts, aux)
         make = device_maker(model, self.train, self._data_of, seed, rt)
