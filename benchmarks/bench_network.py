@@ -136,6 +136,7 @@ rows, width = int(sys.argv[4]), int(sys.argv[5])
 FX, Y = torch.ones(rows, width), torch.zeros(rows, dtype=torch.long)  # built once, as bare's
 class Fixed(DeviceAgent):
     def _on_begin(self, c, msg):
+        self.roles[c] = None  # begun (later commands check this), no model part to train
         return Message("ack")
     def _on_forward(self, c, msg):
         return Message("forwarded", {"step": msg.fields["step"]},
