@@ -343,3 +343,35 @@ def test_every_rule_runs_an_experiment(tmp_path, rule):
     result = splitfl.run(config, run_dir=tmp_path / rule)
     assert result.summary["status"] == "ok"
     assert all(torch.isfinite(v).all() for v in _final(result).values() if v.is_floating_point())
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "problem"),
+    [
+        ((0, 0), float("nan"), "non-finite"),
+        ((1, 2), float("inf"), "non-finite"),
+        ((3, 1), -float("inf"), "non-finite"),
+        ((2, 3), -7.5, "activation 7.5 above 5"),  # the peak is |min| when it is negative
+        ((0, 3), 7.5, "activation 7.5 above 5"),
+        ((1, 1), -5.0, None),  # at the limit
+        (None, 0.0, None),
+    ],
+)
+def test_smashed_data_checks_by_hand(where, value, problem):
+    from splitfl.net.trust import smashed_problem
+
+    fx, y = torch.zeros(4, 4), torch.tensor([0, 9, 3, 1])
+    if where is not None:
+        fx[where] = value
+    got = smashed_problem(fx, y, torch.float32, (4,), 4, 10, 5.0)
+    assert got == problem if problem is None else problem in got
+
+
+@pytest.mark.parametrize("label", [-1, 10])
+def test_labels_out_of_range_are_refused(label):
+    from splitfl.net.trust import smashed_problem
+
+    y = torch.tensor([0, label, 3])
+    assert smashed_problem(torch.zeros(3, 4), y, torch.float32, (4,), 4, 10, 5.0) == (
+        "label out of range"
+    )

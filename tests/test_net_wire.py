@@ -8,6 +8,8 @@ import struct
 import threading
 import time
 
+import grpc
+import numpy as np
 import pytest
 import torch
 
@@ -339,3 +341,64 @@ def test_closing_a_session_drops_its_queued_commands_and_waits_for_the_running_o
     closing.join(10)
     assert not closing.is_alive()
     assert [kind for kind, _ in agent.ran] == ["forward"]
+
+
+def test_a_one_chunk_message_is_read_in_place_from_the_received_bytes():
+    """Protocol 3: the flag byte ends the chunk, so a one-chunk message starts at the start of
+    the received ``bytes`` (aligned) and its tensors are views of it, not of a copy."""
+    x = torch.arange(4096, dtype=torch.float32).reshape(64, 64)
+    (chunk,) = chunks(encode(Message("forwarded", {"step": 1}, {"fx": x})), 1 << 20)
+    assert chunk[-1] == 1
+    data = Reassembler(1 << 20).feed(bytes(chunk))
+    got = decode(data).tensors["fx"]
+    assert torch.equal(got, x)
+    start = np.frombuffer(data, np.uint8).ctypes.data
+    assert start <= got.data_ptr() < start + len(data)  # a view of the chunk itself
+    assert got.data_ptr() % 8 == 0
+
+
+def test_a_misaligned_buffer_is_decoded_from_an_aligned_copy():
+    frame = encode(Message("m", {}, {"w": torch.arange(6, dtype=torch.float64)}))
+    shifted = memoryview(bytearray(1) + frame.tobytes())[1:]  # starts at an odd address
+    got = decode(shifted).tensors["w"]
+    assert got.data_ptr() % 8 == 0 and got.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_protocol_2_framing_is_named_in_the_refusal():
+    old_chunk = b"\x01" + encode(Message("hello", {"protocol": 2})).tobytes()  # flag first
+    with pytest.raises(WireError, match="protocol 2"):
+        Reassembler(1 << 20).feed(old_chunk)
+
+
+def test_a_device_refused_by_a_protocol_2_server_says_to_install_the_same_version():
+    """A server from before protocol 3 reads a protocol-3 chunk's first byte as its flag and
+    refuses the hello with 'bad chunk flag': the device names the version mismatch."""
+    from concurrent import futures
+
+    from splitfl.net.device import DeviceOptions
+    from splitfl.net.device_session import run_device
+    from splitfl.net.hub import METHOD
+
+    def old_hub(requests, context):
+        next(requests)
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad hello: bad chunk flag")
+        yield b""  # pragma: no cover
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    service, method = METHOD.strip("/").split("/")
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                service, {method: grpc.stream_stream_rpc_method_handler(old_hub)}
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    lines: list[str] = []
+    try:
+        opts = DeviceOptions(server=f"127.0.0.1:{port}", name="d", token="t", retry_s=5)
+        assert run_device(opts, lines.append) == 2
+    finally:
+        server.stop(0)
+    assert "bad chunk flag" in lines[-1] and "older splitfl" in lines[-1], lines

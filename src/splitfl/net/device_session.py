@@ -201,7 +201,11 @@ def _session(
         return _serve(opts, stream, outbox, agent, log, setup, chunking)
     except grpc.RpcError as err:
         if err.code() in _REFUSALS:
-            raise Refused(err.details()) from None
+            details = err.details() or ""
+            if "bad chunk flag" in details:  # a server from before protocol 3 (flag first)
+                details += " (the server runs an older splitfl; this device speaks protocol "
+                details += f"{PROTOCOL_VERSION}: install the same version on both ends)"
+            raise Refused(details) from None
         raise
     finally:
         outbox.put(None)

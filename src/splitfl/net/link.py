@@ -29,7 +29,7 @@ class DeviceLink:
     name: str
     clients: list[int]
     inbox: dict[int, queue.Queue] = field(default_factory=dict)
-    outbox: queue.Queue = field(default_factory=queue.Queue)
+    outbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     alive: bool = True
     #: the device has loaded its data and model (it said ``ready``): it can be given work
     ready: bool = False

@@ -132,17 +132,30 @@ def smashed_problem(
     n = y.shape[0] if y.dim() >= 1 and tuple(y.shape[1:]) == target[1] else -1
     if not 1 <= n <= batch_size or tuple(fx.shape) != (n, *shape):
         return f"shape {tuple(fx.shape)}/{tuple(y.shape)}"
-    if not all_finite(fx) or (y.is_floating_point() and not all_finite(y)):
+    low, high = _extremes(fx)  # one pass: NaN propagates to both, infinities show
+    if not (math.isfinite(low) and math.isfinite(high)):
         return "non-finite values"
-    peak = float(fx.abs().max())
+    if y.is_floating_point() and not all_finite(y):
+        return "non-finite values"
+    peak = max(-low, high)
     if peak > limit:
         return (
             f"activation {peak:.3g} above {limit:.3g} (network.bounds.activation_factor x "
             f"the global part's + activation_abs)"
         )
-    if not y.is_floating_point() and (int(y.min()) < 0 or int(y.max()) >= classes):
-        return "label out of range"
+    if not y.is_floating_point():
+        low, high = _extremes(y)
+        if low < 0 or high >= classes:
+            return "label out of range"
     return None
+
+
+def _extremes(t: torch.Tensor) -> tuple[float, float]:
+    """Smallest and largest value of a tensor in one pass (NaN if any is NaN; 0 if empty)."""
+    if not t.numel():
+        return 0.0, 0.0
+    low, high = torch.aminmax(t)
+    return low.item(), high.item()
 
 
 def is_number(x) -> bool:

@@ -15,9 +15,12 @@ Headers are strict JSON both ways: NaN and infinities are neither sent nor accep
 header nesting deeper than :data:`MAX_HEADER_DEPTH` is refused (:func:`parse_header`).
 
 On the gRPC stream a message travels as chunks of at most ``chunk_bytes``: each chunk is one
-gRPC message, its first byte ``1`` on the last chunk of a message and ``0`` before it
+gRPC message, its *last* byte ``1`` on the last chunk of a message and ``0`` before it
 (:func:`chunks`, :class:`Reassembler`), so messages larger than gRPC's size limit pass and a
-receiver can refuse an oversized message before holding it whole.
+receiver can refuse an oversized message before holding it whole. With the flag at the end a
+message that fits one chunk starts where the received ``bytes`` object's data starts (16-byte
+aligned in CPython), so its tensors are read in place there, without a copy (protocol 3; in
+protocol 2 the flag came first and every message was copied into an aligned buffer).
 """
 
 from __future__ import annotations
@@ -25,15 +28,17 @@ from __future__ import annotations
 import json
 import math
 import struct
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 MAGIC = b"SFL1"
 #: Protocol version: a peer announcing another one is refused at hello.
-PROTOCOL_VERSION = 2  # 2: keepalive ping/pong, welcome without the server's network section
+PROTOCOL_VERSION = 3  # 2: keepalive ping/pong, no server network section; 3: chunk flag last
 #: Largest header accepted (JSON text).
 MAX_HEADER_BYTES = 1 << 20
 #: Deepest nesting of JSON objects/arrays accepted in a header (splitfl's own need 4).
@@ -51,6 +56,10 @@ DTYPES: dict[str, torch.dtype] = {
 }
 _NAMES = {v: k for k, v in DTYPES.items()}
 _MAX_DIMS = 8
+
+# A one-chunk message's tensors are views of the received (immutable) ``bytes``: nothing else
+# holds that object, so torch's warning about non-writable buffers does not apply.
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
 
 
 class WireError(ValueError):
@@ -132,13 +141,14 @@ def _raw_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(t.numpy()).cast("B")
 
 
-def decode(data: bytes | bytearray | Frame) -> Message:
+def decode(data: bytes | bytearray | memoryview | Frame) -> Message:
     """Parse and check a message: magic, header JSON, dtypes, shapes and exact sizes. The
-    tensors are views of ``data`` when it is a writable, aligned buffer (a
-    :class:`Reassembler`'s output), else of a copy."""
+    tensors are views of ``data`` when it is a :class:`Reassembler`'s output (a buffer of
+    its own, or the received chunk itself) starting at an 8-byte aligned address, else of
+    an aligned copy."""
     if isinstance(data, Frame):
         data = data.tobytes()
-    elif not isinstance(data, bytearray):
+    elif not isinstance(data, bytearray | memoryview) or not _aligned_buffer(data):
         data = bytearray(data)
     if len(data) < 8 or data[:4] != MAGIC:
         raise WireError("not a splitfl message (bad magic)")
@@ -169,21 +179,27 @@ def decode(data: bytes | bytearray | Frame) -> Message:
     return Message(header["type"], fields, tensors)
 
 
-def parse_header(text: bytes | bytearray) -> Any:
+def _aligned_buffer(data: bytearray | memoryview) -> bool:
+    """Whether ``data`` starts at an 8-byte aligned address (tensors are read in place)."""
+    return len(data) == 0 or np.frombuffer(data, np.uint8, 1).ctypes.data % 8 == 0
+
+
+def parse_header(text: bytes | bytearray | memoryview) -> Any:
     """Strict JSON (RFC 8259): no ``NaN``/``Infinity`` literals, no number that overflows a
     float, nesting at most :data:`MAX_HEADER_DEPTH`; anything else is a one-line
     :class:`WireError` (never Python's exception text to the peer)."""
+    text = bytes(text)
     try:
-        value = json.loads(
-            bytes(text).decode(), parse_constant=_non_finite, parse_float=_finite_float
-        )
+        value = json.loads(text.decode(), parse_constant=_non_finite, parse_float=_finite_float)
     except RecursionError:
         raise WireError(f"header nests deeper than {MAX_HEADER_DEPTH}") from None
     except WireError:
         raise
     except (UnicodeDecodeError, ValueError):  # JSONDecodeError, a 5000-digit integer
         raise WireError("header is not JSON (strict RFC 8259)") from None
-    if _depth(value) > MAX_HEADER_DEPTH:
+    # a text with at most MAX_HEADER_DEPTH brackets cannot nest deeper (splitfl's own headers)
+    opened = text.count(b"[") + text.count(b"{")
+    if opened > MAX_HEADER_DEPTH and _depth(value) > MAX_HEADER_DEPTH:
         raise WireError(f"header nests deeper than {MAX_HEADER_DEPTH}")
     return value
 
@@ -237,8 +253,8 @@ def payload_bytes(message: Message) -> int:
 
 
 def chunks(data: Frame | bytes | bytearray, chunk_bytes: int) -> Iterator[bytes]:
-    """``data`` as stream chunks: a flag byte (1 = last chunk of the message) + ≤ chunk_bytes,
-    each built with one copy of the frame's parts."""
+    """``data`` as stream chunks: ≤ chunk_bytes of it + a flag byte (1 = last chunk of the
+    message), each built with one copy of the frame's parts."""
     if chunk_bytes < 1:
         raise ValueError("chunk_bytes must be >= 1")
     parts = data.parts if isinstance(data, Frame) else [memoryview(data)]
@@ -251,10 +267,14 @@ def chunks(data: Frame | bytes | bytearray, chunk_bytes: int) -> Iterator[bytes]
             pending.append(take)
             part, room, sent = part[take.nbytes :], room - take.nbytes, sent + take.nbytes
             if room == 0:
-                yield b"".join([b"\x01" if sent == total else b"\x00", *pending])
+                pending.append(_LAST if sent == total else _MORE)
+                yield b"".join(pending)
                 pending, room = [], chunk_bytes
     if pending or total == 0:
-        yield b"".join([b"\x01", *pending])
+        yield b"".join([*pending, _LAST])
+
+
+_LAST, _MORE = b"\x01", b"\x00"
 
 
 class Reassembler:
@@ -265,15 +285,25 @@ class Reassembler:
         self._parts: list[memoryview] = []
         self._size = 0
 
-    def feed(self, chunk: bytes) -> bytearray | None:
-        """Add a chunk; the whole message once its last chunk arrived, else None."""
-        if not chunk or chunk[0] not in (0, 1):
+    def feed(self, chunk: bytes) -> bytearray | memoryview | None:
+        """Add a chunk; the whole message once its last chunk arrived, else None: a message
+        of one chunk as a view of that chunk (no copy), a longer one joined into a buffer."""
+        if not chunk or chunk[-1] not in (0, 1):
+            if len(chunk) >= 5 and chunk[0] in (0, 1) and chunk[1:5] == MAGIC:
+                raise WireError(
+                    f"chunk framing of protocol 2 (flag byte first); this side speaks "
+                    f"{PROTOCOL_VERSION}: install the same splitfl version on both ends"
+                )
             raise WireError("bad chunk flag")
         self._size += len(chunk) - 1
         if self._size > self.max_bytes:
             raise WireError(f"message exceeds the {self.max_bytes}-byte limit")
-        self._parts.append(memoryview(chunk)[1:])
-        if chunk[0] == 0:
+        body = memoryview(chunk)[:-1]
+        if chunk[-1] == 1 and not self._parts:
+            self._size = 0
+            return body
+        self._parts.append(body)
+        if chunk[-1] == 0:
             return None
         data, self._parts, self._size = bytearray().join(self._parts), [], 0
         return data
