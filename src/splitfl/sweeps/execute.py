@@ -22,6 +22,7 @@ from splitfl.atomic import naming, write_atomic
 from splitfl.config import ConfigError, check_ray_address
 from splitfl.dirlock import hold_lock
 from splitfl.metrics.report import report as write_report
+from splitfl.ray_cluster import reachable
 from splitfl.sweeps.backends import BACKENDS, Job, import_ray, run_local, run_ray
 from splitfl.sweeps.directory import (
     Index,
@@ -201,8 +202,8 @@ def sweep(
 
 
 def check_backend_flags(backend: str, address: str | None, cpus: float, gpus: float) -> None:
-    """One-line ConfigErrors for ``--address`` (a Ray address, with ``--backend ray`` only)
-    and ``--cpus-per-trial``/``--gpus-per-trial`` (finite, >= 0)."""
+    """One-line ConfigErrors for ``--address`` (a Ray address where something answers, with
+    ``--backend ray`` only) and ``--cpus-per-trial``/``--gpus-per-trial`` (finite, >= 0)."""
     if address is not None and backend != "ray":
         raise ConfigError(
             "--address",
@@ -210,6 +211,8 @@ def check_backend_flags(backend: str, address: str | None, cpus: float, gpus: fl
             "parallel.address)",
         )
     check_ray_address(address, "--address")
+    if address is not None and not import_ray().is_initialized():
+        reachable(address, "--address")  # before the sweep directory is made
     for flag, value in (("--cpus-per-trial", cpus), ("--gpus-per-trial", gpus)):
         if not 0 <= value < math.inf:
             raise ConfigError(flag, f"must be a number >= 0 (got {value:g})")
