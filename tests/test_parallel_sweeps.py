@@ -139,6 +139,17 @@ def test_run_address_flag_mirrors_the_api_and_a_bad_one_is_one_line(tmp_path, ca
         splitfl.run(tiny_config(executor="parallel"), address="auto", run_dir=out)
 
 
+def test_resume_takes_an_address(tmp_path, capsys, no_ray):
+    """A resumed run's workers may run elsewhere (``parallel`` is not what the run is)."""
+    out = tmp_path / "r"
+    splitfl.run(tiny_config(rounds=1), run_dir=out)
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out), "--address", "foo"]) == 2
+    assert "error: parallel.address: 'foo' is not a Ray cluster" in _one_line_error(capsys)
+    with pytest.raises(ConfigError, match="--resume: only network.* and parallel.* settings"):
+        splitfl.resume(out, overrides=["rounds=3"])
+
+
 @pytest.mark.parametrize(
     "flags,message",
     [
@@ -162,8 +173,14 @@ def test_sweep_address_and_resources_are_checked_in_one_line(
 # --- sweeps of parallel trials ---------------------------------------------------------------
 
 
-def test_local_sweep_of_parallel_trials_equals_sequential(tmp_path):
-    path = _write(tmp_path, {"executor": ["sequential", "parallel"]}, **PARALLEL)
+@pytest.mark.parametrize("workers", ["local", "ray"])
+def test_local_sweep_of_parallel_trials_equals_sequential(tmp_path, request, workers):
+    """Trials one after another in this process; Ray-actor workers join this process's Ray
+    instance (the module's)."""
+    if workers == "ray":
+        request.getfixturevalue("ray_cluster")
+    changes = {**PARALLEL, "parallel.backend": workers}
+    path = _write(tmp_path, {"executor": ["sequential", "parallel"]}, **changes)
     result = splitfl.sweep(path, out_dir=tmp_path / "sw", backend="local", progress=False)
     assert result.ok
     assert_same_runs(tmp_path / "sw", ["executor-sequential", "executor-parallel"])
@@ -193,7 +210,7 @@ def test_ray_sweep_reserves_parallel_workers_and_equals_sequential(tmp_path, cap
     from ray._private.state import actors
     from ray.util import placement_group_table
 
-    before = set(placement_group_table())
+    before = set(placement_group_table()) | set(actors())
     path = _write(tmp_path, {"parallel.backend": ["local", "ray"]}, executor="parallel", **PARALLEL)
     ref = tmp_path / "sw" / "sequential"
     splitfl.run(tiny_config(rounds=2, executor="sequential"), run_dir=ref)
@@ -205,7 +222,8 @@ def test_ray_sweep_reserves_parallel_workers_and_equals_sequential(tmp_path, cap
     groups = [g for k, g in placement_group_table().items() if k not in before]
     assert [g["bundles"] for g in groups] == [{0: {"CPU": 1.0}, 1: {"CPU": 1.0}, 2: {"CPU": 1.0}}]
     assert groups[0]["state"] == "REMOVED"
-    workers = [a for a in actors().values() if a["ActorClassName"] == "_RayWorker"]
+    workers = [a for k, a in actors().items() if k not in before]
+    assert {a["ActorClassName"] for a in workers} == {"_RayWorker"}
     assert len(workers) == 2 and all(a["State"] == "DEAD" for a in workers)
 
 
