@@ -15,6 +15,10 @@ from typing import Any
 from splitfl.config import ConfigError, check_ray_address
 
 
+class RayJoinError(ConfigError):
+    """Ray could not be joined at the address given (one line, on the address's field)."""
+
+
 def import_ray(field: str = "--backend", instead: str = "--backend local") -> Any:
     """``ray``, or a one-line ConfigError on ``field`` saying how to get it (or to use
     ``instead``)."""
@@ -34,9 +38,9 @@ def join_ray(
     connect to ``address`` (``auto``, ``ray://host:10001``) or start a local instance with
     this machine's CPUs, with the job's ``runtime_env`` (the user modules a sweep ships).
     True when this call started or joined one (the caller shuts it down with
-    ``ray.shutdown()``). An address that is malformed, where nothing answers, or where Ray
-    finds no cluster is a one-line ConfigError on ``field`` (Ray itself would wait minutes
-    for a host:port that does not answer)."""
+    ``ray.shutdown()``). A malformed address is a one-line ConfigError on ``field``, one
+    where nothing answers or Ray finds no cluster a :class:`RayJoinError` (Ray itself would
+    wait minutes for a host:port that does not answer)."""
     if ray.is_initialized():
         return False
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
@@ -53,13 +57,14 @@ def join_ray(
         if not address:
             raise
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ConfigError(field, f"cannot join the Ray cluster at {address}: {first}") from None
+        raise RayJoinError(field, f"cannot join the Ray cluster at {address}: {first}") from None
     return True
 
 
 def reachable(address: str, field: str, timeout_s: float = 5.0) -> None:
-    """One-line ConfigError on ``field`` unless ``address`` is well formed and, where it
-    names ``host:port``, something accepts a connection there within ``timeout_s``."""
+    """A one-line ConfigError on ``field`` unless ``address`` is well formed, and a
+    :class:`RayJoinError` unless, where it names ``host:port``, something accepts a
+    connection there within ``timeout_s``."""
     where = check_ray_address(address, field)
     if where is None:
         return
@@ -67,4 +72,4 @@ def reachable(address: str, field: str, timeout_s: float = 5.0) -> None:
         socket.create_connection(where, timeout=timeout_s).close()
     except OSError as err:
         reason = err.strerror or str(err) or type(err).__name__
-        raise ConfigError(field, f"nothing answers at {address} ({reason})") from None
+        raise RayJoinError(field, f"nothing answers at {address} ({reason})") from None

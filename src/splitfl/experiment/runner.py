@@ -49,6 +49,7 @@ from splitfl.experiment.loop import run_loop
 from splitfl.experiment.provenance import write_version
 from splitfl.experiment.validation import load_config, validate_config, with_imports
 from splitfl.extensions import import_user_modules, reject_objects
+from splitfl.ray_cluster import RayJoinError
 
 
 @dataclass
@@ -201,8 +202,8 @@ def run(
         address: The Ray cluster of ``executor: parallel`` with ``parallel.backend: ray``
             (``--address``: ``auto``, ``ray://host:10001``); sets ``parallel.address``.
 
-    An OS error (a full disk, a read-only folder) or a bad input found only when the run
-    starts (a Ray cluster that does not answer) before the run's first checkpoint removes
+    An OS error (a full disk, a read-only folder) or a Ray cluster that does not answer
+    (:class:`~splitfl.ray_cluster.RayJoinError`) before the run's first checkpoint removes
     what the run created; after it, the directory is a stopped run to resume.
     """
     config = as_config(config, with_address(overrides, address), imports)
@@ -220,7 +221,7 @@ def run(
             dump_config(prepared.config, path / "config.yaml")  # resolved
             write_clients(prepared.ctx, path / "clients.json")
             return _finish(prepared, path, start=None, progress=progress)
-    except (OSError, ConfigError):  # e.g. a full disk; a Ray cluster that is not there
+    except (OSError, RayJoinError):  # e.g. a full disk; a Ray cluster that is not there
         if not (path / "checkpoints" / "last.pt").exists():
             _remove_unstarted(path, created)
         raise
