@@ -9,9 +9,14 @@ for, so the rest of splitfl starts without it.
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
-from splitfl.config import ConfigError
+from splitfl.config import ConfigError, check_ray_address
+
+
+class RayJoinError(ConfigError):
+    """Ray could not be joined at the address given (one line, on the address's field)."""
 
 
 def import_ray(field: str = "--backend", instead: str = "--backend local") -> Any:
@@ -26,20 +31,45 @@ def import_ray(field: str = "--backend", instead: str = "--backend local") -> An
     return ray
 
 
-def join_ray(ray: Any, address: str | None, runtime_env: dict | None = None) -> bool:
+def join_ray(
+    ray: Any, address: str | None, runtime_env: dict | None = None, field: str = "parallel.address"
+) -> bool:
     """Use the Ray instance this process already has (a sweep's trial runs inside one), else
     connect to ``address`` (``auto``, ``ray://host:10001``) or start a local instance with
     this machine's CPUs, with the job's ``runtime_env`` (the user modules a sweep ships).
     True when this call started or joined one (the caller shuts it down with
-    ``ray.shutdown()``)."""
+    ``ray.shutdown()``). A malformed address is a one-line ConfigError on ``field``, one
+    where nothing answers or Ray finds no cluster a :class:`RayJoinError` (Ray itself would
+    wait minutes for a host:port that does not answer)."""
     if ray.is_initialized():
         return False
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if address:
         kwargs["address"] = address
+        reachable(address, field)
     else:
         kwargs["num_cpus"] = os.cpu_count()
     if runtime_env:
         kwargs["runtime_env"] = runtime_env
-    ray.init(**kwargs)
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, ValueError) as err:
+        if not address:
+            raise
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise RayJoinError(field, f"cannot join the Ray cluster at {address}: {first}") from None
     return True
+
+
+def reachable(address: str, field: str, timeout_s: float = 5.0) -> None:
+    """A one-line ConfigError on ``field`` unless ``address`` is well formed, and a
+    :class:`RayJoinError` unless, where it names ``host:port``, something accepts a
+    connection there within ``timeout_s``."""
+    where = check_ray_address(address, field)
+    if where is None:
+        return
+    try:
+        socket.create_connection(where, timeout=timeout_s).close()
+    except OSError as err:
+        reason = err.strerror or str(err) or type(err).__name__
+        raise RayJoinError(field, f"nothing answers at {address} ({reason})") from None

@@ -53,12 +53,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         if config or overrides:
             raise ConfigError("--resume", "takes only the run directory (its config is reused)")
-        result = resume(args.resume, progress=progress, imports=args.imports)
+        result = resume(args.resume, progress=progress, imports=args.imports, address=args.address)
     else:
         if config is None:
             raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")
         run_dir = Path(args.out) if args.out else None
-        result = run(config, overrides, run_dir=run_dir, progress=progress, imports=args.imports)
+        result = run(
+            config,
+            overrides,
+            run_dir=run_dir,
+            progress=progress,
+            imports=args.imports,
+            address=args.address,
+        )
     print(comparison_table({result.config.algorithm: result.summary}))
     print(f"run directory: {result.run_dir}")
     return 0
@@ -146,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run")
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default: output.out_dir/…)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--address",
+        help="Ray cluster of executor: parallel's workers (parallel.backend: ray): auto or "
+        "ray://host:10001; sets parallel.address (default: a local Ray instance)",
+    )
     add_import_flag(p)
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("compare", help="run several algorithms on one config and tabulate")

@@ -17,6 +17,7 @@ from splitfl.config.checks import (
     MAX_THREADS,
     SEED_LIMIT,
     Range,
+    check_ray_address,
     resolve_device,
     validate,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "Range",
     "TrainConfig",
     "apply_overrides",
+    "check_ray_address",
     "check_overrides",
     "config_fields",
     "dump_config",

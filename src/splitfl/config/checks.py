@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -269,6 +270,7 @@ def _validate_parallel(config: ExperimentConfig) -> None:
     _check(1 <= p.workers <= MAX_WORKERS, "parallel.workers", f"must be in [1, {MAX_WORKERS}]")
     _choice(p.backend, list(PARALLEL_BACKENDS), "parallel.backend")
     _check(1 <= p.threads <= MAX_THREADS, "parallel.threads", f"must be in [1, {MAX_THREADS}]")
+    check_ray_address(p.address, "parallel.address")
     _check(
         p.address is None or p.backend == "ray",
         "parallel.address",
@@ -287,6 +289,27 @@ def _validate_parallel(config: ExperimentConfig) -> None:
         "parallel.gpus_per_worker",
         "must be > 0 with device: cuda and backend: ray (Ray actors see only GPUs they ask for)",
     )
+
+
+#: A Ray cluster address: ``[scheme://]host:port`` (``ray://host:10001`` for Ray Client,
+#: ``host:6379`` for the head node itself).
+RAY_ADDRESS = re.compile(r"(?:[a-z][a-z0-9+.-]*://)?(\[[0-9A-Fa-f:.]+\]|[\w.-]+):(\d{1,5})")
+
+
+def check_ray_address(address: str | None, field: str) -> tuple[str, int] | None:
+    """One-line ConfigError on ``field`` unless ``address`` is None, ``auto`` (the cluster
+    this machine belongs to), ``local`` (a new local instance) or ``[scheme://]host:port``;
+    returns ``(host, port)`` for the last form, else None. Sweeps (``--address``) and
+    ``executor: parallel`` (``parallel.address``, ``splitfl run --address``) share it."""
+    if address is None or address in ("auto", "local"):
+        return None
+    match = RAY_ADDRESS.fullmatch(address)
+    _check(
+        match is not None and 0 < int(match[2]) < 65536,
+        field,
+        f"{address!r} is not a Ray cluster address; give auto, ray://host:10001 or host:6379",
+    )
+    return match[1].removeprefix("[").removesuffix("]"), int(match[2])
 
 
 def is_loopback(host: str) -> bool:

@@ -78,15 +78,19 @@ def start_state(
 
 
 def _progress(config: ExperimentConfig, first: int, progress: bool | None) -> Any:
-    """The rounds as a tqdm progress bar (imported here, when a run starts)."""
+    """The rounds as a tqdm progress bar (imported here, when a run starts), named after the
+    algorithm (and ``executor: parallel``'s workers: ``s2fl [2 workers, ray]``)."""
     from tqdm import tqdm
 
     show = config.output.progress if progress is None else progress
+    desc = config.algorithm
+    if config.executor == "parallel":
+        desc += f" [{config.parallel.workers} workers, {config.parallel.backend}]"
     return tqdm(
         range(first, config.rounds),
         initial=first,
         total=config.rounds,
-        desc=config.algorithm,
+        desc=desc,
         disable=not show,
         leave=False,
         dynamic_ncols=True,

@@ -16,6 +16,7 @@ losses are handled in :mod:`splitfl.experiment.guards`.
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,6 +49,7 @@ from splitfl.experiment.loop import run_loop
 from splitfl.experiment.provenance import write_version
 from splitfl.experiment.validation import load_config, validate_config, with_imports
 from splitfl.extensions import import_user_modules, reject_objects
+from splitfl.ray_cluster import RayJoinError
 
 
 @dataclass
@@ -184,6 +186,7 @@ def run(
     run_dir: str | Path | None = None,
     progress: bool | None = None,
     imports: list[str] | None = None,
+    address: str | None = None,
 ) -> RunResult:
     """Run one experiment (the Python twin of ``splitfl run``).
 
@@ -196,11 +199,14 @@ def run(
             ``output.out_dir/<algorithm>-<dataset>-<time>``.
         progress: Show a progress bar (default: ``output.progress``).
         imports: Modules to import first (``--import``), added to the config's ``imports``.
+        address: The Ray cluster of ``executor: parallel`` with ``parallel.backend: ray``
+            (``--address``: ``auto``, ``ray://host:10001``); sets ``parallel.address``.
 
-    An OS error (a full disk, a read-only folder) before the run's first checkpoint removes
+    An OS error (a full disk, a read-only folder) or a Ray cluster that does not answer
+    (:class:`~splitfl.ray_cluster.RayJoinError`) before the run's first checkpoint removes
     what the run created; after it, the directory is a stopped run to resume.
     """
-    config = as_config(config, overrides, imports)
+    config = as_config(config, with_address(overrides, address), imports)
     check_output(config, run_dir)
     prepared = prepare(config)
     if run_dir is None:
@@ -215,10 +221,17 @@ def run(
             dump_config(prepared.config, path / "config.yaml")  # resolved
             write_clients(prepared.ctx, path / "clients.json")
             return _finish(prepared, path, start=None, progress=progress)
-    except OSError:
+    except (OSError, RayJoinError):  # e.g. a full disk; a Ray cluster that is not there
         if not (path / "checkpoints" / "last.pt").exists():
             _remove_unstarted(path, created)
         raise
+
+
+def with_address(overrides: list[str] | None, address: str | None) -> list[str]:
+    """``overrides`` and, where ``address`` is given (``--address``), ``parallel.address``
+    set to it (quoted: an address is never read as a YAML number)."""
+    extra = [f"parallel.address={json.dumps(address)}"] if address is not None else []
+    return [*(overrides or []), *extra]
 
 
 def _remove_unstarted(path: Path, created: bool) -> None:
@@ -239,11 +252,14 @@ def resume(
     progress: bool | None = None,
     overrides: list[str] | None = None,
     imports: list[str] | None = None,
+    address: str | None = None,
 ) -> RunResult:
     """Continue a stopped run from ``run_dir/checkpoints/last.pt`` (``splitfl run --resume``).
 
-    ``overrides`` may change only ``network.*`` settings (a resumed server listens where it
-    is told, with the certificates and tokens it is given); the experiment stays as it was.
+    ``overrides`` may change only ``network.*`` and ``parallel.*`` settings (a resumed server
+    listens where it is told, with the certificates and tokens it is given; parallel workers
+    run where they are told, ``address`` setting ``parallel.address`` as in :func:`run`); the
+    experiment stays as it was.
     ``config.yaml`` may differ from the checkpoint's config only in the fields of
     :data:`~splitfl.experiment.checkpoint.MAY_CHANGE` (e.g. more ``rounds``): a checkpoint
     of another config is refused in one line naming the differing fields. The run's own
@@ -254,9 +270,12 @@ def resume(
     path = Path(run_dir)
     if not (path / "config.yaml").is_file():
         raise ConfigError("--resume", f"{path} is not a run directory (no config.yaml)")
-    for item in overrides or []:
-        if not item.startswith("network."):
-            raise ConfigError("--resume", f"only network.* settings can change (got {item!r})")
+    overrides = with_address(overrides, address)
+    for item in overrides:
+        if not item.startswith(("network.", "parallel.")):
+            raise ConfigError(
+                "--resume", f"only network.* and parallel.* settings can change (got {item!r})"
+            )
     with hold_lock(path):
         config = load_config(path / "config.yaml", overrides)
         prepared = prepare(config)

@@ -9,6 +9,7 @@ start afresh.
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from dataclasses import dataclass
@@ -18,9 +19,10 @@ from typing import Any
 import yaml
 
 from splitfl.atomic import naming, write_atomic
-from splitfl.config import ConfigError
+from splitfl.config import ConfigError, check_ray_address
 from splitfl.dirlock import hold_lock
 from splitfl.metrics.report import report as write_report
+from splitfl.ray_cluster import reachable
 from splitfl.sweeps.backends import BACKENDS, Job, import_ray, run_local, run_ray
 from splitfl.sweeps.directory import (
     Index,
@@ -30,6 +32,7 @@ from splitfl.sweeps.directory import (
     same_config,
     sweep_dir_for,
 )
+from splitfl.sweeps.resources import reservation_note, trial_demand
 from splitfl.sweeps.spec import SweepSpec, Trial, expand, load_sweep, narrow_axes
 from splitfl.sweeps.trial import FINAL, read_summary, run_state, write_error
 
@@ -183,6 +186,7 @@ def sweep(
     spec, out_dir = _resolve_spec(spec, out_dir, overrides, imports)
     if backend == "ray":
         import_ray()
+    check_backend_flags(backend, address, cpus_per_trial, gpus_per_trial)
     folder = sweep_dir_for(spec, out_dir)
     check_same_sweep(folder, spec)
     resources = (cpus_per_trial, gpus_per_trial)
@@ -195,6 +199,23 @@ def sweep(
         if report:
             write_report(folder)
     return SweepResult(folder, list(index.entries.values()))
+
+
+def check_backend_flags(backend: str, address: str | None, cpus: float, gpus: float) -> None:
+    """One-line ConfigErrors for ``--address`` (a Ray address where something answers, with
+    ``--backend ray`` only) and ``--cpus-per-trial``/``--gpus-per-trial`` (finite, >= 0)."""
+    if address is not None and backend != "ray":
+        raise ConfigError(
+            "--address",
+            "a Ray cluster address needs --backend ray (trials' parallel workers take "
+            "parallel.address)",
+        )
+    check_ray_address(address, "--address")
+    if address is not None and not import_ray().is_initialized():
+        reachable(address, "--address")  # before the sweep directory is made
+    for flag, value in (("--cpus-per-trial", cpus), ("--gpus-per-trial", gpus)):
+        if not 0 <= value < math.inf:
+            raise ConfigError(flag, f"must be a number >= 0 (got {value:g})")
 
 
 def _start_index(folder: Path, spec: SweepSpec, trials: list[Trial]) -> tuple[Index, list[Job]]:
@@ -236,7 +257,10 @@ def _run_sweep(
     index, jobs = _start_index(folder, spec, trials)
     finished = [len(trials) - len(jobs)]
     log = print if progress else (lambda *_: None)
-    log(grid_line(spec, len(trials), len(jobs), backend))
+    note = ""
+    if backend == "ray":
+        note = reservation_note([trial_demand(t.config, *resources) for t, _ in jobs])
+    log(grid_line(spec, len(trials), len(jobs), backend) + note)
     sys.stdout.flush()
 
     def on_start(trial: Trial) -> None:
