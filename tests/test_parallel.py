@@ -7,6 +7,7 @@ the order it runs in (rather than by the round and its group) fails these tests.
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,19 +37,18 @@ UNITS = [n for n in algorithm_names() if not _class(n).coupled_round or n in SPL
 COUPLED = [n for n in algorithm_names() if n not in UNITS]
 
 
-def with_dropout(model):
-    """Dropout at the end of the first block (a device part) and of the second to last (a
-    server part, or the device's with a whole-model cut)."""
-    model.blocks[0].append(nn.Dropout(0.3))
-    model.blocks[model.num_blocks - 2].append(nn.Dropout(0.3))
-    return model
+#: ``cnn_digits`` with dropout in a device block and a server block (``parallel_models.py``).
+DROPOUT = {
+    "model": "parallel_models:cnn_digits_dropout",
+    "import_dirs": [str(Path(__file__).parent)],
+}
 
 
 def _prepare(algorithm: str, **changes):
     hard = {"train.lr": 0.01} if algorithm.startswith("ringsfl") else HARD
-    cfg = as_config(config_for(algorithm, **{**hard, **changes}))
+    cfg = as_config(config_for(algorithm, **{**hard, **DROPOUT, **changes}))
     prep = prepare(cfg, dtype=torch.float64)
-    with_dropout(prep.ctx.model)
+    assert any(isinstance(m, nn.Dropout) for m in prep.ctx.model.modules())
     return cfg, prep
 
 

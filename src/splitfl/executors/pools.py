@@ -1,14 +1,16 @@
 """The workers of ``executor: parallel`` and how the driver talks to them.
 
 A pool starts ``n`` workers (:class:`~splitfl.executors.workers.UnitWorker`), sends a worker a
-message (a list of encoded operations) and waits for the next answer from any worker:
+message (a list of :mod:`~splitfl.executors.channel` frames) and waits for the next answer
+(a frame's bytes) from any worker:
 
 * :class:`LocalPool` — processes on this machine (``python -m splitfl.executors.worker_process``),
   each on one end of a socket pair; their environment limits the math libraries to the
   worker's thread count before torch is imported.
 * :class:`RayPool` — one Ray actor per worker asking for ``threads`` CPUs and
   ``gpus_per_worker`` GPUs, on a local Ray instance, the one this process runs in (a sweep
-  trial) or the cluster at ``address`` (:func:`splitfl.ray_cluster.join_ray`).
+  trial) or the cluster at ``address`` (:func:`splitfl.ray_cluster.join_ray`). The actor
+  calls carry the same frames as bytes (Ray moves bytes; no object of splitfl's is pickled).
 
 Every wait is bounded (``timeout_s``); a worker that dies or does not answer raises
 :class:`WorkerError` naming it and what it was doing, never a hang.
@@ -24,7 +26,9 @@ import subprocess
 import sys
 from typing import Any
 
+from splitfl.executors.channel import ChannelError
 from splitfl.executors.workers import UnitWorker, recv_message, send_message
+from splitfl.framing import Frame
 from splitfl.ray_cluster import import_ray, join_ray
 
 
@@ -65,7 +69,7 @@ class LocalPool:
         for sock in self.socks:
             sock.settimeout(seconds)
 
-    def submit(self, w: int, ops: list[bytes]) -> None:
+    def submit(self, w: int, ops: list[Frame]) -> None:
         try:
             send_message(self.socks[w], ops)
         except TimeoutError:
@@ -73,7 +77,7 @@ class LocalPool:
         except OSError:
             raise WorkerError(f"{self.describe(w)} {self._ended(w)}") from None
 
-    def wait_any(self, busy: dict[int, str]) -> tuple[int, bytes]:
+    def wait_any(self, busy: dict[int, str]) -> tuple[int, bytearray]:
         """The next answer from one of the ``busy`` workers (worker → what it is doing)."""
         by_sock = {self.socks[w]: w for w in busy}
         ready, _, _ = select.select(list(by_sock), [], [], self.timeout_s)
@@ -84,6 +88,10 @@ class LocalPool:
             (answer,) = recv_message(self.socks[w])
         except TimeoutError:
             raise WorkerError(_late(self, {w: busy[w]}, self.timeout_s)) from None
+        except ChannelError as err:
+            raise WorkerError(
+                f"{self.describe(w)} sent a bad answer while {busy[w]}: {err}"
+            ) from None
         except (EOFError, OSError, ValueError):
             raise WorkerError(f"{self.describe(w)} {self._ended(w)} while {busy[w]}") from None
         return w, answer
@@ -120,7 +128,7 @@ class _RayWorker:
         self.worker = UnitWorker()
 
     def handle(self, ops: list[bytes]) -> bytes:
-        return self.worker.handle(ops)
+        return b"".join(self.worker.handle(ops).parts)
 
 
 class RayPool:
@@ -141,8 +149,9 @@ class RayPool:
     def describe(self, w: int) -> str:
         return f"parallel worker {w} (Ray actor)"
 
-    def submit(self, w: int, ops: list[bytes]) -> None:
-        self.pending[self.actors[w].handle.remote(ops)] = w
+    def submit(self, w: int, ops: list[Frame]) -> None:
+        blobs = [b"".join(op.parts) for op in ops]
+        self.pending[self.actors[w].handle.remote(blobs)] = w
 
     def wait_any(self, busy: dict[int, str]) -> tuple[int, bytes]:
         ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=self.timeout_s)
