@@ -204,7 +204,7 @@ class ParallelExecutor:
         self.stats["bytes_to_workers"][kind] += sum(len(b) for b in ops)
         self.pool.submit(w, ops)
 
-    def _next(self, busy: dict[int, str]) -> tuple[int, Message, BaseException | None]:
+    def _next(self, busy: dict[int, str]) -> tuple[int, Message | None, BaseException | None]:
         """The next answer of one of the ``busy`` workers (removed from it), and the error it
         reports (a NaN loss as :class:`NonFiniteLossError`, as the sequential executor; a
         malformed answer as :class:`WorkerError`)."""
@@ -218,7 +218,7 @@ class ParallelExecutor:
                 return w, answer, None
             return w, answer, worker_error(self.pool.describe(w), what, channel.read_error(answer))
         except channel.ChannelError as err:
-            return w, answer, WorkerError(f"{self.pool.describe(w)} while {what}: {err}")
+            return w, None, WorkerError(f"{self.pool.describe(w)} while {what}: {err}")
 
     def _trained(self, w: int, answer: Message, run: GroupRun, answers: dict, i: int):
         """Store a unit's answer (checked against ``run``); the error if it is malformed."""
