@@ -37,16 +37,14 @@ UNITS = [n for n in algorithm_names() if not _class(n).coupled_round or n in SPL
 COUPLED = [n for n in algorithm_names() if n not in UNITS]
 
 
-#: ``cnn_digits`` with dropout in a device block and a server block (``parallel_models.py``).
-DROPOUT = {
-    "model": "parallel_models:cnn_digits_dropout",
-    "import_dirs": [str(Path(__file__).parent)],
-}
-
-
 def _prepare(algorithm: str, **changes):
-    hard = {"train.lr": 0.01} if algorithm.startswith("ringsfl") else HARD
-    cfg = as_config(config_for(algorithm, **{**hard, **DROPOUT, **changes}))
+    """The algorithm's tiny config on its model with dropout in a device block and a server
+    block (``parallel_models.py``), in float64."""
+    ring = algorithm.startswith("ringsfl")
+    hard = {"train.lr": 0.01} if ring else HARD
+    model = "parallel_models:" + ("mlp_dropout" if ring else "cnn_digits_dropout")
+    dropout = {"model": model, "import_dirs": [str(Path(__file__).parent)]}
+    cfg = as_config(config_for(algorithm, **{**hard, **dropout, **changes}))
     prep = prepare(cfg, dtype=torch.float64)
     assert any(isinstance(m, nn.Dropout) for m in prep.ctx.model.modules())
     return cfg, prep

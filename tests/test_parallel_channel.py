@@ -5,6 +5,8 @@ import ast
 import dataclasses
 import io
 import pickle
+import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from splitfl.executors.channel import ChannelError, Init
 from splitfl.executors.fleet import group_runs
 from splitfl.executors.parallel import ParallelExecutor, partitions
 from splitfl.executors.pools import WorkerError
-from splitfl.executors.workers import UnitWorker
+from splitfl.executors.workers import UnitWorker, recv_message, send_message
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.net.wire import decode
 from splitfl.plan import ClientUpdate
@@ -338,3 +340,26 @@ def test_the_driver_turns_a_bad_answer_into_a_worker_error(prep):
         assert isinstance(error, WorkerError)
         assert str(error).startswith("parallel worker 1 while training group 3 of round 2: ")
         assert "malformed parallel message" in str(error)
+
+
+def test_a_stream_with_an_impossible_count_or_length_is_refused_before_allocating():
+    for header in (
+        (10**6).to_bytes(8, "little"),
+        (1).to_bytes(8, "little") + (1 << 50).to_bytes(8, "little"),
+    ):
+        mine, theirs = socket.socketpair()
+        with mine, theirs:
+            mine.sendall(header)
+            with pytest.raises(ChannelError, match=r"a (message|frame) of \d+ (frames|bytes)"):
+                recv_message(theirs)
+
+
+def test_frames_cross_a_socket_unjoined_and_arrive_decodable(prep):
+    frame = channel.setup_message(prep.ctx.model.state_dict(), _plan(prep), 1)
+    mine, theirs = socket.socketpair()
+    with mine, theirs:
+        sender = threading.Thread(target=send_message, args=(mine, [frame, b"raw"]))
+        sender.start()  # a frame larger than the socket's buffer: read while it is written
+        got = recv_message(theirs)
+        sender.join()
+    assert got == [frame.tobytes(), bytearray(b"raw")]
