@@ -9,6 +9,7 @@ import socket
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -106,6 +107,21 @@ def test_setup_and_unit_round_trip(prep):
         assert _same(aux[sent.client], run.aux[sent.client])
     assert _same(tasks[0].init_state, run.tasks[0].init_state)
     assert all(t.init_state is None for t in tasks[1:])
+
+
+def test_numpy_scalars_cross_as_python_numbers_of_the_same_value(prep):
+    ctx = prep.ctx
+    plan, run = _local_run(prep)
+    plan.order = [np.int64(c) for c in range(3)]
+    first = run.tasks[0]
+    run.tasks[0] = dataclasses.replace(first, lr=np.float64(0.1), upload_model=np.bool_(False))
+    specs = channel.specs_of(ctx.model.state_dict())
+    setup = channel.setup_message(ctx.model.state_dict(), plan, 1)
+    _, got_plan, _ = channel.read_setup(decode(_bytes(setup)), specs)
+    assert got_plan.order == [0, 1, 2] and all(type(c) is int for c in got_plan.order)
+    msg = decode(_bytes(channel.unit_message(run)))
+    task = channel.read_unit(msg, specs, ctx.bundle.num_classes)[1][0]
+    assert (task.lr, task.upload_model) == (0.1, False) and type(task.lr) is float
 
 
 def _trained(ctx, run):

@@ -28,6 +28,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from splitfl.config import ExperimentConfig, from_dict
@@ -79,6 +80,18 @@ def field(fields: dict[str, Any], name: str, kind: str, where: str) -> Any:
     if not _KINDS[kind.rstrip("?")](value):
         raise ChannelError(f"{where}: field {name!r} must be {kind}, got {type(value).__name__}")
     return value
+
+
+def plain(obj: Any, kinds: dict[str, str]) -> dict[str, Any]:
+    """The fields ``kinds`` of ``obj`` as JSON values: a numpy scalar (an id or a rate drawn
+    with numpy) as the Python number of the same value."""
+    out = {}
+    for name in kinds:
+        value = getattr(obj, name)
+        if isinstance(value, list | tuple):
+            value = [v.item() if isinstance(v, np.generic) else v for v in value]
+        out[name] = value.item() if isinstance(value, np.generic) else value
+    return out
 
 
 def checked_fields(fields: dict[str, Any], kinds: dict[str, str], where: str) -> dict[str, Any]:
@@ -217,7 +230,7 @@ def data_message(partitions: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> Fr
     tensors = {}
     for c, (x, y) in partitions.items():
         tensors[f"x/{c}"], tensors[f"y/{c}"] = x, y
-    return _send("data", {"clients": list(partitions)}, tensors)
+    return _send("data", {"clients": [int(c) for c in partitions]}, tensors)
 
 
 def read_data(
@@ -243,9 +256,8 @@ def setup_message(global_state: State, plan: RoundPlan, round_seed: int) -> Fram
     """A round: the global model (``global/…``), the plan's shared fields, the round seed."""
     if plan.ring is not None:
         raise ChannelError("a ring round is one coupled unit, never dealt")
-    fields = {name: getattr(plan, name) for name in PLAN_FIELDS}
-    fields["hosts"] = {str(g): c for g, c in plan.hosts.items()}
-    fields["order"] = list(plan.order)
+    fields = plain(plan, {k: v for k, v in PLAN_FIELDS.items() if k != "hosts"})
+    fields["hosts"] = {str(g): int(c) for g, c in plan.hosts.items()}
     fields = {"plan": fields, "round_seed": round_seed}
     return _send("setup", fields, state_tensors("global", global_state))
 
@@ -269,7 +281,7 @@ def unit_message(run: GroupRun) -> Frame:
     and its members' aux heads (``aux/<i>/…``), ``i`` the task's position."""
     tasks, tensors = [], {}
     for i, t in enumerate(run.tasks):
-        tasks.append({name: getattr(t, name) for name in TASK_FIELDS})
+        tasks.append(plain(t, TASK_FIELDS))
         tensors |= state_tensors(f"init:{i}", t.init_state)
         tensors |= state_tensors(f"aux:{i}", run.aux.get(t.client))
     fields = {"group": run.group, "tasks": tasks,
@@ -332,8 +344,8 @@ def trained_answer(
     """A unit's updates (``part:<i>/…``, ``aux:<i>/…``), server copy (``server/…``)."""
     rows, tensors = [], {}
     for i, u in enumerate(updates):
-        rows.append({**{k: getattr(u, k) for k in UPDATE_FIELDS if k != "aux"},
-                     "aux": u.aux_state is not None})  # fmt: skip
+        kinds = {k: v for k, v in UPDATE_FIELDS.items() if k != "aux"}
+        rows.append({**plain(u, kinds), "aux": u.aux_state is not None})
         tensors |= state_tensors(f"part:{i}", u.state) | state_tensors(f"aux:{i}", u.aux_state)
     tensors |= state_tensors("server", server_state)
     fields = {"updates": rows, "server": server_state is not None, "seconds": seconds}
