@@ -102,6 +102,8 @@ def test_config_and_plan_are_leaves():
     assert _offenders("config", registries) == []
     # the round contract: only a type annotation of the cost model, never at run time
     assert [m for m, _, tc in _imports(SRC / "plan.py") if not tc] == []
+    # the message format of the network wire and the parallel executor's channel: torch only
+    assert _imports(SRC / "framing.py") == []
 
 
 def test_no_function_level_imports_but_plugin_registration():

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import splitfl
+import splitfl.framing as framing
 import splitfl.net.wire as wire
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.experiment.runner import as_config, prepare
@@ -138,8 +139,8 @@ def test_a_nan_in_a_reply_is_refused_and_metrics_stay_strict_json(tmp_path, monk
     lenient = types.SimpleNamespace(
         dumps=lambda *a, **k: json.dumps(*a, **{**k, "allow_nan": True}), loads=json.loads
     )
-    monkeypatch.setattr(wire, "json", lenient)
-    monkeypatch.setattr(wire, "_HEADER", json.JSONEncoder(separators=(",", ":"), allow_nan=True))
+    monkeypatch.setattr(framing, "json", lenient)
+    monkeypatch.setattr(framing, "_HEADER", json.JSONEncoder(separators=(",", ":"), allow_nan=True))
     result = _run(tmp_path, "s2fl", _NaNTime, clock="measured")
     rows = _strict_rows(result.run_dir)  # old code: NaN literals, not JSON
     for row in rows:

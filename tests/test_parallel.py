@@ -7,6 +7,7 @@ the order it runs in (rather than by the round and its group) fails these tests.
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,19 +37,16 @@ UNITS = [n for n in algorithm_names() if not _class(n).coupled_round or n in SPL
 COUPLED = [n for n in algorithm_names() if n not in UNITS]
 
 
-def with_dropout(model):
-    """Dropout at the end of the first block (a device part) and of the second to last (a
-    server part, or the device's with a whole-model cut)."""
-    model.blocks[0].append(nn.Dropout(0.3))
-    model.blocks[model.num_blocks - 2].append(nn.Dropout(0.3))
-    return model
-
-
 def _prepare(algorithm: str, **changes):
-    hard = {"train.lr": 0.01} if algorithm.startswith("ringsfl") else HARD
-    cfg = as_config(config_for(algorithm, **{**hard, **changes}))
+    """The algorithm's tiny config on its model with dropout in a device block and a server
+    block (``parallel_models.py``), in float64."""
+    ring = algorithm.startswith("ringsfl")
+    hard = {"train.lr": 0.01} if ring else HARD
+    model = "parallel_models:" + ("mlp_dropout" if ring else "cnn_digits_dropout")
+    dropout = {"model": model, "import_dirs": [str(Path(__file__).parent)]}
+    cfg = as_config(config_for(algorithm, **{**hard, **dropout, **changes}))
     prep = prepare(cfg, dtype=torch.float64)
-    with_dropout(prep.ctx.model)
+    assert any(isinstance(m, nn.Dropout) for m in prep.ctx.model.modules())
     return cfg, prep
 
 

@@ -24,7 +24,6 @@ that trains a unit of it. :attr:`ParallelExecutor.stats` counts units, seconds a
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections import deque
 from typing import Any
@@ -32,13 +31,17 @@ from typing import Any
 import torch
 
 from splitfl.config import ParallelConfig
+from splitfl.executors import channel
 from splitfl.executors.common import NonFiniteLossError
-from splitfl.executors.fleet import GroupRun, group_runs
+from splitfl.executors.fleet import GroupRun, State, group_runs
 from splitfl.executors.pools import LocalPool, RayPool, WorkerError
 from splitfl.executors.sequential import SequentialExecutor
-from splitfl.executors.workers import decode, encode, peak_rss
+from splitfl.executors.workers import peak_rss
+from splitfl.framing import Message
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 
+#: A unit's answer: its members' updates and its server copy's state.
+Trained = tuple[list[ClientUpdate], State | None]
 #: Largest unit message queued behind a worker's running unit (below a socket's buffer).
 PIPELINE_BYTES = 64 * 1024
 
@@ -74,8 +77,9 @@ class ParallelExecutor:
         self.stats: dict[str, Any] = new_stats()
 
     def open(self, ctx, run_dir=None) -> None:  # noqa: ANN001 - the experiment's RunContext
-        """Start the workers; send each its model architecture, hyperparameters and the data
-        of its home clients; wait until all have answered."""
+        """Start the workers; send each the run's config (it builds the model from it and
+        checks it against ``ctx.model``) and the data of its home clients; wait until all
+        have answered."""
         c = self.config
         if c.backend == "ray":
             self.pool = RayPool(c.workers, c.threads, c.gpus_per_worker, c.address, c.timeout_s)
@@ -84,17 +88,9 @@ class ParallelExecutor:
         self.held = [set(range(w, ctx.num_clients, c.workers)) for w in range(c.workers)]
         try:
             for w in range(c.workers):
-                init = {
-                    "op": "init",
-                    "model": ctx.model,
-                    "train": ctx.config.train,
-                    "device": self._worker_device(w),
-                    "precision": self.precision,
-                    "channels_last": self.channels_last,
-                    "augment": ctx.augment,
-                    "threads": c.threads,
-                }
-                self._send(w, [encode(init), encode(data_op(ctx, self.held[w]))], "data")
+                init = channel.init_message(self._init(ctx, w))
+                data = channel.data_message(partitions(ctx, self.held[w]))
+                self._send(w, [init, data], "data")
             busy = {w: "starting" for w in range(c.workers)}
             while busy:
                 error = self._next(busy)[2]
@@ -103,6 +99,20 @@ class ParallelExecutor:
         except BaseException:
             self.close()
             raise
+
+    def _init(self, ctx, w: int) -> channel.Init:  # noqa: ANN001 - the RunContext
+        return channel.Init(
+            config=ctx.config,
+            input_shape=tuple(ctx.bundle.input_shape),
+            num_classes=ctx.bundle.num_classes,
+            dtype=next(ctx.model.parameters()).dtype,
+            architecture=repr(ctx.model),
+            device=self._worker_device(w),
+            precision=self.precision,
+            channels_last=self.channels_last,
+            threads=self.config.threads,
+            augment=ctx.augment,
+        )
 
     def _worker_device(self, w: int) -> str:
         """Ray gives an actor the GPUs it asked for as ``cuda``; local workers share this
@@ -127,26 +137,26 @@ class ParallelExecutor:
         if self.pool is None:
             raise RuntimeError("ParallelExecutor.open() was not called")
         runs = list(group_runs(ctx, ctx.model, plan))  # the round's torch draws, in order
-        shell = dataclasses.replace(plan, tasks=[], info={})
-        setup = encode({"op": "setup", "global_state": global_state, "plan": shell,
-                        "round_seed": round_seed})  # fmt: skip
+        setup = channel.setup_message(global_state, plan, round_seed)
         count = next(self._rounds)
+        self._expect = (channel.specs_of(global_state), ctx.num_blocks)
         answers = self._deal(ctx, runs, setup, count if plan.round_idx is None else plan.round_idx)
         updates: list[ClientUpdate] = []
         server_states: dict[int, dict[str, torch.Tensor]] = {}
-        for run, answer in zip(runs, answers, strict=True):
-            updates += answer["updates"]
-            if answer["server_state"] is not None:
-                server_states[run.group] = answer["server_state"]
+        for run, (done, server_state) in zip(runs, answers, strict=True):
+            updates += done
+            if server_state is not None:
+                server_states[run.group] = server_state
         self.stats["driver_peak_rss"] = peak_rss()
         return RoundResult(updates=updates, server_states=server_states)
 
-    def _deal(self, ctx, runs: list[GroupRun], setup: bytes, round_idx: int) -> list[dict]:
+    def _deal(self, ctx, runs: list[GroupRun], setup, round_idx: int) -> list[Trained]:
         """Every unit to a worker (longest first, data already there preferred); the answers
-        in ``runs`` order. A unit's error is raised once the units before it (in ``runs``
-        order) have answered — the error the sequential executor raises."""
+        (updates, server state) in ``runs`` order, each checked against its unit. A unit's
+        error is raised once the units before it (in ``runs`` order) have answered — the
+        error the sequential executor raises."""
         queue = sorted(range(len(runs)), key=lambda i: -work(runs[i]))
-        answers: dict[int, dict] = {}
+        answers: dict[int, Trained] = {}
         errors: dict[int, BaseException] = {}
         inflight: dict[int, deque[int]] = {w: deque() for w in range(self.config.workers)}
         set_up: set[int] = set()
@@ -163,9 +173,8 @@ class ParallelExecutor:
             w, answer, error = self._next(busy)
             i = inflight[w].popleft()
             if error is None:
-                answers[i] = answer
-                self.stats["unit_seconds"].append(answer["seconds"])
-            else:
+                error = self._trained(w, answer, runs[i], answers, i)
+            if error is not None:
                 errors[i] = error
                 queue[:] = [j for j in queue if j < min(errors)]
         if errors:
@@ -179,32 +188,47 @@ class ParallelExecutor:
         reads it only when it is free, and a large one would hold up the driver meanwhile."""
         i = next((i for i in queue if clients(runs[i]) <= self.held[w]), queue[0])
         missing = clients(runs[i]) - self.held[w]
-        unit = encode(unit_op(runs[i]))
+        unit = channel.unit_message(runs[i])
         if depth and (missing or w not in set_up or len(unit) > PIPELINE_BYTES):
             return
         ops = [] if w in set_up else [setup]
         if missing:
-            ops.append(encode(data_op(ctx, missing)))
+            ops.append(channel.data_message(partitions(ctx, missing)))
             self.held[w] |= missing
         set_up.add(w)
         queue.remove(i)
         units.append(i)
         self._send(w, [*ops, unit], "units")
 
-    def _send(self, w: int, ops: list[bytes], kind: str) -> None:
+    def _send(self, w: int, ops: list, kind: str) -> None:
         self.stats["bytes_to_workers"][kind] += sum(len(b) for b in ops)
         self.pool.submit(w, ops)
 
-    def _next(self, busy: dict[int, str]) -> tuple[int, dict, BaseException | None]:
+    def _next(self, busy: dict[int, str]) -> tuple[int, Message | None, BaseException | None]:
         """The next answer of one of the ``busy`` workers (removed from it), and the error it
-        reports (a NaN loss as :class:`NonFiniteLossError`, as the sequential executor)."""
+        reports (a NaN loss as :class:`NonFiniteLossError`, as the sequential executor; a
+        malformed answer as :class:`WorkerError`)."""
         w, blob = self.pool.wait_any(busy)
         what = busy.pop(w)
-        answer = decode(blob)
         self.stats["bytes_from_workers"] += len(blob)
-        self.stats["worker_peak_rss"][w] = answer["peak_rss"]
-        error = None if answer["ok"] else worker_error(self.pool.describe(w), what, answer)
-        return w, answer, error
+        try:
+            answer = channel.read(blob, channel.ANSWERS)
+            self.stats["worker_peak_rss"][w] = channel.peak_rss_of(answer)
+            if answer.type != "error":
+                return w, answer, None
+            return w, answer, worker_error(self.pool.describe(w), what, channel.read_error(answer))
+        except channel.ChannelError as err:
+            return w, None, WorkerError(f"{self.pool.describe(w)} while {what}: {err}")
+
+    def _trained(self, w: int, answer: Message, run: GroupRun, answers: dict, i: int):
+        """Store a unit's answer (checked against ``run``); the error if it is malformed."""
+        try:
+            updates, server_state, seconds = channel.read_trained(answer, run, *self._expect)
+        except channel.ChannelError as err:
+            return WorkerError(f"{self.pool.describe(w)} answered unit {run.group}: {err}")
+        answers[i] = (updates, server_state)
+        self.stats["unit_seconds"].append(seconds)
+        return None
 
 
 def new_stats() -> dict[str, Any]:
@@ -230,28 +254,21 @@ def clients(run: GroupRun) -> set[int]:
     return {t.client for t in run.tasks}
 
 
-def data_op(ctx, which: set[int]) -> dict[str, Any]:  # noqa: ANN001 - the RunContext
+def partitions(ctx, which: set[int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:  # noqa: ANN001
     """The samples ``(x, y)`` of the clients ``which``, for a worker to keep."""
     x, y = ctx.bundle.train.x, ctx.bundle.train.y
-    partitions = {}
+    out = {}
     for c in sorted(which):
         idx = torch.as_tensor(ctx.client_indices[c], dtype=torch.long)
-        partitions[c] = (x[idx], y[idx])
-    return {"op": "data", "partitions": partitions}
+        out[c] = (x[idx], y[idx])
+    return out
 
 
-def unit_op(run: GroupRun) -> dict[str, Any]:
-    """A unit for a worker: its tasks (with their starting states, without the aux states
-    that ``aux`` carries) and its aux heads; the worker takes the other parts from the
-    round's model."""
-    tasks = [dataclasses.replace(t, aux_state=None) for t in run.tasks]
-    return {"op": "unit", "group": run.group, "tasks": tasks, "aux": run.aux}
-
-
-def worker_error(who: str, what: str, answer: dict) -> BaseException:
-    """The exception a worker's error answer stands for."""
-    if answer["type"] == NonFiniteLossError.__name__:
-        return NonFiniteLossError(answer["message"])
-    err = WorkerError(f"{who} failed while {what}: {answer['type']}: {answer['message']}")
-    err.add_note(answer["traceback"])
+def worker_error(who: str, what: str, error: tuple[str, str, str]) -> BaseException:
+    """The exception a worker's error answer (type, message, traceback) stands for."""
+    kind, message, trace = error
+    if kind == NonFiniteLossError.__name__:
+        return NonFiniteLossError(message)
+    err = WorkerError(f"{who} failed while {what}: {kind}: {message}")
+    err.add_note(trace)
     return err

@@ -64,9 +64,7 @@ class SequentialExecutor:
         """This executor's copy of the run's model (made once; a round loads its weights)."""
         if self._model_of is not ctx.model:
             self._model_of = ctx.model
-            self._model = copy.deepcopy(ctx.model).to(self.device)
-            if self.channels_last:
-                self._model = self._model.to(memory_format=torch.channels_last)
+            self._model = working_model(ctx.model, self.device, self.channels_last)
         return self._model
 
     def _run_ring(self, ctx, model: BlockModel, plan: RoundPlan, round_seed: int, runtime):
@@ -119,14 +117,11 @@ class SequentialExecutor:
         return RoundResult(updates=updates, server_states={})
 
 
-def round_model(
-    template: BlockModel, global_state: State, device: torch.device, channels_last: bool
-) -> BlockModel:
-    """A copy of ``template`` on ``device`` holding ``global_state``, in training mode: where
-    every device part and server copy of the round is copied from."""
+def working_model(template: BlockModel, device: torch.device, channels_last: bool) -> BlockModel:
+    """A copy of ``template`` on ``device`` (channels-last if asked), made once: each round
+    loads the global state into it, and every device part and server copy of the round is
+    copied from it."""
     model: BlockModel = copy.deepcopy(template).to(device)
-    model.load_state_dict(global_state)
-    model.train()
     return model.to(memory_format=torch.channels_last) if channels_last else model
 
 

@@ -1,22 +1,21 @@
 """The worker side of ``executor: parallel``: a process (or Ray actor) that trains units.
 
-A :class:`UnitWorker` holds what it was sent once — the model's architecture, the training
-hyperparameters and the data partitions of the clients it serves — and, per round, the global
-model and the plan. It trains each unit (one group of the round) it is dealt with the same
-code as the sequential executor (:func:`~splitfl.executors.sequential.run_unit`: the
+A :class:`UnitWorker` holds what it was sent once — the run's config (it builds the model
+and takes the training hyperparameters from it) and the data partitions of the clients it
+serves — and, per round, the global model (loaded into one working model) and the plan. It
+trains each unit (one group of the round) it is dealt with the same code as the sequential
+executor (:func:`~splitfl.executors.sequential.run_unit`: the
 :class:`~splitfl.executors.roles.DeviceRole` s and the group's
 :class:`~splitfl.executors.roles.ServerRole` of :mod:`splitfl.executors.roles`) and sends
 back the members' updates and the server copy's state.
 
-Messages are lists of operations, each encoded with :func:`encode` (``torch.save``); the
-worker answers the last one. The pipes of ``backend: local`` connect processes of this
-machine started by the driver (trusted), so they carry pickles; nothing here listens on a
-network (local processes: :mod:`splitfl.executors.worker_process`).
+Messages are lists of operations, each a :mod:`splitfl.executors.channel` message (a JSON
+header and raw tensor bytes, checked when read; nothing is unpickled); the worker answers
+the last one. Local processes: :mod:`splitfl.executors.worker_process`.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import resource
 import socket
@@ -27,45 +26,47 @@ from typing import Any
 import numpy as np
 import torch
 
+from splitfl.executors import channel
+from splitfl.executors.channel import ChannelError, Init
 from splitfl.executors.fleet import GroupRun, StartParts
+from splitfl.executors.pool import PartPool
 from splitfl.executors.roles import Runtime
-from splitfl.executors.sequential import device_maker, round_model, run_unit
+from splitfl.executors.sequential import device_maker, run_unit, working_model
+from splitfl.extensions import build_model, import_config_modules
+from splitfl.framing import Frame, Message
 from splitfl.seeding import derive_seed
 
-
-def encode(obj: Any) -> bytes:
-    """``obj`` (tensors, dataclasses, containers) as bytes (``torch.save``)."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
+#: Most frames in one message, and largest frame accepted from the other end of a socket.
+MAX_FRAMES, MAX_FRAME_BYTES = 64, 1 << 40
 
 
-def decode(blob: bytes) -> Any:
-    """What :func:`encode` made. Full unpickling, so only bytes splitfl itself produced reach
-    it: the ``local`` backend's messages travel over a ``socket.socketpair()`` (an unnamed
-    Unix socket between the driver and the worker processes it spawned; nothing on a network
-    can write to it), the ``ray`` backend's as arguments of the driver's own actor calls inside
-    the Ray cluster the user started (Ray unpickles those itself). Device processes and the
-    networked executor never use this: their bytes are checked by :mod:`splitfl.net.wire`."""
-    return torch.load(io.BytesIO(blob), weights_only=False)
+def send_message(sock: socket.socket, frames: list[Frame | bytes]) -> None:
+    """A message on a stream socket: the frame count, then each frame's length and bytes, its
+    parts written as they are (no joined copy; the socket's timeout bounds the whole send)."""
+    sock.sendall(len(frames).to_bytes(8, "little"))
+    for frame in frames:
+        sock.sendall(len(frame).to_bytes(8, "little"))
+        for part in frame.parts if isinstance(frame, Frame) else [frame]:
+            sock.sendall(part)
 
 
-def send_message(sock: socket.socket, parts: list[bytes]) -> None:
-    """A message on a stream socket: the part count, then each part's length and bytes (the
-    socket's timeout bounds the whole send)."""
-    sock.sendall(len(parts).to_bytes(8, "little"))
-    for part in parts:
-        sock.sendall(len(part).to_bytes(8, "little"))
-        sock.sendall(part)
-
-
-def recv_message(sock: socket.socket) -> list[bytes]:
-    """A message :func:`send_message` sent; EOFError when the other end closed the socket."""
+def recv_message(sock: socket.socket) -> list[bytearray]:
+    """A message :func:`send_message` sent, each frame in a buffer of its own (decoded in
+    place); EOFError when the other end closed the socket, ChannelError for a count or a
+    length beyond the limits."""
     count = int.from_bytes(_recv_exact(sock, 8), "little")
-    return [_recv_exact(sock, int.from_bytes(_recv_exact(sock, 8), "little")) for _ in range(count)]
+    if count > MAX_FRAMES:
+        raise ChannelError(f"a message of {count} frames (at most {MAX_FRAMES})")
+    frames = []
+    for _ in range(count):
+        size = int.from_bytes(_recv_exact(sock, 8), "little")
+        if size > MAX_FRAME_BYTES:
+            raise ChannelError(f"a frame of {size} bytes (at most {MAX_FRAME_BYTES})")
+        frames.append(_recv_exact(sock, size))
+    return frames
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     buffer = bytearray(n)
     view, got = memoryview(buffer), 0
     while got < n:
@@ -73,7 +74,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
         if not chunk:
             raise EOFError("the other end closed the connection")
         got += chunk
-    return bytes(buffer)
+    return buffer
 
 
 def peak_rss() -> int:
@@ -96,64 +97,86 @@ class UnitWorker:
     def __init__(self) -> None:
         self.data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.round: dict[str, Any] = {}
+        self.init: Init | None = None
 
-    def handle(self, ops: list[bytes]) -> bytes:
+    def handle(self, ops: list[bytes | bytearray]) -> Frame:
         """Apply the operations in order; the answer to the last one, or the error that
         stopped them (its type, message and traceback)."""
-        answer: dict[str, Any] = {"ok": True}
+        answer: Frame | None = None
         try:
             for blob in ops:
-                op = decode(blob)
-                answer = getattr(self, "op_" + op.pop("op"))(**op)
+                msg = channel.read(blob, channel.OPERATIONS)
+                if msg.type != "init" and self.init is None:
+                    raise ChannelError(f"{msg.type!r} before 'init'")
+                answer = getattr(self, "op_" + msg.type)(msg)
+            return answer or channel.ok_answer(peak_rss())
         except Exception as err:  # noqa: BLE001 - reported to the driver, which raises it
-            answer = {
-                "ok": False,
-                "type": type(err).__name__,
-                "message": str(err),
-                "traceback": traceback.format_exc(),
-            }
-        answer["peak_rss"] = peak_rss()
-        return encode(answer)
+            return channel.error_answer(err, traceback.format_exc(), peak_rss())
 
-    def op_init(
-        self, model, train, device: str, precision: str, channels_last: bool, threads, augment=None
-    ):
-        """The model's architecture (a template), the training hyperparameters, where to run,
+    def op_init(self, msg: Message) -> Frame:
+        """Build the run's model (``config.model``, with the config's ``imports``) as the
+        driver's: same architecture, same dtype; the training hyperparameters, where to run,
         the training batches' augmentation (``data.transforms``)."""
-        torch.set_num_threads(threads)
-        self.template, self.train = model, train
-        self.runtime = Runtime(torch.device(device), precision, channels_last, augment)
-        return {"ok": True, "pid": os.getpid()}
+        init = channel.read_init(msg)
+        torch.set_num_threads(init.threads)
+        import_config_modules(init.config)
+        built = build_model(init.config.model, init.input_shape, init.num_classes)
+        if repr(built) != init.architecture:
+            raise ChannelError(differs(repr(built), init.architecture, init.config.model))
+        self.runtime = Runtime(
+            torch.device(init.device), init.precision, init.channels_last, init.augment
+        )
+        self.model = working_model(built.to(init.dtype), self.runtime.device, init.channels_last)
+        self.specs = channel.specs_of(self.model.state_dict())
+        self.pool, self.init = PartPool(), init
+        return channel.ok_answer(peak_rss(), pid=os.getpid())
 
-    def op_data(self, partitions: dict[int, tuple[torch.Tensor, torch.Tensor]]):
+    def op_data(self, msg: Message) -> Frame:
         """Clients' samples ``(x, y)``, kept for every later round."""
-        self.data.update(partitions)
-        return {"ok": True}
+        self.data.update(channel.read_data(msg, self.init.input_shape))
+        return channel.ok_answer(peak_rss())
 
-    def op_setup(self, global_state, plan, round_seed: int):
+    def op_setup(self, msg: Message) -> Frame:
         """A round: the global model every unit starts from and the plan's shared fields."""
-        rt = self.runtime
-        model = round_model(self.template, global_state, rt.device, rt.channels_last)
-        self.round = {"model": model, "plan": plan, "seed": round_seed}
-        return {"ok": True}
+        state, plan, seed = channel.read_setup(msg, self.specs)
+        self.model.load_state_dict(state)
+        self.model.train()
+        self.round = {"plan": plan, "seed": seed, "starts": StartParts(self.model)}
+        return channel.ok_answer(peak_rss())
 
-    def op_unit(self, group: int, tasks, aux):
+    def op_unit(self, msg: Message) -> Frame:
         """Train one group of the round: its updates and server state, and the seconds."""
         start = time.perf_counter()
-        model, plan, seed = self.round["model"], self.round["plan"], self.round["seed"]
-        rt = self.runtime
-        starts = StartParts(model)
-        parts = {t.client: starts.of(t) for t in tasks}
+        group, tasks, aux = channel.read_unit(msg, self.specs, self.init.num_classes)
+        if not self.round:
+            raise ChannelError("'unit' before 'setup'")
+        missing = sorted({t.client for t in tasks} - self.data.keys())
+        if missing:
+            raise ChannelError(f"unit: no data for clients {missing[:5]}")
+        model, plan, seed, rt = self.model, self.round["plan"], self.round["seed"], self.runtime
+        parts = {t.client: self.round["starts"].of(t) for t in tasks}
         aux = {c: {k: v.to(rt.device) for k, v in s.items()} for c, s in aux.items()}
         run = GroupRun(group, tasks, parts, aux)
-        make = device_maker(model, self.train, self._data_of, seed, rt)
+        train = self.init.config.train
+        make = device_maker(model, train, self._data_of, seed, rt, self.pool)
         gen = np.random.default_rng(derive_seed(seed, "mix"))  # never dealt: mixup is coupled
-        updates, server_state = run_unit(model, run, plan, self.train, rt, gen, make, seed)
+        updates, server = run_unit(model, run, plan, train, rt, gen, make, seed, self.pool)
         seconds = time.perf_counter() - start
-        return {"ok": True, "updates": updates, "server_state": server_state, "seconds": seconds}
+        return channel.trained_answer(updates, server, seconds, peak_rss())
 
     def _data_of(self, client: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """A client's samples with positions as its indices: the sequential executor's
         batches ``x_all[indices[perm]]`` are this client's ``x[perm]``."""
         x, y = self.data[client]
         return x, y, np.arange(len(y))
+
+
+def differs(built: str, driver: str, spec: str) -> str:
+    """Why a worker refuses the driver's model: the first line where the architectures differ."""
+    pairs = zip(built.splitlines() + [""], driver.splitlines() + [""], strict=False)
+    mine, theirs = next((a, b) for a, b in pairs if a != b)
+    return (
+        f"config.model {spec!r} builds {mine.strip()!r} where the driver's model has "
+        f"{theirs.strip()!r}: the workers build the model from the config, so a model "
+        "changed after it was built cannot reach them (give it as config.model)"
+    )
