@@ -173,13 +173,10 @@ def test_sweep_address_and_resources_are_checked_in_one_line(
 # --- sweeps of parallel trials ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("workers", ["local", "ray"])
-def test_local_sweep_of_parallel_trials_equals_sequential(tmp_path, request, workers):
-    """Trials one after another in this process; Ray-actor workers join this process's Ray
-    instance (the module's)."""
-    if workers == "ray":
-        request.getfixturevalue("ray_cluster")
-    changes = {**PARALLEL, "parallel.backend": workers}
+def test_local_sweep_of_parallel_trials_equals_sequential(tmp_path):
+    """Trials one after another in this process, with local worker processes (Ray-actor
+    workers: the Ray sweep below and tests/test_parallel.py)."""
+    changes = {**PARALLEL, "parallel.backend": "local"}
     path = _write(tmp_path, {"executor": ["sequential", "parallel"]}, **changes)
     result = splitfl.sweep(path, out_dir=tmp_path / "sw", backend="local", progress=False)
     assert result.ok
