@@ -65,8 +65,24 @@ def test_one_dim_zero_dim_and_grad_tensors_round_trip(dtype):
     assert not back.tensors["g"].requires_grad and torch.equal(back.tensors["g"], grad * 2)
 
 
+def _chunk_at(chunk: bytes, tensor_offset: int, alignment: int) -> memoryview:
+    """``chunk``'s bytes in a buffer placed so that the tensor at ``tensor_offset`` of the
+    message starts at an address that is ``alignment`` modulo 64 (as a received chunk may)."""
+    buf = torch.zeros(len(chunk) + 128, dtype=torch.uint8)  # 64-byte aligned (torch's allocator)
+    start = (alignment - tensor_offset) % 64
+    buf[start : start + len(chunk)] = torch.frombuffer(bytearray(chunk), dtype=torch.uint8)
+    return memoryview(buf.numpy())[start : start + len(chunk)]
+
+
+def _tensor_offset(chunk: bytes) -> int:
+    (size,) = struct.unpack("<I", chunk[4:8])
+    return -(-(8 + size) // 8) * 8
+
+
 def test_decoded_tensors_are_views_of_the_received_buffer():
-    data = bytearray(encode(Message("t", {}, {"x": torch.zeros(4)})).tobytes())
+    """Where a tensor starts 64-byte aligned in the received buffer, it is read in place."""
+    frame = encode(Message("t", {}, {"x": torch.zeros(4)})).tobytes()
+    data = _chunk_at(bytes(frame), _tensor_offset(bytes(frame)), 0)
     x = decode(data).tensors["x"]
     data[-4:] = struct.pack("<f", 2.5)  # the last float of the (aligned) message
     assert x.tolist() == [0.0, 0.0, 0.0, 2.5]
@@ -341,20 +357,6 @@ def test_closing_a_session_drops_its_queued_commands_and_waits_for_the_running_o
     closing.join(10)
     assert not closing.is_alive()
     assert [kind for kind, _ in agent.ran] == ["forward"]
-
-
-def _chunk_at(chunk: bytes, tensor_offset: int, alignment: int) -> memoryview:
-    """``chunk``'s bytes in a buffer placed so that the tensor at ``tensor_offset`` of the
-    message starts at an address that is ``alignment`` modulo 64 (as a received chunk may)."""
-    buf = torch.zeros(len(chunk) + 128, dtype=torch.uint8)  # 64-byte aligned (torch's allocator)
-    start = (alignment - tensor_offset) % 64
-    buf[start : start + len(chunk)] = torch.frombuffer(bytearray(chunk), dtype=torch.uint8)
-    return memoryview(buf.numpy())[start : start + len(chunk)]
-
-
-def _tensor_offset(chunk: bytes) -> int:
-    (size,) = struct.unpack("<I", chunk[4:8])
-    return -(-(8 + size) // 8) * 8
 
 
 def test_a_one_chunk_message_is_read_in_place_where_its_tensor_is_64_byte_aligned():
