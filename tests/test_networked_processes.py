@@ -157,13 +157,7 @@ def test_killed_server_resumes_and_devices_reconnect(tmp_path):
     assert len(_rows(run_dir)) == 4
     seq = splitfl.run(config_for("splitfed_v1", **changes), run_dir=tmp_path / "seq")
     net_model = torch.load(run_dir / "model.pt", weights_only=True)
-    # Known flake, cause not found: in about 1 run in 4 the resumed run's final model differs
-    # from the sequential one by 1.8e-4 (always the same value; no client dropped, the same
-    # metric rows), else by < 1e-8. Small-batch BatchNorm training amplifies a 1e-8
-    # perturbation to ~1e-4 within a round (see tests/test_vectorized.py), so the bound here
-    # is 1e-3 until the source of that perturbation after a server kill is found; the runs
-    # without a kill keep 1e-5 (test_launch_with_device_processes_equals_sequential).
-    assert _max_diff(net_model, torch.load(seq.run_dir / "model.pt", weights_only=True)) <= 1e-3
+    assert _max_diff(net_model, torch.load(seq.run_dir / "model.pt", weights_only=True)) <= 1e-5
 
 
 def test_ring_member_process_killed_mid_run_abandons_rounds_and_the_run_completes(tmp_path):

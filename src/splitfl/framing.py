@@ -11,8 +11,11 @@ A message is encoded as::
 The header holds ``type`` (a string), ``fields`` (JSON values) and ``tensors``: a list of
 ``[name, dtype, shape]``; the tensor bytes follow in that order, each C-contiguous and
 little-endian, ``prod(shape) × itemsize`` bytes, each starting at an offset that is a
-multiple of 8 (the header is padded with spaces, each tensor with zero bytes), so tensors are
-read in place from the received buffer, aligned. Nothing is ever unpickled: a tensor is
+multiple of 8 (the header is padded with spaces, each tensor with zero bytes), so tensors can
+be read in place from the received buffer. A tensor is read in place only where it starts at a
+multiple of :data:`ALIGNMENT` (64 bytes, as torch's own CPU tensors do), else it is copied: the
+BLAS kernels round differently on less aligned operands, and a received tensor must compute
+exactly as the sender's would. Nothing is ever unpickled: a tensor is
 rebuilt with :func:`torch.frombuffer` from its declared dtype (one of :data:`DTYPES`) and shape,
 and the decoder refuses any message whose sizes do not add up exactly (:class:`WireError`).
 Headers are strict JSON both ways: NaN and infinities are neither sent nor accepted, and a
@@ -48,6 +51,13 @@ DTYPES: dict[str, torch.dtype] = {
 }
 _NAMES = {v: k for k, v in DTYPES.items()}
 _MAX_DIMS = 8
+#: Address alignment of every decoded tensor: that of torch's CPU allocator. MKL's matrix
+#: products round differently on an 8-byte aligned operand than on a 64-byte aligned one (a
+#: networked server's activation gradient, computed on smashed data read in place at an
+#: 8-byte aligned offset of the message, differed from the in-process one by one float32
+#: ulp; split training amplified it), so a tensor that would be read in place at another
+#: address is copied into a tensor of its own.
+ALIGNMENT = 64
 
 # A network message of one chunk is decoded in place from the received (immutable) ``bytes``;
 # nothing else holds that object, so torch's warning about non-writable buffers does not apply.
@@ -137,7 +147,8 @@ def decode(data: bytes | bytearray | memoryview | Frame) -> Message:
     """Parse and check a message: magic, header JSON, dtypes, shapes and exact sizes. The
     tensors are views of ``data`` when it is a buffer or a view (a network
     ``Reassembler``'s output: a buffer of its own, or the received chunk itself) starting at
-    an 8-byte aligned address, else of an aligned copy."""
+    an 8-byte aligned address, else of an aligned copy; a tensor that would start at an
+    address that is not a multiple of :data:`ALIGNMENT` is copied (see there)."""
     if isinstance(data, Frame):
         data = data.tobytes()
     elif not isinstance(data, bytearray | memoryview) or not _aligned_buffer(data):
@@ -162,6 +173,8 @@ def decode(data: bytes | bytearray | memoryview | Frame) -> Message:
             raise WireError(f"tensor {name!r}: {nbytes} bytes declared, message too short")
         if nbytes:
             flat = torch.frombuffer(data, dtype=dtype, count=count, offset=offset)
+            if flat.data_ptr() % ALIGNMENT:
+                flat = flat.clone()  # computes as the sender's tensor (ALIGNMENT)
             tensors[name] = flat.view(shape) if len(shape) != 1 else flat
         else:
             tensors[name] = torch.empty(shape, dtype=dtype)

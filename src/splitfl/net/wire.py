@@ -10,7 +10,8 @@ gRPC message, its *last* byte ``1`` on the last chunk of a message and ``0`` bef
 (:func:`chunks`, :class:`Reassembler`), so messages larger than gRPC's size limit pass and a
 receiver can refuse an oversized message before holding it whole. With the flag at the end a
 message that fits one chunk starts where the received ``bytes`` object's data starts (16-byte
-aligned in CPython), so its tensors are read in place there, without a copy (protocol 3; in
+aligned in CPython), so its tensors are read in place there, without a copy, where they start
+64-byte aligned (elsewhere copied: :data:`~splitfl.framing.ALIGNMENT`) (protocol 3; in
 protocol 2 the flag came first and every message was copied into an aligned buffer).
 """
 
