@@ -33,7 +33,7 @@ from splitfl.net.announce import Announced, ready_problem
 from splitfl.net.assign import AssignRefused, assign_clients
 from splitfl.net.auth import TokenBook
 from splitfl.net.guard import Audit, Gate, peer_address
-from splitfl.net.inbox import deliver
+from splitfl.net.inbox import first_message, route_replies
 from splitfl.net.link import LOST, SILENT_PERIODS, DeviceLink, keepalive_options
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
@@ -41,7 +41,6 @@ from splitfl.net.wire import (
     Reassembler,
     WireError,
     chunks,
-    decode,
     encode,
 )
 
@@ -231,7 +230,7 @@ class Hub:
             self._refuse(context, address, code or grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         try:
             try:  # the hello has its own, small size limit
-                hello = _first_message(requests, Reassembler(self.settings.max_hello_bytes))
+                hello = first_message(requests, Reassembler(self.settings.max_hello_bytes))
             except WireError as err:
                 self.gate.failed(address)
                 why = f"bad hello: {err}"
@@ -352,47 +351,25 @@ class Hub:
 
     def _read(self, link: DeviceLink, requests, assembler: Reassembler) -> None:
         """Route the device's replies to its clients' inboxes until the stream ends."""
-        window, count = time.monotonic(), 0
         try:
-            for chunk in requests:
-                link.heard = time.monotonic()
-                data = assembler.feed(chunk)
-                if data is None:
-                    continue
-                count += 1
-                if time.monotonic() - window >= 1.0:
-                    window, count = time.monotonic(), 1
-                limit = self.settings.rate_limit
-                if limit and count > limit:
-                    raise WireError(f"more than {limit:g} messages per second")
-                message = decode(data)
-                if message.type == "pong":
-                    continue
-                if message.type in ("ready", "refuse") and not link.ready:
-                    refusal = self._check_data(link, message)
-                    if refusal is not None:
-                        self.log(f"splitfl server: device {link.name} refused: {refusal}")
-                        link.send(Message("bye", {"refused": refusal}))
-                        link.close(f"refused: {refusal}")
-                        return
-                    with self.lock:
-                        link.ready = True
-                        self.lock.notify_all()
-                    continue
-                client = message.fields.get("client")
-                if not isinstance(client, int) or client not in link.inbox:
-                    raise WireError(
-                        f"reply for client {str(client)[:40]} not hosted by {link.name}"
-                    )
-                deliver(link, client, message, len(data))
-            link.close("device closed the stream")
-        except WireError as err:
-            link.close(f"protocol violation: {err}")
-        except grpc.RpcError:
-            link.close("connection lost")
+            route_replies(link, requests, assembler, self.settings.rate_limit, self._ready)
         finally:
             with self.lock:
                 self.lock.notify_all()
+
+    def _ready(self, link: DeviceLink, message: Message) -> bool:
+        """The device's ``ready``/``refuse``: mark the link ready, or refuse the device (bye,
+        closed) and say False."""
+        refusal = self._check_data(link, message)
+        if refusal is not None:
+            self.log(f"splitfl server: device {link.name} refused: {refusal}")
+            link.send(Message("bye", {"refused": refusal}))
+            link.close(f"refused: {refusal}")
+            return False
+        with self.lock:
+            link.ready = True
+            self.lock.notify_all()
+        return True
 
     def _check_data(self, link: DeviceLink, ready: Message) -> str | None:
         """Why a device's ``ready`` is refused (:func:`~splitfl.net.announce.ready_problem`),
@@ -410,11 +387,3 @@ class Hub:
                 self.announced.setdefault(c, a)
             self.lock.notify_all()
         return None
-
-
-def _first_message(requests: Iterator[bytes], assembler: Reassembler) -> Message:
-    for chunk in requests:
-        data = assembler.feed(chunk)
-        if data is not None:
-            return decode(data)
-    raise WireError("stream closed before hello")

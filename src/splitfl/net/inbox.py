@@ -1,4 +1,5 @@
-"""Bounded inboxes: what a device may queue on the server without being asked.
+"""Bounded inboxes: what a device may queue on the server without being asked, and the
+loop that reads a device's stream into them (:func:`route_replies`).
 
 The server awaits each reply before its next command to a client, so an honest device has one
 reply in a client's inbox at a time (a reply to an earlier command, skipped by
@@ -14,8 +15,11 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Iterator
 
-from splitfl.net.wire import Message
+import grpc
+
+from splitfl.net.wire import Message, Reassembler, WireError, decode
 
 #: Most messages, and bytes, one client's inbox holds.
 INBOX_MAX = 16
@@ -50,3 +54,50 @@ def _log_drop(link, client: int) -> None:
         audit("dropped-reply", getattr(link, "address", ""), line)
     else:
         print(f"splitfl hub: {line}", file=sys.stderr)
+
+
+def first_message(requests: Iterator[bytes], assembler: Reassembler) -> Message:
+    """The stream's first whole message (a device's hello)."""
+    for chunk in requests:
+        data = assembler.feed(chunk)
+        if data is not None:
+            return decode(data)
+    raise WireError("stream closed before hello")
+
+
+def route_replies(
+    link, requests: Iterator[bytes], assembler: Reassembler, rate_limit: float, on_ready: Callable
+) -> None:
+    """Read the device's messages until its stream ends and close its link then: each reply
+    to its client's inbox (:func:`deliver`; a device speaks only for its own clients), pongs
+    noted, the first ``ready``/``refuse`` to ``on_ready(link, message)`` (False: refused, stop
+    reading). More than ``rate_limit`` messages in a second (0: no limit), a malformed message
+    or a reply for a foreign client closes the link as a protocol violation."""
+    window, count = time.monotonic(), 0
+    try:
+        for chunk in requests:
+            link.heard = time.monotonic()
+            data = assembler.feed(chunk)
+            if data is None:
+                continue
+            count += 1
+            if time.monotonic() - window >= 1.0:
+                window, count = time.monotonic(), 1
+            if rate_limit and count > rate_limit:
+                raise WireError(f"more than {rate_limit:g} messages per second")
+            message = decode(data)
+            if message.type == "pong":
+                continue
+            if message.type in ("ready", "refuse") and not link.ready:
+                if not on_ready(link, message):
+                    return
+                continue
+            client = message.fields.get("client")
+            if not isinstance(client, int) or client not in link.inbox:
+                raise WireError(f"reply for client {str(client)[:40]} not hosted by {link.name}")
+            deliver(link, client, message, len(data))
+        link.close("device closed the stream")
+    except WireError as err:
+        link.close(f"protocol violation: {err}")
+    except grpc.RpcError:
+        link.close("connection lost")
