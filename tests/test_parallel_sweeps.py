@@ -41,6 +41,7 @@ def _rows(run_dir: Path) -> list[dict]:
 def assert_same_runs(folder: Path, names: list[str]) -> None:
     """Every run directory in ``names`` has the first one's metric rows and final model,
     bit for bit."""
+    assert len(names) > 1  # something is compared
     ref_rows, ref = _rows(folder / names[0]), torch.load(folder / names[0] / "model.pt")
     for name in names[1:]:
         assert _rows(folder / name) == ref_rows, name
