@@ -144,14 +144,13 @@ def _raw_bytes(tensor: torch.Tensor) -> memoryview:
 
 
 def decode(data: bytes | bytearray | memoryview | Frame) -> Message:
-    """Parse and check a message: magic, header JSON, dtypes, shapes and exact sizes. The
-    tensors are views of ``data`` when it is a buffer or a view (a network
-    ``Reassembler``'s output: a buffer of its own, or the received chunk itself) starting at
-    an 8-byte aligned address, else of an aligned copy; a tensor that would start at an
-    address that is not a multiple of :data:`ALIGNMENT` is copied (see there)."""
+    """Parse and check a message: magic, header JSON, dtypes, shapes and exact sizes. A
+    tensor is a view of ``data`` (a buffer or a view: a network ``Reassembler``'s output, its
+    own buffer or the received chunk itself) where it starts at a multiple of
+    :data:`ALIGNMENT`, else a copy of its own (see there)."""
     if isinstance(data, Frame):
         data = data.tobytes()
-    elif not isinstance(data, bytearray | memoryview) or not _aligned_buffer(data):
+    elif not isinstance(data, bytearray | memoryview):
         data = bytearray(data)
     if len(data) < 8 or data[:4] != MAGIC:
         raise WireError("not a splitfl message (bad magic)")
@@ -182,11 +181,6 @@ def decode(data: bytes | bytearray | memoryview | Frame) -> Message:
     if offset != len(data):
         raise WireError(f"{len(data) - offset} trailing bytes after the declared tensors")
     return Message(header["type"], fields, tensors)
-
-
-def _aligned_buffer(data: bytearray | memoryview) -> bool:
-    """Whether ``data`` starts at an 8-byte aligned address (tensors are read in place)."""
-    return len(data) == 0 or torch.frombuffer(data, dtype=torch.uint8, count=1).data_ptr() % 8 == 0
 
 
 def parse_header(text: bytes | bytearray | memoryview) -> Any:
