@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import queue
 import statistics
@@ -37,6 +38,8 @@ from splitfl.net.auth import TokenBook
 from splitfl.net.fleet import Expect, Meter, RemoteFleet
 from splitfl.net.hub import Hub, HubSettings
 from splitfl.net.testbed import Testbed
+from splitfl.net.trust import smashed_problem
+from splitfl.net.wire import Message, decode, encode
 from splitfl.plan import ClientTask
 from splitfl.testing import config_for
 
@@ -47,6 +50,8 @@ BARE = "/bench.Bare/Echo"
 _BARE_DEVICE = """
 import sys, grpc
 up = b"u" * int(sys.argv[2])
+if len(sys.argv) > 3:  # framed: splitfl's message format and checks, no runtime (see below)
+    exec(sys.argv[3])
 channel = grpc.insecure_channel(sys.argv[1], options=[
     ("grpc.max_receive_message_length", 1 << 26), ("grpc.max_send_message_length", 1 << 26)])
 import queue
@@ -64,13 +69,40 @@ for msg in channel.stream_stream("/bench.Bare/Echo")(gen()):
         break
     if msg[:2] == b"go":
         out.put(up)     # smashed data + labels
+    elif len(sys.argv) > 3:
+        answer = handle(msg)  # framed: decode, check; the command's answer
+        if answer is not None:
+            out.put(answer)
     # gradient messages need no answer
 """
 
+#: The framed device: the bare stream's pattern with splitfl's message format on it — the
+#: command and the gradient decoded (strict JSON header, tensors read in place or copied to
+#: 64-byte alignment), the gradient checked finite, the smashed data and labels encoded as a
+#: message from tensors each time — and none of the runtime (no agent, routing, workers).
+_FRAMED_DEVICE = """
+import torch
+from splitfl.framing import Message, decode, encode
+from splitfl.net.wire import all_finite
+torch.set_num_threads(1)  # as a splitfl device's (``threads: 1``)
+rows, width = int(sys.argv[4]), int(sys.argv[5])
+FX, Y = torch.ones(rows, width), torch.zeros(rows, dtype=torch.long)
+def handle(data):
+    msg = decode(memoryview(data))
+    if msg.type == "forward":
+        reply = Message("forwarded", {"step": msg.fields["step"], "client": 0}, {"fx": FX, "y": Y})
+        return b"".join(encode(reply).parts)
+    assert all_finite(msg.tensors["grad"])
+    return None
+"""
 
-def bare_round_trip(iters: int, up: int, down: int) -> list[float]:
+
+def bare_round_trip(iters: int, up: int, down: int, framed: tuple[int, int] | None = None):
     """Per-exchange seconds: server sends "go", device answers ``up`` bytes, server sends
-    ``down`` bytes (the gradient), over a raw gRPC bidirectional stream."""
+    ``down`` bytes (the gradient), over a raw gRPC bidirectional stream. ``framed`` = (rows,
+    width): the same stream with splitfl's message format and checks and none of its runtime
+    (:data:`_FRAMED_DEVICE`; the server encodes the command and the gradient from tensors and
+    decodes and checks the smashed data as :func:`~splitfl.net.trust.smashed_problem`)."""
     times: list[float] = []
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -104,15 +136,18 @@ def bare_round_trip(iters: int, up: int, down: int) -> list[float]:
     )
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    device = subprocess.Popen([sys.executable, "-c", _BARE_DEVICE, f"127.0.0.1:{port}", str(up)])
+    args = [sys.executable, "-c", _BARE_DEVICE, f"127.0.0.1:{port}", str(up)]
+    if framed is not None:
+        args += [_FRAMED_DEVICE, *map(str, framed)]
+    device = subprocess.Popen(args)
+    exchange = _bare_exchange(inbox, outbox, down) if framed is None else None
+    if framed is not None:
+        exchange = _framed_exchange(inbox, outbox, *framed)
     try:
         inbox.get(timeout=60)  # hello
-        grad = b"g" * down
-        for _ in range(iters):
+        for step in range(iters):
             t0 = time.perf_counter()
-            outbox.put(b"go")
-            inbox.get(timeout=60)
-            outbox.put(grad)
+            exchange(step)
             times.append(time.perf_counter() - t0)
         outbox.put(b"stop")
         outbox.put(None)
@@ -121,6 +156,32 @@ def bare_round_trip(iters: int, up: int, down: int) -> list[float]:
         device.kill()
         server.stop(0)
     return times
+
+
+def _bare_exchange(inbox, outbox, down: int):
+    grad = b"g" * down
+
+    def exchange(step: int) -> None:
+        outbox.put(b"go")
+        inbox.get(timeout=60)
+        outbox.put(grad)
+
+    return exchange
+
+
+def _framed_exchange(inbox, outbox, rows: int, width: int):
+    expect = (torch.float32, (width,), rows, 10, math.inf)
+    grad = torch.ones(rows, width)
+
+    def exchange(step: int) -> None:
+        ask = Message("forward", {"step": step, "client": 0, "seq": step})
+        outbox.put(b"".join(encode(ask).parts))
+        msg = decode(memoryview(inbox.get(timeout=60)))
+        assert smashed_problem(msg.tensors["fx"], msg.tensors["y"], *expect) is None
+        down = Message("backward", {"client": 0, "seq": step}, {"grad": grad})
+        outbox.put(b"".join(encode(down).parts))
+
+    return exchange
 
 
 # -- splitfl: the same exchange through the hub and a device process ----------------------
@@ -193,35 +254,32 @@ def splitfl_round_trip(iters: int, rows: int, width: int, folder: Path) -> list[
 
 
 def overhead(iters: int, rows: int, width: int, folder: Path, repeats: int = 1) -> dict:
-    """Median per-exchange times of both transports; with ``repeats`` > 1 the two are run
-    alternately (bare, splitfl, splitfl, bare, …) and the ratio is the median of the
-    per-repeat ratios (robust to load from other processes drifting during the run)."""
+    """Median per-exchange times of the three transports (bare, framed, splitfl); with
+    ``repeats`` > 1 they are run in rotating order (bare, framed, splitfl, then framed,
+    splitfl, bare, …) and each ratio is the median of the per-repeat ratios (robust to load
+    from other processes drifting during the run)."""
     up = rows * width * 4 + rows * 8
     down = rows * width * 4
     skip = iters // 10  # warm-up
-    bares, ours = [], []
+    kinds = ("bare", "framed", "splitfl")
+    got: dict[str, list[float]] = {k: [] for k in kinds}
     for r in range(repeats):
-        order = ("bare", "splitfl") if r % 2 == 0 else ("splitfl", "bare")
-        for kind in order:
+        for kind in kinds[r % 3 :] + kinds[: r % 3]:
             if kind == "bare":
                 times = bare_round_trip(iters, up, down)
-                bares.append(statistics.median(times[skip:]))
+            elif kind == "framed":
+                times = bare_round_trip(iters, up, down, framed=(rows, width))
             else:
                 times = splitfl_round_trip(iters, rows, width, folder / f"r{r}")
-                ours.append(statistics.median(times[skip:]))
-    b, s = statistics.median(bares), statistics.median(ours)
-    row = {
-        "rows": rows,
-        "width": width,
-        "bytes_up": up,
-        "bytes_down": down,
-        "bare_ms": b * 1e3,
-        "splitfl_ms": s * 1e3,
-        "ratio": statistics.median(o / x for o, x in zip(ours, bares, strict=True)),
-    }
+            got[kind].append(statistics.median(times[skip:]))
+    row = {"rows": rows, "width": width, "bytes_up": up, "bytes_down": down}
+    row |= {f"{k}_ms": statistics.median(v) * 1e3 for k, v in got.items()}
+    for num, den in (("splitfl", "bare"), ("framed", "bare"), ("splitfl", "framed")):
+        pairs = zip(got[num], got[den], strict=True)
+        row[f"{num}/{den}"] = statistics.median(a / b for a, b in pairs)
+    row["ratio"] = row["splitfl/bare"]
     if repeats > 1:
-        row["bare_ms_each"] = [x * 1e3 for x in bares]
-        row["splitfl_ms_each"] = [x * 1e3 for x in ours]
+        row |= {f"{k}_ms_each": [x * 1e3 for x in v] for k, v in got.items()}
     return row
 
 

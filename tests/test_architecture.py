@@ -104,6 +104,8 @@ def test_config_and_plan_are_leaves():
     assert [m for m, _, tc in _imports(SRC / "plan.py") if not tc] == []
     # the message format of the network wire and the parallel executor's channel: torch only
     assert _imports(SRC / "framing.py") == []
+    # the allocator settings every long-running process applies: the standard library only
+    assert _imports(SRC / "allocator.py") == []
 
 
 def test_no_function_level_imports_but_plugin_registration():

@@ -25,6 +25,7 @@ from splitfl.experiment.runner import as_config, prepare
 from splitfl.net.auth import TokenBook
 from splitfl.net.device import DeviceAgent
 from splitfl.net.hub import LOST, METHOD, Hub, HubSettings
+from splitfl.net.inbox import INBOX_BYTES, INBOX_MAX, Inbox
 from splitfl.net.peer import outgoing
 from splitfl.net.testbed import Testbed, free_port
 from splitfl.net.wire import Message, WireError, decode, encode
@@ -225,6 +226,22 @@ def test_unsolicited_replies_are_bounded(hub):
     assert link.inbox[0].qsize() <= 16  # old code: all 200 (12.8 MiB) held
     frames.put(None)
     channel.close()
+
+
+def test_an_inbox_holds_at_most_its_bound_and_frees_what_is_taken():
+    box, msg = Inbox(), Message("ack")
+    assert box.offer(msg, INBOX_BYTES + 1)  # an empty inbox takes the awaited reply, any size
+    assert not box.offer(msg, 1)  # ... and nothing beside it beyond the byte bound
+    assert box.get(timeout=1)[1] == INBOX_BYTES + 1 and (box.held, box.held_bytes) == (0, 0)
+    assert all(box.offer(msg, 10) for _ in range(INBOX_MAX))
+    assert not box.offer(msg, 10)  # one message too many
+    box.put(LOST)  # markers always go in, uncounted
+    assert (box.held, box.held_bytes, box.qsize()) == (INBOX_MAX, 10 * INBOX_MAX, INBOX_MAX + 1)
+    for _ in range(INBOX_MAX):
+        box.get(timeout=1)
+    assert (box.held, box.held_bytes) == (0, 0) and box.get(timeout=1) is LOST
+    with pytest.raises(queue.Empty):
+        box.get(timeout=0.01)
 
 
 def test_a_json_bomb_hello_is_a_one_line_refusal(hub):

@@ -131,15 +131,15 @@ _HEADER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 def _raw_bytes(tensor: torch.Tensor) -> memoryview:
     """A CPU tensor's bytes in C order, without a copy where it already is one: the numpy
     view's bytes (bfloat16, which numpy lacks, through a uint8 view)."""
-    t = tensor.detach()
-    if t.numel() == 0:
+    t = tensor.detach() if tensor.requires_grad else tensor
+    if not t.numel():
         return memoryview(b"")
     if t.device.type != "cpu":
         t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
     if t.dtype == torch.bfloat16:
-        return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        t = t.reshape(-1).view(torch.uint8)
     return memoryview(t.numpy()).cast("B")
 
 
@@ -152,10 +152,11 @@ def decode(data: bytes | bytearray | memoryview | Frame) -> Message:
         data = data.tobytes()
     elif not isinstance(data, bytearray | memoryview):
         data = bytearray(data)
-    if len(data) < 8 or data[:4] != MAGIC:
+    end = len(data)
+    if end < 8 or data[:4] != MAGIC:
         raise WireError("not a splitfl message (bad magic)")
-    (size,) = struct.unpack("<I", data[4:8])
-    if size > MAX_HEADER_BYTES or 8 + size > len(data):
+    size = int.from_bytes(data[4:8], "little")
+    if size > MAX_HEADER_BYTES or 8 + size > end:
         raise WireError(f"header length {size} out of bounds")
     header = parse_header(data[8 : 8 + size])
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
@@ -168,28 +169,33 @@ def decode(data: bytes | bytearray | memoryview | Frame) -> Message:
         name, dtype, shape = _tensor_spec(spec)
         count = math.prod(shape)
         nbytes = count * dtype.itemsize
-        if offset + nbytes > len(data):
+        if offset + nbytes > end:
             raise WireError(f"tensor {name!r}: {nbytes} bytes declared, message too short")
-        if nbytes:
-            flat = torch.frombuffer(data, dtype=dtype, count=count, offset=offset)
-            if flat.data_ptr() % ALIGNMENT:
-                flat = flat.clone()  # computes as the sender's tensor (ALIGNMENT)
-            tensors[name] = flat.view(shape) if len(shape) != 1 else flat
-        else:
-            tensors[name] = torch.empty(shape, dtype=dtype)
-        offset += _aligned(nbytes)
-    if offset != len(data):
-        raise WireError(f"{len(data) - offset} trailing bytes after the declared tensors")
+        tensors[name] = _tensor_at(data, dtype, shape, count, offset)
+        offset += -(-nbytes // 8) * 8
+    if offset != end:
+        raise WireError(f"{end - offset} trailing bytes after the declared tensors")
     return Message(header["type"], fields, tensors)
+
+
+def _tensor_at(data, dtype: torch.dtype, shape: list[int], count: int, offset: int):
+    """The tensor at ``offset`` of ``data``: read in place where it starts at a multiple of
+    :data:`ALIGNMENT`, else copied (it computes as the sender's tensor)."""
+    if not count:
+        return torch.empty(shape, dtype=dtype)
+    flat = torch.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    if flat.data_ptr() % ALIGNMENT:
+        flat = flat.clone()
+    return flat if len(shape) == 1 else flat.view(shape)
 
 
 def parse_header(text: bytes | bytearray | memoryview) -> Any:
     """Strict JSON (RFC 8259): no ``NaN``/``Infinity`` literals, no number that overflows a
     float, nesting at most :data:`MAX_HEADER_DEPTH`; anything else is a one-line
     :class:`WireError` (never Python's exception text to the peer)."""
-    text = bytes(text)
     try:
-        value = json.loads(text.decode(), parse_constant=_non_finite, parse_float=_finite_float)
+        text = str(text, "utf-8")
+        value = _STRICT.decode(text)
     except RecursionError:
         raise WireError(f"header nests deeper than {MAX_HEADER_DEPTH}") from None
     except WireError:
@@ -197,7 +203,7 @@ def parse_header(text: bytes | bytearray | memoryview) -> Any:
     except (UnicodeDecodeError, ValueError):  # JSONDecodeError, a 5000-digit integer
         raise WireError("header is not JSON (strict RFC 8259)") from None
     # a text with at most MAX_HEADER_DEPTH brackets cannot nest deeper (splitfl's own headers)
-    opened = text.count(b"[") + text.count(b"{")
+    opened = text.count("[") + text.count("{")
     if opened > MAX_HEADER_DEPTH and _depth(value) > MAX_HEADER_DEPTH:
         raise WireError(f"header nests deeper than {MAX_HEADER_DEPTH}")
     return value
@@ -212,6 +218,10 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise WireError(f"number {text[:20]} overflows (strict JSON)")
     return value
+
+
+#: One strict decoder for every header (``json.loads`` with hooks builds a new one per call).
+_STRICT = json.JSONDecoder(parse_constant=_non_finite, parse_float=_finite_float)
 
 
 def _depth(value: Any) -> int:

@@ -7,7 +7,7 @@ message (a list of :mod:`~splitfl.executors.channel` frames) and waits for the n
 * :class:`LocalPool` — processes on this machine (``python -m splitfl.executors.worker_process``),
   each on one end of a socket pair; their environment limits the math libraries to the
   worker's thread count before torch is imported and keeps freed memory for the next unit
-  (:data:`KEEP_FREED_MEMORY`).
+  (:mod:`splitfl.allocator`).
 * :class:`RayPool` — one Ray actor per worker asking for ``threads`` CPUs and
   ``gpus_per_worker`` GPUs, on a local Ray instance, the one this process runs in (a sweep
   trial) or the cluster at ``address`` (:func:`splitfl.ray_cluster.join_ray`). The actor
@@ -27,6 +27,7 @@ import subprocess
 import sys
 from typing import Any
 
+from splitfl.allocator import KEEP_FREED_MEMORY, keep_freed_memory
 from splitfl.executors.channel import ChannelError
 from splitfl.executors.workers import UnitWorker, recv_message, send_message
 from splitfl.framing import Frame
@@ -120,22 +121,13 @@ class LocalPool:
 
 #: Environment variables that size the math libraries' thread pools in a worker process.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-#: glibc's allocator settings for a worker process (unless the environment sets them): by
-#: default it serves blocks from 128 KiB up with fresh ``mmap`` s and gives the top of its heap
-#: back to the OS, so every unit's activations and gradients fault in new zeroed pages
-#: (thousands of page faults per LeNet-5 unit, a tenth of its time); a worker keeps freed
-#: memory for the next unit instead (blocks up to 32 MiB from the heap, trimmed beyond 256 MiB).
-#: Other allocators ignore these variables.
-KEEP_FREED_MEMORY = {
-    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-    "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
-}
 
 
 class _RayWorker:
     """The Ray actor around a :class:`UnitWorker`."""
 
     def __init__(self) -> None:
+        keep_freed_memory()  # as a local worker's environment does (splitfl.allocator)
         self.worker = UnitWorker()
 
     def handle(self, ops: list[bytes]) -> bytes:

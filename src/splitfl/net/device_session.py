@@ -22,6 +22,7 @@ import time
 
 import grpc
 
+from splitfl.allocator import keep_freed_memory
 from splitfl.config import ConfigError, ExperimentConfig, from_dict
 from splitfl.data.base import DatasetError
 from splitfl.data.formats import ContainerOptions
@@ -91,6 +92,7 @@ def run_device(opts: DeviceOptions, log=print, agent_cls: type | None = None) ->
     """Serve until the server says bye; reconnect with backoff (up to ``retry_s`` without a
     connection). Returns the process exit code (0 after bye, 1 when it gave up, 2 refused).
     ``agent_cls`` replaces :class:`DeviceAgent` (custom devices, fault injection)."""
+    keep_freed_memory()  # each batch's message buffers reuse the last one's pages
     try:
         peer = _peer_endpoint(opts, log)
     except (ValueError, OSError, RuntimeError, ConfigError) as err:

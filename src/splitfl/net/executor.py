@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from splitfl.allocator import keep_freed_memory
 from splitfl.config import ExperimentConfig
 from splitfl.executors.fleet import GroupRun, group_runs, run_group, server_role
 from splitfl.executors.roles import Runtime
@@ -49,6 +50,7 @@ class NetworkedExecutor:
 
     def open(self, ctx, run_dir: Path) -> None:
         """Start listening (and the local device processes, if any) and wait for devices."""
+        keep_freed_memory()  # each batch's message buffers reuse the last one's pages
         own = self.config.data.source == "devices"
         data = {
             "input_shape": list(ctx.bundle.input_shape),

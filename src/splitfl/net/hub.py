@@ -19,7 +19,6 @@ device's link; waiting calls see the link as lost.
 
 from __future__ import annotations
 
-import queue
 import sys
 import threading
 import time
@@ -33,7 +32,7 @@ from splitfl.net.announce import Announced, ready_problem
 from splitfl.net.assign import AssignRefused, assign_clients
 from splitfl.net.auth import TokenBook
 from splitfl.net.guard import Audit, Gate, peer_address
-from splitfl.net.inbox import first_message, route_replies
+from splitfl.net.inbox import Inbox, first_message, route_replies
 from splitfl.net.link import LOST, SILENT_PERIODS, DeviceLink, keepalive_options
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
@@ -280,7 +279,7 @@ class Hub:
         with self.lock:
             old = self.links.get(name)
             clients = self._assign(name, f.get("clients"), context, address)
-            link = DeviceLink(name, clients, {c: queue.Queue() for c in clients})
+            link = DeviceLink(name, clients, {c: Inbox() for c in clients})
             link.peer_address, link.peer_cert = listen, cert
             link.address, link.audit = address, self.audit
             if old is not None and old.alive:  # a live duplicate hears why it must stop

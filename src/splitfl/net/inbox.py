@@ -13,7 +13,9 @@ replies (their clients time out and are dropped for the round).
 
 from __future__ import annotations
 
+import queue
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -26,18 +28,49 @@ INBOX_MAX = 16
 INBOX_BYTES = 64 << 20
 
 
+class Inbox:
+    """One client's inbox: a C queue (no Python-level lock on the per-batch path) and the
+    number and bytes of the replies it holds (:func:`deliver`'s bound). Items are replies —
+    (message, bytes, arrival time) — or markers such as ``LOST``."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self.held, self.held_bytes = 0, 0
+
+    def offer(self, message: Message, nbytes: int) -> bool:
+        """Queue a reply if it fits (see the module docstring); whether it was queued."""
+        with self._lock:
+            full = self.held >= INBOX_MAX or self.held_bytes + nbytes > INBOX_BYTES
+            if self.held and full:
+                return False
+            self.held, self.held_bytes = self.held + 1, self.held_bytes + nbytes
+        self._queue.put((message, nbytes, time.perf_counter()))
+        return True
+
+    def put(self, item) -> None:
+        """Queue a marker (it is not counted against the bound)."""
+        self._queue.put(item)
+
+    def get(self, block: bool = True, timeout: float | None = None):
+        """The next item (``queue.Empty`` when none comes within ``timeout``)."""
+        item = self._queue.get(block, timeout)
+        if type(item) is tuple:
+            with self._lock:
+                self.held, self.held_bytes = self.held - 1, self.held_bytes - item[1]
+        return item
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+
 def deliver(link, client: int, message: Message, nbytes: int) -> bool:
     """Queue ``message`` (``nbytes`` on the wire) in ``link.inbox[client]`` if it fits (see the
-    module docstring); whether it was queued."""
-    box = link.inbox[client]
-    with box.mutex:  # the queue's own lock: held messages and their sizes, read consistently
-        held = [item for item in box.queue if isinstance(item, tuple)]
-        full = len(held) >= INBOX_MAX or sum(item[1] for item in held) + nbytes > INBOX_BYTES
-    if held and full:
-        _log_drop(link, client)
-        return False
-    box.put((message, nbytes, time.perf_counter()))
-    return True
+    module docstring); whether it was queued (a dropped reply is logged)."""
+    if link.inbox[client].offer(message, nbytes):
+        return True
+    _log_drop(link, client)
+    return False
 
 
 def _log_drop(link, client: int) -> None:

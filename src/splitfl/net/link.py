@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from splitfl.net.guard import Audit
+from splitfl.net.inbox import Inbox
 from splitfl.net.wire import Message, encode
 
 #: Placed in a client's inbox when its device's link closes.
@@ -28,7 +29,7 @@ class DeviceLink:
 
     name: str
     clients: list[int]
-    inbox: dict[int, queue.Queue] = field(default_factory=dict)
+    inbox: dict[int, Inbox] = field(default_factory=dict)
     outbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     alive: bool = True
     #: the device has loaded its data and model (it said ``ready``): it can be given work

@@ -80,6 +80,9 @@ def chunks(data: Frame | bytes | bytearray, chunk_bytes: int) -> Iterator[bytes]
         raise ValueError("chunk_bytes must be >= 1")
     parts = data.parts if isinstance(data, Frame) else [memoryview(data)]
     total, sent = sum(p.nbytes for p in parts), 0
+    if total <= chunk_bytes:  # one chunk (most messages): one join, no slicing
+        yield b"".join([*parts, _LAST])
+        return
     pending: list[memoryview] = []
     room = chunk_bytes
     for part in parts:
