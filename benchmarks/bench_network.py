@@ -1,10 +1,14 @@
 """Networked execution on this machine (loopback): transport overhead, round time, memory.
 
-1. **Per-batch overhead**: the time of one split-learning exchange over splitfl's transport
-   (server asks → device sends smashed data + labels → server sends the gradient) against the
-   same message pattern and bytes over a bare gRPC byte stream (no splitfl framing,
-   validation or bookkeeping). Both use a device in a separate process; compute is excluded
-   (the splitfl side is measured with a device that answers with fixed tensors).
+1. **Per-batch overhead**: the time of one split-learning exchange (server asks → device
+   sends smashed data + labels → server sends the gradient) over three transports, each with
+   the device in a separate process: *bare* — a bare gRPC byte stream re-sending pre-built
+   payloads of the same sizes; *framed* — the same stream carrying splitfl's message format
+   (strict-JSON header, tensors encoded per message, decoded in place or to 64-byte
+   alignment) and its checks of the smashed data and the gradient, but none of its runtime;
+   *splitfl* — the hub, a device process (``run_device``) and ``RemoteFleet``. Compute is
+   excluded (the devices answer with fixed tensors). framed ÷ bare is the cost of the format
+   and checks; splitfl ÷ framed that of the runtime (routing, inboxes, bookkeeping).
 2. **Round time and memory** with 10 and 50 device processes (``splitfl launch``): the
    measured round time of SplitFed V1 on digits and each device process's resident memory.
 
@@ -49,6 +53,11 @@ BARE = "/bench.Bare/Echo"
 
 _BARE_DEVICE = """
 import sys, grpc
+try:  # the allocator settings splitfl's processes use, for every transport alike
+    from splitfl.allocator import keep_freed_memory
+    keep_freed_memory()
+except ImportError:  # a splitfl from before splitfl.allocator
+    pass
 up = b"u" * int(sys.argv[2])
 if len(sys.argv) > 3:  # framed: splitfl's message format and checks, no runtime (see below)
     exec(sys.argv[3])
@@ -361,6 +370,12 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     torch.set_num_threads(1)
+    try:  # the server process of all three transports: the settings a splitfl server uses
+        from splitfl.allocator import keep_freed_memory
+
+        keep_freed_memory()
+    except ImportError:  # measuring a splitfl from before splitfl.allocator
+        pass
     results: dict = {"machine": f"{os.cpu_count()} cores", "torch": torch.__version__}
     with tempfile.TemporaryDirectory() as tmp:
         results["overhead"] = []
