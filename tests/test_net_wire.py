@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 import queue
 import struct
@@ -28,6 +29,7 @@ from splitfl.net.wire import (
     WireError,
     all_finite,
     chunks,
+    extremes,
     decode,
     encode,
     payload_bytes,
@@ -148,6 +150,20 @@ def test_all_finite_finds_nan_and_inf_and_survives_overflowing_sums():
         x = torch.ones(100)
         x[17] = bad
         assert not all_finite(x)
+
+
+@pytest.mark.parametrize("n", [1, 5, 1024, 1025, 5000])
+def test_extremes_of_labels_by_list_and_by_one_pass_agree(n):
+    y = torch.arange(n, dtype=torch.long) * 7 % 11 - 3  # -3 … 7, in no order
+    want = (int(y.min()), int(y.max()))
+    assert extremes(y) == want and extremes(y.view(1, n)) == want
+    small = y.abs().to(torch.uint8)
+    assert extremes(small) == (int(small.min()), int(small.max()))
+    x = y.double()
+    assert extremes(x) == want
+    x[n // 2] = float("nan")
+    assert all(math.isnan(v) for v in extremes(x))  # NaN propagates to both
+    assert extremes(torch.zeros(0, dtype=torch.long)) == (0.0, 0.0)
 
 
 def test_tensor_of_a_foreign_dtype_is_not_sent():

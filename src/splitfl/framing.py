@@ -130,8 +130,14 @@ _HEADER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 def _raw_bytes(tensor: torch.Tensor) -> memoryview:
     """A CPU tensor's bytes in C order, without a copy where it already is one: the numpy
-    view's bytes (bfloat16, which numpy lacks, through a uint8 view)."""
-    t = tensor.detach() if tensor.requires_grad else tensor
+    view's bytes (one torch call for the common case: a contiguous, non-empty CPU tensor of a
+    dtype numpy has, outside autograd); otherwise detached, moved to the CPU, made contiguous
+    (bfloat16, which numpy lacks, through a uint8 view)."""
+    try:
+        return memoryview(tensor.numpy()).cast("B")
+    except (TypeError, RuntimeError):  # grad, not CPU, bfloat16, empty or strided: below
+        pass
+    t = tensor.detach()
     if not t.numel():
         return memoryview(b"")
     if t.device.type != "cpu":

@@ -29,7 +29,7 @@ import math
 import torch
 
 from splitfl.config import BoundsConfig
-from splitfl.net.wire import all_finite
+from splitfl.net.wire import all_finite, extremes
 
 State = dict[str, torch.Tensor]
 Specs = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -132,7 +132,7 @@ def smashed_problem(
     n = y.shape[0] if y.dim() >= 1 and tuple(y.shape[1:]) == target[1] else -1
     if not 1 <= n <= batch_size or tuple(fx.shape) != (n, *shape):
         return f"shape {tuple(fx.shape)}/{tuple(y.shape)}"
-    low, high = _extremes(fx)  # one pass: NaN propagates to both, infinities show
+    low, high = extremes(fx)  # one pass: NaN propagates to both, infinities show
     if not (math.isfinite(low) and math.isfinite(high)):
         return "non-finite values"
     if y.is_floating_point() and not all_finite(y):
@@ -144,18 +144,10 @@ def smashed_problem(
             f"the global part's + activation_abs)"
         )
     if not y.is_floating_point():
-        low, high = _extremes(y)
+        low, high = extremes(y)
         if low < 0 or high >= classes:
             return "label out of range"
     return None
-
-
-def _extremes(t: torch.Tensor) -> tuple[float, float]:
-    """Smallest and largest value of a tensor in one pass (NaN if any is NaN; 0 if empty)."""
-    if not t.numel():
-        return 0.0, 0.0
-    low, high = torch.aminmax(t)
-    return low.item(), high.item()
 
 
 def is_number(x) -> bool:

@@ -17,6 +17,7 @@ protocol 2 the flag came first and every message was copied into an aligned buff
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -48,6 +49,7 @@ __all__ = [
     "WireError",
     "all_finite",
     "chunks",
+    "extremes",
     "decode",
     "encode",
     "parse_header",
@@ -61,11 +63,27 @@ PROTOCOL_VERSION = 3  # 2: keepalive ping/pong, no server network section; 3: ch
 
 
 def all_finite(t: torch.Tensor) -> bool:
-    """Whether every value of ``t`` is finite: the sum first (one pass, no temporary; it is
-    finite for finite values unless it overflows), the element-wise check only if it is not."""
-    if not t.is_floating_point() or t.numel() == 0:
+    """Whether every value of ``t`` is finite (:func:`extremes`: one pass, no temporary)."""
+    if not t.is_floating_point():
         return True
-    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+    low, high = extremes(t)
+    return math.isfinite(low) and math.isfinite(high)
+
+
+def extremes(t: torch.Tensor) -> tuple[float, float]:
+    """Smallest and largest value of a tensor in one pass (NaN if any is NaN; 0 if empty); a
+    small integer tensor (class labels) through a Python list (fewer torch calls)."""
+    n = t.numel()
+    if not n:
+        return 0.0, 0.0
+    if n <= _SMALL and not t.is_floating_point():
+        values = t.reshape(-1).tolist()
+        return min(values), max(values)
+    low, high = torch.aminmax(t)
+    return low.item(), high.item()
+
+
+_SMALL = 1024
 
 
 def payload_bytes(message: Message) -> int:
