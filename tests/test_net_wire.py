@@ -29,9 +29,9 @@ from splitfl.net.wire import (
     WireError,
     all_finite,
     chunks,
-    extremes,
     decode,
     encode,
+    extremes,
     payload_bytes,
 )
 from splitfl.testing import config_for
