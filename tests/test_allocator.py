@@ -5,6 +5,9 @@ import sys
 
 import pytest
 
+from splitfl.net import device_session
+from splitfl.net.device import DeviceOptions
+
 # three 1 MiB buffers alive at once, dropped, 100 times: a batch's message, its received copy
 # and a tensor, as a server or device builds them for every message
 _CYCLES = """
@@ -35,3 +38,12 @@ def test_freed_message_buffers_are_reused_without_page_faults():
     kept, default = _faults("keep"), _faults("default")
     assert kept < 100  # each cycle's pages are the last cycle's
     assert default > 100 * 256  # without: at least a MiB of fresh pages per cycle
+
+
+def test_a_device_process_applies_the_settings_before_anything_else(monkeypatch):
+    calls = []
+    monkeypatch.setattr(device_session, "keep_freed_memory", lambda: calls.append(1))
+    opts = DeviceOptions(server="127.0.0.1:1", name="d", token="t", peer_listen="not-an-address")
+    lines: list[str] = []
+    assert device_session.run_device(opts, lines.append) == 2  # refused at once: bad listen
+    assert calls == [1] and "cannot listen for peers" in lines[0]
