@@ -59,7 +59,7 @@ try:  # the allocator settings splitfl's processes use, for every transport alik
 except ImportError:  # a splitfl from before splitfl.allocator
     pass
 up = b"u" * int(sys.argv[2])
-if len(sys.argv) > 3:  # framed: splitfl's message format and checks, no runtime (see below)
+if len(sys.argv) > 3:  # a variant's handle() (_VARIANT_DEVICES)
     exec(sys.argv[3])
 channel = grpc.insecure_channel(sys.argv[1], options=[
     ("grpc.max_receive_message_length", 1 << 26), ("grpc.max_send_message_length", 1 << 26)])
@@ -79,17 +79,36 @@ for msg in channel.stream_stream("/bench.Bare/Echo")(gen()):
     if msg[:2] == b"go":
         out.put(up)     # smashed data + labels
     elif len(sys.argv) > 3:
-        answer = handle(msg)  # framed: decode, check; the command's answer
+        answer = handle(msg)  # a variant: decode (and check); the command's answer
         if answer is not None:
             out.put(answer)
     # gradient messages need no answer
 """
 
-#: The framed device: the bare stream's pattern with splitfl's message format on it — the
-#: command and the gradient decoded (strict JSON header, tensors read in place or copied to
-#: 64-byte alignment), the gradient checked finite, the smashed data and labels encoded as a
-#: message from tensors each time — and none of the runtime (no agent, routing, workers).
-_FRAMED_DEVICE = """
+#: What the device does in each variant of the bare stream (run in the device process).
+#: *tensors*: the least any framework does — the smashed data and labels turned into bytes
+#: from tensors each time (one copy), the gradient read back with ``torch.frombuffer``
+#: (copied where not 64-byte aligned, as splitfl does); no header, no checks.
+#: *framed*: splitfl's message format — the command and the gradient decoded (strict-JSON
+#: header, tensors read in place or copied to 64-byte alignment), the gradient checked finite,
+#: the smashed data and labels encoded as a message from tensors each time — and none of the
+#: runtime (no agent, routing, workers).
+_VARIANT_DEVICES = {
+    "tensors": """
+import torch, warnings
+warnings.filterwarnings("ignore", message="The given buffer is not writable")  # as splitfl's
+torch.set_num_threads(1)  # as a splitfl device's (``threads: 1``)
+rows, width = int(sys.argv[4]), int(sys.argv[5])
+FX, Y = torch.ones(rows, width), torch.zeros(rows, dtype=torch.long)
+def handle(data):
+    if data[:1] == b"F":
+        return b"".join([memoryview(FX.numpy()).cast("B"), memoryview(Y.numpy()).cast("B")])
+    grad = torch.frombuffer(data, dtype=torch.float32)
+    if grad.data_ptr() % 64:
+        grad = grad.clone()
+    return None
+""",
+    "framed": """
 import torch
 from splitfl.framing import Message, decode, encode
 from splitfl.net.wire import all_finite
@@ -103,15 +122,15 @@ def handle(data):
         return b"".join(encode(reply).parts)
     assert all_finite(msg.tensors["grad"])
     return None
-"""
+""",
+}
 
 
-def bare_round_trip(iters: int, up: int, down: int, framed: tuple[int, int] | None = None):
+def bare_round_trip(iters: int, up: int, down: int, variant: str = "bare", shape=(0, 0)):
     """Per-exchange seconds: server sends "go", device answers ``up`` bytes, server sends
-    ``down`` bytes (the gradient), over a raw gRPC bidirectional stream. ``framed`` = (rows,
-    width): the same stream with splitfl's message format and checks and none of its runtime
-    (:data:`_FRAMED_DEVICE`; the server encodes the command and the gradient from tensors and
-    decodes and checks the smashed data as :func:`~splitfl.net.trust.smashed_problem`)."""
+    ``down`` bytes (the gradient), over a raw gRPC bidirectional stream. ``variant``
+    "tensors" or "framed" (``shape`` = smashed data rows, width): the same stream doing the
+    work of :data:`_VARIANT_DEVICES` on both ends (the server's side: :func:`_exchange`)."""
     times: list[float] = []
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -146,12 +165,10 @@ def bare_round_trip(iters: int, up: int, down: int, framed: tuple[int, int] | No
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     args = [sys.executable, "-c", _BARE_DEVICE, f"127.0.0.1:{port}", str(up)]
-    if framed is not None:
-        args += [_FRAMED_DEVICE, *map(str, framed)]
+    if variant != "bare":
+        args += [_VARIANT_DEVICES[variant], *map(str, shape)]
     device = subprocess.Popen(args)
-    exchange = _bare_exchange(inbox, outbox, down) if framed is None else None
-    if framed is not None:
-        exchange = _framed_exchange(inbox, outbox, *framed)
+    exchange = _exchange(variant, inbox, outbox, down, *shape)
     try:
         inbox.get(timeout=60)  # hello
         for step in range(iters):
@@ -167,30 +184,33 @@ def bare_round_trip(iters: int, up: int, down: int, framed: tuple[int, int] | No
     return times
 
 
-def _bare_exchange(inbox, outbox, down: int):
-    grad = b"g" * down
+def _exchange(variant: str, inbox, outbox, down: int, rows: int, width: int):
+    """The server's side of one exchange of ``variant`` (see :data:`_VARIANT_DEVICES`)."""
+    grad_bytes, grad = b"g" * down, torch.ones(rows, width)
+    expect = (torch.float32, (width,), rows, 10, math.inf)
 
-    def exchange(step: int) -> None:
+    def bare(step: int) -> None:
         outbox.put(b"go")
         inbox.get(timeout=60)
-        outbox.put(grad)
+        outbox.put(grad_bytes)
 
-    return exchange
+    def tensors(step: int) -> None:
+        outbox.put(b"F" + step.to_bytes(4, "little"))
+        data = inbox.get(timeout=60)
+        fx = torch.frombuffer(data, dtype=torch.float32, count=rows * width)
+        fx = (fx.clone() if fx.data_ptr() % 64 else fx).view(rows, width)
+        torch.frombuffer(data, dtype=torch.int64, count=rows, offset=rows * width * 4)
+        outbox.put(b"".join([memoryview(grad.numpy()).cast("B")]))
 
-
-def _framed_exchange(inbox, outbox, rows: int, width: int):
-    expect = (torch.float32, (width,), rows, 10, math.inf)
-    grad = torch.ones(rows, width)
-
-    def exchange(step: int) -> None:
+    def framed(step: int) -> None:
         ask = Message("forward", {"step": step, "client": 0, "seq": step})
         outbox.put(b"".join(encode(ask).parts))
         msg = decode(memoryview(inbox.get(timeout=60)))
         assert smashed_problem(msg.tensors["fx"], msg.tensors["y"], *expect) is None
-        down = Message("backward", {"client": 0, "seq": step}, {"grad": grad})
-        outbox.put(b"".join(encode(down).parts))
+        answer = Message("backward", {"client": 0, "seq": step}, {"grad": grad})
+        outbox.put(b"".join(encode(answer).parts))
 
-    return exchange
+    return {"bare": bare, "tensors": tensors, "framed": framed}[variant]
 
 
 # -- splitfl: the same exchange through the hub and a device process ----------------------
@@ -263,33 +283,42 @@ def splitfl_round_trip(iters: int, rows: int, width: int, folder: Path) -> list[
 
 
 def overhead(iters: int, rows: int, width: int, folder: Path, repeats: int = 1) -> dict:
-    """Median per-exchange times of the three transports (bare, framed, splitfl); with
-    ``repeats`` > 1 they are run in rotating order (bare, framed, splitfl, then framed,
+    """Median per-exchange times of the four transports (:data:`KINDS`); with ``repeats`` > 1
+    they are run in rotating order (bare, tensors, framed, splitfl, then tensors, framed,
     splitfl, bare, …) and each ratio is the median of the per-repeat ratios (robust to load
     from other processes drifting during the run)."""
     up = rows * width * 4 + rows * 8
     down = rows * width * 4
     skip = iters // 10  # warm-up
-    kinds = ("bare", "framed", "splitfl")
-    got: dict[str, list[float]] = {k: [] for k in kinds}
+    got: dict[str, list[float]] = {k: [] for k in KINDS}
     for r in range(repeats):
-        for kind in kinds[r % 3 :] + kinds[: r % 3]:
-            if kind == "bare":
-                times = bare_round_trip(iters, up, down)
-            elif kind == "framed":
-                times = bare_round_trip(iters, up, down, framed=(rows, width))
-            else:
+        shift = r % len(KINDS)
+        for kind in KINDS[shift:] + KINDS[:shift]:
+            if kind == "splitfl":
                 times = splitfl_round_trip(iters, rows, width, folder / f"r{r}")
+            else:
+                times = bare_round_trip(iters, up, down, kind, (rows, width))
             got[kind].append(statistics.median(times[skip:]))
     row = {"rows": rows, "width": width, "bytes_up": up, "bytes_down": down}
     row |= {f"{k}_ms": statistics.median(v) * 1e3 for k, v in got.items()}
-    for num, den in (("splitfl", "bare"), ("framed", "bare"), ("splitfl", "framed")):
+    for num, den in RATIOS:
         pairs = zip(got[num], got[den], strict=True)
         row[f"{num}/{den}"] = statistics.median(a / b for a, b in pairs)
     row["ratio"] = row["splitfl/bare"]
     if repeats > 1:
         row |= {f"{k}_ms_each": [x * 1e3 for x in v] for k, v in got.items()}
     return row
+
+
+#: The transports: bare gRPC, + tensors per message, + splitfl's format and checks, splitfl.
+KINDS = ("bare", "tensors", "framed", "splitfl")
+RATIOS = (
+    ("splitfl", "bare"),
+    ("tensors", "bare"),
+    ("framed", "bare"),
+    ("framed", "tensors"),
+    ("splitfl", "framed"),
+)
 
 
 # -- round time and memory with N device processes ------------------------------------------
