@@ -87,8 +87,8 @@ class RingMember:
     kept apart and summed in :meth:`end_step` in the order of ``starts``, as
     :func:`ring_batch_update` accumulates them: a sum in arrival order rounds differently from
     run to run (float addition is not associative; a block crossed by three batches), and on a
-    BatchNorm CNN such a last-bit difference can flip a max-pool tie and grow into a visibly
-    different model.
+    BatchNorm CNN such last-bit differences can grow over a few steps into a visibly different
+    model.
 
     A member runs the hops in the order they arrive, but BatchNorm running statistics depend
     on the order of the forwards through a block; :func:`ring_batch_update` forwards one
