@@ -470,3 +470,25 @@ def test_token_command_binds_client_ids(tmp_path):
     assert code == 0
     assert tokens.read_text().splitlines()[1].endswith(":clients=0-2,5")
     assert TokenBook.read(tokens).bound == {"pi": frozenset({0, 1, 2, 5})}
+
+
+# ------------------------------------------------------------------ orderly stop
+
+
+def test_hub_stop_joins_every_thread_the_hub_started(tmp_path):
+    """Once ``Hub.stop()`` returns, none of the hub's own threads runs on (stream readers,
+    keepalive heartbeat, the gate's watchdog): a daemon thread still inside a C++ frame (a
+    torch op) when the interpreter exits aborts the process with SIGABRT."""
+    bed = Testbed.create(tmp_path / "bed", ["a"])
+    before = set(threading.enumerate())
+    hub = _hub(bed, keepalive_s=10.0)
+    device = None
+    try:
+        device = bed.device("a", [0, 1, 2, 3], retry_s=2.0)
+        hub.wait_for(1, 30.0)
+    finally:
+        hub.stop()
+    assert _code(device) == 0  # the device ended on the hub's bye
+    # the gRPC server's worker pool stays (idle; concurrent.futures joins it at exit)
+    left = [t for t in set(threading.enumerate()) - before if not t.name.startswith("splitfl-hub")]
+    assert [t.name for t in left if t.is_alive()] == []

@@ -83,8 +83,12 @@ class RingMember:
     :meth:`RingSpec.segments`; hop N brings the logits back to the batch's own client, which
     computes its loss (labels never leave it) and sends ∂(a_i·loss)/∂logits back around the
     ring in reverse. Each hop keeps its segment's input and output so the gradient that comes
-    back is applied with ``out.backward(grad)`` — the same chain rule as one autograd graph,
-    so the accumulated gradients equal :func:`ring_batch_update`'s up to summation order.
+    back is applied with the same chain rule as one autograd graph. Each start's gradients are
+    kept apart and summed in :meth:`end_step` in the order of ``starts``, as
+    :func:`ring_batch_update` accumulates them: a sum in arrival order rounds differently from
+    run to run (float addition is not associative; a block crossed by three batches), and on a
+    BatchNorm CNN such last-bit differences can grow over a few steps into a visibly different
+    model.
 
     A member runs the hops in the order they arrive, but BatchNorm running statistics depend
     on the order of the forwards through a block; :func:`ring_batch_update` forwards one
@@ -98,6 +102,8 @@ class RingMember:
         self.client, self.model, self.ring = client, model, ring
         self.criterion = loss_fn(loss)
         self.saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.grads: dict[int, tuple[torch.Tensor | None, ...]] = {}  # per start, summed in order
         self.backward_done = 0
         self.norms = [
             m
@@ -119,6 +125,7 @@ class RingMember:
     def begin_step(self) -> None:
         self.model.zero_grad(set_to_none=True)
         self.saved.clear()
+        self.grads.clear()
         self.backward_done = 0
         self._norm_inputs.clear()
         self._norm_stats = [{k: b.clone() for k, b in m.named_buffers()} for m in self.norms]
@@ -149,20 +156,36 @@ class RingMember:
 
     def backward(self, start: int, hop: int, grad: torch.Tensor) -> torch.Tensor | None:
         """Back through this client's segment of ``start``'s batch; the gradient of its input
-        to send to the previous hop (None at hop 0)."""
+        to send to the previous hop (None at hop 0). The parameters' gradients are kept for
+        :meth:`end_step` (a start crosses this member's model once)."""
         h_in, out = self.saved.pop((start, hop))
         if grad.shape != out.shape:
             raise ValueError(f"gradient shape {tuple(grad.shape)} for output {tuple(out.shape)}")
-        out.backward(grad)
+        inputs = self.params if h_in is None else [*self.params, h_in]
+        grads = torch.autograd.grad(out, inputs, grad, allow_unused=True)
+        self.grads[start] = grads[: len(self.params)]
         self.backward_done += 1
-        return None if h_in is None else h_in.grad
+        return None if h_in is None else grads[-1]
 
     def end_step(self, starts: Sequence[int], lr: float) -> None:
         """Eq. (5)-(7): the step's update once every active batch has come back; ``starts``
         in the reference's order (task order), which the BatchNorm statistics follow."""
         self._replay_norms(starts)
+        self._sum_grads(starts)
         counts = self.ring.overlap_counts(self.model.num_blocks, list(starts))[self.client]
         ring_update(self.model, counts, lr, self.ring.dynamic_lr)
+
+    def _sum_grads(self, starts: Sequence[int]) -> None:
+        """Each parameter's ``grad``: the kept per-start gradients added in the order of
+        ``starts``, as autograd accumulates them in :func:`ring_batch_update`."""
+        for i, p in enumerate(self.params):
+            total = None
+            for start in starts:
+                g = self.grads[start][i] if start in self.grads else None
+                if g is not None:
+                    total = g if total is None else total + g
+            p.grad = total
+        self.grads.clear()
 
     def _replay_norms(self, starts: Sequence[int]) -> None:
         """BatchNorm running statistics as :func:`ring_batch_update` leaves them: the step's

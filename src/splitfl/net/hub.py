@@ -98,6 +98,8 @@ class Hub:
         self.seen: set[str] = set()  # names that connected before (a new link: "reconnected")
         self.lock = threading.Condition()
         self.server: grpc.Server | None = None
+        self.threads: list[threading.Thread] = []  # readers, heartbeat: joined by stop()
+        self.stopping = threading.Event()
         self.audit = audit or Audit()
         self.gate = Gate(
             settings.max_pending, settings.auth_timeout_s, settings.auth_failures, self.audit
@@ -135,7 +137,7 @@ class Hub:
         server.start()
         self.server = server
         if st.keepalive_s > 0:
-            threading.Thread(target=self._heartbeat, daemon=True, name="splitfl-ping").start()
+            self._spawn(self._heartbeat, (), "splitfl-ping")
         return port
 
     def stop(self) -> None:
@@ -147,7 +149,22 @@ class Hub:
         if self.server is not None:
             self.server.stop(grace=1.0).wait(5.0)
             self.server = None
+        self.stopping.set()
         self.gate.stop()
+        # no thread of ours may run on at exit: a daemon thread in a C++ frame (a torch op)
+        # then aborts the process ("terminate called without an active exception")
+        deadline = time.monotonic() + 5.0
+        for thread in [*self.threads, self.gate.watchdog]:
+            if thread is not threading.current_thread():
+                thread.join(max(deadline - time.monotonic(), 0.0))
+
+    def _spawn(self, target, args: tuple, name: str) -> None:
+        """Start one of this hub's daemon threads (joined by :meth:`stop`)."""
+        thread = threading.Thread(target=target, args=args, daemon=True, name=name)
+        with self.lock:
+            self.threads = [t for t in self.threads if t.is_alive()]
+            self.threads.append(thread)
+            thread.start()
 
     def wait_for(self, devices: int, timeout_s: float) -> None:
         """Block until ``devices`` device processes are connected (TimeoutError after
@@ -238,8 +255,7 @@ class Hub:
         finally:
             self.gate.leave(context)
         assembler = Reassembler(self.settings.max_message_bytes)
-        reader = threading.Thread(target=self._read, args=(link, requests, assembler), daemon=True)
-        reader.start()
+        self._spawn(self._read, (link, requests, assembler), f"splitfl-read-{link.name}")
         context.add_callback(lambda: link.close("stream closed"))
         yield from chunks(
             encode(Message("welcome", self._welcome(link))), self.settings.chunk_bytes
@@ -323,8 +339,7 @@ class Hub:
     def _heartbeat(self) -> None:
         """Each ``keepalive_s``: ping every link; close those silent for too long."""
         period = self.settings.keepalive_s
-        while self.server is not None:
-            time.sleep(period)
+        while not self.stopping.wait(period):
             with self.lock:
                 links = [k for k in self.links.values() if k.alive]
             for link in links:
