@@ -89,6 +89,8 @@ def test_launch_with_device_processes_equals_sequential(tmp_path):
     cfg = _write_config(tmp_path / "c.yaml", "s2fl", rounds=2)
     proc = _cli("launch", str(cfg), "--devices", "3", "--out", str(tmp_path / "net"))
     try:
+        # the sequential reference in this process while the launch runs
+        seq = splitfl.run(config_for("s2fl", rounds=2), run_dir=tmp_path / "seq")
         out, _ = proc.communicate(timeout=240)
     finally:
         _stop(proc)
@@ -99,7 +101,6 @@ def test_launch_with_device_processes_equals_sequential(tmp_path):
         [1, 4, 7, 10],
         [2, 5, 8, 11],
     ]
-    seq = splitfl.run(config_for("s2fl", rounds=2), run_dir=tmp_path / "seq")
     net_model = torch.load(tmp_path / "net" / "model.pt", weights_only=True)
     assert _max_diff(net_model, torch.load(seq.run_dir / "model.pt", weights_only=True)) <= 1e-5
 

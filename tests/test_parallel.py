@@ -176,20 +176,15 @@ def test_splitfl_run_with_the_parallel_executor_equals_sequential(tmp_path):
     assert rows[0] == rows[1]
 
 
-def test_ray_workers_equal_sequential():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+def test_ray_workers_equal_sequential(ray_instance):
+    ex = ParallelExecutor(parallel=ParallelConfig(workers=2, backend="ray", timeout_s=180))
+    _, prep = _prepare("s2fl")
+    ex.open(prep.ctx)
     try:
-        ex = ParallelExecutor(parallel=ParallelConfig(workers=2, backend="ray", timeout_s=180))
-        _, prep = _prepare("s2fl")
-        ex.open(prep.ctx)
-        try:
-            for _, ref, got in _rounds("s2fl", ex, rounds=1):
-                assert_identical(ref, got)
-        finally:
-            ex.close()
+        for _, ref, got in _rounds("s2fl", ex, rounds=1):
+            assert_identical(ref, got)
     finally:
-        ray.shutdown()
+        ex.close()
 
 
 @pytest.mark.parametrize(
