@@ -1,6 +1,8 @@
 """Shared test setup: single-threaded torch (fast and stable on a shared 2-core machine), a
-profile cache of the session's own, one local Ray instance for the tests that need one."""
+profile cache of the session's own, reference runs made once per session, one local Ray
+instance for the tests that need one."""
 
+import json
 import os
 from pathlib import Path
 
@@ -23,6 +25,23 @@ def _own_profile_cache(tmp_path_factory):
     the user's ``~/.cache/splitfl``."""
     os.environ["SPLITFL_CACHE_DIR"] = str(tmp_path_factory.mktemp("splitfl-cache"))
     yield
+
+
+@pytest.fixture(scope="session")
+def sequential_run(tmp_path_factory):
+    """``splitfl.run(config)`` made once per session for each config (a dict, e.g. from
+    ``config_for``) and shared by the tests that only read it: the reference runs that
+    equivalence tests compare another executor or an interrupted run with. Returns the
+    run's ``RunResult``; its folder must not be written to."""
+    runs = {}
+
+    def run(config: dict):
+        key = json.dumps(config, sort_keys=True)
+        if key not in runs:
+            runs[key] = splitfl.run(config, run_dir=tmp_path_factory.mktemp("reference") / "run")
+        return runs[key]
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -22,26 +22,10 @@ def _final_state(run_dir):
     return torch.load(run_dir / "model.pt", weights_only=True)
 
 
-@pytest.fixture(scope="module")
-def three_rounds(tmp_path_factory):
-    """``cfg_for(algorithm, rounds=3)`` run once per algorithm on first use, for the tests
-    that only read it: the first run of the determinism test and the uninterrupted run of the
-    checkpoint round trip."""
-    runs = {}
-
-    def run(algorithm: str):
-        if algorithm not in runs:
-            run_dir = tmp_path_factory.mktemp("three-rounds") / "run"
-            runs[algorithm] = splitfl.run(cfg_for(algorithm, rounds=3), run_dir=run_dir)
-        return runs[algorithm]
-
-    return run
-
-
 @pytest.mark.parametrize("algorithm", algorithm_names())
-def test_every_algorithm_runs_deterministically(algorithm, tmp_path, three_rounds):
+def test_every_algorithm_runs_deterministically(algorithm, tmp_path, sequential_run):
     cfg = cfg_for(algorithm, rounds=3)
-    a = three_rounds(algorithm)
+    a = sequential_run(cfg)  # made once (the checkpoint round trip and timing tests read it)
     b = splitfl.run(cfg, run_dir=tmp_path / "b")
     drop = ("wall_time",)
     rows_a = [{k: v for k, v in r.items() if k not in drop} for r in a.metrics]
@@ -165,9 +149,9 @@ def test_same_selection_and_devices_across_algorithms(tmp_path):
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_checkpoint_round_trip_for_every_algorithm(algorithm, tmp_path, three_rounds):
+def test_checkpoint_round_trip_for_every_algorithm(algorithm, tmp_path, sequential_run):
     """Conformance: stopping after round 2 and resuming gives an uninterrupted 3-round run."""
-    full = three_rounds(algorithm)
+    full = sequential_run(cfg_for(algorithm, rounds=3))
     part = splitfl.run(cfg_for(algorithm, rounds=2), run_dir=tmp_path / "p")
     (part.run_dir / "config.yaml").write_text((full.run_dir / "config.yaml").read_text())
     resumed = splitfl.resume(part.run_dir)

@@ -85,12 +85,12 @@ def _launch_and_kill_device(cfg: Path, run_dir: Path, devices: int) -> dict:
     return victim
 
 
-def test_launch_with_device_processes_equals_sequential(tmp_path):
+def test_launch_with_device_processes_equals_sequential(tmp_path, sequential_run):
     cfg = _write_config(tmp_path / "c.yaml", "s2fl", rounds=2)
     proc = _cli("launch", str(cfg), "--devices", "3", "--out", str(tmp_path / "net"))
     try:
         # the sequential reference in this process while the launch runs
-        seq = splitfl.run(config_for("s2fl", rounds=2), run_dir=tmp_path / "seq")
+        seq = sequential_run(config_for("s2fl", rounds=2))
         out, _ = proc.communicate(timeout=240)
     finally:
         _stop(proc)
