@@ -106,7 +106,7 @@ def test_launch_with_device_processes_equals_sequential(tmp_path, sequential_run
 
 
 def test_killed_device_process_is_dropped_and_the_run_completes(tmp_path):
-    changes = {"rounds": 4, "train.local_steps": 25, "network.rejoin_s": 2.0}
+    changes = {"rounds": 4, "train.local_steps": 25, "network.rejoin_s": 1.0}
     cfg = _write_config(tmp_path / "c.yaml", "splitfed_v1", **changes)
     run_dir = tmp_path / "net"
     victim = _launch_and_kill_device(cfg, run_dir, devices=2)
