@@ -1,10 +1,15 @@
-"""Shared test setup: single-threaded torch (fast and stable on a shared 2-core machine)."""
+"""Shared test setup: single-threaded torch (fast and stable on a shared 2-core machine), a
+profile cache of the session's own, reference runs made once per session, one local Ray
+instance for the tests that need one."""
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
+import splitfl
 from splitfl.testing import tiny_config  # noqa: F401  (tests import it from here)
 
 
@@ -20,6 +25,46 @@ def _own_profile_cache(tmp_path_factory):
     the user's ``~/.cache/splitfl``."""
     os.environ["SPLITFL_CACHE_DIR"] = str(tmp_path_factory.mktemp("splitfl-cache"))
     yield
+
+
+@pytest.fixture(scope="session")
+def sequential_run(tmp_path_factory):
+    """``splitfl.run(config)`` made once per session for each config (a dict, e.g. from
+    ``config_for``) and shared by the tests that only read it: the reference runs that
+    equivalence tests compare another executor or an interrupted run with. Returns the
+    run's ``RunResult``; its folder must not be written to."""
+    runs = {}
+
+    def run(config: dict):
+        key = json.dumps(config, sort_keys=True)
+        if key not in runs:
+            runs[key] = splitfl.run(config, run_dir=tmp_path_factory.mktemp("reference") / "run")
+        return runs[key]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def ray_instance():
+    """One local Ray instance with 3 CPUs, its workers importing this splitfl, shared by the
+    tests that run on a Ray instance this process started (starting one takes seconds, and
+    its warm workers serve the next test); shut down at the end of the session."""
+    ray = pytest.importorskip("ray")
+    src = str(Path(splitfl.__file__).resolve().parents[1])
+    ray.init(
+        num_cpus=3,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": src}},
+    )
+    yield ray
+    ray.shutdown()
+
+
+def pytest_collection_modifyitems(items):
+    """The tests on :func:`ray_instance` run last (each group in its collected order): every
+    other test runs with no Ray started in this process, as it would alone."""
+    items.sort(key=lambda item: "ray_instance" in getattr(item, "fixturenames", ()))
 
 
 __all__ = ["tiny_config"]

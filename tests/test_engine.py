@@ -23,9 +23,9 @@ def _final_state(run_dir):
 
 
 @pytest.mark.parametrize("algorithm", algorithm_names())
-def test_every_algorithm_runs_deterministically(algorithm, tmp_path):
+def test_every_algorithm_runs_deterministically(algorithm, tmp_path, sequential_run):
     cfg = cfg_for(algorithm, rounds=3)
-    a = splitfl.run(cfg, run_dir=tmp_path / "a")
+    a = sequential_run(cfg)  # made once (the checkpoint round trip and timing tests read it)
     b = splitfl.run(cfg, run_dir=tmp_path / "b")
     drop = ("wall_time",)
     rows_a = [{k: v for k, v in r.items() if k not in drop} for r in a.metrics]
@@ -113,11 +113,8 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(tmp_path):
 
 def test_resume_after_midway_checkpoint_truncates_metrics(tmp_path):
     cfg = tiny_config(rounds=3, **{"output.checkpoint_every": 2})
-    full = splitfl.run(
-        tiny_config(rounds=3, **{"output.checkpoint_every": 2}), run_dir=tmp_path / "full"
-    )
     run_dir = tmp_path / "cut"
-    splitfl.run(cfg, run_dir=run_dir)
+    full = splitfl.run(cfg, run_dir=run_dir)  # uninterrupted; its checkpoint is replaced below
     # roll the checkpoint back to round 2 by re-running 2 rounds into a fresh directory
     two = splitfl.run(
         tiny_config(rounds=2, **{"output.checkpoint_every": 2}), run_dir=tmp_path / "two"
@@ -152,9 +149,9 @@ def test_same_selection_and_devices_across_algorithms(tmp_path):
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_checkpoint_round_trip_for_every_algorithm(algorithm, tmp_path):
+def test_checkpoint_round_trip_for_every_algorithm(algorithm, tmp_path, sequential_run):
     """Conformance: stopping after round 2 and resuming gives an uninterrupted 3-round run."""
-    full = splitfl.run(cfg_for(algorithm, rounds=3), run_dir=tmp_path / "f")
+    full = sequential_run(cfg_for(algorithm, rounds=3))
     part = splitfl.run(cfg_for(algorithm, rounds=2), run_dir=tmp_path / "p")
     (part.run_dir / "config.yaml").write_text((full.run_dir / "config.yaml").read_text())
     resumed = splitfl.resume(part.run_dir)

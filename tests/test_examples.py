@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -42,14 +43,18 @@ def _python(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_the_example_runs_from_a_copy_outside_the_tree(tmp_path):
     project = tmp_path / "elsewhere" / "own_model_and_data"
     shutil.copytree(EXAMPLE, project)
-    _python("-m", "splitfl", "run", "config.yaml", "rounds=2", "output.out_dir=cli", cwd=project)
+    with ThreadPoolExecutor(2) as pool:  # the two routes at once (separate output folders)
+        cli_args = ("-m", "splitfl", "run", "config.yaml", "rounds=2", "output.out_dir=cli")
+        cli = pool.submit(_python, *cli_args, cwd=project)
+        api_route = pool.submit(_python, "run.py", str(tmp_path / "api"), "rounds=2", cwd=project)
+        cli.result()
+        api = api_route.result()
     (run_dir,) = (project / "cli").iterdir()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
     assert all(r["test_macro_f1"] is not None for r in rows)
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["model"] == "my_project:small_cnn" and config["imports"] == ["my_project"]
-    api = _python("run.py", str(tmp_path / "api"), "rounds=2", cwd=project)
     assert "accuracy" in api.stdout
     (api_dir,) = (tmp_path / "api").iterdir()
     api_rows = [json.loads(x) for x in (api_dir / "metrics.jsonl").read_text().splitlines()]

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -159,12 +160,13 @@ def test_a_ray_trial_ships_the_modules_that_are_not_installed(tmp_path, monkeypa
 @pytest.mark.slow
 def test_launch_devices_import_the_user_module(tmp_path):
     proj = _project(tmp_path / "proj").parent
-    done = _splitfl(
-        "launch", "config.yaml", "--devices", "2", "--out", "net", "--no-progress", cwd=proj
-    )
+    launch = ("launch", "config.yaml", "--devices", "2", "--out", "net", "--no-progress")
+    with ThreadPoolExecutor(2) as pool:  # the sequential run beside the launch (own folders)
+        started = pool.submit(_splitfl, *launch, cwd=proj)
+        seq = _splitfl("run", "config.yaml", "--out", "seq", "--no-progress", cwd=proj)
+        done = started.result()
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert len(_rows(proj / "net")) == 2
-    seq = _splitfl("run", "config.yaml", "--out", "seq", "--no-progress", cwd=proj)
     assert seq.returncode == 0, seq.stderr[-2000:]
     a = torch.load(proj / "net" / "model.pt", weights_only=True)
     b = torch.load(proj / "seq" / "model.pt", weights_only=True)

@@ -63,9 +63,9 @@ def _networked(tmp_path, algorithm, devices=DEVICES, agent_cls=None, network=Non
 
 
 @pytest.mark.parametrize("algorithm", SCOPE)
-def test_networked_run_equals_sequential_run(tmp_path, algorithm):
+def test_networked_run_equals_sequential_run(tmp_path, algorithm, sequential_run):
     net, threads = _networked(tmp_path, algorithm, rounds=2)
-    seq = splitfl.run(config_for(algorithm, rounds=2), run_dir=tmp_path / "seq")
+    seq = sequential_run(config_for(algorithm, rounds=2))
     a, b = _final(net), _final(seq)
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-5
     assert [t.code for t in threads] == [0, 0, 0]  # every device ended on the server's bye

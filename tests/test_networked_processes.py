@@ -85,10 +85,12 @@ def _launch_and_kill_device(cfg: Path, run_dir: Path, devices: int) -> dict:
     return victim
 
 
-def test_launch_with_device_processes_equals_sequential(tmp_path):
+def test_launch_with_device_processes_equals_sequential(tmp_path, sequential_run):
     cfg = _write_config(tmp_path / "c.yaml", "s2fl", rounds=2)
     proc = _cli("launch", str(cfg), "--devices", "3", "--out", str(tmp_path / "net"))
     try:
+        # the sequential reference in this process while the launch runs
+        seq = sequential_run(config_for("s2fl", rounds=2))
         out, _ = proc.communicate(timeout=240)
     finally:
         _stop(proc)
@@ -99,13 +101,12 @@ def test_launch_with_device_processes_equals_sequential(tmp_path):
         [1, 4, 7, 10],
         [2, 5, 8, 11],
     ]
-    seq = splitfl.run(config_for("s2fl", rounds=2), run_dir=tmp_path / "seq")
     net_model = torch.load(tmp_path / "net" / "model.pt", weights_only=True)
     assert _max_diff(net_model, torch.load(seq.run_dir / "model.pt", weights_only=True)) <= 1e-5
 
 
 def test_killed_device_process_is_dropped_and_the_run_completes(tmp_path):
-    changes = {"rounds": 4, "train.local_steps": 25, "network.rejoin_s": 2.0}
+    changes = {"rounds": 4, "train.local_steps": 25, "network.rejoin_s": 1.0}
     cfg = _write_config(tmp_path / "c.yaml", "splitfed_v1", **changes)
     run_dir = tmp_path / "net"
     victim = _launch_and_kill_device(cfg, run_dir, devices=2)

@@ -87,7 +87,7 @@ def _threads(tmp_path, folders: dict[str, Path], agent_cls=None, **opts):
 
 
 @pytest.mark.slow
-def test_device_processes_with_their_own_files_equal_the_sequential_run(tmp_path):
+def test_device_processes_with_their_own_files_equal_the_sequential_run(tmp_path, sequential_run):
     written = _write_devices(tmp_path / "data", "s2fl", 3, rounds=2)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(config_for("s2fl", rounds=2)))
@@ -95,13 +95,14 @@ def test_device_processes_with_their_own_files_equal_the_sequential_run(tmp_path
     cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "net")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
+        # the sequential reference in this process while the launch runs
+        seq = sequential_run(config_for("s2fl", rounds=2))
         out, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
     assert proc.returncode == 0, out.decode()[-2000:]
-    seq = splitfl.run(config_for("s2fl", rounds=2), run_dir=tmp_path / "seq")
     assert _max_diff(_final(tmp_path / "net"), _final(seq.run_dir)) <= 1e-5
     net_rows, seq_rows = _rows(tmp_path / "net"), _rows(seq.run_dir)
     assert [r["test_acc"] for r in net_rows] == [r["test_acc"] for r in seq_rows]
@@ -119,7 +120,7 @@ class _CountingDevice(DeviceAgent):
         return super()._on_identify(c, msg)
 
 
-def test_ifca_identity_on_the_devices_equals_the_server_side_choice(tmp_path):
+def test_ifca_identity_on_the_devices_equals_the_server_side_choice(tmp_path, sequential_run):
     written = _write_devices(tmp_path / "data", "ifca", 3, rounds=2)
     folders = {name: tmp_path / "data" / name for name in written}
     _CountingDevice.identified = []
@@ -128,7 +129,7 @@ def test_ifca_identity_on_the_devices_equals_the_server_side_choice(tmp_path):
     result = splitfl.run(config_for("ifca", rounds=2, **OWN, **net), run_dir=tmp_path / "net")
     for t in threads:
         t.join(30)
-    seq = splitfl.run(config_for("ifca", rounds=2), run_dir=tmp_path / "seq")
+    seq = sequential_run(config_for("ifca", rounds=2))
     assert [t.code for t in threads] == [0, 0, 0]
     net_rows, seq_rows = _rows(result.run_dir), _rows(seq.run_dir)
     assert [r["plan_clusters"] for r in net_rows] == [r["plan_clusters"] for r in seq_rows]
@@ -339,7 +340,7 @@ def _resume_with(tmp_path, run_dir: Path, folders: dict[str, Path], tag: str):
             t.join(30)
 
 
-def test_resumed_run_keeps_the_view_it_started_with(tmp_path):
+def test_resumed_run_keeps_the_view_it_started_with(tmp_path, sequential_run):
     written = _write_devices(tmp_path / "data", "s2fl", 2, rounds=1)
     folders = {name: tmp_path / "data" / name for name in written}
     bed, threads = _threads(tmp_path / "a", folders)
@@ -351,7 +352,7 @@ def test_resumed_run_keeps_the_view_it_started_with(tmp_path):
     config["rounds"] = 2
     (first.run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     resumed = _resume_with(tmp_path, first.run_dir, folders, "b")
-    seq = splitfl.run(config_for("s2fl", rounds=2), run_dir=tmp_path / "seq")
+    seq = sequential_run(config_for("s2fl", rounds=2))
     assert _max_diff(_final(resumed.run_dir), _final(seq.run_dir)) <= 1e-5
     # a device whose client 0 lost a sample since: refused in one line, naming the client
     x, y = load_local(folders["local-0"] / "0.npz")[None]
@@ -592,9 +593,15 @@ def test_launch_data_dir_of_image_folders_equals_the_sequential_run(tmp_path):
     cfg.write_text(yaml.safe_dump(config_for("s2fl", **common, **{"data.dataset": "mine"})))
     cmd = [sys.executable, "-m", "splitfl", "launch", str(cfg), "--devices", "2"]
     cmd += ["--data-dir", str(tmp_path), "--out", str(tmp_path / "net")]
-    proc = subprocess.run(cmd, capture_output=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    seq = splitfl.run(
-        config_for("s2fl", **common, **{"data.dataset": "mine"}), run_dir=tmp_path / "seq"
-    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:  # the sequential reference in this process while the launch runs
+        seq = splitfl.run(
+            config_for("s2fl", **common, **{"data.dataset": "mine"}), run_dir=tmp_path / "seq"
+        )
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+    assert proc.returncode == 0, err.decode()[-2000:]
     assert _max_diff(_final(tmp_path / "net"), _final(seq.run_dir)) <= 1e-5

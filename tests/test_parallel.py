@@ -150,21 +150,22 @@ def test_a_killed_worker_is_a_clear_error(tmp_path):
 
 def test_a_stalled_worker_is_a_clear_error_within_the_timeout():
     ex, ctx, plan = _small_pool(120)  # start-up (imports) takes longer than the bound tested
-    ex.pool.set_timeout(3)
+    ex.pool.set_timeout(1)
     pid = ex.pool.procs[0].pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        with pytest.raises(WorkerError, match=r"no answer within parallel.timeout_s=3 s"):
+        with pytest.raises(WorkerError, match=r"no answer within parallel.timeout_s=1 s"):
             ex.run_round(ctx, ctx.model.state_dict(), plan, 5)
     finally:
         os.kill(pid, signal.SIGKILL)
         ex.close()
 
 
-def test_splitfl_run_with_the_parallel_executor_equals_sequential(tmp_path):
-    runs = {
-        ex: splitfl.run(config_for("s2fl", rounds=2, executor=ex), run_dir=tmp_path / ex)
-        for ex in ("sequential", "parallel")
+def test_splitfl_run_with_the_parallel_executor_equals_sequential(tmp_path, sequential_run):
+    parallel = config_for("s2fl", rounds=2, executor="parallel")
+    runs = {  # executor: sequential is the default
+        "sequential": sequential_run(config_for("s2fl", rounds=2)),
+        "parallel": splitfl.run(parallel, run_dir=tmp_path / "parallel"),
     }
     a, b = (torch.load(r.run_dir / "model.pt", weights_only=True) for r in runs.values())
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -176,20 +177,15 @@ def test_splitfl_run_with_the_parallel_executor_equals_sequential(tmp_path):
     assert rows[0] == rows[1]
 
 
-def test_ray_workers_equal_sequential():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+def test_ray_workers_equal_sequential(ray_instance):
+    ex = ParallelExecutor(parallel=ParallelConfig(workers=2, backend="ray", timeout_s=180))
+    _, prep = _prepare("s2fl")
+    ex.open(prep.ctx)
     try:
-        ex = ParallelExecutor(parallel=ParallelConfig(workers=2, backend="ray", timeout_s=180))
-        _, prep = _prepare("s2fl")
-        ex.open(prep.ctx)
-        try:
-            for _, ref, got in _rounds("s2fl", ex, rounds=1):
-                assert_identical(ref, got)
-        finally:
-            ex.close()
+        for _, ref, got in _rounds("s2fl", ex, rounds=1):
+            assert_identical(ref, got)
     finally:
-        ray.shutdown()
+        ex.close()
 
 
 @pytest.mark.parametrize(

@@ -184,24 +184,8 @@ def test_local_sweep_of_parallel_trials_equals_sequential(tmp_path):
     assert_same_runs(tmp_path / "sw", ["executor-sequential", "executor-parallel"])
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A 3-CPU local Ray instance for the module's Ray tests, its workers importing this
-    splitfl."""
-    ray = pytest.importorskip("ray")
-    src = str(Path(splitfl.__file__).resolve().parents[1])
-    ray.init(
-        num_cpus=3,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": src}},
-    )
-    yield ray
-    ray.shutdown()
-
-
 @pytest.mark.slow
-def test_ray_sweep_reserves_parallel_workers_and_equals_sequential(tmp_path, capsys, ray_cluster):
+def test_ray_sweep_reserves_parallel_workers_and_equals_sequential(tmp_path, capsys, ray_instance):
     """Trials on Ray with Ray-actor and local-process workers equal the sequential run; the
     actor workers ran in the trial's placement group on the sweep's cluster (not a Ray
     instance of their own), released afterwards."""
@@ -226,7 +210,7 @@ def test_ray_sweep_reserves_parallel_workers_and_equals_sequential(tmp_path, cap
 
 
 def test_a_parallel_trial_larger_than_the_cluster_is_refused_before_it_runs(
-    tmp_path, capsys, ray_cluster
+    tmp_path, capsys, ray_instance
 ):
     path = _write(tmp_path, {"seed": [0]}, executor="parallel", **PARALLEL)
     code = main(["sweep", str(path), "--out", str(tmp_path / "sw"), "--cpus-per-trial", "2"])

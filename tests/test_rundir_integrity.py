@@ -166,8 +166,9 @@ def test_sigterm_while_the_model_is_saved_is_an_interrupt(full, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    return splitfl.run(CFG, run_dir=tmp_path_factory.mktemp("fin") / "run").run_dir
+def finished(full):
+    """A finished run's folder, copied by each test before it is edited (``full``'s run)."""
+    return full.run_dir
 
 
 def _edited_copy(finished, tmp_path, edit):

@@ -22,8 +22,14 @@ def _model(run) -> dict[str, torch.Tensor]:
     return torch.load(run.run_dir / "model.pt")
 
 
-def test_time_only_warmup_aggregates_the_selected_devices_and_times_all(tmp_path):
-    timed = _run(tmp_path, "timed")  # default: every device timed, the selected aggregated
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory):
+    """The default warm-up run (every device timed, the selected aggregated), read by two
+    tests."""
+    return _run(tmp_path_factory.mktemp("warmup"), "timed")
+
+
+def test_time_only_warmup_aggregates_the_selected_devices_and_times_all(tmp_path, timed):
     selected = _run(tmp_path, "selected", warmup_all_devices=False)
     merged = _run(tmp_path, "merged", warmup_training="aggregate")
     a, b, c = _model(timed), _model(selected), _model(merged)
@@ -46,8 +52,8 @@ def test_default_reads_the_paper_as_timing_only_and_bad_values_are_one_line():
         S2FLOptions(warmup_training="train")
 
 
-def test_comparison_notes_what_the_warmup_did_and_cost(tmp_path):
-    rows = _run(tmp_path, "timed").metrics
+def test_comparison_notes_what_the_warmup_did_and_cost(timed):
+    rows = timed.metrics
     summary = summarize(rows, 0.5)
     w = summary["warmup"]
     assert (w["rounds"], w["devices_timed"], w["devices_aggregated"]) == (WARMUP, 12, 6)

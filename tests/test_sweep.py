@@ -219,23 +219,12 @@ def test_missing_ray_gives_a_one_line_hint(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_sweep_on_a_local_ray_instance_matches_local_executor(tmp_path):
-    ray = pytest.importorskip("ray")
+def test_sweep_on_a_local_ray_instance_matches_local_executor(tmp_path, ray_instance):
     path = _sweep_file(tmp_path)
     local = splitfl.sweep(path, out_dir=tmp_path / "local", backend="local", progress=False)
-    src = str(Path(splitfl.__file__).resolve().parents[1])  # workers import this splitfl
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": src}},
+    result = splitfl.sweep(
+        path, out_dir=tmp_path / "ray", backend="ray", gpus_per_trial=0, progress=False
     )
-    try:
-        result = splitfl.sweep(
-            path, out_dir=tmp_path / "ray", backend="ray", gpus_per_trial=0, progress=False
-        )
-    finally:
-        ray.shutdown()
     assert result.ok and [t["name"] for t in result.trials] == NAMES
     for name in NAMES:
         assert _rows(tmp_path / "ray" / name) == _rows(local.out_dir / name)

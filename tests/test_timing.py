@@ -37,9 +37,9 @@ def strict_json(text: str) -> None:
 
 
 @pytest.mark.parametrize("algorithm", EXACT)
-def test_timing_rows_equal_sequential_rows(algorithm, tmp_path):
+def test_timing_rows_equal_sequential_rows(algorithm, tmp_path, sequential_run):
     """Same plans, same clock: every metrics field but the trained ones is identical."""
-    ref = splitfl.run(config_for(algorithm, rounds=3), run_dir=tmp_path / "s")
+    ref = sequential_run(config_for(algorithm, rounds=3))
     got = splitfl.run(config_for(algorithm, rounds=3, executor="timing"), run_dir=tmp_path / "t")
     plan_only = {"plan_clusters"} if algorithm == "ifca" else set()  # chosen by trained losses
     for a, b in zip(ref.metrics, got.metrics, strict=True):

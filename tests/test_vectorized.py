@@ -87,14 +87,16 @@ def test_vectorized_round_equals_sequential_round(algorithm, use_vmap):
 
 
 @pytest.mark.parametrize("algorithm", ["s2fl", "mergesfl", "ringsfl"])
-def test_config_selects_the_vectorized_executor(algorithm, use_vmap, tmp_path):
+def test_config_selects_the_vectorized_executor(algorithm, use_vmap, tmp_path, sequential_run):
     """``executor: vectorized`` through the runner: one round gives the same model and
-    metrics as ``executor: sequential``."""
-    runs = {
-        ex: splitfl.run(
-            cfg_for(algorithm, rounds=1, executor=ex, **hard(algorithm)), run_dir=tmp_path / ex
-        )
+    metrics as ``executor: sequential`` (made once for both ways of running a bucket)."""
+    config = {
+        ex: cfg_for(algorithm, rounds=1, executor=ex, **hard(algorithm))
         for ex in ("sequential", "vectorized")
+    }
+    runs = {
+        "sequential": sequential_run(config["sequential"]),
+        "vectorized": splitfl.run(config["vectorized"], run_dir=tmp_path / "vectorized"),
     }
     a, b = (torch.load(r.run_dir / "model.pt", weights_only=True) for r in runs.values())
     for key in a:
