@@ -93,16 +93,8 @@ def test_device_processes_with_their_own_files_equal_the_sequential_run(tmp_path
     cfg.write_text(yaml.safe_dump(config_for("s2fl", rounds=2)))
     cmd = [sys.executable, "-m", "splitfl", "launch", str(cfg), "--devices", "3"]
     cmd += ["--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "net")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        # the sequential reference in this process while the launch runs
-        seq = sequential_run(config_for("s2fl", rounds=2))
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-    assert proc.returncode == 0, out.decode()[-2000:]
+    code, out, seq = _launch_beside(cmd, lambda: sequential_run(config_for("s2fl", rounds=2)))
+    assert code == 0, out[-2000:]
     assert _max_diff(_final(tmp_path / "net"), _final(seq.run_dir)) <= 1e-5
     net_rows, seq_rows = _rows(tmp_path / "net"), _rows(seq.run_dir)
     assert [r["test_acc"] for r in net_rows] == [r["test_acc"] for r in seq_rows]
@@ -589,19 +581,25 @@ def test_launch_data_dir_of_image_folders_equals_the_sequential_run(tmp_path):
     root, _ = _own_containers(tmp_path, "image_folder")
     data = {"data.format": "image_folder", "data.root": str(root), "data.partition": "folders"}
     common = {"rounds": 2, "train.clients_per_round": 4, "data.num_clients": 4, **data}
+    config = config_for("s2fl", **common, **{"data.dataset": "mine"})
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(config_for("s2fl", **common, **{"data.dataset": "mine"})))
+    cfg.write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", "splitfl", "launch", str(cfg), "--devices", "2"]
     cmd += ["--data-dir", str(tmp_path), "--out", str(tmp_path / "net")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:  # the sequential reference in this process while the launch runs
-        seq = splitfl.run(
-            config_for("s2fl", **common, **{"data.dataset": "mine"}), run_dir=tmp_path / "seq"
-        )
-        _, err = proc.communicate(timeout=240)
+    code, out, seq = _launch_beside(cmd, lambda: splitfl.run(config, run_dir=tmp_path / "seq"))
+    assert code == 0, out[-2000:]
+    assert _max_diff(_final(tmp_path / "net"), _final(seq.run_dir)) <= 1e-5
+
+
+def _launch_beside(cmd: list[str], reference):
+    """Run ``cmd`` (a launch) while ``reference()`` (the sequential run) runs in this process;
+    (exit code, output, reference's result)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        seq = reference()
+        out, _ = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
-    assert proc.returncode == 0, err.decode()[-2000:]
-    assert _max_diff(_final(tmp_path / "net"), _final(seq.run_dir)) <= 1e-5
+    return proc.returncode, out.decode(), seq
