@@ -172,6 +172,8 @@ def test_late_joiner_waits_and_takes_clients_that_free_up(tmp_path):
         first = bed.device("a", [0, 1])
         second = _Raw(bed.port).hello("b", bed.tokens["b"], [2, 3])
         assert second.outcome(10) == "welcome"
+        hub.wait_for(1, 20)  # a holds its clients before the late one asks (else the late
+        # one would be given them, had a not connected yet); b holds its own (welcome)
         late = bed.device("late", [], retry_s=30.0)
         time.sleep(2.0)
         assert late.is_alive() and "hosted already" in " ".join(late.lines)

@@ -14,7 +14,6 @@ A leaf module (imports nothing from splitfl).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 #: Blocks up to this size come from (and return to) the heap.
@@ -31,13 +30,23 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 def keep_freed_memory() -> bool:
-    """Apply the settings to this process (glibc only); whether they were applied."""
+    """Apply the settings to this process (glibc only; once per process); whether they are
+    applied."""
+    global _APPLIED
+    if _APPLIED is None:
+        _APPLIED = _mallopt()
+    return _APPLIED
+
+
+_APPLIED: bool | None = None
+
+
+def _mallopt() -> bool:
     if not sys.platform.startswith("linux"):
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+    try:  # the process's own symbols: glibc's mallopt where the C library is glibc
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     done = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
