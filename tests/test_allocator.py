@@ -17,6 +17,8 @@ if sys.argv[1] == "keep":
     assert keep_freed_memory()
 def cycle():
     bufs = [bytearray(1 << 20) for _ in range(3)]
+    for buf in bufs:
+        buf[::4096] = b"x" * 256  # touch every page (a zeroing calloc may not have)
     del bufs
 for _ in range(5):
     cycle()
