@@ -14,6 +14,8 @@ A leaf module (imports nothing from splitfl).
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 import sys
 
 #: Blocks up to this size come from (and return to) the heap.
@@ -29,19 +31,10 @@ KEEP_FREED_MEMORY = {
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
-    """Apply the settings to this process (glibc only; once per process); whether they are
-    applied."""
-    global _APPLIED
-    if _APPLIED is None:
-        _APPLIED = _mallopt()
-    return _APPLIED
-
-
-_APPLIED: bool | None = None
-
-
-def _mallopt() -> bool:
+    """Apply the settings to this process (glibc only, once per process; a setting its
+    environment already gives is left as given); whether glibc took them."""
     if not sys.platform.startswith("linux"):
         return False
     try:  # the process's own symbols: glibc's mallopt where the C library is glibc
@@ -49,5 +42,9 @@ def _mallopt() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    done = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-    return mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and done
+    settings = (
+        ("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+        ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+    )
+    taken = [mallopt(param, value) == 1 for var, param, value in settings if var not in os.environ]
+    return all(taken)

@@ -178,7 +178,7 @@ def decode(data: bytes | bytearray | memoryview | Frame) -> Message:
         if offset + nbytes > end:
             raise WireError(f"tensor {name!r}: {nbytes} bytes declared, message too short")
         tensors[name] = _tensor_at(data, dtype, shape, count, offset)
-        offset += -(-nbytes // 8) * 8
+        offset += _aligned(nbytes)
     if offset != end:
         raise WireError(f"{end - offset} trailing bytes after the declared tensors")
     return Message(header["type"], fields, tensors)

@@ -33,7 +33,7 @@ from splitfl.net.assign import AssignRefused, assign_clients
 from splitfl.net.auth import TokenBook
 from splitfl.net.guard import Audit, Gate, peer_address
 from splitfl.net.inbox import Inbox, first_message, route_replies
-from splitfl.net.link import LOST, SILENT_PERIODS, DeviceLink, keepalive_options
+from splitfl.net.link import LOST, SILENT_PERIODS, DeviceLink, keep_alive, keepalive_options
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
     Message,
@@ -343,11 +343,7 @@ class Hub:
             with self.lock:
                 links = [k for k in self.links.values() if k.alive]
             for link in links:
-                silent = time.monotonic() - link.heard
-                if link.ready and silent > SILENT_PERIODS * period:  # not while it loads
-                    link.close(f"silent for {silent:.0f} s (keepalive)")
-                else:
-                    link.send(Message("ping"))
+                keep_alive(link, period)
             with self.lock:
                 self.lock.notify_all()
 

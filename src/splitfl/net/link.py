@@ -77,6 +77,17 @@ class DeviceLink:
                 box.put(LOST)
 
 
+def keep_alive(link: DeviceLink, period: float) -> None:
+    """One keepalive tick of the hub for ``link``: closed when silent for more than
+    :data:`SILENT_PERIODS` periods (never while it loads its data: not yet ready), else
+    pinged."""
+    silent = time.monotonic() - link.heard
+    if link.ready and silent > SILENT_PERIODS * period:
+        link.close(f"silent for {silent:.0f} s (keepalive)")
+    else:
+        link.send(Message("ping"))
+
+
 def keepalive_options(keepalive_s: float) -> list[tuple[str, int]]:
     """gRPC channel arguments for keepalive pings every ``keepalive_s`` seconds, the link
     declared dead when one is not answered within another ``keepalive_s`` (both ends: a
