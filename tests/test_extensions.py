@@ -255,7 +255,7 @@ def test_builder_contract_sequential_cut_points_and_one_line_errors(tmp_path, mo
     assert model.num_blocks == 4 and model.cut_points == (1, 2, 3) and model.default_cut == 3
     assert extensions.build_model("user_contract:declared", (1, 8, 8), 10).cut_points == (2,)
     messages = {
-        "user_contract:number": "model: user_contract:number returned int; expected a BlockModel",
+        "user_contract:number": "model: user_contract:number returned int; expected an nn.Module",
         "user_contract:wrong_input": "model: user_contract:wrong_input does not fit digits",
         "user_contract:flat_output": "model: user_contract:flat_output gives outputs [128]",
         "user_contract:nothing": "model: 'user_contract:nothing': module 'user_contract' has no",

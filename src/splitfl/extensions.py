@@ -43,7 +43,7 @@ from splitfl.data.base import DatasetBundle, dataset_names
 from splitfl.data.source import from_object, read_dataset
 from splitfl.models import profile as profiles
 from splitfl.models.base import BlockModel
-from splitfl.models.registry import ModelContractError, make_model, model_names
+from splitfl.models.registry import NO_SPLIT, ModelContractError, Split, make_model, model_names
 from splitfl.models.registry import build_model as build_registered_model
 
 #: Entry-point group of installed packages that register models, datasets or algorithms:
@@ -247,20 +247,25 @@ def _import_hint() -> str:
     return "; or an import path package.module:callable"
 
 
-def build_model(spec: str, input_shape: tuple[int, ...], num_classes: int) -> BlockModel:
+def build_model(
+    spec: str, input_shape: tuple[int, ...], num_classes: int, split: Split = NO_SPLIT
+) -> BlockModel:
     """The model ``spec`` names (registered or an import path), for ``input_shape`` and
-    ``num_classes``. A broken builder contract is a one-line ConfigError."""
+    ``num_classes``, an ``nn.Module`` cut where ``split`` says. A broken builder contract is
+    a one-line ConfigError."""
     try:
         if not is_import_path(spec):
-            return build_registered_model(spec, input_shape, num_classes)
-        return make_model(resolve_callable(spec, "model"), spec, input_shape, num_classes)
+            return build_registered_model(spec, input_shape, num_classes, split)
+        return make_model(resolve_callable(spec, "model"), spec, input_shape, num_classes, split)
     except ModelContractError as err:
         raise ConfigError("model", str(err)) from None
 
 
-def profile_model(spec: str, input_shape: tuple[int, ...], num_classes: int):
+def profile_model(
+    spec: str, input_shape: tuple[int, ...], num_classes: int, split: Split = NO_SPLIT
+):
     """The per-block cost profile of ``spec`` (cached), measured as for built-ins."""
-    return profiles.profile_model(spec, input_shape, num_classes, build=build_model)
+    return profiles.profile_model(spec, input_shape, num_classes, build=build_model, split=split)
 
 
 def load_dataset(d: DataConfig, root: str | Path | None = None) -> DatasetBundle:

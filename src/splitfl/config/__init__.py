@@ -50,6 +50,7 @@ from splitfl.config.schema import (
     NetworkConfig,
     OutputConfig,
     ParallelConfig,
+    SplitConfig,
     TrainConfig,
 )
 from splitfl.yaml_limits import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_VALUES
@@ -76,6 +77,7 @@ __all__ = [
     "NetworkConfig",
     "OutputConfig",
     "ParallelConfig",
+    "SplitConfig",
     "Range",
     "TrainConfig",
     "apply_overrides",

@@ -283,6 +283,19 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class SplitConfig:
+    """Where an ``nn.Module`` model (one with its own ``forward``, split by
+    :mod:`splitfl.models.graph`) may be cut, by module path: ``cut_points`` the candidate cuts
+    in forward order (``layer2`` = after module ``layer2``, the last layer on the device;
+    ``after:X``, ``before:X``; null = after every top-level child where the graph allows a
+    split) and ``cut`` the default cut of fixed-split algorithms (null = the last candidate).
+    Block-list models (the zoo, ``nn.Sequential``) declare their own cut points."""
+
+    cut_points: list[str] | None = None
+    cut: str | None = None
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """One experiment. ``options`` maps an algorithm name to its options (see ``splitfl list``).
 
@@ -313,6 +326,7 @@ class ExperimentConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    split: SplitConfig = field(default_factory=SplitConfig)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Python modules imported before the config is checked (they register models, datasets
     #: and algorithms), found on PYTHONPATH, in the current directory and in the config

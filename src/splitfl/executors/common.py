@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from splitfl.activations import Activation, tree_map
 from splitfl.config import TrainConfig
 from splitfl.models import BlockModel
 from splitfl.training import loss_fn, make_optimizer, score
@@ -23,10 +24,16 @@ class NonFiniteLossError(RuntimeError):
     """Training produced a NaN/inf loss."""
 
 
-def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in fp32 when autocast produced a lower precision; fp32/fp64 kept as they are
-    (fp64 runs are how the equivalence tests compare executors free of kernel-order noise)."""
-    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+def at_least_fp32(x: Activation) -> Activation:
+    """Each floating tensor of ``x`` in fp32 when autocast produced a lower precision;
+    fp32/fp64 kept as they are (fp64 runs are how the equivalence tests compare executors
+    free of kernel-order noise), integer and bool tensors (masks, ids) untouched."""
+    return tree_map(_at_least_fp32, x)
+
+
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    keep = t.dtype in (torch.float32, torch.float64) or not t.is_floating_point()
+    return t if keep else t.float()
 
 
 def local_optimizer(module: nn.Module, lr: float, train: TrainConfig) -> torch.optim.Optimizer:

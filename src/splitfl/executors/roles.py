@@ -22,6 +22,20 @@ import numpy as np
 import torch
 from torch import nn
 
+from splitfl.activations import (
+    Activation,
+    Gradient,
+    as_server_input,
+    backward,
+    cat,
+    first_float,
+    head,
+    input_grad,
+    leaves,
+    mix,
+    rebuild,
+    tree_map,
+)
 from splitfl.config import TrainConfig
 from splitfl.data.transforms import Transforms, augment_batch, batch_seed
 from splitfl.executors.common import (
@@ -100,29 +114,30 @@ class DeviceRole:
         seed = batch_seed(self.round_seed, self.task.client, step) if aug and aug.augment else None
         return self.runtime.batch(self.x_all, self.y_all, self.batches[step], seed)
 
-    def forward(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Smashed data of mini-batch ``step`` (detached; the graph is kept) and its labels."""
+    def forward(self, step: int) -> tuple[Activation, torch.Tensor]:
+        """Smashed data of mini-batch ``step`` (detached; the graph is kept) and its labels:
+        one tensor, or a tuple where several cross the cut."""
         x, y = self.batch(step)
         self._fx, self._y = self.runtime.forward(self.part, x), y
-        return self._fx.detach(), y
+        return tree_map(torch.Tensor.detach, self._fx), y
 
-    def pending_output(self) -> torch.Tensor:
+    def pending_output(self) -> Activation:
         """The smashed data of the last ``forward`` awaiting its gradient (ValueError if
         there is none: a ``backward`` or ``head_update`` out of order)."""
         if self._fx is None:
             raise ValueError("no forward awaits a gradient")
         return self._fx
 
-    def backward(self, grad: torch.Tensor) -> None:
+    def backward(self, grad: Gradient) -> None:
         """Back-propagate the returned activation gradient and step (S²FL Eq. 4's device side)."""
         self.optimizer.zero_grad()
-        self._fx.backward(grad)
+        backward(self._fx, grad)
         self.optimizer.step()
         self._fx = None
 
     def head_update(self) -> None:
         """``device_loss: local``: step on the aux head's loss on the last smashed data."""
-        loss = self.loss(self.runtime.forward(self.aux, self._fx), self._y)
+        loss = self.loss(self.runtime.forward(self.aux, first_float(self._fx)), self._y)
         self._step(loss)
         self._fx = None
 
@@ -151,7 +166,7 @@ class Smashed:
 
     client: int
     cut: int
-    features: torch.Tensor
+    features: Activation
     labels: torch.Tensor
 
 
@@ -183,7 +198,7 @@ class ServerRole:
         mixup terms), one optimiser step; per member (activation gradient — S²FL Eq. 4, or
         rescaled to the member's own mean loss with ``device_grad: own`` — and loss sum)."""
         plan = self.plan
-        inputs = [s.features.detach().requires_grad_() for s in sent]
+        inputs = [as_server_input(s.features) for s in sent]
         losses = self._member_losses(sent, inputs)
         for s, loss_sum in zip(sent, losses, strict=True):
             check_finite(loss_sum, s.client)
@@ -196,9 +211,10 @@ class ServerRole:
         self.optimizer.step()
         out = []
         for fs, loss_sum, size in zip(inputs, losses, sizes, strict=True):
-            grad = fs.grad
+            grad = input_grad(fs)
             if plan.device_grad == "own":
-                grad = grad * own_grad_factor(size, sizes, plan.group_loss)
+                factor = own_grad_factor(size, sizes, plan.group_loss)
+                grad = rebuild(grad, [g if g is None else g * factor for g in leaves(grad)])
             out.append((grad, loss_sum.item()))
         return out
 
@@ -220,7 +236,7 @@ class ServerRole:
             by_cut.setdefault(s.cut, []).append(i)
         losses: list[torch.Tensor] = [torch.zeros(())] * len(sent)
         for cut, members in by_cut.items():
-            fs = torch.cat([inputs[i] for i in members])
+            fs = cat([inputs[i] for i in members])
             y = torch.cat([sent[i].labels for i in members])
             per_sample = self.loss(self._forward(fs, cut), y, reduction="none")
             sizes = [len(sent[i].labels) for i in members]
@@ -242,7 +258,7 @@ class ServerRole:
             return loss
         return (loss * n + torch.stack(terms).sum()) / (n + mixed_n)
 
-    def _forward(self, x: torch.Tensor, cut: int) -> torch.Tensor:
+    def _forward(self, x: Activation, cut: int) -> torch.Tensor:
         return self.runtime.forward(self.part, x, start=cut)
 
     def state(self) -> dict[str, torch.Tensor]:
@@ -291,5 +307,6 @@ def mix_pairs(sent: list[Smashed], rng: np.random.Generator, alpha: float):
             continue
         m = min(len(sa.labels), len(sb.labels))
         lam = float(rng.beta(alpha, alpha))
-        mixed = lam * sa.features[:m].detach() + (1 - lam) * sb.features[:m].detach()
+        mixed = mix(lam, head(sa.features, m), head(sb.features, m))
+        mixed = tree_map(torch.Tensor.detach, mixed)
         yield mixed, sa.cut, sa.labels[:m], sb.labels[:m], lam

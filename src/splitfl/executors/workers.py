@@ -34,6 +34,7 @@ from splitfl.executors.roles import Runtime
 from splitfl.executors.sequential import device_maker, run_unit, working_model
 from splitfl.extensions import build_model, import_config_modules
 from splitfl.framing import Frame, Message
+from splitfl.models.registry import Split
 from splitfl.seeding import derive_seed
 
 #: Most frames in one message, and largest frame accepted from the other end of a socket.
@@ -120,7 +121,9 @@ class UnitWorker:
         init = channel.read_init(msg)
         torch.set_num_threads(init.threads)
         import_config_modules(init.config)
-        built = build_model(init.config.model, init.input_shape, init.num_classes)
+        built = build_model(
+            init.config.model, init.input_shape, init.num_classes, Split.of(init.config.split)
+        )
         if repr(built) != init.architecture:
             raise ChannelError(differs(repr(built), init.architecture, init.config.model))
         self.runtime = Runtime(

@@ -25,6 +25,7 @@ from splitfl.data.transforms import Transforms
 from splitfl.experiment.validation import resolve_config
 from splitfl.extensions import build_model, load_dataset, profile_model
 from splitfl.models import BlockModel, ModelProfile
+from splitfl.models.registry import Split
 from splitfl.seeding import rng_for
 from splitfl.system import ClientCost, Population, draw_population, split_client_cost
 from splitfl.system.devices import with_variation
@@ -217,7 +218,9 @@ def _checked_model(
     """The config's model and its outputs, checked on two training samples: it builds for the data's
     shape, runs forward, and gives one row of outputs per sample (``[B, outputs]``)."""
     try:
-        model = build_model(config.model, bundle.input_shape, bundle.num_classes)
+        model = build_model(
+            config.model, bundle.input_shape, bundle.num_classes, Split.of(config.split)
+        )
         with torch.no_grad():
             logits = model.eval()(_probe(bundle))
     except ConfigError:
@@ -278,5 +281,7 @@ def build_context(config: ExperimentConfig) -> RunContext:
     torch.manual_seed(config.seed)
     model, logits = _checked_model(config, bundle)
     _check_label_range(config, bundle, int(logits.shape[-1]))
-    profile = profile_model(config.model, bundle.input_shape, bundle.num_classes)
+    profile = profile_model(
+        config.model, bundle.input_shape, bundle.num_classes, Split.of(config.split)
+    )
     return RunContext(config, bundle, parts, hist, population, model, profile)

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from splitfl.activations import Activation, tree_map
 from splitfl.training import loss_fn
 
 
@@ -32,6 +33,15 @@ class BlockModel(nn.Module):
             split of the paper the model comes from (one of ``cut_points``); the last
             candidate when not given.
     """
+
+    #: Where the blocks came from: ``blocks`` (the model is a BlockModel), ``sequential``
+    #: (one block per child of an ``nn.Sequential``/list) or ``graph`` (pieces of an
+    #: ``nn.Module`` split by :mod:`splitfl.models.graph`); :func:`user_state_dict` reads it.
+    origin: str = "blocks"
+    #: The module paths the cut points name (``graph`` models), e.g. ``("layer1", "layer2")``.
+    cut_names: tuple[str, ...] = ()
+    #: The dtype of the inputs the model takes (int64 for token ids).
+    input_dtype: torch.dtype = torch.float32
 
     def __init__(
         self,
@@ -58,10 +68,18 @@ class BlockModel(nn.Module):
     def num_blocks(self) -> int:
         return len(self.blocks)
 
-    def forward(self, x: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    def forward(self, x: Activation, start: int = 0, stop: int | None = None) -> Activation:
         for block in self.blocks[start:stop]:
-            x = block(x)
+            x = run_block(block, x)
         return x
+
+
+def run_block(block: nn.Module, x: Activation) -> Activation:
+    """``block`` on ``x``: a tuple is its positional inputs (several tensors cross a cut).
+    A block that writes into its inputs in place (``clones_inputs``) gets copies of them."""
+    if getattr(block, "clones_inputs", False):
+        x = tree_map(torch.clone, x)
+    return block(*x) if isinstance(x, tuple) else block(x)
 
 
 class ModelPart(nn.Module):
@@ -78,13 +96,13 @@ class ModelPart(nn.Module):
         self.start, self.stop = start, stop
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in range(start, stop)})
 
-    def forward(self, x: torch.Tensor, start: int | None = None) -> torch.Tensor:
+    def forward(self, x: Activation, start: int | None = None) -> Activation:
         """Run blocks from global index ``start`` (default: this part's first block) to the end."""
         first = self.start if start is None else start
         if not self.start <= first <= self.stop:
             raise ValueError(f"start {first} outside part [{self.start}, {self.stop})")
         for i in range(first, self.stop):
-            x = self.blocks[str(i)](x)
+            x = run_block(self.blocks[str(i)], x)
         return x
 
 

@@ -15,10 +15,11 @@ from functools import lru_cache
 
 import torch
 
-from splitfl.models.base import BlockModel
+from splitfl.activations import Activation, as_server_input, first_float, leaves, tree_map
+from splitfl.models.base import BlockModel, run_block
 from splitfl.models.flops import count_flops
 from splitfl.models.profile_cache import architecture_key, read_entry, write_entry
-from splitfl.models.registry import build_model
+from splitfl.models.registry import NO_SPLIT, Split, build_model
 
 BYTES_PER_ELEMENT = 4  # fp32 parameters, activations and gradients on the wire
 PROFILE_BATCH = 2  # batch used to measure FLOPs; >1 so BatchNorm runs in training mode
@@ -32,8 +33,9 @@ class BlockCost:
         params: Number of trainable parameters.
         param_bytes: Bytes of the block's state sent over the network (parameters and buffers).
         flops_per_sample: Forward + backward FLOPs for one sample (measured).
-        out_elements: Output activation elements per sample.
-        out_bytes: Output activation bytes per sample (``out_elements * 4``).
+        out_elements: Output activation elements per sample (of its first floating tensor,
+            where several tensors cross the cut: what an auxiliary head reads).
+        out_bytes: Bytes per sample of everything the block sends on (:func:`sample_bytes`).
     """
 
     params: int
@@ -100,34 +102,43 @@ def measure_profile(model: BlockModel, input_shape: tuple[int, ...]) -> ModelPro
 
 
 def _measure(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProfile:
-    x = torch.zeros(PROFILE_BATCH, *input_shape)
+    x: Activation = torch.zeros(PROFILE_BATCH, *input_shape, dtype=model.input_dtype)
     costs = []
     for i, block in enumerate(model.blocks):
-        inp = x.detach().requires_grad_(i > 0)
+        inp = as_server_input(x) if i > 0 else x
 
         def step(block=block, inp=inp):
-            out = block(inp)
-            if out.requires_grad:
-                out.float().sum().backward()
+            out = run_block(block, inp)
+            grads = [t for t in leaves(out) if t.requires_grad]
+            if grads:
+                sum(t.float().sum() for t in grads).backward()
             return out
 
         flops = count_flops(step)
         with torch.no_grad():
-            out = block(x)
+            out = run_block(block, x)
         params = sum(p.numel() for p in block.parameters())
         state_elems = sum(t.numel() for t in block.state_dict().values())
-        out_elems = int(out[0].numel())
         costs.append(
             BlockCost(
                 params=params,
                 param_bytes=state_elems * BYTES_PER_ELEMENT,
                 flops_per_sample=flops / PROFILE_BATCH,
-                out_elements=out_elems,
-                out_bytes=out_elems * BYTES_PER_ELEMENT,
+                out_elements=int(first_float(out)[0].numel()),
+                out_bytes=sample_bytes(out),
             )
         )
-        x = out.detach()
+        x = tree_map(torch.Tensor.detach, out)
     return ModelProfile(tuple(costs))
+
+
+def sample_bytes(x: Activation) -> int:
+    """Bytes per sample of what crosses a cut: floating tensors at :data:`BYTES_PER_ELEMENT`
+    (fp32 on the wire), integer and bool tensors (masks, ids) at their own size."""
+    return sum(
+        int(t[0].numel()) * (BYTES_PER_ELEMENT if t.is_floating_point() else t.element_size())
+        for t in leaves(x)
+    )
 
 
 def _from_entry(entry: object) -> ModelProfile | None:
@@ -160,10 +171,14 @@ def cached_profile(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProf
 
 @lru_cache(maxsize=64)
 def _cached_profile(
-    name: str, input_shape: tuple[int, ...], num_classes: int, build: Callable[..., BlockModel]
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    build: Callable[..., BlockModel],
+    split: Split,
 ) -> ModelProfile:
     with torch.random.fork_rng(devices=[]):  # building the model draws its random init
-        return cached_profile(build(name, input_shape, num_classes), input_shape)
+        return cached_profile(build(name, input_shape, num_classes, split), input_shape)
 
 
 def profile_model(
@@ -171,8 +186,9 @@ def profile_model(
     input_shape: tuple[int, ...],
     num_classes: int,
     build: Callable[..., BlockModel] = build_model,
+    split: Split = NO_SPLIT,
 ) -> ModelProfile:
     """Cached :func:`measure_profile` of model ``name`` as ``build`` makes it (default: the
-    registry; :func:`splitfl.extensions.profile_model` also takes import paths): in memory,
-    and on disk by content (:func:`cached_profile`)."""
-    return _cached_profile(name, tuple(input_shape), int(num_classes), build)
+    registry; :func:`splitfl.extensions.profile_model` also takes import paths), cut where
+    ``split`` says: in memory, and on disk by content (:func:`cached_profile`)."""
+    return _cached_profile(name, tuple(input_shape), int(num_classes), build, split)

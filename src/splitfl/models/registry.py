@@ -3,7 +3,8 @@ model-builder contract shared by registered builders and ``model: package.module
 import paths (:mod:`splitfl.extensions`).
 
 A builder is called with ``input_shape`` and ``num_classes`` where its signature takes them
-(by those names, or as its first two positional parameters), and returns a
+(by those names, or as its first two positional parameters), and returns any ``nn.Module``
+(split by its graph at the config's ``split`` module paths, :mod:`splitfl.models.graph`), a
 :class:`BlockModel`, an ``nn.Sequential`` or a list of modules. A Sequential or a list
 becomes one block per top-level child; its candidate cut points are every block boundary,
 or the ``cut_points`` attribute set on the returned Sequential (a BlockModel declares its
@@ -20,8 +21,26 @@ from torch import nn
 
 from splitfl.config.choices import unknown_choice
 from splitfl.models.base import BlockModel
+from splitfl.models.graph import GraphSplitError, graph_block_model
 
 Builder = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Split:
+    """Where a model with its own forward is cut (``split:`` in a config): module paths."""
+
+    cut_points: tuple[str, ...] | None = None
+    cut: str | None = None
+
+    @classmethod
+    def of(cls, config: Any) -> Split:
+        """From a config's ``split`` section (anything with ``cut_points`` and ``cut``)."""
+        points = getattr(config, "cut_points", None)
+        return cls(None if points is None else tuple(points), getattr(config, "cut", None))
+
+
+NO_SPLIT = Split()  # a model's own or default cut points
 
 
 class ModelContractError(ValueError):
@@ -95,16 +114,31 @@ def call_builder(builder: Builder, input_shape: tuple[int, ...], num_classes: in
     return builder()
 
 
-def as_block_model(obj: Any, where: str) -> BlockModel:
-    """``obj`` as a :class:`BlockModel`: itself, or one block per child of an
-    ``nn.Sequential`` / list of modules, with the Sequential's ``cut_points`` attribute or
-    every block boundary as candidate cut points. Raises :class:`ModelContractError`."""
+def as_block_model(
+    obj: Any, where: str, input_shape: tuple[int, ...] = (), split: Split = NO_SPLIT
+) -> BlockModel:
+    """``obj`` as a :class:`BlockModel`: itself; one block per child of an ``nn.Sequential``
+    / list of modules, with the Sequential's ``cut_points`` attribute or every block boundary
+    as candidate cut points; any other ``nn.Module`` split by its graph at ``split``'s module
+    paths (:func:`~splitfl.models.graph.graph_block_model`). Raises
+    :class:`ModelContractError`."""
+    block_list = isinstance(obj, BlockModel | nn.Sequential | nn.ModuleList | list | tuple)
+    if block_list and (split.cut_points or split.cut):
+        raise ModelContractError(
+            f"split.cut_points/split.cut name modules of a model with its own forward; {where} "
+            "is a block list: give its cut points as indices (options.<algorithm>.cut)"
+        )
     if isinstance(obj, BlockModel):
         return obj
-    blocks = list(obj) if isinstance(obj, nn.Sequential | nn.ModuleList | list | tuple) else None
+    if isinstance(obj, nn.Module) and not block_list:
+        try:
+            return graph_block_model(obj, input_shape, where, split.cut_points, split.cut)
+        except GraphSplitError as err:
+            raise ModelContractError(str(err)) from None
+    blocks = list(obj) if block_list else None
     if blocks is None or not all(isinstance(b, nn.Module) for b in blocks):
         raise ModelContractError(
-            f"{where} returned {type(obj).__name__}; expected a BlockModel, an nn.Sequential "
+            f"{where} returned {type(obj).__name__}; expected an nn.Module, an nn.Sequential "
             "or a list of nn.Modules (one block each)"
         )
     if len(blocks) < 2:
@@ -112,26 +146,35 @@ def as_block_model(obj: Any, where: str) -> BlockModel:
     cuts = getattr(obj, "cut_points", None)
     cuts = range(1, len(blocks)) if cuts is None else cuts
     try:
-        return BlockModel(blocks, cuts)
+        model = BlockModel(blocks, cuts)
     except (TypeError, ValueError) as err:
         raise ModelContractError(f"{where}: {err}") from None
+    model.origin = "sequential"
+    return model
 
 
 def make_model(
-    builder: Builder, name: str, input_shape: tuple[int, ...], num_classes: int
+    builder: Builder,
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    split: Split = NO_SPLIT,
 ) -> BlockModel:
     """Call ``builder`` under the builder contract; the model is named ``name``."""
-    model = as_block_model(call_builder(builder, tuple(input_shape), int(num_classes)), name)
+    built = call_builder(builder, tuple(input_shape), int(num_classes))
+    model = as_block_model(built, name, tuple(input_shape), split)
     model.name = name
     return model
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> BlockModel:
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, split: Split = NO_SPLIT
+) -> BlockModel:
     """Build registered model ``name`` for per-sample ``input_shape`` and ``num_classes``."""
     _load_zoo()
     if name not in MODELS:
         raise KeyError(f"model: {unknown_choice(name, sorted(MODELS))}")
-    return make_model(MODELS[name].builder, name, input_shape, num_classes)
+    return make_model(MODELS[name].builder, name, input_shape, num_classes, split)
 
 
 def _load_zoo() -> None:

@@ -40,6 +40,7 @@ from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
 from splitfl.extensions import build_model, load_dataset
 from splitfl.models import ModelPart
 from splitfl.models.base import lowest_loss_state
+from splitfl.models.registry import Split
 from splitfl.net.announce import build_announcement, data_mismatch
 from splitfl.net.emulation import FORWARD_SHARE, Profile, stretch, transfer
 from splitfl.net.peer import PeerEndpoint
@@ -190,7 +191,9 @@ class DeviceAgent:
         if config.threads:
             torch.set_num_threads(config.threads)  # as the simulation: same kernels, same digits
         torch.manual_seed(config.seed)
-        self.model = build_model(config.model, data.input_shape, data.num_classes)
+        self.model = build_model(
+            config.model, data.input_shape, data.num_classes, Split.of(config.split)
+        )
         self.runtime = Runtime(torch.device("cpu"), augment=data.augment)
         self.roles: dict[int, DeviceRole] = {}
         #: each client's last refused command, since its last ``begin``

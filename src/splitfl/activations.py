@@ -1,0 +1,96 @@
+"""What crosses a cut: one tensor, or a tuple of tensors (an *activation*).
+
+A model split by :mod:`splitfl.models.graph` sends every value made before the cut and used
+after it: the activation, and where the model has them a skip connection, an attention mask or
+the input itself. Every tensor has the batch as its first dimension. Floating tensors carry
+gradients back; integer and bool tensors (masks, token ids) carry none — their gradient is
+``None``. These small functions are the one place that walks such a value (imports only torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+Activation = torch.Tensor | tuple[torch.Tensor, ...]
+#: The gradient of an activation: the same structure, ``None`` for non-floating tensors.
+Gradient = torch.Tensor | tuple[torch.Tensor | None, ...] | None
+
+
+def leaves(x: Activation) -> list[torch.Tensor]:
+    """The tensors of ``x`` in order."""
+    return list(x) if isinstance(x, tuple) else [x]
+
+
+def rebuild(like: Activation, parts: Sequence) -> Activation:
+    """``parts`` in the structure of ``like`` (a tuple, or the one value)."""
+    return tuple(parts) if isinstance(like, tuple) else parts[0]
+
+
+def tree_map(fn: Callable[[torch.Tensor], torch.Tensor], x: Activation) -> Activation:
+    """``fn`` applied to every tensor of ``x``."""
+    return rebuild(x, [fn(t) for t in leaves(x)])
+
+
+def differentiable(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def as_server_input(x: Activation) -> Activation:
+    """``x`` detached, its floating tensors leaves that collect a gradient (the server's side
+    of S²FL Eq. 4: the gradient of the loss with respect to what the device sent)."""
+    return tree_map(lambda t: t.detach().requires_grad_(differentiable(t)), x)
+
+
+def input_grad(x: Activation) -> Gradient:
+    """The gradients collected by :func:`as_server_input`'s leaves (zeros for a floating
+    tensor the server did not use, ``None`` for a non-floating one)."""
+    parts = [
+        (t.grad if t.grad is not None else torch.zeros_like(t)) if differentiable(t) else None
+        for t in leaves(x)
+    ]
+    return rebuild(x, parts)
+
+
+def backward(out: Activation, grad: Gradient) -> None:
+    """Back-propagate ``grad`` from the device's ``out`` (its floating tensors that have a
+    graph; the rest carry no gradient)."""
+    pairs = [
+        (t, g)
+        for t, g in zip(leaves(out), leaves(grad), strict=True)
+        if g is not None and t.requires_grad
+    ]
+    if pairs:
+        torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+
+
+def cat(xs: Sequence[Activation]) -> Activation:
+    """Several members' activations as one batch (MergeSFL Eq. 16): each tensor concatenated
+    along the batch dimension."""
+    columns = zip(*(leaves(x) for x in xs), strict=True)
+    return rebuild(xs[0], [torch.cat(col) for col in columns])
+
+
+def batch_size(x: Activation) -> int:
+    return int(leaves(x)[0].shape[0])
+
+
+def head(x: Activation, m: int) -> Activation:
+    """The first ``m`` samples of every tensor."""
+    return tree_map(lambda t: t[:m], x)
+
+
+def mix(lam: float, a: Activation, b: Activation) -> Activation:
+    """Mixup ``lam·a + (1 − lam)·b`` of the floating tensors (LocFedMix-SL); non-floating
+    ones (masks) are ``a``'s."""
+    parts = [
+        lam * ta + (1 - lam) * tb if differentiable(ta) else ta
+        for ta, tb in zip(leaves(a), leaves(b), strict=True)
+    ]
+    return rebuild(a, parts)
+
+
+def first_float(x: Activation) -> torch.Tensor:
+    """The first floating tensor (the activation proper, fed to an auxiliary head)."""
+    return next((t for t in leaves(x) if differentiable(t)), leaves(x)[0])
