@@ -1,0 +1,150 @@
+"""Ordinary ``nn.Module`` models split by their graph (``splitfl.models.graph``): the device
+part then the server part compute what the user's model computes — forward and gradients, in
+train and eval mode, at several batch sizes — whatever crosses the cut; bad cuts are one line."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import graph_models as gm
+from splitfl.activations import as_server_input, backward, input_grad, leaves
+from splitfl.models.base import split
+from splitfl.models.graph import GraphSplitError, graph_block_model, user_state_dict
+
+IMAGE = (1, 8, 8)
+CASES = {
+    # name: (builder, input shape, cut points (None: the default), cuts whose value is a tuple)
+    "small_resnet": (gm.small_resnet, IMAGE, None),
+    "resnet18": (gm.resnet18, (3, 16, 16), ["maxpool", "layer1", "layer2", "layer3", "layer4"]),
+    "resnet18_default": (gm.resnet18, (3, 16, 16), None),
+    "mobilenet": (gm.mobilenet, IMAGE, ["features.0", "features.2", "before:classifier"]),
+    "unet": (gm.unet, IMAGE, None),
+    "text": (gm.text_classifier, (12,), None),
+}
+
+
+def _inputs(shape, batch, seed):
+    g = torch.Generator().manual_seed(seed)
+    if shape == (12,):  # token ids, some of them padding (0)
+        ids = torch.randint(1, 50, (batch, 12), generator=g)
+        ids[:, 9:] = 0
+        return ids
+    return torch.randn(batch, *shape, generator=g, dtype=torch.float64)
+
+
+def _split_step(model, cut, x):
+    """As split learning runs it: the device forward, the server's forward and backward
+    from a detached copy, the activation gradient back through the device part."""
+    device, server = split(model, cut)
+    sent = device(x)
+    received = as_server_input(sent)
+    out = server(received, start=cut)
+    out.sum().backward()
+    backward(sent, input_grad(received))
+    return out
+
+
+def _grads(module, names=lambda state: state):
+    got = {k: p.grad for k, p in module.named_parameters()}
+    return names(got)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_device_then_server_equals_the_model(case):
+    builder, shape, cut_points = CASES[case]
+    torch.manual_seed(0)
+    user = builder(shape, 3).double()
+    reference = copy.deepcopy(user)
+    model = graph_block_model(user, shape, case, cut_points)
+    assert model.num_blocks >= 3 and model.origin == "graph"
+    assert model.input_dtype == (torch.int64 if case == "text" else torch.float64)
+    for mode in (True, False):
+        model.train(mode)
+        reference.train(mode)
+        for batch in (2, 3, 5):  # MergeSFL's regulated batches differ per worker
+            x = _inputs(shape, batch, seed=batch)
+            for cut in model.cut_points:
+                model.zero_grad(set_to_none=True)
+                reference.zero_grad(set_to_none=True)
+                torch.manual_seed(cut)  # dropout draws the same stream in both
+                want = reference(x)
+                want.sum().backward()
+                torch.manual_seed(cut)
+                got = _split_step(model, cut, x)
+                assert torch.equal(got, want), (case, mode, batch, cut)
+                ours = _grads(model, lambda g: user_state_dict(model, g))
+                theirs = _grads(reference)
+                assert ours.keys() == theirs.keys()
+                for k in theirs:
+                    if theirs[k] is None:
+                        assert ours[k] is None, k
+                    else:
+                        torch.testing.assert_close(ours[k], theirs[k], rtol=0, atol=1e-12)
+    # the trained weights load back into the user's own class
+    fresh = builder(shape, 3).double()
+    fresh.load_state_dict(user_state_dict(model, model.state_dict()), strict=True)
+
+
+def test_a_skip_crossing_the_cut_is_a_tuple_of_tensors():
+    model = graph_block_model(gm.unet(IMAGE, 10), IMAGE, "unet")
+    assert model.cut_names == ("down", "mid", "up")
+    device, _ = split(model, 2)  # after mid: mid's output and down's skip cross
+    sent = device(torch.randn(4, *IMAGE))
+    assert isinstance(sent, tuple) and [t.shape for t in sent] == [(4, 4, 8, 8)] * 2
+
+
+def test_a_padding_mask_crosses_as_bool_and_gets_no_gradient():
+    model = graph_block_model(gm.text_classifier((12,), 2), (12,), "text")
+    assert model.cut_names[0] == "embed"
+    device, _ = split(model, 1)
+    ids = _inputs((12,), 3, 0)
+    sent = device(ids)
+    assert [t.dtype for t in leaves(sent)] == [torch.bool, torch.float32]
+    received = as_server_input(sent)
+    assert [t.requires_grad for t in received] == [False, True]
+
+
+def test_cuts_named_by_module_before_and_after():
+    model = graph_block_model(gm.small_resnet(IMAGE, 10), IMAGE, "r", ["layer1", "before:fc"])
+    assert model.cut_names == ("layer1", "before:fc") and model.num_blocks == 3
+    assert model.default_cut == 2
+    model = graph_block_model(gm.small_resnet(IMAGE, 10), IMAGE, "r", None, "layer2")
+    assert model.default_cut == model.cut_names.index("layer2") + 1
+
+
+ERRORS = {
+    "tied": (gm.tied, ["first"], r"^t: parameter first\.weight is used on both sides of cut"),
+    "data_dependent": (gm.data_dependent, None, r"^t cannot be traced by torch\.fx: "),
+    "mode_flag": (gm.mode_flag, None, r"^t's forward reads self\.training outside module"),
+    "no_module": (gm.unet, ["nope"], r"^t: cut 'nope': no module 'nope' runs in forward$"),
+    "last": (gm.unet, ["head"], r"^t: cut 'head' is not a split point: nothing runs after it$"),
+    "syntax": (gm.unet, ["sideways:up"], r"^cut 'sideways:up': write MODULE, after:MODULE"),
+    "order": (gm.unet, ["mid", "mid"], r"^t: cut points \['mid', 'mid'\] must name distinct"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERRORS))
+def test_what_cannot_be_split_is_one_line(case):
+    builder, cut_points, message = ERRORS[case]
+    with pytest.raises(GraphSplitError, match=message) as err:
+        graph_block_model(builder(IMAGE, 10), IMAGE, "t", cut_points)
+    assert "\n" not in str(err.value)
+
+
+def test_a_value_without_the_batch_dimension_cannot_cross():
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(64, 8)
+            self.b = torch.nn.Linear(8, 10)
+
+        def forward(self, x):
+            n = x.shape[0]
+            h = self.a(x.flatten(1))
+            return self.b(h) / n
+
+    with pytest.raises(GraphSplitError, match=r"a value that is not a tensor \(getitem\)"):
+        graph_block_model(Counter(), IMAGE, "c", ["a"])
