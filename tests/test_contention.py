@@ -24,9 +24,9 @@ SERVER = DeviceProfile(flops=5e10, uplink=1e7, downlink=1e7)
 def _profile() -> ModelProfile:
     return ModelProfile(
         (
-            BlockCost(100, 400, 1e6, 16, 64),
-            BlockCost(200, 800, 2e6, 8, 32),
-            BlockCost(50, 200, 3e6, 1, 4),
+            BlockCost(100, 400, 1e6, 16, 64, 64),
+            BlockCost(200, 800, 2e6, 8, 32, 32),
+            BlockCost(50, 200, 3e6, 1, 4, 4),
         )
     )
 

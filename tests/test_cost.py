@@ -24,9 +24,9 @@ def _profile() -> ModelProfile:
     # 3 blocks: bytes 400/800/200, flops/sample 1e6/2e6/3e6, activation bytes 64/32/4
     return ModelProfile(
         (
-            BlockCost(100, 400, 1e6, 16, 64),
-            BlockCost(200, 800, 2e6, 8, 32),
-            BlockCost(50, 200, 3e6, 1, 4),
+            BlockCost(100, 400, 1e6, 16, 64, 64),
+            BlockCost(200, 800, 2e6, 8, 32, 32),
+            BlockCost(50, 200, 3e6, 1, 4, 4),
         )
     )
 

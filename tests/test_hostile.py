@@ -376,20 +376,21 @@ def test_every_rule_runs_an_experiment(tmp_path, rule):
     ],
 )
 def test_smashed_data_checks_by_hand(where, value, problem):
-    from splitfl.net.trust import smashed_problem
+    from splitfl.net.trust import TensorSpec, smashed_problem
 
     fx, y = torch.zeros(4, 4), torch.tensor([0, 9, 3, 1])
     if where is not None:
         fx[where] = value
-    got = smashed_problem(fx, y, torch.float32, (4,), 4, 10, 5.0)
+    got = smashed_problem(fx, y, [TensorSpec((4,), torch.float32, 5.0)], 4, 10)
     assert got == problem if problem is None else problem in got
 
 
 @pytest.mark.parametrize("label", [-1, 10])
 def test_labels_out_of_range_are_refused(label):
-    from splitfl.net.trust import smashed_problem
+    from splitfl.net.trust import TensorSpec, smashed_problem
 
     y = torch.tensor([0, label, 3])
-    assert smashed_problem(torch.zeros(3, 4), y, torch.float32, (4,), 4, 10, 5.0) == (
+    spec = [TensorSpec((4,), torch.float32, 5.0)]
+    assert smashed_problem(torch.zeros(3, 4), y, spec, 4, 10) == (
         "label out of range"
     )

@@ -112,6 +112,7 @@ def test_cache_hit_gives_the_identical_profile(cache):
         "flops_per_sample": 48.0,
         "out_elements": 3,
         "out_bytes": 12,
+        "grad_bytes": 12,
     }
 
 

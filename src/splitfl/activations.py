@@ -94,3 +94,29 @@ def mix(lam: float, a: Activation, b: Activation) -> Activation:
 def first_float(x: Activation) -> torch.Tensor:
     """The first floating tensor (the activation proper, fed to an auxiliary head)."""
     return next((t for t in leaves(x) if differentiable(t)), leaves(x)[0])
+
+
+def pack(name: str, x: Activation | Gradient) -> dict[str, torch.Tensor]:
+    """``x`` as named message tensors: ``{name: x}`` for one tensor, ``{name.i: x[i]}`` for a
+    tuple (a ``None`` gradient is left out)."""
+    if not isinstance(x, tuple):
+        return {} if x is None else {name: x}
+    return {f"{name}.{i}": t for i, t in enumerate(x) if t is not None}
+
+
+def unpack(name: str, tensors: dict, count: int | None) -> Activation | Gradient:
+    """What :func:`pack` made: one tensor (``count`` None) or a tuple of ``count`` (``None``
+    where a tensor is missing; the caller checks what it needs)."""
+    if count is None:
+        return tensors.get(name)
+    return tuple(tensors.get(f"{name}.{i}") for i in range(count))
+
+
+def names(name: str, count: int | None) -> set[str]:
+    """The message tensor names :func:`pack` gives an activation of ``count`` tensors."""
+    return {name} if count is None else {f"{name}.{i}" for i in range(count)}
+
+
+def count_of(x: Activation) -> int | None:
+    """None for one tensor, else the tuple's length (what :func:`unpack` takes)."""
+    return len(x) if isinstance(x, tuple) else None

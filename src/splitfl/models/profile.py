@@ -36,6 +36,8 @@ class BlockCost:
         out_elements: Output activation elements per sample (of its first floating tensor,
             where several tensors cross the cut: what an auxiliary head reads).
         out_bytes: Bytes per sample of everything the block sends on (:func:`sample_bytes`).
+        grad_bytes: Bytes per sample of the gradient that comes back for it (its floating
+            tensors; masks and ids carry none). ``out_bytes`` when one tensor crosses.
     """
 
     params: int
@@ -43,6 +45,7 @@ class BlockCost:
     flops_per_sample: float
     out_elements: int
     out_bytes: int
+    grad_bytes: int
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,10 @@ class ModelProfile:
     def activation_bytes(self, cut: int) -> int:
         """q: bytes per sample of the activation sent at cut ``cut`` (0 for the full model)."""
         return 0 if cut >= self.num_blocks else self.blocks[cut - 1].out_bytes
+
+    def gradient_bytes(self, cut: int) -> int:
+        """Bytes per sample of the activation gradient sent back at cut ``cut``."""
+        return 0 if cut >= self.num_blocks else self.blocks[cut - 1].grad_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -126,6 +133,7 @@ def _measure(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProfile:
                 flops_per_sample=flops / PROFILE_BATCH,
                 out_elements=int(first_float(out)[0].numel()),
                 out_bytes=sample_bytes(out),
+                grad_bytes=sample_bytes(tuple(t for t in leaves(out) if t.is_floating_point())),
             )
         )
         x = tree_map(torch.Tensor.detach, out)

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.fx
 from torch import nn
 
 from splitfl.atomic import write_atomic
 
 #: Bump when what a profile entry holds, or how it is measured, changes.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 _PLAIN = (int, float, str, bool, type(None))
 _MODULE_INTERNALS = {"training", "_is_full_backward_hook"}
 
@@ -94,6 +95,8 @@ def architecture_key(
         "state": [[k, list(t.shape), str(t.dtype)] for k, t in model.state_dict().items()],
         "attributes": [[type(m).__qualname__, _plain_attributes(m)] for m in modules],
         "code": sorted({_class_code(type(m)) for m in modules}),
+        # a graph-split model's pieces: the code fx generated from the user's forward
+        "graphs": [m.code for m in modules if isinstance(m, torch.fx.GraphModule)],
     }
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 

@@ -31,6 +31,7 @@ import grpc
 import numpy as np
 import torch
 
+from splitfl.activations import count_of, differentiable, leaves, pack, unpack
 from splitfl.config import DataConfig, ExperimentConfig
 from splitfl.data.clients import client_partition
 from splitfl.data.local import LocalData
@@ -305,15 +306,19 @@ class DeviceAgent:
     def _on_forward(self, c: int, msg: Message) -> Message:
         fx, y = self.roles[c].forward(_step(msg, self.roles[c]))
         self.last_batch[c] = len(y)
-        return Message("forwarded", {"step": msg.fields["step"]}, {"fx": fx, "y": y})
+        return Message("forwarded", {"step": msg.fields["step"]}, {**pack("fx", fx), "y": y})
 
     def _on_backward(self, c: int, msg: Message) -> None:
-        role, grad = self.roles[c], msg.tensors.get("grad")
+        role = self.roles[c]
         fx = role.pending_output()
-        if grad is None or grad.shape != fx.shape or grad.dtype != fx.dtype:
-            raise CommandError(f"gradient does not fit the smashed data {tuple(fx.shape)}")
-        if not all_finite(grad):
-            raise CommandError("non-finite gradient")
+        grad = unpack("grad", msg.tensors, count_of(fx))
+        for t, g in zip(leaves(fx), leaves(grad), strict=True):
+            wanted = differentiable(t)
+            if (g is None) == wanted or (wanted and (g.shape != t.shape or g.dtype != t.dtype)):
+                shapes = [tuple(t.shape) for t in leaves(fx)]
+                raise CommandError(f"gradient does not fit the smashed data {shapes}")
+            if wanted and not all_finite(g):
+                raise CommandError("non-finite gradient")
         role.backward(grad)
 
     def _on_head_update(self, c: int, msg: Message) -> None:

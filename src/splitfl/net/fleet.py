@@ -18,18 +18,19 @@ encoded messages on the wire.
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from splitfl.activations import leaves, names, pack, unpack
 from splitfl.config import BoundsConfig
 from splitfl.executors.roles import ServerRole
 from splitfl.models import ModelPart
 from splitfl.net.emulation import Profile, stretch
 from splitfl.net.hub import LOST, DeviceLink, Hub
 from splitfl.net.trust import (
+    TensorSpec,
     activation_scale,
     check_state,
     is_number,
@@ -66,19 +67,25 @@ class Meter:
 
 @dataclass
 class Expect:
-    """What valid replies look like: model dtype, smashed-data shape per cut, classes, the
-    device part's tensors per cut (name → (shape, dtype)), the targets' dtype and
-    per-sample shape (int64 class labels, or float targets: ``train.loss`` mse/bce_logits),
-    the largest smashed-data value allowed per cut and the bounds (:mod:`splitfl.net.trust`)."""
+    """What valid replies look like: model dtype, what crosses each cut (a
+    :class:`~splitfl.net.trust.TensorSpec` per tensor: per-sample shape, dtype, largest
+    value allowed; ``single``: the cuts that send one tensor, not a tuple), classes, the
+    device part's tensors per cut (name → (shape, dtype)), the targets' dtype and per-sample
+    shape (int64 class labels, or float targets: ``train.loss`` mse/bce_logits) and the
+    bounds (:mod:`splitfl.net.trust`)."""
 
     dtype: torch.dtype
-    feature_shape: dict[int, tuple[int, ...]]
+    features: dict[int, tuple[TensorSpec, ...]]
     num_classes: int
     part_specs: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]
     target_dtype: torch.dtype = torch.int64
     target_shape: tuple[int, ...] = ()
-    activation_max: dict[int, float] = field(default_factory=dict)
+    single: set[int] = field(default_factory=set)
     bounds: BoundsConfig = field(default_factory=BoundsConfig)
+
+    def count(self, cut: int) -> int | None:
+        """:func:`~splitfl.activations.unpack`'s count for what ``cut`` sends."""
+        return None if cut in self.single else len(self.features[cut])
 
 
 class RemoteFleet:
@@ -135,19 +142,22 @@ class RemoteFleet:
         requests = {c: (Message("forward", {"step": s}), None) for c, s in steps.items()}
         out = {}
         for c, msg in self._call(requests, "forwarded").items():
-            fx, y = msg.tensors.get("fx"), msg.tensors.get("y")
+            count = self.expect.count(self.tasks[c].cut)
+            fx, y = unpack("fx", msg.tensors, count), msg.tensors.get("y")
             problem = self._check_smashed(c, fx, y)
+            if not problem and set(msg.tensors) != names("fx", count) | {"y"}:
+                problem = "unexpected tensors"
             if problem:
                 self._drop(c, f"rejected smashed data: {problem}")
                 continue
-            self.meters[c].count("activations_up", _nbytes(fx))
+            self.meters[c].count("activations_up", sum(_nbytes(t) for t in leaves(fx)))
             self.meters[c].count("labels_up", _nbytes(y))
             out[c] = (fx, y)
         return out
 
     def backward(self, grads):
         for c, grad in grads.items():
-            self._post(c, Message("backward", {}, {"grad": grad}), "gradients_down")
+            self._post(c, Message("backward", {}, pack("grad", grad)), "gradients_down")
 
     def head_update(self, clients):
         for c in clients:
@@ -259,10 +269,9 @@ class RemoteFleet:
     # -- validation ------------------------------------------------------------------------------
     def _check_smashed(self, c: int, fx, y) -> str | None:
         task, ex = self.tasks[c], self.expect
-        shape, limit = ex.feature_shape[task.cut], ex.activation_max.get(task.cut, math.inf)
         target = (ex.target_dtype, ex.target_shape)
         return smashed_problem(
-            fx, y, ex.dtype, shape, task.batch_size, ex.num_classes, limit, target
+            fx, y, ex.features[task.cut], task.batch_size, ex.num_classes, target
         )
 
     def _check_part(self, c: int, part: State, aux: State) -> str | None:
@@ -317,7 +326,7 @@ def expect_for(
     sample's target, for its dtype and shape (int64 class labels when None)."""
     bounds = bounds or BoundsConfig()
     dtype = next(model.parameters()).dtype
-    shapes, specs, limits = {}, {}, {}
+    features, specs, single = {}, {}, set()
     sample = sample.to(next(model.parameters()).device)
     if sample.is_floating_point():
         sample = sample.to(dtype)
@@ -326,10 +335,19 @@ def expect_for(
         specs[cut] = state_specs(part.state_dict())
         if cut < model.num_blocks:
             with torch.no_grad():
-                shapes[cut] = tuple(part.eval()(sample[:1]).shape[1:])
-            scale = activation_scale(part, sample)
-            limits[cut] = bounds.activation_factor * scale + bounds.activation_abs
+                out = part.eval()(sample[:1])
+            scales = activation_scale(part, sample)
+            features[cut] = tuple(
+                TensorSpec(
+                    tuple(t.shape[1:]),
+                    t.dtype,
+                    bounds.activation_factor * a + bounds.activation_abs,
+                )
+                for t, a in zip(leaves(out), scales, strict=True)
+            )
+            if not isinstance(out, tuple):
+                single.add(cut)
             part.train()
     target_dtype = torch.int64 if target is None else target.dtype
     target_shape = () if target is None else tuple(target.shape[1:])
-    return Expect(dtype, shapes, num_classes, specs, target_dtype, target_shape, limits, bounds)
+    return Expect(dtype, features, num_classes, specs, target_dtype, target_shape, single, bounds)

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from splitfl.activations import leaves
 from splitfl.config import BoundsConfig
 from splitfl.net.wire import all_finite, extremes
 
@@ -99,54 +102,85 @@ def update_problem(state: State, sent: State, bounds: BoundsConfig, steps: int) 
     return None
 
 
-def activation_scale(part: torch.nn.Module, sample: torch.Tensor) -> float:
-    """Largest absolute activation of ``part`` on ``sample`` as local training computes it:
-    train mode (BatchNorm normalises by the batch's own statistics, as on the device), on a
-    copy (the model's running statistics stay as they are) and with the random state restored
-    afterwards (dropout in the probe draws nothing from the run's seeded streams)."""
+@dataclass(frozen=True)
+class TensorSpec:
+    """What one tensor crossing a cut must be: its per-sample ``shape``, ``dtype`` and the
+    largest absolute value allowed (``limit``; for integer tensors too — a range, not a
+    float magnitude; bool tensors have none)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    limit: float = math.inf
+
+
+def activation_scale(part: torch.nn.Module, sample: torch.Tensor) -> list[float]:
+    """Largest absolute value of each tensor ``part`` sends on ``sample``, as local training
+    computes it: train mode (BatchNorm normalises by the batch's own statistics, as on the
+    device), on a copy (the model's running statistics stay as they are) and with the random
+    state restored afterwards (dropout in the probe draws nothing from the run's seeded
+    streams)."""
     probe = copy.deepcopy(part).train()
     devices = [sample.device.index or 0] if sample.is_cuda else []
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         out = probe(sample)
-    return float(out.abs().max()) if out.numel() else 0.0
+    return [
+        float(t.abs().max()) if t.numel() and t.dtype != torch.bool else 0.0 for t in leaves(out)
+    ]
 
 
 def smashed_problem(
     fx,
     y,
-    dtype: torch.dtype,
-    shape: tuple,
+    specs: Sequence[TensorSpec],
     batch_size: int,
     classes: int,
-    limit: float,
     target: tuple[torch.dtype, tuple[int, ...]] = (torch.int64, ()),
 ) -> str | None:
-    """What is wrong with one batch of smashed data and targets (dtypes, shape, finite values,
-    magnitude at most ``limit``, class labels in range), or None. ``target``: the targets'
-    dtype and per-sample shape (int64 class labels, or float targets for ``train.loss``
-    mse/bce_logits)."""
-    if fx is None or y is None:
+    """What is wrong with one batch of smashed data (one tensor, or a tuple where several
+    cross the cut, each against its :class:`TensorSpec`: dtype, shape, finite values,
+    magnitude or range) and targets (dtype, per-sample shape ``target[1]``, class labels in
+    range), or None. ``target``: the targets' dtype and per-sample shape (int64 class labels,
+    or float targets for ``train.loss`` mse/bce_logits)."""
+    if fx is None or y is None or any(t is None for t in leaves(fx)):
         return "missing tensor"
-    if fx.dtype != dtype or y.dtype != target[0]:
-        return f"dtype {fx.dtype}/{y.dtype}"
+    got = leaves(fx)
+    if len(got) != len(specs) or not all(isinstance(t, torch.Tensor) for t in got):
+        return f"{len(got)} tensors for {len(specs)}"
+    if y.dtype != target[0] or any(t.dtype != s.dtype for t, s in zip(got, specs, strict=True)):
+        return f"dtype {'/'.join(str(t.dtype) for t in got)}/{y.dtype}"
     n = y.shape[0] if y.dim() >= 1 and tuple(y.shape[1:]) == target[1] else -1
-    if not 1 <= n <= batch_size or tuple(fx.shape) != (n, *shape):
-        return f"shape {tuple(fx.shape)}/{tuple(y.shape)}"
-    low, high = extremes(fx)  # one pass: NaN propagates to both, infinities show
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return "non-finite values"
+    shapes = [tuple(t.shape) for t in got]
+    if not 1 <= n <= batch_size or any(
+        sh != (n, *s.shape) for sh, s in zip(shapes, specs, strict=True)
+    ):
+        return f"shape {'/'.join(str(sh) for sh in shapes)}/{tuple(y.shape)}"
+    for t, spec in zip(got, specs, strict=True):
+        problem = _value_problem(t, spec.limit)
+        if problem:
+            return problem
     if y.is_floating_point() and not all_finite(y):
         return "non-finite values"
-    peak = max(-low, high)
-    if peak > limit:
-        return (
-            f"activation {peak:.3g} above {limit:.3g} (network.bounds.activation_factor x "
-            f"the global part's + activation_abs)"
-        )
     if not y.is_floating_point():
         low, high = extremes(y)
         if low < 0 or high >= classes:
             return "label out of range"
+    return None
+
+
+def _value_problem(t: torch.Tensor, limit: float) -> str | None:
+    """Non-finite values, or a magnitude (an integer tensor's range) above ``limit``."""
+    if t.dtype == torch.bool or not t.numel():
+        return None
+    low, high = extremes(t)  # one pass: NaN propagates to both, infinities show
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "non-finite values"
+    peak = max(-low, high)
+    if peak > limit:
+        what = "activation" if t.is_floating_point() else "integer value"
+        return (
+            f"{what} {peak:.3g} above {limit:.3g} (network.bounds.activation_factor x "
+            f"the global part's + activation_abs)"
+        )
     return None
 
 

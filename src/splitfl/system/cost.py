@@ -135,7 +135,7 @@ def split_client_cost(
         model_down=model_bytes if model_down else 0.0,
         model_up=model_bytes if model_up else 0.0,
         activations_up=samples * q,
-        gradients_down=samples * q if gradients else 0.0,
+        gradients_down=samples * profile.gradient_bytes(cut) if gradients else 0.0,
         labels_up=samples * label_bytes if split else 0.0,
     )
     up = traffic.model_up + traffic.activations_up + traffic.labels_up
@@ -186,8 +186,8 @@ def ring_client_cost(
     n = profile.num_blocks
     flops = sum(samples * profile.part_flops(lo, hi) for lo, hi, samples, _ in work)
     forward = sum(samples * profile.blocks[hi - 1].out_bytes for lo, hi, samples, _ in work)
-    backward = sum(samples * profile.blocks[lo - 1].out_bytes for lo, hi, samples, _ in work if lo)
-    backward += sum(samples * profile.blocks[n - 1].out_bytes for _, _, samples, own in work if own)
+    backward = sum(samples * profile.blocks[lo - 1].grad_bytes for lo, hi, samples, _ in work if lo)
+    backward += sum(samples * profile.blocks[n - 1].grad_bytes for _, _, samples, own in work if own)
     model = profile.total_bytes
     traffic = Traffic(
         model_down=model, model_up=model, d2d_activations=forward, d2d_gradients=backward
