@@ -120,3 +120,15 @@ def names(name: str, count: int | None) -> set[str]:
 def count_of(x: Activation) -> int | None:
     """None for one tensor, else the tuple's length (what :func:`unpack` takes)."""
     return len(x) if isinstance(x, tuple) else None
+
+
+def stack_rows(xs: Sequence[Activation]) -> Activation:
+    """Rows of activations stacked ``[rows, batch, ...]`` per tensor (the vectorised
+    executor's row stacks)."""
+    columns = zip(*(leaves(x) for x in xs), strict=True)
+    return rebuild(xs[0], [torch.stack(col) for col in columns])
+
+
+def row_of(x: Activation, i: int) -> Activation:
+    """Row ``i`` of every tensor of stacked activations."""
+    return tree_map(lambda t: t[i], x)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from splitfl.activations import row_of, stack_rows
 from splitfl.config import TrainConfig
 from splitfl.data.transforms import Transforms, augment_batch, batch_seed
 from splitfl.executors.common import (
@@ -314,10 +315,10 @@ class RowRunner:
             for i, r in enumerate(rows):
                 own = {k: stack.buffers[k][r].clone() for k in after}
                 params = {k: stack.row_param(k, r) for k in keys if k in stack.params}
-                outs.append(call(params, own, x[i]))
+                outs.append(call(params, own, row_of(x, i)))
                 for k, v in own.items():
                     after[k].append(v)
-            return at_least_fp32(torch.stack(outs)), {k: torch.stack(v) for k, v in after.items()}
+            return at_least_fp32(stack_rows(outs)), {k: torch.stack(v) for k, v in after.items()}
 
     def batch(self, bucket: list[WorkerRow], step: int, x_all, y_all):
         """The bucket's ``step``-th batches, stacked ``[rows, batch, ...]`` on the device."""

@@ -12,6 +12,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitfl.activations import (
+    as_server_input,
+    backward,
+    cat,
+    input_grad,
+    leaves,
+    rebuild,
+    row_of,
+    stack_rows,
+)
 from splitfl.executors.roles import group_loss, own_grad_factor
 from splitfl.executors.rowstack import (
     RowRunner,
@@ -66,13 +76,16 @@ def split_step(round_: SplitRound, active: list[WorkerRow], step: int) -> None:
         server_losses, bn_results = _server_separate(round_, sent)
     group_sizes = _server_backward(round_, sent, server_losses, bn_results)
     for (bucket, fx, fs, y), losses in zip(sent, server_losses, strict=True):
-        grad = fs.grad
+        grad = input_grad(fs)
         if plan.device_grad == "own":
             mode, size = plan.group_loss, y.shape[1]
             scale = [own_grad_factor(size, group_sizes[r.group_row], mode) for r in bucket]
-            factor = torch.tensor(scale, dtype=grad.dtype, device=grad.device)
-            grad = grad * expand_rows(factor, grad)
-        fx.backward(grad)
+            factor = torch.tensor(scale, device=y.device)
+            parts = [
+                None if g is None else g * expand_rows(factor.to(g.dtype), g) for g in leaves(grad)
+            ]
+            grad = rebuild(grad, parts)
+        backward(fx, grad)
         account(bucket, losses.detach(), y.shape[1])
 
 
@@ -96,8 +109,7 @@ def _device_forward(round_: SplitRound, active: list[WorkerRow], step: int) -> l
             (losses / y.shape[1]).sum().backward()
             account(bucket, losses, y.shape[1])
             continue
-        fx_server = out.detach().requires_grad_(True)
-        sent.append((bucket, out, fx_server, y))
+        sent.append((bucket, out, as_server_input(out), y))
     return sent
 
 
@@ -158,7 +170,7 @@ def _server_concat(round_: SplitRound, sent: list) -> tuple[list, dict]:
     member_loss: dict[tuple[int, int], torch.Tensor] = {}
     bn_results: dict[str, list] = {}
     for (cut, _), batches in calls.items():
-        x = torch.stack([torch.cat([sent[j][2][i] for _, j, i in b]) for b in batches])
+        x = stack_rows([cat([row_of(sent[j][2], i) for _, j, i in b]) for b in batches])
         y = torch.stack([torch.cat([sent[j][3][i] for _, j, i in b]) for b in batches])
         grows = [b[0][0].group_row for b in batches]
         out, buffers = round_.runner.forward(

@@ -187,7 +187,9 @@ def ring_client_cost(
     flops = sum(samples * profile.part_flops(lo, hi) for lo, hi, samples, _ in work)
     forward = sum(samples * profile.blocks[hi - 1].out_bytes for lo, hi, samples, _ in work)
     backward = sum(samples * profile.blocks[lo - 1].grad_bytes for lo, hi, samples, _ in work if lo)
-    backward += sum(samples * profile.blocks[n - 1].grad_bytes for _, _, samples, own in work if own)
+    backward += sum(
+        samples * profile.blocks[n - 1].grad_bytes for _, _, samples, own in work if own
+    )
     model = profile.total_bytes
     traffic = Traffic(
         model_down=model, model_up=model, d2d_activations=forward, d2d_gradients=backward
