@@ -36,6 +36,7 @@ def test_every_algorithm_runs_deterministically(algorithm, tmp_path, sequential_
     assert a.metrics[-1]["test_acc"] is not None
     for name in (
         "config.yaml",
+        "data.json",
         "clients.json",
         "metrics.jsonl",
         "summary.json",

@@ -5,6 +5,7 @@ train and eval mode, at several batch sizes — whatever crosses the cut; bad cu
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -58,7 +59,8 @@ def test_device_then_server_equals_the_model(case):
     torch.manual_seed(0)
     user = builder(shape, 3).double()
     reference = copy.deepcopy(user)
-    model = graph_block_model(user, shape, case, cut_points)
+    model = copy.deepcopy(graph_block_model(user, shape, case, cut_points))  # as executors do
+    user = None  # the copy holds its own modules
     assert model.num_blocks >= 3 and model.origin == "graph"
     assert model.input_dtype == (torch.int64 if case == "text" else torch.float64)
     for mode in (True, False):
@@ -148,3 +150,101 @@ def test_a_value_without_the_batch_dimension_cannot_cross():
 
     with pytest.raises(GraphSplitError, match=r"a value that is not a tensor \(getitem\)"):
         graph_block_model(Counter(), IMAGE, "c", ["a"])
+
+
+# -- whole runs ------------------------------------------------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import splitfl  # noqa: E402
+from splitfl.testing import config_for  # noqa: E402
+
+HERE = str(Path(__file__).parent)
+
+
+def test_a_run_gives_back_the_users_weights_and_records_its_inputs(tmp_path):
+    config = config_for(
+        "s2fl",
+        rounds=2,
+        model="graph_models:small_resnet",
+        import_dirs=[HERE],
+        **{"split.cut_points": ["layer1", "layer2", "layer3"], "split.cut": "layer2"},
+    )
+    run = splitfl.run(config, run_dir=tmp_path / "run")
+    state = torch.load(run.run_dir / "model.pt", weights_only=True)
+    fresh = gm.small_resnet(IMAGE, 10)
+    fresh.load_state_dict(state, strict=True)  # the user's own class, the user's own names
+    record = json.loads((run.run_dir / "data.json").read_text())
+    assert record["input_shape"] == [1, 8, 8] and record["input_dtype"] == "float32"
+    assert record["cut_points"] == ["layer1", "layer2", "layer3"]
+    assert record["parameter_names"] == "user"
+
+
+def test_a_sequential_gives_back_its_own_names(tmp_path):
+    """An ``nn.Sequential`` from the user: ``model.pt`` loads into it (no ``blocks.`` prefix)."""
+    examples = Path(__file__).parents[1] / "examples" / "own_model_and_data"
+    config = config_for(
+        "fedavg", rounds=1, model="my_project:small_cnn", import_dirs=[str(examples)]
+    )
+    run = splitfl.run(config, run_dir=tmp_path / "run")
+    import my_project
+
+    model = my_project.small_cnn((1, 8, 8), 10)
+    model.load_state_dict(torch.load(run.run_dir / "model.pt", weights_only=True), strict=True)
+
+
+def _token_npz(folder: Path, n_train: int = 96, n_test: int = 32) -> Path:
+    """Token-id sequences (int32 in the file) whose class is whether token 7 occurs."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    for name, n in (("train", n_train), ("test", n_test)):
+        x = rng.integers(1, 50, (n, 12)).astype(np.int32)
+        x[:, 9:] = 0  # padding
+        y = (x == 7).any(1).astype(np.int64)
+        np.savez(folder / f"{name}.npz", x=x, y=y)
+    return folder
+
+
+@pytest.mark.parametrize("algorithm", ["mergesfl", "splitfed_v1"])
+def test_token_ids_stay_integers_end_to_end(tmp_path, algorithm):
+    """int64 token ids reach an ``nn.Embedding`` on the device; the padding mask crosses the
+    cut as bool; sequential and vectorised (rows) runs agree."""
+    root = _token_npz(tmp_path / "tokens")
+    config = config_for(
+        algorithm,
+        rounds=2,
+        model="graph_models:text_classifier",
+        import_dirs=[HERE],
+        **{"data.dataset": "tokens", "data.format": "npz", "data.root": str(root)},
+        **{"data.num_clients": 6, "train.clients_per_round": 3, "split.cut": "embed"},
+    )
+    from splitfl.experiment.runner import as_config, prepare
+
+    prep = prepare(as_config(config))
+    assert prep.ctx.bundle.train.x.dtype == torch.int64
+    assert prep.ctx.model.default_cut == 1
+    run = splitfl.run(config, run_dir=tmp_path / "run")
+    assert json.loads((run.run_dir / "data.json").read_text())["input_dtype"] == "int64"
+    assert all(np.isfinite(r["train_loss"]) for r in run.metrics)
+    fresh = gm.text_classifier((12,), 2)
+    fresh.load_state_dict(torch.load(run.run_dir / "model.pt", weights_only=True), strict=True)
+
+
+def test_image_folder_class_names_are_recorded(tmp_path):
+    from test_data_formats import image_folder
+
+    image_folder(tmp_path / "images")
+    config = config_for(
+        "fedavg",
+        rounds=1,
+        model="graph_models:small_resnet",
+        import_dirs=[HERE],
+        **{"data.dataset": "pets", "data.format": "image_folder"},
+        **{"data.root": str(tmp_path / "images"), "data.num_clients": 2},
+        **{"train.clients_per_round": 2, "data.min_samples": 1},
+    )
+    run = splitfl.run(config, run_dir=tmp_path / "run")
+    record = json.loads((run.run_dir / "data.json").read_text())
+    assert record["class_names"] == ["cat", "dog"] and record["input_shape"] == [3, 6, 6]

@@ -391,6 +391,4 @@ def test_labels_out_of_range_are_refused(label):
 
     y = torch.tensor([0, label, 3])
     spec = [TensorSpec((4,), torch.float32, 5.0)]
-    assert smashed_problem(torch.zeros(3, 4), y, spec, 4, 10) == (
-        "label out of range"
-    )
+    assert smashed_problem(torch.zeros(3, 4), y, spec, 4, 10) == ("label out of range")

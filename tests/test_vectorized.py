@@ -277,3 +277,36 @@ def test_cpu_default_is_the_reference_loop_and_gpu_default_is_vmap():
 
 def test_every_executor_is_listed():
     assert set(splitfl.catalog()["executors"]) == {*EXECUTORS, "networked"}
+
+
+#: An ``nn.Module`` with its own forward, split by its graph where a skip crosses the cut
+#: (two tensors cross after ``mid``; tests/graph_models.py).
+GRAPH_SPLIT = {"model": "graph_models:unet", "split.cut_points": ["mid", "up"], "split.cut": "mid"}
+
+
+@pytest.mark.parametrize("algorithm", ["s2fl", "mergesfl", "splitfed_v1", "ringsfl"])
+def test_vectorized_equals_sequential_on_a_graph_split_model(algorithm, use_vmap):
+    """Tuple activations (the U-Net's skip and activation) through the row stacks, merged
+    batches, per-member gradients and the batched ring, as the sequential executor runs them."""
+    ring = {"split.cut_points": ["down", "mid", "up"]} if algorithm == "ringsfl" else {}
+    cfg = as_config(cfg_for(algorithm, **hard(algorithm), **{**GRAPH_SPLIT, **ring}))
+    prep = prepare(cfg, dtype=torch.float64)
+    ctx, alg = prep.ctx, prep.algorithm
+    state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+    cuts_seen = set()
+    for r in range(2):
+        plan = alg.plan_round(
+            r, alg.select_clients(r, rng_for(cfg.seed, "select", r)), rng_for(cfg.seed, "plan", r)
+        )
+        cuts_seen |= {t.cut for t in plan.tasks}
+        seed = derive_seed(cfg.seed, "b", r)
+        torch.manual_seed(derive_seed(cfg.seed, "torch", r))
+        ref = SequentialExecutor().run_round(ctx, state, plan, seed)
+        torch.manual_seed(derive_seed(cfg.seed, "torch", r))
+        got = VectorizedExecutor(use_vmap=use_vmap).run_round(ctx, state, plan, seed)
+        assert_same_result(ref, got, atol=F64_ATOL)
+        report, _ = _measure(cfg, alg, plan, ref, r)
+        alg.observe(r, plan, report)
+        state = alg.aggregate(state, plan, ref)
+    assert 1 in cuts_seen or algorithm == "ringsfl"  # the two-tensor cut was trained (a ring
+    # crosses every block boundary)

@@ -42,7 +42,8 @@ class ArrayDataset:
     """A dataset held as tensors.
 
     Attributes:
-        x: Inputs, float32, shape ``[N, *input_shape]`` (already normalised).
+        x: Inputs, shape ``[N, *input_shape]``: float32 (already normalised), or int64
+            (token ids, category codes: integer arrays keep their integers).
         y: Labels, int64, shape ``[N]``.
         writers: Optional per-sample writer/user id (int array ``[N]``) for natural partitions.
     """
@@ -72,6 +73,9 @@ class DatasetBundle:
     num_classes: int
     input_shape: tuple[int, ...]
     black: tuple[float, ...] | None = None
+    #: Class ``k``'s name where the data names classes (an image folder's class folders, in
+    #: label order); recorded in the run directory's ``data.json``.
+    class_names: tuple[str, ...] | None = None
 
 
 Loader = Callable[..., DatasetBundle]  # loader(root: Path | None, **options) -> DatasetBundle

@@ -36,12 +36,15 @@ def _is_hf(obj: object) -> bool:
 
 
 def _as_tensor(x: object) -> torch.Tensor:
-    """One sample as float32: PIL images scaled to [0, 1] ``[C, H, W]``, else as given."""
+    """One sample: PIL images as float32 scaled to [0, 1] ``[C, H, W]``; integer tensors and
+    arrays (token ids) as int64; anything else as float32."""
     if hasattr(x, "convert") and hasattr(x, "getbands"):  # a PIL image
         arr = np.asarray(x, dtype=np.uint8)
         arr = arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
         return torch.from_numpy(arr.astype(np.float32) / 255.0)
-    return torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).float()
+    t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+    integer = not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
+    return t.long() if integer else t.float()
 
 
 def _item(ds, i: int, name: str, split: str) -> tuple:
@@ -69,13 +72,13 @@ def _torch_labels(ds, name: str, split: str) -> np.ndarray:
 def _torch_split(ds, name: str, split: str, lazy: bool | None) -> ArrayDataset:
     if len(ds) == 0:
         raise DatasetFileError(f"{name}: {split} dataset holds no samples")
-    shape = getattr(ds, "input_shape", None)  # else read from the first item
-    shape = tuple(shape or _as_tensor(_item(ds, 0, name, split)[0]).shape)
+    first = _as_tensor(_item(ds, 0, name, split)[0])
+    shape = tuple(getattr(ds, "input_shape", None) or first.shape)
 
     def read(idx: np.ndarray) -> torch.Tensor:
         return torch.stack([_as_tensor(_item(ds, int(i), name, split)[0]) for i in idx])
 
-    x = finish_inputs(LazyInputs(read, len(ds), shape), lazy)
+    x = finish_inputs(LazyInputs(read, len(ds), shape, first.dtype), lazy)
     return ArrayDataset(x, torch.from_numpy(_torch_labels(ds, name, split)))
 
 

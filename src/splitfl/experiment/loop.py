@@ -26,6 +26,7 @@ from splitfl.experiment.device_data import adopt_device_data
 from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
 from splitfl.experiment.recorder import Recorder
 from splitfl.experiment.round_step import LoopState, evaluate_state, play_round, trains
+from splitfl.models.graph import user_state_dict
 from splitfl.net.executor import NetworkedExecutor
 from splitfl.system import SimClock, Traffic
 
@@ -151,7 +152,7 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
         try:
             with sigterm_as_interrupt():
                 _play_rounds(prep, executor, st, rec, eval_model, bar, start is None)
-                rec.finish("ok", st.global_state)
+                rec.finish("ok", user_state_dict(prep.ctx.model, st.global_state))
         except NonFiniteLossError as err:
             status = f"diverged at round {len(rec.rows) + (not rec.consistent)}: {err}"
             raise NonFiniteLossError(

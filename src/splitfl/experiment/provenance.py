@@ -107,3 +107,22 @@ def write_version(run_dir: Path) -> dict[str, Any]:
     record = software_record()
     write_atomic(Path(run_dir) / VERSION_FILE, json.dumps(record, indent=2))
     return record
+
+
+def write_data_record(ctx, path: Path) -> None:
+    """``data.json``: what the model was trained on and takes — the dataset, the per-sample
+    input shape and dtype, the classes (their names where the data names them: an image
+    folder's class folders, in label order) — and where it was cut (module paths of a
+    graph-split model), so ``model.pt`` can be used without the config."""
+    bundle, model = ctx.bundle, ctx.model
+    record = {
+        "dataset": bundle.name,
+        "input_shape": [int(d) for d in bundle.input_shape],
+        "input_dtype": str(bundle.test.x.dtype).removeprefix("torch."),
+        "num_classes": int(bundle.num_classes),
+        "class_names": None if bundle.class_names is None else list(bundle.class_names),
+        "model": ctx.config.model,
+        "cut_points": list(model.cut_names) or list(model.cut_points),
+        "parameter_names": "user" if model.origin != "blocks" else "blocks.<i>.<name>",
+    }
+    write_atomic(path, json.dumps(record, indent=2))

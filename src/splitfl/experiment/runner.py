@@ -2,7 +2,8 @@
 
 The round step is :func:`splitfl.experiment.round_step.play_round`, the loop around it
 :mod:`splitfl.experiment.loop`, the records :mod:`splitfl.experiment.recorder`. A run
-directory holds ``config.yaml`` (resolved), ``clients.json`` (label histograms and device
+directory holds ``config.yaml`` (resolved), ``data.json`` (input shape and dtype, class names,
+cut points), ``clients.json`` (label histograms and device
 profiles), ``metrics.jsonl`` (one row per round), ``summary.json``, ``accuracy.png``,
 ``version.json`` (:mod:`splitfl.experiment.provenance`) and ``checkpoints/last.pt``.
 Optimisers are created afresh each round and every random stream is derived from ``(seed,
@@ -46,7 +47,7 @@ from splitfl.experiment.checkpoint import load_checkpoint
 from splitfl.experiment.context import RunContext, build_context
 from splitfl.experiment.device_data import write_clients
 from splitfl.experiment.loop import run_loop
-from splitfl.experiment.provenance import write_version
+from splitfl.experiment.provenance import write_data_record, write_version
 from splitfl.experiment.validation import load_config, validate_config, with_imports
 from splitfl.extensions import import_user_modules, reject_objects
 from splitfl.ray_cluster import RayJoinError
@@ -81,7 +82,8 @@ def prepare(config: ExperimentConfig, dtype: torch.dtype | None = None) -> Prepa
     if dtype is not None:
         ctx.model.to(dtype)
         for split in (ctx.bundle.train, ctx.bundle.test):
-            split.x = split.x.to(dtype)
+            if split.x.is_floating_point():  # token ids stay integers
+                split.x = split.x.to(dtype)
     cls, options = resolve_algorithm(config.algorithm, config.options)
     if getattr(options, "cut", None) is not None:
         ctx.resolve_cut(options.cut, config.algorithm)
@@ -220,6 +222,7 @@ def run(
                 _claim_run_dir(path)  # still empty, now that no other process can write it
             dump_config(prepared.config, path / "config.yaml")  # resolved
             write_clients(prepared.ctx, path / "clients.json")
+            write_data_record(prepared.ctx, path / "data.json")
             return _finish(prepared, path, start=None, progress=progress)
     except (OSError, RayJoinError):  # e.g. a full disk; a Ray cluster that is not there
         if not (path / "checkpoints" / "last.pt").exists():
@@ -287,6 +290,7 @@ def resume(
             start = load_checkpoint(ckpt_path, shapes, config)
         else:  # stopped before its first checkpoint: a fresh start under this config
             write_clients(prepared.ctx, path / "clients.json")
+            write_data_record(prepared.ctx, path / "data.json")
         return _finish(prepared, path, start=start, progress=progress)
 
 

@@ -76,8 +76,9 @@ class BlockModel(nn.Module):
 
 def run_block(block: nn.Module, x: Activation) -> Activation:
     """``block`` on ``x``: a tuple is its positional inputs (several tensors cross a cut).
-    A block that writes into its inputs in place (``clones_inputs``) gets copies of them."""
-    if getattr(block, "clones_inputs", False):
+    A graph piece that writes into its inputs in place (an inplace ReLU first; flagged in its
+    ``meta`` by :mod:`splitfl.models.graph`) gets copies of them."""
+    if getattr(block, "meta", {}).get("splitfl_clones_inputs"):
         x = tree_map(torch.clone, x)
     return block(*x) if isinstance(x, tuple) else block(x)
 

@@ -30,6 +30,7 @@ fx cannot trace is one line naming the reason (:class:`GraphSplitError`).
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,7 +39,11 @@ from torch import fx, nn
 
 from splitfl.models.base import BlockModel
 
+#: symbolic_trace patches torch functions while it runs: one trace at a time per process
+#: (devices in threads of one process, as the tests run them, build their models at once)
+_TRACING = threading.Lock()
 PROBE_BATCHES = (2, 3)  # batch sizes the cut values are checked at (dim 0 must follow them)
+CLONES_INPUTS = "splitfl_clones_inputs"  # GraphModule.meta key read by models.base.run_block
 
 
 class GraphSplitError(ValueError):
@@ -77,7 +82,8 @@ def trace(module: nn.Module, where: str) -> fx.GraphModule:
     try:
         for mode in (True, False):
             module.train(mode)
-            graph = fx.symbolic_trace(module, concrete_args=fixed or None)
+            with _TRACING:
+                graph = fx.symbolic_trace(module, concrete_args=fixed or None)
             codes.append(graph.code)
     except Exception as err:  # fx raises many kinds; each is a reason the model cannot be cut
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
@@ -254,7 +260,7 @@ def _piece(root, span, inputs, outputs, result) -> fx.GraphModule:
     else:
         g.output(lookup(outputs[0]) if len(outputs) == 1 else tuple(lookup(o) for o in outputs))
     piece = fx.GraphModule(root, g)
-    piece.clones_inputs = _mutates_inputs(g, root)
+    piece.meta[CLONES_INPUTS] = _mutates_inputs(g, root)  # meta survives copy.deepcopy
     return piece
 
 

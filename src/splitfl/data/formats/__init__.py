@@ -91,7 +91,9 @@ def _image_folder(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
     decoder = images.ImageDecoder.from_file(paths[0], name, o.image_size)
     train = _split(images.image_inputs(paths, decoder, o.lazy), labels, writers)
     test = _split(images.image_inputs(test_paths, decoder, o.lazy), test_labels)
-    return _bundle(name, train, test, len(classes))
+    bundle = _bundle(name, train, test, len(classes))
+    bundle.class_names = tuple(classes)
+    return bundle
 
 
 def _need(path: Path, name: str) -> Path:

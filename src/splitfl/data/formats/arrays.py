@@ -25,13 +25,17 @@ from splitfl.data.loaders._common import file_error, reading
 
 
 def as_inputs(x: np.ndarray, name: str, path: Path) -> torch.Tensor:
-    """An input array as float32 (uint8 scaled to [0, 1]); non-numeric is an error."""
+    """An input array as float32 (uint8 pixels scaled to [0, 1]), or int64 for other integer
+    arrays (token ids, category codes: an ``nn.Embedding`` needs them as integers);
+    non-numeric is an error."""
     if x.dtype.kind not in "biuf" or x.ndim < 2:
         raise file_error(
             name, path, f"inputs must be a numeric [N, ...] array, got {x.dtype} {list(x.shape)}"
         )
     if x.dtype == np.uint8:
         return torch.from_numpy(x.astype(np.float32) / 255.0)
+    if x.dtype.kind in "iu":
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64))
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
 
 
@@ -73,7 +77,8 @@ def read_npy(x_path: Path, y_path: Path, name: str, lazy: bool | None):
         order = np.argsort(np.argsort(idx, kind="stable"), kind="stable")
         return as_inputs(rows[order], name, x_path)
 
-    return finish_inputs(LazyInputs(read, len(x), tuple(x.shape[1:])), lazy), labels
+    dtype = torch.int64 if x.dtype.kind in "iu" and x.dtype != np.uint8 else torch.float32
+    return finish_inputs(LazyInputs(read, len(x), tuple(x.shape[1:]), dtype), lazy), labels
 
 
 def read_csv(path: Path, name: str, label_column: str):
