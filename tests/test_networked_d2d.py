@@ -39,6 +39,14 @@ BN_RING = {
     "options.ringsfl.version": "v2",
 }
 CLUSTER_DEVICES = {"d0": [0, 3, 6, 9], "d1": [1, 4, 7, 10], "d2": [2, 5, 8, 11]}
+# an nn.Module with its own forward (tests/graph_models.py), split by its graph: after ``mid``
+# two tensors cross (the activation and the skip), as tuples over the D2D links
+GRAPH_RING = {"model": "graph_models:unet", "split.cut_points": ["down", "mid", "up"]}
+GRAPH_CLUSTER = {
+    "model": "graph_models:unet",
+    "split.cut_points": ["mid", "up"],
+    "split.cut": "mid",
+}
 
 
 def _final(result) -> dict[str, torch.Tensor]:
@@ -71,8 +79,17 @@ def _networked(tmp_path, algorithm, devices, agent_cls=None, **changes):
         ("ringsfl", RING_DEVICES, {"options.ringsfl.version": "v2"}),
         ("ringsfl", {"d0": [0, 2], "d1": [1]}, BN_RING),
         ("parallelsfl", CLUSTER_DEVICES, {}),
+        ("ringsfl", RING_DEVICES, GRAPH_RING),
+        ("parallelsfl", CLUSTER_DEVICES, GRAPH_CLUSTER),
     ],
-    ids=["ringsfl-v1", "ringsfl-v2", "ringsfl-v2-batchnorm", "parallelsfl"],
+    ids=[
+        "ringsfl-v1",
+        "ringsfl-v2",
+        "ringsfl-v2-batchnorm",
+        "parallelsfl",
+        "ringsfl-graph",
+        "parallelsfl-graph",
+    ],
 )
 def test_device_to_device_run_equals_sequential_run(tmp_path, algorithm, devices, changes):
     net, threads = _networked(tmp_path, algorithm, devices, rounds=2, **changes)
@@ -89,7 +106,7 @@ def test_device_to_device_run_equals_sequential_run(tmp_path, algorithm, devices
             assert row["payload_d2d_activations"] == row["bytes_d2d_activations"]
             # the model too, but for BatchNorm's int64 batch counters (the cost model counts
             # 4 bytes per state entry): 3 counters in each of the 3 members' copies
-            counters = 3 * 3 * 4 if changes is BN_RING else 0
+            counters = {id(BN_RING): 3 * 3 * 4, id(GRAPH_RING): 1 * 4 * 4}.get(id(changes), 0)
             assert row["payload_model_down"] == row["bytes_model_down"] + counters
         else:  # labels travel as int64 (the cost model's label_bytes may be smaller)
             assert row["payload_d2d_activations"] >= row["bytes_d2d_activations"] > 0

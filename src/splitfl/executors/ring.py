@@ -21,6 +21,14 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from splitfl.activations import (
+    Activation,
+    Gradient,
+    as_server_input,
+    input_grad,
+    leaves,
+    tree_map,
+)
 from splitfl.models.base import BlockModel
 from splitfl.plan import RingSpec
 from splitfl.training import loss_fn
@@ -134,18 +142,18 @@ class RingMember:
         if self._start is not None:
             self._norm_inputs.append((self._start, module, args[0].detach()))
 
-    def forward(self, start: int, hop: int, h: torch.Tensor) -> torch.Tensor:
+    def forward(self, start: int, hop: int, h: Activation) -> Activation:
         """Run this client's segment of ``start``'s batch (hop 0: ``h`` is the raw batch);
-        the output to pass on, detached."""
+        the output to pass on (one tensor, or a tuple where several cross), detached."""
         lo, hi = self.segment(start, hop)
-        h_in = None if hop == 0 else h.detach().requires_grad_()
+        h_in = None if hop == 0 else as_server_input(h)
         self._start = start
         try:
             out = self.model(h if h_in is None else h_in, lo, hi)
         finally:
             self._start = None
         self.saved[(start, hop)] = (h_in, out)
-        return out.detach()
+        return tree_map(torch.Tensor.detach, out)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, float]:
         """Hop N at the batch's own client: ∂(a_i·loss_i)/∂logits and loss_i."""
@@ -154,18 +162,31 @@ class RingMember:
         (self.ring.weights[self.client] * loss).backward()
         return leaf.grad, loss.item()
 
-    def backward(self, start: int, hop: int, grad: torch.Tensor) -> torch.Tensor | None:
+    def backward(self, start: int, hop: int, grad: Gradient) -> Gradient:
         """Back through this client's segment of ``start``'s batch; the gradient of its input
-        to send to the previous hop (None at hop 0). The parameters' gradients are kept for
-        :meth:`end_step` (a start crosses this member's model once)."""
+        to send to the previous hop (None at hop 0; ``None`` too for an input tensor that is
+        not floating). The parameters' gradients are kept for :meth:`end_step` (a start
+        crosses this member's model once)."""
         h_in, out = self.saved.pop((start, hop))
-        if grad.shape != out.shape:
-            raise ValueError(f"gradient shape {tuple(grad.shape)} for output {tuple(out.shape)}")
-        inputs = self.params if h_in is None else [*self.params, h_in]
-        grads = torch.autograd.grad(out, inputs, grad, allow_unused=True)
+        pairs = [
+            (o, g)
+            for o, g in zip(leaves(out), leaves(grad), strict=True)
+            if g is not None and o.requires_grad
+        ]
+        for o, g in pairs:
+            if g.shape != o.shape:
+                raise ValueError(f"gradient shape {tuple(g.shape)} for output {tuple(o.shape)}")
+        wanted = [] if h_in is None else [t for t in leaves(h_in) if t.requires_grad]
+        grads = torch.autograd.grad(
+            [o for o, _ in pairs], [*self.params, *wanted], [g for _, g in pairs], allow_unused=True
+        )
         self.grads[start] = grads[: len(self.params)]
         self.backward_done += 1
-        return None if h_in is None else grads[-1]
+        if h_in is None:
+            return None
+        for t, g in zip(wanted, grads[len(self.params) :], strict=True):
+            t.grad = g
+        return input_grad(h_in)
 
     def end_step(self, starts: Sequence[int], lr: float) -> None:
         """Eq. (5)-(7): the step's update once every active batch has come back; ``starts``

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from splitfl.activations import batch_size, count_of, differentiable, leaves, pack, unpack
 from splitfl.executors.ring import RingMember
 from splitfl.executors.roles import DeviceRole
 from splitfl.net.emulation import FORWARD_SHARE, stretch, transfer
@@ -100,7 +101,7 @@ class _Member:
         self.role = DeviceRole(
             task, self.model, None, agent.config.train, data, f["round_seed"], agent.runtime
         )
-        self.shapes = _block_input_shapes(self.model, data[0][:1])
+        self.inputs = _block_inputs(self.model, data[0][:1])
         self.dtype = next(self.model.parameters()).dtype
         self.batch_size = int(f["batch_size"])
         self.num_classes = agent.data.num_classes
@@ -140,7 +141,7 @@ class _Member:
         _pump(self.inbound.inbox[self.pred], "fwd", self.events)
         return self.out
 
-    def _send(self, direction: str, message: Message, kind: str, tensor: torch.Tensor) -> None:
+    def _send(self, direction: str, message: Message, kind: str) -> None:
         """Send over the link (emulated: held for payload bytes / the D2D rate first)."""
         t0 = time.perf_counter()
         rate = self.rates[0] if direction == "next" else self.rates[1]
@@ -211,12 +212,12 @@ class _Member:
 
     def _on_forward(self, step: int, msg: Message) -> None:
         start, hop = msg.fields.get("start"), msg.fields.get("hop")
-        h = msg.tensors.get("h")
         if start not in self.steps or not isinstance(hop, int) or not 1 <= hop <= self.n:
             raise RingBroken(f"bad forward header {start!r}/{hop!r}")
         if hop == self.n:  # the logits of our own batch are back: loss, gradient goes back
             if start != self.c:
                 raise RingBroken(f"logits of client {start}'s batch arrived at {self.c}")
+            h = msg.tensors.get("h")
             self._check(h, (len(self.labels), self.num_classes))
             grad, loss = self.member.loss(h, self.labels)
             self.samples += len(self.labels)
@@ -224,16 +225,26 @@ class _Member:
             self._backward_on(step, start, hop - 1, grad)
             return
         lo, hi = self.member.segment(start, hop)
-        self._check(h, None, lo)
+        specs = self.inputs[lo]
+        h = unpack("h", msg.tensors, None if len(specs) == 1 else len(specs))
+        for t, (shape, dtype) in zip(leaves(h), specs, strict=True):
+            self._check(t, None, shape, dtype)
+        if len({t.shape[0] for t in leaves(h)}) != 1:
+            raise RingBroken("activation tensors of different batch sizes")
         out = self._compute(self.member.forward, (start, hop, h), lo, hi, True)
         self._forward_on(step, start, hop + 1, out)
 
     def _on_backward(self, step: int, msg: Message) -> None:
-        start, hop, g = msg.fields.get("start"), msg.fields.get("hop"), msg.tensors.get("g")
+        start, hop = msg.fields.get("start"), msg.fields.get("hop")
         if (start, hop) not in self.member.saved:
             raise RingBroken(f"unexpected gradient for {start!r}/{hop!r}")
-        out_shape = tuple(self.member.saved[(start, hop)][1].shape)
-        self._check(g, out_shape)
+        out = self.member.saved[(start, hop)][1]
+        g = unpack("g", msg.tensors, count_of(out))
+        for o, t in zip(leaves(out), leaves(g), strict=True):
+            if differentiable(o):
+                self._check(t, tuple(o.shape))
+            elif t is not None:
+                raise RingBroken("a gradient for a tensor that takes none")
         lo, hi = self.member.segment(start, hop)
         grad_in = self._compute(self.member.backward, (start, hop, g), lo, hi, False)
         if grad_in is not None:
@@ -241,11 +252,11 @@ class _Member:
 
     def _forward_on(self, step, start, hop, h) -> None:
         fields = {"start": start, "hop": hop, "step": step}
-        self._send("next", Message("ring_fwd", fields, {"h": h}), "d2d_activations", h)
+        self._send("next", Message("ring_fwd", fields, pack("h", h)), "d2d_activations")
 
     def _backward_on(self, step, start, hop, g) -> None:
         fields = {"start": start, "hop": hop, "step": step}
-        self._send("prev", Message("ring_bwd", fields, {"g": g}), "d2d_gradients", g)
+        self._send("prev", Message("ring_bwd", fields, pack("g", g)), "d2d_gradients")
 
     def _compute(self, work, args: tuple, lo: int, hi: int, forward: bool):
         """``work(*args)`` (its last argument is the tensor: the batch is its first dimension);
@@ -253,7 +264,7 @@ class _Member:
         their FLOPs, backward 2/3)."""
         t0 = time.perf_counter()
         result = work(*args)
-        samples = len(args[-1])
+        samples = batch_size(args[-1])
         if self.profile is not None and self.block_flops:
             share = FORWARD_SHARE if forward else 1 - FORWARD_SHARE
             per_sample = share * sum(self.block_flops[lo:hi])
@@ -261,34 +272,36 @@ class _Member:
         self.meter.compute_s += time.perf_counter() - t0
         return result
 
-    def _check(self, t, shape, block: int | None = None) -> None:
-        if t is None or t.dtype != self.dtype:
+    def _check(self, t, shape, per_sample=None, dtype=None) -> None:
+        """``t`` has ``shape`` (or per-sample ``per_sample`` and a batch within the batch
+        size) and the model's dtype (or ``dtype``), with finite values."""
+        if t is None or t.dtype != (dtype or self.dtype):
             raise RingBroken("missing tensor or wrong dtype")
         if shape is None:
-            want = self.shapes[block]
-            if t.dim() != len(want) + 1 or tuple(t.shape[1:]) != want:
+            if t.dim() != len(per_sample) + 1 or tuple(t.shape[1:]) != per_sample:
                 raise RingBroken(f"activation shape {tuple(t.shape)}")
             if not 1 <= t.shape[0] <= self.batch_size:
                 raise RingBroken(f"batch of {t.shape[0]}")
         elif tuple(t.shape) != tuple(shape):
             raise RingBroken(f"tensor shape {tuple(t.shape)}, expected {tuple(shape)}")
-        if not all_finite(t):
+        if t.dtype != torch.bool and not all_finite(t):
             raise RingBroken("non-finite values")
 
 
-def _block_input_shapes(model, sample: torch.Tensor) -> list[tuple[int, ...]]:
-    """The per-sample input shape of every block (a one-sample dry run)."""
+def _block_inputs(model, sample: torch.Tensor) -> list[list[tuple[tuple[int, ...], torch.dtype]]]:
+    """What every block takes: per tensor, its per-sample shape and dtype (a one-sample dry
+    run; several tensors where a graph-split model's cut carries several)."""
     dtype = next(model.parameters()).dtype
     h = sample.to(dtype) if sample.is_floating_point() else sample
-    shapes = []
+    inputs = []
     with torch.no_grad():
         was = model.training
         model.eval()
         for k in range(model.num_blocks):
-            shapes.append(tuple(h.shape[1:]))
+            inputs.append([(tuple(t.shape[1:]), t.dtype) for t in leaves(h)])
             h = model(h, k, k + 1)
         model.train(was)
-    return shapes
+    return inputs
 
 
 def _pump(source: queue.Queue, kind: str, sink: queue.Queue) -> None:
