@@ -63,6 +63,41 @@ def test_the_example_runs_from_a_copy_outside_the_tree(tmp_path):
     assert [r["train_loss"] for r in api_rows] == [r["train_loss"] for r in rows]
 
 
+ANY_MODEL = EXAMPLE.parent / "any_model"
+
+
+def test_the_any_model_example_runs_from_a_copy_outside_the_tree(tmp_path):
+    """README "Your own model": an ordinary ``nn.Module`` ResNet cut by module name, and a
+    token-id model whose cut carries two tensors, through the CLI as a user types it; the
+    ResNet's weights load back into the user's own class."""
+    project = tmp_path / "elsewhere" / "any_model"
+    shutil.copytree(ANY_MODEL, project)
+    with ThreadPoolExecutor(2) as pool:
+        runs = [
+            pool.submit(
+                _python,
+                "-m",
+                "splitfl",
+                "run",
+                f"{name}.yaml",
+                "rounds=2",
+                f"output.out_dir={name}",
+                cwd=project,
+            )
+            for name in ("resnet", "text")
+        ]
+        for run in runs:
+            run.result()
+    (resnet_dir,) = (project / "resnet").iterdir()
+    (text_dir,) = (project / "text").iterdir()
+    text_facts = json.loads((text_dir / "data.json").read_text())
+    assert text_facts["input_dtype"] == "int64" and text_facts["cut_points"][0] == "embed"
+    loaded = _python("load_back.py", str(resnet_dir), cwd=project)
+    assert "into ResNet; cut points ['layer1', 'layer2', 'layer3']; output (1, 10)" in (
+        loaded.stdout
+    )
+
+
 USER_MODULE = textwrap.dedent(
     """
     import numpy as np

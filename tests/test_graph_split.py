@@ -248,3 +248,20 @@ def test_image_folder_class_names_are_recorded(tmp_path):
     run = splitfl.run(config, run_dir=tmp_path / "run")
     record = json.loads((run.run_dir / "data.json").read_text())
     assert record["class_names"] == ["cat", "dog"] and record["input_shape"] == [3, 6, 6]
+
+
+def test_ring_eavesdropper_and_dlg_run_on_a_graph_split_model():
+    """RingSFL §4.2.5's attack on a model whose ring boundary carries two tensors: the
+    observed pseudo-gradient is what a ring over the graph pieces uploads, and DLG attacks
+    the pieces as one model."""
+    from splitfl.privacy.attack import dlg_attack
+    from splitfl.privacy.observe import observe_ringsfl
+
+    torch.manual_seed(0)
+    model = graph_block_model(gm.unet(IMAGE, 10), IMAGE, "unet", ["down", "mid", "up"])
+    xs, ys = torch.rand(2, *IMAGE), torch.tensor([3, 5])
+    grads = observe_ringsfl(model, xs, ys, [2, 2], lr=0.1)
+    assert set(grads) == {k for k, p in model.named_parameters()}
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    result = dlg_attack(model, grads, IMAGE, 10, iterations=2, true_x=xs[:1], optimizer="adam")
+    assert len(result.cosine_history) == 2 and all(np.isfinite(result.cosine_history))

@@ -392,3 +392,43 @@ def test_labels_out_of_range_are_refused(label):
     y = torch.tensor([0, label, 3])
     spec = [TensorSpec((4,), torch.float32, 5.0)]
     assert smashed_problem(torch.zeros(3, 4), y, spec, 4, 10) == ("label out of range")
+
+
+def _tuple_case(change):
+    fx = (
+        torch.zeros(3, 4),
+        torch.zeros(3, 4, dtype=torch.bool),
+        torch.zeros(3, 2, dtype=torch.int64),
+    )
+    fx = change(list(fx))
+    return tuple(fx) if isinstance(fx, list) else fx
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda fx: fx, None),
+        (lambda fx: fx[:2], "2 tensors for 3"),
+        (lambda fx: fx[0], "1 tensors for 3"),
+        (lambda fx: [fx[0], None, fx[2]], "missing tensor"),
+        (lambda fx: [fx[0], fx[1].float(), fx[2]], "dtype torch.float32/torch.float32/torch.int64"),
+        (lambda fx: [fx[0], fx[1], fx[2][:, :1]], "shape"),
+        (lambda fx: [fx[0], fx[1], fx[2] + 50], "integer value 50 above 49"),
+        (lambda fx: [fx[0], fx[1], fx[2] - 50], "integer value 50 above 49"),
+        (lambda fx: [fx[0].fill_(float("nan")), fx[1], fx[2]], "non-finite values"),
+        (lambda fx: [fx[0] + 6, fx[1], fx[2]], "activation 6 above 5"),
+        (lambda fx: [fx[0], ~fx[1], fx[2]], None),  # a bool mask has no magnitude
+    ],
+)
+def test_several_tensors_across_a_cut_are_checked_one_by_one(change, problem):
+    """A graph-split model's cut sends a tuple (activation, bool mask, int64 ids): each is
+    checked against its own spec — float magnitude, integer range, bool dtype only."""
+    from splitfl.net.trust import TensorSpec, smashed_problem
+
+    specs = [
+        TensorSpec((4,), torch.float32, 5.0),
+        TensorSpec((4,), torch.bool),
+        TensorSpec((2,), torch.int64, 49.0),
+    ]
+    got = smashed_problem(_tuple_case(change), torch.tensor([0, 1, 2]), specs, 4, 10)
+    assert got == problem if problem is None else problem in got
