@@ -66,15 +66,22 @@ def test_vectorized_round_equals_sequential_round(algorithm, use_vmap):
     BatchNorm runs are chaotic — a 6e-8 perturbation of the global state changes the
     *sequential* executor's own next round by up to 5e-4 — so end-to-end comparisons would
     measure that sensitivity, not the executor.)"""
-    cfg = as_config(cfg_for(algorithm, **hard(algorithm)))
+    compare_rounds(as_config(cfg_for(algorithm, **hard(algorithm))), use_vmap)
+
+
+def compare_rounds(cfg, use_vmap: bool, rounds: int = 2) -> set[int]:
+    """Both executors from the same global state and plan, round after round (aggregating
+    the sequential result), in float64; returns the cut points the plans used."""
     prep = prepare(cfg, dtype=torch.float64)
     ctx, alg = prep.ctx, prep.algorithm
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
-    for r in range(2):
+    cuts = set()
+    for r in range(rounds):
         torch.manual_seed(derive_seed(cfg.seed, "torch", r))
         plan = alg.plan_round(
             r, alg.select_clients(r, rng_for(cfg.seed, "select", r)), rng_for(cfg.seed, "plan", r)
         )
+        cuts |= {t.cut for t in plan.tasks}
         seed = derive_seed(cfg.seed, "b", r)
         torch.manual_seed(derive_seed(cfg.seed, "torch", r))  # as the runner, per executor
         ref = SequentialExecutor().run_round(ctx, state, plan, seed)
@@ -84,6 +91,7 @@ def test_vectorized_round_equals_sequential_round(algorithm, use_vmap):
         report, _ = _measure(cfg, alg, plan, ref, r)
         alg.observe(r, plan, report)
         state = alg.aggregate(state, plan, ref)
+    return cuts
 
 
 @pytest.mark.parametrize("algorithm", ["s2fl", "mergesfl", "ringsfl"])
@@ -290,23 +298,6 @@ def test_vectorized_equals_sequential_on_a_graph_split_model(algorithm, use_vmap
     batches, per-member gradients and the batched ring, as the sequential executor runs them."""
     ring = {"split.cut_points": ["down", "mid", "up"]} if algorithm == "ringsfl" else {}
     cfg = as_config(cfg_for(algorithm, **hard(algorithm), **{**GRAPH_SPLIT, **ring}))
-    prep = prepare(cfg, dtype=torch.float64)
-    ctx, alg = prep.ctx, prep.algorithm
-    state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
-    cuts_seen = set()
-    for r in range(2):
-        plan = alg.plan_round(
-            r, alg.select_clients(r, rng_for(cfg.seed, "select", r)), rng_for(cfg.seed, "plan", r)
-        )
-        cuts_seen |= {t.cut for t in plan.tasks}
-        seed = derive_seed(cfg.seed, "b", r)
-        torch.manual_seed(derive_seed(cfg.seed, "torch", r))
-        ref = SequentialExecutor().run_round(ctx, state, plan, seed)
-        torch.manual_seed(derive_seed(cfg.seed, "torch", r))
-        got = VectorizedExecutor(use_vmap=use_vmap).run_round(ctx, state, plan, seed)
-        assert_same_result(ref, got, atol=F64_ATOL)
-        report, _ = _measure(cfg, alg, plan, ref, r)
-        alg.observe(r, plan, report)
-        state = alg.aggregate(state, plan, ref)
-    assert 1 in cuts_seen or algorithm == "ringsfl"  # the two-tensor cut was trained (a ring
+    cuts = compare_rounds(cfg, use_vmap)
+    assert 1 in cuts or algorithm == "ringsfl"  # the two-tensor cut was trained (a ring
     # crosses every block boundary)
