@@ -394,8 +394,8 @@ def test_disk_full_before_the_first_checkpoint_is_one_line_and_leaves_nothing(
 
 def test_disk_full_mid_run_keeps_a_resumable_run(full, tmp_path, monkeypatch, capsys):
     cfg = _cfg_file(tmp_path)
-    # config, clients, version, metrics, checkpoint 0; round 1 fails
-    _disk_full(monkeypatch, after=5)
+    # config, clients, data, version, metrics, checkpoint 0; round 1 fails
+    _disk_full(monkeypatch, after=6)
     run_dir = tmp_path / "run"
     assert main(["run", str(cfg), "--out", str(run_dir), "--no-progress"]) == 2
     _one_error_line(capsys, str(run_dir / "checkpoints" / "last.pt"), "No space left")

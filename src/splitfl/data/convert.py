@@ -9,7 +9,9 @@ loader):
   Labels come from a ``targets`` (or ``labels``) attribute when the dataset has one, else by
   reading every item once. ``input_shape`` and ``num_classes`` are taken from attributes of the
   training dataset when present (``num_classes``, or ``len(classes)``), else inferred from the
-  first item and the largest label. Inputs are read lazily through ``dataset[i]`` or all at
+  first item and the largest label. The inputs' dtype is the first item's (integer items —
+  token ids — stay int64), or the ``input_dtype`` attribute (default float32) of a dataset
+  that declares ``input_shape`` (its items are then read only when a batch needs them). Inputs are read lazily through ``dataset[i]`` or all at
   once, per ``lazy`` (``data.lazy``; null: lazy above 1 GiB);
 * a Hugging Face ``datasets.DatasetDict`` with ``train`` and ``test`` splits, or a pair of
   ``datasets.Dataset`` s (columns as in :mod:`splitfl.data.formats.hf`).
@@ -72,13 +74,15 @@ def _torch_labels(ds, name: str, split: str) -> np.ndarray:
 def _torch_split(ds, name: str, split: str, lazy: bool | None) -> ArrayDataset:
     if len(ds) == 0:
         raise DatasetFileError(f"{name}: {split} dataset holds no samples")
-    first = _as_tensor(_item(ds, 0, name, split)[0])
-    shape = tuple(getattr(ds, "input_shape", None) or first.shape)
+    shape, dtype = getattr(ds, "input_shape", None), getattr(ds, "input_dtype", torch.float32)
+    if shape is None:  # read from the first item (a device then reads one sample not its own)
+        first = _as_tensor(_item(ds, 0, name, split)[0])
+        shape, dtype = first.shape, first.dtype
 
     def read(idx: np.ndarray) -> torch.Tensor:
         return torch.stack([_as_tensor(_item(ds, int(i), name, split)[0]) for i in idx])
 
-    x = finish_inputs(LazyInputs(read, len(ds), shape, first.dtype), lazy)
+    x = finish_inputs(LazyInputs(read, len(ds), tuple(shape), dtype), lazy)
     return ArrayDataset(x, torch.from_numpy(_torch_labels(ds, name, split)))
 
 
