@@ -338,3 +338,36 @@ def test_dropout_in_a_graph_split_model_reruns_bit_identically(tmp_path):
     sa, sb = (torch.load(r.run_dir / "model.pt", weights_only=True) for r in (a, b))
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert [r["train_loss"] for r in a.metrics] == [r["train_loss"] for r in b.metrics]
+
+
+def test_a_builder_is_traced_once_per_process_and_each_build_draws_its_own_weights(monkeypatch):
+    """symbolic_trace patches torch.nn.Module.__call__ process-wide while it runs (a forward
+    in another thread would be recorded): a process traces each builder once, and devices in
+    threads of the server's process reuse that trace. Weights still come from each build."""
+    from torch import fx
+
+    from splitfl.models import graph as graph_mod
+    from splitfl.models.registry import Split, make_model
+
+    calls = []
+    real = fx.symbolic_trace
+    monkeypatch.setattr(fx, "symbolic_trace", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(graph_mod, "_TRACES", {})
+
+    def builder(input_shape, num_classes):
+        return gm.UNet(num_classes, input_shape[0])
+
+    split_at = Split(("mid", "up"), "mid")
+    torch.manual_seed(0)
+    a = make_model(builder, "u", IMAGE, 10, split_at)
+    torch.manual_seed(1)
+    b = make_model(builder, "u", IMAGE, 10, split_at)
+    assert len(calls) == 2  # one builder: traced once, in train and in eval mode
+    assert a.cut_names == b.cut_names == ("mid", "up") and a.default_cut == b.default_cut == 1
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and not torch.equal(
+        sa["blocks.0.down.0.weight"], sb["blocks.0.down.0.weight"]
+    )
+    x = torch.randn(3, *IMAGE)
+    b.load_state_dict(sa)
+    assert torch.equal(a.eval()(x), b.eval()(x))

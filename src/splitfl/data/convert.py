@@ -11,8 +11,9 @@ loader):
   training dataset when present (``num_classes``, or ``len(classes)``), else inferred from the
   first item and the largest label. The inputs' dtype is the first item's (integer items —
   token ids — stay int64), or the ``input_dtype`` attribute (default float32) of a dataset
-  that declares ``input_shape`` (its items are then read only when a batch needs them). Inputs are read lazily through ``dataset[i]`` or all at
-  once, per ``lazy`` (``data.lazy``; null: lazy above 1 GiB);
+  that declares ``input_shape`` (its items are then read only when a batch needs them).
+  Inputs are read lazily through ``dataset[i]`` or all at once, per ``lazy`` (``data.lazy``;
+  null: lazy above 1 GiB);
 * a Hugging Face ``datasets.DatasetDict`` with ``train`` and ``test`` splits, or a pair of
   ``datasets.Dataset`` s (columns as in :mod:`splitfl.data.formats.hf`).
 """

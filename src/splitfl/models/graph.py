@@ -39,9 +39,13 @@ from torch import fx, nn
 
 from splitfl.models.base import BlockModel
 
-#: symbolic_trace patches torch functions while it runs: one trace at a time per process
-#: (devices in threads of one process, as the tests run them, build their models at once)
-_TRACING = threading.Lock()
+#: symbolic_trace patches torch.nn.Module.__call__ process-wide while it runs, so a forward in
+#: another thread would be recorded (or return a Proxy). One graph model is built at a time
+#: per process, and a builder's trace is kept (:data:`_TRACES`): a process traces each model
+#: once (devices in threads of one process, as the tests run them, reuse the server's trace).
+_TRACING = threading.RLock()
+#: (builder, input shape, classes) → (traced graph without its module, input dtype, shapes)
+_TRACES: dict[object, tuple[fx.Graph, torch.dtype, dict]] = {}
 PROBE_BATCHES = (2, 3)  # batch sizes the cut values are checked at (dim 0 must follow them)
 CLONES_INPUTS = "splitfl_clones_inputs"  # GraphModule.meta key read by models.base.run_block
 
@@ -224,13 +228,11 @@ def _past_unpacking(nodes, position: int) -> int:
     return position
 
 
-def partition(
-    root: nn.Module, graph: fx.GraphModule, positions: Sequence[int]
-) -> list[fx.GraphModule]:
+def partition(root: nn.Module, graph: fx.Graph, positions: Sequence[int]) -> list[fx.GraphModule]:
     """The pieces of ``graph`` between consecutive cut ``positions`` as GraphModules over
     ``root``'s own modules and parameters (each piece reads the parameters it uses)."""
-    nodes = [n for n in graph.graph.nodes if n.op != "output"]
-    result = next(n for n in graph.graph.nodes if n.op == "output").args[0]
+    nodes = [n for n in graph.nodes if n.op != "output"]
+    result = next(n for n in graph.nodes if n.op == "output").args[0]
     bounds = [-1, *positions, len(nodes) - 1]
     pieces = []
     for j in range(len(bounds) - 1):
@@ -311,14 +313,37 @@ def graph_block_model(
     where: str,
     cut_points: Sequence[str] | None = None,
     cut: str | None = None,
+    key: object = None,
 ) -> BlockModel:
     """``module`` cut at ``cut_points`` (module paths; default: after every top-level child
     where the graph allows a split) into a :class:`BlockModel` of GraphModule pieces, whose
     default cut is ``cut`` (default: the last candidate). The model records its cut names
-    (``cut_names``), the input dtype its forward takes (``input_dtype``) and ``origin``."""
-    graph = trace(module, where)
-    nodes = [n for n in graph.graph.nodes if n.op != "output"]
-    dtype, shapes = _probe(graph, tuple(input_shape), where)
+    (``cut_names``), the input dtype its forward takes (``input_dtype``) and ``origin``.
+    ``key``: what determines ``module``'s structure (its builder and the builder's
+    arguments); a key traced before in this process reuses that trace."""
+    with _TRACING:
+        graph, dtype, shapes = _traced(module, tuple(input_shape), where, key)
+        return _cut_model(module, graph, dtype, shapes, where, cut_points, cut)
+
+
+def _traced(module: nn.Module, input_shape: tuple[int, ...], where: str, key: object):
+    """The traced graph of ``module`` (a copy that holds no module), its input dtype and node
+    shapes; from :data:`_TRACES` when ``key`` was traced before in this process."""
+    if key is not None and key in _TRACES:
+        return _TRACES[key]
+    traced = trace(module, where)
+    dtype, shapes = _probe(traced, input_shape, where)
+    graph, copies = fx.Graph(), {}
+    graph.output(graph.graph_copy(traced.graph, copies))
+    result = graph, dtype, {copies[n]: s for n, s in shapes.items() if n in copies}
+    if key is not None:
+        _TRACES[key] = result
+    return result
+
+
+def _cut_model(module, graph: fx.Graph, dtype, shapes, where, cut_points, cut) -> BlockModel:
+    """:func:`graph_block_model` on a traced ``graph`` of ``module``."""
+    nodes = [n for n in graph.nodes if n.op != "output"]
 
     def position(c: Cut) -> int:
         return _past_unpacking(nodes, cut_position(nodes, c, where))

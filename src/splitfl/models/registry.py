@@ -115,7 +115,11 @@ def call_builder(builder: Builder, input_shape: tuple[int, ...], num_classes: in
 
 
 def as_block_model(
-    obj: Any, where: str, input_shape: tuple[int, ...] = (), split: Split = NO_SPLIT
+    obj: Any,
+    where: str,
+    input_shape: tuple[int, ...] = (),
+    split: Split = NO_SPLIT,
+    key: object = None,
 ) -> BlockModel:
     """``obj`` as a :class:`BlockModel`: itself; one block per child of an ``nn.Sequential``
     / list of modules, with the Sequential's ``cut_points`` attribute or every block boundary
@@ -132,7 +136,7 @@ def as_block_model(
         return obj
     if isinstance(obj, nn.Module) and not block_list:
         try:
-            return graph_block_model(obj, input_shape, where, split.cut_points, split.cut)
+            return graph_block_model(obj, input_shape, where, split.cut_points, split.cut, key)
         except GraphSplitError as err:
             raise ModelContractError(str(err)) from None
     blocks = list(obj) if block_list else None
@@ -162,7 +166,8 @@ def make_model(
 ) -> BlockModel:
     """Call ``builder`` under the builder contract; the model is named ``name``."""
     built = call_builder(builder, tuple(input_shape), int(num_classes))
-    model = as_block_model(built, name, tuple(input_shape), split)
+    key = (builder, tuple(input_shape), int(num_classes))  # what the built structure follows
+    model = as_block_model(built, name, tuple(input_shape), split, key)
     model.name = name
     return model
 
