@@ -114,8 +114,8 @@ def test_lockstep_finish_by_hand():
     }
 
 
-def test_s2fl_round_time_charges_the_group_barrier():
-    """Members with 3 and 1 steps in one group: the round lasts 9 s, not max(5, 8)."""
+def _barrier_case(options):
+    """Members with 3 and 1 steps in one group (busy 5 s and 8 s) and the S2FL pricing them."""
     costs = {
         # pre = 4·100/400 = 1, post = 1, per-sample work 5 - 2 = 3 over [16, 16, 16]
         0: _cost(
@@ -133,10 +133,23 @@ def test_s2fl_round_time_charges_the_group_barrier():
         data_sizes=np.array([48, 16]),
         task_cost=lambda task, samples, r, loss: costs[task.client],
     )
-    alg = S2FL(S2FLOptions(), ctx)
+    alg = S2FL(options, ctx)
     plan = RoundPlan([ClientTask(0, 1, 0, 16, 3), ClientTask(1, 1, 0, 16, 1)])
     for task, samples in zip(plan.tasks, (48, 16), strict=True):
         alg.client_cost(task, samples, 0, plan)
+    return alg
+
+
+def test_s2fl_round_time_is_eq1_of_the_slowest_participant_by_default():
+    """§3.1: a device's round is Eq. (1)'s T; the round ends with the last upload."""
+    alg = _barrier_case(S2FLOptions())
+    round_time, waits = alg.round_time({0: 5.0, 1: 8.0})
+    assert round_time == 8.0 and waits == {0: 3.0, 1: 0.0}
+
+
+def test_s2fl_round_time_charges_the_group_barrier_when_asked():
+    """``lockstep_barrier: true``: the round lasts 9 s, not max(5, 8)."""
+    alg = _barrier_case(S2FLOptions(lockstep_barrier=True))
     round_time, waits = alg.round_time({0: 5.0, 1: 8.0})
     assert round_time == pytest.approx(9.0)
     assert waits == pytest.approx({0: 4.0, 1: 1.0})

@@ -73,9 +73,17 @@ def test_default_s2fl_table1_client_times_are_eq1_by_hand(tmp_path):
     assert row["round_time"] == pytest.approx(max(row["client_times"]), rel=1e-12)
 
 
-def test_default_s2fl_and_sfl_runs_are_charged_eq1(tmp_path):
+@pytest.mark.parametrize("barrier", [False, True], ids=["default", "lockstep_barrier"])
+def test_default_s2fl_and_sfl_runs_are_charged_eq1(tmp_path, barrier):
     """Replay of the quickstart's pair: S²FL (all-device warm-up, then adaptive cuts) and
-    SplitFed V1 are charged each client's own-link Eq. (1) time in every round."""
+    SplitFed V1 are charged each client's own-link Eq. (1) time in every round, and the round
+    lasts the slowest client's; with ``lockstep_barrier`` (a sensitivity) S²FL's rounds are
+    longer where its groups' step counts differ."""
+    if barrier:
+        cfg = tiny_config(algorithm="s2fl", rounds=6, **{"options.s2fl.lockstep_barrier": True})
+        rows = splitfl.run(cfg, run_dir=tmp_path / "barrier").metrics
+        assert any(r["round_time"] > max(r["client_times"]) * (1 + 1e-9) for r in rows)
+        return
     for algorithm in ("s2fl", "splitfed_v1"):
         cfg = tiny_config(algorithm=algorithm, rounds=4)
         rows = splitfl.run(cfg, run_dir=tmp_path / algorithm).metrics
@@ -85,6 +93,8 @@ def test_default_s2fl_and_sfl_runs_are_charged_eq1(tmp_path):
             times = zip(row["clients"], row["cuts"], row["client_times"], strict=True)
             for client, cut, t in times:
                 assert t == pytest.approx(_eq1(ctx, client, cut), rel=1e-12), (algorithm, row)
+            # §3.1: the round ends with the last upload (no group barrier on top of Eq. 1)
+            assert row["round_time"] == pytest.approx(max(row["client_times"]), rel=1e-12)
 
 
 def test_resolved_model_is_written_shown_and_overridable(tmp_path):

@@ -99,7 +99,11 @@ S2FL = Setup(
     },
     reference="s2fl",
     warmup=3,
-    extra={"s2fl (warm-up: selected only)": ("s2fl", {"options.s2fl.warmup_all_devices": False})},
+    extra={
+        "s2fl (warm-up: selected only)": ("s2fl", {"options.s2fl.warmup_all_devices": False}),
+        # a sensitivity: Eq. (1) has no per-iteration group barrier (issue 32 item 3)
+        "s2fl (lock-step barrier)": ("s2fl", {"options.s2fl.lockstep_barrier": True}),
+    },
     notes=[
         "VGG-16 = `vgg16_cifar` (the S²FL authors' FedMR VGG-16-BN: 16 blocks, 134.6 MB, cuts "
         "4/7/10; SFL = cut 10 = Wc3); the paper prints no size (Fig. 3 only).",

@@ -24,7 +24,13 @@ aggregation. Spec: ``papers/s2fl.md`` §3 (Algorithms 1–2, Eq. 1–4), default
   server FLOPs / server time over its observations, or the latest), i.e. its measured cuts scaled
   by FLOPs and bytes; a device never measured at all gets, per cut, the median of the measured
   devices' entries — never the device profile.
-* **Lock-step groups.** A group's server copy takes one step per iteration on its members'
+* **Round time: Eq. (1), the slowest participant** (default, ``lockstep_barrier: false``).
+  §3.1 defines a device's round as Eq. (1)'s T ("a complete training iteration starts with the
+  Fed Server sending W_c to the device and ends when the Fed Server receives the uploaded W_c
+  from the device") and picks cuts "so that the time T spent on a training round is similar
+  between devices"; the round lasts until the last upload: the max of the participants' T.
+* **Lock-step groups** (``lockstep_barrier: true``, a sensitivity: a modelling choice beyond
+  Eq. (1)). A group's server copy takes one step per iteration on its members'
   combined loss, so iteration k of the group ends when every member that still has a k-th
   step has delivered it; a member's next step starts when the gradients of the group step
   come back. :func:`lockstep_finish` prices this barrier on the clock: members' transfers and
@@ -96,6 +102,9 @@ class S2FLOptions:
     group_loss: str = "mean"
     device_grad: str = "own"
     group_forward: str = "concat"
+    #: Charge each group's per-iteration lock-step barrier (:func:`lockstep_finish`) on the
+    #: clock. Off: the round is Eq. (1)'s max over participants, as §3.1 prints it.
+    lockstep_barrier: bool = False
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
@@ -322,11 +331,13 @@ class S2FL(Algorithm):
         return cost
 
     def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
-        """Round time with each group's lock-step barrier (:func:`lockstep_finish`); a
-        member's waiting time is the round time minus its own busy time."""
+        """Round time: the slowest participant's Eq. (1) time, or with ``lockstep_barrier``
+        each group's lock-step barrier (:func:`lockstep_finish`); a member's waiting time is
+        the round time minus its own busy time."""
         round_time, _ = round_times(times)
         plan, seen = self._round
-        if plan is not None and plan.server_mode == "per_step":
+        barrier = self.options.lockstep_barrier
+        if barrier and plan is not None and plan.server_mode == "per_step":
             for members in plan.groups().values():
                 phases = {
                     t.client: member_phases(
