@@ -263,3 +263,29 @@ def test_splitfed_ringsfl_is_not_splitfed_v1_which_is_fedavg():
     diff = {k: (ringsfl[k] - v1[k]).abs().max().item() for k in v1}
     assert max(abs(v1[k] - fedavg[k]).max().item() for k in v1) < 1e-12  # V1 ≡ FedAvg
     assert max(diff.values()) > 1e-4
+
+
+def test_v2_dynamic_rate_is_lr_times_overlap_when_three_or_more_batches_overlap():
+    """Eq. (7) by hand where |U| reaches 5 (8:1:1:1:1 over 12 blocks; issue 32 item 7: with
+    rings of |U| <= 2 the mutation lr·min(|U|, 2) survived). Client 0 runs blocks 0-7 of its
+    own batch, 4-11 of client 1's, 3-10 of 2's, 2-9 of 3's and 1-8 of 4's."""
+    from torch import nn
+
+    from splitfl.executors.ring import ring_update
+    from splitfl.models.base import BlockModel
+    from splitfl.plan import RingSpec
+
+    ring = RingSpec(
+        [0, 1, 2, 3, 4], {0: 8, 1: 1, 2: 1, 3: 1, 4: 1}, dict.fromkeys(range(5), 0.2), True
+    )
+    counts = ring.overlap_counts(12)
+    assert counts[0] == [1, 2, 3, 4, 5, 5, 5, 5, 4, 3, 2, 1]
+    assert counts[1] == [1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1]
+    model = BlockModel([nn.Linear(1, 1, bias=False) for _ in range(12)], [4, 8]).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(1.0)
+            p.grad = torch.ones_like(p)
+    ring_update(model, counts[0], lr=0.01, dynamic_lr=True)
+    after = [float(b.weight) for b in model.blocks]
+    assert after == pytest.approx([1 - 0.01 * c for c in counts[0]], abs=1e-12)
