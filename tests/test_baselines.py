@@ -286,3 +286,16 @@ def test_comparison_and_report_tables_mark_proxies():
     assert _cell_id("algorithm", "adasfl") == "adasfl (proxy)"
     assert _cell_id("data.p", "adasfl") == "adasfl"
     assert _label({"algorithm": "locfedmix_sl", "data.p": 10}, "") == "locfedmix_sl (proxy), p=10"
+
+
+def test_listed_baselines_are_those_the_papers_compare_against():
+    """MergeSFL §V compares PyramidFL, LocFedMix-SL and FedAvg; ParallelSFL §5 AdaSFL,
+    AdaSampling, LocFedMix-SL and IFCA (issue 32 item 8: the listing called AdaSFL a MergeSFL
+    baseline and FedAvg a ParallelSFL one)."""
+    from splitfl.algorithms import ALGORITHMS
+
+    assert "ParallelSFL" in ALGORITHMS["adasfl"].paper
+    assert "baseline in MergeSFL" not in ALGORITHMS["adasfl"].paper
+    assert "MergeSFL/ParallelSFL" not in ALGORITHMS["adasfl"].paper
+    assert "ParallelSFL" not in ALGORITHMS["fedavg"].paper
+    assert "MergeSFL" in ALGORITHMS["fedavg"].paper

@@ -1,5 +1,5 @@
 """AdaSFL (Liao et al., adaptive control of batch size and local updating frequency in split
-federated learning) — baseline of MergeSFL and ParallelSFL (§5 "AdaSFL assigns adaptive local
+federated learning) — baseline of ParallelSFL (§5 "AdaSFL assigns adaptive local
 updating frequency and diverse batch sizes for heterogeneous workers ... without addressing
 statistical heterogeneity").
 
@@ -63,7 +63,7 @@ def local_frequencies(
 
 class AdaSFL(Algorithm):
     name = "adasfl"
-    paper = "Liao et al. (AdaSFL); baseline in MergeSFL/ParallelSFL §5"
+    paper = "Liao et al. (AdaSFL); baseline in ParallelSFL §5 (not in MergeSFL's, §V)"
     Options = AdaSFLOptions
 
     def __init__(self, options: AdaSFLOptions, ctx) -> None:

@@ -1,6 +1,7 @@
 """FedAvg (McMahan et al., AISTATS 2017): every device trains the whole model.
 
-The baseline of all four papers. Each selected client runs its local steps on the full model
+A baseline of S²FL (§5), RingSFL (§4, "FL") and MergeSFL (§V); not of ParallelSFL (its §5
+baselines are AdaSFL, AdaSampling, LocFedMix-SL and IFCA). Each selected client runs its local steps on the full model
 (cut = number of blocks, so nothing crosses to the server but the model itself), and the server
 averages the models weighted by data size |D_i|. Round time follows the shared cost model with
 the full model (S²FL Eq. 1 with ``|Wc| = |W|``, ``q = 0`` and ``F_s = 0``).
@@ -23,7 +24,7 @@ class FedAvgOptions:
 
 class FedAvg(Algorithm):
     name = "fedavg"
-    paper = "McMahan et al. 2017; baseline in S²FL §5, RingSFL §4, MergeSFL §V, ParallelSFL §5"
+    paper = "McMahan et al. 2017; baseline in S²FL §5, RingSFL §4, MergeSFL §V"
     Options = FedAvgOptions
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
