@@ -11,7 +11,8 @@ from splitfl.models.zoo._common import numel, output_shape
 
 @register_model(
     "alexnet",
-    "8-layer CIFAR AlexNet as in MergeSFL: 5 conv blocks (3x3, ReLU, maxpool) + 3 FC blocks; "
+    "8-layer CIFAR AlexNet as in MergeSFL: 5 conv blocks (3x3, ReLU; maxpool after 1, 2, 5) + "
+    "3 FC blocks; "
     "8 blocks",
 )
 def alexnet(input_shape: tuple[int, ...], num_classes: int) -> BlockModel:
