@@ -1,10 +1,11 @@
 """FedAvg (McMahan et al., AISTATS 2017): every device trains the whole model.
 
 A baseline of S²FL (§5), RingSFL (§4, "FL") and MergeSFL (§V); not of ParallelSFL (its §5
-baselines are AdaSFL, AdaSampling, LocFedMix-SL and IFCA). Each selected client runs its local steps on the full model
-(cut = number of blocks, so nothing crosses to the server but the model itself), and the server
-averages the models weighted by data size |D_i|. Round time follows the shared cost model with
-the full model (S²FL Eq. 1 with ``|Wc| = |W|``, ``q = 0`` and ``F_s = 0``).
+baselines are AdaSFL, AdaSampling, LocFedMix-SL and IFCA). Each selected client runs its
+local steps on the full model (cut = number of blocks, so nothing crosses to the server but
+the model itself), and the server averages the models weighted by data size |D_i|. Round
+time follows the shared cost model with the full model (S²FL Eq. 1 with ``|Wc| = |W|``,
+``q = 0`` and ``F_s = 0``).
 """
 
 from __future__ import annotations
