@@ -287,5 +287,5 @@ def test_v2_dynamic_rate_is_lr_times_overlap_when_three_or_more_batches_overlap(
             p.fill_(1.0)
             p.grad = torch.ones_like(p)
     ring_update(model, counts[0], lr=0.01, dynamic_lr=True)
-    after = [float(b.weight) for b in model.blocks]
+    after = [float(b.weight.detach()) for b in model.blocks]
     assert after == pytest.approx([1 - 0.01 * c for c in counts[0]], abs=1e-12)
