@@ -179,3 +179,25 @@ def test_threads_limits_torch_and_blas_during_the_run_only(tmp_path, monkeypatch
         after = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
     assert seen and set(seen) == {1}
     assert after and set(after) == {2}  # back to the outer limit
+
+
+def test_each_row_counts_the_samples_the_round_trained(tmp_path):
+    """``samples``: Σ over the round's clients of the samples their local steps processed
+    (batch sizes over ``local_steps`` passes through each client's data), the work a round
+    buys (issue 32 item 5: per-round tables compared algorithms training very different
+    amounts); the timing executor counts the same."""
+    from splitfl.data.partition import batch_sizes
+    from splitfl.experiment.runner import as_config, prepare
+
+    cfg = tiny_config(algorithm="splitfed_v1", rounds=2, **{"train.local_steps": 3})
+    runs = {
+        ex: splitfl.run({**cfg, "executor": ex}, run_dir=tmp_path / ex)
+        for ex in ("sequential", "timing")
+    }
+    ctx = prepare(as_config(cfg)).ctx
+    for ex, run in runs.items():
+        for row in run.metrics:
+            # 3 batches of 16 per client, the last one short where a client holds fewer
+            want = sum(sum(batch_sizes(int(ctx.data_sizes[c]), 16, 3)) for c in row["clients"])
+            assert want > 0
+            assert row["samples"] == want, ex

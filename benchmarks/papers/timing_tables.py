@@ -37,7 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import timing_report  # noqa: E402
 from timing_setups import SETUPS, Setup  # noqa: E402
 
-ROW_KEYS = ("round", "round_time", "sim_time", "traffic_total", "traffic_total_cum", "avg_waiting")
+ROW_KEYS = (
+    "round",
+    "round_time",
+    "sim_time",
+    "traffic_total",
+    "traffic_total_cum",
+    "avg_waiting",
+    "samples",
+)
 
 
 def run_cell(base: dict[str, Any], overrides: dict[str, Any], algorithm: str) -> dict:
@@ -61,6 +69,9 @@ def steady(rows: list[dict], warmup: int) -> dict[str, float]:
         "traffic_mb": statistics.fmean(r["traffic_total"] for r in tail) / 1e6,
         "waiting": statistics.fmean(r["avg_waiting"] for r in tail),
         "clients": statistics.fmean(r["clients"] for r in tail),
+        # work per round, and time per 1,000 samples trained: the equal-work comparison
+        "samples": statistics.fmean(r["samples"] for r in tail),
+        "time_per_1k": 1000 * sum(r["round_time"] for r in tail) / sum(r["samples"] for r in tail),
         "warmup_time": sum(r["round_time"] for r in head),
         "warmup_traffic_mb": sum(r["traffic_total"] for r in head) / 1e6,
         "rounds": len(rows),

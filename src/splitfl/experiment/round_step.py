@@ -146,6 +146,9 @@ def round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r
         "energy_j_helpers": helpers,
         **{f"bytes_{link}": getattr(traffic, link) for link in LINKS},
         "traffic_total": traffic.total,
+        # training samples processed this round (each sample once per local pass, every
+        # client that trained): the work the round bought, for equal-work comparisons
+        "samples": sum(u.samples for u in result.updates),
         "clients": [t.client for t in plan.tasks],
         "cuts": [t.cut for t in plan.tasks],
         "groups": [t.group for t in plan.tasks],
