@@ -8,6 +8,7 @@ import torch
 
 import splitfl
 from conftest import tiny_config
+from splitfl.algorithms import ALGORITHMS
 from splitfl.algorithms.adasfl import local_frequencies
 from splitfl.algorithms.pyramidfl import dropout_ratios, normalise_stats, oort_utility
 from splitfl.cli.main import main
@@ -292,8 +293,6 @@ def test_listed_baselines_are_those_the_papers_compare_against():
     """MergeSFL §V compares PyramidFL, LocFedMix-SL and FedAvg; ParallelSFL §5 AdaSFL,
     AdaSampling, LocFedMix-SL and IFCA (issue 32 item 8: the listing called AdaSFL a MergeSFL
     baseline and FedAvg a ParallelSFL one)."""
-    from splitfl.algorithms import ALGORITHMS
-
     assert "ParallelSFL" in ALGORITHMS["adasfl"].paper
     assert "baseline in MergeSFL" not in ALGORITHMS["adasfl"].paper
     assert "MergeSFL/ParallelSFL" not in ALGORITHMS["adasfl"].paper

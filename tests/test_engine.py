@@ -10,9 +10,10 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS, algorithm_names
 from splitfl.algorithms.s2fl import closest_to_median
+from splitfl.data.partition import batch_sizes
 from splitfl.executors import NonFiniteLossError
 from splitfl.executors.sequential import SequentialExecutor
-from splitfl.experiment.runner import prepare
+from splitfl.experiment.runner import as_config, prepare
 from splitfl.testing import config_for
 
 cfg_for = config_for
@@ -186,9 +187,6 @@ def test_each_row_counts_the_samples_the_round_trained(tmp_path):
     (batch sizes over ``local_steps`` passes through each client's data), the work a round
     buys (issue 32 item 5: per-round tables compared algorithms training very different
     amounts); the timing executor counts the same."""
-    from splitfl.data.partition import batch_sizes
-    from splitfl.experiment.runner import as_config, prepare
-
     cfg = tiny_config(algorithm="splitfed_v1", rounds=2, **{"train.local_steps": 3})
     runs = {
         ex: splitfl.run({**cfg, "executor": ex}, run_dir=tmp_path / ex)
@@ -196,6 +194,7 @@ def test_each_row_counts_the_samples_the_round_trained(tmp_path):
     }
     ctx = prepare(as_config(cfg)).ctx
     for ex, run in runs.items():
+        assert len(run.metrics) == 2
         for row in run.metrics:
             # 3 batches of 16 per client, the last one short where a client holds fewer
             want = sum(sum(batch_sizes(int(ctx.data_sizes[c]), 16, 3)) for c in row["clients"])

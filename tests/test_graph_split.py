@@ -11,15 +11,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import fx
 
 import graph_models as gm
 import splitfl
 from splitfl.activations import as_server_input, backward, input_grad, leaves
 from splitfl.algorithms import algorithm_names
+from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import build_model, model_names
-from splitfl.models.base import split
-from splitfl.models.graph import GraphSplitError, graph_block_model, user_state_dict
+from splitfl.models import graph as graph_mod
+from splitfl.models.base import split, user_state_dict
+from splitfl.models.graph import GraphSplitError, graph_block_model
+from splitfl.models.registry import Split, make_model
+from splitfl.privacy.attack import dlg_attack
+from splitfl.privacy.observe import observe_ringsfl
 from splitfl.testing import config_for
+from test_models import input_shape
 
 HERE = str(Path(__file__).parent)
 
@@ -188,7 +195,7 @@ def test_a_sequential_gives_back_its_own_names(tmp_path):
         "fedavg", rounds=1, model="my_project:small_cnn", import_dirs=[str(examples)]
     )
     run = splitfl.run(config, run_dir=tmp_path / "run")
-    import my_project
+    import my_project  # importable once the run has put the example's folder on sys.path
 
     model = my_project.small_cnn((1, 8, 8), 10)
     model.load_state_dict(torch.load(run.run_dir / "model.pt", weights_only=True), strict=True)
@@ -219,20 +226,18 @@ def test_token_ids_stay_integers_end_to_end(tmp_path, algorithm):
         **{"data.dataset": "tokens", "data.format": "npz", "data.root": str(root)},
         **{"data.num_clients": 6, "train.clients_per_round": 3, "split.cut": "embed"},
     )
-    from splitfl.experiment.runner import as_config, prepare
-
     prep = prepare(as_config(config))
     assert prep.ctx.bundle.train.x.dtype == torch.int64
     assert prep.ctx.model.default_cut == 1
     run = splitfl.run(config, run_dir=tmp_path / "run")
     assert json.loads((run.run_dir / "data.json").read_text())["input_dtype"] == "int64"
-    assert all(np.isfinite(r["train_loss"]) for r in run.metrics)
+    assert len(run.metrics) == 2 and all(np.isfinite(r["train_loss"]) for r in run.metrics)
     fresh = gm.text_classifier((12,), 2)
     fresh.load_state_dict(torch.load(run.run_dir / "model.pt", weights_only=True), strict=True)
 
 
 def test_image_folder_class_names_are_recorded(tmp_path):
-    from test_data_formats import image_folder
+    from test_data_formats import image_folder  # here: that module skips without `datasets`
 
     image_folder(tmp_path / "images")
     config = config_for(
@@ -253,9 +258,6 @@ def test_ring_eavesdropper_and_dlg_run_on_a_graph_split_model():
     """RingSFL §4.2.5's attack on a model whose ring boundary carries two tensors: the
     observed pseudo-gradient is what a ring over the graph pieces uploads, and DLG attacks
     the pieces as one model."""
-    from splitfl.privacy.attack import dlg_attack
-    from splitfl.privacy.observe import observe_ringsfl
-
     torch.manual_seed(0)
     model = graph_block_model(gm.unet(IMAGE, 10), IMAGE, "unet", ["down", "mid", "up"])
     xs, ys = torch.rand(2, *IMAGE), torch.tensor([3, 5])
@@ -273,14 +275,13 @@ def test_zoo_device_then_server_equals_the_model(name):
     forward and gradients, train and eval mode, batches of 2 and 3 (models over 2M parameters:
     batch 2 at their middle cut; VGG-16 at 134M / ImageNet-100 sizes: test_models checks
     their forward at one cut)."""
-    from test_models import input_shape
-
     torch.manual_seed(0)
     shape = input_shape(name)
     model = build_model(name, shape, 10).double()
     reference = copy.deepcopy(model)
     heavy = sum(p.numel() for p in model.parameters()) > 2_000_000  # AlexNet, VGG-16 (CIFAR)
     cuts = model.cut_points[1:2] if heavy else model.cut_points
+    assert cuts
     for mode in (True, False):
         model.train(mode)
         reference.train(mode)
@@ -320,7 +321,8 @@ def test_every_algorithm_trains_a_graph_split_model(algorithm, tmp_path):
         **{"split.cut_points": cuts, "split.cut": "mid"},
     )
     run = splitfl.run(config, run_dir=tmp_path / "run")
-    assert all(np.isfinite(r["train_loss"]) for r in run.metrics if r["train_loss"] is not None)
+    losses = [r["train_loss"] for r in run.metrics if r["train_loss"] is not None]
+    assert losses and all(np.isfinite(losses))
     fresh = gm.unet(IMAGE, 10)
     fresh.load_state_dict(torch.load(run.run_dir / "model.pt", weights_only=True), strict=True)
 
@@ -337,6 +339,7 @@ def test_dropout_in_a_graph_split_model_reruns_bit_identically(tmp_path):
     a, b = (splitfl.run(config, run_dir=tmp_path / name) for name in ("a", "b"))
     sa, sb = (torch.load(r.run_dir / "model.pt", weights_only=True) for r in (a, b))
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert len(a.metrics) == 2
     assert [r["train_loss"] for r in a.metrics] == [r["train_loss"] for r in b.metrics]
 
 
@@ -344,11 +347,6 @@ def test_a_builder_is_traced_once_per_process_and_each_build_draws_its_own_weigh
     """symbolic_trace patches torch.nn.Module.__call__ process-wide while it runs (a forward
     in another thread would be recorded): a process traces each builder once, and devices in
     threads of the server's process reuse that trace. Weights still come from each build."""
-    from torch import fx
-
-    from splitfl.models import graph as graph_mod
-    from splitfl.models.registry import Split, make_model
-
     calls = []
     real = fx.symbolic_trace
     monkeypatch.setattr(fx, "symbolic_trace", lambda *a, **k: calls.append(1) or real(*a, **k))

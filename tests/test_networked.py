@@ -246,7 +246,9 @@ def test_networked_graph_split_model_equals_sequential(tmp_path, algorithm, sequ
     a, b = _final(net), _final(seq)
     assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-5
     assert [t.code for t in threads] == [0, 0, 0]
-    for row in _rows(net):
+    rows = _rows(net)
+    assert len(rows) == 2
+    for row in rows:
         assert row["dropped_clients"] == []
         assert row["payload_activations_up"] == row["bytes_activations_up"] > 0
         assert row["payload_gradients_down"] == row["bytes_gradients_down"] > 0

@@ -6,6 +6,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 import splitfl
 from conftest import tiny_config
@@ -13,10 +14,11 @@ from splitfl.algorithms.ringsfl import largest_remainder, parse_ratios, propagat
 from splitfl.algorithms.vanilla_sl import shared_steps
 from splitfl.executors import SequentialExecutor
 from splitfl.executors.common import client_batches
-from splitfl.executors.ring import block_rates, ring_batch_update
+from splitfl.executors.ring import block_rates, ring_batch_update, ring_update
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import ModelPart, block_index, build_model
+from splitfl.models.base import BlockModel
 from splitfl.plan import RingSpec
 from splitfl.seeding import derive_seed
 from splitfl.testing import config_for
@@ -269,12 +271,6 @@ def test_v2_dynamic_rate_is_lr_times_overlap_when_three_or_more_batches_overlap(
     """Eq. (7) by hand where |U| reaches 5 (8:1:1:1:1 over 12 blocks; issue 32 item 7: with
     rings of |U| <= 2 the mutation lr·min(|U|, 2) survived). Client 0 runs blocks 0-7 of its
     own batch, 4-11 of client 1's, 3-10 of 2's, 2-9 of 3's and 1-8 of 4's."""
-    from torch import nn
-
-    from splitfl.executors.ring import ring_update
-    from splitfl.models.base import BlockModel
-    from splitfl.plan import RingSpec
-
     ring = RingSpec(
         [0, 1, 2, 3, 4], {0: 8, 1: 1, 2: 1, 3: 1, 4: 1}, dict.fromkeys(range(5), 0.2), True
     )

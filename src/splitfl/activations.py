@@ -53,6 +53,11 @@ def input_grad(x: Activation) -> Gradient:
     return rebuild(x, parts)
 
 
+def map_grad(fn: Callable[[torch.Tensor], torch.Tensor], grad: Gradient) -> Gradient:
+    """``fn`` applied to every gradient tensor of ``grad`` (``None`` stays ``None``)."""
+    return rebuild(grad, [g if g is None else fn(g) for g in leaves(grad)])
+
+
 def backward(out: Activation, grad: Gradient) -> None:
     """Back-propagate ``grad`` from the device's ``out`` (its floating tensors that have a
     graph; the rest carry no gradient)."""

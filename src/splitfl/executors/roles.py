@@ -31,9 +31,8 @@ from splitfl.activations import (
     first_float,
     head,
     input_grad,
-    leaves,
+    map_grad,
     mix,
-    rebuild,
     tree_map,
 )
 from splitfl.config import TrainConfig
@@ -214,7 +213,7 @@ class ServerRole:
             grad = input_grad(fs)
             if plan.device_grad == "own":
                 factor = own_grad_factor(size, sizes, plan.group_loss)
-                grad = rebuild(grad, [g if g is None else g * factor for g in leaves(grad)])
+                grad = map_grad(lambda g, f=factor: g * f, grad)
             out.append((grad, loss_sum.item()))
         return out
 

@@ -17,8 +17,7 @@ from splitfl.activations import (
     backward,
     cat,
     input_grad,
-    leaves,
-    rebuild,
+    map_grad,
     row_of,
     stack_rows,
 )
@@ -81,10 +80,7 @@ def split_step(round_: SplitRound, active: list[WorkerRow], step: int) -> None:
             mode, size = plan.group_loss, y.shape[1]
             scale = [own_grad_factor(size, group_sizes[r.group_row], mode) for r in bucket]
             factor = torch.tensor(scale, device=y.device)
-            parts = [
-                None if g is None else g * expand_rows(factor.to(g.dtype), g) for g in leaves(grad)
-            ]
-            grad = rebuild(grad, parts)
+            grad = map_grad(lambda g, f=factor: g * expand_rows(f.to(g.dtype), g), grad)
         backward(fx, grad)
         account(bucket, losses.detach(), y.shape[1])
 

@@ -26,7 +26,7 @@ from splitfl.experiment.device_data import adopt_device_data
 from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
 from splitfl.experiment.recorder import Recorder
 from splitfl.experiment.round_step import LoopState, evaluate_state, play_round, trains
-from splitfl.models.graph import user_state_dict
+from splitfl.models.base import user_state_dict
 from splitfl.net.executor import NetworkedExecutor
 from splitfl.system import SimClock, Traffic
 

@@ -96,7 +96,7 @@ class Recorder:
 
     def finish(self, status: str, final_state: dict[str, torch.Tensor] | None = None) -> dict:
         """Close the trackers and write ``model.pt`` (``final_state``, a finished run only,
-        under the user's own parameter names: :func:`~splitfl.models.graph.user_state_dict`),
+        under the user's own parameter names: :func:`~splitfl.models.base.user_state_dict`),
         ``accuracy.png``, ``loss.png`` and, last, ``summary.json``; returns the summary."""
         if self.trackers is not None:
             trackers, self.trackers = self.trackers, None

@@ -125,6 +125,21 @@ def block_index(param_name: str) -> int:
     return int(parts[1])
 
 
+def user_state_dict(model: BlockModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (keys ``blocks.<i>.<name>``) under the user's own names: ``<name>`` for a
+    graph-split model (its pieces hold the user's modules under their paths), ``<i>.<name>``
+    for an ``nn.Sequential`` (block ``i`` is its child ``i``). A tied parameter appears once
+    per name, as in the user's ``state_dict``."""
+    origin = model.origin
+    if origin == "blocks":  # the model is a BlockModel of its own: these are its names
+        return dict(state)
+    out = {}
+    for key, value in state.items():
+        rest = key.partition(".")[2]
+        out[rest.partition(".")[2] if origin == "graph" else rest] = value
+    return out
+
+
 def lowest_loss_state(
     model: nn.Module,
     states: Sequence[Mapping[str, torch.Tensor]],

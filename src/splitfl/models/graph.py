@@ -9,7 +9,7 @@ order, are cut after the last node run inside that module (before the first). Th
 between consecutive cuts become the model's blocks, each a ``torch.fx.GraphModule`` that
 holds the user's own modules (shared, not copied) under their own paths, so the block
 ``blocks.<i>.layer2.0.conv1.weight`` is the user's ``layer2.0.conv1.weight``
-(:func:`user_state_dict`).
+(:func:`~splitfl.models.base.user_state_dict`).
 
 Why ``torch.fx`` and not ``torch.distributed.pipelining`` / ``torch.export``: exported
 stages bake in the mode they were traced in (BatchNorm kept batch statistics after
@@ -30,6 +30,7 @@ fx cannot trace is one line naming the reason (:class:`GraphSplitError`).
 from __future__ import annotations
 
 import inspect
+import operator
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from splitfl.models.base import BlockModel
 #: another thread would be recorded (or return a Proxy). One graph model is built at a time
 #: per process, and a builder's trace is kept (:data:`_TRACES`): a process traces each model
 #: once (devices in threads of one process, as the tests run them, reuse the server's trace).
-_TRACING = threading.RLock()
+_TRACING = threading.Lock()
 #: (builder, input shape, classes) → (traced graph without its module, input dtype, shapes)
 _TRACES: dict[object, tuple[fx.Graph, torch.dtype, dict]] = {}
 PROBE_BATCHES = (2, 3)  # batch sizes the cut values are checked at (dim 0 must follow them)
@@ -86,8 +87,7 @@ def trace(module: nn.Module, where: str) -> fx.GraphModule:
     try:
         for mode in (True, False):
             module.train(mode)
-            with _TRACING:
-                graph = fx.symbolic_trace(module, concrete_args=fixed or None)
+            graph = fx.symbolic_trace(module, concrete_args=fixed or None)
             codes.append(graph.code)
     except Exception as err:  # fx raises many kinds; each is a reason the model cannot be cut
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
@@ -214,8 +214,6 @@ def _reason(nodes, position: int, shapes) -> str | None:
 
 def _past_unpacking(nodes, position: int) -> int:
     """Move a cut past the ``getitem`` nodes that unpack a tuple made before it."""
-    import operator
-
     made = set(nodes[: position + 1])
     while (
         position + 1 < len(nodes)
@@ -290,21 +288,6 @@ def _tied(pieces: Sequence[fx.GraphModule], names: Sequence[str]) -> str | None:
             if j != i:
                 return f"parameter {pname} is used on both sides of cut {names[j]!r} (tied weights)"
     return None
-
-
-def user_state_dict(model: BlockModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``state`` (keys ``blocks.<i>.<name>``) under the user's own names: ``<name>`` for a
-    graph-split model (its pieces hold the user's modules under their paths), ``<i>.<name>``
-    for an ``nn.Sequential`` (block ``i`` is its child ``i``). A tied parameter appears once
-    per name, as in the user's ``state_dict``."""
-    origin = getattr(model, "origin", "blocks")
-    if origin == "blocks":  # the model is a BlockModel of its own: these are its names
-        return dict(state)
-    out = {}
-    for key, value in state.items():
-        rest = key.partition(".")[2]
-        out[rest.partition(".")[2] if origin == "graph" else rest] = value
-    return out
 
 
 def graph_block_model(
