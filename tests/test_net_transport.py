@@ -494,3 +494,31 @@ def test_hub_stop_joins_every_thread_the_hub_started(tmp_path):
     # the gRPC server's worker pool stays (idle; concurrent.futures joins it at exit)
     left = [t for t in set(threading.enumerate()) - before if not t.name.startswith("splitfl-hub")]
     assert [t.name for t in left if t.is_alive()] == []
+
+
+class _SlowCancelServer:
+    """The real gRPC server, whose ``stop(grace)`` returns its event while the
+    ``cancel_all_calls_after_grace`` thread still runs (the race CI met at stop 30,
+    made certain here by a thread that outlives the event by 0.5 s)."""
+
+    def __init__(self, server):
+        self.server = server
+
+    def stop(self, grace):
+        event = self.server.stop(grace)
+
+        def cancel_all_calls_after_grace():
+            time.sleep(0.5)
+
+        threading.Thread(target=cancel_all_calls_after_grace).start()
+        return event
+
+
+def test_hub_stop_joins_grpc_cancel_after_grace_thread(tmp_path):
+    """``Hub.stop()`` joins the thread gRPC starts to cancel calls after the grace period."""
+    bed = Testbed.create(tmp_path / "bed", ["a"])
+    hub = _hub(bed, keepalive_s=10.0)
+    hub.server = _SlowCancelServer(hub.server)
+    hub.stop()
+    alive = [t.name for t in threading.enumerate() if "cancel_all_calls_after_grace" in t.name]
+    assert alive == []
