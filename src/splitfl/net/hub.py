@@ -409,5 +409,6 @@ def _stop_grpc_server(server: grpc.Server, grace_s: float, timeout_s: float) -> 
     deadline = time.monotonic() + timeout_s
     server.stop(grace=grace_s).wait(timeout_s)
     for thread in set(threading.enumerate()) - before:
-        if thread.name.endswith("(cancel_all_calls_after_grace)"):
+        # is_alive(): False for a thread not (or no longer) running, which join() may refuse
+        if thread.name.endswith("(cancel_all_calls_after_grace)") and thread.is_alive():
             thread.join(max(deadline - time.monotonic(), 0.0))
