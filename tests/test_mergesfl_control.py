@@ -379,3 +379,18 @@ def test_final_iteration_time_spread_below_2x_on_80_workers(seed):
     times = iteration_times(batch, mu[sel], beta[sel])
     assert np.all(batch >= 1) and batch.sum() * q <= 10 * d_max * q
     assert times.max() / times.min() < 2.0
+
+
+def test_ga_fills_the_budget_among_balanced_sets():
+    """With every KL ≤ ε counted as balanced, the larger Σp_i wins: the GA selects as many
+    equal-priority workers as Eq. (10) admits (30 of 40 at 10 samples each, budget 300);
+    by KL alone it stopped near the m = N/2 workers it started from (19-30 over 5 seeds)."""
+    dists = np.random.default_rng(0).dirichlet(np.full(10, 1000.0), size=40)
+    batch, prio = np.full(40, 10), np.ones(40)
+    filled, kl_only = [], []
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        filled.append(ga_select(dists, batch, 1.0, 300.0, prio, rng, balanced_kl=0.01).size)
+        kl_only.append(ga_select(dists, batch, 1.0, 300.0, prio, np.random.default_rng(seed)).size)
+    assert filled == [30] * 5
+    assert np.mean(kl_only) < 27

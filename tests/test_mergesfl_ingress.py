@@ -1,12 +1,16 @@
 """MergeSFL §IV-A: B^h estimated from the PS's measured ingress of earlier rounds (Eq. 10)."""
 
 import dataclasses
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.mergesfl.ingress import achieved_ingress, update_ingress
+from splitfl.algorithms.state_estimation import measured_per_sample, server_link_wait
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.experiment.round_step import measure, measured_cost
 from splitfl.experiment.runner import as_config, prepare
@@ -56,7 +60,8 @@ def test_measured_clock_reports_the_rate_the_server_received_at():
 def test_mergesfl_budget_follows_the_measured_ingress_of_earlier_rounds():
     """Through the executor and the clock: round 0 budgets clients_per_round × D samples (the
     prior); after each round B^h = 0.8·B^{h-1} + 0.2·Σ_k server_in_rate_k / jitter_k over the
-    round's report, and the next budget is B^h × D·min(μ+β) bytes (Eq. 10, Eq. 7)."""
+    round's report, and the next budget is B^h × D·(μ_l+β⁰_l) bytes (Eq. 10, Eq. 7), l the
+    fastest worker by μ+β and β⁰ its transmission time over its own link."""
     changes = {"options.mergesfl.tau": 2, "devices.jitter": 0.3, "devices.contention": True}
     cfg = as_config(tiny_config(algorithm="mergesfl", **changes))
     prep = prepare(cfg)
@@ -69,7 +74,10 @@ def test_mergesfl_budget_follows_the_measured_ingress_of_earlier_rounds():
         if want is None:
             assert alg.budget(mu, beta) == cfg.train.clients_per_round * d_max * c
         else:
-            assert alg.budget(mu, beta) == pytest.approx(want * d_max * np.min(mu + beta))
+            fastest = np.argmin(mu + beta)
+            own = alg.state.own_link_beta()[fastest]
+            assert own < beta[fastest] or shared == 0  # the shared link's wait is left out
+            assert alg.budget(mu, beta) == pytest.approx(want * d_max * (mu[fastest] + own))
         plan = alg.plan_round(r, alg.select_clients(r, rng_for(3, "s", r)), rng_for(3, "p", r))
         state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
         result = SequentialExecutor().run_round(ctx, state, plan, round_seed=11)
@@ -86,3 +94,50 @@ def test_mergesfl_budget_follows_the_measured_ingress_of_earlier_rounds():
     before = alg.ingress_estimate
     alg.load_state_dict(alg.state_dict())  # B^h is checkpointed
     assert alg.ingress_estimate == before
+
+
+def test_server_link_wait_and_own_link_beta_by_hand():
+    """β⁰ leaves out what the shared PS link added: 4e6 B up at 2e6 instead of 3e6 B/s."""
+    cost = _cost(4e6, 1e6, (3e6, 3e6), server_in_rate=2e6, server_out_rate=3e6)
+    cost = dataclasses.replace(cost, comm_time=4e6 / 2e6 + 1e6 / 3e6)
+    assert server_link_wait(cost) == pytest.approx(4e6 / 2e6 - 4e6 / 3e6, rel=1e-12)
+    feature_share = (2e6 + 1e6) / 5e6  # activations + gradients of all 5e6 bytes
+    shared = measured_per_sample(cost, 1.0, 10)[1]
+    own = measured_per_sample(cost, 1.0, 10, own_link=True)[1]
+    assert shared == pytest.approx((2.0 + 1 / 3) * feature_share / 10, rel=1e-12)
+    assert own == pytest.approx((4 / 3 + 1 / 3) * feature_share / 10, rel=1e-12)
+    assert server_link_wait(_cost(4e6, 1e6, None)) == 0.0
+
+
+def _mergesfl_jetson(server_mbps: float, **options) -> list[dict]:
+    """Eight timing rounds of MergeSFL on 40 jetson80 workers (AlexNet, batch 64)."""
+    cfg = {
+        "executor": "timing",
+        "model": "alexnet",
+        "algorithm": "mergesfl",
+        "rounds": 8,
+        "seed": 0,
+        "data": {"dataset": "cifar10", "train_samples": 20_000, "num_clients": 40},
+        "devices": {"preset": "jetson80", "server_rate": server_mbps * 1e6 / 8},
+        "train": {"clients_per_round": 10, "batch_size": 64},
+        "options": {"mergesfl": {"tau": 5, "cut": 5, **options}},
+        "output": {"progress": False},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        return splitfl.run(cfg, run_dir=Path(tmp) / "run", progress=False).metrics[1:]
+
+
+def test_eq10_budget_binds_a_tighter_ps_link_lowers_the_samples_per_iteration():
+    """Issue 32 item 1: B^h decides how many samples the PS receives per iteration (Eq. 10)
+    and line 7 uses most of it. With the iteration time taken on the shared link (the earlier
+    reading) the budget grew with the contention and ~half the workers went at any rate."""
+    tight, wide = _mergesfl_jetson(25.0), _mergesfl_jetson(100.0)
+    per_iteration = {
+        k: np.mean([r["plan_bandwidth"] for r in rows])
+        for k, rows in {"tight": tight, "wide": wide}.items()
+    }
+    assert per_iteration["tight"] < 0.6 * per_iteration["wide"]
+    used = [r["plan_bandwidth"] / r["plan_budget"] for r in tight]
+    assert len(used) == 7 and all(u <= 1.0 + 1e-9 for u in used)
+    assert np.mean(np.array(used) >= 0.9) >= 0.8
+    assert np.mean([len(r["clients"]) for r in tight]) < np.mean([len(r["clients"]) for r in wide])

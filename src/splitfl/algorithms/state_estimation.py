@@ -20,7 +20,7 @@ import numpy as np
 
 from splitfl.algorithms.estimates import fill_unmeasured, update_table
 from splitfl.plan import RoundPlan, RoundReport
-from splitfl.system.cost import ClientCost
+from splitfl.system.cost import ClientCost, server_bytes
 
 #: Traffic links that carry per-sample features (their time is β); the rest is model transfer.
 FEATURE_LINKS = (
@@ -32,19 +32,38 @@ FEATURE_LINKS = (
 )
 
 
-def measured_per_sample(cost: ClientCost, jitter: float, samples: int) -> tuple[float, float]:
+def server_link_wait(cost: ClientCost) -> float:
+    """The part of ``cost.comm_time`` the shared PS link added: ``Σ b·(1/shared − 1/own)`` over
+    the two directions (:func:`~splitfl.system.cost.share_server_link`; 0 where the round's
+    report gives no shared rate, e.g. a measured networked round)."""
+    if cost.server_link is None:
+        return 0.0
+    shared = (cost.extra.get("server_in_rate"), cost.extra.get("server_out_rate"))
+    wait = 0.0
+    for b, rate, own in zip(server_bytes(cost.traffic), shared, cost.server_link, strict=True):
+        if b > 0 and rate and own and rate < own:
+            wait += b * (1.0 / rate - 1.0 / own)
+    return wait
+
+
+def measured_per_sample(
+    cost: ClientCost, jitter: float, samples: int, own_link: bool = False
+) -> tuple[float, float]:
     """μ̂, β̂ of one worker from what the clock reported for its round (Eq. 5–6 inputs).
 
     μ̂ = measured device compute time / samples; β̂ = the share of the measured transfer time
     that moved per-sample features (activations, gradients, labels), split from the model
     transfers in proportion to bytes (exact when up- and downlink rates are equal, as in every
-    preset), / samples.
+    preset), / samples. With ``own_link`` β̂ leaves out the time the shared PS link added
+    (:func:`server_link_wait`): the worker's transmission time over its own link, which it
+    knows (the testbeds measure each device's bandwidth with iperf3, MergeSFL §V-A).
     """
     total = cost.traffic.total
     feature = sum(getattr(cost.traffic, link) for link in FEATURE_LINKS)
     share = feature / total if total > 0 else 0.0
     n = max(samples, 1)
-    return cost.device_time * jitter / n, cost.comm_time * jitter * share / n
+    comm = cost.comm_time - (server_link_wait(cost) if own_link else 0.0)
+    return cost.device_time * jitter / n, comm * jitter * share / n
 
 
 class WorkerStateEstimator:
@@ -55,6 +74,8 @@ class WorkerStateEstimator:
         n = ctx.num_clients
         self.mu: list[float | None] = [None] * n
         self.beta: list[float | None] = [None] * n
+        #: β over the worker's own link, without the shared PS link's wait (MergeSFL's Eq. 10)
+        self.beta_own: list[float | None] = [None] * n
 
     def bytes_per_sample(self) -> float:
         """Activation (+ label) bytes one sample sends up at the cut (``c`` of MergeSFL Eq. 10)."""
@@ -82,9 +103,19 @@ class WorkerStateEstimator:
             )
             update_table(self.mu, c, mu_hat, self.alpha)
             update_table(self.beta, c, beta_hat, self.alpha)
+            _, own_hat = measured_per_sample(
+                report.costs[c], report.jitter[c], report.samples[c], own_link=True
+            )
+            update_table(self.beta_own, c, own_hat, self.alpha)
+
+    def own_link_beta(self) -> np.ndarray:
+        """β over each worker's own link (Eq. 6 without the PS link's sharing), filled as
+        :meth:`estimates`."""
+        return fill_unmeasured(self.beta_own)
 
     def state_dict(self) -> dict:
-        return {"mu": list(self.mu), "beta": list(self.beta)}
+        return {"mu": list(self.mu), "beta": list(self.beta), "beta_own": list(self.beta_own)}
 
     def load_state_dict(self, state: dict) -> None:
         self.mu, self.beta = list(state["mu"]), list(state["beta"])
+        self.beta_own = list(state.get("beta_own", self.beta))

@@ -67,6 +67,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "devices.d2d_rate": Range(1, 1e15),
     "devices.exchange_latency_s": Range(0, 10),
     "devices.server_rate": Range(0, 1e15, lo_open=True),
+    "devices.bandwidth_correlation": Range(0, 1),
     "train.lr": Range(0, 1e9, lo_open=True),
     "train.lr_decay": Range(0, 1, lo_open=True),
     "train.lr_min": Range(0, 1e9),
@@ -221,6 +222,7 @@ def validate(config: ExperimentConfig) -> None:
     _check(
         v.d2d_rate is None or v.d2d_rate > 0, "devices.d2d_rate", f"must be > 0 (got {v.d2d_rate})"
     )
+
     t = config.train
     _check(
         t.lr_min <= t.lr,

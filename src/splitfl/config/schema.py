@@ -94,6 +94,10 @@ class DevicesConfig:
     #: participants with ``contention``); null = the preset's (``jetson80``: 200 Mb/s, see
     #: ``splitfl.system.jetson``). Setting it gives any preset a shared server link.
     server_rate: float | None = None
+    #: Round-to-round correlation ρ (0..1) of each device's bandwidth where the preset redraws
+    #: it every round (``jetson80``: AR(1), see ``splitfl.system.jetson``); null = the
+    #: preset's (0.9, an assumption); 0 = independent redraws.
+    bandwidth_correlation: float | None = None
 
 
 @dataclass(frozen=True)

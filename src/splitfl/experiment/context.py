@@ -275,6 +275,7 @@ def build_context(config: ExperimentConfig) -> RunContext:
         config.devices.composition,
         config.devices.d2d_rate,
         config.devices.server_rate,
+        config.devices.bandwidth_correlation,
     )
     v = config.devices
     population = with_variation(population, v.variation, v.variation_period, config.seed)

@@ -17,7 +17,7 @@ from splitfl.data.formats import CLIENT_FORMATS, FORMATS
 from splitfl.data.transforms import TransformError, parse_transforms
 from splitfl.executors import EXECUTORS, PRECISIONS
 from splitfl.extensions import check_dataset, check_model, fill_import_dirs, import_config_modules
-from splitfl.system.devices import COMPOSITIONS, PRESETS, resolve_contention
+from splitfl.system.devices import COMPOSITIONS, PRESETS, VARYING_BANDWIDTH, resolve_contention
 from splitfl.training import LOSSES, OPTIMIZERS, metric_problem
 
 #: Partitioners that deal samples by class label (else: iid, natural).
@@ -44,6 +44,13 @@ def check_registries(config: ExperimentConfig, config_dir: str | Path | None = N
     _choice(config.data.verify, list(VERIFY_MODES), "data.verify")
     _choice(config.devices.preset, sorted(PRESETS), "devices.preset")
     _choice(config.devices.composition, list(COMPOSITIONS), "devices.composition")
+    v = config.devices
+    if v.bandwidth_correlation is not None and v.preset not in VARYING_BANDWIDTH:
+        raise ConfigError(
+            "devices.bandwidth_correlation",
+            f"only for presets whose bandwidth varies by round ({', '.join(VARYING_BANDWIDTH)});"
+            f" {v.preset!r} has none (devices.variation varies any preset)",
+        )
 
 
 def check_recipe(config: ExperimentConfig) -> None:

@@ -52,12 +52,20 @@ def s2fl_table1(n: int, rng: np.random.Generator, composition: str = "uniform") 
     return Population(devices, S2FL_SERVER)
 
 
-def jetson80(n: int, rng: np.random.Generator, composition: str = "uniform") -> Population:
+def jetson80(
+    n: int,
+    rng: np.random.Generator,
+    composition: str = "uniform",
+    bandwidth_correlation: float | None = None,
+) -> Population:
     """MergeSFL §V-A testbed: 30 TX2, 40 NX, 10 AGX; modes redrawn every 20 rounds; 1-30 Mb/s.
 
-    See :mod:`splitfl.system.jetson` for the mode table and the bandwidth model.
+    See :mod:`splitfl.system.jetson` for the mode table and the bandwidth model
+    (``bandwidth_correlation``: its ρ; null = ``BANDWIDTH_CORRELATION``).
     """
-    return jetson_population(n, rng)
+    if bandwidth_correlation is None:
+        return jetson_population(n, rng)
+    return jetson_population(n, rng, bandwidth_correlation)
 
 
 RINGSFL_PC = DeviceProfile(
@@ -135,6 +143,9 @@ PRESETS: dict[str, Callable[..., Population]] = {
     "ringsfl_testbed": ringsfl_testbed,
 }
 
+#: Presets whose link bandwidth is redrawn every round (``devices.bandwidth_correlation``).
+VARYING_BANDWIDTH = ("jetson80",)
+
 #: Whether the time model of each preset's paper shares the server link among the round's
 #: participants — the default of ``devices.contention`` (null), so that a paper's preset
 #: reproduces that paper's clock. S²FL Eq. (1) charges each device its own rate R (Table 1;
@@ -192,13 +203,20 @@ def draw_population(
     composition: str = "uniform",
     d2d_rate: float | None = None,
     server_rate: float | None = None,
+    bandwidth_correlation: float | None = None,
 ) -> Population:
     """Draw ``n`` device profiles from ``preset`` with ``rng`` (deterministic given the seed);
     ``d2d_rate`` (B/s) replaces every device's D2D rate, ``server_rate`` (B/s) the server's
-    link rate."""
+    link rate, ``bandwidth_correlation`` the round-to-round ρ of a preset whose bandwidth
+    varies by round (:data:`VARYING_BANDWIDTH`)."""
     if preset not in PRESETS:
         raise KeyError(f"unknown device preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    population = PRESETS[preset](n, rng, composition)
+    if bandwidth_correlation is not None:
+        if preset not in VARYING_BANDWIDTH:
+            raise ValueError(f"preset {preset!r} has no per-round bandwidth to correlate")
+        population = PRESETS[preset](n, rng, composition, bandwidth_correlation)
+    else:
+        population = PRESETS[preset](n, rng, composition)
     if d2d_rate is not None:
         population = with_d2d_rate(population, d2d_rate)
     return population if server_rate is None else with_server_rate(population, server_rate)

@@ -12,6 +12,22 @@ geometric ladders with the stated 100× end-to-end spread (AGX mode 0 = 1e12, TX
 Mb/s extremes. With ``n != 80`` the 3:4:1 mix and the four groups are kept proportionally.
 Everything is drawn from the run's seed, per (client, mode period) and (client, round).
 
+**How the bandwidth varies in time** (``devices.bandwidth_correlation`` = ρ, default
+``BANDWIDTH_CORRELATION``). The papers say only that "the bandwidth between the PS and devices
+dynamically varies during the training" and that it "fluctuates between 1Mb/s and 30Mb/s"
+(MergeSFL §V-A, ParallelSFL §5.1, measured with iperf3). Both estimate each worker's state
+from earlier rounds by moving averages (MergeSFL Eq. 5-6, ParallelSFL Eq. 6-7, α = 0.8) and
+name link-bandwidth prediction (LinkForecast, MergeSFL [40]) as a drop-in estimator: designs
+that presume a worker's bandwidth in round h says something about round h+1. A redraw that is
+independent every round (ρ = 0, this preset's earlier model) makes every such estimate noise.
+So each worker's bandwidth follows a stationary AR(1) process on the normal scale, mapped to
+its group's uniform range: ``z_h = ρ·z_{h-1} + √(1−ρ²)·ε_h``, ``bandwidth = low + (high −
+low)·Φ(z_h)``; the marginal per round stays uniform on the group's range (as before), and ρ
+sets the round-to-round correlation. ρ = 0.9 (a correlation time of about ten rounds, half the
+20-round mode period) is an assumption, not a paper figure; ρ = 0 reproduces the independent
+redraws exactly, and ρ = 1 holds each worker's first draw for the whole run. The MergeSFL and
+ParallelSFL benchmark READMEs report 0, 0.5, 0.9 and 1 (``timing_setups.py``).
+
 **The PS link** (``SERVER_MBPS``; ``devices.server_rate`` overrides it). §V-A connects every
 device to the PS "via WiFi routers" and gives no router or PS figure, while §IV-A says the PS's
 ingress bandwidth B^h "is usually limited", so that "it is actually infeasible to allow all
@@ -28,7 +44,8 @@ PS port, was the earlier value, which 30 concurrent workers never filled).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,6 +53,8 @@ from splitfl.seeding import rng_for
 from splitfl.system.profiles import DeviceProfile, Population
 
 MODE_PERIOD = 20  # rounds between random mode changes (MergeSFL §V-A)
+#: Round-to-round correlation ρ of each worker's bandwidth (module docstring: an assumption).
+BANDWIDTH_CORRELATION = 0.9
 MBPS = 1e6 / 8  # bytes/s per Mb/s
 
 #: Effective training FLOP/s per mode (mode 0 fastest): TX2 4 modes, NX and AGX 8 modes.
@@ -63,6 +82,9 @@ class JetsonSchedule:
     kinds: tuple[str, ...]
     groups: tuple[int, ...]
     seed: int
+    correlation: float = BANDWIDTH_CORRELATION
+    #: z_0..z_h per client, extended on demand (the AR(1) state is a function of the seed)
+    _latent: dict[int, list[float]] = field(default_factory=dict, compare=False, repr=False)
 
     def mode(self, client: int, round_idx: int) -> int:
         period = round_idx // MODE_PERIOD
@@ -70,9 +92,24 @@ class JetsonSchedule:
             rng_for(self.seed, "mode", period, client).integers(len(MODES[self.kinds[client]]))
         )
 
+    def latent(self, client: int, round_idx: int) -> float:
+        """AR(1) state ``z_h = ρ·z_{h-1} + √(1−ρ²)·ε_h`` (z_0 = ε_0), ε_h ~ N(0, 1) drawn from
+        ``(seed, "bw", h, client)``: standard normal in every round."""
+        zs = self._latent.setdefault(client, [])
+        rho = self.correlation
+        while len(zs) <= round_idx:
+            eps = float(rng_for(self.seed, "bw", len(zs), client).standard_normal())
+            zs.append(eps if not zs else rho * zs[-1] + math.sqrt(1.0 - rho * rho) * eps)
+        return zs[round_idx]
+
     def bandwidth(self, client: int, round_idx: int) -> float:
+        """Uniform on the client's distance-group range in every round; correlated from round
+        to round by ρ (module docstring; ρ = 0: the independent redraw, draw for draw)."""
         low, high = DISTANCE_MBPS[self.groups[client]]
-        return float(rng_for(self.seed, "bw", round_idx, client).uniform(low, high)) * MBPS
+        if self.correlation == 0.0:
+            return float(rng_for(self.seed, "bw", round_idx, client).uniform(low, high)) * MBPS
+        u = 0.5 * (1.0 + math.erf(self.latent(client, round_idx) / math.sqrt(2.0)))
+        return (low + (high - low) * u) * MBPS
 
     def __call__(self, client: int, round_idx: int) -> DeviceProfile:
         kind = self.kinds[client]
@@ -96,13 +133,16 @@ def _proportional(n: int, weights: list[float]) -> list[int]:
     return counts.tolist()
 
 
-def jetson_population(n: int, rng: np.random.Generator) -> Population:
-    """``n`` Jetson workers (3:4:1 TX2:NX:AGX, four distance groups), shuffled with ``rng``."""
+def jetson_population(
+    n: int, rng: np.random.Generator, correlation: float = BANDWIDTH_CORRELATION
+) -> Population:
+    """``n`` Jetson workers (3:4:1 TX2:NX:AGX, four distance groups), shuffled with ``rng``;
+    ``correlation``: ρ of the bandwidth's AR(1) process (module docstring)."""
     counts = _proportional(n, list(KIND_COUNTS.values()))
     kinds = [k for k, c in zip(KIND_COUNTS, counts, strict=True) for _ in range(c)]
     kinds = [str(k) for k in rng.permutation(kinds)]
     groups = [g for g, c in enumerate(_proportional(n, [1, 1, 1, 1])) for _ in range(c)]
     groups = [int(g) for g in rng.permutation(groups)]
-    schedule = JetsonSchedule(tuple(kinds), tuple(groups), int(rng.integers(2**62)))
+    schedule = JetsonSchedule(tuple(kinds), tuple(groups), int(rng.integers(2**62)), correlation)
     base = tuple(schedule(c, 0) for c in range(n))
     return Population(base, SERVER, schedule)

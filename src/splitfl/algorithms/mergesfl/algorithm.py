@@ -8,7 +8,13 @@ Size Regulation"): spec ``papers/mergesfl.md`` §IV (Alg. 1, Eq. 5–17).
   the moving average (``ema``) of the PS's achieved ingress rate in the earlier rounds, from the
   round reports (the clock shares the PS link among the concurrent uploads where
   ``devices.contention`` is on). Eq. (10) compares bytes per *iteration*, so the budget in
-  bytes is B^h × the fastest worker's iteration time at the maximum batch (D·(μ_l+β_l), Eq. 7).
+  bytes is B^h × the fastest worker's iteration time at the maximum batch, D·(μ_l+β⁰_l)
+  (Eq. 7), with β⁰ its transmission time over its *own* link: the time an iteration takes when
+  the PS link is not the bottleneck, which is what Eq. (10) is there to ensure ("to prevent
+  the PS from becoming a bottleneck", §IV-A). With the β measured on the shared link
+  (``budget_time: shared``, the earlier reading, a sensitivity) the budget grows with the
+  contention it should prevent (a tighter link stretches the iteration and admits more
+  bytes), and Eq. (10) stopped binding (issue 32: ~42 of 80 workers at every PS rate).
   Before anything has been measured (round 0) the budget is the feature bytes of
   ``train.clients_per_round`` workers at the maximum batch — the prior, which reads no link
   rate; ``budget: clients_per_round`` keeps that budget in every round (so that comparisons
@@ -52,6 +58,8 @@ from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport
 
 #: Where B^h comes from (see the module docstring).
 BUDGETS = ("measured", "clients_per_round")
+#: The iteration time that turns B^h into bytes per iteration (see the module docstring).
+BUDGET_TIMES = ("own_link", "shared")
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,8 @@ class MergeSFLOptions:
     ema: float = 0.8
     epsilon: float = 0.01
     budget: str = "measured"
+    budget_time: str = "own_link"
+    fill_budget: bool = True
     feature_merging: bool = True
     batch_regulation: bool = True
     lr_scaling: bool = True
@@ -77,6 +87,8 @@ class MergeSFLOptions:
             raise ConfigError("options.mergesfl.merge", f"allowed: {', '.join(GROUP_FORWARDS)}")
         if self.budget not in BUDGETS:
             raise ConfigError("options.mergesfl.budget", f"allowed: {', '.join(BUDGETS)}")
+        if self.budget_time not in BUDGET_TIMES:
+            raise ConfigError("options.mergesfl.budget_time", f"allowed: {', '.join(BUDGET_TIMES)}")
 
         checks = {
             "tau": self.tau >= 1,
@@ -121,7 +133,10 @@ class MergeSFL(Algorithm):
         measured = self.ingress_estimate is not None and self.state.any_measured
         if self.options.budget == "clients_per_round" or not measured:
             return self.ctx.config.train.clients_per_round * d_max * c
-        return self.ingress_estimate * d_max * float(np.min(mu + beta))
+        fastest = int(np.argmin(mu + beta))
+        if self.options.budget_time == "own_link":
+            beta = self.state.own_link_beta()
+        return self.ingress_estimate * d_max * float(mu[fastest] + beta[fastest])
 
     # -- hooks ---------------------------------------------------------------------------------
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
@@ -132,17 +147,19 @@ class MergeSFL(Algorithm):
         mu, beta = self.state.estimates(round_idx)
         dists = self.ctx.label_hist / np.maximum(self.ctx.label_hist.sum(1, keepdims=True), 1)
         d_max = self.ctx.config.train.batch_size
+        budget = self.budget(mu, beta)
         selected, batch, info = arrange_workers(
             dists,
             mu,
             beta,
             self.participation,
             self.state.bytes_per_sample(),
-            self.budget(mu, beta),
+            budget,
             d_max,
             self.options.epsilon,
             rng,
             tau=self.options.tau,
+            fill_budget=self.options.fill_budget,
             population=self.options.ga_population,
             generations=self.options.ga_generations,
             mutation_rate=self.options.ga_mutation_rate,
@@ -161,6 +178,7 @@ class MergeSFL(Algorithm):
         info = {k: float(v) for k, v in info.items()}
         info["batch_sizes"] = [int(d) for d in batch]
         info["ingress_estimate"] = self.ingress_estimate
+        info["budget"] = float(budget)
         return RoundPlan(
             tasks=tasks,
             server_mode="per_step",

@@ -50,6 +50,7 @@ def arrange_workers(
     epsilon: float,
     rng: np.random.Generator,
     tau: int = 1,
+    fill_budget: bool = True,
     **ga_options: Any,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """Algorithm 1 end to end (lines 1-7) for one round.
@@ -59,7 +60,10 @@ def arrange_workers(
     line 6), ``kl_after`` (final integer sizes), ``delta`` (Eq. 14 of line 6, from the
     un-floored Eq. 9 sizes), ``waiting_time`` (Eq. 8 over the selected workers, final sizes),
     ``bandwidth`` (Σ d_i·c).
-    ``ga_options`` are passed to :func:`ga_select`. Workers whose Eq. (9) batch is 0 (slower
+    ``ga_options`` are passed to :func:`ga_select`; with ``fill_budget`` the GA counts every
+    set with KL ≤ ``epsilon`` as balanced, so that among those the larger Eq. (13) priority
+    sum, i.e. more workers up to the budget, wins (without it, the smallest KL wins however
+    little of the budget it uses). Workers whose Eq. (9) batch is 0 (slower
     per sample than D× the fastest worker: even one sample would make them stragglers) are not
     offered to the GA; ``excluded`` counts them. The GA checks Eq. (10) with the floored Eq. 9
     sizes; lines 6-7 start from the un-floored ones (:func:`aligned_batch_sizes`) and round
@@ -81,6 +85,7 @@ def arrange_workers(
         prio,
         rng,
         phi0=phi0,
+        balanced_kl=epsilon if fill_budget else 0.0,
         **ga_options,
     )
     selected = eligible[chosen]

@@ -88,13 +88,16 @@ class _Search:
     budget: float
     fits_alone: np.ndarray
     rng: np.random.Generator
+    balanced_kl: float = 0.0
     cache: dict[bytes, tuple[float, float]] = field(default_factory=dict)
 
     def fitness(self, genes: np.ndarray) -> tuple[float, float]:
-        """``KL(Φ_h(S) ‖ Φ_0)`` (Eq. 11-12), then the larger ``Σ_{i∈S} p_i`` (Eq. 13) first."""
+        """``KL(Φ_h(S) ‖ Φ_0)`` (Eq. 11-12), counted as 0 at or below ``balanced_kl``, then
+        the larger ``Σ_{i∈S} p_i`` (Eq. 13) first."""
         k = np.packbits(genes).tobytes()
         if k not in self.cache:
             kl = kl_divergence(label_mixture(self.batch, self.dists, genes), self.phi0)
+            kl = 0.0 if kl <= self.balanced_kl else kl
             self.cache[k] = (kl, -float(self.prio[genes].sum()))
         return self.cache[k]
 
@@ -173,6 +176,7 @@ def ga_select(
     elite: int = 2,
     init_fraction: float = 0.5,
     phi0: np.ndarray | None = None,
+    balanced_kl: float = 0.0,
 ) -> np.ndarray:
     """Lines 3-5 of Alg. 1: genetic search for the worker set minimising ``KL(Φ_h ‖ Φ_0)``.
 
@@ -187,8 +191,11 @@ def ga_select(
     * Repair (applied to every individual, initial and offspring): while Eq. (10) is violated,
       drop a uniformly random selected worker; if the set became empty, select one random
       worker among those whose batch fits the budget alone.
-    * Fitness: ``KL(Φ_h(S) ‖ Φ_0)``, lower is better; ties go to the larger total priority
-      ``Σ_{i∈S} p_i`` (so equally balanced sets favour rarely-used workers and more workers).
+    * Fitness: ``KL(Φ_h(S) ‖ Φ_0)``, lower is better, with every KL at or below
+      ``balanced_kl`` counted as 0 (MergeSFL passes ε: line 6 asks no more of a set than
+      KL ≤ ε); ties go to the larger total priority ``Σ_{i∈S} p_i`` (so equally balanced
+      sets favour rarely-used workers and more workers, up to the Eq. 10 budget: "the
+      available ingress bandwidth B^h ... determine[s] the number of selected workers").
     * Each generation keeps the ``elite`` best unchanged; every other child comes from two
       binary-tournament parents (best of two random individuals each), uniform crossover with
       probability ``crossover_rate`` (else a copy of the first parent), independent bit-flip
@@ -211,7 +218,7 @@ def ga_select(
             f"bandwidth budget {budget} is below the smallest worker's use {cost.min()} (Eq. 10)"
         )
     phi0 = iid_reference(dists) if phi0 is None else np.asarray(phi0, dtype=np.float64)
-    search = _Search(dists, d, prio, phi0, cost, budget, fits_alone, rng)
+    search = _Search(dists, d, prio, phi0, cost, budget, fits_alone, rng, balanced_kl)
     pop = search.initial(max(1, population), init_fraction)
     elite = min(max(0, elite), len(pop))
     for _ in range(generations):
