@@ -224,6 +224,11 @@ def test_link_rates_are_estimated_from_measured_transfers():
             assert alg.d2d[k] == pytest.approx(ema(d2d0[k], seen), rel=1e-12)
             jitter = report.jitter[k]
             assert alg.mu_b[k] == pytest.approx(ema(mu_b0[k], jitter * mu_b0[k]), rel=1e-9)
+        # the top worker's μ_b as its members measured its compute: jittered like their times
+        # (issue 32 item 7: it was the clock's noise-free value)
+        top_seen = np.mean([report.jitter[k] * mu_b0[top] for k in members])
+        assert top_seen != pytest.approx(mu_b0[top], rel=1e-6)
+        assert alg.mu_b[top] == pytest.approx(ema(mu_b0[top], top_seen), rel=1e-9)
         ps_up = np.mean(
             [full / (report.costs[k].extra["ps_up_time"] * report.jitter[k]) for k in members]
         )

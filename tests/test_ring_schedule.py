@@ -4,6 +4,7 @@ pipelined §3.3 analysis."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import splitfl
@@ -54,12 +55,14 @@ def test_later_steps_wait_for_the_member_and_ready_times_shift_it():
 
 
 def test_ringsfl_clock_schedule_keeps_busy_times_and_is_never_faster_than_ideal(tmp_path):
+    """``ideal`` (the default: RingSFL §3.3) is the slowest member's busy time; ``schedule``
+    adds the waiting between hops."""
     changes = {"rounds": 1, "devices.preset": "s2fl_table1", "devices.jitter": 0.0}
-    ideal = splitfl.run(
-        config_for("ringsfl", **changes, **{"options.ringsfl.pipeline": "ideal"}),
-        run_dir=tmp_path / "ideal",
+    ideal = splitfl.run(config_for("ringsfl", **changes), run_dir=tmp_path / "ideal")
+    sched = splitfl.run(
+        config_for("ringsfl", **changes, **{"options.ringsfl.pipeline": "schedule"}),
+        run_dir=tmp_path / "sched",
     )
-    sched = splitfl.run(config_for("ringsfl", **changes), run_dir=tmp_path / "sched")
     a, b = ideal.metrics[0], sched.metrics[0]
     assert a["client_times"] == pytest.approx(b["client_times"])
     assert a["round_time"] == pytest.approx(max(a["client_times"]))
@@ -91,3 +94,52 @@ def test_exchange_latency_adds_one_term_per_ring_message(tmp_path):
     for a, b in zip(base["client_times"], slow["client_times"], strict=True):
         assert b - a == pytest.approx((2 * total_steps + 2) * 0.01)
     assert slow["round_time"] > base["round_time"]
+
+
+def _random_ring(rng: np.random.Generator):
+    """Three members, two steps: integer job times, and a link term added to every job that
+    sends a message (all but the first segment's backward)."""
+    base = {
+        (k, s, h): float(rng.integers(1, 6))
+        for k in (FORWARD, BACKWARD)
+        for s in range(3)
+        for h in range(3)
+    }
+    base.update({(LOSS, s, 3): float(rng.integers(1, 4)) for s in range(3)})
+
+    def makespan(link: float, fixed: bool) -> float:
+        def job_time(kind, start, hop):
+            sends = kind != BACKWARD or hop > 0
+            return base[(kind, start, hop)] + (link if sends else 0.0)
+
+        ready = {0: 0.0, 1: 0.0, 2: 0.0}
+        steps = {0: 2, 1: 2, 2: 2}
+        return max(ring_makespan([0, 1, 2], steps, job_time, ready, fixed_order=fixed).values())
+
+    return makespan, float(rng.integers(2, 6))
+
+
+def test_fixed_order_schedule_never_lengthens_when_a_link_gets_faster():
+    """Issue 32 item 4: serving jobs in arrival order is not monotone (a faster link reorders
+    the jobs: RingSFL ResNet-18 took longer at 45 than at 42 Mb/s); the fixed order of
+    ``pipeline: schedule`` is the longest path of one precedence graph, so it is."""
+    rng = np.random.default_rng(0)
+    fifo_anomalies = 0
+    for _ in range(600):
+        makespan, link = _random_ring(rng)
+        assert makespan(link - 1, True) <= makespan(link, True) + 1e-9
+        fifo_anomalies += makespan(link - 1, False) > makespan(link, False) + 1e-9
+    assert fifo_anomalies >= 1  # instance 487 of this seed: 114 s at link 5, 117 s at link 4
+
+
+def test_ringsfl_default_round_time_is_the_slowest_members_busy_time(tmp_path):
+    """The paper's model by default (§3.3: the straggler's time); ``arrival`` and
+    ``schedule`` remain options."""
+    changes = {"rounds": 1, "devices.preset": "ringsfl_testbed", "devices.jitter": 0.0}
+    row = splitfl.run(config_for("ringsfl", **changes), run_dir=tmp_path / "d").metrics[0]
+    assert row["round_time"] == pytest.approx(max(row["client_times"]))
+    for pipeline in ("schedule", "arrival"):
+        cfg = config_for("ringsfl", **changes, **{"options.ringsfl.pipeline": pipeline})
+        other = splitfl.run(cfg, run_dir=tmp_path / pipeline).metrics[0]
+        assert other["client_times"] == pytest.approx(row["client_times"])
+        assert other["round_time"] >= row["round_time"]

@@ -269,11 +269,40 @@ def ringsfl_section(result: dict[str, dict]) -> list[str]:
     ]
 
 
+def _ratio(cells: dict[str, dict], ours: str, theirs: str, key: str) -> str:
+    if ours not in cells or theirs not in cells:
+        return "-"
+    return f(cells[ours]["stats"][key] / cells[theirs]["stats"][key], 2, "×")
+
+
+def sensitivity_section(result: dict[str, dict]) -> list[str]:
+    """One row per variant: MergeSFL vs LocFedMix-SL and ParallelSFL vs AdaSFL, per round and
+    per 1,000 samples (their papers' pairs), then each variant's per-algorithm table."""
+    setup = SETUPS["jetson-sensitivity"]
+    pairs = [("mergesfl", "locfedmix_sl"), ("parallelsfl", "adasfl")]
+    header = ["variant", "MergeSFL workers", "MergeSFL samples/round"]
+    for ours, theirs in pairs:
+        names = f"{display_name(ours)} / {display_name(theirs)}"
+        header += [f"{names} per round", f"{names} per 1,000 samples"]
+    rows = []
+    for label, cells in result.items():
+        m = cells["mergesfl"]["stats"]
+        row = [label, f(m["clients"], 1), f(m["samples"], 0)]
+        for ours, theirs in pairs:
+            row += [_ratio(cells, ours, theirs, k) for k in ("round_time", "time_per_1k")]
+        rows.append(row)
+    lines = [f"## {setup.title}", "", *table(header, rows), ""]
+    for label, cells in result.items():
+        lines += [f"### {label}", "", *per_round_table(cells, 0), ""]
+    return lines
+
+
 SECTIONS = {
     "s2fl-table3": s2fl_section,
     "mergesfl-alexnet": lambda r: mergesfl_section(r[""]),
     "parallelsfl-alexnet": lambda r: parallelsfl_section(r[""]),
     "ringsfl-resnet18": ringsfl_section,
+    "jetson-sensitivity": sensitivity_section,
 }
 
 

@@ -103,6 +103,11 @@ S2FL = Setup(
         "s2fl (warm-up: selected only)": ("s2fl", {"options.s2fl.warmup_all_devices": False}),
         # a sensitivity: Eq. (1) has no per-iteration group barrier (issue 32 item 3)
         "s2fl (lock-step barrier)": ("s2fl", {"options.s2fl.lockstep_barrier": True}),
+        # a sensitivity: Table 1's devices are static; the S²FL configs used 0.3 until issue 32
+        "s2fl (devices.variation 0.3, period 5)": (
+            "s2fl",
+            {"devices.variation": 0.3, "devices.variation_period": 5},
+        ),
     },
     notes=[
         "VGG-16 = `vgg16_cifar` (the S²FL authors' FedMR VGG-16-BN: 16 blocks, 134.6 MB, cuts "
@@ -240,4 +245,44 @@ RINGSFL = Setup(
 #: vanilla FL at 135 Mb/s; SplitFed and vanilla SL take less time per round than RingSFL.
 RINGSFL_CLAIMS = {"fl_time_reduction": 0.616, "crossover_mbps": (5, 10)}
 
-SETUPS = {s.name: s for s in (S2FL, MERGESFL, PARALLELSFL, RINGSFL)}
+#: Issue 32 items 1, 2 and 6: the jetson80 clock's modelling choices that no paper prints,
+#: one at a time against the preset's defaults (PS link 200 Mb/s shared, bandwidth AR(1)
+#: ρ = 0.9; ``splitfl.system.jetson``), and MergeSFL's two readings of Eq. (10). 40 rounds
+#: (two mode periods) of the MergeSFL/ParallelSFL AlexNet setup.
+JETSON_SENSITIVITY = Setup(
+    name="jetson-sensitivity",
+    title="jetson80 sensitivity: PS link, bandwidth correlation, MergeSFL's Eq. (10) reading",
+    base={
+        **_jetson_alexnet(
+            {
+                "mergesfl": {"tau": 30, "cut": 5},
+                "locfedmix_sl": {"tau": 30, "cut": 5},
+                "parallelsfl": {"tau": 30, "cut": 5},
+                "adasfl": {"tau": 30, "cut": 5},
+            }
+        ),
+        "rounds": 40,
+    },
+    algorithms=["mergesfl", "locfedmix_sl", "parallelsfl", "adasfl"],
+    variants={
+        "defaults (PS 200 Mb/s, ρ = 0.9)": {},
+        "PS 50 Mb/s": {"devices.server_rate": 50 * MBPS},
+        "PS 100 Mb/s": {"devices.server_rate": 100 * MBPS},
+        "PS 400 Mb/s": {"devices.server_rate": 400 * MBPS},
+        "PS 1000 Mb/s": {"devices.server_rate": 1000 * MBPS},
+        "PS link not shared": {"devices.contention": False},
+        "ρ = 0 (independent redraws)": {"devices.bandwidth_correlation": 0.0},
+        "ρ = 0.5": {"devices.bandwidth_correlation": 0.5},
+        "ρ = 1 (held for the run)": {"devices.bandwidth_correlation": 1.0},
+    },
+    extra={
+        "mergesfl (budget time on the shared link)": (
+            "mergesfl",
+            {"options.mergesfl.budget_time": "shared"},
+        ),
+        "mergesfl (KL-only GA)": ("mergesfl", {"options.mergesfl.fill_budget": False}),
+    },
+    reference="mergesfl",
+)
+
+SETUPS = {s.name: s for s in (S2FL, MERGESFL, PARALLELSFL, RINGSFL, JETSON_SENSITIVITY)}

@@ -13,12 +13,17 @@ Heterogeneity"): spec ``papers/ringsfl.md`` §3 (Alg. 1–2, Eq. 1–7).
   (Eq. 6; tested). ``version: v2`` multiplies the rate of overlapping blocks by |U_i,(j)|
   (Eq. 7); the public code was not found to do this, the paper is followed.
 * Server aggregation: plain average of the blended models (Eq. 5).
-* Round time (``pipeline``): ``schedule`` (default) — the makespan of the ring's steps as the
-  protocol runs them (:func:`splitfl.system.ring_schedule.ring_makespan`: each hop waits for
-  its input, a member starts a step when its previous one is done); ``ideal`` — the §3.3
-  analysis, the most loaded member's busy time (segments pipelined without a gap). Measured
-  on emulated devices the ideal model under-predicted rounds 1.5–4× (``benchmarks/README.md``);
-  the members' busy times are the same in both.
+* Round time (``pipeline``): ``ideal`` (default) — the §3.3 analysis, the most loaded
+  member's busy time (segments pipelined without a gap: "the computation time consumed by the
+  straggler", Problem (1), plus its ring hops and model transfers); ``schedule`` — the
+  makespan of the ring's steps (:func:`splitfl.system.ring_schedule.ring_makespan`: each hop
+  waits for its input, a member starts a step when its previous one is done, and runs a
+  step's jobs in a fixed order, so a faster link never lengthens a round); ``arrival`` — the
+  same with each member serving jobs in arrival order, as the networked member does (the
+  model the clock validation measured, ``benchmarks/README.md``; not monotone in link rates:
+  ResNet-18 took 15,927 s per round at 45 Mb/s and 14,313 s at 42). Measured on emulated
+  devices the ideal model under-predicted rounds 1.5–4×; the members' busy times are the
+  same in all three. ``schedule`` was the default before issue 32 (item 4).
 * Time and energy: :func:`splitfl.system.cost.ring_client_cost` per client (its segments'
   compute at its FLOPS, ring hops over D2D links, model download/upload); energy = busy
   compute time × power (preset ``ringsfl_testbed``: PC 65 W, Raspberry Pi 6.4 W).
@@ -76,19 +81,23 @@ def parse_ratios(spec: str, n: int, num_blocks: int) -> list[int]:
     return largest_remainder(parts, num_blocks)
 
 
+#: RingSFL round-time models (module docstring); the first is the paper's (§3.3).
+PIPELINES = ("ideal", "schedule", "arrival")
+
+
 @dataclass(frozen=True)
 class RingSFLOptions:
     version: str = "v1"
     prop_lens: str | None = None
     order: str | None = None
     lr_compensation: bool = True
-    pipeline: str = "schedule"
+    pipeline: str = "ideal"
 
     def __post_init__(self) -> None:
         if self.version not in ("v1", "v2"):
             raise ConfigError("options.ringsfl.version", "allowed: v1, v2")
-        if self.pipeline not in ("schedule", "ideal"):
-            raise ConfigError("options.ringsfl.pipeline", "allowed: schedule, ideal")
+        if self.pipeline not in PIPELINES:
+            raise ConfigError("options.ringsfl.pipeline", f"allowed: {', '.join(PIPELINES)}")
         if self.prop_lens is not None:
             try:
                 [float(p) for p in self.prop_lens.split(":")]
@@ -197,9 +206,10 @@ class RingSFL(Algorithm):
         )
 
     def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
-        """``pipeline: schedule``: the ring's makespan (model download, the steps as
-        :func:`~splitfl.system.ring_schedule.ring_makespan` schedules them, model upload), each
-        member's job times scaled by its jitter; waiting = round − own busy time."""
+        """``pipeline: schedule``/``arrival``: the ring's makespan (model download, the steps
+        as :func:`~splitfl.system.ring_schedule.ring_makespan` schedules them, model upload),
+        each member's job times scaled by its jitter; waiting = round − own busy time.
+        ``ideal``: the slowest member's busy time (§3.3)."""
         plan, round_idx = self._round
         if self.options.pipeline == "ideal" or plan is None or not times:
             return round_times(times)
@@ -216,6 +226,7 @@ class RingSFL(Algorithm):
                 job_time(kind, start, hop) * scale[plan.ring.member(start, hop)]
             ),
             {c: model_in[c] * scale[c] for c in times},
+            fixed_order=self.options.pipeline == "schedule",
         )
         end = {c: finish[c] + model_out[c] * scale[c] for c in times}
         total = max(end.values())

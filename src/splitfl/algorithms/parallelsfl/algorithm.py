@@ -343,12 +343,15 @@ class ParallelSFL(Algorithm):
         cluster_time: dict[int, float] = {}
         d2d: dict[int, list[tuple[int, float]]] = {}  # top -> (member, measured D2D rate)
         ps: dict[int, list[tuple[float, float]]] = {}  # top worker -> measured (up, down)
+        top_mu: dict[int, list[float]] = {}  # top worker -> its μ_b as each member measured it
         for task in plan.tasks:
             c, top, cost = task.client, self.tops[task.group], report.costs[task.client]
             jitter = report.jitter[c]
             batches = max(report.samples[c], 1) / d  # measured times are scaled to batch d
             self.seen["mu_b"][c] = cost.device_time * jitter / batches
-            self.seen["mu_b"][top] = cost.extra["top_compute"] / batches / ratio
+            # the top worker's compute for this member, as the member's measured time holds it
+            # (stretched by the same jitter as the rest of that time)
+            top_mu.setdefault(top, []).append(cost.extra["top_compute"] * jitter / batches / ratio)
             sent = cost.traffic.d2d_activations + cost.traffic.d2d_gradients
             if cost.extra["d2d_time"] > 0:
                 d2d.setdefault(top, []).append((c, sent / (cost.extra["d2d_time"] * jitter)))
@@ -356,6 +359,8 @@ class ParallelSFL(Algorithm):
             if up > 0 and down > 0:
                 ps.setdefault(top, []).append((full / up, full / down))
             cluster_time[task.group] = max(cluster_time.get(task.group, 0.0), report.times[c])
+        for top, values in top_mu.items():
+            self.seen["mu_b"][top] = float(np.mean(values))
         record_radios(self.seen["d2d"], radio_observations(d2d, self._contention()))
         for top, rates in ps.items():
             self.seen["up"][top], self.seen["down"][top] = np.mean(rates, axis=0)
