@@ -297,12 +297,39 @@ def sensitivity_section(result: dict[str, dict]) -> list[str]:
     return lines
 
 
+def generic_section(name: str, result: dict[str, dict]) -> list[str]:
+    """Per variant, the per-round table and the reference algorithm's ratio to each other
+    algorithm, per round and per 1,000 samples (equal work)."""
+    setup = SETUPS[name]
+    lines = [f"## {setup.title}", "", *[f"- {n}" for n in setup.notes], ""]
+    for label, cells in result.items():
+        ref = setup.reference
+        ratios = [
+            [
+                display_name(a),
+                _ratio(cells, ref, a, "round_time"),
+                _ratio(cells, ref, a, "time_per_1k"),
+            ]
+            for a in cells
+            if a != ref
+        ]
+        lines += [f"### {label}", "", *per_round_table(cells, setup.warmup), ""]
+        lines += table(
+            [f"{display_name(ref)} / baseline", "per round", "per 1,000 samples"], ratios
+        )
+        lines += [""]
+    return lines
+
+
 SECTIONS = {
     "s2fl-table3": s2fl_section,
     "mergesfl-alexnet": lambda r: mergesfl_section(r[""]),
     "parallelsfl-alexnet": lambda r: parallelsfl_section(r[""]),
     "ringsfl-resnet18": ringsfl_section,
     "jetson-sensitivity": sensitivity_section,
+    "mergesfl-more": lambda r: generic_section("mergesfl-more", r),
+    "parallelsfl-more": lambda r: generic_section("parallelsfl-more", r),
+    "s2fl-fig5-7": lambda r: generic_section("s2fl-fig5-7", r),
 }
 
 

@@ -5,6 +5,7 @@ from splitfl.data.loaders import (  # noqa: F401
     digits,
     femnist,
     har,
+    image100,
     mnist,
     qnli,
     speech,

@@ -27,7 +27,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetNotFoundError, register_dataset
+from splitfl.data.base import (
+    ArrayDataset,
+    DatasetBundle,
+    DatasetNotFoundError,
+    DatasetShape,
+    register_dataset,
+)
 from splitfl.data.loaders._common import file_error, find_folder, reading
 
 SAMPLE_RATE = 16_000
@@ -95,6 +101,7 @@ def _to_dataset(
 @register_dataset(
     "speech_commands",
     "Speech Commands v0.02 WAVs (root/SpeechCommands/speech_commands_v0.02/), 1x16000, 35 classes",
+    shape=DatasetShape((1, 16000), 35),
 )
 def load_speech_commands(
     root: Path | None = None, test_split: str = "testing", max_per_class: int | None = None

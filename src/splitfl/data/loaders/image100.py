@@ -1,0 +1,30 @@
+"""IMAGE-100 (MergeSFL §V-A, ParallelSFL §5.1): 100 of ImageNet's 1,000 classes, "each sample
+resized with the shape of 64 × 64 × 3" (MergeSFL). Neither paper publishes its class list,
+and ImageNet is not redistributable, so splitfl ships no images: the name registers the shape
+for ``executor: timing`` (``data.train_samples``, e.g. 128,117 = 100/1,000 of ImageNet's
+1,281,167 training images, an estimate: the papers give no size). To train on your own copy,
+use ``data.format: image_folder`` with ``data.image_size: [64, 64]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from splitfl.data.base import DatasetBundle, DatasetNotFoundError, DatasetShape, register_dataset
+
+
+@register_dataset(
+    "image100",
+    "IMAGE-100 shape only (3x64x64, 100 classes) for executor: timing; train on your own copy "
+    "with data.format: image_folder",
+    needs_root=False,
+    shape=DatasetShape((3, 64, 64), 100),
+)
+def load_image100(root: Path | None = None) -> DatasetBundle:
+    """No images ship (module docstring): always raises :class:`DatasetNotFoundError`."""
+    del root
+    raise DatasetNotFoundError(
+        "image100 ships no images (ImageNet is not redistributable): use it with "
+        "executor: timing and data.train_samples, or point data.format: image_folder at your "
+        "own IMAGE-100 copy"
+    )
