@@ -22,6 +22,7 @@ from splitfl.config import ConfigError
 from splitfl.data.base import DatasetError, DatasetWarning
 from splitfl.executors import NonFiniteLossError
 from splitfl.experiment import compare, resume, run, validate
+from splitfl.experiment.model_card import cards_markdown
 from splitfl.extensions import add_import_flag
 from splitfl.listing import catalog
 from splitfl.metrics.report import report
@@ -136,6 +137,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    if args.model_cards:
+        print(cards_markdown(), end="")
+        return 0
     for section, entries in catalog().items():
         print(f"{section.replace('_', ' ')}:")
         for name, description in entries.items():
@@ -206,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_import_flag(p)
     p.set_defaults(fn=cmd_validate)
     p = sub.add_parser("list", help="algorithms, models, datasets, device presets")
+    p.add_argument(
+        "--model-cards",
+        action="store_true",
+        help="every clock decision of each device preset and paper algorithm, with its source",
+    )
     p.set_defaults(fn=cmd_list)
 
     add_network_parsers(sub)

@@ -47,6 +47,7 @@ from splitfl.experiment.checkpoint import load_checkpoint
 from splitfl.experiment.context import RunContext, build_context
 from splitfl.experiment.device_data import write_clients
 from splitfl.experiment.loop import run_loop
+from splitfl.experiment.model_card import card_table, model_card
 from splitfl.experiment.provenance import write_data_record, write_version
 from splitfl.experiment.validation import load_config, validate_config, with_imports
 from splitfl.extensions import import_user_modules, reject_objects
@@ -102,7 +103,8 @@ def validate(
     """Check a config and that it fits its data and model, without running (``splitfl
     validate``); the output folder too (:func:`check_output`). ``imports``: modules to import
     first (``--import``), added to the config's ``imports``. Returns a one-line
-    description; raises ConfigError / DatasetError."""
+    description, then the clock's model card (:mod:`splitfl.experiment.model_card`); raises
+    ConfigError / DatasetError."""
     cfg = as_config(config, overrides, imports)
     check_output(cfg)
     ctx = prepare(cfg).ctx
@@ -111,13 +113,15 @@ def validate(
     train = f"{len(ctx.bundle.train)} train samples"
     if cfg.data.source == "devices":
         train = f"training data on the devices, {len(ctx.bundle.test)} test samples"
-    return (
+    summary = (
         f"ok: {cfg.algorithm} on {cfg.data.dataset} ({train}, "
         f"{ctx.num_clients} clients), model {cfg.model} ({ctx.num_blocks} blocks, "
         f"cut points {list(ctx.cut_points)}, default {ctx.model.default_cut}), devices "
         f"{cfg.devices.preset} (server link {shared}: "
         f"devices.contention={str(cfg.devices.contention).lower()}), {cfg.rounds} rounds"
     )
+    card = card_table(model_card(cfg))
+    return f"{summary}\n\nThe clock's decisions (docs/model-cards.md):\n\n{card}"
 
 
 def _default_name(config: ExperimentConfig) -> str:
