@@ -44,6 +44,10 @@ def check_registries(config: ExperimentConfig, config_dir: str | Path | None = N
     _choice(config.data.verify, list(VERIFY_MODES), "data.verify")
     _choice(config.devices.preset, sorted(PRESETS), "devices.preset")
     _choice(config.devices.composition, list(COMPOSITIONS), "devices.composition")
+
+
+def check_device_options(config: ExperimentConfig) -> None:
+    """Device fields that only some presets have (after the ranges are checked)."""
     v = config.devices
     if v.bandwidth_correlation is not None and v.preset not in VARYING_BANDWIDTH:
         raise ConfigError(
@@ -170,6 +174,7 @@ def validate_config(config: ExperimentConfig, config_dir: str | Path | None = No
     check_registries(config, config_dir)
     validate(config)
     check_options(config)
+    check_device_options(config)
     check_timing(config)
     check_recipe(config)
     check_aggregation(config)
@@ -193,6 +198,7 @@ def load_config(
     config = with_imports(read_config(path, overrides), imports)
     check_registries(config, Path(path).resolve().parent if path is not None else None)
     check_options(config)
+    check_device_options(config)
     check_timing(config)
     check_recipe(config)
     check_aggregation(config)
