@@ -60,8 +60,8 @@ def test_measured_clock_reports_the_rate_the_server_received_at():
 def test_mergesfl_budget_follows_the_measured_ingress_of_earlier_rounds():
     """Through the executor and the clock: round 0 budgets clients_per_round × D samples (the
     prior); after each round B^h = 0.8·B^{h-1} + 0.2·Σ_k server_in_rate_k / jitter_k over the
-    round's report, and the next budget is B^h × D·(μ_l+β⁰_l) bytes (Eq. 10, Eq. 7), l the
-    fastest worker by μ+β and β⁰ its transmission time over its own link."""
+    round's report, and the next budget is B^h × min_i D·(μ_i+β⁰_i) bytes (Eq. 10, Eq. 7), β⁰
+    the transmission time over the worker's own link."""
     changes = {"options.mergesfl.tau": 2, "devices.jitter": 0.3, "devices.contention": True}
     cfg = as_config(tiny_config(algorithm="mergesfl", **changes))
     prep = prepare(cfg)
@@ -74,10 +74,9 @@ def test_mergesfl_budget_follows_the_measured_ingress_of_earlier_rounds():
         if want is None:
             assert alg.budget(mu, beta) == cfg.train.clients_per_round * d_max * c
         else:
-            fastest = np.argmin(mu + beta)
-            own = alg.state.own_link_beta()[fastest]
-            assert own < beta[fastest] or shared == 0  # the shared link's wait is left out
-            assert alg.budget(mu, beta) == pytest.approx(want * d_max * (mu[fastest] + own))
+            own = alg.state.own_link_beta()
+            assert np.all(own <= beta + 1e-15)  # the shared link's wait is left out
+            assert alg.budget(mu, beta) == pytest.approx(want * d_max * np.min(mu + own))
         plan = alg.plan_round(r, alg.select_clients(r, rng_for(3, "s", r)), rng_for(3, "p", r))
         state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
         result = SequentialExecutor().run_round(ctx, state, plan, round_seed=11)

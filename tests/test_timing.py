@@ -145,7 +145,7 @@ def test_train_samples_partitions_labels_without_files(tmp_path):
         ({"data.train_samples": 100}, "data.train_samples"),  # sequential trains: refused
         ({"executor": "timing", "data.train_samples": 0}, "data.train_samples"),
         (
-            {"executor": "timing", "data.train_samples": 100, "data.dataset": "speech_commands"},
+            {"executor": "timing", "data.train_samples": 100, "data.dataset": "qnli"},
             "data.train_samples",
         ),
     ],

@@ -8,13 +8,14 @@ Size Regulation"): spec ``papers/mergesfl.md`` §IV (Alg. 1, Eq. 5–17).
   the moving average (``ema``) of the PS's achieved ingress rate in the earlier rounds, from the
   round reports (the clock shares the PS link among the concurrent uploads where
   ``devices.contention`` is on). Eq. (10) compares bytes per *iteration*, so the budget in
-  bytes is B^h × the fastest worker's iteration time at the maximum batch, D·(μ_l+β⁰_l)
-  (Eq. 7), with β⁰ its transmission time over its *own* link: the time an iteration takes when
-  the PS link is not the bottleneck, which is what Eq. (10) is there to ensure ("to prevent
-  the PS from becoming a bottleneck", §IV-A). With the β measured on the shared link
-  (``budget_time: shared``, the earlier reading, a sensitivity) the budget grows with the
-  contention it should prevent (a tighter link stretches the iteration and admits more
-  bytes), and Eq. (10) stopped binding (issue 32: ~42 of 80 workers at every PS rate).
+  bytes is B^h × the fastest worker's iteration time at the maximum batch,
+  min_i D·(μ_i+β⁰_i) (Eq. 7), with β⁰ the transmission time over the worker's *own* link:
+  the time an iteration takes when the PS link is not the bottleneck, which is what Eq. (10)
+  is there to ensure ("to prevent the PS from becoming a bottleneck", §IV-A). With the β
+  measured on the shared link (``budget_time: shared``, the earlier reading, a sensitivity)
+  the budget grows with the contention it should prevent (a tighter link stretches the
+  iteration and admits more bytes), and Eq. (10) stopped binding (issue 32: ~42 of 80
+  workers at every PS rate).
   Before anything has been measured (round 0) the budget is the feature bytes of
   ``train.clients_per_round`` workers at the maximum batch — the prior, which reads no link
   rate; ``budget: clients_per_round`` keeps that budget in every round (so that comparisons
@@ -133,10 +134,9 @@ class MergeSFL(Algorithm):
         measured = self.ingress_estimate is not None and self.state.any_measured
         if self.options.budget == "clients_per_round" or not measured:
             return self.ctx.config.train.clients_per_round * d_max * c
-        fastest = int(np.argmin(mu + beta))
         if self.options.budget_time == "own_link":
             beta = self.state.own_link_beta()
-        return self.ingress_estimate * d_max * float(mu[fastest] + beta[fastest])
+        return self.ingress_estimate * d_max * float(np.min(mu + beta))
 
     # -- hooks ---------------------------------------------------------------------------------
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
