@@ -43,6 +43,7 @@ from splitfl.data.base import DatasetBundle, dataset_names
 from splitfl.data.source import from_object, read_dataset
 from splitfl.models import profile as profiles
 from splitfl.models.base import BlockModel
+from splitfl.models.hf import check_hf_spec, hf_block_model, is_hf_spec
 from splitfl.models.registry import NO_SPLIT, ModelContractError, Split, make_model, model_names
 from splitfl.models.registry import build_model as build_registered_model
 
@@ -55,8 +56,9 @@ _plugins_loaded = False
 
 
 def is_import_path(spec: str) -> bool:
-    """``package.module:callable`` (registered names hold no ``:``)."""
-    return ":" in spec
+    """``package.module:callable`` (registered names hold no ``:``; ``hf:``/``hf-config:``
+    name Hugging Face models, :mod:`splitfl.models.hf`)."""
+    return ":" in spec and not is_hf_spec(spec)
 
 
 def _error_line(err: BaseException) -> str:
@@ -207,8 +209,14 @@ def resolve_callable(spec: str, field: str) -> Callable[..., Any]:
 
 
 def check_model(spec: str) -> None:
-    """``model:`` is a registered name (with a "did you mean") or an import path."""
-    if is_import_path(spec):
+    """``model:`` is a registered name (with a "did you mean"), an import path or a Hugging
+    Face model (``hf:``/``hf-config:``, whose folder must exist where it is not a hub id)."""
+    if is_hf_spec(spec):
+        try:
+            check_hf_spec(spec)
+        except (ImportError, ValueError) as err:
+            raise ConfigError("model", str(err)) from None
+    elif is_import_path(spec):
         resolve_callable(spec, "model")
     elif spec not in model_names():
         raise ConfigError("model", unknown_choice(spec, model_names()) + _import_hint())
@@ -254,6 +262,8 @@ def build_model(
     ``num_classes``, an ``nn.Module`` cut where ``split`` says. A broken builder contract is
     a one-line ConfigError."""
     try:
+        if is_hf_spec(spec):
+            return hf_block_model(spec, num_classes)
         if not is_import_path(spec):
             return build_registered_model(spec, input_shape, num_classes, split)
         return make_model(resolve_callable(spec, "model"), spec, input_shape, num_classes, split)

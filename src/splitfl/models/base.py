@@ -128,9 +128,13 @@ def block_index(param_name: str) -> int:
 def user_state_dict(model: BlockModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` (keys ``blocks.<i>.<name>``) under the user's own names: ``<name>`` for a
     graph-split model (its pieces hold the user's modules under their paths), ``<i>.<name>``
-    for an ``nn.Sequential`` (block ``i`` is its child ``i``). A tied parameter appears once
-    per name, as in the user's ``state_dict``."""
+    for an ``nn.Sequential`` (block ``i`` is its child ``i``), the names recorded in
+    ``model.user_names`` where the split made them (:mod:`splitfl.models.hf`). A tied
+    parameter appears once per name, as in the user's ``state_dict``."""
     origin = model.origin
+    names = getattr(model, "user_names", None)
+    if names:  # recorded when the model was split (a Hugging Face model's own names)
+        return {names.get(key, key): value for key, value in state.items()}
     if origin == "blocks":  # the model is a BlockModel of its own: these are its names
         return dict(state)
     out = {}

@@ -1,0 +1,91 @@
+"""Hugging Face transformers cut in layers (issue 33 item 1): device ∘ server is the original
+model (float64, train and eval mode, with padding) for RoBERTa, BERT, GPT-2 and Llama; the
+trained weights load back into the user's model; ``hf-config:`` runs end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import splitfl  # noqa: E402
+from hf_fixtures import save_tiny, tiny_model, token_batch  # noqa: E402
+from splitfl.config import ConfigError  # noqa: E402
+from splitfl.models.base import run_block, split, user_state_dict  # noqa: E402
+from splitfl.models.hf import hf_block_model, split_blocks  # noqa: E402
+
+KINDS = {
+    "roberta": "sequence_classification",
+    "bert": "sequence_classification",
+    "gpt2": "causal_lm",
+    "gpt2-cls": "sequence_classification",
+    "llama": "causal_lm",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("train", [False, True])
+def test_device_then_server_is_the_original_model(kind, train):
+    torch.manual_seed(0)
+    model = tiny_model(kind).double().train(train)
+    blocks = torch.nn.ModuleList(split_blocks(model, KINDS[kind])).double().train(train)
+    x = token_batch()
+    torch.manual_seed(1)
+    want = model(input_ids=x[:, 0], attention_mask=x[:, 1]).logits
+    torch.manual_seed(1)  # dropout draws in the same order
+    h = x
+    for block in blocks:
+        h = run_block(block, h)
+    if KINDS[kind] == "causal_lm":
+        real = x[:, 1].bool()
+        h, want = h[real], want[real]  # padding positions' logits are not used
+    assert torch.equal(h, want)
+
+
+@pytest.mark.parametrize("kind", ["roberta", "gpt2"])
+def test_block_model_cut_in_layers_and_weights_load_back(tmp_path, kind):
+    """``cut: 3`` = embeddings + 3 layers on the device; the hidden states and the mask cross
+    the cut; ``user_state_dict`` holds the original model's names and tensors."""
+    folder = save_tiny(tmp_path / kind, kind)
+    model = hf_block_model(f"hf-config:{folder}", 2)
+    assert model.cut_points == (1, 2, 3, 4) and model.input_dtype == torch.int64
+    device, server = split(model, 3)
+    x = token_batch()
+    hidden, mask = device(x)
+    assert hidden.shape == (4, 8, 16) and torch.equal(mask, x[:, 1])
+    original = tiny_model(kind)
+    state = user_state_dict(model, model.state_dict())
+    missing, unexpected = original.load_state_dict(state, strict=False)
+    assert unexpected == []
+    assert set(missing) <= {"lm_head.weight"} - set(state)  # GPT-2's head is tied to wte
+    own = original.state_dict()
+    assert all(torch.equal(own[k], v) for k, v in state.items())
+
+
+def test_hf_config_runs_end_to_end_and_resumes_the_same(tmp_path):
+    folder = save_tiny(tmp_path / "roberta", "roberta")
+    cfg = {
+        "model": f"hf-config:{folder}",
+        "algorithm": "splitfed_v1",
+        "rounds": 2,
+        "seed": 0,
+        "data": {
+            "dataset": "hf_fixtures:token_classification_data",
+            "num_clients": 4,
+            "partition": "iid",
+        },
+        "train": {"clients_per_round": 2, "batch_size": 4, "lr": 0.05},
+        "options": {"splitfed_v1": {"cut": 2}},
+        "output": {"progress": False},
+        "import_dirs": [str(__import__("pathlib").Path(__file__).parent)],
+    }
+    res = splitfl.run(cfg, run_dir=tmp_path / "run", progress=False)
+    assert len(res.metrics) == 2 and all(r["train_loss"] > 0 for r in res.metrics)
+    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
+    assert "roberta.embeddings.word_embeddings.weight" in saved
+
+
+def test_missing_folder_is_one_line_naming_the_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"^model: hf-config:.*no Hugging Face config"):
+        splitfl.validate({"model": f"hf-config:{tmp_path / 'nothing'}"})
