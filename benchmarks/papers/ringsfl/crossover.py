@@ -21,6 +21,7 @@ from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import splitfl
@@ -61,21 +62,23 @@ def crossover(pipeline: str, lo: float = 0.5, hi: float = 2000.0, steps: int = 1
 
 
 def compute_only_reduction() -> float:
-    """§3.3 with computation alone: 1 − max_i(N·FLOPs(segment_i)/C_i) / (FLOPs(model)/C_Pi)
-    per mini-batch (every member's segment serves all N batches; FedAvg's round is the
-    slowest device training the whole model)."""
+    """§3.3 with computation alone: 1 − max_i (Σ_s D_s·FLOPs(i's segment of s's pass) / C_i)
+    / max_i (D_i·FLOPs(model) / C_i), D the samples of a round. Every batch passes through
+    every member, on a segment that depends on where the batch started (the ring's
+    ``segments``); FedAvg's round is the slowest device training the whole model."""
     cfg = as_config({**copy.deepcopy(RINGSFL.base), "algorithm": "ringsfl"})
     prep = prepare(cfg)
     ctx, alg = prep.ctx, prep.algorithm
-    prof, n = ctx.profile, ctx.num_clients
-    flops = [d.flops for d in ctx.population.devices]
-    bounds, lo = [], 0
-    for c in alg.order:
-        hi = lo + alg.lengths[c]
-        bounds.append(n * prof.part_flops(lo, hi) / flops[c])
-        lo = hi
-    fedavg = max(prof.part_flops(0, prof.num_blocks) / f for f in flops)
-    return 1.0 - max(bounds) / fedavg
+    prof, clients = ctx.profile, list(range(ctx.num_clients))
+    plan = alg.plan_round(0, clients, np.random.default_rng(0))
+    samples = {t.client: ctx.round_samples(t.client, t.batch_size, t.steps) for t in plan.tasks}
+    flops = {c: ctx.population.devices[c].flops for c in clients}
+    load = dict.fromkeys(clients, 0.0)
+    for start in plan.ring.order:
+        for member, lo, hi in plan.ring.segments(start):
+            load[member] += samples[start] * prof.part_flops(lo, hi) / flops[member]
+    fedavg = max(samples[c] * prof.part_flops(0, prof.num_blocks) / flops[c] for c in clients)
+    return 1.0 - max(load.values()) / fedavg
 
 
 def main() -> int:
