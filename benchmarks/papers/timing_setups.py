@@ -46,12 +46,20 @@ def _jetson_alexnet(options: dict[str, Any]) -> dict[str, Any]:
     Jetson workers, IID, batch 64, lr 0.1 × 0.993 per round (floor 0.005, the authors' code),
     30 local iterations, 10 workers per round for the baselines; 60 rounds = three of the
     testbed's 20-round mode periods (the papers train 250)."""
+    return _jetson("alexnet", "cifar10", 50_000, options, rounds=60, local_steps=30)
+
+
+def _jetson(
+    model: str, dataset: str, samples: int, options: dict[str, Any], rounds: int, **train: Any
+) -> dict[str, Any]:
+    """A timing run on the jetson80 testbed: 80 workers, IID, batch 64, lr 0.1 × 0.993 per
+    round (floor 0.005), 10 workers per round for the baselines; ``train`` overrides."""
     return _timing(
-        model="alexnet",
-        rounds=60,
+        model=model,
+        rounds=rounds,
         data={
-            "dataset": "cifar10",
-            "train_samples": 50_000,
+            "dataset": dataset,
+            "train_samples": samples,
             "partition": "iid",
             "num_clients": 80,
             "min_samples": 10,
@@ -63,7 +71,7 @@ def _jetson_alexnet(options: dict[str, Any]) -> dict[str, Any]:
             "lr": 0.1,
             "lr_decay": 0.993,
             "lr_min": 0.005,
-            "local_steps": 30,
+            **train,
         },
         options=options,
     )
@@ -247,34 +255,29 @@ RINGSFL_CLAIMS = {"fl_time_reduction": 0.616, "crossover_mbps": (5, 10)}
 
 
 def _jetson_workload(model: str, dataset: str, samples: int, cut: int, tau: int, **train):
-    """The jetson80 testbed (MergeSFL §V-A / ParallelSFL §5.1) on another of the papers'
-    workloads: 80 workers, IID, batch 64, lr 0.1 × ``lr_decay`` per round (0.993 unless given),
-    the paper's split layer and τ for every split algorithm, 10 workers per round for the
-    baselines; 40 rounds (two 20-round mode periods)."""
+    """The jetson80 testbed on another of the papers' workloads: the paper's split layer and τ
+    for every split algorithm; 40 rounds (two 20-round mode periods)."""
     split = {"tau": tau, "cut": cut}
     names = ("mergesfl", "locfedmix_sl", "parallelsfl", "adasfl")
-    return _timing(
-        model=model,
-        rounds=40,
-        data={
-            "dataset": dataset,
-            "train_samples": samples,
-            "partition": "iid",
-            "num_clients": 80,
-            "min_samples": 10,
-        },
-        devices={"preset": "jetson80"},
-        train={
-            "clients_per_round": 10,
-            "batch_size": 64,
-            "lr": 0.1,
-            "lr_decay": 0.993,
-            "lr_min": 0.005,
-            "local_steps": tau,
-            **train,
-        },
-        options={name: dict(split) for name in names} | {"ifca": {"estimate_samples": 2}},
-    )
+    options = {name: dict(split) for name in names} | {"ifca": {"estimate_samples": 2}}
+    return _jetson(model, dataset, samples, options, rounds=40, local_steps=tau, **train)
+
+
+def _mergesfl_workload(model: str, dataset: str, samples: int, cut: int, tau: int) -> dict:
+    """Overrides of ``MERGESFL_MORE``'s base for another workload (lr decay 0.993)."""
+    split = {
+        f"options.{a}.{k}": v
+        for a in ("mergesfl", "locfedmix_sl")
+        for k, v in (("cut", cut), ("tau", tau))
+    }
+    return {
+        "model": model,
+        "data.dataset": dataset,
+        "data.train_samples": samples,
+        "train.lr_decay": 0.993,
+        "train.local_steps": tau,
+        **split,
+    }
 
 
 _MERGESFL_BASELINES = ["mergesfl", "pyramidfl", "locfedmix_sl", "fedavg"]
@@ -297,30 +300,8 @@ MERGESFL_MORE = Setup(
     algorithms=_MERGESFL_BASELINES,
     variants={
         "CNN-H / HAR": {},
-        "CNN-S / Speech": {
-            "model": "cnn_s",
-            "data.dataset": "speech_commands",
-            "data.train_samples": 85_511,
-            "train.lr_decay": 0.993,
-            "train.local_steps": 30,
-            **{
-                f"options.{a}.{k}": v
-                for a in ("mergesfl", "locfedmix_sl")
-                for k, v in (("cut", 4), ("tau", 30))
-            },
-        },
-        "VGG-16 / IMAGE-100": {
-            "model": "vgg16_image100",
-            "data.dataset": "image100",
-            "data.train_samples": 128_117,
-            "train.lr_decay": 0.993,
-            "train.local_steps": 40,
-            **{
-                f"options.{a}.{k}": v
-                for a in ("mergesfl", "locfedmix_sl")
-                for k, v in (("cut", 13), ("tau", 40))
-            },
-        },
+        "CNN-S / Speech": _mergesfl_workload("cnn_s", "speech_commands", 85_511, 4, 30),
+        "VGG-16 / IMAGE-100": _mergesfl_workload("vgg16_image100", "image100", 128_117, 13, 40),
     },
     reference="mergesfl",
     notes=[_IMAGE100_NOTE, "Speech Commands = `speech_commands` shape (1×16000, 35 classes)."],
