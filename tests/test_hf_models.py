@@ -4,6 +4,8 @@ trained weights load back into the user's model; ``hf-config:`` runs end to end.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,7 +13,8 @@ pytest.importorskip("transformers")
 
 import splitfl  # noqa: E402
 from hf_fixtures import save_tiny, tiny_model, token_batch  # noqa: E402
-from splitfl.config import ConfigError  # noqa: E402
+from splitfl.config import ConfigError, LoraConfig  # noqa: E402
+from splitfl.extensions import profile_model  # noqa: E402
 from splitfl.models.base import run_block, split, user_state_dict  # noqa: E402
 from splitfl.models.hf import hf_block_model, split_blocks  # noqa: E402
 
@@ -78,7 +81,7 @@ def test_hf_config_runs_end_to_end_and_resumes_the_same(tmp_path):
         "train": {"clients_per_round": 2, "batch_size": 4, "lr": 0.05},
         "options": {"splitfed_v1": {"cut": 2}},
         "output": {"progress": False},
-        "import_dirs": [str(__import__("pathlib").Path(__file__).parent)],
+        "import_dirs": [str(Path(__file__).parent)],
     }
     res = splitfl.run(cfg, run_dir=tmp_path / "run", progress=False)
     assert len(res.metrics) == 2 and all(r["train_loss"] > 0 for r in res.metrics)
@@ -89,3 +92,72 @@ def test_hf_config_runs_end_to_end_and_resumes_the_same(tmp_path):
 def test_missing_folder_is_one_line_naming_the_field(tmp_path):
     with pytest.raises(ConfigError, match=r"^model: hf-config:.*no Hugging Face config"):
         splitfl.validate({"model": f"hf-config:{tmp_path / 'nothing'}"})
+
+
+def _lora_run(tmp_path, **changes):
+    folder = save_tiny(tmp_path / "roberta", "roberta")
+    cfg = {
+        "model": f"hf-config:{folder}",
+        "algorithm": "splitfed_v1",
+        "rounds": 2,
+        "seed": 0,
+        "data": {
+            "dataset": "hf_fixtures:token_classification_data",
+            "num_clients": 4,
+            "partition": "iid",
+        },
+        "train": {
+            "clients_per_round": 2,
+            "batch_size": 4,
+            "lr": 0.05,
+            "lora": {"r": 2, "alpha": 4, "target_modules": ["query", "value"]},
+        },
+        "options": {"splitfed_v1": {"cut": 2}},
+        "output": {"progress": False},
+        "import_dirs": [str(Path(__file__).parent)],
+        **changes,
+    }
+    return splitfl.run(cfg, run_dir=tmp_path / "run", progress=False), folder
+
+
+def test_lora_trains_only_the_adapters_and_the_head(tmp_path):
+    """Issue 33 item 3: with ``train.lora`` the base weights do not move; the adapters and the
+    new classification head do."""
+    res, folder = _lora_run(tmp_path)
+    assert len(res.metrics) == 2
+    trained = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
+    torch.manual_seed(0)  # the run's seed: hf-config's random weights, peft's A matrices
+    start = hf_block_model(f"hf-config:{folder}", 2, LoraConfig(2, 4.0, 0.0, ["query", "value"]))
+    initial = user_state_dict(start, start.state_dict())
+    assert set(trained) == set(initial)
+    moved = {k for k in trained if not torch.equal(trained[k], initial[k])}
+    adapters = {k for k in trained if "lora_" in k}
+    assert adapters and {k for k in moved if "lora_B" in k}  # B starts at 0 and learns
+    assert moved <= adapters | {k for k in trained if "classifier" in k}
+
+
+def test_lora_model_traffic_is_the_trainable_tensors(tmp_path):
+    """The cost model's device bytes at a cut are the adapters' (and buffers'), not the base
+    weights: a device holds those itself."""
+    folder = save_tiny(tmp_path / "roberta", "roberta")
+    lora = LoraConfig(2, 4.0, 0.0, ["query", "value"])
+    model = hf_block_model(f"hf-config:{folder}", 2, lora)
+    full = profile_model(f"hf-config:{folder}", (2, 8), 2)
+    adapted = profile_model(f"hf-config:{folder}", (2, 8), 2, lora=lora)
+    device, _ = split(model, 2)
+    state = device.state_dict(keep_vars=True)
+    frozen = sum(t.numel() for t in state.values() if getattr(t, "requires_grad", True) is False)
+    trainable = sum(p.numel() for p in device.parameters() if p.requires_grad)
+    assert trainable == 2 * 2 * (2 * 16 + 16 * 2)  # 2 layers × (query, value) × (A, B)
+    assert adapted.device_bytes(2) == 4 * (sum(t.numel() for t in state.values()) - frozen)
+    # without LoRA: every tensor of the same layers (the LoRA model's, less its adapters)
+    assert full.device_bytes(2) == 4 * (sum(t.numel() for t in state.values()) - trainable)
+    assert adapted.device_bytes(2) < full.device_bytes(2) / 20
+    assert adapted.activation_bytes(2) == full.activation_bytes(2)
+
+
+def test_lora_needs_a_hugging_face_model_and_valid_fields():
+    with pytest.raises(ConfigError, match=r"^train.lora: needs a Hugging Face model"):
+        splitfl.validate({"train": {"lora": {"r": 2}}})
+    with pytest.raises(ConfigError, match=r"^train.lora.r: must be in \[1, 4096\]"):
+        splitfl.validate({"train": {"lora": {"r": 0}}})

@@ -22,6 +22,7 @@ dataset that works in one of them works in all:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import inspect
 import os
@@ -256,14 +257,19 @@ def _import_hint() -> str:
 
 
 def build_model(
-    spec: str, input_shape: tuple[int, ...], num_classes: int, split: Split = NO_SPLIT
+    spec: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    split: Split = NO_SPLIT,
+    lora: Any = None,
 ) -> BlockModel:
     """The model ``spec`` names (registered or an import path), for ``input_shape`` and
-    ``num_classes``, an ``nn.Module`` cut where ``split`` says. A broken builder contract is
-    a one-line ConfigError."""
+    ``num_classes``, an ``nn.Module`` cut where ``split`` says, a Hugging Face model with
+    ``lora`` adapters (``train.lora``) where given. A broken builder contract is a one-line
+    ConfigError."""
     try:
         if is_hf_spec(spec):
-            return hf_block_model(spec, num_classes)
+            return hf_block_model(spec, num_classes, lora)
         if not is_import_path(spec):
             return build_registered_model(spec, input_shape, num_classes, split)
         return make_model(resolve_callable(spec, "model"), spec, input_shape, num_classes, split)
@@ -272,10 +278,15 @@ def build_model(
 
 
 def profile_model(
-    spec: str, input_shape: tuple[int, ...], num_classes: int, split: Split = NO_SPLIT
+    spec: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    split: Split = NO_SPLIT,
+    lora: Any = None,
 ):
     """The per-block cost profile of ``spec`` (cached), measured as for built-ins."""
-    return profiles.profile_model(spec, input_shape, num_classes, build=build_model, split=split)
+    build = build_model if lora is None else functools.partial(build_model, lora=lora)
+    return profiles.profile_model(spec, input_shape, num_classes, build=build, split=split)
 
 
 def load_dataset(d: DataConfig, root: str | Path | None = None) -> DatasetBundle:

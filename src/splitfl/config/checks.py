@@ -113,6 +113,20 @@ def _check_float_ranges(config: ExperimentConfig) -> None:
         _check(problem is None, path, f"{problem} (got {value}); allowed {allowed}")
 
 
+def _validate_lora(lora: Any) -> None:
+    """``train.lora``'s fields (a rank of at most 4096, a positive scale, dropout below 1,
+    module names): checked here, the section being optional."""
+    _check(1 <= lora.r <= 4096, "train.lora.r", f"must be in [1, 4096] (got {lora.r})")
+    _check(0 < lora.alpha <= 1e4, "train.lora.alpha", f"must be in (0, 1e4] (got {lora.alpha})")
+    _check(0 <= lora.dropout < 1, "train.lora.dropout", f"must be in [0, 1) (got {lora.dropout})")
+    names = lora.target_modules
+    _check(
+        names is None or (len(names) > 0 and all(isinstance(n, str) and n for n in names)),
+        "train.lora.target_modules",
+        f"a non-empty list of module names, or null for peft's default (got {names})",
+    )
+
+
 def _choice(value: str, allowed: list[str], path: str) -> None:
     _check(value in allowed, path, unknown_choice(value, allowed))
 
@@ -247,6 +261,8 @@ def validate(config: ExperimentConfig) -> None:
         f"must be in [1, train.explode_factor={f}], or 0/null to disable (got {r})",
     )
     _choice(t.aggregation, list(AGGREGATIONS), "train.aggregation")
+    if t.lora is not None:
+        _validate_lora(t.lora)
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")
     _check(

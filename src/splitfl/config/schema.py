@@ -101,6 +101,20 @@ class DevicesConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (``train.lora``, via ``peft``) on a Hugging Face model (``model: hf:``):
+    rank ``r``, scale ``alpha`` / ``r``, dropout on the adapters' input, the modules they wrap
+    (null: peft's default for the model type, e.g. the attention's query and value). The base
+    weights freeze; the adapters and a new task head train, and only they are counted as
+    model traffic (a device holds the base weights itself)."""
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] | None = None
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Local training. ``local_steps`` (if set) replaces ``local_epochs`` by a fixed number of
     iterations per round. Defaults follow S²FL §5 (batch 128, SGD lr 0.01). The learning rate
@@ -146,6 +160,8 @@ class TrainConfig:
     aggregation: str = "mean"
     clip_norm: float | None = None
     trim_fraction: float = 0.1
+    #: LoRA fine-tuning of a Hugging Face model (null: full fine-tuning), see LoraConfig.
+    lora: LoraConfig | None = None
 
 
 @dataclass(frozen=True)

@@ -121,8 +121,9 @@ class UnitWorker:
         init = channel.read_init(msg)
         torch.set_num_threads(init.threads)
         import_config_modules(init.config)
+        c = init.config
         built = build_model(
-            init.config.model, init.input_shape, init.num_classes, Split.of(init.config.split)
+            c.model, init.input_shape, init.num_classes, Split.of(c.split), c.train.lora
         )
         if repr(built) != init.architecture:
             raise ChannelError(differs(repr(built), init.architecture, init.config.model))

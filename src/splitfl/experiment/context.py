@@ -219,7 +219,11 @@ def _checked_model(
     shape, runs forward, and gives one row of outputs per sample (``[B, outputs]``)."""
     try:
         model = build_model(
-            config.model, bundle.input_shape, bundle.num_classes, Split.of(config.split)
+            config.model,
+            bundle.input_shape,
+            bundle.num_classes,
+            Split.of(config.split),
+            config.train.lora,
         )
         with torch.no_grad():
             logits = model.eval()(_probe(bundle))
@@ -283,6 +287,10 @@ def build_context(config: ExperimentConfig) -> RunContext:
     model, logits = _checked_model(config, bundle)
     _check_label_range(config, bundle, int(logits.shape[-1]))
     profile = profile_model(
-        config.model, bundle.input_shape, bundle.num_classes, Split.of(config.split)
+        config.model,
+        bundle.input_shape,
+        bundle.num_classes,
+        Split.of(config.split),
+        config.train.lora,
     )
     return RunContext(config, bundle, parts, hist, population, model, profile)

@@ -17,6 +17,7 @@ from splitfl.data.formats import CLIENT_FORMATS, FORMATS
 from splitfl.data.transforms import TransformError, parse_transforms
 from splitfl.executors import EXECUTORS, PRECISIONS
 from splitfl.extensions import check_dataset, check_model, fill_import_dirs, import_config_modules
+from splitfl.models.hf import is_hf_spec
 from splitfl.system.devices import COMPOSITIONS, PRESETS, VARYING_BANDWIDTH, resolve_contention
 from splitfl.training import LOSSES, OPTIMIZERS, metric_problem
 
@@ -47,7 +48,13 @@ def check_registries(config: ExperimentConfig, config_dir: str | Path | None = N
 
 
 def check_device_options(config: ExperimentConfig) -> None:
-    """Device fields that only some presets have (after the ranges are checked)."""
+    """Fields that only some presets or models have (after the ranges are checked)."""
+    if config.train.lora is not None and not is_hf_spec(config.model):
+        raise ConfigError(
+            "train.lora",
+            f"needs a Hugging Face model (model: hf:<folder> or hf-config:<folder>; got "
+            f"{config.model!r}); LoRA adapters are injected with peft into its layers",
+        )
     v = config.devices
     if v.bandwidth_correlation is not None and v.preset not in VARYING_BANDWIDTH:
         raise ConfigError(

@@ -259,15 +259,40 @@ def load_hf_model(spec: str, num_classes: int) -> tuple[nn.Module, str]:
     return auto.from_pretrained(_source(spec), config=config, local_files_only=True), task
 
 
-def hf_block_model(spec: str, num_classes: int) -> BlockModel:
-    """``spec`` as a :class:`BlockModel` cut between layers (cut points 1..L)."""
+def with_lora(model: nn.Module, task: str, lora) -> nn.Module:
+    """``model`` with ``peft`` LoRA adapters injected (``lora``: a ``train.lora`` section):
+    the base weights frozen, the adapters and (for classification) the task head trainable.
+    Returns the injected model itself (``get_peft_model(...).base_model.model``), whose
+    modules :func:`split_blocks` cuts as usual."""
+    try:
+        import peft
+    except ImportError as err:
+        raise ImportError(MISSING) from err
+    task_type = peft.TaskType.CAUSAL_LM if task == "causal_lm" else peft.TaskType.SEQ_CLS
+    config = peft.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type=task_type,
+    )
+    return peft.get_peft_model(model, config).base_model.model
+
+
+def hf_block_model(spec: str, num_classes: int, lora=None) -> BlockModel:
+    """``spec`` as a :class:`BlockModel` cut between layers (cut points 1..L), with LoRA
+    adapters where ``lora`` (``train.lora``) is given (:func:`with_lora`)."""
     model, task = load_hf_model(spec, num_classes)
+    if lora is not None:
+        model = with_lora(model, task, lora)
     blocks = split_blocks(model, task)
     layers = len(blocks) - 1
     out = BlockModel(blocks, range(1, layers + 1), name=spec, default_cut=min(3, layers))
     out.input_dtype = torch.int64
     out.origin = "hf"
     out.task = task
+    #: the base weights stay on every device (LoRA): only trainable tensors are model traffic
+    out.frozen_base = lora is not None
     out.user_names = _original_names(model, out)
     return out
 

@@ -193,7 +193,11 @@ class DeviceAgent:
             torch.set_num_threads(config.threads)  # as the simulation: same kernels, same digits
         torch.manual_seed(config.seed)
         self.model = build_model(
-            config.model, data.input_shape, data.num_classes, Split.of(config.split)
+            config.model,
+            data.input_shape,
+            data.num_classes,
+            Split.of(config.split),
+            config.train.lora,
         )
         self.runtime = Runtime(torch.device("cpu"), augment=data.augment)
         self.roles: dict[int, DeviceRole] = {}
