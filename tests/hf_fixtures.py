@@ -85,3 +85,55 @@ def token_classification_data(n_train: int = 48, n_test: int = 16, classes: int 
         return torch.utils.data.TensorDataset(x, y)
 
     return split(n_train, 1), split(n_test, 2)
+
+
+WORDS = (
+    "what is the capital of france paris lies on the seine who wrote this book "
+    "a river runs through it cats sleep most of the day"
+).split()
+
+
+def save_tokenizer(folder: Path) -> Path:
+    """A word-level Hugging Face tokenizer over :data:`WORDS` (``tokenizers``, no download),
+    with ``<pad>`` = 0, ``<s>``, ``</s>``, ``<unk>``, saved with ``save_pretrained``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocab = {w: i for i, w in enumerate([*specials, *sorted(set(WORDS))])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>",
+        pair="<s> $A </s> $B </s>",
+        special_tokens=[("<s>", 1), ("</s>", 2)],
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+    fast.save_pretrained(folder)
+    return folder
+
+
+QNLI_ROWS = [
+    ("what is the capital of france", "paris lies on the seine", "entailment"),
+    ("who wrote this book", "cats sleep most of the day", "not_entailment"),
+    ("what is the capital of france", "a river runs through it", "not_entailment"),
+    ("who wrote this book", "who wrote this book", "entailment"),
+]
+
+
+def write_qnli(folder: Path, copies: int = 6) -> Path:
+    """GLUE QNLI's layout: ``train.tsv`` and ``dev.tsv``, header ``index question sentence
+    label``, tab-separated, unquoted."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", copies), ("dev", 2)):
+        lines = ["index\tquestion\tsentence\tlabel"]
+        rows = [r for _ in range(n) for r in QNLI_ROWS]
+        lines += [f"{i}\t{q}\t{s}\t{label}" for i, (q, s, label) in enumerate(rows)]
+        (folder / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return folder

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 import splitfl  # noqa: E402
-from hf_fixtures import save_tiny, tiny_model, token_batch  # noqa: E402
+from hf_fixtures import save_tiny, save_tokenizer, tiny_model, token_batch, write_qnli  # noqa: E402
 from splitfl.config import ConfigError, LoraConfig  # noqa: E402
 from splitfl.extensions import profile_model  # noqa: E402
 from splitfl.models.base import run_block, split, user_state_dict  # noqa: E402
@@ -161,3 +161,50 @@ def test_lora_needs_a_hugging_face_model_and_valid_fields():
         splitfl.validate({"train": {"lora": {"r": 2}}})
     with pytest.raises(ConfigError, match=r"^train.lora.r: must be in \[1, 4096\]"):
         splitfl.validate({"train": {"lora": {"r": 0}}})
+
+
+def test_qnli_tsv_through_a_tokenizer_and_hf_model_end_to_end(tmp_path):
+    """Issue 33 item 2: GLUE's QNLI TSV layout (train.tsv, dev.tsv) read with
+    ``data.format: text``, the pair tokenised by the model folder's own tokenizer (the
+    default ``data.tokenizer``), a RoBERTa trained split at layer 2."""
+    folder = save_tiny(tmp_path / "roberta", "roberta")
+    save_tokenizer(folder)
+    data = write_qnli(tmp_path / "QNLI")
+    cfg = {
+        "model": f"hf-config:{folder}",
+        "algorithm": "splitfed_v1",
+        "rounds": 2,
+        "seed": 0,
+        "data": {
+            "dataset": "my_qnli",
+            "format": "text",
+            "root": str(data),
+            "text_columns": ["question", "sentence"],
+            "max_length": 8,
+            "num_clients": 4,
+            "min_samples": 2,
+            "partition": "iid",
+        },
+        "train": {"clients_per_round": 2, "batch_size": 4, "lr": 0.05},
+        "options": {"splitfed_v1": {"cut": 2}},
+        "output": {"progress": False},
+    }
+    res = splitfl.run(cfg, run_dir=tmp_path / "run", progress=False)
+    assert len(res.metrics) == 2 and res.metrics[-1]["test_acc"] is not None
+    resolved = (tmp_path / "run" / "config.yaml").read_text()
+    assert f"tokenizer: {folder}" in resolved  # the model's own tokenizer, written down
+    bundle = splitfl.experiment.runner.prepare(splitfl.experiment.runner.as_config(cfg)).ctx.bundle
+    x = bundle.train.x
+    assert x.shape == (24, 2, 8) and x.dtype == torch.int64
+    assert bundle.num_classes == 2  # entailment, not_entailment
+    # "<s> what is the capital of france </s> paris ..." truncated to 8 tokens, no padding
+    assert x[0, 0, 0].item() == 1 and x[0, 1].tolist() == [1] * 8
+
+
+def test_text_format_needs_one_or_two_columns_and_a_tokenizer(tmp_path):
+    data = write_qnli(tmp_path / "QNLI")
+    base = {"dataset": "my_qnli", "format": "text", "root": str(data)}
+    with pytest.raises(ConfigError, match=r"^data.text_columns: format text needs one or two"):
+        splitfl.validate({"data": base})
+    with pytest.raises(ConfigError, match=r"^data.tokenizer: format text needs a tokenizer"):
+        splitfl.validate({"data": {**base, "text_columns": ["question"]}})

@@ -28,10 +28,11 @@ class DataConfig:
     and read none of its files (e.g. 50000 for CIFAR-10 at paper scale); null reads the
     dataset.
     Data the user brings (``splitfl.data.formats``): ``format`` (null, ``image_folder``,
-    ``npz``, ``npy``, ``csv``, ``hf``, ``parquet``) reads that container under ``root``, and
-    ``dataset`` then names the data; ``label_column`` (CSV, Hugging Face); ``image_size``
-    ``[H, W]`` resizes images (null: all must have the first image's size); ``lazy``: read
-    inputs when a batch needs them (true), all at load (false), or null = lazy above 1 GiB.
+    ``npz``, ``npy``, ``csv``, ``hf``, ``parquet``, ``text``) reads that container under
+    ``root``, and ``dataset`` then names the data; ``label_column`` (CSV, Hugging Face,
+    text); ``image_size`` ``[H, W]`` resizes images (null: all must have the first image's
+    size); ``lazy``: read inputs when a batch needs them (true), all at load (false), or
+    null = lazy above 1 GiB.
     ``transforms``: ``random_crop: P``, ``hflip``, ``normalize: {mean, std}``
     (``splitfl.data.transforms``). ``partition: folders``: each ``root/clients/<id>`` is
     one client."""
@@ -61,6 +62,12 @@ class DataConfig:
     image_size: list[int] | None = None
     lazy: bool | None = None
     transforms: list[Any] = field(default_factory=list)
+    #: ``format: text`` (``splitfl.data.formats.text``): the text column, or the two columns
+    #: of a pair (e.g. ``[question, sentence]``); the tokenizer's folder (null: the folder of
+    #: ``model: hf:``/``hf-config:``); tokens per sample after truncation and padding.
+    text_columns: list[str] | None = None
+    tokenizer: str | None = None
+    max_length: int = 128
 
 
 @dataclass(frozen=True)

@@ -82,4 +82,12 @@ def normalized(x, t: Transforms):
 def container_options(d: DataConfig) -> ContainerOptions:
     """How ``d`` reads a container's files (``label_column``, ``image_size``, ``lazy``,
     ``partition: folders``)."""
-    return ContainerOptions(d.label_column, d.image_size, d.lazy, d.partition == "folders")
+    return ContainerOptions(
+        d.label_column,
+        d.image_size,
+        d.lazy,
+        d.partition == "folders",
+        d.text_columns,
+        d.tokenizer,
+        d.max_length,
+    )

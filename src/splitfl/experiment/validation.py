@@ -17,7 +17,7 @@ from splitfl.data.formats import CLIENT_FORMATS, FORMATS
 from splitfl.data.transforms import TransformError, parse_transforms
 from splitfl.executors import EXECUTORS, PRECISIONS
 from splitfl.extensions import check_dataset, check_model, fill_import_dirs, import_config_modules
-from splitfl.models.hf import is_hf_spec
+from splitfl.models.hf import hf_folder, is_hf_spec
 from splitfl.system.devices import COMPOSITIONS, PRESETS, VARYING_BANDWIDTH, resolve_contention
 from splitfl.training import LOSSES, OPTIMIZERS, metric_problem
 
@@ -49,6 +49,19 @@ def check_registries(config: ExperimentConfig, config_dir: str | Path | None = N
 
 def check_device_options(config: ExperimentConfig) -> None:
     """Fields that only some presets or models have (after the ranges are checked)."""
+    d = config.data
+    if d.format == "text":
+        n = len(d.text_columns or [])
+        if n not in (1, 2):
+            raise ConfigError(
+                "data.text_columns", f"format text needs one or two text columns (got {n})"
+            )
+        if d.tokenizer is None and not is_hf_spec(config.model):
+            raise ConfigError(
+                "data.tokenizer", "format text needs a tokenizer folder (or model: hf:<folder>)"
+            )
+        if not 1 <= d.max_length <= 1 << 16:
+            raise ConfigError("data.max_length", f"must be in [1, 65536] (got {d.max_length})")
     if config.train.lora is not None and not is_hf_spec(config.model):
         raise ConfigError(
             "train.lora",
@@ -130,8 +143,13 @@ def resolve_config(config: ExperimentConfig) -> ExperimentConfig:
     they are resolved; the run's context, ``config.yaml`` and ``splitfl validate`` show the
     result): ``devices.contention`` null → the device preset's paper model
     (:func:`~splitfl.system.devices.resolve_contention`); ``import_dirs`` null → where the
-    user modules were found (:func:`~splitfl.extensions.fill_import_dirs`)."""
+    user modules were found (:func:`~splitfl.extensions.fill_import_dirs`); ``data.tokenizer``
+    null with ``format: text`` → the ``model: hf:`` folder."""
     config = fill_import_dirs(config)
+    data = config.data
+    if data.format == "text" and data.tokenizer is None and is_hf_spec(config.model):
+        tokenizer = hf_folder(config.model)  # the model's own tokenizer
+        config = config.replace(data=dataclasses.replace(data, tokenizer=tokenizer))
     d = config.devices
     contention = resolve_contention(d.preset, d.contention)
     if d.contention is contention:

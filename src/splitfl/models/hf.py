@@ -207,7 +207,7 @@ def split_blocks(model: nn.Module, task: str) -> list[nn.Module]:
     return [First(Embed(model, family), wrapped[0]), *wrapped[1:], Head(model, family, task)]
 
 
-def _source(spec: str) -> str:
+def hf_folder(spec: str) -> str:
     """The folder (or hub id) of ``spec``; a ``config.json`` path names its folder."""
     path = Path(spec.split(":", 1)[1])
     return str(path.parent if path.suffix == ".json" else path)
@@ -217,7 +217,7 @@ def hf_config(spec: str):
     """The model's ``PretrainedConfig``, from the folder or the local Hugging Face cache
     (never downloaded). Raises a one-line ``ValueError`` when neither has it."""
     tf = _transformers()
-    source = _source(spec)
+    source = hf_folder(spec)
     try:
         return tf.AutoConfig.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError) as err:
@@ -256,7 +256,7 @@ def load_hf_model(spec: str, num_classes: int) -> tuple[nn.Module, str]:
         config.num_labels = num_classes
     if spec.startswith(FROM_CONFIG):
         return auto.from_config(config), task
-    return auto.from_pretrained(_source(spec), config=config, local_files_only=True), task
+    return auto.from_pretrained(hf_folder(spec), config=config, local_files_only=True), task
 
 
 def with_lora(model: nn.Module, task: str, lora) -> nn.Module:

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetNotFoundError
-from splitfl.data.formats import arrays, hf, images
+from splitfl.data.formats import arrays, hf, images, text
 
-FORMATS = ("image_folder", "npz", "npy", "csv", "hf", "parquet")
+FORMATS = ("image_folder", "npz", "npy", "csv", "hf", "parquet", "text")
 #: formats whose training split may come from ``clients/`` (``data.partition: folders``)
 CLIENT_FORMATS = ("image_folder", "npz", "csv")
 
@@ -45,6 +45,9 @@ class ContainerOptions:
     image_size: list[int] | None = None
     lazy: bool | None = None
     clients: bool = False
+    text_columns: list[str] | None = None
+    tokenizer: str | None = None
+    max_length: int = 128
 
 
 def client_entries(root: Path, suffix: str, name: str) -> list[Path]:
@@ -168,4 +171,9 @@ def load_container(fmt: str, root: str | Path, name: str, options: ContainerOpti
     if fmt == "parquet":
         files = (_need(root / "train.parquet", name), _need(root / "test.parquet", name))
         return _hf_bundle(name, tuple(hf.load_parquet(f, name) for f in files), files, options)
+    if fmt == "text":
+        o = options
+        return text.load_text(
+            root, name, o.text_columns or [], o.label_column, o.tokenizer or "", o.max_length
+        )
     raise ValueError(f"unknown data.format {fmt!r}; allowed: {', '.join(FORMATS)}")
