@@ -208,3 +208,14 @@ def test_text_format_needs_one_or_two_columns_and_a_tokenizer(tmp_path):
         splitfl.validate({"data": base})
     with pytest.raises(ConfigError, match=r"^data.tokenizer: format text needs a tokenizer"):
         splitfl.validate({"data": {**base, "text_columns": ["question"]}})
+
+
+def test_hf_prefix_loads_the_saved_weights(tmp_path):
+    """``hf:`` = ``from_pretrained`` (local files only): the blocks hold the saved tensors."""
+    folder = save_tiny(tmp_path / "bert", "bert", classes=3, seed=5)
+    model = hf_block_model(f"hf:{folder}", 3)
+    torch.manual_seed(5)
+    saved = tiny_model("bert", 3).state_dict()
+    state = user_state_dict(model, model.state_dict())
+    assert set(state) == set(saved)
+    assert all(torch.equal(state[k], saved[k]) for k in state)

@@ -330,6 +330,7 @@ SECTIONS = {
     "mergesfl-more": lambda r: generic_section("mergesfl-more", r),
     "parallelsfl-more": lambda r: generic_section("parallelsfl-more", r),
     "s2fl-fig5-7": lambda r: generic_section("s2fl-fig5-7", r),
+    "parallelsfl-roberta": lambda r: generic_section("parallelsfl-roberta", r),
 }
 
 

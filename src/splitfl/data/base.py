@@ -87,6 +87,8 @@ class DatasetShape:
 
     input_shape: tuple[int, ...]
     num_classes: int
+    #: The inputs' dtype (int64 for token ids).
+    dtype: torch.dtype = torch.float32
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ def labels_only(name: str, train_samples: int) -> DatasetBundle:
     c = shape.num_classes
 
     def split(n: int) -> ArrayDataset:
-        x = torch.zeros(1, *shape.input_shape).expand(n, *shape.input_shape)
+        x = torch.zeros(1, *shape.input_shape, dtype=shape.dtype).expand(n, *shape.input_shape)
         return ArrayDataset(x, torch.arange(n, dtype=torch.int64) % c)
 
     return DatasetBundle(name, split(train_samples), split(c), c, shape.input_shape)

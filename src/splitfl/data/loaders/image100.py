@@ -1,4 +1,7 @@
-"""IMAGE-100 (MergeSFL §V-A, ParallelSFL §5.1): 100 of ImageNet's 1,000 classes, "each sample
+"""Shape-only datasets for ``executor: timing`` at the papers' sizes: data the papers used that
+splitfl cannot ship, registered by shape so that ``data.train_samples`` can time it.
+
+IMAGE-100 (MergeSFL §V-A, ParallelSFL §5.1): 100 of ImageNet's 1,000 classes, "each sample
 resized with the shape of 64 × 64 × 3" (MergeSFL). Neither paper publishes its class list,
 and ImageNet is not redistributable, so splitfl ships no images: the name registers the shape
 for ``executor: timing`` (``data.train_samples``, e.g. 128,117 = 100/1,000 of ImageNet's
@@ -9,6 +12,8 @@ use ``data.format: image_folder`` with ``data.image_size: [64, 64]``.
 from __future__ import annotations
 
 from pathlib import Path
+
+import torch
 
 from splitfl.data.base import DatasetBundle, DatasetNotFoundError, DatasetShape, register_dataset
 
@@ -27,4 +32,25 @@ def load_image100(root: Path | None = None) -> DatasetBundle:
         "image100 ships no images (ImageNet is not redistributable): use it with "
         "executor: timing and data.train_samples, or point data.format: image_folder at your "
         "own IMAGE-100 copy"
+    )
+
+
+#: Tokens per QNLI pair in the timing setup: 128, the common GLUE fine-tuning length (the
+#: ParallelSFL paper gives none).
+QNLI_TOKENS = 128
+
+
+@register_dataset(
+    "qnli_tokens",
+    "GLUE QNLI tokenised for a Hugging Face model, shape only ([2, 128] ids + mask, 2 "
+    "classes) for executor: timing; train on the GLUE files with data.format: text",
+    needs_root=False,
+    shape=DatasetShape((2, QNLI_TOKENS), 2, torch.int64),
+)
+def load_qnli_tokens(root: Path | None = None) -> DatasetBundle:
+    """No data here (shape only): always raises :class:`DatasetNotFoundError`."""
+    del root
+    raise DatasetNotFoundError(
+        "qnli_tokens is a shape for executor: timing; read the GLUE QNLI files with "
+        "data.format: text, data.text_columns: [question, sentence]"
     )
