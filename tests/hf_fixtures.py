@@ -58,10 +58,14 @@ def tiny_model(kind: str, classes: int = 2):
     raise ValueError(kind)
 
 
-def save_tiny(folder: Path, kind: str, classes: int = 2, seed: int = 0) -> Path:
-    """``tiny_model(kind)`` saved to ``folder`` (config.json with its architecture, weights)."""
+def save_tiny(folder: Path, kind: str, classes: int = 2, seed: int = 0, dropout=None) -> Path:
+    """``tiny_model(kind)`` saved to ``folder`` (config.json with its architecture, weights);
+    ``dropout`` replaces the config's dropout probabilities."""
     torch.manual_seed(seed)
     model = tiny_model(kind, classes)
+    if dropout is not None:
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            setattr(model.config, key, dropout)
     model.save_pretrained(folder)
     return folder
 
@@ -76,7 +80,7 @@ def token_batch(n: int = 4, seed: int = 0) -> torch.Tensor:
     return torch.stack([ids, mask], 1)
 
 
-def token_classification_data(n_train: int = 48, n_test: int = 16, classes: int = 2):
+def token_classification_data(n_train: int = 120, n_test: int = 16, classes: int = 2):
     """A learnable task: the label is whether token 1 is below VOCAB / 2 (train, test)."""
 
     def split(n: int, seed: int):
