@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 import splitfl  # noqa: E402
 from hf_fixtures import save_tiny, save_tokenizer, tiny_model, token_batch, write_qnli  # noqa: E402
 from splitfl.config import ConfigError, LoraConfig  # noqa: E402
+from splitfl.experiment.runner import as_config, prepare  # noqa: E402
 from splitfl.extensions import profile_model  # noqa: E402
 from splitfl.models.base import run_block, split, user_state_dict  # noqa: E402
 from splitfl.models.hf import hf_block_model, split_blocks  # noqa: E402
@@ -197,7 +198,7 @@ def test_qnli_tsv_through_a_tokenizer_and_hf_model_end_to_end(tmp_path):
     assert len(res.metrics) == 2 and res.metrics[-1]["test_acc"] is not None
     resolved = (tmp_path / "run" / "config.yaml").read_text()
     assert f"tokenizer: {folder}" in resolved  # the model's own tokenizer, written down
-    bundle = splitfl.experiment.runner.prepare(splitfl.experiment.runner.as_config(cfg)).ctx.bundle
+    bundle = prepare(as_config(cfg)).ctx.bundle
     x = bundle.train.x
     assert x.shape == (24, 2, 8) and x.dtype == torch.int64
     assert bundle.num_classes == 2  # entailment, not_entailment
@@ -259,3 +260,28 @@ def test_networked_split_roberta_equals_sequential(tmp_path, algorithm, sequenti
         assert row["dropped_clients"] == []
         assert row["payload_activations_up"] == row["bytes_activations_up"] > 0
         assert row["payload_gradients_down"] == row["bytes_gradients_down"] > 0
+
+
+def test_the_roberta_qnli_paper_config_runs_on_tiny_stand_ins(tmp_path):
+    """``benchmarks/papers/parallelsfl/roberta_qnli.yaml`` as shipped, with its model and
+    data folders pointed at a tiny RoBERTa and a QNLI-format fixture (one round)."""
+    folder = save_tiny(tmp_path / "roberta", "roberta")
+    save_tokenizer(folder)
+    data = write_qnli(tmp_path / "QNLI", copies=30)
+    paper = Path(__file__).resolve().parents[1] / "benchmarks/papers/parallelsfl/roberta_qnli.yaml"
+    overrides = [
+        f"model=hf:{folder}",
+        f"data.root={data}",
+        "data.max_length=8",
+        "rounds=1",
+        "data.num_clients=10",
+        "data.min_samples=4",
+        "train.local_steps=2",
+        "options.parallelsfl.tau=2",
+        "output.progress=false",
+    ]
+    config = as_config(paper, overrides)
+    assert (config.train.batch_size, config.train.lr, config.rounds) == (16, 0.001, 1)
+    assert config.options["parallelsfl"]["cut"] == 3
+    res = splitfl.run(config, run_dir=tmp_path / "run", progress=False)
+    assert len(res.metrics) == 1
