@@ -313,7 +313,8 @@ def generic_section(name: str, result: dict[str, dict]) -> list[str]:
             for a in cells
             if a != ref
         ]
-        lines += [f"### {label}", "", *per_round_table(cells, setup.warmup), ""]
+        lines += [f"### {label}", ""] if label else []
+        lines += [*per_round_table(cells, setup.warmup), ""]
         lines += table(
             [f"{display_name(ref)} / baseline", "per round", "per 1,000 samples"], ratios
         )
