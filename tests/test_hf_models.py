@@ -71,24 +71,8 @@ def test_block_model_cut_in_layers_and_weights_load_back(tmp_path, kind):
     assert all(torch.equal(own[k], v) for k, v in state.items())
 
 
-def test_hf_config_runs_end_to_end_and_resumes_the_same(tmp_path):
-    folder = save_tiny(tmp_path / "roberta", "roberta")
-    cfg = {
-        "model": f"hf-config:{folder}",
-        "algorithm": "splitfed_v1",
-        "rounds": 2,
-        "seed": 0,
-        "data": {
-            "dataset": "hf_fixtures:token_classification_data",
-            "num_clients": 4,
-            "partition": "iid",
-        },
-        "train": {"clients_per_round": 2, "batch_size": 4, "lr": 0.05},
-        "options": {"splitfed_v1": {"cut": 2}},
-        "output": {"progress": False},
-        "import_dirs": [str(Path(__file__).parent)],
-    }
-    res = splitfl.run(cfg, run_dir=tmp_path / "run", progress=False)
+def test_hf_config_runs_end_to_end(tmp_path):
+    res, _ = _roberta_run(tmp_path)
     assert len(res.metrics) == 2 and all(r["train_loss"] > 0 for r in res.metrics)
     saved = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
     assert "roberta.embeddings.word_embeddings.weight" in saved
@@ -99,36 +83,42 @@ def test_missing_folder_is_one_line_naming_the_field(tmp_path):
         splitfl.validate({"model": f"hf-config:{tmp_path / 'nothing'}"})
 
 
-def _lora_run(tmp_path, **changes):
-    folder = save_tiny(tmp_path / "roberta", "roberta")
-    cfg = {
+LORA = {"r": 2, "alpha": 4, "target_modules": ["query", "value"]}
+
+
+TOKEN_DATA = {
+    "dataset": "hf_fixtures:token_classification_data",
+    "num_clients": 4,
+    "partition": "iid",
+}
+
+
+def _roberta_config(folder: Path, data: dict, lora: dict | None = None) -> dict:
+    """Two rounds of SplitFed V1 on the tiny RoBERTa in ``folder``, split at layer 2."""
+    return {
         "model": f"hf-config:{folder}",
         "algorithm": "splitfed_v1",
         "rounds": 2,
         "seed": 0,
-        "data": {
-            "dataset": "hf_fixtures:token_classification_data",
-            "num_clients": 4,
-            "partition": "iid",
-        },
-        "train": {
-            "clients_per_round": 2,
-            "batch_size": 4,
-            "lr": 0.05,
-            "lora": {"r": 2, "alpha": 4, "target_modules": ["query", "value"]},
-        },
+        "data": data,
+        "train": {"clients_per_round": 2, "batch_size": 4, "lr": 0.05, "lora": lora},
         "options": {"splitfed_v1": {"cut": 2}},
         "output": {"progress": False},
         "import_dirs": [str(Path(__file__).parent)],
-        **changes,
     }
+
+
+def _roberta_run(tmp_path, lora: dict | None = None):
+    """:func:`_roberta_config` on token data, run; and the model folder."""
+    folder = save_tiny(tmp_path / "roberta", "roberta")
+    cfg = _roberta_config(folder, TOKEN_DATA, lora)
     return splitfl.run(cfg, run_dir=tmp_path / "run", progress=False), folder
 
 
 def test_lora_trains_only_the_adapters_and_the_head(tmp_path):
     """Issue 33 item 3: with ``train.lora`` the base weights do not move; the adapters and the
     new classification head do."""
-    res, folder = _lora_run(tmp_path)
+    res, folder = _roberta_run(tmp_path, LORA)
     assert len(res.metrics) == 2
     trained = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
     torch.manual_seed(0)  # the run's seed: hf-config's random weights, peft's A matrices
@@ -175,25 +165,14 @@ def test_qnli_tsv_through_a_tokenizer_and_hf_model_end_to_end(tmp_path):
     folder = save_tiny(tmp_path / "roberta", "roberta")
     save_tokenizer(folder)
     data = write_qnli(tmp_path / "QNLI")
-    cfg = {
-        "model": f"hf-config:{folder}",
-        "algorithm": "splitfed_v1",
-        "rounds": 2,
-        "seed": 0,
-        "data": {
-            "dataset": "my_qnli",
-            "format": "text",
-            "root": str(data),
-            "text_columns": ["question", "sentence"],
-            "max_length": 8,
-            "num_clients": 4,
-            "min_samples": 2,
-            "partition": "iid",
-        },
-        "train": {"clients_per_round": 2, "batch_size": 4, "lr": 0.05},
-        "options": {"splitfed_v1": {"cut": 2}},
-        "output": {"progress": False},
+    text = {
+        "dataset": "my_qnli",
+        "format": "text",
+        "root": str(data),
+        "text_columns": ["question", "sentence"],
+        "max_length": 8,
     }
+    cfg = _roberta_config(folder, {**TOKEN_DATA, **text, "min_samples": 2})
     res = splitfl.run(cfg, run_dir=tmp_path / "run", progress=False)
     assert len(res.metrics) == 2 and res.metrics[-1]["test_acc"] is not None
     resolved = (tmp_path / "run" / "config.yaml").read_text()
