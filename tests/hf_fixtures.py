@@ -141,3 +141,15 @@ def write_qnli(folder: Path, copies: int = 6) -> Path:
         lines += [f"{i}\t{q}\t{s}\t{label}" for i, (q, s, label) in enumerate(rows)]
         (folder / f"{split}.tsv").write_text("\n".join(lines) + "\n")
     return folder
+
+
+def write_lines(folder: Path, copies: int = 8) -> Path:
+    """``train.jsonl`` and ``test.jsonl`` with one ``text`` field of :data:`WORDS` phrases."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    phrases = [" ".join(WORDS[i : i + 5]) for i in range(0, len(WORDS) - 5, 3)]
+    for split, n in (("train", copies), ("test", 1)):
+        rows = [{"text": p} for _ in range(n) for p in phrases]
+        (folder / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return folder

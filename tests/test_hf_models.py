@@ -5,6 +5,7 @@ trained weights load back into the user's model; ``hf-config:`` runs end to end.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -13,14 +14,23 @@ import torch
 pytest.importorskip("transformers")
 
 import splitfl  # noqa: E402
-from hf_fixtures import save_tiny, save_tokenizer, tiny_model, token_batch, write_qnli  # noqa: E402
+from hf_fixtures import (  # noqa: E402
+    save_tiny,
+    save_tokenizer,
+    tiny_model,
+    token_batch,
+    write_lines,
+    write_qnli,
+)
 from splitfl.config import ConfigError, LoraConfig  # noqa: E402
+from splitfl.data.formats.text import next_tokens  # noqa: E402
 from splitfl.experiment.runner import as_config, prepare  # noqa: E402
 from splitfl.extensions import profile_model  # noqa: E402
 from splitfl.models.base import run_block, split, user_state_dict  # noqa: E402
 from splitfl.models.hf import hf_block_model, split_blocks  # noqa: E402
 from splitfl.net.testbed import Testbed  # noqa: E402
 from splitfl.testing import config_for  # noqa: E402
+from splitfl.training.losses import IGNORE, loss_fn  # noqa: E402
 
 DEVICES = {"d0": [0, 3, 6, 9], "d1": [1, 4, 7, 10], "d2": [2, 5, 8, 11]}
 KINDS = {
@@ -264,3 +274,50 @@ def test_the_roberta_qnli_paper_config_runs_on_tiny_stand_ins(tmp_path):
     assert config.options["parallelsfl"]["cut"] == 3
     res = splitfl.run(config, run_dir=tmp_path / "run", progress=False)
     assert len(res.metrics) == 1
+
+
+def test_causal_lm_loss_per_sample_is_hugging_faces_loss():
+    """``train.loss: causal_lm``: a sample's loss is Hugging Face's causal-LM loss of that
+    sample alone (next tokens, padding ignored)."""
+    torch.manual_seed(0)
+    model = tiny_model("gpt2").double().eval()
+    x = token_batch()
+    logits = model(input_ids=x[:, 0], attention_mask=x[:, 1]).logits
+    per_sample = loss_fn("causal_lm")(logits, next_tokens(x), reduction="none")
+    for i in range(len(x)):
+        labels = next_tokens(x[i : i + 1])
+        own = model(input_ids=x[i : i + 1, 0], attention_mask=x[i : i + 1, 1], labels=labels)
+        assert per_sample[i].item() == pytest.approx(own.loss.item(), rel=1e-6)  # HF: fp32 loss
+    assert next_tokens(x)[1, 5:].tolist() == [IGNORE] * 3  # sample 1's padding
+
+
+def test_gpt2_language_model_trains_split_with_perplexity(tmp_path):
+    """Issue 33 item 2: one text column of a .jsonl, next-token targets, a split GPT-2, the
+    test perplexity = exp(test loss), falling as it trains."""
+    folder = save_tiny(tmp_path / "gpt2", "gpt2")
+    save_tokenizer(folder)
+    data = write_lines(tmp_path / "lines")
+    cfg = _roberta_config(
+        folder,
+        {
+            "dataset": "my_lines",
+            "format": "text",
+            "root": str(data),
+            "text_columns": ["text"],
+            "text_target": "next_token",
+            "max_length": 8,
+            "num_clients": 4,
+            "min_samples": 2,
+            "partition": "iid",
+        },
+    )
+    cfg["rounds"] = 3
+    cfg["train"] = {**cfg["train"], "lr": 0.1, "loss": "causal_lm"}
+    cfg["eval"] = {"metrics": ["perplexity"]}
+    rows = splitfl.run(cfg, run_dir=tmp_path / "run", progress=False).metrics
+    assert len(rows) == 3
+    for row in rows:
+        assert row["test_perplexity"] == pytest.approx(math.exp(row["test_loss"]), rel=1e-6)
+    assert rows[-1]["test_perplexity"] < rows[0]["test_perplexity"]
+    with pytest.raises(ConfigError, match=r"^eval.metrics: perplexity needs train.loss"):
+        splitfl.validate({"eval": {"metrics": ["perplexity"]}})

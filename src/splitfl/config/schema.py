@@ -68,6 +68,9 @@ class DataConfig:
     text_columns: list[str] | None = None
     tokenizer: str | None = None
     max_length: int = 128
+    #: ``format: text`` targets: ``label`` (``label_column``, classification) or
+    #: ``next_token`` (the text's own tokens, padding ignored: ``train.loss: causal_lm``).
+    text_target: str = "label"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from splitfl.config.choices import unknown_choice
+from splitfl.training.losses import IGNORE
 
 
 class DatasetError(ValueError):
@@ -209,15 +210,22 @@ def _check_split(part: ArrayDataset, split: str, bundle: DatasetBundle, where: s
     if n == 0:
         fail("holds no samples")
     targets = part.y.is_floating_point()  # regression / multi-hot targets (train.loss)
+    tokens = part.y.dtype == torch.int64 and part.y.dim() == 2  # next-token ids (causal_lm)
     if targets and (part.y.dim() == 0 or len(part.y) != n):
         fail(f"targets must be float [{n}, ...], got {list(part.y.shape)}")
-    if not targets and (part.y.dtype != torch.int64 or tuple(part.y.shape) != (n,)):
-        fail(f"labels must be int64 [{n}], got {part.y.dtype} {list(part.y.shape)}")
+    if tokens and len(part.y) != n:
+        fail(f"token targets must be int64 [{n}, T], got {list(part.y.shape)}")
+    if not (targets or tokens) and (part.y.dtype != torch.int64 or tuple(part.y.shape) != (n,)):
+        fail(
+            f"labels must be int64 [{n}] (or token ids [{n}, T]), got {part.y.dtype} "
+            f"{list(part.y.shape)}"
+        )
     if tuple(part.x.shape[1:]) != tuple(bundle.input_shape):
         fail(f"inputs have shape {list(part.x.shape[1:])}, expected {list(bundle.input_shape)}")
     if targets and not bool(torch.isfinite(part.y).all()):
         fail("holds NaN or infinite targets")
-    lo, hi = (0, 0) if targets else (int(part.y.min()), int(part.y.max()))
+    real = part.y[part.y != IGNORE] if tokens else part.y  # padding positions carry IGNORE
+    lo, hi = (0, 0) if targets or not real.numel() else (int(real.min()), int(real.max()))
     if lo < 0 or hi >= bundle.num_classes:
         fail(f"labels span {lo}..{hi}, outside 0..{bundle.num_classes - 1}")
     if part.writers is not None and part.writers.shape != (n,):
@@ -230,7 +238,8 @@ def _check_split(part: ArrayDataset, split: str, bundle: DatasetBundle, where: s
 def check_bundle(bundle: DatasetBundle, where: str) -> None:
     """Invariants every loader's output must meet, whatever the format: both splits non-empty,
     int64 labels in ``0..num_classes-1`` (or finite float targets ``[N, ...]`` for
-    ``train.loss: mse``/``bce_logits``, checked against the loss when the run is built),
+    ``train.loss: mse``/``bce_logits``, or int64 token ids ``[N, T]`` with ``IGNORE`` at
+    padding for ``causal_lm``; checked against the loss when the run is built),
     inputs of ``input_shape``, finite values, one writer id per sample. Raises a one-line
     :class:`DatasetFileError` starting with ``where``."""
     for split, part in (("train", bundle.train), ("test", bundle.test)):

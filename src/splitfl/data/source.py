@@ -90,4 +90,5 @@ def container_options(d: DataConfig) -> ContainerOptions:
         d.text_columns,
         d.tokenizer,
         d.max_length,
+        d.text_target,
     )

@@ -236,11 +236,16 @@ def _checked_model(
             f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}",
         ) from err
     n = len(_probe(bundle))
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != n:
+    dims = 3 if config.train.loss == "causal_lm" else 2  # [B, T, vocabulary] for a language model
+    if not isinstance(logits, torch.Tensor) or logits.dim() != dims or logits.shape[0] != n:
         shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        want = (
+            f"[{n}, tokens, vocabulary] (train.loss: causal_lm)"
+            if dims == 3
+            else (f"[{n}, classes]")
+        )
         raise ConfigError(
-            "model",
-            f"{config.model} gives outputs {shape} for a batch of {n}; expected [{n}, classes]",
+            "model", f"{config.model} gives outputs {shape} for a batch of {n}; expected {want}"
         )
     return model, logits
 

@@ -50,6 +50,8 @@ def check_registries(config: ExperimentConfig, config_dir: str | Path | None = N
 def check_device_options(config: ExperimentConfig) -> None:
     """Fields that only some presets or models have (after the ranges are checked)."""
     d = config.data
+    if d.text_target not in ("label", "next_token"):
+        raise ConfigError("data.text_target", f"allowed: label, next_token (got {d.text_target!r})")
     if d.format == "text":
         n = len(d.text_columns or [])
         if n not in (1, 2):

@@ -10,8 +10,13 @@ reduction (``F.cross_entropy``, ``F.mse_loss``, ``F.binary_cross_entropy_with_lo
 * ``bce_logits`` — multi-label classification; float multi-hot targets ``[N, C]`` in [0, 1].
   A sample's loss is the mean over its C labels of the binary cross-entropy with logits.
 
-The papers train classifiers with cross-entropy only; the other two let a regression or a
-multi-label task run through the same split/federated machinery.
+* ``causal_lm`` — next-token language modelling; outputs ``[N, T, V]``, targets the int64
+  token ids ``[N, T]`` with ``IGNORE`` (-100) where there is no token (padding). A sample's
+  loss is the mean over its real next tokens of the cross-entropy of position t's logits
+  against token t+1 (Hugging Face's causal-LM loss, per sample).
+
+The papers train classifiers with cross-entropy only; the others let a regression, a
+multi-label or a language-modelling task run through the same split/federated machinery.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ import torch
 import torch.nn.functional as F
 
 #: ``train.loss`` values; the first is the default.
-LOSSES = ("cross_entropy", "mse", "bce_logits")
+LOSSES = ("cross_entropy", "mse", "bce_logits", "causal_lm")
+#: The target of a padding position (``causal_lm``): no loss there (torch's ignore_index).
+IGNORE = -100
 #: ``reduction`` values of :func:`loss_fn`'s losses.
 REDUCTIONS = ("none", "sum", "mean")
 
@@ -54,7 +61,25 @@ def _bce_logits(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(out, y, reduction="none").mean(1)
 
 
-_PER_SAMPLE = {"cross_entropy": _cross_entropy, "mse": _mse, "bce_logits": _bce_logits}
+def _causal_lm(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per sample: the mean next-token cross-entropy over its real tokens (module docstring)."""
+    logits, targets = out[:, :-1], y[:, 1:]
+    tokens = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        targets.reshape(-1),
+        reduction="none",
+        ignore_index=IGNORE,
+    ).reshape(targets.shape)
+    real = (targets != IGNORE).to(tokens.dtype)
+    return (tokens * real).sum(1) / real.sum(1).clamp(min=1)
+
+
+_PER_SAMPLE = {
+    "cross_entropy": _cross_entropy,
+    "mse": _mse,
+    "bce_logits": _bce_logits,
+    "causal_lm": _causal_lm,
+}
 
 
 def loss_fn(name: str) -> LossFn:
@@ -81,8 +106,14 @@ def target_problem(name: str, y: torch.Tensor, outputs: int) -> str | None:
     """Why targets ``y`` (one split's) do not fit loss ``name`` on a model with ``outputs``
     outputs, or None: class labels int64 ``[N]`` below ``outputs`` (``cross_entropy``);
     float targets with ``outputs`` values per sample (``mse``); float multi-hot ``[N, outputs]``
-    in [0, 1] (``bce_logits``)."""
+    in [0, 1] (``bce_logits``); token ids ``[N, T]`` below the vocabulary (``causal_lm``)."""
     shape = list(y.shape)
+    if name == "causal_lm":
+        if y.is_floating_point() or y.dim() != 2:
+            return f"needs int64 token ids [N, T], got {y.dtype} {shape}"
+        real = y[y != IGNORE]
+        top = int(real.max()) if real.numel() else -1
+        return None if top < outputs else f"token ids reach {top} but the vocabulary is {outputs}"
     if name == "cross_entropy":
         if y.is_floating_point() or y.dim() != 1:
             return f"needs int64 class labels [N], got {y.dtype} {shape}"

@@ -8,6 +8,8 @@
   Classes absent from both targets and predictions are left out of the mean (as
   scikit-learn's single-label macro-F1, which averages over the labels present); none left: 0.
 * ``mse`` — mean squared error over all outputs (``mse``).
+* ``perplexity`` — exp of the mean test loss of ``causal_lm`` (each sample's mean next-token
+  loss, averaged over samples: the corpus perplexity when every sample has as many tokens).
 * ``loss`` — the mean test loss (``train.loss``); always recorded (``test_loss``), so
   ``[loss]`` alone records no other metric.
 
@@ -21,15 +23,18 @@ import re
 
 import torch
 
+from splitfl.training.losses import loss_fn
+
 #: ``eval.metrics`` names, ``top<k>`` standing for ``top1``, ``top2``, …; the default is
 #: ``[accuracy]``.
-METRICS = ("accuracy", "loss", "top<k>", "macro_f1", "mse")
+METRICS = ("accuracy", "loss", "top<k>", "macro_f1", "mse", "perplexity")
 #: The losses each metric is defined for (None: every loss).
 _NEEDS: dict[str, tuple[str, ...] | None] = {
     "accuracy": ("cross_entropy",),
     "top": ("cross_entropy",),
     "macro_f1": ("cross_entropy", "bce_logits"),
     "mse": ("mse",),
+    "perplexity": ("causal_lm",),
     "loss": None,
 }
 _TOP = re.compile(r"top([1-9][0-9]*)")
@@ -100,4 +105,6 @@ def score(name: str, out: torch.Tensor, y: torch.Tensor) -> float:
         return macro_f1(out, y)
     if name == "mse":
         return mse(out, y)
+    if name == "perplexity":
+        return float(torch.exp(loss_fn("causal_lm")(out, y).double()))
     raise ValueError(f"unknown metric {name!r}; allowed: {', '.join(METRICS)}")

@@ -48,6 +48,7 @@ class ContainerOptions:
     text_columns: list[str] | None = None
     tokenizer: str | None = None
     max_length: int = 128
+    text_target: str = "label"
 
 
 def client_entries(root: Path, suffix: str, name: str) -> list[Path]:
@@ -173,7 +174,8 @@ def load_container(fmt: str, root: str | Path, name: str, options: ContainerOpti
         return _hf_bundle(name, tuple(hf.load_parquet(f, name) for f in files), files, options)
     if fmt == "text":
         o = options
+        label = None if o.text_target == "next_token" else o.label_column
         return text.load_text(
-            root, name, o.text_columns or [], o.label_column, o.tokenizer or "", o.max_length
+            root, name, o.text_columns or [], label, o.tokenizer or "", o.max_length
         )
     raise ValueError(f"unknown data.format {fmt!r}; allowed: {', '.join(FORMATS)}")
