@@ -66,7 +66,9 @@ def layerwise_aggregate(
     out: dict[str, torch.Tensor] = {}
     for key, current in global_state.items():
         sources = picked[key]
-        if all(s is current for s in sources):  # no copy changed (executor: timing)
+        # no copy changed (executor: timing; frozen weights, e.g. a LoRA model's base): the
+        # average of equal values is that value, without a float64 pass over the tensor
+        if all(s is current or torch.equal(s, current) for s in sources):
             out[key] = current.clone()
             continue
         w = [float(weights[u.client]) for u in updates]
