@@ -34,6 +34,7 @@ SCOPE = [
     "pyramidfl",
     "ifca",
     "adasampling",
+    "splitlora",
 ]
 DEVICES = {"d0": [0, 3, 6, 9], "d1": [1, 4, 7, 10], "d2": [2, 5, 8, 11]}
 

@@ -21,8 +21,10 @@ if TYPE_CHECKING:
 
 #: How the server trains a group's copy: ``per_step`` = every iteration, the losses of all
 #: active members are combined into one loss (S²FL Eq. 3; a group of one is SplitFed V1);
-#: ``sequential`` = members are served one after another, each for all its steps (SplitFed V2).
-SERVER_MODES = ("per_step", "sequential")
+#: ``sequential`` = members are served one after another, each for all its steps (SplitFed V2);
+#: ``round_robin`` = members take turns, one step each, in ``order`` (SplitLoRA's released code:
+#: each client's batch meets the server model its predecessor's batch just updated).
+SERVER_MODES = ("per_step", "sequential", "round_robin")
 #: How a ``per_step`` group's server part is run on its members' smashed data: ``concat`` =
 #: one forward/backward on the concatenation of the active members that share a cut point
 #: (MergeSFL Eq. 16's mixed feature sequence; S²FL's "larger batches"), so layers that couple
@@ -104,7 +106,7 @@ class RoundPlan:
             scaled 1/N, RingSFL's SplitFed baseline).
         device_grad: ``union`` = each device receives ∂loss/∂fx_i of the group loss (Eq. 4 as
             printed); ``own`` = rescaled to the gradient of its own mean loss.
-        order: Order in which ``sequential`` mode serves clients.
+        order: Order in which ``sequential`` and ``round_robin`` modes serve clients.
         server_lr: Learning rate of the server-side copies (default: the first task's).
         device_loss: ``server`` — devices are updated with the gradient the server sends back
             (split learning); ``local`` — with the loss of an auxiliary head on the device

@@ -18,6 +18,7 @@ FAST_OPTIONS = {
     "options.locfedmix_sl.tau": 2,
     "options.locfedmix_sl.aggregate_every": 2,
     "options.parallelsfl.tau": 2,
+    "options.splitlora.aggregate_step": 12,
 }
 #: RingSFL needs at most as many clients as model blocks: 4 clients on the 4-block MLP.
 RING_SIZED = {"model": "mlp", "data.num_clients": 4, "train.clients_per_round": 4}

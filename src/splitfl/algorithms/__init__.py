@@ -21,6 +21,7 @@ from splitfl.algorithms.s2fl import S2FL
 from splitfl.algorithms.splitfed_ringsfl import SplitFedRingSFL
 from splitfl.algorithms.splitfed_v1 import SplitFedV1
 from splitfl.algorithms.splitfed_v2 import SplitFedV2
+from splitfl.algorithms.splitlora import SplitLoRA
 from splitfl.algorithms.vanilla_sl import VanillaSL
 from splitfl.config import ConfigError, from_dict
 from splitfl.config.choices import unknown_choice
@@ -32,6 +33,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         FedAvg,
         SplitFedV1,
         SplitFedV2,
+        SplitLoRA,
         S2FL,
         MergeSFL,
         AdaSFL,

@@ -187,10 +187,11 @@ def run_group(
 ) -> list[ClientUpdate]:
     """The split loop of one group (``per_step``: all members every iteration, S²FL Alg. 1;
     ``sequential``: one member after another, SplitFed V2 / vanilla SL with
-    ``chain_devices``); the members' updates, lost devices left out."""
+    ``chain_devices``; ``round_robin``: one step of each member in turn, SplitLoRA); the
+    members' updates, lost devices left out."""
     tally = {t.client: _Tally() for t in run.tasks}
+    rank = {c: i for i, c in enumerate(plan.order)}
     if plan.server_mode == "sequential":
-        rank = {c: i for i, c in enumerate(plan.order)}
         previous: tuple[State, State | None] | None = None
         done: dict[int, tuple[State, State | None]] = {}
         for t in sorted(run.tasks, key=lambda t: rank.get(t.client, 0)):
@@ -202,9 +203,14 @@ def run_group(
             previous = done.get(t.client, previous)
     else:
         fleet.begin(run.tasks, run.parts, run.aux)
+        turns = sorted(run.tasks, key=lambda t: rank.get(t.client, 0))
         for step in range(max(t.steps for t in run.tasks)):
-            active = [t for t in run.tasks if step < t.steps]
-            _iteration(fleet, server, active, step, plan, tally)
+            active = [t for t in turns if step < t.steps]
+            if plan.server_mode == "round_robin":
+                for t in active:
+                    _iteration(fleet, server, [t], step, plan, tally)
+            else:
+                _iteration(fleet, server, active, step, plan, tally)
         done = fleet.finish([t.client for t in run.tasks if t.client not in fleet.dropped])
     return [
         ClientUpdate(
