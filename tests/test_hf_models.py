@@ -321,3 +321,28 @@ def test_gpt2_language_model_trains_split_with_perplexity(tmp_path):
     assert rows[-1]["test_perplexity"] < rows[0]["test_perplexity"]
     with pytest.raises(ConfigError, match=r"^eval.metrics: perplexity needs train.loss"):
         splitfl.validate({"eval": {"metrics": ["perplexity"]}})
+
+
+def test_the_splitlora_gpt2_config_runs_on_tiny_stand_ins(tmp_path):
+    """``benchmarks/papers/splitlora/gpt2_medium_e2e.yaml`` as shipped, pointed at a tiny GPT-2
+    and two-field .jsonl files (one round)."""
+    folder = save_tiny(tmp_path / "gpt2", "gpt2")
+    save_tokenizer(folder)
+    data = tmp_path / "e2e"
+    data.mkdir()
+    rows = [{"context": "what is the capital", "completion": "paris lies on the seine"}] * 12
+    for split_name in ("train", "test"):
+        (data / f"{split_name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    paper = Path(__file__).resolve().parents[1] / "benchmarks/papers/splitlora/gpt2_medium_e2e.yaml"
+    overrides = [
+        f"model=hf:{folder}",
+        f"data.root={data}",
+        "data.max_length=8",
+        "rounds=1",
+        "options.splitlora.aggregate_step=6",
+        "train.lora.target_modules=[c_attn]",
+    ]
+    config = as_config(paper, overrides)
+    assert (config.train.batch_size, config.train.lr, config.train.lora.r) == (4, 0.0002, 2)
+    rows = splitfl.run(config, run_dir=tmp_path / "run", progress=False).metrics
+    assert len(rows) == 1 and rows[0]["test_perplexity"] > 1
