@@ -346,3 +346,21 @@ def test_the_splitlora_gpt2_config_runs_on_tiny_stand_ins(tmp_path):
     assert (config.train.batch_size, config.train.lr, config.train.lora.r) == (4, 0.0002, 2)
     rows = splitfl.run(config, run_dir=tmp_path / "run", progress=False).metrics
     assert len(rows) == 1 and rows[0]["test_perplexity"] > 1
+
+
+def test_parallel_executor_equals_sequential_on_a_split_roberta_with_lora(tmp_path):
+    """``executor: parallel``: the workers build the same RoBERTa (with its LoRA adapters)
+    from the config and train the same steps: identical model and metrics. Dropout 0 (the
+    engines' masks differ)."""
+    folder = save_tiny(tmp_path / "roberta", "roberta", dropout=0.0)
+    cfg = _roberta_config(folder, TOKEN_DATA, LORA)
+    runs = {}
+    for executor in ("sequential", "parallel"):
+        cfg = {**cfg, "executor": executor}
+        runs[executor] = splitfl.run(cfg, run_dir=tmp_path / executor, progress=False)
+    a, b = (torch.load(r.run_dir / "model.pt", weights_only=True) for r in runs.values())
+    assert set(a) == set(b) and any("lora_A" in k for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["train_loss"] for r in runs["sequential"].metrics] == [
+        r["train_loss"] for r in runs["parallel"].metrics
+    ]
