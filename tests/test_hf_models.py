@@ -364,3 +364,38 @@ def test_parallel_executor_equals_sequential_on_a_split_roberta_with_lora(tmp_pa
     assert [r["train_loss"] for r in runs["sequential"].metrics] == [
         r["train_loss"] for r in runs["parallel"].metrics
     ]
+
+
+def test_networked_lora_sends_only_the_adapters(tmp_path, sequential_run):
+    """Issue 33 item 3: with ``train.lora`` a device downloads and uploads its part's
+    adapters only (the frozen base stays on the device, built from its own files); the bytes
+    on the wire are the cost model's, and the run equals the sequential one."""
+    folder = save_tiny(tmp_path / "roberta", "roberta", dropout=0.0)
+    changes = {
+        "rounds": 2,
+        "model": f"hf:{folder}",  # the saved weights: every device loads the same base
+        "data.dataset": "hf_fixtures:token_classification_data",
+        "data.partition": "iid",
+        "import_dirs": [str(Path(__file__).parent)],
+        "options.splitfed_v1.cut": 2,
+        "train.lora": LORA,
+    }
+    bed = Testbed.create(tmp_path / "bed", list(DEVICES))
+    threads = [bed.device(name, clients, retry_s=20.0) for name, clients in DEVICES.items()]
+    net_changes = bed.server_overrides(min_devices=len(DEVICES))
+    cfg = config_for("splitfed_v1", **changes, **net_changes)
+    net = splitfl.run(cfg, run_dir=tmp_path / "net")
+    for t in threads:
+        t.join(30)
+    seq = sequential_run(config_for("splitfed_v1", **changes))
+    a = torch.load(net.run_dir / "model.pt", weights_only=True)
+    b = torch.load(seq.run_dir / "model.pt", weights_only=True)
+    assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-5
+    assert [t.code for t in threads] == [0, 0, 0]
+    model = hf_block_model(f"hf:{folder}", 2, LoraConfig(**LORA))
+    adapters = 4 * sum(p.numel() for p in split(model, 2)[0].parameters() if p.requires_grad)
+    rows = [json.loads(x) for x in (net.run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        clients = len(row["clients"])
+        assert row["payload_model_down"] == row["bytes_model_down"] == clients * adapters
+        assert row["payload_model_up"] == clients * adapters

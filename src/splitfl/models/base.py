@@ -125,6 +125,16 @@ def block_index(param_name: str) -> int:
     return int(parts[1])
 
 
+def moving_state(module: nn.Module, model: BlockModel) -> dict[str, torch.Tensor]:
+    """The tensors of ``module`` (the model or a part of it) that a round can change and so
+    travel as model traffic: the whole state, or, where the model's base weights stay on every
+    device (``model.frozen_base``: LoRA), all but the frozen parameters."""
+    state = module.state_dict(keep_vars=True)
+    if not getattr(model, "frozen_base", False):
+        return state
+    return {k: t for k, t in state.items() if not isinstance(t, nn.Parameter) or t.requires_grad}
+
+
 def user_state_dict(model: BlockModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` (keys ``blocks.<i>.<name>``) under the user's own names: ``<name>`` for a
     graph-split model (its pieces hold the user's modules under their paths), ``<i>.<name>``

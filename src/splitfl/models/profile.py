@@ -14,10 +14,9 @@ from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 
 import torch
-from torch import nn
 
 from splitfl.activations import Activation, as_server_input, first_float, leaves, tree_map
-from splitfl.models.base import BlockModel, run_block
+from splitfl.models.base import BlockModel, moving_state, run_block
 from splitfl.models.flops import count_flops
 from splitfl.models.profile_cache import architecture_key, read_entry, write_entry
 from splitfl.models.registry import NO_SPLIT, Split, build_model
@@ -126,7 +125,7 @@ def _measure(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProfile:
         with torch.no_grad():
             out = run_block(block, x)
         params = sum(p.numel() for p in block.parameters())
-        state_elems = sum(t.numel() for t in transferred_state(block, model).values())
+        state_elems = sum(t.numel() for t in moving_state(block, model).values())
         costs.append(
             BlockCost(
                 params=params,
@@ -139,16 +138,6 @@ def _measure(model: BlockModel, input_shape: tuple[int, ...]) -> ModelProfile:
         )
         x = tree_map(torch.Tensor.detach, out)
     return ModelProfile(tuple(costs))
-
-
-def transferred_state(block: nn.Module, model: BlockModel) -> dict[str, torch.Tensor]:
-    """The tensors of ``block`` that move as model traffic: its whole state, or, where the
-    model's base weights stay on every device (``frozen_base``: LoRA), the trainable
-    parameters and the buffers only."""
-    state = block.state_dict(keep_vars=True)
-    if not getattr(model, "frozen_base", False):
-        return state
-    return {k: t for k, t in state.items() if not isinstance(t, nn.Parameter) or t.requires_grad}
 
 
 def sample_bytes(x: Activation) -> int:

@@ -40,7 +40,7 @@ from splitfl.data.transforms import with_black
 from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
 from splitfl.extensions import build_model, load_dataset
 from splitfl.models import ModelPart
-from splitfl.models.base import lowest_loss_state
+from splitfl.models.base import lowest_loss_state, moving_state
 from splitfl.models.registry import Split
 from splitfl.net.announce import build_announcement, data_mismatch
 from splitfl.net.emulation import FORWARD_SHARE, Profile, stretch, transfer
@@ -297,7 +297,10 @@ class DeviceAgent:
         _check_begin(f, self.model.num_blocks)
         task = ClientTask(c, f["cut"], f["group"], f["batch_size"], f["steps"], f["lr"])
         part = copy.deepcopy(ModelPart(self.model, 0, task.cut))
-        part.load_state_dict(state_from("part", msg.tensors))
+        received = state_from("part", msg.tensors)
+        if set(received) != self._moving_keys(task.cut):  # a LoRA model's base stays here
+            raise WireError("begin: the device part's tensors differ from this model's")
+        part.load_state_dict(received, strict=False)
         aux_state = state_from("aux", msg.tensors)
         aux = aux_from_state(aux_state) if aux_state else None
         self.refusals.pop(c, None)
@@ -352,5 +355,12 @@ class DeviceAgent:
         return Message("identified", {"cluster": cluster})
 
     def _on_finish(self, c: int, msg: Message) -> Message:
-        part, aux = self.roles.pop(c).states()
+        role = self.roles.pop(c)
+        part, aux = role.states()
+        moving = self._moving_keys(role.task.cut)
+        part = {k: v for k, v in part.items() if k in moving}
         return Message("finished", {}, {**state_tensors("part", part), **state_tensors("aux", aux)})
+
+    def _moving_keys(self, cut: int) -> set[str]:
+        """The device part's tensors that travel (all but a LoRA model's frozen base)."""
+        return set(moving_state(ModelPart(self.model, 0, cut), self.model))

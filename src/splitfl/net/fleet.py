@@ -27,6 +27,7 @@ from splitfl.activations import leaves, names, pack, unpack
 from splitfl.config import BoundsConfig
 from splitfl.executors.roles import ServerRole
 from splitfl.models import ModelPart
+from splitfl.models.base import moving_state
 from splitfl.net.emulation import Profile, stretch
 from splitfl.net.hub import LOST, DeviceLink, Hub
 from splitfl.net.trust import (
@@ -131,10 +132,9 @@ class RemoteFleet:
             }
             if self.profiles is not None:
                 fields["emulate"] = self.profiles[t.client].to_fields()
-            tensors = {
-                **state_tensors("part", parts[t.client]),
-                **state_tensors("aux", aux.get(t.client)),
-            }
+            moving = self.expect.part_specs[t.cut]  # the frozen base stays on the device
+            part = {k: v for k, v in parts[t.client].items() if k in moving}
+            tensors = {**state_tensors("part", part), **state_tensors("aux", aux.get(t.client))}
             requests[t.client] = (Message("begin", fields, tensors), "model_down")
         self._call(requests, "ack")
 
@@ -191,7 +191,8 @@ class RemoteFleet:
                 self._drop(c, f"rejected model update: {problem}")
                 continue
             self.meters[c].count("model_up", payload_bytes(msg))
-            out[c] = (part, aux or None)
+            frozen = {k: v for k, v in self.sent[c][0].items() if k not in part}
+            out[c] = ({**frozen, **part}, aux or None)
         return out
 
     # -- transport -----------------------------------------------------------------------------
@@ -332,7 +333,8 @@ def expect_for(
         sample = sample.to(dtype)
     for cut in cuts:
         part = ModelPart(model, 0, cut)
-        specs[cut] = state_specs(part.state_dict())
+        # only what a round can change travels (LoRA: the adapters, not the frozen base)
+        specs[cut] = state_specs({k: t.detach() for k, t in moving_state(part, model).items()})
         if cut < model.num_blocks:
             with torch.no_grad():
                 out = part.eval()(sample[:1])
