@@ -22,6 +22,7 @@ from hf_fixtures import (  # noqa: E402
     write_lines,
     write_qnli,
 )
+from splitfl.algorithms import algorithm_names  # noqa: E402
 from splitfl.config import ConfigError, LoraConfig  # noqa: E402
 from splitfl.data.formats.text import next_tokens  # noqa: E402
 from splitfl.experiment.runner import as_config, prepare  # noqa: E402
@@ -399,3 +400,21 @@ def test_networked_lora_sends_only_the_adapters(tmp_path, sequential_run):
         clients = len(row["clients"])
         assert row["payload_model_down"] == row["bytes_model_down"] == clients * adapters
         assert row["payload_model_up"] == clients * adapters
+
+
+@pytest.mark.parametrize("algorithm", algorithm_names())
+def test_every_algorithm_runs_on_a_split_roberta(tmp_path, algorithm):
+    """Issue 33 item 4: no algorithm's control assumes images: each trains a round of a split
+    RoBERTa on token data (the mask crossing the cut beside the hidden states)."""
+    folder = save_tiny(tmp_path / "roberta", "roberta")
+    changes = {
+        "rounds": 1,
+        "model": f"hf-config:{folder}",
+        "data.dataset": "hf_fixtures:token_classification_data",
+        "data.partition": "iid",
+        "import_dirs": [str(Path(__file__).parent)],
+    }
+    if algorithm.startswith("ringsfl"):  # a ring of at most as many clients as blocks
+        changes.update({"data.num_clients": 4, "train.clients_per_round": 4})
+    rows = splitfl.run(config_for(algorithm, **changes), run_dir=tmp_path / "run").metrics
+    assert len(rows) == 1 and math.isfinite(rows[0]["train_loss"]) and rows[0]["samples"] > 0
