@@ -26,7 +26,7 @@ from splitfl.experiment.device_data import adopt_device_data
 from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
 from splitfl.experiment.recorder import Recorder
 from splitfl.experiment.round_step import LoopState, evaluate_state, play_round, trains
-from splitfl.models.base import user_state_dict
+from splitfl.models.base import moving_state, user_state_dict
 from splitfl.net.executor import NetworkedExecutor
 from splitfl.system import SimClock, Traffic
 
@@ -62,7 +62,9 @@ def start_state(
         if evaluate and config.train.explode_factor and config.train.explode_rounds:
             initial = evaluate_state(prep.ctx, eval_model, global_state)["loss"]
         st = LoopState(global_state, SimClock(), Traffic(), initial)
-        return st, Recorder(run_dir, config, [], [], 0)
+        rec = Recorder(run_dir, config, [], [], 0)
+        rec.state_keys = set(moving_state(prep.ctx.model, prep.ctx.model))
+        return st, rec
     clock = SimClock()
     clock.now = start["clock"]
     try:
@@ -74,8 +76,12 @@ def start_state(
             f"the checkpoint's state does not fit {config.algorithm} "
             f"({type(err).__name__}: {err}); damaged or from another run?",
         ) from None
-    st = LoopState(start["global_state"], clock, cum, start.get("initial_loss"))
-    return st, Recorder.restored(run_dir, config, start)
+    # a LoRA model's frozen base is not in the checkpoint: the freshly built model's
+    base = {k: v.clone() for k, v in prep.ctx.model.state_dict().items()}
+    st = LoopState({**base, **start["global_state"]}, clock, cum, start.get("initial_loss"))
+    rec = Recorder.restored(run_dir, config, start)
+    rec.state_keys = set(moving_state(prep.ctx.model, prep.ctx.model))
+    return st, rec
 
 
 def _progress(config: ExperimentConfig, first: int, progress: bool | None) -> Any:

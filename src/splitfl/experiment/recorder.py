@@ -46,6 +46,9 @@ class Recorder:
         self.lines = lines  # rows as written to metrics.jsonl (the checkpoint keeps the same text)
         self.rows = rows
         self.checkpoint_round = checkpoint_round
+        #: the model keys a checkpoint holds (None: all; a LoRA model's frozen base is rebuilt
+        #: from the model's own files on resume, :func:`~splitfl.models.base.moving_state`)
+        self.state_keys: set[str] | None = None
         self.consistent = True  # False while a round has changed the state but is not recorded
         self.trackers = None
         self.summary: dict[str, Any] | None = None  # set once summary.json is written
@@ -82,7 +85,11 @@ class Recorder:
             self.run_dir,
             {
                 "round": done,
-                "global_state": st.global_state,
+                "global_state": {
+                    k: v
+                    for k, v in st.global_state.items()
+                    if self.state_keys is None or k in self.state_keys
+                },
                 "algorithm": algorithm.state_dict(),
                 "clock": st.clock.now,
                 "traffic": st.cum.to_dict(),

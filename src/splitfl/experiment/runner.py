@@ -51,6 +51,7 @@ from splitfl.experiment.model_card import card_table, model_card
 from splitfl.experiment.provenance import write_data_record, write_version
 from splitfl.experiment.validation import load_config, validate_config, with_imports
 from splitfl.extensions import import_user_modules, reject_objects
+from splitfl.models.base import moving_state
 from splitfl.ray_cluster import RayJoinError
 
 
@@ -290,7 +291,8 @@ def resume(
         remove_stale_tmp(ckpt_path.parent)
         start = None
         if ckpt_path.exists():
-            shapes = {k: v.shape for k, v in prepared.ctx.model.state_dict().items()}
+            model = prepared.ctx.model  # a LoRA checkpoint holds the moving tensors only
+            shapes = {k: v.shape for k, v in moving_state(model, model).items()}
             start = load_checkpoint(ckpt_path, shapes, config)
         else:  # stopped before its first checkpoint: a fresh start under this config
             write_clients(prepared.ctx, path / "clients.json")
