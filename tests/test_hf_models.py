@@ -216,6 +216,29 @@ def test_hf_prefix_loads_the_saved_weights(tmp_path):
     assert all(torch.equal(state[k], saved[k]) for k in state)
 
 
+def _token_changes(model: str, rounds: int, **more) -> dict:
+    """Dotted ``config_for`` changes: ``model`` on the token fixture, IID."""
+    return {
+        "rounds": rounds,
+        "model": model,
+        "data.dataset": "hf_fixtures:token_classification_data",
+        "data.partition": "iid",
+        "import_dirs": [str(Path(__file__).parent)],
+        **more,
+    }
+
+
+def _networked_run(tmp_path, algorithm: str, changes: dict):
+    """``algorithm`` on three in-process devices; the result and the device threads."""
+    bed = Testbed.create(tmp_path / "bed", list(DEVICES))
+    threads = [bed.device(name, clients, retry_s=20.0) for name, clients in DEVICES.items()]
+    net_changes = bed.server_overrides(min_devices=len(DEVICES))
+    net = splitfl.run(config_for(algorithm, **changes, **net_changes), run_dir=tmp_path / "net")
+    for t in threads:
+        t.join(30)
+    return net, threads
+
+
 @pytest.mark.parametrize("algorithm", ["splitfed_v1", "mergesfl"])
 def test_networked_split_roberta_equals_sequential(tmp_path, algorithm, sequential_run):
     """Sequential ≡ networked on a split RoBERTa: the hidden states and the int64 mask cross
@@ -224,20 +247,8 @@ def test_networked_split_roberta_equals_sequential(tmp_path, algorithm, sequenti
     streams (README, "Dropout masks differ between engines"); with RoBERTa's 0.1 the models
     differ by about 1e-3 after 2 rounds."""
     folder = save_tiny(tmp_path / "roberta", "roberta", dropout=0.0)
-    changes = {
-        "rounds": 2,
-        "model": f"hf-config:{folder}",
-        "data.dataset": "hf_fixtures:token_classification_data",
-        "data.partition": "iid",
-        "import_dirs": [str(Path(__file__).parent)],
-        f"options.{algorithm}.cut": 2,
-    }
-    bed = Testbed.create(tmp_path / "bed", list(DEVICES))
-    threads = [bed.device(name, clients, retry_s=20.0) for name, clients in DEVICES.items()]
-    net_changes = bed.server_overrides(min_devices=len(DEVICES))
-    net = splitfl.run(config_for(algorithm, **changes, **net_changes), run_dir=tmp_path / "net")
-    for t in threads:
-        t.join(30)
+    changes = _token_changes(f"hf-config:{folder}", 2, **{f"options.{algorithm}.cut": 2})
+    net, threads = _networked_run(tmp_path, algorithm, changes)
     seq = sequential_run(config_for(algorithm, **changes))
     a = torch.load(net.run_dir / "model.pt", weights_only=True)
     b = torch.load(seq.run_dir / "model.pt", weights_only=True)
@@ -252,25 +263,30 @@ def test_networked_split_roberta_equals_sequential(tmp_path, algorithm, sequenti
         assert row["payload_gradients_down"] == row["bytes_gradients_down"] > 0
 
 
+def _paper_config(name: str, folder: Path, data: Path, *overrides: str):
+    """A config of ``benchmarks/papers/`` as shipped, its model and data folders pointed at
+    tiny stand-ins, one round of 8-token samples."""
+    paper = Path(__file__).resolve().parents[1] / "benchmarks" / "papers" / name
+    base = [f"model=hf:{folder}", f"data.root={data}", "data.max_length=8", "rounds=1"]
+    return as_config(paper, [*base, *overrides])
+
+
 def test_the_roberta_qnli_paper_config_runs_on_tiny_stand_ins(tmp_path):
     """``benchmarks/papers/parallelsfl/roberta_qnli.yaml`` as shipped, with its model and
     data folders pointed at a tiny RoBERTa and a QNLI-format fixture (one round)."""
     folder = save_tiny(tmp_path / "roberta", "roberta")
     save_tokenizer(folder)
     data = write_qnli(tmp_path / "QNLI", copies=30)
-    paper = Path(__file__).resolve().parents[1] / "benchmarks/papers/parallelsfl/roberta_qnli.yaml"
-    overrides = [
-        f"model=hf:{folder}",
-        f"data.root={data}",
-        "data.max_length=8",
-        "rounds=1",
+    config = _paper_config(
+        "parallelsfl/roberta_qnli.yaml",
+        folder,
+        data,
         "data.num_clients=10",
         "data.min_samples=4",
         "train.local_steps=2",
         "options.parallelsfl.tau=2",
         "output.progress=false",
-    ]
-    config = as_config(paper, overrides)
+    )
     assert (config.train.batch_size, config.train.lr, config.rounds) == (16, 0.001, 1)
     assert config.options["parallelsfl"]["cut"] == 3
     res = splitfl.run(config, run_dir=tmp_path / "run", progress=False)
@@ -334,16 +350,9 @@ def test_the_splitlora_gpt2_config_runs_on_tiny_stand_ins(tmp_path):
     rows = [{"context": "what is the capital", "completion": "paris lies on the seine"}] * 12
     for split_name in ("train", "test"):
         (data / f"{split_name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    paper = Path(__file__).resolve().parents[1] / "benchmarks/papers/splitlora/gpt2_medium_e2e.yaml"
-    overrides = [
-        f"model=hf:{folder}",
-        f"data.root={data}",
-        "data.max_length=8",
-        "rounds=1",
-        "options.splitlora.aggregate_step=6",
-        "train.lora.target_modules=[c_attn]",
-    ]
-    config = as_config(paper, overrides)
+    config = _paper_config(
+        "splitlora/gpt2_medium_e2e.yaml", folder, data, "options.splitlora.aggregate_step=6"
+    )
     assert (config.train.batch_size, config.train.lr, config.train.lora.r) == (4, 0.0002, 2)
     rows = splitfl.run(config, run_dir=tmp_path / "run", progress=False).metrics
     assert len(rows) == 1 and rows[0]["test_perplexity"] > 1
@@ -372,22 +381,10 @@ def test_networked_lora_sends_only_the_adapters(tmp_path, sequential_run):
     adapters only (the frozen base stays on the device, built from its own files); the bytes
     on the wire are the cost model's, and the run equals the sequential one."""
     folder = save_tiny(tmp_path / "roberta", "roberta", dropout=0.0)
-    changes = {
-        "rounds": 2,
-        "model": f"hf:{folder}",  # the saved weights: every device loads the same base
-        "data.dataset": "hf_fixtures:token_classification_data",
-        "data.partition": "iid",
-        "import_dirs": [str(Path(__file__).parent)],
-        "options.splitfed_v1.cut": 2,
-        "train.lora": LORA,
-    }
-    bed = Testbed.create(tmp_path / "bed", list(DEVICES))
-    threads = [bed.device(name, clients, retry_s=20.0) for name, clients in DEVICES.items()]
-    net_changes = bed.server_overrides(min_devices=len(DEVICES))
-    cfg = config_for("splitfed_v1", **changes, **net_changes)
-    net = splitfl.run(cfg, run_dir=tmp_path / "net")
-    for t in threads:
-        t.join(30)
+    changes = _token_changes(  # the saved weights: every device loads the same base
+        f"hf:{folder}", 2, **{"options.splitfed_v1.cut": 2, "train.lora": LORA}
+    )
+    net, threads = _networked_run(tmp_path, "splitfed_v1", changes)
     seq = sequential_run(config_for("splitfed_v1", **changes))
     a = torch.load(net.run_dir / "model.pt", weights_only=True)
     b = torch.load(seq.run_dir / "model.pt", weights_only=True)
@@ -407,13 +404,7 @@ def test_every_algorithm_runs_on_a_split_roberta(tmp_path, algorithm):
     """Issue 33 item 4: no algorithm's control assumes images: each trains a round of a split
     RoBERTa on token data (the mask crossing the cut beside the hidden states)."""
     folder = save_tiny(tmp_path / "roberta", "roberta")
-    changes = {
-        "rounds": 1,
-        "model": f"hf-config:{folder}",
-        "data.dataset": "hf_fixtures:token_classification_data",
-        "data.partition": "iid",
-        "import_dirs": [str(Path(__file__).parent)],
-    }
+    changes = _token_changes(f"hf-config:{folder}", 1)
     if algorithm.startswith("ringsfl"):  # a ring of at most as many clients as blocks
         changes.update({"data.num_clients": 4, "train.clients_per_round": 4})
     rows = splitfl.run(config_for(algorithm, **changes), run_dir=tmp_path / "run").metrics
