@@ -442,3 +442,34 @@ def test_lora_checkpoint_holds_the_adapters_and_resumes_exactly(tmp_path):
         [{k: v for k, v in r.items() if k not in drop} for r in x.metrics] for x in (full, resumed)
     ]
     assert rows[0] == rows[1]
+
+
+@pytest.mark.parametrize("fmt", ["hf", "parquet"])
+def test_text_columns_of_hugging_face_and_parquet_data(tmp_path, fmt):
+    """Issue 33 item 2: the same pairs saved as a ``DatasetDict`` (``format: hf``) or as
+    parquet files read through the tokenizer like the TSV (same ids and masks)."""
+    datasets = pytest.importorskip("datasets")
+    folder = save_tokenizer(tmp_path / "tok")
+    data = write_qnli(tmp_path / "QNLI")
+    splits = {}
+    for split_name, file in (("train", "train.tsv"), ("test", "dev.tsv")):
+        lines = (data / file).read_text().splitlines()[1:]
+        cols = list(zip(*(line.split("\t")[1:] for line in lines), strict=True))
+        splits[split_name] = datasets.Dataset.from_dict(
+            {"question": list(cols[0]), "sentence": list(cols[1]), "label": list(cols[2])}
+        )
+    root = tmp_path / fmt
+    if fmt == "hf":
+        datasets.DatasetDict(splits).save_to_disk(str(root))
+    else:
+        root.mkdir()
+        for split_name, ds in splits.items():
+            ds.to_parquet(str(root / f"{split_name}.parquet"))
+    text = {"text_columns": ["question", "sentence"], "max_length": 8, "tokenizer": str(folder)}
+    read = {}
+    for name, (f, r) in {"tsv": ("text", data), fmt: (fmt, root)}.items():
+        d = as_config({"data": {"dataset": "mine", "format": f, "root": str(r), **text}}).data
+        read[name] = splitfl.data.source.read_dataset(d)
+    a, b = read["tsv"], read[fmt]
+    assert torch.equal(a.train.x, b.train.x) and torch.equal(a.train.y, b.train.y)
+    assert a.num_classes == b.num_classes == 2

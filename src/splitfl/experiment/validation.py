@@ -52,11 +52,16 @@ def check_device_options(config: ExperimentConfig) -> None:
     d = config.data
     if d.text_target not in ("label", "next_token"):
         raise ConfigError("data.text_target", f"allowed: label, next_token (got {d.text_target!r})")
-    if d.format == "text":
+    if d.format == "text" or d.text_columns:
         n = len(d.text_columns or [])
         if n not in (1, 2):
             raise ConfigError(
                 "data.text_columns", f"format text needs one or two text columns (got {n})"
+            )
+        if d.format not in ("text", "hf", "parquet"):
+            raise ConfigError(
+                "data.text_columns",
+                f"raw text is read by format text, hf or parquet, not {d.format}",
             )
         if d.tokenizer is None and not is_hf_spec(config.model):
             raise ConfigError(
@@ -146,10 +151,11 @@ def resolve_config(config: ExperimentConfig) -> ExperimentConfig:
     result): ``devices.contention`` null → the device preset's paper model
     (:func:`~splitfl.system.devices.resolve_contention`); ``import_dirs`` null → where the
     user modules were found (:func:`~splitfl.extensions.fill_import_dirs`); ``data.tokenizer``
-    null with ``format: text`` → the ``model: hf:`` folder."""
+    null with raw text (``format: text``, or ``text_columns``) → the ``model: hf:`` folder."""
     config = fill_import_dirs(config)
     data = config.data
-    if data.format == "text" and data.tokenizer is None and is_hf_spec(config.model):
+    text = data.format == "text" or bool(data.text_columns)
+    if text and data.tokenizer is None and is_hf_spec(config.model):
         tokenizer = hf_folder(config.model)  # the model's own tokenizer
         config = config.replace(data=dataclasses.replace(data, tokenizer=tokenizer))
     d = config.devices

@@ -146,7 +146,24 @@ def _csv(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
     return _bundle(name, train, _split(test_x, test_y), classes)
 
 
+def _text_label(o: ContainerOptions) -> str | None:
+    """The label column of a text dataset; None when the targets are the next tokens."""
+    return None if o.text_target == "next_token" else o.label_column
+
+
+def _tokenized(name: str, rows: tuple, where: tuple, o: ContainerOptions) -> DatasetBundle:
+    return text.tokenized_bundle(
+        name, rows, where, o.tokenizer or "", o.max_length, o.text_target == "next_token"
+    )
+
+
 def _hf_bundle(name: str, splits: tuple, where: tuple, o: ContainerOptions) -> DatasetBundle:
+    if o.text_columns:  # raw text: tokenised (data.format text's rules)
+        rows = tuple(
+            text.table_rows(ds, name, at, o.text_columns, _text_label(o))
+            for ds, at in zip(splits, where, strict=True)
+        )
+        return _tokenized(name, rows, where, o)
     out, classes = [], None
     for ds, at in zip(splits, where, strict=True):
         y, classes = hf.hf_labels(ds, o.label_column, name, at)
@@ -168,14 +185,13 @@ def load_container(fmt: str, root: str | Path, name: str, options: ContainerOpti
     if fmt == "csv":
         return _csv(root, name, options)
     if fmt == "hf":
-        return _hf_bundle(name, hf.load_saved(root, name), (root / "train", root / "test"), options)
+        where = (root / "train", root / "test")
+        return _hf_bundle(name, hf.load_saved(root, name), where, options)
     if fmt == "parquet":
         files = (_need(root / "train.parquet", name), _need(root / "test.parquet", name))
         return _hf_bundle(name, tuple(hf.load_parquet(f, name) for f in files), files, options)
     if fmt == "text":
         o = options
-        label = None if o.text_target == "next_token" else o.label_column
-        return text.load_text(
-            root, name, o.text_columns or [], label, o.tokenizer or "", o.max_length
-        )
+        rows, files = text.file_splits(root, name, o.text_columns or [], _text_label(o))
+        return _tokenized(name, rows, files, o)
     raise ValueError(f"unknown data.format {fmt!r}; allowed: {', '.join(FORMATS)}")

@@ -110,26 +110,47 @@ def next_tokens(x: torch.Tensor) -> torch.Tensor:
     return x[:, 0].masked_fill(x[:, 1] == 0, IGNORE)
 
 
-def load_text(
-    root: Path,
-    name: str,
-    columns: list[str],
-    label_column: str | None,
-    tokenizer: str,
-    max_length: int,
-) -> DatasetBundle:
-    """The train and test splits of ``root``, tokenised (module docstring); without
-    ``label_column`` the targets are the next tokens."""
+def table_rows(
+    ds, name: str, where, columns: list[str], label_column: str | None
+) -> tuple[list[list[str]], list[str]]:
+    """:func:`read_rows` for a Hugging Face ``Dataset`` (``data.format: hf | parquet``): its
+    text columns and label column (a ``ClassLabel``'s integers, as strings)."""
+    wanted = [*columns, label_column] if label_column else list(columns)
+    missing = [c for c in wanted if c not in ds.column_names]
+    if missing:
+        raise file_error(name, where, f"has no column {missing[0]!r} (has {ds.column_names})")
+    texts = [[str(v) for v in ds[c]] for c in columns]
+    labels = [str(v) for v in ds[label_column]] if label_column else []
+    if not texts[0]:
+        raise file_error(name, where, "holds no rows")
+    return texts, labels
+
+
+def file_splits(root: Path, name: str, columns: list[str], label_column: str | None):
+    """``train`` and ``test``/``dev`` files' rows (``data.format: text``) and the files."""
     train_file = find_split(root, ("train",), name)
     test_file = find_split(root, TEST_NAMES, name)
-    train_texts, train_raw = read_rows(train_file, name, columns, label_column)
-    test_texts, test_raw = read_rows(test_file, name, columns, label_column)
+    rows = tuple(read_rows(f, name, columns, label_column) for f in (train_file, test_file))
+    return rows, (train_file, test_file)
+
+
+def tokenized_bundle(
+    name: str,
+    splits: tuple,
+    where: tuple,
+    tokenizer: str,
+    max_length: int,
+    next_token: bool,
+) -> DatasetBundle:
+    """The bundle of two splits' ``(texts, labels)`` rows, tokenised (module docstring); with
+    ``next_token`` the targets are the next tokens, else the labels."""
+    (train_texts, train_raw), (test_texts, test_raw) = splits
     tok = load_tokenizer(tokenizer, name)
     x, test_x = tokenize(train_texts, tok, max_length), tokenize(test_texts, tok, max_length)
-    if label_column is None:
+    if next_token:
         y, test_y, classes = next_tokens(x), next_tokens(test_x), len(tok)
     else:
-        ys = encode_labels(train_raw, test_raw, name, (train_file, test_file))
+        ys = encode_labels(train_raw, test_raw, name, where)
         y, test_y = (torch.from_numpy(np.asarray(v, dtype=np.int64)) for v in ys[:2])
         classes = ys[2]
     train, test = ArrayDataset(x, y), ArrayDataset(test_x, test_y)
