@@ -24,7 +24,7 @@ from hf_fixtures import (  # noqa: E402
 )
 from splitfl.algorithms import algorithm_names  # noqa: E402
 from splitfl.config import ConfigError, LoraConfig  # noqa: E402
-from splitfl.data.formats.text import next_tokens  # noqa: E402
+from splitfl.data.tokens import next_tokens  # noqa: E402
 from splitfl.experiment.runner import as_config, prepare  # noqa: E402
 from splitfl.extensions import profile_model  # noqa: E402
 from splitfl.models.base import run_block, split, user_state_dict  # noqa: E402
@@ -473,3 +473,37 @@ def test_text_columns_of_hugging_face_and_parquet_data(tmp_path, fmt):
     a, b = read["tsv"], read[fmt]
     assert torch.equal(a.train.x, b.train.x) and torch.equal(a.train.y, b.train.y)
     assert a.num_classes == b.num_classes == 2
+
+
+def test_builtin_qnli_loader_yields_pairs_for_the_models_tokenizer(tmp_path):
+    """Issue 33 item 2: ``data.dataset: qnli`` with a Hugging Face model reads the GLUE files
+    through the model's tokenizer (the same as ``format: text``); without one, the hashed ids
+    for ``transformer`` stay."""
+    folder = save_tiny(tmp_path / "roberta", "roberta")
+    save_tokenizer(folder)
+    data = write_qnli(tmp_path / "glue" / "QNLI")
+    builtin = as_config(
+        {
+            "model": f"hf-config:{folder}",
+            "data": {"dataset": "qnli", "root": str(data), "max_length": 8},
+        }
+    )
+    assert builtin.data.tokenizer is None
+    resolved = splitfl.experiment.validation.resolve_config(builtin)
+    assert resolved.data.tokenizer == str(folder)
+    a = splitfl.data.source.read_dataset(resolved.data)
+    text = {
+        "dataset": "mine",
+        "format": "text",
+        "root": str(data),
+        "max_length": 8,
+        "text_columns": ["question", "sentence"],
+        "tokenizer": str(folder),
+    }
+    b = splitfl.data.source.read_dataset(as_config({"data": text}).data)
+    assert a.input_shape == (2, 8) and torch.equal(a.train.x, b.train.x)
+    assert a.train.y.tolist() == [0, 1, 1, 0] * 6  # entailment 0, not_entailment 1
+    hashed = splitfl.data.source.read_dataset(
+        as_config({"data": {"dataset": "qnli", "root": str(data)}}).data
+    )
+    assert hashed.input_shape == (64,) and hashed.train.x.dtype == torch.float32

@@ -170,7 +170,8 @@ def load_dataset(
     """Load registered dataset ``name`` from ``root`` (ignored by embedded datasets).
 
     ``verify`` (one of :data:`VERIFY_MODES`) goes to the loaders that know published checksums
-    (MNIST, Fashion-MNIST, CIFAR-10/100). Every bundle is checked by :func:`check_bundle`.
+    (MNIST, Fashion-MNIST, CIFAR-10/100); other ``options`` (``tokenizer``, ``max_length``)
+    to the loaders whose signature takes them. Every bundle is checked by :func:`check_bundle`.
     Raises :class:`DatasetError` (one line) for missing, corrupt or inconsistent files.
     """
     _load_all()
@@ -179,8 +180,10 @@ def load_dataset(
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
     spec = DATASETS[name]
-    if "verify" in inspect.signature(spec.loader).parameters:
+    takes = inspect.signature(spec.loader).parameters
+    if "verify" in takes:
         options["verify"] = verify
+    options = {k: v for k, v in options.items() if k in takes or k == "verify"}
     bundle = spec.loader(Path(root) if root is not None else None, **options)
     where = f"{name}: files in {root}" if root is not None else f"{name}: loader {_named(spec)}"
     check_bundle(cast_labels(bundle), where)

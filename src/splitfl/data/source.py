@@ -25,7 +25,8 @@ def read_dataset(d: DataConfig, root: str | None = None) -> DatasetBundle:
     ``d.transforms``. Raises a one-line ``DatasetError`` (files) or ``ConfigError``."""
     root = root or d.root
     if d.format is None:
-        bundle = load_dataset(d.dataset, root, verify=d.verify)
+        text = {"tokenizer": d.tokenizer, "max_length": d.max_length} if d.tokenizer else {}
+        bundle = load_dataset(d.dataset, root, verify=d.verify, **text)
     else:
         bundle = load_container(d.format, root, d.dataset, container_options(d))
         check_bundle(cast_labels(bundle), f"{d.dataset}: {d.format} data in {root}")

@@ -151,10 +151,11 @@ def resolve_config(config: ExperimentConfig) -> ExperimentConfig:
     result): ``devices.contention`` null → the device preset's paper model
     (:func:`~splitfl.system.devices.resolve_contention`); ``import_dirs`` null → where the
     user modules were found (:func:`~splitfl.extensions.fill_import_dirs`); ``data.tokenizer``
-    null with raw text (``format: text``, or ``text_columns``) → the ``model: hf:`` folder."""
+    null with raw text (``format: text``, ``text_columns``, the built-in ``qnli``) → the
+    ``model: hf:`` folder."""
     config = fill_import_dirs(config)
     data = config.data
-    text = data.format == "text" or bool(data.text_columns)
+    text = data.format == "text" or bool(data.text_columns) or data.dataset == "qnli"
     if text and data.tokenizer is None and is_hf_spec(config.model):
         tokenizer = hf_folder(config.model)  # the model's own tokenizer
         config = config.replace(data=dataclasses.replace(data, tokenizer=tokenizer))

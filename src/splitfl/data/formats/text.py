@@ -26,7 +26,7 @@ import torch
 from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetNotFoundError
 from splitfl.data.formats.arrays import encode_labels
 from splitfl.data.loaders._common import file_error, reading
-from splitfl.training.losses import IGNORE
+from splitfl.data.tokens import load_tokenizer, next_tokens, tokenize
 
 EXTENSIONS = (".tsv", ".csv", ".jsonl")
 TEST_NAMES = ("test", "dev")
@@ -73,41 +73,6 @@ def read_rows(
     if not texts[0]:
         raise file_error(name, path, "holds no rows")
     return texts, labels
-
-
-def load_tokenizer(tokenizer_dir: str, name: str):
-    """The Hugging Face tokenizer saved in ``tokenizer_dir`` (local files only); one without a
-    padding token pads with its end-of-text token (GPT-2, Llama)."""
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise DatasetNotFoundError(
-            f"{name}: data.format text needs the Hugging Face extra: pip install -e '.[hf]'"
-        ) from None
-    try:
-        tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise DatasetNotFoundError(
-            f"{name}: no tokenizer in {tokenizer_dir!r} (data.tokenizer): "
-            f"{str(err).splitlines()[0]}"
-        ) from None
-    if tok.pad_token is None:  # GPT-2 and Llama tokenizers have none: pad with end-of-text
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def tokenize(texts: list[list[str]], tok, max_length: int) -> torch.Tensor:
-    """``[N, 2, max_length]`` int64: the tokenizer's ids and attention mask (truncation, padding
-    to ``max_length``; a pair is truncated longest first)."""
-    enc = tok(*texts, truncation=True, padding="max_length", max_length=max_length)
-    ids = torch.tensor(enc["input_ids"], dtype=torch.int64)
-    mask = torch.tensor(enc["attention_mask"], dtype=torch.int64)
-    return torch.stack([ids, mask], 1)
-
-
-def next_tokens(x: torch.Tensor) -> torch.Tensor:
-    """``causal_lm`` targets: the token ids, ``IGNORE`` where the mask is 0."""
-    return x[:, 0].masked_fill(x[:, 1] == 0, IGNORE)
 
 
 def table_rows(

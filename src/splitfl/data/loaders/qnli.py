@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from splitfl.data import tokens
 from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetWarning, register_dataset
 from splitfl.data.loaders._common import file_error, find_folder, reading
 from splitfl.models.zoo.transformer import PAD_ID, SEP_ID, VOCAB_SIZE
@@ -93,7 +94,8 @@ def read_tsv(path: Path, limit: int | None = None) -> QnliRows:
     return rows
 
 
-def _encode(path: Path, seq_len: int, limit: int | None) -> ArrayDataset:
+def _rows(path: Path, limit: int | None) -> QnliRows:
+    """The well-formed rows of ``path`` (a warning counts the malformed ones)."""
     with reading("qnli", path):
         rows = read_tsv(path, limit)
     if not rows.labels:
@@ -101,6 +103,18 @@ def _encode(path: Path, seq_len: int, limit: int | None) -> ArrayDataset:
     if rows.skipped:
         msg = f"qnli: skipped {rows.skipped} malformed rows of {path}"
         warnings.warn(msg, DatasetWarning, stacklevel=2)
+    return rows
+
+
+def _tokenized(path: Path, tok, max_length: int, limit: int | None) -> ArrayDataset:
+    """The pairs of ``path`` through a Hugging Face tokenizer: ``[N, 2, max_length]``."""
+    rows = _rows(path, limit)
+    x = tokens.tokenize([rows.questions, rows.sentences], tok, max_length)
+    return ArrayDataset(x, torch.as_tensor(rows.labels, dtype=torch.int64))
+
+
+def _encode(path: Path, seq_len: int, limit: int | None) -> ArrayDataset:
+    rows = _rows(path, limit)
     cache: dict[str, list[int]] = {}  # questions repeat across QNLI rows
 
     def ids(text: str) -> list[int]:
@@ -123,18 +137,29 @@ def load_qnli(
     seq_len: int = SEQ_LEN,
     max_train: int | None = None,
     max_test: int | None = None,
+    tokenizer: str | None = None,
+    max_length: int = 128,
 ) -> DatasetBundle:
-    """QNLI: train = ``train.tsv``, test = ``dev.tsv``; float32 token ids ``[N, seq_len]``.
+    """QNLI: train = ``train.tsv``, test = ``dev.tsv``; float32 token ids ``[N, seq_len]``, or,
+    with ``tokenizer`` (``data.tokenizer``, by default the ``model: hf:`` folder), the pairs
+    through that Hugging Face tokenizer: ``[N, 2, max_length]`` ids and masks.
 
     Args:
         root: Folder holding ``QNLI/`` (or the QNLI folder itself).
-        seq_len: Tokens per pair, ``[SEP]`` and padding included (>= 3).
+        seq_len: Tokens per pair, ``[SEP]`` and padding included (>= 3), hashed ids.
         max_train: Keep only the first ``max_train`` well-formed training rows (quick runs).
         max_test: Keep only the first ``max_test`` well-formed dev rows.
+        tokenizer: A Hugging Face tokenizer's folder (``data.tokenizer``).
+        max_length: Tokens per pair with ``tokenizer`` (``data.max_length``).
     """
     if seq_len < 3:
         raise ValueError(f"qnli: seq_len must be >= 3, got {seq_len}")
     folder = find_folder(root, SUBDIRS, FILES, "qnli")
+    if tokenizer is not None:
+        tok = tokens.load_tokenizer(tokenizer, "qnli")
+        train = _tokenized(folder / "train.tsv", tok, max_length, max_train)
+        test = _tokenized(folder / "dev.tsv", tok, max_length, max_test)
+        return DatasetBundle("qnli", train, test, len(LABELS), (2, max_length))
     train = _encode(folder / "train.tsv", seq_len, max_train)
     test = _encode(folder / "dev.tsv", seq_len, max_test)
     return DatasetBundle("qnli", train, test, len(LABELS), (seq_len,))
