@@ -249,12 +249,13 @@ def _run_cli(run_dir):
 def test_ctrl_c_mid_round_records_interrupted_and_resume_is_exact(
     full, tmp_path, monkeypatch, capsys
 ):
-    _stop_in_round(monkeypatch, 3, KeyboardInterrupt())  # three rounds done, checkpoint at 2
+    # three rounds done, the periodic checkpoint at 2: the interrupt keeps round 3 (issue 34)
+    _stop_in_round(monkeypatch, 3, KeyboardInterrupt())
     run_dir = tmp_path / "run"
     assert _run_cli(run_dir) == 130
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "interrupted at round 3 of 4" in err
-    assert "checkpoint at round 2" in err
+    assert "checkpoint at round 3" in err
     summary = _summary(run_dir)
     assert summary["status"] == "interrupted at round 3" and summary["rounds"] == 3
     assert not (run_dir / "model.pt").exists()

@@ -167,7 +167,9 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
         except KeyboardInterrupt as err:
             status = f"interrupted at round {len(rec.rows)}"
             if rec.consistent and rec.checkpoint_round < len(rec.rows):
-                rec.checkpoint(st, algorithm)  # nothing is lost; mid-round, the last one stays
+                rec.checkpoint(st, algorithm)  # nothing is lost
+            elif not rec.consistent:  # mid-round: the rounds before it are kept
+                rec.checkpoint_last()
             raise RunInterrupted(
                 f"{status} of {config.rounds}; checkpoint at round {rec.checkpoint_round} kept "
                 f"in {run_dir / 'checkpoints'}; continue with: {resume_command(config, run_dir)}"
@@ -195,6 +197,7 @@ def _play_rounds(prep: Prepared, executor, st, rec: Recorder, eval_model, bar, f
         row = play_round(prep, executor, st, r, eval_model, t0)
         rec.record(row)
         rec.consistent = True  # model, algorithm, clock and rows all after round r + 1
+        rec.remember(st, algorithm)
         if row["test_acc"] is not None:
             bar.set_postfix(acc=f"{row['test_acc']:.3f}", sim=f"{st.clock.now:.0f}s")
         rec.log(row)

@@ -10,6 +10,7 @@ atomically (:mod:`splitfl.atomic`), and ``summary.json`` is written last: when i
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -49,6 +50,8 @@ class Recorder:
         #: the model keys a checkpoint holds (None: all; a LoRA model's frozen base is rebuilt
         #: from the model's own files on resume, :func:`~splitfl.models.base.moving_state`)
         self.state_keys: set[str] | None = None
+        #: the state after the last recorded round (:meth:`remember`)
+        self.last: dict[str, Any] | None = None
         self.consistent = True  # False while a round has changed the state but is not recorded
         self.trackers = None
         self.summary: dict[str, Any] | None = None  # set once summary.json is written
@@ -78,28 +81,41 @@ class Recorder:
         if self.trackers is not None:
             self.trackers.log_round(row)
 
+    def remember(self, st: LoopState, algorithm: Algorithm) -> None:
+        """Keep the state after the last recorded round (the model by reference: a round
+        replaces it, never writes into it), so that an interrupt in the middle of the next
+        round can still checkpoint every finished one (:meth:`checkpoint_last`)."""
+        self.last = self._snapshot(st, algorithm, copy.deepcopy(algorithm.state_dict()))
+
     def checkpoint(self, st: LoopState, algorithm: Algorithm) -> None:
         """Checkpoint after the last recorded round (rows and model agree)."""
-        done = len(self.rows)
-        save_checkpoint(
-            self.run_dir,
-            {
-                "round": done,
-                "global_state": {
-                    k: v
-                    for k, v in st.global_state.items()
-                    if self.state_keys is None or k in self.state_keys
-                },
-                "algorithm": algorithm.state_dict(),
-                "clock": st.clock.now,
-                "traffic": st.cum.to_dict(),
-                "initial_loss": st.initial_loss,
-                "metrics": "".join(self.lines),
-                "seed_rule": "streams derived from (seed, purpose, round)",
-                "identity": identity_record(self.config),
+        self._write(self._snapshot(st, algorithm, algorithm.state_dict()))
+
+    def checkpoint_last(self) -> None:
+        """Checkpoint the state :meth:`remember` kept, if newer than the last checkpoint."""
+        if self.last is not None and self.last["round"] > self.checkpoint_round:
+            self._write(self.last)
+
+    def _snapshot(self, st: LoopState, algorithm: Algorithm, algo_state: dict) -> dict:
+        return {
+            "round": len(self.rows),
+            "global_state": {
+                k: v
+                for k, v in st.global_state.items()
+                if self.state_keys is None or k in self.state_keys
             },
-        )
-        self.checkpoint_round = done
+            "algorithm": algo_state,
+            "clock": st.clock.now,
+            "traffic": st.cum.to_dict(),
+            "initial_loss": st.initial_loss,
+            "metrics": "".join(self.lines),
+            "seed_rule": "streams derived from (seed, purpose, round)",
+            "identity": identity_record(self.config),
+        }
+
+    def _write(self, snapshot: dict) -> None:
+        save_checkpoint(self.run_dir, snapshot)
+        self.checkpoint_round = snapshot["round"]
 
     def finish(self, status: str, final_state: dict[str, torch.Tensor] | None = None) -> dict:
         """Close the trackers and write ``model.pt`` (``final_state``, a finished run only,
