@@ -37,3 +37,26 @@ def test_ctrl_c_mid_round_checkpoints_the_last_finished_round(tmp_path, monkeypa
     a = torch.load(full.run_dir / "model.pt", weights_only=True)
     b = torch.load(resumed.run_dir / "model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_more_rounds_extend_a_finished_run_exactly(tmp_path, capsys):
+    """Issue 34 item 7: ``splitfl run --resume DIR rounds=N`` continues a finished run to N
+    rounds, equal to a run of N rounds; ``config.yaml`` records N; fewer rounds than the
+    checkpoint's are refused in one line and leave ``config.yaml`` as it was."""
+    from splitfl.cli.main import main
+
+    cfg = tiny_config(rounds=4, **{"output.checkpoint_every": 2})
+    full = splitfl.run(cfg, run_dir=tmp_path / "full")
+    short = splitfl.run(
+        tiny_config(rounds=2, **{"output.checkpoint_every": 2}), run_dir=tmp_path / "short"
+    )
+    before = (short.run_dir / "config.yaml").read_text()
+    assert main(["run", "--resume", str(short.run_dir), "rounds=1", "--no-progress"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert (short.run_dir / "config.yaml").read_text() == before
+    assert main(["run", "--resume", str(short.run_dir), "rounds=4", "--no-progress"]) == 0
+    assert "rounds: 4" in (short.run_dir / "config.yaml").read_text()
+    a = torch.load(full.run_dir / "model.pt", weights_only=True)
+    b = torch.load(short.run_dir / "model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert main(["run", "--resume", str(short.run_dir), "seed=1"]) == 2  # only rounds

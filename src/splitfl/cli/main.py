@@ -52,9 +52,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     config, overrides = _split_args(args.args)
     progress = False if args.no_progress else None
     if args.resume:
-        if config or overrides:
-            raise ConfigError("--resume", "takes only the run directory (its config is reused)")
-        result = resume(args.resume, progress=progress, imports=args.imports, address=args.address)
+        if config or any(not o.startswith("rounds=") for o in overrides):
+            raise ConfigError(
+                "--resume", "takes the run directory and at most rounds=N (its config is reused)"
+            )
+        result = resume(
+            args.resume,
+            progress=progress,
+            overrides=overrides,
+            imports=args.imports,
+            address=args.address,
+        )
     else:
         if config is None:
             raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")

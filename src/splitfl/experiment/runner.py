@@ -266,8 +266,9 @@ def resume(
 
     ``overrides`` may change only ``network.*`` and ``parallel.*`` settings (a resumed server
     listens where it is told, with the certificates and tokens it is given; parallel workers
-    run where they are told, ``address`` setting ``parallel.address`` as in :func:`run`); the
-    experiment stays as it was.
+    run where they are told, ``address`` setting ``parallel.address`` as in :func:`run`) and
+    ``rounds`` (more rounds extend a stopped or finished run exactly; ``config.yaml`` is
+    rewritten with them); the experiment stays as it was.
     ``config.yaml`` may differ from the checkpoint's config only in the fields of
     :data:`~splitfl.experiment.checkpoint.MAY_CHANGE` (e.g. more ``rounds``): a checkpoint
     of another config is refused in one line naming the differing fields. The run's own
@@ -280,9 +281,10 @@ def resume(
         raise ConfigError("--resume", f"{path} is not a run directory (no config.yaml)")
     overrides = with_address(overrides, address)
     for item in overrides:
-        if not item.startswith(("network.", "parallel.")):
+        if not item.startswith(("network.", "parallel.", "rounds=")):
             raise ConfigError(
-                "--resume", f"only network.* and parallel.* settings can change (got {item!r})"
+                "--resume",
+                f"only rounds, network.* and parallel.* settings can change (got {item!r})",
             )
     with hold_lock(path):
         config = load_config(path / "config.yaml", overrides)
@@ -297,6 +299,8 @@ def resume(
         else:  # stopped before its first checkpoint: a fresh start under this config
             write_clients(prepared.ctx, path / "clients.json")
             write_data_record(prepared.ctx, path / "data.json")
+        if any(item.startswith("rounds=") for item in overrides):  # extended (checked above)
+            dump_config(prepared.config, path / "config.yaml")
         return _finish(prepared, path, start=start, progress=progress)
 
 
