@@ -147,8 +147,8 @@ def test_resume_takes_an_address(tmp_path, capsys, no_ray):
     capsys.readouterr()
     assert main(["run", "--resume", str(out), "--address", "foo"]) == 2
     assert "error: parallel.address: 'foo' is not a Ray cluster" in _one_line_error(capsys)
-    with pytest.raises(ConfigError, match="--resume: only network.* and parallel.* settings"):
-        splitfl.resume(out, overrides=["rounds=3"])
+    with pytest.raises(ConfigError, match=r"--resume: only rounds, network\.\* and parallel"):
+        splitfl.resume(out, overrides=["seed=3"])  # rounds may grow (issue 34 item 7)
 
 
 @pytest.mark.parametrize(
