@@ -8,6 +8,7 @@ import torch
 
 import splitfl
 import splitfl.experiment.loop as loop
+from splitfl.cli.main import main
 from splitfl.experiment.guards import RunInterrupted
 from splitfl.testing import tiny_config
 
@@ -43,8 +44,6 @@ def test_more_rounds_extend_a_finished_run_exactly(tmp_path, capsys):
     """Issue 34 item 7: ``splitfl run --resume DIR rounds=N`` continues a finished run to N
     rounds, equal to a run of N rounds; ``config.yaml`` records N; fewer rounds than the
     checkpoint's are refused in one line and leave ``config.yaml`` as it was."""
-    from splitfl.cli.main import main
-
     cfg = tiny_config(rounds=4, **{"output.checkpoint_every": 2})
     full = splitfl.run(cfg, run_dir=tmp_path / "full")
     short = splitfl.run(

@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import splitfl
+from splitfl.config import ConfigError
 from splitfl.executors.common import client_batches
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.experiment.runner import as_config, prepare
@@ -82,8 +84,5 @@ def test_splitlora_round_equals_a_hand_written_two_client_loop():
 
 
 def test_aggregate_step_is_checked():
-    import splitfl
-    from splitfl.config import ConfigError
-
     with pytest.raises(ConfigError, match=r"^options.splitlora.aggregate_step: must be >= 1"):
         splitfl.validate(config_for("splitlora", **{"options.splitlora.aggregate_step": 0}))

@@ -33,7 +33,14 @@ from splitfl.net.assign import AssignRefused, assign_clients
 from splitfl.net.auth import TokenBook
 from splitfl.net.guard import Audit, Gate, peer_address
 from splitfl.net.inbox import Inbox, first_message, route_replies
-from splitfl.net.link import LOST, SILENT_PERIODS, DeviceLink, keep_alive, keepalive_options
+from splitfl.net.link import (
+    LOST,
+    SILENT_PERIODS,
+    DeviceLink,
+    keep_alive,
+    keepalive_options,
+    stop_grpc_server,
+)
 from splitfl.net.wire import (
     PROTOCOL_VERSION,
     Message,
@@ -147,7 +154,7 @@ class Hub:
             link.send(Message("bye", {"reason": "server stopping"}))
             link.close("server stopping")
         if self.server is not None:
-            _stop_grpc_server(self.server, grace_s=1.0, timeout_s=5.0)
+            stop_grpc_server(self.server, grace_s=1.0, timeout_s=5.0)
             self.server = None
         self.stopping.set()
         self.gate.stop()
@@ -397,18 +404,3 @@ class Hub:
                 self.announced.setdefault(c, a)
             self.lock.notify_all()
         return None
-
-
-def _stop_grpc_server(server: grpc.Server, grace_s: float, timeout_s: float) -> None:
-    """Stop ``server`` and join the thread gRPC starts to cancel calls after the grace period.
-
-    ``grpc.Server.stop(grace)`` returns an event set by the serving loop, while its own
-    ``cancel_all_calls_after_grace`` thread may still be running: joining it keeps the
-    promise of :meth:`Hub.stop` that no thread it caused runs on."""
-    before = set(threading.enumerate())
-    deadline = time.monotonic() + timeout_s
-    server.stop(grace=grace_s).wait(timeout_s)
-    for thread in set(threading.enumerate()) - before:
-        # is_alive(): False for a thread not (or no longer) running, which join() may refuse
-        if thread.name.endswith("(cancel_all_calls_after_grace)") and thread.is_alive():
-            thread.join(max(deadline - time.monotonic(), 0.0))

@@ -10,8 +10,11 @@ audit log. Keepalive: the hub pings every link each ``keepalive_s`` and closes o
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from dataclasses import dataclass, field
+
+import grpc
 
 from splitfl.net.guard import Audit
 from splitfl.net.inbox import Inbox
@@ -101,3 +104,18 @@ def keepalive_options(keepalive_s: float) -> list[tuple[str, int]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
     ]
+
+
+def stop_grpc_server(server: grpc.Server, grace_s: float, timeout_s: float) -> None:
+    """Stop ``server`` and join the thread gRPC starts to cancel calls after the grace period.
+
+    ``grpc.Server.stop(grace)`` returns an event set by the serving loop, while its own
+    ``cancel_all_calls_after_grace`` thread may still be running: joining it keeps the
+    promise of :meth:`splitfl.net.hub.Hub.stop` that no thread it caused runs on."""
+    before = set(threading.enumerate())
+    deadline = time.monotonic() + timeout_s
+    server.stop(grace=grace_s).wait(timeout_s)
+    for thread in set(threading.enumerate()) - before:
+        # is_alive(): False for a thread not (or no longer) running, which join() may refuse
+        if thread.name.endswith("(cancel_all_calls_after_grace)") and thread.is_alive():
+            thread.join(max(deadline - time.monotonic(), 0.0))
