@@ -393,6 +393,7 @@ def test_networked_lora_sends_only_the_adapters(tmp_path, sequential_run):
     model = hf_block_model(f"hf:{folder}", 2, LoraConfig(**LORA))
     adapters = 4 * sum(p.numel() for p in split(model, 2)[0].parameters() if p.requires_grad)
     rows = [json.loads(x) for x in (net.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2  # the loop below runs
     for row in rows:
         clients = len(row["clients"])
         assert row["payload_model_down"] == row["bytes_model_down"] == clients * adapters

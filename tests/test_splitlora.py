@@ -71,6 +71,7 @@ def test_splitlora_round_equals_a_hand_written_two_client_loop():
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
     result = SequentialExecutor().run_round(ctx, state, plan, round_seed=ROUND_SEED)
     devices, server = _hand_round(ctx, plan.order, 2, 3, 0.05)
+    assert len(result.updates) == 2  # the loop below runs
     for u in result.updates:
         for k, v in devices[u.client].state_dict().items():
             assert torch.allclose(u.state[k], v, atol=1e-6), k
