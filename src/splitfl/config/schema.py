@@ -59,6 +59,10 @@ class DataConfig:
     test_path: str | None = None
     format: str | None = None
     label_column: str = "label"
+    #: What the labels are: ``classes`` (integer labels or class names) or ``values``
+    #: (numbers read as float32 targets: regression, multi-hot); null = ``values`` under
+    #: ``train.loss`` mse/bce_logits, else ``classes`` (resolved before the run starts).
+    targets: str | None = None
     image_size: list[int] | None = None
     lazy: bool | None = None
     transforms: list[Any] = field(default_factory=list)

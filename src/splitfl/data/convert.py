@@ -5,7 +5,9 @@ loader):
 
 * a :class:`~splitfl.data.base.DatasetBundle` (labels of any integer dtype are cast to int64);
 * a ``(train, test)`` pair of map-style torch ``Dataset`` s whose items are ``(x, y)``: ``x``
-  a tensor, an array or a PIL image (scaled to ``[0, 1]``, channels first), ``y`` an integer.
+  a tensor, an array or a PIL image (scaled to ``[0, 1]``, channels first), ``y`` an integer
+  (a whole-number float counts as one; a fractional one is refused), or numbers read as
+  float32 targets with ``targets="values"`` (``data.targets``: regression, multi-hot).
   Labels come from a ``targets`` (or ``labels``) attribute when the dataset has one, else by
   reading every item once. ``input_shape`` and ``num_classes`` are taken from attributes of the
   training dataset when present (``num_classes``, or ``len(classes)``), else inferred from the
@@ -59,20 +61,27 @@ def _item(ds, i: int, name: str, split: str) -> tuple:
     return item[0], item[1]
 
 
-def _torch_labels(ds, name: str, split: str) -> np.ndarray:
+def _torch_labels(ds, name: str, split: str, values: bool) -> np.ndarray:
+    """The labels (int64 ``[N]``) or, with ``values``, the float32 targets ``[N, ...]``."""
     given = getattr(ds, "targets", None)
     given = getattr(ds, "labels", None) if given is None else given
     if given is None:
-        given = [int(_item(ds, i, name, split)[1]) for i in range(len(ds))]
+        given = [np.asarray(_item(ds, i, name, split)[1]) for i in range(len(ds))]
     y = np.asarray(given.cpu() if isinstance(given, torch.Tensor) else given)
+    if values and y.dtype.kind in "biuf" and y.ndim >= 1 and len(y) == len(ds):
+        return np.ascontiguousarray(y, dtype=np.float32)
+    if y.dtype.kind == "f" and np.isfinite(y).all() and (y == np.round(y)).all():
+        y = y.astype(np.int64)  # whole-number float labels (1.0) are class labels
     if y.ndim != 1 or y.dtype.kind not in "iu" or len(y) != len(ds):
+        hint = " (float targets: train.loss mse or data.targets: values)" * (y.dtype.kind == "f")
         raise DatasetFileError(
-            f"{name}: {split} labels must be {len(ds)} integers, got {y.dtype} {list(y.shape)}"
+            f"{name}: {split} labels must be {len(ds)} integers, got {y.dtype} "
+            f"{list(y.shape)}{hint}"
         )
     return y.astype(np.int64)
 
 
-def _torch_split(ds, name: str, split: str, lazy: bool | None) -> ArrayDataset:
+def _torch_split(ds, name: str, split: str, lazy: bool | None, values: bool) -> ArrayDataset:
     if len(ds) == 0:
         raise DatasetFileError(f"{name}: {split} dataset holds no samples")
     shape, dtype = getattr(ds, "input_shape", None), getattr(ds, "input_dtype", torch.float32)
@@ -84,15 +93,16 @@ def _torch_split(ds, name: str, split: str, lazy: bool | None) -> ArrayDataset:
         return torch.stack([_as_tensor(_item(ds, int(i), name, split)[0]) for i in idx])
 
     x = finish_inputs(LazyInputs(read, len(ds), tuple(shape), dtype), lazy)
-    return ArrayDataset(x, torch.from_numpy(_torch_labels(ds, name, split)))
+    return ArrayDataset(x, torch.from_numpy(_torch_labels(ds, name, split, values)))
 
 
-def _from_torch(train, test, name: str, lazy: bool | None) -> DatasetBundle:
-    a, b = _torch_split(train, name, "train", lazy), _torch_split(test, name, "test", lazy)
+def _from_torch(train, test, name: str, o: ContainerOptions) -> DatasetBundle:
+    a = _torch_split(train, name, "train", o.lazy, o.values)
+    b = _torch_split(test, name, "test", o.lazy, o.values)
     classes = getattr(train, "num_classes", None)
     if classes is None and getattr(train, "classes", None) is not None:
         classes = len(train.classes)
-    top = int(max(a.y.max(), b.y.max())) + 1
+    top = int(a.y[0].numel()) if o.values else int(max(a.y.max(), b.y.max())) + 1
     shape = tuple(getattr(train, "input_shape", None) or a.x.shape[1:])
     return DatasetBundle(name, a, b, int(classes or top), tuple(int(s) for s in shape))
 
@@ -112,7 +122,7 @@ def bundle_from(obj: object, name: str, lazy: bool | None = None, **options) -> 
         if all(_is_hf(s) for s in obj):
             return _hf_bundle(name, tuple(obj), ("train", "test"), opts)
         if all(hasattr(s, "__getitem__") and hasattr(s, "__len__") for s in obj):
-            return _from_torch(obj[0], obj[1], name, lazy)
+            return _from_torch(obj[0], obj[1], name, opts)
     raise DatasetError(
         f"{name}: expected a DatasetBundle, a (train, test) pair of torch Datasets or a "
         f"Hugging Face DatasetDict, got {type(obj).__name__}"

@@ -63,7 +63,7 @@ def load_local(
     if (path / "clients").is_dir():
         return _clients(path, fmt, o)
     if fmt == "npz" and (path.is_file() or not (path / "train.npz").exists()):
-        return _npz_layouts(path)
+        return _npz_layouts(path, o)
     return {None: _checked(*_split(path, fmt, o, "train"), path)}
 
 
@@ -79,7 +79,10 @@ def load_test(
     if not path.exists():
         raise DatasetError(f"{path}: no such file or folder")
     x, y = _split(path, fmt, o, "test")
-    classes = _checked(x, y, path)[1].max().item() + 1
+    _checked(x, y, path)
+    if y.is_floating_point():  # targets: the model's outputs are the values per sample
+        return x, y, int(y[0].numel())
+    classes = y.max().item() + 1
     if fmt == "image_folder":
         classes = max(classes, len(images.class_folders(_folder(path, "test"), NAME)))
     if fmt == "npz" and path.is_file():
@@ -108,28 +111,30 @@ def _file(path: Path, split: str, suffix: str) -> Path:
 
 
 def _split(path: Path, fmt: str, o: ContainerOptions, split: str):
-    """One client's ``(x, y)`` (y int64 tensor) at ``path`` (a file or a container folder)."""
+    """One client's ``(x, y)`` (y an int64 tensor, or float32 targets with ``data.targets:
+    values``) at ``path`` (a file or a container folder)."""
     if fmt == "image_folder":
         folder = _folder(path, split)
         return _images([folder], images.class_folders(folder, NAME), o)[0]
     if fmt == "npz":
-        x, y = arrays.read_npz(_need(_file(path, split, ".npz")), NAME)
+        x, y = arrays.read_npz(_need(_file(path, split, ".npz")), NAME, values=o.values)
     elif fmt == "npy":
         pair = (_need(path / f"{v}_{split}.npy") for v in ("x", "y"))
-        x, y = arrays.read_npy(*pair, NAME, o.lazy)
+        x, y = arrays.read_npy(*pair, NAME, o.lazy, o.values)
     elif fmt == "csv":
         file = _need(_file(path, split, ".csv"))
         x, raw = arrays.read_csv(file, NAME, o.label_column)
-        y = arrays.encode_labels(raw, raw, NAME, (file, file))[0]
+        y = arrays.encode_labels(raw, raw, NAME, (file, file), o.values)[0]
     else:
         if fmt == "hf":
             ds, where = hf.load_split(path, NAME, split), path
         else:
             where = _need(_file(path, split, ".parquet"))
             ds = hf.load_parquet(where, NAME)
-        y = hf.hf_labels(ds, o.label_column, NAME, where)[0]
+        y = hf.hf_labels(ds, o.label_column, NAME, where, o.values)[0]
         x = hf.hf_inputs(ds, o.label_column, NAME, where, o.image_size, o.lazy)
-    return x, torch.from_numpy(np.asarray(y, dtype=np.int64))
+    y = np.asarray(y)
+    return x, torch.from_numpy(y if y.dtype == np.float32 else y.astype(np.int64))
 
 
 def _images(folders: list[Path], classes: list[str], o: ContainerOptions) -> list[tuple]:
@@ -156,7 +161,7 @@ def _clients(path: Path, fmt: str, o: ContainerOptions) -> LocalData:
     return {c: _checked(x, y, e) for c, (x, y), e in zip(ids, data, entries, strict=True)}
 
 
-def _npz_layouts(path: Path) -> LocalData:
+def _npz_layouts(path: Path, o: ContainerOptions) -> LocalData:
     """The npz layouts kept from the first own-data format (a folder of ``<id>.npz``, or one
     file with an optional ``client`` array)."""
     if path.is_dir():
@@ -165,8 +170,8 @@ def _npz_layouts(path: Path) -> LocalData:
         if bad or not files:
             what = f"files not named <client id>.npz: {bad[:3]}" if bad else "no .npz files"
             raise DatasetError(f"{path}: {what}")
-        return {int(f.stem): _checked(*_split(f, "npz", ContainerOptions(), ""), f) for f in files}
-    x, y = _checked(*_split(path, "npz", ContainerOptions(), ""), path)
+        return {int(f.stem): _checked(*_split(f, "npz", o, ""), f) for f in files}
+    x, y = _checked(*_split(path, "npz", o, ""), path)
     with reading(NAME, path), np.load(path, allow_pickle=False) as z:
         owner = z["client"] if "client" in z.files else None
     if owner is None:

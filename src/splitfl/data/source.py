@@ -24,12 +24,13 @@ def read_dataset(d: DataConfig, root: str | None = None) -> DatasetBundle:
     """``d``'s dataset (from ``root`` if given, else ``d.root``), normalised per
     ``d.transforms``. Raises a one-line ``DatasetError`` (files) or ``ConfigError``."""
     root = root or d.root
-    if d.format is None:
+    if d.format is None:  # a registered loader's labels are as it defines them
         text = {"tokenizer": d.tokenizer, "max_length": d.max_length} if d.tokenizer else {}
         bundle = load_dataset(d.dataset, root, verify=d.verify, **text)
     else:
         bundle = load_container(d.format, root, d.dataset, container_options(d))
         check_bundle(cast_labels(bundle), f"{d.dataset}: {d.format} data in {root}")
+        bundle = with_targets(bundle, d)
     return with_transforms(bundle, transforms_of(d))
 
 
@@ -39,9 +40,20 @@ def from_object(obj: object, d: DataConfig) -> DatasetBundle:
     ``DatasetDict``; :func:`~splitfl.data.convert.bundle_from`) as the run's bundle, read per
     ``d`` (``lazy``, ``label_column``, ``image_size``), checked and normalised."""
     options = {"label_column": d.label_column, "image_size": d.image_size}
+    options["targets"] = d.targets or "classes"
     bundle = bundle_from(obj, d.dataset, d.lazy, **options)
     check_bundle(bundle, f"{d.dataset}: the object its callable returned")
-    return with_transforms(bundle, transforms_of(d))
+    return with_transforms(with_targets(bundle, d), transforms_of(d))
+
+
+def with_targets(bundle: DatasetBundle, d: DataConfig) -> DatasetBundle:
+    """``bundle`` (the user's files or object) with integer labels as float32 targets where
+    ``d.targets`` is ``values`` (a regression on whole numbers: counts, ratings), untouched
+    otherwise. Registered loaders keep the labels they define."""
+    if d.targets == "values":
+        for part in (bundle.train, bundle.test):
+            part.y = part.y.float() if not part.y.is_floating_point() else part.y
+    return bundle
 
 
 def transforms_of(d: DataConfig) -> Transforms:
@@ -92,4 +104,5 @@ def container_options(d: DataConfig) -> ContainerOptions:
         d.tokenizer,
         d.max_length,
         d.text_target,
+        d.targets or "classes",
     )

@@ -19,7 +19,7 @@ from splitfl.executors import EXECUTORS, PRECISIONS
 from splitfl.extensions import check_dataset, check_model, fill_import_dirs, import_config_modules
 from splitfl.models.hf import hf_folder, is_hf_spec
 from splitfl.system.devices import COMPOSITIONS, PRESETS, VARYING_BANDWIDTH, resolve_contention
-from splitfl.training import LOSSES, OPTIMIZERS, metric_problem
+from splitfl.training import FLOAT_TARGET_LOSSES, LOSSES, OPTIMIZERS, metric_problem
 
 #: Partitioners that deal samples by class label (else: iid, natural).
 LABEL_PARTITIONS = ("dirichlet", "shards")
@@ -50,6 +50,17 @@ def check_registries(config: ExperimentConfig, config_dir: str | Path | None = N
 def check_device_options(config: ExperimentConfig) -> None:
     """Fields that only some presets or models have (after the ranges are checked)."""
     d = config.data
+    if d.targets not in (None, "classes", "values"):
+        raise ConfigError("data.targets", f"allowed: classes, values, null (got {d.targets!r})")
+    values = d.targets == "values" or (
+        d.targets is None and config.train.loss in FLOAT_TARGET_LOSSES
+    )
+    if values and d.source == "devices":
+        raise ConfigError(
+            "data.targets",
+            "values (float targets) with data.source: devices is not supported: a device "
+            "announces its clients' label histograms at join; partition one dataset instead",
+        )
     if d.text_target not in ("label", "next_token"):
         raise ConfigError("data.text_target", f"allowed: label, next_token (got {d.text_target!r})")
     if d.format == "text" or d.text_columns:
@@ -152,13 +163,18 @@ def resolve_config(config: ExperimentConfig) -> ExperimentConfig:
     (:func:`~splitfl.system.devices.resolve_contention`); ``import_dirs`` null → where the
     user modules were found (:func:`~splitfl.extensions.fill_import_dirs`); ``data.tokenizer``
     null with raw text (``format: text``, ``text_columns``, the built-in ``qnli``) → the
-    ``model: hf:`` folder."""
+    ``model: hf:`` folder; ``data.targets`` null → ``values`` under ``train.loss``
+    mse/bce_logits, else ``classes``."""
     config = fill_import_dirs(config)
     data = config.data
     text = data.format == "text" or bool(data.text_columns) or data.dataset == "qnli"
     if text and data.tokenizer is None and is_hf_spec(config.model):
         tokenizer = hf_folder(config.model)  # the model's own tokenizer
         config = config.replace(data=dataclasses.replace(data, tokenizer=tokenizer))
+    if data.targets is None:
+        values = config.train.loss in FLOAT_TARGET_LOSSES
+        data = dataclasses.replace(data, targets="values" if values else "classes")
+        config = config.replace(data=data)
     d = config.devices
     contention = resolve_contention(d.preset, d.contention)
     if d.contention is contention:

@@ -3,8 +3,8 @@
 Runs are grouped into *cells* by every varied setting except ``seed`` (a sweep's axes; for
 other folders, the config keys that differ between runs). Each cell gets the mean ± std over
 its seeds (std with ddof = 1, "—" for one seed) of what :func:`summarize` reports — final
-and best accuracy, simulated time and traffic to a common target, total simulated time,
-waiting time, energy — as in the papers' tables. Trials that did not finish (failed,
+and best accuracy, simulated time and traffic to a common target, final test loss, total
+simulated time, waiting time, energy — as in the papers' tables. Trials that did not finish (failed,
 diverged, stopped, damaged) are listed as their own rows with their error instead of
 breaking the report (:mod:`splitfl.metrics.rundirs` reads the directories). Outputs:
 ``report.md``, ``report.csv``, ``accuracy_vs_time.png`` (mean curve per cell),
@@ -49,6 +49,7 @@ METRICS = (
     ("best_acc", "best acc %", "pct", lambda s: s["best_acc"]),
     ("time_to_target", "time to {t}", "time", lambda s: s["to_target"]["sim_time"]),
     ("traffic_to_target", "traffic to {t}", "bytes", lambda s: s["to_target"]["traffic_bytes"]),
+    ("final_loss", "final loss", "num", lambda s: s.get("final_loss")),
     ("sim_time", "total sim time", "time", lambda s: s["sim_time"]),
     ("avg_waiting", "avg waiting", "time", lambda s: s["avg_waiting"]),
     ("energy_j", "energy", "energy", lambda s: s.get("energy_j")),

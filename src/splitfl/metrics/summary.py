@@ -206,7 +206,7 @@ def format_energy(joules: float, unit: tuple[str, float] | None = None) -> str:
 
 def format_value(value: Any, kind: str) -> str:
     """One table cell: ``pct`` (0-1 → %), ``time`` (s), ``energy`` (J, kJ or MJ),
-    ``bytes``."""
+    ``bytes``, ``num`` (4 significant digits)."""
     if value is None:
         return "-"
     if kind == "pct":
@@ -217,32 +217,45 @@ def format_value(value: Any, kind: str) -> str:
         return format_energy(value)
     if kind == "bytes":
         return f"{value / 1e6:,.1f}M"
+    if kind == "num":
+        return f"{value:.4g}"
     return str(value)
+
+
+def headline_columns(summaries: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
+    """The table's quality columns ``(header, cell of a summary)``: accuracy and the time and
+    traffic to the target when any run has an accuracy; else (regression, language models)
+    the final loss and each other ``final_<metric>`` the runs recorded (``mse``,
+    ``perplexity``, ...)."""
+    first = next(iter(summaries.values()), {})
+    if not summaries or any(s.get("final_acc") is not None for s in summaries.values()):
+        tgt = target_label(first.get("target_accuracy"))
+        return [
+            ("final acc %", lambda s: format_value(s["final_acc"], "pct")),
+            ("best acc %", lambda s: format_value(s["best_acc"], "pct")),
+            (f"time to {tgt}", lambda s: format_value(s["to_target"]["sim_time"], "time")),
+            (f"traffic to {tgt}", lambda s: format_value(s["to_target"]["traffic_bytes"], "bytes")),
+        ]
+    keys = ["final_loss"] + sorted(
+        {k for s in summaries.values() for k in s if k.startswith("final_")}
+        - {"final_acc", "final_loss"}
+    )
+    return [(k.replace("_", " "), _number_cell(k)) for k in keys]
+
+
+def _number_cell(key: str):
+    return lambda s: format_value(s.get(key), "num")
 
 
 def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
     """Markdown table of ``{algorithm: summary}`` (the ``splitfl compare`` output)."""
-    target = next(iter(summaries.values()))["target_accuracy"] if summaries else None
-    tgt = target_label(target)
-    header = [
-        "algorithm",
-        "final acc %",
-        "best acc %",
-        f"time to {tgt}",
-        f"traffic to {tgt}",
-        "total sim time",
-        "avg waiting",
-        "energy",
-        "status",
-    ]
+    quality = headline_columns(summaries)
+    header = ["algorithm", *(h for h, _ in quality)]
+    header += ["total sim time", "avg waiting", "energy", "status"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, s in summaries.items():
-        cells = [
-            display_name(name),
-            format_value(s["final_acc"], "pct"),
-            format_value(s["best_acc"], "pct"),
-            format_value(s["to_target"]["sim_time"], "time"),
-            format_value(s["to_target"]["traffic_bytes"], "bytes"),
+        cells = [display_name(name), *(cell(s) for _, cell in quality)]
+        cells += [
             format_value(s["sim_time"], "time"),
             format_value(s["avg_waiting"], "time"),
             format_value(s.get("energy_j"), "energy"),

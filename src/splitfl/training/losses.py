@@ -28,6 +28,8 @@ import torch.nn.functional as F
 
 #: ``train.loss`` values; the first is the default.
 LOSSES = ("cross_entropy", "mse", "bce_logits", "causal_lm")
+#: Losses whose targets are float values (``data.targets: values`` by default).
+FLOAT_TARGET_LOSSES = ("mse", "bce_logits")
 #: The target of a padding position (``causal_lm``): no loss there (torch's ignore_index).
 IGNORE = -100
 #: ``reduction`` values of :func:`loss_fn`'s losses.

@@ -49,6 +49,13 @@ class ContainerOptions:
     tokenizer: str | None = None
     max_length: int = 128
     text_target: str = "label"
+    #: ``data.targets`` as resolved: ``classes`` (integer labels or class names) or
+    #: ``values`` (numbers read as float32 targets: regression, multi-hot).
+    targets: str = "classes"
+
+    @property
+    def values(self) -> bool:
+        return self.targets == "values"
 
 
 def client_entries(root: Path, suffix: str, name: str) -> list[Path]:
@@ -66,7 +73,11 @@ def client_entries(root: Path, suffix: str, name: str) -> list[Path]:
 
 
 def _split(x, y: np.ndarray, writers: np.ndarray | None = None) -> ArrayDataset:
-    return ArrayDataset(x, torch.from_numpy(np.asarray(y, dtype=np.int64)), writers)
+    """A split; float targets stay float32, labels become int64."""
+    y = np.asarray(y)
+    return ArrayDataset(
+        x, torch.from_numpy(y if y.dtype == np.float32 else y.astype(np.int64)), writers
+    )
 
 
 def _writers(sizes: list[int]) -> np.ndarray:
@@ -74,7 +85,12 @@ def _writers(sizes: list[int]) -> np.ndarray:
 
 
 def _bundle(name: str, train: ArrayDataset, test: ArrayDataset, classes: int | None):
-    top = int(max(train.y.max(), test.y.max())) + 1
+    """The bundle; ``num_classes`` is the model's outputs: the class count, or the target
+    values per sample for float targets."""
+    if train.y.is_floating_point():
+        top = int(train.y[0].numel())
+    else:
+        top = int(max(train.y.max(), test.y.max())) + 1
     shape = tuple(int(s) for s in train.x.shape[1:])
     return DatasetBundle(name, train, test, max(classes or 0, top), shape)
 
@@ -108,25 +124,26 @@ def _need(path: Path, name: str) -> Path:
 
 def _npz(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
     if root.is_file():
-        train = _split(*arrays.read_npz(root, name, ("x_train", "y_train")))
-        test = _split(*arrays.read_npz(root, name, ("x_test", "y_test")))
+        train = _split(*arrays.read_npz(root, name, ("x_train", "y_train"), o.values))
+        test = _split(*arrays.read_npz(root, name, ("x_test", "y_test"), o.values))
         return _bundle(name, train, test, None)
     if o.clients:
-        parts = [arrays.read_npz(p, name) for p in client_entries(root, ".npz", name)]
+        entries = client_entries(root, ".npz", name)
+        parts = [arrays.read_npz(p, name, values=o.values) for p in entries]
         x = torch.cat([x for x, _ in parts])
         train = _split(
             x, np.concatenate([y for _, y in parts]), _writers([len(y) for _, y in parts])
         )
     else:
-        train = _split(*arrays.read_npz(_need(root / "train.npz", name), name))
-    test = _split(*arrays.read_npz(_need(root / "test.npz", name), name))
+        train = _split(*arrays.read_npz(_need(root / "train.npz", name), name, values=o.values))
+    test = _split(*arrays.read_npz(_need(root / "test.npz", name), name, values=o.values))
     return _bundle(name, train, test, None)
 
 
 def _npy(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
     def split(s: str) -> ArrayDataset:
         x, y = (_need(root / f"{v}_{s}.npy", name) for v in ("x", "y"))
-        return _split(*arrays.read_npy(x, y, name, o.lazy))
+        return _split(*arrays.read_npy(x, y, name, o.lazy, o.values))
 
     return _bundle(name, split("train"), split("test"), None)
 
@@ -137,7 +154,7 @@ def _csv(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
     parts = [arrays.read_csv(f, name, o.label_column) for f in files]
     test_x, test_raw = arrays.read_csv(test_file, name, o.label_column)
     raw = [v for _, r in parts for v in r]
-    y, test_y, classes = arrays.encode_labels(raw, test_raw, name, (files[0], test_file))
+    y, test_y, classes = arrays.encode_labels(raw, test_raw, name, (files[0], test_file), o.values)
     widths = {x.shape[1] for x, _ in parts} | {test_x.shape[1]}
     if len(widths) > 1:
         raise arrays.file_error(name, test_file, f"feature counts differ: {sorted(widths)}")
@@ -166,7 +183,7 @@ def _hf_bundle(name: str, splits: tuple, where: tuple, o: ContainerOptions) -> D
         return _tokenized(name, rows, where, o)
     out, classes = [], None
     for ds, at in zip(splits, where, strict=True):
-        y, classes = hf.hf_labels(ds, o.label_column, name, at)
+        y, classes = hf.hf_labels(ds, o.label_column, name, at, o.values)
         out.append(_split(hf.hf_inputs(ds, o.label_column, name, at, o.image_size, o.lazy), y))
     return _bundle(name, out[0], out[1], classes)
 

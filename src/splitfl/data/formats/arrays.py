@@ -3,7 +3,9 @@
 Inputs are used as stored, ``[N, *input_shape]`` (images channels-first, ``[N, C, H, W]``),
 cast to float32; ``uint8`` inputs are scaled to ``[0, 1]`` (``v / 255``). Labels are
 integers of any dtype (cast to int64) or, in CSV, class names (sorted; label ``k`` is the
-``k``-th name of the training split).
+``k``-th name of the training split). With ``data.targets: values`` (the default under
+``train.loss: mse``/``bce_logits``) the label array or column holds numbers, read as float32
+targets ``[N]`` or ``[N, C]`` (regression, multi-hot).
 
 * ``npz``: a split is a ``.npz`` file with arrays ``x`` and ``y``.
 * ``npy``: a split is a pair of ``.npy`` files ``x_<split>.npy``/``y_<split>.npy``; ``x`` is
@@ -39,11 +41,17 @@ def as_inputs(x: np.ndarray, name: str, path: Path) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
 
 
-def as_labels(y: np.ndarray, name: str, path: Path, count: int) -> np.ndarray:
-    """Integer labels of any dtype as int64 ``[count]``; else an error naming ``path``."""
+def as_labels(y: np.ndarray, name: str, path: Path, count: int, values: bool = False) -> np.ndarray:
+    """Integer labels of any dtype as int64 ``[count]`` (``values``: numeric targets as
+    float32 ``[count, ...]``, :func:`as_values`); else an error naming ``path``."""
     y = np.asarray(y)
+    if values:
+        return as_values(y, name, path, count)
     if y.ndim != 1 or y.dtype.kind not in "iu":
-        raise file_error(name, path, f"labels must be integers [N], got {y.dtype} {list(y.shape)}")
+        hint = " (float targets: train.loss mse or data.targets: values)" * (y.dtype.kind == "f")
+        raise file_error(
+            name, path, f"labels must be integers [N], got {y.dtype} {list(y.shape)}{hint}"
+        )
     if len(y) != count:
         raise file_error(name, path, f"holds {len(y)} labels for {count} samples")
     if y.size and y.min() < 0:
@@ -51,25 +59,38 @@ def as_labels(y: np.ndarray, name: str, path: Path, count: int) -> np.ndarray:
     return y.astype(np.int64)
 
 
-def read_npz(path: Path, name: str, keys: tuple[str, str] = ("x", "y")):
-    """``(x, y)`` from arrays ``keys`` of ``path``."""
+def as_values(y: np.ndarray, name: str, path: Path, count: int) -> np.ndarray:
+    """Numeric targets (``data.targets: values``) as finite float32 ``[count, ...]``."""
+    if y.dtype.kind not in "biuf" or y.ndim < 1:
+        raise file_error(name, path, f"targets must be numbers [N, ...], got {y.dtype}")
+    if len(y) != count:
+        raise file_error(name, path, f"holds {len(y)} targets for {count} samples")
+    out = np.ascontiguousarray(y, dtype=np.float32)
+    if not np.isfinite(out).all():
+        raise file_error(name, path, "holds NaN or infinite targets")
+    return out
+
+
+def read_npz(path: Path, name: str, keys: tuple[str, str] = ("x", "y"), values: bool = False):
+    """``(x, y)`` from arrays ``keys`` of ``path`` (``values``: float targets)."""
     with reading(name, path), np.load(path, allow_pickle=False) as z:
         missing = [k for k in keys if k not in z.files]
         if missing:
             raise file_error(name, path, f"has no array {missing[0]!r} (holds {z.files})")
         x, y = z[keys[0]], z[keys[1]]
-    return as_inputs(x, name, path), as_labels(y, name, path, len(x))
+    return as_inputs(x, name, path), as_labels(y, name, path, len(x), values)
 
 
-def read_npy(x_path: Path, y_path: Path, name: str, lazy: bool | None):
-    """``(x, y)`` from a pair of ``.npy`` files; ``x`` memory-mapped (lazy) or read."""
+def read_npy(x_path: Path, y_path: Path, name: str, lazy: bool | None, values: bool = False):
+    """``(x, y)`` from a pair of ``.npy`` files; ``x`` memory-mapped (lazy) or read
+    (``values``: float targets)."""
     with reading(name, x_path):
         x = np.load(x_path, mmap_mode="r", allow_pickle=False)
     with reading(name, y_path):
         y = np.load(y_path, allow_pickle=False)
     if x.dtype.kind not in "biuf" or x.ndim < 2:
         as_inputs(np.empty((0,), x.dtype), name, x_path)  # raises the one-line error
-    labels = as_labels(y, name, y_path, len(x))
+    labels = as_labels(y, name, y_path, len(x), values)
 
     def read(idx: np.ndarray) -> torch.Tensor:
         with reading(name, x_path):
@@ -108,11 +129,27 @@ def read_csv(path: Path, name: str, label_column: str):
     return torch.from_numpy(feats), labels
 
 
+def parse_values(raw: list[str], name: str, path: Path) -> np.ndarray:
+    """A CSV label column as float32 targets (``data.targets: values``)."""
+    out = np.empty(len(raw), dtype=np.float32)
+    for row, v in enumerate(raw):
+        try:
+            out[row] = float(v)
+        except ValueError:
+            raise file_error(
+                name, path, f"line {row + 2}: target {v[:40]!r} is not a number (data.targets)"
+            ) from None
+    return as_values(out, name, path, len(raw))
+
+
 def encode_labels(
-    train: list[str], test: list[str], name: str, paths: tuple[Path, Path]
+    train: list[str], test: list[str], name: str, paths: tuple[Path, Path], values: bool = False
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """String labels → ``(train ints, test ints, num_classes)``: integers as they are when
-    every label is an integer, else sorted class names of the training split."""
+    every label is an integer, else sorted class names of the training split. ``values``:
+    numbers as float32 targets (:func:`parse_values`), and 1 target per sample."""
+    if values:
+        return parse_values(train, name, paths[0]), parse_values(test, name, paths[1]), 1
     try:
         ints = [np.array([int(v) for v in s], dtype=np.int64) for s in (train, test)]
     except ValueError:
@@ -122,7 +159,10 @@ def encode_labels(
         index = {c: k for k, c in enumerate(classes)}
         unknown = sorted(set(test) - set(classes))
         if unknown:
-            raise file_error(name, paths[1], f"label {unknown[0]!r} is not in the training split")
+            hint = " (numeric targets: train.loss mse or data.targets: values)" * _numeric(unknown)
+            raise file_error(
+                name, paths[1], f"label {unknown[0]!r} is not in the training split{hint}"
+            )
         return (
             np.array([index[v] for v in train], dtype=np.int64),
             np.array([index[v] for v in test], dtype=np.int64),
@@ -131,3 +171,11 @@ def encode_labels(
     for arr, path in zip(ints, paths, strict=True):
         as_labels(arr, name, path, len(arr))
     return ints[0], ints[1], int(max(ints[0].max(), ints[1].max())) + 1
+
+
+def _numeric(raw: list[str]) -> bool:
+    try:
+        [float(v) for v in raw]
+    except ValueError:
+        return False
+    return True

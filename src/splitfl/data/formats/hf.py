@@ -81,14 +81,18 @@ def load_parquet(path: Path, name: str):
         return datasets.Dataset(InMemoryTable(pq.read_table(path)))
 
 
-def hf_labels(ds, label_column: str, name: str, where: Path | str) -> tuple[np.ndarray, int | None]:
-    """The label column as int64, and its ``ClassLabel`` class count (None if not one)."""
+def hf_labels(
+    ds, label_column: str, name: str, where: Path | str, values: bool = False
+) -> tuple[np.ndarray, int | None]:
+    """The label column as int64 (``values``: float32 targets), and its ``ClassLabel`` class
+    count (None if not one)."""
     if label_column not in ds.column_names:
         raise file_error(name, where, f"has no column {label_column!r} (data.label_column)")
     feature = ds.features[label_column]
     with reading(name, where):
         y = np.asarray(ds.with_format("numpy")[label_column])
-    return as_labels(y, name, Path(str(where)), len(ds)), getattr(feature, "num_classes", None)
+    labels = as_labels(y, name, Path(str(where)), len(ds), values)
+    return labels, getattr(feature, "num_classes", None)
 
 
 def hf_inputs(ds, label_column: str, name: str, where: Path | str, image_size, lazy: bool | None):
