@@ -119,6 +119,11 @@ class Algorithm:
         """The run's ``train.aggregation`` rule (every algorithm's averaging uses it)."""
         return Rule.of(self.ctx.config.train)
 
+    def notes(self) -> list[str]:
+        """What ``splitfl validate`` should tell the user about this run's configuration
+        beyond the config itself (one line each; e.g. S²FL's warm-up rounds). Default: none."""
+        return []
+
     # -- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -249,6 +249,15 @@ def check_bundle(bundle: DatasetBundle, where: str) -> None:
         _check_split(part, split, bundle, where)
 
 
+def unseen_test_labels(bundle: DatasetBundle) -> list[int]:
+    """Class labels of the test split that no training sample has (sorted); none for float
+    targets, token ids or an empty training split (the devices hold it)."""
+    train, test = bundle.train.y, bundle.test.y
+    if train.is_floating_point() or train.dim() != 1 or not len(train) or test.dim() != 1:
+        return []
+    return sorted(set(test.unique().tolist()) - set(train.unique().tolist()))
+
+
 def require_files(folder: Path, names: list[str], dataset: str) -> None:
     """Raise :class:`DatasetNotFoundError` (one line) unless every file in ``names`` exists."""
     missing = [n for n in names if not (folder / n).exists()]

@@ -3,6 +3,7 @@ model, cost profile. Built (and checked against the data) before any run directo
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -11,7 +12,7 @@ import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.data import DatasetBundle
-from splitfl.data.base import ArrayDataset, labels_only
+from splitfl.data.base import ArrayDataset, DatasetWarning, labels_only, unseen_test_labels
 from splitfl.data.clients import client_partition
 from splitfl.data.local import load_test
 from splitfl.data.partition import batch_sizes, label_histograms
@@ -180,6 +181,25 @@ def _check_label_range(config: ExperimentConfig, bundle: DatasetBundle, outputs:
             raise ConfigError("train.loss", f"{loss} {problem} ({config.data.dataset})")
 
 
+def _warn_unseen_labels(config: ExperimentConfig, bundle: DatasetBundle) -> None:
+    """A one-line :class:`DatasetWarning` when test labels never occur in training (a typo'd
+    class folder, a split by time): the class count includes them, no client can learn them."""
+    if config.data.train_samples is not None or config.train.loss != "cross_entropy":
+        return
+    unseen = unseen_test_labels(bundle)
+    if unseen:
+        names = bundle.class_names
+        shown = [names[k] if names and k < len(names) else k for k in unseen[:5]]
+        more = f" and {len(unseen) - 5} more" if len(unseen) > 5 else ""
+        warnings.warn(
+            DatasetWarning(
+                f"{config.data.dataset}: test labels {shown}{more} never occur in the training "
+                f"split; the model has {bundle.num_classes} classes"
+            ),
+            stacklevel=2,
+        )
+
+
 def read_data(config: ExperimentConfig) -> DatasetBundle:
     """The dataset's files, or (``data.train_samples``, ``executor: timing``) labels only."""
     d = config.data
@@ -291,6 +311,7 @@ def build_context(config: ExperimentConfig) -> RunContext:
     torch.manual_seed(config.seed)
     model, logits = _checked_model(config, bundle)
     _check_label_range(config, bundle, int(logits.shape[-1]))
+    _warn_unseen_labels(config, bundle)
     profile = profile_model(
         config.model,
         bundle.input_shape,

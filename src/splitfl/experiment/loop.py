@@ -14,7 +14,7 @@ import copy
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from threadpoolctl import threadpool_limits
@@ -24,6 +24,7 @@ from splitfl.config import ConfigError, ExperimentConfig, resolve_device
 from splitfl.executors import NonFiniteLossError, ParallelExecutor, make_executor
 from splitfl.experiment.device_data import adopt_device_data
 from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
+from splitfl.experiment.progress import round_figures, round_progress
 from splitfl.experiment.recorder import Recorder
 from splitfl.experiment.round_step import LoopState, evaluate_state, play_round, trains
 from splitfl.models.base import moving_state, user_state_dict
@@ -84,26 +85,6 @@ def start_state(
     return st, rec
 
 
-def _progress(config: ExperimentConfig, first: int, progress: bool | None) -> Any:
-    """The rounds as a tqdm progress bar (imported here, when a run starts), named after the
-    algorithm (and ``executor: parallel``'s workers: ``s2fl [2 workers, ray]``)."""
-    from tqdm import tqdm
-
-    show = config.output.progress if progress is None else progress
-    desc = config.algorithm
-    if config.executor == "parallel":
-        desc += f" [{config.parallel.workers} workers, {config.parallel.backend}]"
-    return tqdm(
-        range(first, config.rounds),
-        initial=first,
-        total=config.rounds,
-        desc=desc,
-        disable=not show,
-        leave=False,
-        dynamic_ncols=True,
-    )
-
-
 def build_executor(config: ExperimentConfig, device: str):
     """The config's executor: in-process (``executors/``) or over the network (``net/``)."""
     if config.executor == "networked":
@@ -153,7 +134,7 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
         config, algorithm = prep.config, prep.algorithm
         eval_model = prep.ctx.model if device == "cpu" else copy.deepcopy(prep.ctx.model).to(device)
         st, rec = start_state(prep, start, eval_model, run_dir, trains(executor))
-        bar = _progress(config, len(rec.rows), progress)
+        bar = round_progress(config, len(rec.rows), progress)
         status = None  # set by the handlers below; never "ok" unless the run finished
         try:
             with sigterm_as_interrupt():
@@ -198,8 +179,7 @@ def _play_rounds(prep: Prepared, executor, st, rec: Recorder, eval_model, bar, f
         rec.record(row)
         rec.consistent = True  # model, algorithm, clock and rows all after round r + 1
         rec.remember(st, algorithm)
-        if row["test_acc"] is not None:
-            bar.set_postfix(acc=f"{row['test_acc']:.3f}", sim=f"{st.clock.now:.0f}s")
+        bar.set_postfix(**round_figures(row, st.clock.now))
         rec.log(row)
         check_explosion(rec.rows, st.initial_loss, config.train)
         if (r + 1) % config.output.checkpoint_every == 0 or r + 1 == config.rounds:

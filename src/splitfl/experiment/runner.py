@@ -108,21 +108,30 @@ def validate(
     ConfigError / DatasetError."""
     cfg = as_config(config, overrides, imports)
     check_output(cfg)
-    ctx = prepare(cfg).ctx
+    prepared = prepare(cfg)
+    ctx = prepared.ctx
     cfg = ctx.config  # resolved
     shared = "shared" if cfg.devices.contention else "not shared"
     train = f"{len(ctx.bundle.train)} train samples"
     if cfg.data.source == "devices":
         train = f"training data on the devices, {len(ctx.bundle.test)} test samples"
     summary = (
-        f"ok: {cfg.algorithm} on {cfg.data.dataset} ({train}, "
+        f"ok: {cfg.algorithm} on {cfg.data.dataset} ({train}, {_outputs(ctx)}, "
         f"{ctx.num_clients} clients), model {cfg.model} ({ctx.num_blocks} blocks, "
         f"cut points {list(ctx.cut_points)}, default {ctx.model.default_cut}), devices "
         f"{cfg.devices.preset} (server link {shared}: "
         f"devices.contention={str(cfg.devices.contention).lower()}), {cfg.rounds} rounds"
     )
+    notes = "".join(f"\nnote: {line}" for line in prepared.algorithm.notes())
     card = card_table(model_card(cfg))
-    return f"{summary}\n\nThe clock's decisions (docs/model-cards.md):\n\n{card}"
+    return f"{summary}{notes}\n\nThe clock's decisions (docs/model-cards.md):\n\n{card}"
+
+
+def _outputs(ctx: RunContext) -> str:
+    """What the model predicts: the class count, or float targets per sample."""
+    if ctx.config.data.targets == "values":
+        return f"{ctx.bundle.num_classes} float target(s) per sample"
+    return f"{ctx.bundle.num_classes} classes"
 
 
 def _default_name(config: ExperimentConfig) -> str:

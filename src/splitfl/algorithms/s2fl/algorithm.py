@@ -234,6 +234,21 @@ class S2FL(Algorithm):
     def is_warmup(self, round_idx: int) -> bool:
         return self.options.adaptive_split and round_idx < len(self.cut_points)
 
+    def notes(self) -> list[str]:
+        """The warm-up's share of the run: one round per cut point (§3.1)."""
+        k, rounds = len(self.cut_points), self.ctx.config.rounds
+        if not self.options.adaptive_split:
+            return []
+        left = (
+            f"rounds {k + 1}-{rounds} choose cut points adaptively"
+            if rounds > k
+            else f"every one of the {rounds} rounds is warm-up (none adaptive: use rounds > {k})"
+        )
+        return [
+            f"s2fl: rounds 1-{min(k, rounds)} are the warm-up (§3.1: one round per cut point; "
+            f"{k} cut points {list(self.cut_points)}); {left}"
+        ]
+
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
         """The round's x devices; every device in a warm-up round (``warmup_all_devices``),
         the x drawn as usual being the ones aggregated (``warmup_training: time_only``)."""
