@@ -51,6 +51,7 @@ from splitfl.config.schema import (
     NetworkConfig,
     OutputConfig,
     ParallelConfig,
+    ServerOptimizerConfig,
     SplitConfig,
     TrainConfig,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "NetworkConfig",
     "OutputConfig",
     "ParallelConfig",
+    "ServerOptimizerConfig",
     "SplitConfig",
     "Range",
     "TrainConfig",

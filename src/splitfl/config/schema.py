@@ -125,6 +125,25 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
+class ServerOptimizerConfig:
+    """``train.server_optimizer``: a server-side optimiser step on every round's aggregate,
+    for every algorithm that aggregates into one global model
+    (:mod:`splitfl.training.server_optim`).
+    ``name``: ``none`` (default: the aggregate is the next global model, as before),
+    ``fedavgm`` (Hsu et al. 2019: ``momentum`` β), ``fedadam``, ``fedyogi``, ``fedadagrad``
+    (Reddi et al. 2021, Algorithm 2: ``beta1``, ``beta2``, ``tau``). ``lr`` is the server
+    learning rate η (null: Flower's default per variant — fedavgm 1.0, fedadam 0.1,
+    fedyogi 0.01, fedadagrad 0.1). The state (m, v) is kept across rounds and checkpointed."""
+
+    name: str = "none"
+    lr: float | None = None
+    momentum: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Local training. ``local_steps`` (if set) replaces ``local_epochs`` by a fixed number of
     iterations per round. Defaults follow S²FL §5 (batch 128, SGD lr 0.01). The learning rate
@@ -172,6 +191,9 @@ class TrainConfig:
     trim_fraction: float = 0.1
     #: LoRA fine-tuning of a Hugging Face model (null: full fine-tuning), see LoraConfig.
     lora: LoraConfig | None = None
+    #: A server-side optimiser on the aggregated update (default none), see
+    #: ServerOptimizerConfig.
+    server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from splitfl.executors import EXECUTORS, PRECISIONS
 from splitfl.extensions import check_dataset, check_model, fill_import_dirs, import_config_modules
 from splitfl.models.hf import hf_folder, is_hf_spec
 from splitfl.system.devices import COMPOSITIONS, PRESETS, VARYING_BANDWIDTH, resolve_contention
-from splitfl.training import LOSSES, OPTIMIZERS, metric_problem
+from splitfl.training import LOSSES, OPTIMIZERS, SERVER_OPTIMIZERS, metric_problem
 
 #: Partitioners that deal samples by class label (else: iid, natural).
 LABEL_PARTITIONS = ("dirichlet", "shards")
@@ -201,6 +201,21 @@ def check_aggregation(config: ExperimentConfig) -> None:
         )
 
 
+def check_server_optimizer(config: ExperimentConfig) -> None:
+    """``train.server_optimizer.name`` exists and the algorithm aggregates into the one global
+    model every client starts from (``Algorithm.no_server_optimizer`` says why not)."""
+    name = config.train.server_optimizer.name
+    _choice(name, list(SERVER_OPTIMIZERS), "train.server_optimizer.name")
+    if name == "none":
+        return
+    cls = resolve_algorithm(config.algorithm, config.options)[0]
+    if cls.no_server_optimizer:
+        raise ConfigError(
+            "train.server_optimizer",
+            f"{config.algorithm} {cls.no_server_optimizer}; use name: none",
+        )
+
+
 def validate_config(config: ExperimentConfig, config_dir: str | Path | None = None) -> None:
     """Static checks of every field and every registry name (``splitfl validate`` without
     the data), after importing the config's modules (searching ``config_dir`` too). Raises
@@ -212,6 +227,7 @@ def validate_config(config: ExperimentConfig, config_dir: str | Path | None = No
     check_timing(config)
     check_recipe(config)
     check_aggregation(config)
+    check_server_optimizer(config)
 
 
 def with_imports(config: ExperimentConfig, imports: list[str] | None) -> ExperimentConfig:
@@ -236,4 +252,5 @@ def load_config(
     check_timing(config)
     check_recipe(config)
     check_aggregation(config)
+    check_server_optimizer(config)
     return config
