@@ -202,12 +202,20 @@ class EvalConfig:
     ``test_acc``, ``test_loss``, ``test_<name>``; the test loss always): ``accuracy``,
     ``top<k>`` (e.g. ``top5``) and ``macro_f1`` for classification, ``macro_f1`` for
     ``train.loss: bce_logits``, ``mse`` for ``train.loss: mse``, ``loss`` alone for the loss
-    only (:mod:`splitfl.training.scores`). ``target_accuracy`` needs ``accuracy``."""
+    only (:mod:`splitfl.training.scores`). ``target_accuracy`` needs ``accuracy``.
+
+    ``on``: who evaluates the global model — ``server`` (default: the test set, above),
+    ``clients`` (federated evaluation: every client scores it on its own held-out split,
+    ``client_holdout`` of its partition, never trained on; recorded as ``clients_acc``,
+    ``clients_loss``, ``clients_<name>``, each the sample-weighted mean of the clients'
+    values) or ``both``. ``client_holdout`` is read only when ``on`` includes clients."""
 
     every: int = 1
     batch_size: int = 1000
     target_accuracy: float | None = None
     metrics: list[str] = field(default_factory=lambda: ["accuracy"])
+    on: str = "server"
+    client_holdout: float = 0.1
 
 
 #: Optional per-round metric loggers for ``output.tracking`` and the package each needs.
@@ -232,6 +240,9 @@ class OutputConfig:
 CLOCKS = ("simulated", "measured")
 #: ``train.aggregation`` values (``splitfl.algorithms.robust``).
 AGGREGATIONS = ("mean", "clip_mean", "median", "trimmed_mean")
+#: ``eval.on`` values: who evaluates the global model (the server's test set, the clients'
+#: held-out splits, both).
+EVAL_ON = ("server", "clients", "both")
 #: ``network.compression`` values (gRPC message compression).
 COMPRESSIONS = ("none", "gzip")
 

@@ -17,6 +17,7 @@ import torch
 from splitfl.algorithms import Algorithm
 from splitfl.config import ExperimentConfig
 from splitfl.executors import NonFiniteLossError, evaluate
+from splitfl.experiment.client_eval import client_keys, evaluate_clients
 from splitfl.experiment.context import RunContext
 from splitfl.plan import RoundPlan, RoundReport, RoundResult
 from splitfl.seeding import derive_seed, rng_for
@@ -194,11 +195,24 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
         "traffic_total_cum": st.cum.total,
         **{f"plan_{k}": v for k, v in plan.info.items()},
     }
+    if config.eval.on != "server":
+        row.update(dict.fromkeys(client_keys(config.eval.metrics)))
     if not trains(executor):  # executor: timing — nothing trained, nothing to evaluate
         row["train_loss"] = None
     elif (r + 1) % config.eval.every == 0 or r + 1 == config.rounds:
-        values = evaluate_state(ctx, eval_model, st.global_state)
+        row.update(evaluation_row(ctx, eval_model, st.global_state))
+    return row
+
+
+def evaluation_row(ctx: RunContext, eval_model, state: dict[str, torch.Tensor]) -> dict:
+    """An evaluated round's metrics (``eval.on``): the server's test set (``test_*``), the
+    clients' held-out splits (``clients_*``, :mod:`splitfl.experiment.client_eval`) or both."""
+    row: dict[str, Any] = {}
+    if ctx.config.eval.on in ("server", "both"):
+        values = evaluate_state(ctx, eval_model, state)
         row.update({row_key(name): value for name, value in values.items()})
+    if ctx.config.eval.on in ("clients", "both"):
+        row.update(evaluate_clients(ctx, eval_model, state))
     return row
 
 
