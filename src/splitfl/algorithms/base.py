@@ -54,6 +54,10 @@ class Algorithm:
     #: ``executor: parallel``: "" when a round's groups are independent units (dealt to the
     #: workers), else why a round is one coupled unit (it runs in the driver, as sequential).
     coupled_round: ClassVar[str] = ""
+    #: ``train.server_optimizer``: "" when :meth:`aggregate` returns the one global model
+    #: every client starts from (the server step applies to it), else why not, in one line
+    #: (the validation refuses a server optimiser with it).
+    no_server_optimizer: ClassVar[str] = ""
 
     def __init__(self, options: Any, ctx: Any):
         """``ctx``: the run's :class:`~splitfl.experiment.context.RunContext` (handed in by the

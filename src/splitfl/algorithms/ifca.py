@@ -65,6 +65,10 @@ class IFCA(Algorithm):
         "the losses of the untrained cluster models (zero inputs with data.train_samples); "
         "time and traffic do not depend on the choice (all K models are downloaded)"
     )
+    no_server_optimizer = (
+        "holds K cluster models and serves each client its cluster's, while the round's "
+        "aggregate is only the most chosen one (a server step would need state per cluster)"
+    )
 
     def __init__(self, options: IFCAOptions, ctx) -> None:
         super().__init__(options, ctx)

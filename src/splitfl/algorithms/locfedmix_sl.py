@@ -65,6 +65,10 @@ class LocFedMixSL(Algorithm):
     paper = "Oh et al., LocFedMix-SL (WWW 2022); baseline in MergeSFL/ParallelSFL §V/§5"
     Options = LocFedMixOptions
     coupled_round = "one server copy for all clients (mixup pairs across them)"
+    no_server_optimizer = (
+        "keeps each client's device part and auxiliary head between its FedAvg rounds "
+        "(aggregate_every), so a round's aggregate is not the model every client starts from"
+    )
 
     def __init__(self, options: LocFedMixOptions, ctx) -> None:
         super().__init__(options, ctx)

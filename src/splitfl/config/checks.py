@@ -18,6 +18,7 @@ from splitfl.config.schema import (
     AGGREGATIONS,
     CLOCKS,
     COMPRESSIONS,
+    EVAL_ON,
     PARALLEL_BACKENDS,
     TRACKERS,
     ConfigError,
@@ -77,8 +78,14 @@ FLOAT_RANGES: dict[str, Range] = {
     "train.beta2": Range(0, 1, hi_open=True),
     "train.eps": Range(0, 1, lo_open=True),
     "train.explode_factor": Range(0, 1e30),
+    "train.server_optimizer.lr": Range(0, 1e3, lo_open=True),
+    "train.server_optimizer.momentum": Range(0, 1, hi_open=True),
+    "train.server_optimizer.beta1": Range(0, 1, hi_open=True),
+    "train.server_optimizer.beta2": Range(0, 1, hi_open=True),
+    "train.server_optimizer.tau": Range(0, 1, lo_open=True),
     "train.explode_recovery": Range(0, 1e30),
     "eval.target_accuracy": Range(0, 1, lo_open=True),
+    "eval.client_holdout": Range(0, 1, lo_open=True, hi_open=True),
     "network.timeout_s": Range(0, 86400, lo_open=True),
     "network.connect_timeout_s": Range(0, 86400, lo_open=True),
     "network.rejoin_s": Range(0, 86400),
@@ -271,10 +278,30 @@ def validate(config: ExperimentConfig) -> None:
         f"a non-empty list without repeats, like [accuracy] (got {e.metrics})",
     )
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
+    _validate_eval_on(config)
     _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
     _validate_tracking(config.output.tracking)
     _validate_network(config)
     _validate_parallel(config)
+
+
+def _validate_eval_on(config: ExperimentConfig) -> None:
+    """``eval.on``: a known value; client-side evaluation needs the clients' samples in this
+    process (not ``executor: networked``) and leaves the server's test accuracy unrecorded
+    with ``clients`` alone (``eval.target_accuracy`` needs it)."""
+    e = config.eval
+    _choice(e.on, list(EVAL_ON), "eval.on")
+    _check(
+        e.on == "server" or config.executor != "networked",
+        "eval.on",
+        f"{e.on} needs the clients' held-out samples in this process; executor: networked "
+        "evaluates on the server only (use eval.on: server)",
+    )
+    _check(
+        e.on != "clients" or e.target_accuracy is None,
+        "eval.target_accuracy",
+        "is the server's test accuracy; with eval.on: clients there is none (use both, or null)",
+    )
 
 
 #: Most workers ``executor: parallel`` may start.

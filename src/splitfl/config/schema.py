@@ -129,6 +129,25 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
+class ServerOptimizerConfig:
+    """``train.server_optimizer``: a server-side optimiser step on every round's aggregate,
+    for every algorithm that aggregates into one global model
+    (:mod:`splitfl.training.server_optim`).
+    ``name``: ``none`` (default: the aggregate is the next global model, as before),
+    ``fedavgm`` (Hsu et al. 2019: ``momentum`` β), ``fedadam``, ``fedyogi``, ``fedadagrad``
+    (Reddi et al. 2021, Algorithm 2: ``beta1``, ``beta2``, ``tau``). ``lr`` is the server
+    learning rate η (null: Flower's default per variant — fedavgm 1.0, fedadam 0.1,
+    fedyogi 0.01, fedadagrad 0.1). The state (m, v) is kept across rounds and checkpointed."""
+
+    name: str = "none"
+    lr: float | None = None
+    momentum: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Local training. ``local_steps`` (if set) replaces ``local_epochs`` by a fixed number of
     iterations per round. Defaults follow S²FL §5 (batch 128, SGD lr 0.01). The learning rate
@@ -176,6 +195,9 @@ class TrainConfig:
     trim_fraction: float = 0.1
     #: LoRA fine-tuning of a Hugging Face model (null: full fine-tuning), see LoraConfig.
     lora: LoraConfig | None = None
+    #: A server-side optimiser on the aggregated update (default none), see
+    #: ServerOptimizerConfig.
+    server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
 
 
 @dataclass(frozen=True)
@@ -184,12 +206,20 @@ class EvalConfig:
     ``test_acc``, ``test_loss``, ``test_<name>``; the test loss always): ``accuracy``,
     ``top<k>`` (e.g. ``top5``) and ``macro_f1`` for classification, ``macro_f1`` for
     ``train.loss: bce_logits``, ``mse`` for ``train.loss: mse``, ``loss`` alone for the loss
-    only (:mod:`splitfl.training.scores`). ``target_accuracy`` needs ``accuracy``."""
+    only (:mod:`splitfl.training.scores`). ``target_accuracy`` needs ``accuracy``.
+
+    ``on``: who evaluates the global model — ``server`` (default: the test set, above),
+    ``clients`` (federated evaluation: every client scores it on its own held-out split,
+    ``client_holdout`` of its partition, never trained on; recorded as ``clients_acc``,
+    ``clients_loss``, ``clients_<name>``, each the sample-weighted mean of the clients'
+    values) or ``both``. ``client_holdout`` is read only when ``on`` includes clients."""
 
     every: int = 1
     batch_size: int = 1000
     target_accuracy: float | None = None
     metrics: list[str] = field(default_factory=lambda: ["accuracy"])
+    on: str = "server"
+    client_holdout: float = 0.1
 
 
 #: Optional per-round metric loggers for ``output.tracking`` and the package each needs.
@@ -214,6 +244,9 @@ class OutputConfig:
 CLOCKS = ("simulated", "measured")
 #: ``train.aggregation`` values (``splitfl.algorithms.robust``).
 AGGREGATIONS = ("mean", "clip_mean", "median", "trimmed_mean")
+#: ``eval.on`` values: who evaluates the global model (the server's test set, the clients'
+#: held-out splits, both).
+EVAL_ON = ("server", "clients", "both")
 #: ``network.compression`` values (gRPC message compression).
 COMPRESSIONS = ("none", "gzip")
 

@@ -9,6 +9,7 @@ the dataset, so both see the same samples.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,25 @@ def client_partition(config: ExperimentConfig, bundle: DatasetBundle) -> list[np
         )
     except ValueError as err:
         raise ConfigError("data.partition", str(err).splitlines()[0]) from err
+
+
+def holdout_split(
+    parts: list[np.ndarray], fraction: float, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each client's partition split into its training samples and its held-out validation
+    samples (``eval.client_holdout``; Flower's convention of a per-client validation split,
+    scored by the client in federated evaluation): ``ceil(fraction · n)`` of its ``n``
+    samples, at most ``n − 1``, drawn by the stream ``(seed, "holdout", client)`` — the same
+    on every rerun and independent of the other clients. Both keep the partition's order.
+    Returns (training indices, held-out indices) per client."""
+    train, held = [], []
+    for client, idx in enumerate(parts):
+        k = min(math.ceil(fraction * len(idx)), max(len(idx) - 1, 0))
+        out = np.zeros(len(idx), dtype=bool)
+        out[rng_for(seed, "holdout", client).permutation(len(idx))[:k]] = True
+        train.append(idx[~out])
+        held.append(idx[out])
+    return train, held
 
 
 def write_partition(config: ExperimentConfig, folder: Path, devices: int) -> dict[str, list[int]]:

@@ -1,6 +1,7 @@
 """Checkpoints: the single source of truth a resumed run restarts from.
 
-``checkpoints/last.pt`` holds the global model, the algorithm state, the clock, the
+``checkpoints/last.pt`` holds the global model, the algorithm state, the server optimiser's
+state (``train.server_optimizer``: m, v), the clock, the
 cumulative traffic, the initial loss (for the explosion check) and the ``metrics.jsonl``
 lines of every round up to its round. On resume the metric rows come from the checkpoint and
 ``metrics.jsonl`` is rewritten from them, so an emptied, missing, truncated or damaged
@@ -185,9 +186,26 @@ def load_checkpoint(
         or any(not torch.is_tensor(v) or v.shape != model_shapes[k] for k, v in model.items())
     ):
         raise _damaged(path, "its model parameters do not match the config's model")
+    if not server_state_fits(state.get("server_optimizer", {}), model_shapes):
+        raise _damaged(path, "its server optimizer state does not match the config's model")
     state["rows"] = parse_rows(state["metrics"], k, path)
     state["algorithm"] = decode_numpy(state["algorithm"])
     return state
+
+
+def server_state_fits(state: Any, model_shapes: dict[str, torch.Size]) -> bool:
+    """``train.server_optimizer``'s checkpointed state is ``{part: {name: tensor}}`` with
+    the model's tensor names and shapes (``{}``: none, or written before it existed)."""
+    if not isinstance(state, dict):
+        return False
+    return all(
+        isinstance(part, dict)
+        and all(
+            k in model_shapes and torch.is_tensor(t) and t.shape == model_shapes[k]
+            for k, t in part.items()
+        )
+        for part in state.values()
+    )
 
 
 def parse_rows(text: Any, rounds: int, path: Path) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import torch
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.data import DatasetBundle
 from splitfl.data.base import ArrayDataset, DatasetWarning, labels_only, unseen_test_labels
-from splitfl.data.clients import client_partition
+from splitfl.data.clients import client_partition, holdout_split
 from splitfl.data.local import load_test
 from splitfl.data.partition import batch_sizes, label_histograms
 from splitfl.data.source import (
@@ -46,6 +46,9 @@ class RunContext:
     #: cluster identity): an object with ``lowest_loss(client, states, positions) -> int``
     #: set by the networked executor; None = this process, on ``bundle.train``.
     client_compute: object | None = None
+    #: ``eval.on: clients | both``: each client's held-out samples (indices into
+    #: ``bundle.train``, never in ``client_indices``, so never trained on); None otherwise.
+    holdout_indices: list[np.ndarray] | None = None
 
     def adopt_announced(self, sizes: list[int], hist: np.ndarray) -> None:
         """``data.source: devices``: the clients' data view is what their devices announced
@@ -288,11 +291,14 @@ def build_context(config: ExperimentConfig) -> RunContext:
     d = config.data
     bundle = read_data(config)
     classes = bundle.num_classes if config.train.loss == "cross_entropy" else 0
+    held = None
     if d.source == "devices":  # filled from the devices' announcements when they join
         parts = [np.arange(0) for _ in range(d.num_clients)]
         hist = np.zeros((d.num_clients, classes), dtype=np.int64)
     else:
         parts = client_partition(config, bundle)
+        if config.eval.on != "server":  # the clients' own validation splits
+            parts, held = holdout_split(parts, config.eval.client_holdout, config.seed)
         if classes:
             hist = label_histograms(bundle.train.y.numpy(), parts, classes)
         else:  # no class labels (regression, multi-label): no label histograms
@@ -319,4 +325,4 @@ def build_context(config: ExperimentConfig) -> RunContext:
         Split.of(config.split),
         config.train.lora,
     )
-    return RunContext(config, bundle, parts, hist, population, model, profile)
+    return RunContext(config, bundle, parts, hist, population, model, profile, holdout_indices=held)

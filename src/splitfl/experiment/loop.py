@@ -2,8 +2,9 @@
 start state (fresh or from a checkpoint), progress, recording and divergence handling.
 
 Optimisers are created afresh each round and every random stream is derived from
-``(seed, purpose, round)``, so a checkpoint of the global model, the algorithm state and the
-clock is all a resume needs to reproduce an uninterrupted run exactly. Ctrl-C/SIGTERM and
+``(seed, purpose, round)``, so a checkpoint of the global model, the algorithm state, the
+server optimiser's state (``train.server_optimizer``, kept across rounds) and the clock is all
+a resume needs to reproduce an uninterrupted run exactly. Ctrl-C/SIGTERM and
 exploding losses are handled in :mod:`splitfl.experiment.guards`.
 """
 
@@ -80,6 +81,7 @@ def start_state(
     # a LoRA model's frozen base is not in the checkpoint: the freshly built model's
     base = {k: v.clone() for k, v in prep.ctx.model.state_dict().items()}
     st = LoopState({**base, **start["global_state"]}, clock, cum, start.get("initial_loss"))
+    st.server_opt = start.get("server_optimizer", {})  # absent: written without one
     rec = Recorder.restored(run_dir, config, start)
     rec.state_keys = set(moving_state(prep.ctx.model, prep.ctx.model))
     return st, rec

@@ -27,7 +27,7 @@ from splitfl.experiment.round_step import LoopState
 from splitfl.metrics.plots import plot_accuracy, plot_loss
 from splitfl.metrics.summary import summarize
 from splitfl.metrics.tracking import make_trackers
-from splitfl.training import row_key
+from splitfl.training import restrict_state, row_key
 
 
 class Recorder:
@@ -105,6 +105,7 @@ class Recorder:
                 if self.state_keys is None or k in self.state_keys
             },
             "algorithm": algo_state,
+            "server_optimizer": restrict_state(st.server_opt, self.state_keys),
             "clock": st.clock.now,
             "traffic": st.cum.to_dict(),
             "initial_loss": st.initial_loss,

@@ -9,7 +9,7 @@ and :func:`round_row` the round's metrics row. Every random stream is derived fr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,12 +17,13 @@ import torch
 from splitfl.algorithms import Algorithm
 from splitfl.config import ExperimentConfig
 from splitfl.executors import NonFiniteLossError, evaluate
+from splitfl.experiment.client_eval import client_keys, evaluate_clients
 from splitfl.experiment.context import RunContext
 from splitfl.plan import RoundPlan, RoundReport, RoundResult
 from splitfl.seeding import derive_seed, rng_for
 from splitfl.system import LINKS, ClientCost, SimClock, Traffic, jitter_factors
 from splitfl.system.cost import server_bytes
-from splitfl.training import row_key
+from splitfl.training import row_key, server_step
 
 if TYPE_CHECKING:
     from splitfl.experiment.runner import Prepared  # runner imports this module
@@ -30,12 +31,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class LoopState:
-    """What the round loop carries from round to round (a checkpoint stores it)."""
+    """What the round loop carries from round to round (a checkpoint stores it):
+    ``server_opt`` is ``train.server_optimizer``'s state (m, v; ``{}`` before its first step
+    and without one)."""
 
     global_state: dict[str, torch.Tensor]
     clock: SimClock
     cum: Traffic
     initial_loss: float | None
+    server_opt: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
 def measure(
@@ -173,7 +177,10 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     report, waits = measure(config, algorithm, done, result, r)
     if result.updates:
         algorithm.observe(r, done, report)
-        st.global_state = algorithm.aggregate(st.global_state, done, result)
+        aggregated = algorithm.aggregate(st.global_state, done, result)
+        st.global_state, st.server_opt = server_step(
+            config.train.server_optimizer, st.global_state, aggregated, st.server_opt
+        )
         check_finite_state(st.global_state)
     st.clock.advance(report.round_time)
     traffic = Traffic()
@@ -188,11 +195,24 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
         "traffic_total_cum": st.cum.total,
         **{f"plan_{k}": v for k, v in plan.info.items()},
     }
+    if config.eval.on != "server":
+        row.update(dict.fromkeys(client_keys(config.eval.metrics)))
     if not trains(executor):  # executor: timing — nothing trained, nothing to evaluate
         row["train_loss"] = None
     elif (r + 1) % config.eval.every == 0 or r + 1 == config.rounds:
-        values = evaluate_state(ctx, eval_model, st.global_state)
+        row.update(evaluation_row(ctx, eval_model, st.global_state))
+    return row
+
+
+def evaluation_row(ctx: RunContext, eval_model, state: dict[str, torch.Tensor]) -> dict:
+    """An evaluated round's metrics (``eval.on``): the server's test set (``test_*``), the
+    clients' held-out splits (``clients_*``, :mod:`splitfl.experiment.client_eval`) or both."""
+    row: dict[str, Any] = {}
+    if ctx.config.eval.on in ("server", "both"):
+        values = evaluate_state(ctx, eval_model, state)
         row.update({row_key(name): value for name, value in values.items()})
+    if ctx.config.eval.on in ("clients", "both"):
+        row.update(evaluate_clients(ctx, eval_model, state))
     return row
 
 

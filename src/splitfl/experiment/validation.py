@@ -19,7 +19,13 @@ from splitfl.executors import EXECUTORS, PRECISIONS
 from splitfl.extensions import check_dataset, check_model, fill_import_dirs, import_config_modules
 from splitfl.models.hf import hf_folder, is_hf_spec
 from splitfl.system.devices import COMPOSITIONS, PRESETS, VARYING_BANDWIDTH, resolve_contention
-from splitfl.training import FLOAT_TARGET_LOSSES, LOSSES, OPTIMIZERS, metric_problem
+from splitfl.training import (
+    FLOAT_TARGET_LOSSES,
+    LOSSES,
+    OPTIMIZERS,
+    SERVER_OPTIMIZERS,
+    metric_problem,
+)
 
 #: Partitioners that deal samples by class label (else: iid, natural).
 LABEL_PARTITIONS = ("dirichlet", "shards")
@@ -217,6 +223,21 @@ def check_aggregation(config: ExperimentConfig) -> None:
         )
 
 
+def check_server_optimizer(config: ExperimentConfig) -> None:
+    """``train.server_optimizer.name`` exists and the algorithm aggregates into the one global
+    model every client starts from (``Algorithm.no_server_optimizer`` says why not)."""
+    name = config.train.server_optimizer.name
+    _choice(name, list(SERVER_OPTIMIZERS), "train.server_optimizer.name")
+    if name == "none":
+        return
+    cls = resolve_algorithm(config.algorithm, config.options)[0]
+    if cls.no_server_optimizer:
+        raise ConfigError(
+            "train.server_optimizer",
+            f"{config.algorithm} {cls.no_server_optimizer}; use name: none",
+        )
+
+
 def validate_config(config: ExperimentConfig, config_dir: str | Path | None = None) -> None:
     """Static checks of every field and every registry name (``splitfl validate`` without
     the data), after importing the config's modules (searching ``config_dir`` too). Raises
@@ -228,6 +249,7 @@ def validate_config(config: ExperimentConfig, config_dir: str | Path | None = No
     check_timing(config)
     check_recipe(config)
     check_aggregation(config)
+    check_server_optimizer(config)
 
 
 def with_imports(config: ExperimentConfig, imports: list[str] | None) -> ExperimentConfig:
@@ -252,4 +274,5 @@ def load_config(
     check_timing(config)
     check_recipe(config)
     check_aggregation(config)
+    check_server_optimizer(config)
     return config

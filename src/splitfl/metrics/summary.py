@@ -134,12 +134,15 @@ _SUMMARISED = ("test_acc", "test_loss")
 
 def final_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """``final_<name>``: the last recorded value of each further ``eval.metrics`` entry
-    (``test_<name>`` in the rows: ``top5``, ``macro_f1``, ``mse``)."""
+    (``test_<name>`` in the rows: ``top5``, ``macro_f1``, ``mse``), and ``final_clients_*``
+    of each client-side value (``eval.on: clients | both``: ``clients_acc``, ...)."""
     out: dict[str, Any] = {}
     for row in rows:
         for key, value in row.items():
             if key.startswith("test_") and key not in _SUMMARISED and value is not None:
                 out[f"final_{key[5:]}"] = value
+            elif key.startswith("clients_") and value is not None:  # eval.on: clients, both
+                out[f"final_{key}"] = value
     return out
 
 
