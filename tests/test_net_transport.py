@@ -461,6 +461,55 @@ def test_device_behind_a_silent_link_redials_and_trains_again(tmp_path):
         proxy.stop()
 
 
+class _LateCut(DeviceAgent):
+    """Each begin takes 0.4 s (a round lasts at least that); the first begin ``after_s`` after
+    the first one freezes the proxy for ``hold_s``: a cut after a session longer than the
+    device's ``retry_s``."""
+
+    proxy: _FreezingProxy | None = None
+    after_s, hold_s = 6.0, 3.0
+    first: float | None = None
+    cut = False
+
+    def _on_begin(self, c, msg):
+        time.sleep(0.4)
+        now = time.monotonic()
+        _LateCut.first = _LateCut.first or now
+        if not _LateCut.cut and now - _LateCut.first >= _LateCut.after_s and _LateCut.proxy:
+            _LateCut.cut = True
+            _LateCut.proxy.frozen.set()
+            threading.Timer(_LateCut.hold_s, _LateCut.proxy.frozen.clear).start()
+        return super()._on_begin(c, msg)
+
+
+def test_a_device_connected_longer_than_retry_s_redials_after_a_cut(tmp_path):
+    """``retry_s`` counts from when the server was last heard, not from the session's start:
+    a device connected for 6 s with ``retry_s`` 5 s, cut off for 3 s (silence noticed after
+    3 s), redials, trains again and ends on the server's bye (issue 35, item 1: it used to
+    give up at its first link break)."""
+    bed = Testbed.create(tmp_path / "bed", ["far", "near"])
+    proxy = _FreezingProxy(bed.port)
+    _LateCut.proxy, _LateCut.first, _LateCut.cut = proxy, None, False
+    try:
+        opts = DeviceOptions(f"127.0.0.1:{proxy.port}", "far", bed.tokens["far"], (0,), retry_s=5.0)
+        far = start_in_thread(dataclasses.replace(opts, keepalive_s=1.0), _LateCut)
+        near = bed.device("near", [1], retry_s=60.0)
+        net = bed.server_overrides(min_devices=2, timeout_s=1.5, rejoin_s=4.0)
+        net["network.keepalive_s"] = 1.0
+        changes = {"rounds": 9, "data.num_clients": 2, "train.clients_per_round": 2}
+        result = splitfl.run(config_for("splitfed_v1", **changes, **net), run_dir=tmp_path / "r")
+        rows = _rows(result.run_dir)
+        assert _LateCut.cut
+        cut = next(i for i, r in enumerate(rows) if 0 in r["dropped_clients"])
+        assert 0 not in rows[-1]["dropped_clients"] and cut < len(rows) - 1
+        for t in (far, near):
+            t.join(30)
+        assert [far.code, near.code] == [0, 0]  # both ended on the server's bye
+    finally:
+        _LateCut.proxy = None
+        proxy.stop()
+
+
 def test_token_command_binds_client_ids(tmp_path):
     from splitfl.cli.main import main
 

@@ -32,7 +32,7 @@ from splitfl.extensions import device_imports
 from splitfl.net.announce import effective_epsilon
 from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
-from splitfl.net.device_workers import ClientWorkers, Silence
+from splitfl.net.device_workers import ClientWorkers, Contact, Silence
 from splitfl.net.guard import Audit
 from splitfl.net.hub import METHOD, SILENT_PERIODS, keepalive_options
 from splitfl.net.peer import PeerEndpoint, outgoing
@@ -127,14 +127,16 @@ def _peer_endpoint(opts: DeviceOptions, log) -> PeerEndpoint | None:
 
 
 def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None, local) -> int:
-    delay, gave_up_at = 0.5, time.monotonic() + opts.retry_s
+    """Sessions with the server until its bye; between them, redial with backoff until
+    ``retry_s`` has passed since the server was last heard (:class:`Contact`)."""
+    delay, contact = 0.5, Contact()
     agent: DeviceAgent | None = None
     while True:
         try:
-            agent, done = _session(opts, agent, log, agent_cls, peer, local=local)
+            agent, done = _session(opts, agent, log, agent_cls, peer, local=local, contact=contact)
             if done:
                 return 0
-            gave_up_at, delay = time.monotonic() + opts.retry_s, 0.5
+            contact.at, delay = time.monotonic(), 0.5
         except Refused as err:
             log(f"splitfl device {opts.name}: refused: {err}")
             return 2
@@ -147,7 +149,7 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
             log(f"splitfl device {opts.name}: bad message from the server: {err}")
         except OSError as err:
             log(f"splitfl device {opts.name}: connection: {err}")
-        if time.monotonic() > gave_up_at:
+        if time.monotonic() > contact.at + opts.retry_s:
             log(f"splitfl device {opts.name}: no server for {opts.retry_s:g} s, giving up")
             return 1
         time.sleep(delay)
@@ -174,6 +176,7 @@ def _session(
     to_peer: bool = False,
     watch=None,
     local: LocalData | None = None,
+    contact: Contact | None = None,
 ) -> tuple[DeviceAgent | None, bool]:
     """One connection: hello, welcome, then commands until bye (True) or the stream ends.
     ``to_peer``: the connection is a device-to-device link to a peer's listener (ParallelSFL's
@@ -200,7 +203,7 @@ def _session(
         watch(stream)
     try:
         setup = (agent_cls, peer, to_peer, local)
-        return _serve(opts, stream, outbox, agent, log, setup, chunking)
+        return _serve(opts, stream, outbox, agent, log, setup, chunking, contact)
     except grpc.RpcError as err:
         if err.code() in _REFUSALS:
             details = err.details() or ""
@@ -215,10 +218,10 @@ def _session(
         channel.close()
 
 
-def _serve(opts, stream, outbox, agent, log, setup, chunking):
+def _serve(opts, stream, outbox, agent, log, setup, chunking, contact=None):
     """Read the server's messages; commands go to the client's worker thread."""
     workers = ClientWorkers(outbox, stream.cancel)
-    silence = Silence(stream, SILENT_PERIODS * opts.keepalive_s, log, opts.name)
+    silence = Silence(stream, SILENT_PERIODS * opts.keepalive_s, log, opts.name, contact)
     setup = (*setup, silence)
     try:
         return _read_commands(opts, stream, outbox, agent, log, setup, chunking, workers)

@@ -15,17 +15,37 @@ from splitfl.net.emulation import Profile
 from splitfl.net.wire import Message, WireError, encode
 
 
+class Contact:
+    """When the device last heard from its server, across sessions: the device gives up only
+    ``--retry-s`` after that moment, so a link that breaks after a long session is redialled
+    (not counted from the start of the session)."""
+
+    def __init__(self) -> None:
+        self.at = time.monotonic()
+
+
 class Silence:
     """The device's end of the keepalive: cancels the stream (the device then redials) when
     the server has sent nothing — not even its ``ping`` — for ``limit`` seconds (0: never);
     the welcome sets ``limit`` to :data:`~splitfl.net.hub.SILENT_PERIODS` × the server's
     ``keepalive_s``."""
 
-    def __init__(self, stream, limit: float, log, name: str):
+    def __init__(self, stream, limit: float, log, name: str, contact: Contact | None = None):
         self.stream, self.limit, self.log, self.name = stream, limit, log, name
-        self.heard = time.monotonic()
+        self.contact = contact or Contact()
+        self._heard = time.monotonic()  # the silence clock starts; no contact yet
         self.done = threading.Event()
         threading.Thread(target=self._watch, daemon=True, name="splitfl-silence").start()
+
+    @property
+    def heard(self) -> float:
+        """When the server last sent anything (kept in :attr:`contact` across sessions)."""
+        return self._heard
+
+    @heard.setter
+    def heard(self, at: float) -> None:
+        self._heard = at
+        self.contact.at = max(self.contact.at, at)
 
     def _watch(self) -> None:
         while not self.done.wait(0.25):
