@@ -7,6 +7,7 @@ sweep --address``) are checked in one line. One Ray instance serves the module's
 the address tests come first and need Ray not started in this process.
 """
 
+import io
 import json
 import socket
 from pathlib import Path
@@ -18,7 +19,7 @@ import yaml
 import splitfl
 from splitfl.cli.main import main
 from splitfl.config import ConfigError, ExperimentConfig, ParallelConfig
-from splitfl.experiment.loop import _progress
+from splitfl.experiment.progress import round_progress
 from splitfl.sweeps.resources import Demand, check_fits, trial_demand
 from splitfl.testing import tiny_config
 
@@ -99,8 +100,13 @@ def test_a_trial_that_cannot_fit_the_cluster_is_one_line():
         check_fits(two_nodes, trial_demand(ExperimentConfig(), 1, 1), "t")
 
 
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
 def _bar_name(config: ExperimentConfig) -> str:
-    bar = _progress(config, 0, True)
+    bar = round_progress(config, 0, True, stream=_Terminal())
     bar.close()
     return bar.desc
 

@@ -23,7 +23,7 @@ from splitfl.testing import config_for
 #: Algorithms whose control reads only the clock, the partition and sample counts.
 EXACT = [name for name, cls in sorted(ALGORITHMS.items()) if not cls.training_signals]
 #: Row fields that depend on training (or the wall clock), not on the plan and the clock.
-TRAINED = {"wall_time", "train_loss", "test_acc", "test_loss"}
+TRAINED = {"wall_time", "train_loss", "train_loss_median", "test_acc", "test_loss"}
 
 
 def strict_json(text: str) -> None:

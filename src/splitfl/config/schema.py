@@ -268,6 +268,21 @@ class BoundsConfig:
     activation_factor: float = 100.0
     activation_abs: float = 10.0
     loss_max: float = 1e4
+    #: Relative to the round's other clients (one insider inside the bounds above must not
+    #: steer the average): an update whose distance from the part it was sent, per local
+    #: step, is above ``peer_update_factor`` × the round's median is dropped (with 3 or more
+    #: updates; the median stands while fewer than half the participants collude). Honest
+    #: spread seen in the tests: up to 5.3× (vanilla SL's chain, whose first clients move a
+    #: fresh model most).
+    peer_update_factor: float = 10.0
+    #: Smashed data whose root-mean-square is above ``activation_rms_factor`` × the global
+    #: part's RMS on the reference samples + ``activation_rms_abs`` is dropped (a scaled copy
+    #: of honest activations passes the peak bound above; its RMS does not).
+    activation_rms_factor: float = 5.0
+    activation_rms_abs: float = 0.1
+    #: ``data.source: devices``: a client's announced sample count above this × the
+    #: median announced count is capped there (its weight, histogram and step count).
+    peer_samples_factor: float = 10.0
 
 
 @dataclass(frozen=True)

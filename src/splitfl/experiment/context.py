@@ -33,6 +33,20 @@ from splitfl.system.devices import with_variation
 from splitfl.training import target_problem
 
 
+class Positions:
+    """Positions ``0..n-1`` of a device's own samples, held as their count: indexing with
+    positions returns them (int64), ``len`` is ``n``; memory does not grow with ``n``."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, positions) -> np.ndarray:
+        return np.asarray(positions, dtype=np.int64)
+
+
 @dataclass
 class RunContext:
     config: ExperimentConfig
@@ -53,8 +67,9 @@ class RunContext:
     def adopt_announced(self, sizes: list[int], hist: np.ndarray) -> None:
         """``data.source: devices``: the clients' data view is what their devices announced
         (sample counts, label histograms); a client's samples are positions ``0..n-1`` of
-        its device's own data (the server holds none of them)."""
-        self.client_indices = [np.arange(int(n)) for n in sizes]
+        its device's own data (the server holds none of them: :class:`Positions`, no array
+        of the announced size)."""
+        self.client_indices = [Positions(int(n)) for n in sizes]
         self.label_hist = np.asarray(hist, dtype=np.int64)
         self.__dict__.pop("data_sizes", None)  # the cached property is recomputed
 

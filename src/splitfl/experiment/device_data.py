@@ -13,6 +13,7 @@ must announce the same sample counts (the plan's step counts depend on them).
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,8 @@ import numpy as np
 
 from splitfl.atomic import write_atomic
 from splitfl.config import ConfigError
+from splitfl.data.base import DatasetWarning
+from splitfl.net.announce import capped_counts, scaled_histogram
 
 if TYPE_CHECKING:
     from splitfl.experiment.context import RunContext
@@ -48,22 +51,31 @@ def adopt_device_data(prep: Prepared, executor, run_dir: Path, resuming: bool) -
         return
     announced = executor.announced()  # client -> Announced, every client present
     n = prep.ctx.num_clients
-    sizes = [announced[c].samples for c in range(n)]
-    hist = np.array([announced[c].histogram for c in range(n)], dtype=np.int64)
+    factor = prep.config.network.bounds.peer_samples_factor
+    sizes, capped = capped_counts([announced[c].samples for c in range(n)], factor)
+    hist = np.array(
+        [scaled_histogram(announced[c].histogram, sizes[c]) for c in range(n)], dtype=np.int64
+    )
+    for c, note in capped.items():
+        warnings.warn(DatasetWarning(f"client {c} ({announced[c].device}): {note}"), stacklevel=2)
     if resuming:
         sizes, hist = _recorded(run_dir / "clients.json", sizes, hist)
     prep.ctx.adopt_announced(sizes, hist)
     prep.algorithm = type(prep.algorithm)(prep.algorithm.options, prep.ctx)
     write_clients(prep.ctx, run_dir / "clients.json")
-    write_atomic(run_dir / "devices.json", json.dumps(_record(announced), indent=1) + "\n")
+    record = _record(announced, capped)
+    write_atomic(run_dir / "devices.json", json.dumps(record, indent=1) + "\n")
 
 
-def _record(announced: dict) -> dict:
-    """``devices.json``: device name → its clients with what it announced."""
+def _record(announced: dict, capped: dict[int, str]) -> dict:
+    """``devices.json``: device name → its clients with what it announced (and, for a count
+    capped against the others', why)."""
     devices: dict[str, list[dict]] = {}
     for c, a in sorted(announced.items()):
         entry = {"client": c, "samples": a.samples, "label_histogram": list(a.histogram)}
         entry["histogram_epsilon"] = a.epsilon
+        if c in capped:
+            entry["capped"] = capped[c]
         devices.setdefault(a.device, []).append(entry)
     return {"devices": [{"name": k, "clients": v} for k, v in sorted(devices.items())]}
 

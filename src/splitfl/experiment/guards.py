@@ -37,21 +37,26 @@ def check_explosion(rows: list[dict[str, Any]], initial_loss: float | None, trai
     loss: with a huge learning rate that is already exploded, e.g. 1.6e24 with ``lr=1e6`` on
     the quickstart), raises :class:`LossExplosionError` when
 
-    * the last ``train.explode_rounds`` rows all have ``train_loss > explode_factor · L0``, or
-    * a row had ``train_loss > explode_factor · L0`` and the ``explode_rounds`` rows after it
+    * the last ``train.explode_rounds`` rows all have a training loss ``> explode_factor · L0``,
+      or
+    * a row had a training loss ``> explode_factor · L0`` and the ``explode_rounds`` rows after it
       all stayed above ``explode_recovery · L0``: the model blew up and stayed broken (e.g.
       ``lr=300`` on the quickstart: 1e20, 2e23, then 40–75 × L0 at chance accuracy). A model
       that comes back after a spike retrains from about ``L0``, far below that.
 
-    ``explode_factor`` or ``explode_rounds`` 0/null disables both; ``explode_recovery``
+    The training loss of a row is the lower median of its clients' mean losses
+    (``train_loss_median``): a device reporting maximal losses cannot stop a run that trains
+    well (issue 35, item 5); a real explosion raises every client's loss, and the median with
+    it. ``explode_factor`` or ``explode_rounds`` 0/null disables both; ``explode_recovery``
     0/null the second.
     """
     factor, k, recovery = train.explode_factor, train.explode_rounds, train.explode_recovery
     if not factor or not k or initial_loss is None or len(rows) < k:
         return
-    # a round every client was dropped from has no training loss (null): it counts as not
-    # exploded
-    losses = [-math.inf if r["train_loss"] is None else r["train_loss"] for r in rows]
+    # the lower median of the clients' losses (a device reporting huge losses moves it no
+    # more than its rank: it takes half the clients); rows from before it: the mean. A round
+    # every client was dropped from has no training loss (null): it counts as not exploded
+    losses = [_robust_loss(r) for r in rows]
     limit = factor * initial_loss
     if all(loss > limit for loss in losses[-k:]):
         raise LossExplosionError(
@@ -67,6 +72,11 @@ def check_explosion(rows: list[dict[str, Any]], initial_loss: float | None, trai
             f"{losses[-1]:.3g}; train.explode_factor, train.explode_recovery, "
             "train.explode_rounds)"
         )
+
+
+def _robust_loss(row: dict[str, Any]) -> float:
+    loss = row.get("train_loss_median", row["train_loss"])
+    return -math.inf if loss is None else loss
 
 
 @contextmanager

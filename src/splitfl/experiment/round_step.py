@@ -127,6 +127,14 @@ def measured_row(plan: RoundPlan, result: RoundResult) -> dict[str, Any]:
     return row
 
 
+def lower_median(values: list[float]) -> float | None:
+    """The lower median (the ⌈n/2⌉-th smallest; None for none): with two values the smaller,
+    so no single client's report raises it."""
+    if not values:
+        return None
+    return sorted(values)[(len(values) - 1) // 2]
+
+
 def round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r: int) -> dict:
     """Per-round metrics (test accuracy is filled in by the caller when evaluated). Energy:
     busy device compute time × power per client (jitter applied), plus helpers' compute
@@ -140,6 +148,9 @@ def round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r
         "round_time": report.round_time,
         # null when no client completed the round (every one dropped): nothing was trained
         "train_loss": result.train_loss if result.updates else None,
+        # the lower median of the clients' mean losses: what the explosion check reads (one
+        # device's reports cannot move it; guards.check_explosion)
+        "train_loss_median": lower_median(list(report.losses.values())),
         "test_acc": None,
         "test_loss": None,
         "avg_waiting": sum(waits.values()) / len(waits) if waits else 0.0,
@@ -198,7 +209,7 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     if config.eval.on != "server":
         row.update(dict.fromkeys(client_keys(config.eval.metrics)))
     if not trains(executor):  # executor: timing — nothing trained, nothing to evaluate
-        row["train_loss"] = None
+        row["train_loss"] = row["train_loss_median"] = None
     elif (r + 1) % config.eval.every == 0 or r + 1 == config.rounds:
         row.update(evaluation_row(ctx, eval_model, st.global_state))
     return row

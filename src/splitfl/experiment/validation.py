@@ -177,10 +177,10 @@ def resolve_config(config: ExperimentConfig) -> ExperimentConfig:
     if text and data.tokenizer is None and is_hf_spec(config.model):
         tokenizer = hf_folder(config.model)  # the model's own tokenizer
         config = config.replace(data=dataclasses.replace(data, tokenizer=tokenizer))
-    if data.targets is None:
+    if config.data.targets is None:
         values = config.train.loss in FLOAT_TARGET_LOSSES
-        data = dataclasses.replace(data, targets="values" if values else "classes")
-        config = config.replace(data=data)
+        targets = "values" if values else "classes"
+        config = config.replace(data=dataclasses.replace(config.data, targets=targets))
     d = config.devices
     contention = resolve_contention(d.preset, d.contention)
     if d.contention is contention:

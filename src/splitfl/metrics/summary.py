@@ -227,11 +227,13 @@ def format_value(value: Any, kind: str) -> str:
 
 def headline_columns(summaries: dict[str, dict[str, Any]]) -> list[tuple[str, Any]]:
     """The table's quality columns ``(header, cell of a summary)``: accuracy and the time and
-    traffic to the target when any run has an accuracy; else (regression, language models)
-    the final loss and each other ``final_<metric>`` the runs recorded (``mse``,
-    ``perplexity``, ...)."""
+    traffic to the target when any run has an accuracy (or none has any metric: ``executor:
+    timing``); else (regression, language models) the final loss and each other
+    ``final_<metric>`` the runs recorded (``mse``, ``perplexity``, ...)."""
     first = next(iter(summaries.values()), {})
-    if not summaries or any(s.get("final_acc") is not None for s in summaries.values()):
+    accuracy = any(s.get("final_acc") is not None for s in summaries.values())
+    untrained = all(s.get("final_loss") is None for s in summaries.values())  # executor: timing
+    if accuracy or untrained:
         tgt = target_label(first.get("target_accuracy"))
         return [
             ("final acc %", lambda s: format_value(s["final_acc"], "pct")),

@@ -159,3 +159,36 @@ def ready_problem(kind: str, fields: dict, spec: dict | None, link) -> tuple[str
         return None, check_announcement(data, link.name, link.clients, spec)
     except AnnouncementError as err:
         return f"data announcement: {err}", {}
+
+
+def capped_counts(sizes: list[int], factor: float) -> tuple[list[int], dict[int, str]]:
+    """Announced sample counts with each above ``factor`` × their median capped there, and
+    why per capped client (``network.bounds.peer_samples_factor``): a device cannot take a
+    sample-weighted aggregation, S²FL's grouping or the plan's step counts by announcing
+    more samples than it holds; an honest large client keeps up to ``factor`` × the median's
+    weight. The median stands while fewer than half the clients lie."""
+    ordered = sorted(sizes)
+    n = len(ordered)
+    if n < 3:
+        return list(sizes), {}
+    median = (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+    cap = max(1, int(factor * median))
+    notes = {
+        c: f"announced {s} samples, {s / median:.0f}x the median {median:g}; weight capped at {cap}"
+        for c, s in enumerate(sizes)
+        if s > cap
+    }
+    return [min(s, cap) for s in sizes], notes
+
+
+def scaled_histogram(hist: Sequence[int], samples: int) -> list[int]:
+    """``hist`` scaled to sum to ``samples`` (largest remainders), for a capped count."""
+    total = sum(hist)
+    if total == samples or total == 0:
+        return list(hist)
+    exact = [h * samples / total for h in hist]
+    out = [math.floor(v) for v in exact]
+    by_remainder = sorted(range(len(hist)), key=lambda k: out[k] - exact[k])
+    for k in by_remainder[: samples - sum(out)]:
+        out[k] += 1
+    return out

@@ -33,7 +33,7 @@ from splitfl.net.emulation import Profile
 from splitfl.net.fleet import Expect, Meter, RemoteFleet, TimedServer, expect_for
 from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
-from splitfl.net.trust import REFERENCE_SAMPLES
+from splitfl.net.trust import REFERENCE_SAMPLES, peer_outliers
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
 from splitfl.system.cost import d2d_rate
@@ -93,7 +93,10 @@ class NetworkedExecutor:
             emulation = ring_emulation(ctx, plan, net.emulate_links) if net.emulate else None
             updates, server_states = run_ring(rnd, plan, model, emulation), {}
         else:
-            updates, server_states = self._groups(ctx, model, plan, rnd)
+            updates, server_states, distances = self._groups(ctx, model, plan, rnd)
+            outliers = peer_outliers(distances, net.bounds.peer_update_factor)
+            updates = [u for u in updates if u.client not in outliers]
+            lost.update(outliers)
         wall = time.perf_counter() - start
         return RoundResult(
             updates=updates,
@@ -107,13 +110,15 @@ class NetworkedExecutor:
 
     def _groups(self, ctx, model: BlockModel, plan: RoundPlan, rnd: D2DRound):
         """Every group of a parameter-server plan, concurrently: on the server, or on the
-        device ``plan.hosts`` names (device-to-device, :func:`~splitfl.net.d2d.run_cluster`)."""
+        device ``plan.hosts`` names (device-to-device, :func:`~splitfl.net.d2d.run_cluster`).
+        Returns the updates, the server-side copies and each server-checked update's distance
+        from the part it was sent (for the round's peer check)."""
         expect = expectations(ctx, model, plan)
         gen = np.random.default_rng(derive_seed(rnd.round_seed, "mix"))
         emulate = self.config.network.emulate
         links = self.config.network.emulate_links
         profiles = emulated_profiles(ctx, plan, links) if emulate else None
-        server_emulation = None
+        server_emulation, distances = None, {}
         if profiles is not None:
             server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
 
@@ -125,7 +130,14 @@ class NetworkedExecutor:
             server = server_role(model, run.tasks, plan, ctx.config.train, self.runtime, gen)
             timed = None if server is None else TimedServer(server, rnd.meters, server_emulation)
             fleet = RemoteFleet(
-                rnd.hub, rnd.round_seed, rnd.timeout_s, expect, rnd.meters, rnd.lost, profiles
+                rnd.hub,
+                rnd.round_seed,
+                rnd.timeout_s,
+                expect,
+                rnd.meters,
+                rnd.lost,
+                profiles,
+                distances,
             )
             return run_group(fleet, timed, run, plan), None if server is None else server.state()
 
@@ -141,7 +153,7 @@ class NetworkedExecutor:
             for run, (_, state) in zip(runs, done, strict=True)
             if state is not None
         }
-        return updates, server_states
+        return updates, server_states, distances
 
 
 def cluster_emulation(

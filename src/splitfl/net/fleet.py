@@ -38,6 +38,7 @@ from splitfl.net.trust import (
     loss_problem,
     smashed_problem,
     state_specs,
+    update_distance,
 )
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientTask
@@ -103,9 +104,13 @@ class RemoteFleet:
         meters: dict[int, Meter],
         lost: dict[int, str],
         profiles: dict[int, Profile] | None = None,
+        distances: dict[int, float] | None = None,
     ):
         self.hub, self.round_seed, self.timeout_s, self.expect = hub, round_seed, timeout_s, expect
         self.meters, self.lost, self.profiles = meters, lost, profiles
+        #: each accepted update's distance from the part it was sent per local step (the
+        #: round's peer check, :func:`~splitfl.net.trust.peer_outliers`, compares them)
+        self.distances = {} if distances is None else distances
         self.dropped: set[int] = set()
         self.tasks: dict[int, ClientTask] = {}
         #: bytes sent without a reply of their own (gradients): the next exchange carries them
@@ -191,6 +196,8 @@ class RemoteFleet:
                 self._drop(c, f"rejected model update: {problem}")
                 continue
             self.meters[c].count("model_up", payload_bytes(msg))
+            steps = max(self.tasks[c].steps, 1)  # a client with more steps moves further
+            self.distances[c] = update_distance(part, self.sent[c][0]) / steps
             frozen = {k: v for k, v in self.sent[c][0].items() if k not in part}
             out[c] = ({**frozen, **part}, aux or None)
         return out
@@ -343,9 +350,10 @@ def expect_for(
                 TensorSpec(
                     tuple(t.shape[1:]),
                     t.dtype,
-                    bounds.activation_factor * a + bounds.activation_abs,
+                    bounds.activation_factor * peak + bounds.activation_abs,
+                    bounds.activation_rms_factor * rms + bounds.activation_rms_abs,
                 )
-                for t, a in zip(leaves(out), scales, strict=True)
+                for t, (peak, rms) in zip(leaves(out), scales, strict=True)
             )
             if not isinstance(out, tuple):
                 single.add(cut)

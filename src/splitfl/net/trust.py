@@ -91,8 +91,8 @@ def update_problem(state: State, sent: State, bounds: BoundsConfig, steps: int) 
         lo, hi = int(moved.min()), int(moved.max())
         if lo < 0 or hi > COUNTER_SLACK * max(steps, 1):
             return f"{name}: counter moved by {lo if lo < 0 else hi} in {steps} steps"
-    delta = {k: t.double() - sent[k].double() for k, t in state.items() if t.is_floating_point()}
-    distance, limit = state_norm(delta), bounds.update_norm_factor * state_norm(sent)
+    distance = update_distance(state, sent)
+    limit = bounds.update_norm_factor * state_norm(sent)
     limit += bounds.update_norm_abs
     if distance > limit:
         return (
@@ -111,21 +111,29 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: torch.dtype
     limit: float = math.inf
+    #: largest root-mean-square of a floating-point tensor (a scaled copy of honest values)
+    rms_limit: float = math.inf
 
 
-def activation_scale(part: torch.nn.Module, sample: torch.Tensor) -> list[float]:
-    """Largest absolute value of each tensor ``part`` sends on ``sample``, as local training
-    computes it: train mode (BatchNorm normalises by the batch's own statistics, as on the
-    device), on a copy (the model's running statistics stay as they are) and with the random
-    state restored afterwards (dropout in the probe draws nothing from the run's seeded
-    streams)."""
+def activation_scale(part: torch.nn.Module, sample: torch.Tensor) -> list[tuple[float, float]]:
+    """Largest absolute value and root-mean-square of each tensor ``part`` sends on
+    ``sample`` (0 for bool tensors; the RMS of integer tensors is not used), as local
+    training computes it: train mode (BatchNorm normalises by the batch's own statistics, as
+    on the device), on a copy (the model's running statistics stay as they are) and with the
+    random state restored afterwards (dropout in the probe draws nothing from the run's
+    seeded streams)."""
     probe = copy.deepcopy(part).train()
     devices = [sample.device.index or 0] if sample.is_cuda else []
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         out = probe(sample)
-    return [
-        float(t.abs().max()) if t.numel() and t.dtype != torch.bool else 0.0 for t in leaves(out)
-    ]
+    return [_peak_and_rms(t) for t in leaves(out)]
+
+
+def _peak_and_rms(t: torch.Tensor) -> tuple[float, float]:
+    if not t.numel() or t.dtype == torch.bool:
+        return 0.0, 0.0
+    rms = float(t.double().pow(2).mean().sqrt()) if t.is_floating_point() else 0.0
+    return float(t.abs().max()), rms
 
 
 def smashed_problem(
@@ -155,7 +163,7 @@ def smashed_problem(
     ):
         return f"shape {'/'.join(str(sh) for sh in shapes)}/{tuple(y.shape)}"
     for t, spec in zip(got, specs, strict=True):
-        problem = _value_problem(t, spec.limit)
+        problem = _value_problem(t, spec.limit) or _rms_problem(t, spec.rms_limit)
         if problem:
             return problem
     if y.is_floating_point() and not all_finite(y):
@@ -182,6 +190,51 @@ def _value_problem(t: torch.Tensor, limit: float) -> str | None:
             f"the global part's + activation_abs)"
         )
     return None
+
+
+def _rms_problem(t: torch.Tensor, limit: float) -> str | None:
+    """A floating-point tensor's root-mean-square above ``limit``, or None."""
+    if not t.is_floating_point() or not t.numel() or math.isinf(limit):
+        return None
+    rms = float(t.double().pow(2).mean().sqrt())
+    if rms > limit:
+        return (
+            f"activation RMS {rms:.3g} above {limit:.3g} (network.bounds.activation_rms_factor x "
+            f"the global part's + activation_rms_abs)"
+        )
+    return None
+
+
+def peer_outliers(distances: dict[int, float], factor: float) -> dict[int, str]:
+    """Clients whose update distance (from the part they were sent) is above ``factor`` × the
+    median of the round's distances, with the reason to record; none with fewer than 3
+    updates or a zero median (nothing moved)."""
+    if len(distances) < 3:
+        return {}
+    ordered = sorted(distances.values())
+    n = len(ordered)
+    median = (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+    if median <= 0:
+        return {}
+    return {
+        c: (
+            f"rejected model update: norm {d:.3g} is {d / median:.1f}x the round's median "
+            f"{median:.3g} (network.bounds.peer_update_factor {factor:g})"
+        )
+        for c, d in distances.items()
+        if d > factor * median
+    }
+
+
+def update_distance(state: State, sent: State) -> float:
+    """L2 distance over the floating-point tensors of ``state`` from ``sent``."""
+    return math.sqrt(
+        sum(
+            float((t.double() - sent[k].double()).pow(2).sum())
+            for k, t in state.items()
+            if t.is_floating_point()
+        )
+    )
 
 
 def is_number(x) -> bool:

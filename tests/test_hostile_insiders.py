@@ -1,0 +1,182 @@
+"""Insiders inside the absolute bounds (issue 35, items 2, 4 and 5): smashed data scaled ×10
+or ×50 passes ``network.bounds``' peak check and an update boosted ×50 its norm check (widened
+here); the checks relative to the honest activations' RMS and to the round's other clients
+drop them, with the reason recorded; an inflated announced sample count is capped against the
+other clients'; maximal loss reports do not stop the run. Loopback gRPC, devices in threads
+of this process."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import splitfl
+from splitfl.experiment.context import Positions
+from splitfl.experiment.guards import LossExplosionError, check_explosion
+from splitfl.experiment.round_step import lower_median
+from splitfl.net.announce import capped_counts, scaled_histogram
+from splitfl.net.device import DeviceAgent
+from splitfl.net.testbed import Testbed
+from splitfl.net.trust import TensorSpec, peer_outliers, smashed_problem
+from splitfl.testing import config_for
+from test_hostile import _run, _strict_rows
+from test_own_data import _partition, _write_devices
+
+
+class _Scaled(DeviceAgent):
+    """Sends its honest smashed data times ``factor`` (the peak stays inside 100×)."""
+
+    factor = 10.0
+
+    def _on_forward(self, c, msg):
+        reply = super()._on_forward(c, msg)
+        reply.tensors["fx"] = reply.tensors["fx"] * _Scaled.factor
+        return reply
+
+
+@pytest.mark.parametrize("factor", [10.0, 50.0])
+def test_scaled_smashed_data_is_dropped_by_its_rms(tmp_path, factor):
+    _Scaled.factor = factor
+    result = _run(tmp_path, "splitfed_v1", _Scaled)
+    rows = _strict_rows(result.run_dir)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["dropped_clients"] == [0]
+        assert "activation RMS" in row["dropped_reasons"]["0"]
+        assert math.isfinite(row["test_loss"])
+
+
+class _Boosted(DeviceAgent):
+    """Sends the part it was given plus 50 × its honest update."""
+
+    def _on_begin(self, c, msg):
+        self.given = {k: t.clone() for k, t in msg.tensors.items() if k.startswith("part/")}
+        return super()._on_begin(c, msg)
+
+    def _on_finish(self, c, msg):
+        reply = super()._on_finish(c, msg)
+        for name, t in reply.tensors.items():
+            if t.is_floating_point() and name in self.given:
+                reply.tensors[name] = self.given[name] + 50.0 * (t - self.given[name])
+        return reply
+
+
+def test_a_boosted_update_is_dropped_against_the_rounds_median(tmp_path):
+    # the absolute bound widened, so that only the peer check can catch it (on this tiny
+    # model an honest round moves the part by half its norm: 10 × ‖part‖ is a narrow window)
+    wide = {"network.bounds.update_norm_factor": 1000.0}
+    result = _run(tmp_path, "splitfed_v1", _Boosted, **wide)
+    rows = _strict_rows(result.run_dir)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["dropped_clients"] == [0]
+        reason = row["dropped_reasons"]["0"]
+        assert "the round's median" in reason and "peer_update_factor 10" in reason
+    assert result.summary["status"] == "ok"
+
+
+def test_peer_outliers_by_hand():
+    # median of (1, 2, 3, 16) is 2.5: 16 > 5 × 2.5 = 12.5 is dropped; 12 would not be
+    out = peer_outliers({0: 16.0, 1: 1.0, 2: 2.0, 3: 3.0}, 5.0)
+    assert list(out) == [0] and "6.4x the round's median 2.5" in out[0]
+    assert peer_outliers({0: 12.0, 1: 1.0, 2: 2.0, 3: 3.0}, 5.0) == {}
+    assert peer_outliers({0: 100.0, 1: 1.0}, 5.0) == {}  # fewer than 3: no median to trust
+    assert peer_outliers({0: 0.0, 1: 0.0, 2: 0.0}, 5.0) == {}  # nothing moved
+
+
+def test_rms_bound_by_hand():
+    spec = [TensorSpec((4,), torch.float32, 100.0, 2.0)]
+    y = torch.tensor([0, 1])
+    fine = torch.full((2, 4), 2.0)  # RMS 2.0: at the limit
+    assert smashed_problem(fine, y, spec, 2, 10) is None
+    loud = torch.tensor([[4.0, 0, 0, 0], [4.0, 0, 0, 0]])  # RMS 2.0 as well: passes
+    assert smashed_problem(loud, y, spec, 2, 10) is None
+    scaled = fine * 1.5  # RMS 3.0 > 2.0, peak 3.0 far inside 100
+    assert "activation RMS 3 above 2" in smashed_problem(scaled, y, spec, 2, 10)
+    mask = [TensorSpec((4,), torch.bool, math.inf, 0.5)]  # bool tensors have no RMS
+    assert smashed_problem(torch.ones(2, 4, dtype=torch.bool), y, mask, 2, 10) is None
+
+
+# -- item 4: announced sample counts ------------------------------------------------------------
+class _Inflating(DeviceAgent):
+    """Announces 100,000 samples for its first client (histogram scaled to match)."""
+
+    def announcement(self, spec, epsilon, seed):
+        data = super().announcement(spec, epsilon, seed)
+        first = data["clients"][0]
+        first["histogram"] = scaled_histogram(first["histogram"], 100_000)
+        first["samples"] = 100_000
+        return data
+
+
+def test_an_inflated_sample_count_is_capped_at_the_median_and_recorded(tmp_path, recwarn):
+    written = _write_devices(tmp_path / "data", "fedavg", 2, rounds=1)
+    folders = {name: tmp_path / "data" / name for name in written}
+    bed = Testbed.create(tmp_path / "bed", list(folders))
+    threads = [
+        bed.device(name, [], _Inflating if name == "local-0" else None, data=str(path))
+        for name, path in folders.items()
+    ]
+    net = bed.server_overrides(min_devices=2)
+    cfg = config_for("fedavg", rounds=1, **{"data.source": "devices"}, **net)
+    result = splitfl.run(cfg, run_dir=tmp_path / "net")
+    for t in threads:
+        t.join(30)
+    _, parts = _partition("fedavg", rounds=1)
+    sizes = sorted(len(p) for p in parts)
+    n = len(sizes)
+    cap = int(10 * (sizes[(n - 1) // 2] + sizes[n // 2]) / 2)  # the honest sizes' median
+    liar = written["local-0"][0]
+    record = json.loads((result.run_dir / "devices.json").read_text())
+    entry = next(c for d in record["devices"] for c in d["clients"] if c["client"] == liar)
+    assert entry["samples"] == 100_000 and f"weight capped at {cap}" in entry["capped"]
+    clients = json.loads((result.run_dir / "clients.json").read_text())["clients"]
+    assert clients[liar]["samples"] == cap == sum(clients[liar]["label_histogram"])
+    others = [c for c in clients if c["client"] != liar]
+    assert [c["samples"] for c in others] == [len(parts[c["client"]]) for c in others]
+    assert any("weight capped" in str(w.message) for w in recwarn)
+
+
+def test_capped_counts_and_positions_by_hand():
+    sizes, notes = capped_counts([186, 200, 100_000, 150], 10.0)
+    assert sizes == [186, 200, 1930, 150]  # median (186 + 200) / 2 = 193
+    assert list(notes) == [2] and "518x the median 193" in notes[2]
+    assert capped_counts([5, 10**9], 10.0) == ([5, 10**9], {})  # two clients: no median
+    assert scaled_histogram([50_000, 30_000, 20_000], 1930) == [965, 579, 386]
+    assert scaled_histogram([1, 1, 1], 4) == [2, 1, 1]  # largest remainders, sum kept
+    huge = Positions(10**9)  # no array of the announced size
+    assert len(huge) == 10**9 and huge[np.array([3, 7])].tolist() == [3, 7]
+
+
+# -- item 5: maximal loss reports -----------------------------------------------------------------
+class _LoudLoss(DeviceAgent):
+    """Reports 0.99 × ``loss_max`` per sample for each local step (inside the bound)."""
+
+    def _on_local_step(self, c, msg):
+        reply = super()._on_local_step(c, msg)
+        samples = reply.fields["samples"]
+        reply.fields["loss_sum"] = 0.99 * 1e4 * samples
+        return reply
+
+
+def test_maximal_loss_reports_from_one_device_do_not_stop_the_run(tmp_path):
+    result = _run(tmp_path, "fedavg", _LoudLoss, rounds=4)
+    rows = _strict_rows(result.run_dir)
+    assert result.summary["status"] == "ok" and len(rows) == 4
+    assert all(r["train_loss"] > 1000 for r in rows)  # the mean follows the liar
+    assert all(r["train_loss_median"] < 10 for r in rows)  # the explosion check does not
+
+
+def test_the_explosion_check_reads_the_clients_lower_median():
+    train = type("T", (), {"explode_factor": 100, "explode_rounds": 2, "explode_recovery": 10})
+    loud = [{"train_loss": 5e3, "train_loss_median": 1.0}] * 3
+    check_explosion(loud, 2.0, train)  # the median stays at 1 < 200
+    blown = [{"train_loss": 5e3, "train_loss_median": 5e3}] * 2
+    with pytest.raises(LossExplosionError):
+        check_explosion(blown, 2.0, train)
+    assert lower_median([1.0, 9e3]) == 1.0 and lower_median([3.0, 1.0, 2.0]) == 2.0
+    assert lower_median([]) is None
