@@ -18,6 +18,7 @@ import splitfl
 from splitfl.experiment.context import Positions
 from splitfl.experiment.guards import LossExplosionError, check_explosion
 from splitfl.experiment.round_step import lower_median
+from splitfl.metrics.summary import comparison_table, run_warnings, summarize
 from splitfl.net.announce import capped_counts, scaled_histogram
 from splitfl.net.device import DeviceAgent
 from splitfl.net.testbed import Testbed
@@ -48,6 +49,10 @@ def test_scaled_smashed_data_is_dropped_by_its_rms(tmp_path, factor):
         assert row["dropped_clients"] == [0]
         assert "activation RMS" in row["dropped_reasons"]["0"]
         assert math.isfinite(row["test_loss"])
+    assert result.summary["status"] == "ok"  # and it says what happened:
+    assert result.summary["warnings"] == [
+        "2 client updates dropped in 2 of 2 rounds (clients 0; dropped_reasons in metrics.jsonl)"
+    ]
 
 
 class _Boosted(DeviceAgent):
@@ -180,3 +185,20 @@ def test_the_explosion_check_reads_the_clients_lower_median():
         check_explosion(blown, 2.0, train)
     assert lower_median([1.0, 9e3]) == 1.0 and lower_median([3.0, 1.0, 2.0]) == 2.0
     assert lower_median([]) is None
+
+
+def test_a_collapsed_run_says_so_by_hand():
+    rows = [
+        {"round": 1, "test_acc": 0.5, "dropped_clients": []},
+        {"round": 2, "test_acc": 0.92, "dropped_clients": []},
+        {"round": 3, "test_acc": 0.106, "dropped_clients": []},
+    ]
+    assert run_warnings(rows) == ["test accuracy collapsed: 10.6% at the end, 92.0% at round 2"]
+    rows[2]["test_acc"] = 0.47  # above half of the best: a dip, not a collapse
+    assert run_warnings(rows) == []
+    low = [{"round": 1, "test_acc": 0.2}, {"round": 2, "test_acc": 0.05}]  # never trained
+    assert run_warnings(low) == []
+    full = [{**r, "avg_waiting": 0.0, "sim_time": 1.0} for r in rows]
+    summary = summarize([*full[:2], {**full[2], "test_acc": 0.1}], None)
+    assert summary["status"] == "ok" and len(summary["warnings"]) == 1
+    assert "| ok (1 warnings) |" in comparison_table({"fedavg": summary})

@@ -79,6 +79,37 @@ def checked_status(rows: list[dict[str, Any]], status: str, planned: int | None)
     return status
 
 
+#: A finished run whose final test accuracy is below this share of its best (reached at
+#: this accuracy or more) says so (:func:`run_warnings`): a run that trained and then broke.
+COLLAPSE_SHARE, COLLAPSE_FROM = 0.5, 0.3
+
+
+def run_warnings(rows: list[dict[str, Any]]) -> list[str]:
+    """What a reader of an ``ok`` run must know (``summary.json`` ``warnings``, one line
+    each): test accuracy that collapsed from its best, and client work the server rejected
+    or lost (``dropped_reasons``: hostile or unreachable devices)."""
+    out = []
+    evals = [(r["round"], r["test_acc"]) for r in rows if r.get("test_acc") is not None]
+    if evals:
+        best_round, best = max(evals, key=lambda e: e[1])
+        final = evals[-1][1]
+        if best >= COLLAPSE_FROM and final < COLLAPSE_SHARE * best:
+            out.append(
+                f"test accuracy collapsed: {100 * final:.1f}% at the end, "
+                f"{100 * best:.1f}% at round {best_round}"
+            )
+    dropped = [r for r in rows if r.get("dropped_clients")]
+    if dropped:
+        count = sum(len(r["dropped_clients"]) for r in dropped)
+        clients = sorted({c for r in dropped for c in r["dropped_clients"]})
+        shown = ", ".join(map(str, clients[:10])) + (", ..." if len(clients) > 10 else "")
+        out.append(
+            f"{count} client updates dropped in {len(dropped)} of {len(rows)} rounds "
+            f"(clients {shown}; dropped_reasons in metrics.jsonl)"
+        )
+    return out
+
+
 def warmup_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """A run's warm-up rounds (S²FL §3.1, logged as ``plan_split: warm-up``): how many, the
     simulated time they took, and per round the most devices timed and aggregated (all timed
@@ -124,6 +155,7 @@ def summarize(
         "target_accuracy": target,
         "to_target": to_target(rows, target),
         "warmup": warmup_summary(rows),
+        "warnings": run_warnings(rows),
     }
 
 
@@ -264,7 +296,7 @@ def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
             format_value(s["sim_time"], "time"),
             format_value(s["avg_waiting"], "time"),
             format_value(s.get("energy_j"), "energy"),
-            s["status"],
+            s["status"] + (f" ({len(s['warnings'])} warnings)" if s.get("warnings") else ""),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     notes = [warmup_note(display_name(n), s) for n, s in summaries.items() if s.get("warmup")]
