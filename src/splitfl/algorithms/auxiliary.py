@@ -59,7 +59,10 @@ def smashed_shape(ctx, cut: int) -> tuple[int, ...]:
     """Per-sample shape of the (first floating) smashed data of ``ctx.model`` at ``cut``: one
     zero sample through a copy of the device part in eval mode (no random draws)."""
     part = copy.deepcopy(ModelPart(ctx.model, 0, cut)).eval()
-    x = torch.zeros(1, *ctx.bundle.input_shape, dtype=ctx.model.input_dtype)
+    dtype = ctx.model.input_dtype
+    if dtype.is_floating_point:  # a float64 run's model takes float64 inputs
+        dtype = next(ctx.model.parameters()).dtype
+    x = torch.zeros(1, *ctx.bundle.input_shape, dtype=dtype)
     with torch.no_grad():
         out = part(x)
     out = out[0] if isinstance(out, tuple) else out

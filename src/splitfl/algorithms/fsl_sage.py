@@ -65,6 +65,10 @@ class FSLSAGE(Algorithm):
     paper = "Nair et al., FSL-SAGE (ICML 2025); code srijith1996/FSL-SAGE"
     Options = FSLSAGEOptions
     coupled_round = "one server model trained on every client's uploads, in client order"
+    not_networked = (
+        "sends smashed data every h-th batch and runs any nn.Module as auxiliary model, which "
+        "device processes do not support yet"
+    )
 
     def __init__(self, options: FSLSAGEOptions, ctx) -> None:
         super().__init__(options, ctx)
