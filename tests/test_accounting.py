@@ -15,6 +15,9 @@ from splitfl.testing import config_for
 # BatchNorm weights/biases 192 + 4704 + 18624 = 23520, BN running stats 2·(16+32+64) = 224,
 # 3 batch counters -> 23747 entries x 4 B (the cost model's bytes per state entry).
 CNN_DIGITS_DEVICE_BYTES = 23747 * 4
+#: LocFedMix-SL's linear auxiliary model on cnn_digits' smashed data (256 elements → 10 classes)
+#: travels with the device part (issue 36: the cost model charges the auxiliary model's transfers).
+LINEAR_AUX_BYTES = (256 * 10 + 10) * 4
 
 
 def test_locfedmix_charges_the_upload_of_every_averaged_client(tmp_path):
@@ -33,7 +36,7 @@ def test_locfedmix_charges_the_upload_of_every_averaged_client(tmp_path):
     # Assert: round 2 averages the parts of both rounds' clients, so all of them upload once
     a, b = set(first["clients"]), set(second["clients"])
     assert a != b  # some round-1 client is idle in round 2 (else the test proves nothing)
-    w = CNN_DIGITS_DEVICE_BYTES
+    w = CNN_DIGITS_DEVICE_BYTES + LINEAR_AUX_BYTES
     assert first["bytes_model_up"] == 0
     assert second["bytes_model_up"] == len(a | b) * w
     # downloads: round-1 clients keep their parts, only new clients download in round 2
@@ -58,7 +61,7 @@ def test_locfedmix_idle_upload_bounds_the_round_time(tmp_path):
     first, second = splitfl.run(cfg, run_dir=tmp_path / "l").metrics
     pop = prepare(as_config(cfg)).ctx.population
     idle = set(first["clients"]) - set(second["clients"])
-    uploads = [CNN_DIGITS_DEVICE_BYTES / pop.at(c, 1).uplink for c in idle]
+    uploads = [(CNN_DIGITS_DEVICE_BYTES + LINEAR_AUX_BYTES) / pop.at(c, 1).uplink for c in idle]
     assert second["round_time"] >= max(uploads + second["client_times"]) - 1e-12
     # waiting is averaged over the round's participants only
     assert len(second["client_times"]) == 3
@@ -95,7 +98,7 @@ def test_idle_uploads_share_the_server_link_with_the_participants():
     for c in (0, 1, 2):
         cost = report.costs[c]
         assert cost.extra["server_in_rate"] == pytest.approx(1e7 / 6, rel=1e-12)
-        extra = CNN_DIGITS_DEVICE_BYTES * (6 / 1e7 - 1 / 2e6)
+        extra = (CNN_DIGITS_DEVICE_BYTES + LINEAR_AUX_BYTES) * (6 / 1e7 - 1 / 2e6)
         assert cost.comm_time - alone[c].comm_time == pytest.approx(extra, rel=1e-9)
         assert report.round_time >= cost.time
     for c in (3, 4, 5):
@@ -113,7 +116,7 @@ def test_measured_clock_keeps_idle_uploads_out_of_the_measured_round():
     assert report.round_time == 2.0
     assert waits == {3: 0.125, 4: 0.125, 5: 0.125}  # participants only
     for c in (0, 1, 2):  # the cost model's upload, charged as traffic; no compute
-        assert report.costs[c].traffic.model_up == CNN_DIGITS_DEVICE_BYTES
+        assert report.costs[c].traffic.model_up == CNN_DIGITS_DEVICE_BYTES + LINEAR_AUX_BYTES
         assert report.costs[c].device_time == 0.0
         assert report.jitter[c] == 1.0
 

@@ -38,14 +38,24 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import torch
+
 from splitfl.config import ConfigError, DataConfig, ExperimentConfig
 from splitfl.config.choices import unknown_choice
 from splitfl.data.base import DatasetBundle, dataset_names
 from splitfl.data.source import from_object, read_dataset
 from splitfl.models import profile as profiles
+from splitfl.models.aux import AUX_MODELS, aux_names
 from splitfl.models.base import BlockModel
 from splitfl.models.hf import check_hf_spec, hf_block_model, is_hf_spec
-from splitfl.models.registry import NO_SPLIT, ModelContractError, Split, make_model, model_names
+from splitfl.models.registry import (
+    NO_SPLIT,
+    ModelContractError,
+    Split,
+    call_builder,
+    make_model,
+    model_names,
+)
 from splitfl.models.registry import build_model as build_registered_model
 
 #: Entry-point group of installed packages that register models, datasets or algorithms:
@@ -275,6 +285,27 @@ def build_model(
         return make_model(resolve_callable(spec, "model"), spec, input_shape, num_classes, split)
     except ModelContractError as err:
         raise ConfigError("model", str(err)) from None
+
+
+def build_aux(
+    spec: str, input_shape: tuple[int, ...], num_classes: int, field: str = "aux_model"
+) -> torch.nn.Module:
+    """The auxiliary model ``spec`` names (:data:`~splitfl.models.aux.AUX_MODELS` or an import
+    path, called with ``input_shape``/``num_classes`` where its signature takes them) for smashed
+    data of ``input_shape`` per sample; a wrong name or a builder that returns no ``nn.Module``
+    is a one-line ConfigError on ``field``."""
+    if is_import_path(spec):
+        module = call_builder(resolve_callable(spec, field), tuple(input_shape), num_classes)
+    elif spec in AUX_MODELS:
+        try:
+            module = AUX_MODELS[spec](tuple(input_shape), num_classes)
+        except ValueError as err:
+            raise ConfigError(field, f"{spec}: {err}") from None
+    else:
+        raise ConfigError(field, unknown_choice(spec, aux_names()) + _import_hint())
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError(field, f"{spec!r} returned a {type(module).__name__}, not an nn.Module")
+    return module
 
 
 def profile_model(

@@ -30,6 +30,38 @@ SERVER_MODES = ("per_step", "sequential", "round_robin")
 #: (MergeSFL Eq. 16's mixed feature sequence; S²FL's "larger batches"), so layers that couple
 #: samples (BatchNorm) see the merged batch; ``separate`` = one forward per member.
 GROUP_FORWARDS = ("concat", "separate")
+#: How devices update their part (:attr:`RoundPlan.device_loss`): ``server`` — with the
+#: activation gradient the server sends back; ``local`` — through the auxiliary model's loss
+#: on the device (LocFedMix-SL, CSE-FSL; the auxiliary model is trained with it); ``estimate``
+#: — with the auxiliary model's estimate of the server's cut-layer gradient, the gradient of
+#: its loss w.r.t. the smashed data (FSL-SAGE; the auxiliary model changes only when aligned).
+DEVICE_LOSSES = ("server", "local", "estimate")
+
+
+@dataclass(frozen=True)
+class AuxSpec:
+    """The auxiliary model of a plan, as data: ``model`` is a name registered in
+    :mod:`splitfl.models.aux` or an import path ``package.module:callable``; it maps a batch of
+    smashed data (``input_shape`` per sample) to ``num_classes`` logits."""
+
+    model: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+@dataclass(frozen=True)
+class AlignSpec:
+    """FSL-SAGE's alignment (FSL-SAGE repo, ``models/aux_models/__init__.py``: ``refresh_data``
+    and ``GradScalarAuxiliaryModel.align``; defaults ``hydra_config/model/auxiliary/
+    base_auxiliary.yaml``): the server keeps each client's last ``memory`` uploaded smashed
+    samples; at an alignment it computes their true cut-layer gradients with its current model
+    and fits the client's auxiliary model to them for ``epochs`` epochs of Adam (``lr``) on the
+    summed squared error, in shuffled batches of ``batch_size``."""
+
+    epochs: int = 100
+    batch_size: int = 1000
+    lr: float = 1e-3
+    memory: int = 1000
 
 
 @dataclass
@@ -37,9 +69,12 @@ class ClientTask:
     """One participant's work in a round.
 
     ``init_state`` (device-part state to start from instead of the global model) and
-    ``aux_state`` (auxiliary local-loss head) serve algorithms whose clients keep models between
-    aggregations; ``download_model``/``upload_model`` tell the cost model whether the device
-    part crosses the network this round.
+    ``aux_state`` (the client's auxiliary model, :attr:`RoundPlan.aux`; required when the plan
+    has one) serve algorithms whose clients keep models between aggregations;
+    ``download_model``/``upload_model`` tell the cost model whether the device part crosses the
+    network this round. ``align``: the server aligns this client's auxiliary model at its first
+    step (:class:`AlignSpec`), on ``aux_memory`` (the smashed data and labels it kept from the
+    client's earlier uploads) plus what the client uploads meanwhile.
     """
 
     client: int
@@ -52,6 +87,8 @@ class ClientTask:
     aux_state: dict[str, torch.Tensor] | None = None
     download_model: bool = True
     upload_model: bool = True
+    align: bool = False
+    aux_memory: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass
@@ -108,9 +145,13 @@ class RoundPlan:
             printed); ``own`` = rescaled to the gradient of its own mean loss.
         order: Order in which ``sequential`` and ``round_robin`` modes serve clients.
         server_lr: Learning rate of the server-side copies (default: the first task's).
-        device_loss: ``server`` — devices are updated with the gradient the server sends back
-            (split learning); ``local`` — with the loss of an auxiliary head on the device
-            (a linear classifier on the activation), no gradient is sent back.
+        device_loss: One of :data:`DEVICE_LOSSES`; with ``local``/``estimate`` no gradient is
+            sent back and ``aux`` names the auxiliary model.
+        aux: The auxiliary model (:class:`AuxSpec`) of ``local``/``estimate`` plans.
+        upload_every, upload_phase: Devices of an auxiliary plan send their smashed data to the
+            server only at steps ``s`` with ``s % upload_every == upload_phase`` (CSE-FSL's
+            upload period h); the server trains on each upload.
+        align: FSL-SAGE's alignment (:class:`AlignSpec`) for tasks with ``align`` set.
         mixup_alpha: If set, the server also trains on mixup of the smashed data of random
             pairs of a group's members (λ ~ Beta(α, α)), as LocFedMix-SL.
         chain_devices: In ``sequential`` mode, each client starts from the device part the
@@ -131,6 +172,10 @@ class RoundPlan:
     order: list[int] = field(default_factory=list)
     server_lr: float | None = None
     device_loss: str = "server"
+    aux: AuxSpec | None = None
+    upload_every: int = 1
+    upload_phase: int = 0
+    align: AlignSpec | None = None
     mixup_alpha: float | None = None
     chain_devices: bool = False
     ring: RingSpec | None = None
@@ -145,6 +190,11 @@ class RoundPlan:
     #: emulate time-varying devices read it).
     round_idx: int | None = None
 
+    def uploads(self, step: int) -> bool:
+        """Whether step ``step``'s smashed data go to the server (every step but in auxiliary
+        plans with an upload period)."""
+        return step % self.upload_every == self.upload_phase
+
     def groups(self) -> dict[int, list[ClientTask]]:
         out: dict[int, list[ClientTask]] = {}
         for task in self.tasks:
@@ -154,7 +204,11 @@ class RoundPlan:
 
 @dataclass
 class ClientUpdate:
-    """What a client hands back: its trained device part and how much it processed."""
+    """What a client hands back: its trained device part and how much it processed.
+
+    ``uploaded``: samples whose smashed data reached the server (None: all ``samples``; fewer
+    under an upload period); ``loss_sum`` is the server's loss over those. ``aux_memory``: the
+    smashed data and labels the server keeps for this client's alignment (FSL-SAGE)."""
 
     client: int
     cut: int
@@ -164,6 +218,13 @@ class ClientUpdate:
     state: dict[str, torch.Tensor]
     loss_sum: float
     aux_state: dict[str, torch.Tensor] | None = None
+    uploaded: int | None = None
+    aux_memory: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def loss_samples(self) -> int:
+        """Samples ``loss_sum`` is summed over."""
+        return self.samples if self.uploaded is None else self.uploaded
 
 
 @dataclass
@@ -188,7 +249,7 @@ class RoundResult:
 
     @property
     def train_loss(self) -> float:
-        samples = sum(u.samples for u in self.updates)
+        samples = sum(u.loss_samples for u in self.updates)
         return sum(u.loss_sum for u in self.updates) / max(samples, 1)
 
 

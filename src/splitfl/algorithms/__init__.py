@@ -10,7 +10,9 @@ from typing import Any
 from splitfl.algorithms.adasampling import AdaSampling
 from splitfl.algorithms.adasfl import AdaSFL
 from splitfl.algorithms.base import Algorithm
+from splitfl.algorithms.cse_fsl import CSEFSL
 from splitfl.algorithms.fedavg import FedAvg
+from splitfl.algorithms.fsl_sage import FSLSAGE
 from splitfl.algorithms.ifca import IFCA
 from splitfl.algorithms.locfedmix_sl import LocFedMixSL
 from splitfl.algorithms.mergesfl import MergeSFL
@@ -39,6 +41,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         AdaSFL,
         PyramidFL,
         LocFedMixSL,
+        CSEFSL,
+        FSLSAGE,
         IFCA,
         AdaSampling,
         ParallelSFL,

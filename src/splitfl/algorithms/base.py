@@ -58,6 +58,16 @@ class Algorithm:
     #: every client starts from (the server step applies to it), else why not, in one line
     #: (the validation refuses a server optimiser with it).
     no_server_optimizer: ClassVar[str] = ""
+    #: ``executor: networked``: "" when device processes can run the algorithm's plans, else
+    #: why not, in one line (the validation refuses it).
+    not_networked: ClassVar[str] = ""
+
+    @classmethod
+    def networked_problem(cls, options: Any) -> str:
+        """Why ``executor: networked`` cannot run the algorithm with ``options`` ("" if it
+        can). Default: :attr:`not_networked`."""
+        del options
+        return cls.not_networked
 
     def __init__(self, options: Any, ctx: Any):
         """``ctx``: the run's :class:`~splitfl.experiment.context.RunContext` (handed in by the

@@ -25,8 +25,8 @@ implements the three mechanisms the paper's title and the citing papers name:
 Fixed batch size (``train.batch_size``) and fixed local iterations (``tau``) for every client;
 clients are selected uniformly at random.
 
-Marked **proxy** (``splitfl.proxies``): the local loss uses a linear auxiliary head, not
-the paper's InfoPro-style auxiliary network.
+Marked **proxy** (``splitfl.proxies``): the local loss is a cross-entropy auxiliary model
+(linear by default), not the paper's InfoPro-style auxiliary network.
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ import numpy as np
 import torch
 
 from splitfl.algorithms.aggregation import layerwise_aggregate, robust_average
+from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.models.base import block_index
 from splitfl.plan import ClientTask, RoundPlan, RoundResult
-from splitfl.system.cost import ClientCost
+from splitfl.system.cost import AuxCharge, ClientCost
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class LocFedMixOptions:
     tau: int = 30
     aggregate_every: int = 2
     mixup_alpha: float = 1.0
+    aux_model: str = "linear"
 
     def __post_init__(self) -> None:
         if self.tau < 1:
@@ -70,12 +72,21 @@ class LocFedMixSL(Algorithm):
         "(aggregate_every), so a round's aggregate is not the model every client starts from"
     )
 
+    @classmethod
+    def networked_problem(cls, options: LocFedMixOptions) -> str:
+        """Device processes rebuild the ``linear`` auxiliary model from its weights only."""
+        if options.aux_model == "linear":
+            return ""
+        return f"aux_model {options.aux_model!r}: device processes run the linear one only"
+
     def __init__(self, options: LocFedMixOptions, ctx) -> None:
         super().__init__(options, ctx)
         self.cut = ctx.resolve_cut(options.cut, self.name)
         self.local: dict[int, dict[str, torch.Tensor]] = {}  # device parts since last FedAvg
         self.local_aux: dict[int, dict[str, torch.Tensor]] = {}
-        self.global_aux: dict[str, torch.Tensor] | None = None
+        field = "options.locfedmix_sl.aux_model"
+        self.aux_model = AuxModel.of(ctx, options.aux_model, self.cut, field)
+        self.global_aux: dict[str, torch.Tensor] = self.aux_model.initial
 
     def is_aggregation_round(self, round_idx: int) -> bool:
         return (round_idx + 1) % self.options.aggregate_every == 0
@@ -105,19 +116,38 @@ class LocFedMixSL(Algorithm):
             "mean",
             server_lr=lr,
             device_loss="local",
+            aux=self.aux_model.spec,
             mixup_alpha=self.options.mixup_alpha,
             info={"aggregated": upload},
         )
 
+    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
+        """Eq. (1) with the auxiliary model's device FLOPs; it travels with the device part."""
+        size = self.aux_model.bytes
+        charge = AuxCharge(
+            bytes_down=size if task.download_model else 0.0,
+            bytes_up=size if task.upload_model else 0.0,
+        )
+        return aux_task_cost(self.ctx, task, samples, round_idx, plan, self.aux_model, charge)
+
     def idle_costs(self, plan: RoundPlan, round_idx: int) -> dict[int, ClientCost]:
-        """At an aggregation round, the device-part upload of every client in the local table
-        that is not a participant (upload only: no compute, download, activations)."""
+        """At an aggregation round, the device-part (and auxiliary-model) upload of every client
+        in the local table that is not a participant (upload only: no compute, download,
+        activations)."""
         if not plan.info["aggregated"]:
             return {}
         training = {t.client for t in plan.tasks}
+        charge = AuxCharge(bytes_up=self.aux_model.bytes)
         return {
             c: self.ctx.client_cost(
-                c, self.cut, 0, round_idx, model_down=False, model_up=True, gradients=False
+                c,
+                self.cut,
+                0,
+                round_idx,
+                model_down=False,
+                model_up=True,
+                gradients=False,
+                aux=charge,
             )
             for c in sorted(self.local)
             if c not in training

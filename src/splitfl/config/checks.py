@@ -102,6 +102,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.bounds.activation_rms_abs": Range(0, 1e6),
     "network.bounds.peer_samples_factor": Range(1, 1e9),
     "train.clip_norm": Range(0, 1e30, lo_open=True),
+    "train.comm_budget_mb": Range(0, 1e30, lo_open=True),
     "train.trim_fraction": Range(0, 0.5, hi_open=True),
     "network.keepalive_s": Range(0, 86400),
     "network.auth_timeout_s": Range(0, 3600, lo_open=True),

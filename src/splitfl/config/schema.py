@@ -198,6 +198,12 @@ class TrainConfig:
     #: A server-side optimiser on the aggregated update (default none), see
     #: ServerOptimizerConfig.
     server_optimizer: ServerOptimizerConfig = field(default_factory=ServerOptimizerConfig)
+    #: Stop at a communication budget (MiB = 2**20 bytes of ``traffic_total_cum``; null: no
+    #: budget): the run ends after the first round whose cumulative traffic reaches it, as
+    #: FSL-SAGE's ``comm_threshold_mb`` (repo ``src/algos/__init__.py``: ``if alg.comm_load /
+    #: (1024**2) >= cfg.comm_threshold_mb: break``), for every algorithm; ``summary.json``'s
+    #: status says so (``comm budget reached: ...``) and the run counts as finished.
+    comm_budget_mb: float | None = None
 
 
 @dataclass(frozen=True)

@@ -80,11 +80,6 @@ def check_finite(loss: torch.Tensor, client: int) -> None:
         raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at client {client}")
 
 
-def aux_head(activation_elements: int, num_classes: int) -> nn.Module:
-    """The auxiliary local-loss head of ``device_loss: local`` plans: flatten + linear."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(activation_elements, num_classes))
-
-
 def detached(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in state.items()}
 

@@ -22,8 +22,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from splitfl.activations import first_float
 from splitfl.config import TrainConfig
-from splitfl.executors.common import aux_head
+from splitfl.executors.auxiliary import remember
 from splitfl.executors.pool import PartPool, cloned
 from splitfl.executors.roles import DeviceRole, Runtime, ServerRole, Smashed
 from splitfl.models import BlockModel, ModelPart, block_index
@@ -48,6 +49,13 @@ class Fleet(Protocol):
 
     def head_update(self, clients: list[int]) -> None:
         """``device_loss: local``: each client steps on its aux head's loss."""
+
+    def estimate_update(self, clients: list[int]) -> None:
+        """``device_loss: estimate``: each client steps with its auxiliary model's gradient
+        estimate."""
+
+    def load_aux(self, states: dict[int, State]) -> None:
+        """Each client's aligned auxiliary model (downloaded)."""
 
     def local_step(self, steps: dict[int, int]) -> dict[int, tuple[float, int]]:
         """Whole-model steps on the devices: (loss sum, samples) per client."""
@@ -85,6 +93,14 @@ class LocalFleet:
         for c in clients:
             self.roles[c].head_update()
 
+    def estimate_update(self, clients):
+        for c in clients:
+            self.roles[c].estimate_update()
+
+    def load_aux(self, states):
+        for c, state in states.items():
+            self.roles[c].load_aux(state)
+
     def local_step(self, steps):
         return {c: self.roles[c].local_step(step) for c, step in steps.items()}
 
@@ -104,6 +120,7 @@ class LocalFleet:
 class _Tally:
     samples: int = 0
     loss_sum: float = 0.0
+    uploaded: int = 0
 
 
 @dataclass
@@ -118,22 +135,24 @@ class GroupRun:
 
 def group_runs(ctx, model: BlockModel, plan: RoundPlan) -> Iterator[GroupRun]:
     """Each group of ``plan`` with its members' starting device parts (the global model's
-    blocks ``[0, cut)`` or the task's ``init_state``) and, for ``device_loss: local``, aux
-    heads (``aux_state`` or a fresh one). Fresh heads are drawn from the round's torch RNG in
-    group and task order (groups train under streams of their own: ``sequential.run_unit``)."""
+    blocks ``[0, cut)`` or the task's ``init_state``) and, for auxiliary plans
+    (``plan.aux``), auxiliary models (the task's ``aux_state``, which the algorithm always
+    gives: the executors draw no initialisation), on the model's device and dtype."""
+    del ctx
     n = model.num_blocks
-    dtype = next(model.parameters()).dtype
+    like = next(model.parameters())
     starts = StartParts(model)
     for group, tasks in plan.groups().items():
         parts, aux = {}, {}
         for t in tasks:
             parts[t.client] = starts.of(t)
-            if plan.device_loss == "local" and t.cut < n:
-                elems = ctx.profile.blocks[t.cut - 1].out_elements
-                head = aux_head(elems, ctx.bundle.num_classes).to(model_device(model), dtype)
-                if t.aux_state is not None:
-                    head.load_state_dict(t.aux_state)
-                aux[t.client] = head.state_dict()
+            if plan.aux is not None and t.cut < n:
+                if t.aux_state is None:
+                    raise ValueError(f"client {t.client}: an auxiliary plan without aux_state")
+                aux[t.client] = {
+                    k: v.to(like.device, like.dtype if v.is_floating_point() else v.dtype)
+                    for k, v in t.aux_state.items()
+                }
         yield GroupRun(group, tasks, parts, aux)
 
 
@@ -190,6 +209,8 @@ def run_group(
     ``chain_devices``; ``round_robin``: one step of each member in turn, SplitLoRA); the
     members' updates, lost devices left out."""
     tally = {t.client: _Tally() for t in run.tasks}
+    memory = {t.client: t.aux_memory for t in run.tasks}
+    loop = _Loop(fleet, server, plan, tally, memory, run)
     rank = {c: i for i, c in enumerate(plan.order)}
     if plan.server_mode == "sequential":
         previous: tuple[State, State | None] | None = None
@@ -198,7 +219,7 @@ def run_group(
             part = previous[0] if plan.chain_devices and previous else run.parts[t.client]
             fleet.begin([t], {t.client: part}, run.aux)
             for step in range(t.steps):
-                _iteration(fleet, server, [t], step, plan, tally)
+                loop.iteration([t], step)
             done.update(fleet.finish([t.client]) if t.client not in fleet.dropped else {})
             previous = done.get(t.client, previous)
     else:
@@ -208,47 +229,104 @@ def run_group(
             active = [t for t in turns if step < t.steps]
             if plan.server_mode == "round_robin":
                 for t in active:
-                    _iteration(fleet, server, [t], step, plan, tally)
+                    loop.iteration([t], step)
             else:
-                _iteration(fleet, server, active, step, plan, tally)
+                loop.iteration(active, step)
         done = fleet.finish([t.client for t in run.tasks if t.client not in fleet.dropped])
     return [
-        ClientUpdate(
-            client=t.client,
-            cut=t.cut,
-            group=run.group,
-            samples=tally[t.client].samples,
-            steps=t.steps,
-            state=done[t.client][0],
-            loss_sum=tally[t.client].loss_sum,
-            aux_state=done[t.client][1],
-        )
+        _update(t, run.group, tally[t.client], done[t.client], memory, plan)
         for t in run.tasks
         if t.client in done
     ]
 
 
-def _iteration(fleet, server, tasks, step, plan, tally) -> None:
-    """One iteration of a group: whole-model members step locally; split members forward,
-    the server steps on the combined loss (S²FL Eq. 3–4, MergeSFL Eq. 16), and the devices
-    update from the returned gradients (or their aux heads' losses)."""
-    tasks = [t for t in tasks if t.client not in fleet.dropped]
-    local = [t for t in tasks if server is None or t.cut >= server.stop]
-    for c, (loss_sum, size) in fleet.local_step({t.client: step for t in local}).items():
-        tally[c].samples += size
-        tally[c].loss_sum += loss_sum
-    split = [t for t in tasks if t not in local]
-    if not split:
-        return
-    received = fleet.forward({t.client: step for t in split})
-    sent = [Smashed(t.client, t.cut, *received[t.client]) for t in split if t.client in received]
-    if not sent:
-        return
-    answers = server.step(sent)
-    for s, (_, loss_sum) in zip(sent, answers, strict=True):
-        tally[s.client].samples += len(s.labels)
-        tally[s.client].loss_sum += loss_sum
-    if plan.device_loss == "local":
-        fleet.head_update([s.client for s in sent])
-    else:
+def _update(t: ClientTask, group: int, tally: _Tally, done, memory, plan: RoundPlan):
+    """A member's :class:`ClientUpdate` (auxiliary plans: the samples uploaded, the memory)."""
+    aux_plan = plan.device_loss != "server"
+    return ClientUpdate(
+        client=t.client,
+        cut=t.cut,
+        group=group,
+        samples=tally.samples,
+        steps=t.steps,
+        state=done[0],
+        loss_sum=tally.loss_sum,
+        aux_state=done[1],
+        uploaded=tally.uploaded if aux_plan else None,
+        aux_memory=memory[t.client] if plan.align is not None else None,
+    )
+
+
+@dataclass
+class _Loop:
+    """One group's iterations: the fleet, the server copy, the tallies and (FSL-SAGE) the
+    server's memory of each member's uploads."""
+
+    fleet: Fleet
+    server: ServerRole | None
+    plan: RoundPlan
+    tally: dict[int, _Tally]
+    memory: dict[int, tuple[torch.Tensor, torch.Tensor] | None]
+    run: GroupRun
+
+    def iteration(self, tasks: list[ClientTask], step: int) -> None:
+        """One iteration of a group: whole-model members step locally; split members forward,
+        the server steps on the combined loss (S²FL Eq. 3–4, MergeSFL Eq. 16), and the devices
+        update from the returned gradients — or, in auxiliary plans, from their auxiliary
+        models (:meth:`aux_iteration`)."""
+        fleet, server, tally = self.fleet, self.server, self.tally
+        tasks = [t for t in tasks if t.client not in fleet.dropped]
+        local = [t for t in tasks if server is None or t.cut >= server.stop]
+        for c, (loss_sum, size) in fleet.local_step({t.client: step for t in local}).items():
+            tally[c].samples += size
+            tally[c].loss_sum += loss_sum
+        split = [t for t in tasks if t not in local]
+        if not split:
+            return
+        received = fleet.forward({t.client: step for t in split})
+        sent = [
+            Smashed(t.client, t.cut, *received[t.client]) for t in split if t.client in received
+        ]
+        if not sent:
+            return
+        if self.plan.device_loss != "server":
+            self.aux_iteration([t for t in split if t.client in received], sent, step)
+            return
+        answers = server.step(sent)
+        for s, (_, loss_sum) in zip(sent, answers, strict=True):
+            tally[s.client].samples += len(s.labels)
+            tally[s.client].loss_sum += loss_sum
         fleet.backward({s.client: grad for s, (grad, _) in zip(sent, answers, strict=True)})
+
+    def aux_iteration(self, tasks: list[ClientTask], sent: list[Smashed], step: int) -> None:
+        """An auxiliary plan's iteration. At upload steps (``plan.uploads``) the server steps
+        on the smashed data (no gradient goes back) and, with alignment, keeps them; a task
+        with ``align`` has its auxiliary model aligned at its first step, after the server's
+        step (FSL-SAGE repo, ``src/algos/fsl_sage.py::client_step``: server update, then
+        ``add_datapoint``, then ``refresh_data``/``align`` when ``t % align_interval == 0 and
+        local_iter == 0``) and downloaded; then every device steps on its auxiliary model."""
+        plan, tally = self.plan, self.tally
+        for s in sent:
+            tally[s.client].samples += len(s.labels)
+        if plan.uploads(step):
+            for s, (_, loss_sum) in zip(sent, self.server.step(sent), strict=True):
+                tally[s.client].uploaded += len(s.labels)
+                tally[s.client].loss_sum += loss_sum
+                if plan.align is not None:
+                    x = first_float(s.features)
+                    self.memory[s.client] = remember(
+                        self.memory[s.client], x, s.labels, plan.align.memory
+                    )
+        aligning = [t for t in tasks if t.align and step == 0 and self.memory[t.client]]
+        if aligning:
+            states = {t.client: self._aligned(t) for t in aligning}
+            self.fleet.load_aux(states)
+        clients = [s.client for s in sent]
+        if plan.device_loss == "local":
+            self.fleet.head_update(clients)
+        else:
+            self.fleet.estimate_update(clients)
+
+    def _aligned(self, task: ClientTask) -> State:
+        """The task's auxiliary model aligned by the server on the client's memory."""
+        return self.server.align(self.run.aux[task.client], self.memory[task.client], task.cut)

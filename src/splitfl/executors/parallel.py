@@ -52,6 +52,8 @@ def coupled(plan: RoundPlan) -> str:
         return "a ring"
     if plan.mixup_alpha:
         return "mixup pairs drawn from one stream across groups"
+    if plan.aux is not None:
+        return "auxiliary models (any nn.Module, and FSL-SAGE's memory) are not dealt to workers"
     if len(plan.groups()) < 2:
         return "one group"
     return ""

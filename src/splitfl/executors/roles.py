@@ -3,8 +3,10 @@
 A split-learning iteration is an exchange between them (S²FL Alg. 1, MergeSFL Alg. 1):
 
 * :class:`DeviceRole` — one client's device part (blocks ``[0, cut)``), its optimiser, its
-  mini-batches and (``device_loss: local``) its auxiliary head. ``forward`` sends smashed data
-  and labels, ``backward`` applies the activation gradient that comes back.
+  mini-batches and (``device_loss: local``/``estimate``) its auxiliary model. ``forward``
+  sends smashed data and labels, ``backward`` applies the activation gradient that comes back;
+  ``head_update`` steps on the auxiliary model's loss, ``estimate_update`` with its gradient
+  estimate (:mod:`splitfl.executors.auxiliary`).
 * :class:`ServerRole` — one group's server-side copy: the group loss over its members' smashed
   data (S²FL Eq. 3; MergeSFL Eq. 16's merged batch), one optimiser step, each member's
   activation gradient (S²FL Eq. 4).
@@ -37,6 +39,13 @@ from splitfl.activations import (
 )
 from splitfl.config import TrainConfig
 from splitfl.data.transforms import Transforms, augment_batch, batch_seed
+from splitfl.executors.auxiliary import (
+    Memory,
+    align_aux,
+    aux_module,
+    estimate_gradient,
+    true_gradients,
+)
 from splitfl.executors.common import (
     at_least_fp32,
     check_finite,
@@ -102,7 +111,7 @@ class DeviceRole:
         self.round_seed = round_seed
         trainable = nn.ModuleList([part] if aux is None else [part, aux])
         self.optimizer = local_optimizer(trainable, task.lr, train)
-        self.loss = loss_fn(train.loss)
+        self.loss, self.loss_name = loss_fn(train.loss), train.loss
         self._fx: torch.Tensor | None = None
         self._y: torch.Tensor | None = None
 
@@ -135,10 +144,28 @@ class DeviceRole:
         self._fx = None
 
     def head_update(self) -> None:
-        """``device_loss: local``: step on the aux head's loss on the last smashed data."""
+        """``device_loss: local``: one step of the part and the auxiliary model on the
+        auxiliary model's loss on the last smashed data (CSE-FSL, LocFedMix-SL)."""
         loss = self.loss(self.runtime.forward(self.aux, first_float(self._fx)), self._y)
         self._step(loss)
         self._fx = None
+
+    def estimate_update(self) -> None:
+        """``device_loss: estimate``: back-propagate the auxiliary model's estimate of the
+        server's cut-layer gradient (FSL-SAGE repo, ``src/algos/fsl_sage.py``:
+        ``splitting_output.backward(auxiliary_model(local_smashed_data, y))``) and step the
+        part; the auxiliary model is not stepped (only alignment changes its weights)."""
+        fx = first_float(self._fx)
+        grad = estimate_gradient(self.aux, fx, self._y, self.loss_name, self.runtime.forward)
+        self.optimizer.zero_grad()
+        fx.backward(grad)
+        self.optimizer.step()
+        self._fx = None
+
+    def load_aux(self, state: dict[str, torch.Tensor]) -> None:
+        """The server's aligned auxiliary model replaces this device's (FSL-SAGE: "the aligned
+        auxiliary model is sent back to client i")."""
+        self.aux.load_state_dict(state)
 
     def local_step(self, step: int) -> tuple[float, int]:
         """A whole-model step on the device (cut = all blocks, FedAvg): (loss sum, samples)."""
@@ -186,11 +213,27 @@ class ServerRole:
     ):
         self.part, self.plan, self.runtime, self.gen = part, plan, runtime, gen
         self.optimizer = local_optimizer(part, lr, train)
-        self.loss = loss_fn(train.loss)
+        self.loss, self.loss_name = loss_fn(train.loss), train.loss
 
     @property
     def stop(self) -> int:
         return self.part.stop
+
+    def align(self, aux_state: dict[str, torch.Tensor], memory: Memory, cut: int) -> dict:
+        """FSL-SAGE's alignment of a client's auxiliary model (FSL-SAGE repo,
+        ``src/algos/fsl_sage.py``: ``refresh_data()`` then ``align()`` at the client's first
+        iteration of an alignment round): the cut-layer gradients of this server part's mean
+        loss over ``memory`` (:func:`~splitfl.executors.auxiliary.true_gradients`), then the
+        fit (:func:`~splitfl.executors.auxiliary.align_aux`); the aligned state (detached)."""
+        plan, like = self.plan, next(self.part.parameters())
+        x, y = (t.to(like.device) for t in memory)
+        x = x.to(like.dtype) if x.is_floating_point() else x
+        forward = lambda v: self._forward(v, cut)  # noqa: E731
+        grads = true_gradients(forward, x, y, self.loss_name)
+        aux = aux_module(plan.aux, aux_state, like)
+        seed = int(self.gen.integers(2**31))
+        align_aux(aux, (x, y), grads, plan.align, self.loss_name, seed)
+        return detached(aux.state_dict())
 
     def step(self, sent: list[Smashed]) -> list[tuple[torch.Tensor, float]]:
         """One server iteration on the members' smashed data: group loss (S²FL Eq. 3, plus

@@ -15,13 +15,14 @@ import numpy as np
 import torch
 
 from splitfl.config import TrainConfig
+from splitfl.executors.auxiliary import aux_module
 from splitfl.executors.common import check_finite, detached
 from splitfl.executors.fleet import GroupRun, LocalFleet, State, group_runs, run_group, server_role
 from splitfl.executors.pool import PartPool, cloned
 from splitfl.executors.ring import ring_batch_update
-from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
+from splitfl.executors.roles import DeviceRole, Runtime
 from splitfl.models import BlockModel, ModelPart
-from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
+from splitfl.plan import AuxSpec, ClientTask, ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
 
 
@@ -48,7 +49,7 @@ class SequentialExecutor:
         gen = np.random.default_rng(derive_seed(round_seed, "mix"))
         train, data = ctx.config.train, (ctx.bundle.train.x, ctx.bundle.train.y)
         data_of = lambda c: (*data, ctx.client_indices[c])  # noqa: E731
-        make = device_maker(model, train, data_of, round_seed, runtime, self.pool)
+        make = device_maker(model, train, data_of, round_seed, runtime, self.pool, plan.aux)
         updates: list[ClientUpdate] = []
         server_states: dict[int, dict[str, torch.Tensor]] = {}
         for run in group_runs(ctx, model, plan):
@@ -135,10 +136,12 @@ def device_maker(
     round_seed: int,
     runtime: Runtime,
     pool: PartPool | None = None,
+    aux: AuxSpec | None = None,
 ) -> Callable[[ClientTask, State, State | None], DeviceRole]:
     """What builds a client's :class:`DeviceRole` for a :class:`LocalFleet`: its device part
     (a copy of ``model``'s blocks ``[0, cut)`` holding the part state; from ``pool`` if given),
-    aux head and samples (``data_of(client)``: ``(x, y, indices)``)."""
+    auxiliary model (``aux`` holding the given state) and samples (``data_of(client)``:
+    ``(x, y, indices)``)."""
 
     def make(task: ClientTask, part_state: State, aux_state: State | None) -> DeviceRole:
         if pool is None:
@@ -146,8 +149,10 @@ def device_maker(
             part.load_state_dict(part_state)
         else:
             part = pool.take(model, 0, task.cut, part_state)
-        aux = None if aux_state is None else aux_from_state(aux_state)
-        return DeviceRole(task, part, aux, train, data_of(task.client), round_seed, runtime)
+        module = None
+        if aux_state is not None:
+            module = aux_module(aux, aux_state, next(iter(aux_state.values())))
+        return DeviceRole(task, part, module, train, data_of(task.client), round_seed, runtime)
 
     return make
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import torch
 
-from splitfl.executors.common import aux_head
 from splitfl.models import block_index
 from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 
@@ -61,15 +60,10 @@ class TimingExecutor:
 
     @staticmethod
     def _update(ctx, global_state: State, plan: RoundPlan, task: ClientTask) -> ClientUpdate:
-        """The task's untrained update: its starting device part and (``device_loss: local``)
-        auxiliary head, the samples its ``steps`` mini-batches hold, the stand-in loss."""
+        """The task's untrained update: its starting device part and (auxiliary plans) its
+        auxiliary model, the samples its ``steps`` mini-batches hold, the stand-in loss."""
         start = task.init_state if task.init_state is not None else global_state
-        aux = None
-        if plan.device_loss == "local" and task.cut < ctx.num_blocks:
-            aux = task.aux_state
-            if aux is None:  # a fresh head, as the reference executor draws one
-                elems = ctx.profile.blocks[task.cut - 1].out_elements
-                aux = aux_head(elems, ctx.bundle.num_classes).state_dict()
+        aux = task.aux_state if plan.aux is not None and task.cut < ctx.num_blocks else None
         samples = ctx.round_samples(task.client, task.batch_size, task.steps)
         return ClientUpdate(
             client=task.client,

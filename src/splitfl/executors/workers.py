@@ -162,7 +162,7 @@ class UnitWorker:
         aux = {c: {k: v.to(rt.device) for k, v in s.items()} for c, s in aux.items()}
         run = GroupRun(group, tasks, parts, aux)
         train = self.init.config.train
-        make = device_maker(model, train, self._data_of, seed, rt, self.pool)
+        make = device_maker(model, train, self._data_of, seed, rt, self.pool, plan.aux)
         gen = np.random.default_rng(derive_seed(seed, "mix"))  # never dealt: mixup is coupled
         updates, server = run_unit(model, run, plan, train, rt, gen, make, seed, self.pool)
         seconds = time.perf_counter() - start

@@ -118,10 +118,11 @@ class RunContext:
         samples: int,
         round_idx: int,
         batch_size: int | None = None,
-        **flags: bool,
+        **flags,
     ) -> ClientCost:
         """Shared cost model (S²FL Eq. 1) for ``client``'s profile in round ``round_idx``;
-        ``flags``: ``model_down``, ``model_up``, ``gradients`` (see ``split_client_cost``).
+        ``flags``: ``model_down``, ``model_up``, ``gradients``, ``uploaded``, ``aux`` (see
+        ``split_client_cost``).
         With ``devices.exchange_latency_s``, each exchange costs that much more: one per
         mini-batch of ``batch_size`` (default ``train.batch_size``) for a split model, one per
         model transfer."""
@@ -129,7 +130,8 @@ class RunContext:
         exchanges = 0
         if latency:
             b = batch_size or self.config.train.batch_size
-            exchanges = -(-samples // b) if cut < self.num_blocks else 0
+            sent = flags.get("uploaded")
+            exchanges = -(-(samples if sent is None else sent) // b) if cut < self.num_blocks else 0
             exchanges += int(flags.get("model_down", True)) + int(flags.get("model_up", True))
         return split_client_cost(
             self.profile,
@@ -153,7 +155,7 @@ class RunContext:
             task.batch_size,
             model_down=task.download_model,
             model_up=task.upload_model,
-            gradients=device_loss != "local",
+            gradients=device_loss == "server",
         )
 
     def nominal_time(self, client: int, cut: int, round_idx: int) -> float:

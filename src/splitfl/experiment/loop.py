@@ -28,6 +28,7 @@ from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_a
 from splitfl.experiment.progress import round_figures, round_progress
 from splitfl.experiment.recorder import Recorder
 from splitfl.experiment.round_step import LoopState, evaluate_state, play_round, trains
+from splitfl.metrics.summary import BUDGET_STATUS
 from splitfl.models.base import moving_state, user_state_dict
 from splitfl.net.executor import NetworkedExecutor
 from splitfl.system import SimClock, Traffic
@@ -140,8 +141,8 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
         status = None  # set by the handlers below; never "ok" unless the run finished
         try:
             with sigterm_as_interrupt():
-                _play_rounds(prep, executor, st, rec, eval_model, bar, start is None)
-                rec.finish("ok", user_state_dict(prep.ctx.model, st.global_state))
+                ended = _play_rounds(prep, executor, st, rec, eval_model, bar, start is None)
+                rec.finish(ended, user_state_dict(prep.ctx.model, st.global_state))
         except NonFiniteLossError as err:
             status = f"diverged at round {len(rec.rows) + (not rec.consistent)}: {err}"
             raise NonFiniteLossError(
@@ -167,9 +168,10 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
     return rec.summary, st, rec.rows
 
 
-def _play_rounds(prep: Prepared, executor, st, rec: Recorder, eval_model, bar, fresh: bool):  # noqa: ANN001
+def _play_rounds(prep: Prepared, executor, st, rec: Recorder, eval_model, bar, fresh: bool) -> str:  # noqa: ANN001
     """The rounds of ``bar``: play, record, check, checkpoint (``rec.consistent`` is False
-    while a round has changed the model or the algorithm but is not recorded yet)."""
+    while a round has changed the model or the algorithm but is not recorded yet); the
+    finished run's status: ``ok``, or why it ended early (:func:`budget_status`)."""
     config, algorithm = prep.config, prep.algorithm
     t0 = time.perf_counter() - (rec.rows[-1]["wall_time"] if rec.rows else 0.0)
     if fresh:
@@ -184,8 +186,24 @@ def _play_rounds(prep: Prepared, executor, st, rec: Recorder, eval_model, bar, f
         bar.set_postfix(**round_figures(row, st.clock.now))
         rec.log(row)
         check_explosion(rec.rows, st.initial_loss, config.train)
-        if (r + 1) % config.output.checkpoint_every == 0 or r + 1 == config.rounds:
+        ended = budget_status(config, st.cum.total, r)
+        if ended or (r + 1) % config.output.checkpoint_every == 0 or r + 1 == config.rounds:
             rec.checkpoint(st, algorithm)
+        if ended:
+            return ended
+    return "ok"
+
+
+def budget_status(config: ExperimentConfig, traffic_bytes: float, r: int) -> str:
+    """``train.comm_budget_mb``: why the run ends after round ``r`` (its cumulative traffic
+    reached the budget, FSL-SAGE's ``comm_threshold_mb`` test), or "" to go on."""
+    budget = config.train.comm_budget_mb
+    if budget is None or traffic_bytes / 2**20 < budget:
+        return ""
+    return (
+        f"{BUDGET_STATUS}: {traffic_bytes / 2**20:.3f} MiB >= train.comm_budget_mb = {budget} "
+        f"after round {r + 1} of {config.rounds}"
+    )
 
 
 def _record_stop(rec: Recorder, status: str) -> None:

@@ -58,7 +58,7 @@ def measure(
     idle = algorithm.idle_costs(plan, r)  # e.g. LocFedMix-SL's deferred uploads
     costs = algorithm.share_links({**train, **idle}, plan, r)
     samples = {u.client: u.samples for u in result.updates}
-    losses = {u.client: u.loss_sum / max(u.samples, 1) for u in result.updates}
+    losses = {u.client: u.loss_sum / max(u.loss_samples, 1) for u in result.updates}
     jitter = jitter_factors(sorted(train), config.devices.jitter, rng_for(config.seed, "jitter", r))
     if idle:
         rng = rng_for(config.seed, "jitter-idle", r)

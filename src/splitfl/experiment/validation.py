@@ -211,6 +211,19 @@ def check_timing(config: ExperimentConfig) -> None:
         )
 
 
+def check_networked(config: ExperimentConfig) -> None:
+    """``executor: networked`` runs the algorithm's plans on device processes
+    (``Algorithm.networked_problem`` says why not), else a one-line refusal."""
+    if config.executor != "networked":
+        return
+    cls, options = resolve_algorithm(config.algorithm, config.options)
+    why = cls.networked_problem(options)
+    if why:
+        raise ConfigError(
+            "executor", f"networked: {config.algorithm} {why}; use executor: sequential"
+        )
+
+
 def check_aggregation(config: ExperimentConfig) -> None:
     """``train.aggregation`` is one the algorithm's aggregation supports
     (``Algorithm.aggregations``), else a one-line refusal."""
@@ -247,6 +260,7 @@ def validate_config(config: ExperimentConfig, config_dir: str | Path | None = No
     check_options(config)
     check_device_options(config)
     check_timing(config)
+    check_networked(config)
     check_recipe(config)
     check_aggregation(config)
     check_server_optimizer(config)
@@ -272,6 +286,7 @@ def load_config(
     check_options(config)
     check_device_options(config)
     check_timing(config)
+    check_networked(config)
     check_recipe(config)
     check_aggregation(config)
     check_server_optimizer(config)

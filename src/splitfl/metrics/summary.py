@@ -58,6 +58,11 @@ def to_target(rows: list[dict[str, Any]], target: float | None) -> dict[str, Any
     return {"round": None, "sim_time": None, "traffic_bytes": None}
 
 
+#: How a run's status begins when it ended at its communication budget
+#: (``train.comm_budget_mb``): a finished run, with fewer rounds than configured.
+BUDGET_STATUS = "comm budget reached"
+
+
 def missing_rounds(rows: list[dict[str, Any]]) -> list[int]:
     """Rounds in ``1..last round`` that have no row (a summary must not hide them)."""
     have = {r.get("round") for r in rows}

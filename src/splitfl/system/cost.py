@@ -75,6 +75,18 @@ class Traffic:
         return {link: getattr(self, link) for link in LINKS}
 
 
+@dataclass(frozen=True)
+class AuxCharge:
+    """An auxiliary model's part of a client's round (auxiliary-model split learning): its
+    forward + backward FLOPs per trained sample on the device, its bytes down and up (counted
+    on ``model_down``/``model_up``), and FLOPs the server spends on it (FSL-SAGE's alignment)."""
+
+    flops_per_sample: float = 0.0
+    bytes_down: float = 0.0
+    bytes_up: float = 0.0
+    server_flops: float = 0.0
+
+
 @dataclass
 class ClientCost:
     """One client's work in a round and its time on the simulated clock (S²FL Eq. 1)."""
@@ -111,6 +123,8 @@ def split_client_cost(
     gradients: bool = True,
     exchanges: int = 0,
     exchange_latency: float = 0.0,
+    uploaded: int | None = None,
+    aux: AuxCharge | None = None,
 ) -> ClientCost:
     """Cost of one client training blocks ``[0, cut)`` on ``samples`` samples (Eq. 1).
 
@@ -127,21 +141,26 @@ def split_client_cost(
         exchanges, exchange_latency: Message exchanges with the server in the round (mini-batches
             of a split model, model transfers) and a fixed time for each
             (``devices.exchange_latency_s``), added to the communication time; 0 = Eq. 1.
+        uploaded: Samples whose smashed data (and labels, gradients) cross the cut and the
+            server trains on (default all ``samples``; CSE-FSL's upload period sends fewer).
+        aux: The auxiliary model's device FLOPs per sample, transfers and server FLOPs.
     """
+    aux = aux or AuxCharge()
     model_bytes = profile.device_bytes(cut)
     q = profile.activation_bytes(cut)
     split = cut < profile.num_blocks
+    sent = samples if uploaded is None else uploaded
     traffic = Traffic(
-        model_down=model_bytes if model_down else 0.0,
-        model_up=model_bytes if model_up else 0.0,
-        activations_up=samples * q,
-        gradients_down=samples * profile.gradient_bytes(cut) if gradients else 0.0,
-        labels_up=samples * label_bytes if split else 0.0,
+        model_down=(model_bytes if model_down else 0.0) + aux.bytes_down,
+        model_up=(model_bytes if model_up else 0.0) + aux.bytes_up,
+        activations_up=sent * q,
+        gradients_down=sent * profile.gradient_bytes(cut) if gradients else 0.0,
+        labels_up=sent * label_bytes if split else 0.0,
     )
     up = traffic.model_up + traffic.activations_up + traffic.labels_up
     down = traffic.model_down + traffic.gradients_down
-    device_flops = samples * profile.device_flops(cut)
-    server_flops = samples * profile.server_flops(cut)
+    device_flops = samples * (profile.device_flops(cut) + aux.flops_per_sample)
+    server_flops = sent * profile.server_flops(cut) + aux.server_flops
     return ClientCost(
         traffic=traffic,
         device_flops=device_flops,

@@ -106,3 +106,32 @@ def resnet18(input_shape: tuple[int, ...], num_classes: int) -> BlockModel:
     model = BlockModel(blocks, cut_points=(3, 5, 7))
     init_ringsfl(model, linear=False)
     return model
+
+
+@register_model(
+    "resnet18_fsl_sage",
+    "ResNet-18 as FSL-SAGE's code splits it: torchvision stem (7x7 s2 conv, maxpool), "
+    "8 BasicBlocks, avgpool+FC; cut after layer2; 10 blocks",
+)
+def resnet18_fsl_sage(input_shape: tuple[int, ...], num_classes: int) -> BlockModel:
+    """ResNet-18 of FSL-SAGE's repository (``src/models/resnet.py``: ``ResNetClient`` =
+    conv1 7×7 stride 2 + BN + ReLU + maxpool 3×3 stride 2, ``layer1``, ``layer2``;
+    ``ResNetServer`` = ``layer3``, ``layer4``, avgpool, fc), torchvision's architecture with
+    its ImageNet stem even for 32×32 CIFAR-10 (a 128×4×4 cut). 10 blocks: 0 stem; 1–8
+    BasicBlocks 64, 64, 128 (s2), 128, 256 (s2), 256, 512 (s2), 512; 9 avgpool + FC.
+
+    Cut points ``(3, 5, 7)``; default 5 (after ``layer2``, FSL-SAGE's split). Init as
+    torchvision (Kaiming fan-out convs, BN 1/0, default Linear).
+    """
+    stem = nn.Sequential(
+        nn.Conv2d(input_shape[0], 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1),
+    )
+    widths = [(64, 64, 1), (64, 64, 1), (64, 128, 2), (128, 128, 1), (128, 256, 2),
+              (256, 256, 1), (256, 512, 2), (512, 512, 1)]  # fmt: skip
+    blocks = [stem, *(BasicBlock(i, o, s) for i, o, s in widths), _head(512, num_classes)]
+    model = BlockModel(blocks, cut_points=(3, 5, 7), default_cut=5)
+    init_ringsfl(model, linear=False)
+    return model

@@ -1,0 +1,116 @@
+"""What auxiliary-model algorithms share on the algorithm side (LocFedMix-SL, CSE-FSL,
+FSL-SAGE): the auxiliary model of the run (:class:`AuxModel`: its spec, its initial state, its
+size and FLOPs) and the cost of an auxiliary task (:func:`aux_task_cost`).
+
+The executors run the auxiliary model (:mod:`splitfl.executors.auxiliary`, the device role);
+the algorithm decides whose auxiliary model a task starts from, where it is averaged and what
+crosses the network, and the shared cost model charges it: the auxiliary model's forward and
+backward on the device for every trained sample, its transfers, and — with an upload period —
+smashed data and server compute only for the uploaded samples.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from splitfl.data.partition import batch_sizes
+from splitfl.extensions import build_aux
+from splitfl.models.base import ModelPart
+from splitfl.models.flops import count_flops
+from splitfl.models.profile import BYTES_PER_ELEMENT
+from splitfl.plan import AuxSpec, ClientTask, RoundPlan
+from splitfl.seeding import derive_seed
+from splitfl.system.cost import AuxCharge, ClientCost
+
+State = dict[str, torch.Tensor]
+
+
+@dataclass
+class AuxModel:
+    """The run's auxiliary model: ``spec`` for the plans, the ``initial`` state every client
+    starts from (drawn from ``(seed, "aux-init")``: both official codes copy client 0's
+    auxiliary model to every client), ``bytes`` (parameters and buffers, 4 B each, as
+    ``calculate_load`` in both codes) and ``flops`` (forward + backward per sample)."""
+
+    spec: AuxSpec
+    initial: State
+    bytes: int
+    flops: float
+
+    @classmethod
+    def of(cls, ctx, name: str, cut: int, field: str) -> AuxModel:
+        """The auxiliary model ``name`` for the smashed data of ``ctx.model`` at ``cut``."""
+        shape = smashed_shape(ctx, cut)
+        spec = AuxSpec(name, shape, int(ctx.bundle.num_classes))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(ctx.config.seed, "aux-init"))
+            module = build_aux(name, shape, spec.num_classes, field)
+        dtype = next(ctx.model.parameters()).dtype
+        module = module.to(dtype)
+        state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        size = sum(t.numel() for t in state.values()) * BYTES_PER_ELEMENT
+        return cls(spec, state, size, aux_flops(module, shape, dtype))
+
+
+def smashed_shape(ctx, cut: int) -> tuple[int, ...]:
+    """Per-sample shape of the (first floating) smashed data of ``ctx.model`` at ``cut``: one
+    zero sample through a copy of the device part in eval mode (no random draws)."""
+    part = copy.deepcopy(ModelPart(ctx.model, 0, cut)).eval()
+    dtype = ctx.model.input_dtype
+    if dtype.is_floating_point:  # a float64 run's model takes float64 inputs
+        dtype = next(ctx.model.parameters()).dtype
+    x = torch.zeros(1, *ctx.bundle.input_shape, dtype=dtype)
+    with torch.no_grad():
+        out = part(x)
+    out = out[0] if isinstance(out, tuple) else out
+    return tuple(int(d) for d in out.shape[1:])
+
+
+def aux_flops(module: torch.nn.Module, shape: tuple[int, ...], dtype: torch.dtype) -> float:
+    """Forward + backward FLOPs per sample of ``module`` (a batch of 2 in train mode, the
+    input's gradient included, as :mod:`splitfl.models.profile` measures blocks)."""
+    probe = copy.deepcopy(module).train()
+    x = torch.zeros(2, *shape, dtype=dtype, requires_grad=True)
+
+    def step() -> None:
+        probe(x).float().sum().backward()
+
+    with torch.random.fork_rng(devices=[]):
+        return count_flops(step) / 2
+
+
+def uploaded_samples(ctx, task: ClientTask, plan: RoundPlan) -> int:
+    """Samples of ``task``'s mini-batches at upload steps (``plan.uploads``)."""
+    sizes = batch_sizes(int(ctx.data_sizes[task.client]), task.batch_size, task.steps)
+    return sum(b for step, b in enumerate(sizes) if plan.uploads(step))
+
+
+def aux_task_cost(
+    ctx,
+    task: ClientTask,
+    samples: int,
+    round_idx: int,
+    plan: RoundPlan,
+    aux: AuxModel,
+    charge: AuxCharge,
+) -> ClientCost:
+    """The shared cost model (:func:`~splitfl.system.cost.split_client_cost`) of an auxiliary
+    task: ``samples`` trained through the device part and the auxiliary model, the uploaded
+    ones' smashed data and server compute, no gradients down, plus ``charge`` (the
+    auxiliary model's transfers and server-side FLOPs this round)."""
+    charge = AuxCharge(aux.flops, charge.bytes_down, charge.bytes_up, charge.server_flops)
+    return ctx.client_cost(
+        task.client,
+        task.cut,
+        samples,
+        round_idx,
+        task.batch_size,
+        model_down=task.download_model,
+        model_up=task.upload_model,
+        gradients=False,
+        uploaded=uploaded_samples(ctx, task, plan),
+        aux=charge,
+    )

@@ -1,0 +1,141 @@
+"""FSL-SAGE (Nair et al., "FSL-SAGE: Accelerating Federated Split Learning via Smashed
+Activation Gradient Estimation", ICML 2025) as its code runs it (srijith1996/FSL-SAGE,
+``src/algos/fsl_sage.py``; defaults from ``src/hydra_config/``).
+
+Each client's auxiliary model *estimates the server's cut-layer gradient*: the device part
+steps with ĝ = ∂ℓ(aux(fx), y)/∂fx (``device_loss: estimate``; ``GradScalarAuxiliaryModel.
+forward``), so devices never wait for or download gradients. Every ``upload_every`` batches
+(``server_update_interval: 5``; uploads at local iterations 0, h, 2h, …) the smashed data go
+to the **single** server model, which steps on them and keeps them in the client's memory
+(the last ``align_memory`` = 1000 samples; ``add_datapoint``). Every ``align_every`` rounds
+(``align_interval: 10``; rounds 0, 10, 20, …, ``t % align_interval == 0``), at the client's
+first iteration and after that iteration's server step, the server computes the true
+cut-layer gradients of its loss over the client's memory (``refresh_data``) and fits the
+client's auxiliary model to them (``align``: ``align_epochs: 100`` epochs of Adam, lr 1e-3,
+batches of ``align_batch_size: 1000``, summed squared error), and sends the aligned model to
+the client (``comm_load += calculate_load(auxiliary_model)``). Clients run one after another
+(one epoch each; ``client.epoch: 1``); device parts are averaged with data-size weights each
+round (``aggregate_clients``: 2 × the client model per client); auxiliary models stay per
+client and are never averaged (FSL-SAGE has no auxiliary aggregation).
+
+Options beyond the code: ``aux_model`` (default: ``resnet_stage`` — ``model/auxiliary/
+resnet18.yaml``'s ResNet layer3 auxiliary — for [C, H, W] smashed data, ``linear``
+otherwise, splitfl's choice for models the repository has no auxiliary for). Differences
+kept on purpose: splitfl's optimisers are fresh each round (the repository keeps Adam's
+moments across rounds, for clients, server and auxiliary models); the code's CSE-FSL
+warm start (``warm_start``, off by default) is not offered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost, smashed_shape
+from splitfl.algorithms.base import Algorithm
+from splitfl.config import ConfigError
+from splitfl.plan import AlignSpec, ClientTask, RoundPlan, RoundResult
+from splitfl.system.cost import AuxCharge
+
+
+@dataclass(frozen=True)
+class FSLSAGEOptions:
+    cut: int | None = None
+    upload_every: int = 5
+    align_every: int = 10
+    align_epochs: int = 100
+    align_batch_size: int = 1000
+    align_lr: float = 1e-3
+    align_memory: int = 1000
+    aux_model: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("upload_every", "align_every", "align_epochs", "align_batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"options.fsl_sage.{name}", "must be >= 1")
+        if self.align_memory < 1:
+            raise ConfigError("options.fsl_sage.align_memory", "must be >= 1")
+        if not self.align_lr > 0:
+            raise ConfigError("options.fsl_sage.align_lr", "must be > 0")
+
+
+class FSLSAGE(Algorithm):
+    name = "fsl_sage"
+    paper = "Nair et al., FSL-SAGE (ICML 2025); code srijith1996/FSL-SAGE"
+    Options = FSLSAGEOptions
+    coupled_round = "one server model trained on every client's uploads, in client order"
+    not_networked = (
+        "sends smashed data every h-th batch and runs any nn.Module as auxiliary model, which "
+        "device processes do not support yet"
+    )
+
+    def __init__(self, options: FSLSAGEOptions, ctx) -> None:
+        super().__init__(options, ctx)
+        self.cut = ctx.resolve_cut(options.cut, self.name)
+        name = options.aux_model
+        if name is None:
+            name = "resnet_stage" if len(smashed_shape(ctx, self.cut)) == 3 else "linear"
+        self.aux_model = AuxModel.of(ctx, name, self.cut, "options.fsl_sage.aux_model")
+        self.align = AlignSpec(
+            options.align_epochs, options.align_batch_size, options.align_lr, options.align_memory
+        )
+        self.aux: dict[int, dict] = {}  # each client's auxiliary model (initial until trained)
+        self.memory: dict[int, tuple] = {}  # the server's memory of each client's uploads
+
+    def is_alignment_round(self, round_idx: int) -> bool:
+        return round_idx % self.options.align_every == 0
+
+    def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
+        align = self.is_alignment_round(round_idx)
+        tasks = []
+        for c in clients:
+            task = self.make_task(c, self.cut, 0, round_idx)
+            task.aux_state = self.aux.get(c, self.aux_model.initial)
+            task.align, task.aux_memory = align, self.memory.get(c)
+            tasks.append(task)
+        return RoundPlan(
+            tasks,
+            "sequential",
+            order=sorted(clients),
+            device_loss="estimate",
+            aux=self.aux_model.spec,
+            upload_every=self.options.upload_every,
+            align=self.align,
+            info={"aligned": align},
+        )
+
+    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
+        """Eq. (1) with the auxiliary model's device FLOPs (its gradient estimate), uploads of
+        every h-th batch, no gradients; at an alignment, the aligned auxiliary model's download
+        and the server's work: the true gradients of the memory (forward + backward of the
+        server part) and ``align_epochs`` passes of the fit (a second-order step: counted as
+        twice the auxiliary model's forward + backward per sample)."""
+        charge = AuxCharge()
+        if task.align:
+            n = self._memory_after_first_upload(task)
+            prof = self.ctx.profile
+            fit = self.options.align_epochs * n * 2 * self.aux_model.flops
+            charge = AuxCharge(
+                bytes_down=self.aux_model.bytes, server_flops=n * prof.server_flops(task.cut) + fit
+            )
+        return aux_task_cost(self.ctx, task, samples, round_idx, plan, self.aux_model, charge)
+
+    def _memory_after_first_upload(self, task: ClientTask) -> int:
+        held = 0 if task.aux_memory is None else len(task.aux_memory[1])
+        first = min(task.batch_size, int(self.ctx.data_sizes[task.client]))
+        return min(self.options.align_memory, held + first)
+
+    def aggregate(self, global_state, plan: RoundPlan, result: RoundResult) -> dict:
+        """Device parts and the server model as every SFL round; each client keeps its
+        auxiliary model and the server its memory."""
+        for u in result.updates:
+            self.aux[u.client] = u.aux_state
+            self.memory[u.client] = u.aux_memory
+        return super().aggregate(global_state, plan, result)
+
+    def state_dict(self) -> dict:
+        return {"aux": self.aux, "memory": self.memory}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.aux, self.memory = state["aux"], state["memory"]

@@ -1,0 +1,96 @@
+"""The auxiliary-model numerics of a split round, written once for every executor.
+
+* :func:`aux_module` — a plan's auxiliary model (:class:`~splitfl.plan.AuxSpec`) holding a
+  given state, built without drawing from torch's random stream.
+* :func:`estimate_gradient` — FSL-SAGE's estimate of the server's cut-layer gradient: the
+  gradient of the auxiliary model's mean loss w.r.t. the smashed data (FSL-SAGE repo,
+  ``src/models/aux_models/__init__.py::GradScalarAuxiliaryModel.forward``:
+  ``autograd.grad(criterion(forward_inner(x), label), x, create_graph=True)``).
+* :func:`true_gradients` — the server's cut-layer gradients of its mean loss over the samples
+  it kept (``AuxiliaryModel.refresh_data``: one forward/backward of the whole memory).
+* :func:`align_aux` — the fit of the auxiliary model's estimates to those gradients
+  (``GradScalarAuxiliaryModel.align``/``align_loss``: ``mse_loss(..., reduction='sum')``,
+  Adam, ``epochs`` passes over shuffled batches).
+* :func:`remember` — the server's memory of a client's uploads, the last ``size`` samples
+  (``AuxiliaryModel.add_datapoint``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from splitfl.extensions import build_aux
+from splitfl.plan import AlignSpec, AuxSpec
+from splitfl.training import loss_fn
+
+State = dict[str, torch.Tensor]
+Memory = tuple[torch.Tensor, torch.Tensor]
+
+
+def aux_module(spec: AuxSpec, state: State, like: torch.Tensor | None = None) -> nn.Module:
+    """The auxiliary model ``spec`` builds, holding ``state`` (on ``like``'s device and dtype
+    where given). Built under a forked torch random stream: the caller's draws are unchanged."""
+    with torch.random.fork_rng(devices=[]):
+        module = build_aux(spec.model, spec.input_shape, spec.num_classes)
+    if like is not None:
+        module = module.to(like.device, like.dtype)
+    module.load_state_dict(state)
+    return module
+
+
+def estimate_gradient(
+    aux: nn.Module, fx: torch.Tensor, y: torch.Tensor, loss: str, forward: Callable
+) -> torch.Tensor:
+    """ĝ = ∂ℓ(aux(fx), y)/∂fx with ℓ the mean ``loss`` over the batch (no graph kept)."""
+    x = fx.detach().requires_grad_(True)
+    value = loss_fn(loss)(forward(aux, x), y)
+    return torch.autograd.grad(value, x)[0]
+
+
+def true_gradients(server: Callable, x: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
+    """g = ∂ℓ(server(x), y)/∂x, ℓ the mean ``loss`` over all of ``x`` (the server part runs in
+    its current mode, train: as ``refresh_data``, BatchNorm statistics included)."""
+    x = x.detach().requires_grad_(True)
+    value = loss_fn(loss)(server(x), y)
+    return torch.autograd.grad(value, x)[0]
+
+
+def align_aux(
+    aux: nn.Module,
+    memory: Memory,
+    grads: torch.Tensor,
+    spec: AlignSpec,
+    loss: str,
+    seed: int,
+) -> float:
+    """Fit ``aux`` in place: ``spec.epochs`` passes over ``memory`` in batches of
+    ``spec.batch_size`` (shuffled by a generator seeded with ``seed``), each an Adam step (lr
+    ``spec.lr``, torch's other defaults, a fresh optimiser) on
+    Σ (∂ℓ(aux(x_b), y_b)/∂x_b − g_b)² — ℓ the mean over the batch, as FSL-SAGE's
+    ``align_loss`` (second-order autograd: ``create_graph``). Returns the last batch's loss."""
+    x_all, y_all = memory
+    criterion = loss_fn(loss)
+    optimizer = torch.optim.Adam(aux.parameters(), lr=spec.lr)
+    gen = torch.Generator().manual_seed(seed)
+    last = float("nan")
+    for _ in range(spec.epochs):
+        for idx in torch.randperm(len(y_all), generator=gen).split(spec.batch_size):
+            x = x_all[idx].detach().requires_grad_(True)
+            estimate = torch.autograd.grad(criterion(aux(x), y_all[idx]), x, create_graph=True)[0]
+            value = ((estimate - grads[idx]) ** 2).sum()
+            optimizer.zero_grad()
+            value.backward()
+            optimizer.step()
+            last = value.item()
+    return last
+
+
+def remember(memory: Memory | None, x: torch.Tensor, y: torch.Tensor, size: int) -> Memory:
+    """``memory`` with ``(x, y)`` appended, the oldest dropped beyond ``size`` samples."""
+    x, y = x.detach().cpu(), y.detach().cpu()
+    if memory is not None:
+        x, y = torch.cat([memory[0], x]), torch.cat([memory[1], y])
+    return x[-size:], y[-size:]
