@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -202,3 +203,31 @@ def test_a_collapsed_run_says_so_by_hand():
     summary = summarize([*full[:2], {**full[2], "test_acc": 0.1}], None)
     assert summary["status"] == "ok" and len(summary["warnings"]) == 1
     assert "| ok (1 warnings) |" in comparison_table({"fedavg": summary})
+
+
+# -- item 6: a slow drip ------------------------------------------------------------------------
+class _SlowDrip(DeviceAgent):
+    """From its second round, answers every command after 0.8 s (inside ``timeout_s``)."""
+
+    begun = 0
+
+    def _on_begin(self, c, msg):
+        _SlowDrip.begun += 1
+        return super()._on_begin(c, msg)
+
+    def handle(self, msg):
+        if _SlowDrip.begun >= 2:
+            time.sleep(0.8)
+        return super().handle(msg)
+
+
+def test_a_slow_drip_is_dropped_at_the_round_deadline(tmp_path):
+    _SlowDrip.begun = 0
+    net = {"network.timeout_s": 3.0, "network.round_deadline_min_s": 1.0}
+    result = _run(tmp_path, "splitfed_v1", _SlowDrip, rounds=2, **net)
+    rows = _strict_rows(result.run_dir)
+    assert rows[0]["dropped_clients"] == []  # no deadline before a round has been measured
+    for row in rows[1:]:
+        assert row["dropped_clients"] == [0]
+        assert "round deadline" in row["dropped_reasons"]["0"]
+    assert result.summary["status"] == "ok"

@@ -89,6 +89,8 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.timeout_s": Range(0, 86400, lo_open=True),
     "network.connect_timeout_s": Range(0, 86400, lo_open=True),
     "network.rejoin_s": Range(0, 86400),
+    "network.round_deadline_factor": Range(0, 1e6),
+    "network.round_deadline_min_s": Range(0, 86400),
     "network.max_message_mb": Range(0, 4096, lo_open=True),
     "network.rate_limit": Range(0, 1e9),
     "network.histogram_epsilon": Range(1e-6, 1e6),

@@ -311,6 +311,14 @@ class NetworkConfig:
     timeout_s: float = 60.0
     connect_timeout_s: float = 120.0
     rejoin_s: float = 30.0
+    #: Round deadline relative to the clients (a device answering each command just inside
+    #: ``timeout_s`` must not stretch every round): from the second round, a client still
+    #: working ``round_deadline_factor`` × the previous round's median client time (at
+    #: least ``round_deadline_min_s``) after the round started is dropped for the round,
+    #: with the reason recorded. 0 = no deadline but ``timeout_s`` per command. The factor
+    #: must exceed the honest devices' speed spread (slow devices are dropped otherwise).
+    round_deadline_factor: float = 10.0
+    round_deadline_min_s: float = 2.0
     tls_cert: str | None = None
     tls_key: str | None = None
     ca_cert: str | None = None

@@ -47,6 +47,10 @@ class NetworkedExecutor:
         self.runtime = Runtime(torch.device(device), config.precision, config.channels_last)
         self.session: NetworkSession | None = None
         self._rounds = itertools.count()
+        #: the last round's median time to a client's finished update (the round deadline is
+        #: relative to it)
+        self._median_client_s: float | None = None
+        self._deadline: float | None = None
 
     def open(self, ctx, run_dir: Path) -> None:
         """Start listening (and the local device processes, if any) and wait for devices."""
@@ -88,6 +92,8 @@ class NetworkedExecutor:
         tag = f"r{plan.round_idx}-{next(self._rounds)}"
         net = self.config.network
         rnd = D2DRound(self.session.hub, tag, round_seed, net.timeout_s, meters, lost, net.bounds)
+        began = time.monotonic()
+        self._deadline = round_deadline(net, self._median_client_s, began)
         start = time.perf_counter()
         if plan.ring is not None:
             emulation = ring_emulation(ctx, plan, net.emulate_links) if net.emulate else None
@@ -98,6 +104,9 @@ class NetworkedExecutor:
             updates = [u for u in updates if u.client not in outliers]
             lost.update(outliers)
         wall = time.perf_counter() - start
+        done = [m.finished_at - began for c, m in meters.items() if m.finished_at and c not in lost]
+        if done:  # the next round's deadline: relative to when this round's clients finished
+            self._median_client_s = float(np.median(done))
         return RoundResult(
             updates=updates,
             server_states=server_states,
@@ -138,6 +147,7 @@ class NetworkedExecutor:
                 rnd.lost,
                 profiles,
                 distances,
+                self._deadline,
             )
             return run_group(fleet, timed, run, plan), None if server is None else server.state()
 
@@ -154,6 +164,17 @@ class NetworkedExecutor:
             if state is not None
         }
         return updates, server_states, distances
+
+
+def round_deadline(net, median_client_s: float | None, began: float) -> float | None:
+    """When this round's clients must be done (``time.monotonic()``): ``round_deadline_factor``
+    × the previous round's median time from the round's start to a client's finished update
+    (clients run one after another count their wait: a chain's deadline grows with it), at
+    least ``round_deadline_min_s``, after ``began``; None in the first round or with the
+    factor 0. Late clients are not counted, so a staller cannot stretch the next deadline."""
+    if not net.round_deadline_factor or median_client_s is None:
+        return None
+    return began + max(net.round_deadline_factor * median_client_s, net.round_deadline_min_s)
 
 
 def cluster_emulation(

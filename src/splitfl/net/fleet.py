@@ -57,6 +57,8 @@ class Meter:
     payload: dict[str, int] = field(default_factory=dict)
     wire_up: int = 0
     wire_down: int = 0
+    #: when (``time.monotonic()``) the client's finished update arrived; None before
+    finished_at: float | None = None
 
     @property
     def busy_s(self) -> float:
@@ -105,12 +107,16 @@ class RemoteFleet:
         lost: dict[int, str],
         profiles: dict[int, Profile] | None = None,
         distances: dict[int, float] | None = None,
+        round_deadline: float | None = None,
     ):
         self.hub, self.round_seed, self.timeout_s, self.expect = hub, round_seed, timeout_s, expect
         self.meters, self.lost, self.profiles = meters, lost, profiles
         #: each accepted update's distance from the part it was sent per local step (the
         #: round's peer check, :func:`~splitfl.net.trust.peer_outliers`, compares them)
         self.distances = {} if distances is None else distances
+        #: when (``time.monotonic()``) the round's clients must be done (None: no deadline
+        #: but ``timeout_s`` per command); see ``network.round_deadline_factor``
+        self.round_deadline = round_deadline
         self.dropped: set[int] = set()
         self.tasks: dict[int, ClientTask] = {}
         #: bytes sent without a reply of their own (gradients): the next exchange carries them
@@ -190,6 +196,7 @@ class RemoteFleet:
         requests = {c: (Message("finish"), None) for c in clients}
         out = {}
         for c, msg in self._call(requests, "finished").items():
+            self.meters[c].finished_at = time.monotonic()
             part, aux = state_from("part", msg.tensors), state_from("aux", msg.tensors)
             problem = self._check_part(c, part, aux)
             if problem:
@@ -249,8 +256,11 @@ class RemoteFleet:
         return out
 
     def _await(self, link: DeviceLink, c: int, seq: int, deadline: float):
-        got = link.reply(c, seq, deadline - time.monotonic())
-        if got is None:
+        late = self.round_deadline is not None and self.round_deadline < deadline
+        got = link.reply(c, seq, (self.round_deadline if late else deadline) - time.monotonic())
+        if got is None and late:  # the link stays: the device's late replies are dropped
+            self._drop(c, "still working at the round deadline (network.round_deadline_factor)")
+        elif got is None:
             self._drop(c, f"no reply within {self.timeout_s:g} s")
             link.close(f"stalled (no reply within {self.timeout_s:g} s)")
         elif got is LOST:
