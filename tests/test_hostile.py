@@ -311,7 +311,7 @@ ZERO = {"blocks.0.w": torch.zeros(2, dtype=torch.float64)}
 
 
 def Rule(*args, **kwargs):  # noqa: N802 (imported late: the old code has no module to import)
-    from splitfl.algorithms.robust import Rule as rule
+    from splitfl.robust import Rule as rule
 
     return rule(*args, **kwargs)
 

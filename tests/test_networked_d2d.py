@@ -261,3 +261,33 @@ def test_lost_top_worker_drops_its_cluster_for_the_round_and_the_run_continues(t
     assert all("top worker 1" in why for why in first["dropped_reasons"].values())
     assert second["dropped_clients"] == []  # the device came back and hosted round 2
     assert [t.code for t in threads] == [0, 0]
+
+
+class _FlipsItsPart(DeviceAgent):
+    """Sends its bottom part sign-flipped (2 × ‖part‖ away: inside the 10 × bound)."""
+
+    def _on_finish(self, c, msg):
+        reply = super()._on_finish(c, msg)
+        for name, t in reply.tensors.items():
+            if t.is_floating_point():
+                reply.tensors[name] = -t
+        return reply
+
+
+def test_a_sign_flipping_bottom_worker_is_dropped_by_its_top_worker(tmp_path):
+    """A top worker checks its members' bottom parts against the cluster's median update and
+    averages them under ``train.aggregation``, as the server does (issue 35, item 3)."""
+    changes = {"rounds": 1, "data.num_clients": 6, "options.parallelsfl.k": 1}
+    devices = {"ok": [0, 1, 2, 3, 4], "bad": [5]}
+    plan_net = {"ok": None, "bad": _FlipsItsPart}
+    bed = Testbed.create(tmp_path / "bed", list(devices))
+    threads = [bed.device(n, c, plan_net[n], retry_s=20.0) for n, c in devices.items()]
+    net = bed.server_overrides(min_devices=2, timeout_s=10.0)
+    result = splitfl.run(config_for("parallelsfl", **{**net, **changes}), run_dir=tmp_path / "n")
+    for t in threads:
+        t.join(30)
+    (row,) = _rows(result)
+    assert 5 not in row["plan_tops"]  # (this seed) the flipping device is a bottom worker
+    assert row["dropped_clients"] == [5]
+    assert "the round's median" in row["dropped_reasons"]["5"]
+    assert result.summary["warnings"]  # the ok run says a client's update was dropped

@@ -29,9 +29,9 @@ import torch
 
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.estimates import fill_unmeasured, update_table
-from splitfl.algorithms.robust import clip_scales
 from splitfl.config import ConfigError
 from splitfl.plan import RoundPlan, RoundReport, RoundResult
+from splitfl.robust import clip_scales
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class AdaSampling(Algorithm):
         p = self.ctx.data_sizes / self.ctx.data_sizes.sum()
         out = {n: t.to(torch.float64).clone() for n, t in global_state.items()}
         scales = [1.0] * len(result.updates)
-        if self.aggregation.name == "clip_mean":  # each Δ_i clipped (splitfl.algorithms.robust)
+        if self.aggregation.name == "clip_mean":  # each Δ_i clipped (splitfl.robust)
             states = [u.state for u in result.updates]
             scales = clip_scales(global_state, states, self.aggregation)
         for u, scale in zip(result.updates, scales, strict=True):

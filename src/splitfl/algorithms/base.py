@@ -49,7 +49,7 @@ class Algorithm:
     #: ``cross_entropy`` (regression, multi-label) is refused at validation.
     needs_class_labels: ClassVar[str] = ""
     #: ``train.aggregation`` rules the algorithm's aggregation supports
-    #: (:mod:`splitfl.algorithms.robust`); the validation refuses others in one line.
+    #: (:mod:`splitfl.robust`); the validation refuses others in one line.
     aggregations: ClassVar[tuple[str, ...]] = ("mean", "clip_mean", "median", "trimmed_mean")
     #: ``executor: parallel``: "" when a round's groups are independent units (dealt to the
     #: workers), else why a round is one coupled unit (it runs in the driver, as sequential).

@@ -26,14 +26,14 @@ import time
 
 import numpy as np
 
-from splitfl.averaging import weighted_average
 from splitfl.executors.fleet import GroupRun, run_group, server_role
 from splitfl.net.emulation import Profile
 from splitfl.net.fleet import Meter, RemoteFleet, TimedServer, expect_for
 from splitfl.net.ring_device import ring_session
-from splitfl.net.trust import REFERENCE_SAMPLES
+from splitfl.net.trust import REFERENCE_SAMPLES, peer_outliers
 from splitfl.net.wire import Message, state_from, state_tensors
 from splitfl.plan import ClientTask, RoundPlan
+from splitfl.robust import Rule, robust_average
 from splitfl.seeding import derive_seed
 
 #: RoundPlan fields a hosted group needs (sent by the server with ``host``).
@@ -55,7 +55,10 @@ def host_cluster(agent, c: int, msg: Message) -> Message:
         agent.peer.hub.forget(names)
     tensors = state_tensors("server", server.state())
     if updates:  # Eq. (4): the top worker averages its members' bottom parts
-        average = weighted_average([u.state for u in updates], [1.0] * len(updates))
+        bottom = state_from("part", msg.tensors)
+        rule = Rule.of(agent.config.train)  # train.aggregation, as the server's averages
+        states = [u.state for u in updates]
+        average = robust_average(states, [1.0] * len(updates), rule, reference=bottom)
         tensors.update(state_tensors("part", average))
     report = {
         str(u.client): {"samples": u.samples, "loss_sum": u.loss_sum, **_meter(meters[u.client])}
@@ -99,7 +102,9 @@ def _run_cluster(agent, msg: Message):
         emulate = (lambda cut: per_sample, float(f["top_flops"]))
     run = GroupRun(f["group"], tasks, {t.client: bottom for t in tasks}, {})
     updates = run_group(fleet, TimedServer(server, meters, emulate), run, plan)
-    return updates, server, meters, lost
+    outliers = peer_outliers(fleet.distances, bounds.peer_update_factor)  # as the server's
+    lost.update(outliers)
+    return [u for u in updates if u.client not in outliers], server, meters, lost
 
 
 def _meter(m: Meter) -> dict:
