@@ -18,8 +18,15 @@ from splitfl.config import ConfigError
 from splitfl.experiment.runner import as_config
 from splitfl.net import device_session as device_module
 from splitfl.net import device_workers
-from splitfl.net.auth import AuthSetupError, TokenBook, channel_credentials, server_credentials
+from splitfl.net.auth import (
+    AuthSetupError,
+    TokenBook,
+    channel_credentials,
+    server_credentials,
+    token_proof,
+)
 from splitfl.net.certs import write_self_signed
+from splitfl.net.device import DeviceOptions
 from splitfl.net.hub import Hub, HubSettings
 from splitfl.net.testbed import Testbed
 from splitfl.net.wire import (
@@ -179,8 +186,17 @@ def test_tokens_file_holds_hashes_only_and_checks_in_constant_time(tmp_path):
     text = bed.tokens_file.read_text()
     assert bed.tokens["a"] not in text and "a:" in text
     book = TokenBook.read(bed.tokens_file)
-    assert book.check("a", bed.tokens["a"]) and not book.check("a", bed.tokens["b"])
-    assert not book.check("c", bed.tokens["a"]) and not book.check("a", None)
+    hello, nonce = {"protocol": 4, "name": "a", "clients": [0]}, "n" * 64
+
+    def check(name, token, nonce=nonce, hello=hello):
+        return book.check(name, nonce, hello, token_proof(token, nonce, hello))
+
+    assert check("a", bed.tokens["a"]) and not check("a", bed.tokens["b"])
+    assert not check("c", bed.tokens["a"]) and not book.check("a", nonce, hello, None)
+    # a proof answers one nonce and one hello: not another nonce, not a changed hello
+    answer = token_proof(bed.tokens["a"], nonce, hello)
+    assert not book.check("a", "m" * 64, hello, answer)
+    assert not book.check("a", nonce, {**hello, "clients": [1]}, answer)
 
 
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "a:123\n", "nocolon\n"])
@@ -235,19 +251,48 @@ def test_other_protocol_version_is_refused_with_a_clear_message(hub, monkeypatch
     assert "protocol version 99 not supported" in " ".join(old.lines)
 
 
-def test_duplicate_names_replace_and_taken_clients_are_waited_for(hub):
-    """The same name connecting again replaces the old link (which is told why and stops);
-    clients hosted by another device are retried for, up to ``retry_s`` (exit 1)."""
+def _opts(**values) -> dict:
+    """DeviceOptions fields the code under test knows (the same test runs on older code)."""
+    return {k: v for k, v in values.items() if k in DeviceOptions.__dataclass_fields__}
+
+
+def test_a_second_holder_of_a_live_name_is_refused_and_the_first_keeps_its_link(hub):
+    """Token sharing: a second process with a connected device's token is refused while the
+    first answers keepalives — it exits 2 with one line — and the first keeps its link
+    (old code: the second replaced it, and the first exited 0 for good)."""
     server, bed = hub
     first = bed.device("a", [0, 1])
     server.wait_for(1, 30)
+    link = server.link_of(0)
+    second = bed.device("a", [2], retry_s=20.0, **_opts(duplicate_wait_s=2.0))
+    assert _wait_code(second) == 2
+    assert "connected already" in second.lines[-1] and "exiting" in second.lines[-1]
+    assert first.is_alive() and server.link_of(0) is link and link.alive
+    audit_refused = [k for k in server.links.values() if k.name == "a"]
+    assert audit_refused == [link]
+
+
+def test_a_device_whose_silent_link_is_replaced_exits_non_zero_with_one_line(hub):
+    """A link that stopped answering keepalives (half-open) is replaced by a new hello of its
+    name; if its process still hears the server, it is told so and exits 2, never 0."""
+    server, bed = hub
+    first = bed.device("a", [0, 1])
+    server.wait_for(1, 30)
+    server.link_of(0).heard -= 1000.0  # as if silent for 1000 s
     again = bed.device("a", [2])
-    assert _wait_code(first) == 0 and "replaced" in " ".join(first.lines)
+    assert _wait_code(first) == 2 and "replaced by a connection" in first.lines[-1]
     server.wait_for(1, 30)
     assert server.link_of(2).name == "a" and server.link_of(0) is None and again.is_alive()
+
+
+def test_taken_clients_are_waited_for(hub):
+    """Clients hosted by another device are retried for, up to ``retry_s`` (exit 1)."""
+    server, bed = hub
+    holder = bed.device("a", [2])
+    server.wait_for(1, 30)
     taken = bed.device("b", [2], retry_s=2.0)
     assert _wait_code(taken) == 1 and "already hosted" in " ".join(taken.lines)
-    assert again.is_alive() and server.link_of(2).name == "a"
+    assert holder.is_alive() and server.link_of(2).name == "a"
 
 
 def test_plain_text_device_cannot_reach_a_tls_server(tmp_path):

@@ -34,6 +34,7 @@ from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
 from splitfl.net.device_workers import ClientWorkers, Contact, Silence
 from splitfl.net.guard import Audit
+from splitfl.net.handshake import CONNECTED_ALREADY, answer
 from splitfl.net.hub import METHOD, SILENT_PERIODS, keepalive_options
 from splitfl.net.peer import PeerEndpoint, outgoing
 from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, WireError, decode, encode
@@ -131,12 +132,13 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
     ``retry_s`` has passed since the server was last heard (:class:`Contact`)."""
     delay, contact = 0.5, Contact()
     agent: DeviceAgent | None = None
+    duplicate = Duplicate(opts.duplicate_wait_s)
     while True:
         try:
             agent, done = _session(opts, agent, log, agent_cls, peer, local=local, contact=contact)
             if done:
                 return 0
-            contact.at, delay = time.monotonic(), 0.5
+            contact.at, delay, duplicate.since = time.monotonic(), 0.5, None
         except Refused as err:
             log(f"splitfl device {opts.name}: refused: {err}")
             return 2
@@ -144,6 +146,12 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
             log(f"splitfl device {opts.name}: error: {err}")
             return 2
         except grpc.RpcError as err:
+            if duplicate.gave_up(err):
+                log(
+                    f"splitfl device {opts.name}: refused: {err.details()} (for "
+                    f"{opts.duplicate_wait_s:g} s; exiting)"
+                )
+                return 2
             log(f"splitfl device {opts.name}: connection: {err.code().name} {err.details()}")
         except WireError as err:
             log(f"splitfl device {opts.name}: bad message from the server: {err}")
@@ -154,6 +162,24 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
             return 1
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
+
+
+class Duplicate:
+    """How long the server has been refusing this device's name because another link of
+    that name answers keepalives: retried for ``wait_s`` (the server replaces a link silent
+    for two keepalive periods: this device's own half-open one), then given up (exit 2)."""
+
+    def __init__(self, wait_s: float):
+        self.wait_s, self.since = wait_s, None
+
+    def gave_up(self, err: grpc.RpcError) -> bool:
+        if err.code() != grpc.StatusCode.ALREADY_EXISTS or CONNECTED_ALREADY not in str(
+            err.details()
+        ):
+            self.since = None
+            return False
+        self.since = self.since or time.monotonic()
+        return time.monotonic() - self.since > self.wait_s
 
 
 #: Permanent refusals (exit 2). ALREADY_EXISTS (clients held by another link, e.g. this
@@ -191,12 +217,15 @@ def _session(
     else:
         channel = grpc.secure_channel(opts.server, opts.credentials, options=options)
     outbox: queue.SimpleQueue = queue.SimpleQueue()
-    chunking = {"bytes": 1 << 16}  # until the server's welcome says its chunk size
-    hello = {"protocol": PROTOCOL_VERSION, "name": opts.name, "token": opts.token}
+    # the session's chunking: the chunk size (until the welcome says the server's) and the hello
+    # (until the listener's challenge is answered)
+    chunking: dict = {"bytes": 1 << 16}
+    hello = {"protocol": PROTOCOL_VERSION, "name": opts.name}
     hello["clients"] = list(opts.clients) if to_peer else hello_clients(opts, local)
     if peer is not None:
         hello["peer"] = peer.announce()
     outbox.put(encode(Message("hello", hello)))
+    chunking["hello"] = hello
     compression = grpc.Compression.Gzip if opts.compression == "gzip" else None
     stream = channel.stream_stream(METHOD)(outgoing(outbox, chunking), compression=compression)
     if watch is not None:
@@ -251,6 +280,9 @@ def _read_commands(
         msg = decode(data)
         if msg.type == "ping":
             outbox.put(encode(Message("pong")))
+            continue
+        if msg.type == "challenge" and "hello" in chunking:
+            outbox.put(encode(answer(opts.token, chunking.pop("hello"), msg)))
             continue
         if msg.type == "welcome":
             clients = msg.fields.get("clients")
