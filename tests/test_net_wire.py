@@ -26,7 +26,6 @@ from splitfl.net.auth import (
     token_proof,
 )
 from splitfl.net.certs import write_self_signed
-from splitfl.net.device import DeviceOptions
 from splitfl.net.hub import Hub, HubSettings
 from splitfl.net.testbed import Testbed
 from splitfl.net.wire import (
@@ -249,40 +248,6 @@ def test_other_protocol_version_is_refused_with_a_clear_message(hub, monkeypatch
     old = bed.device("a", [0])
     assert _wait_code(old) == 2
     assert "protocol version 99 not supported" in " ".join(old.lines)
-
-
-def _opts(**values) -> dict:
-    """DeviceOptions fields the code under test knows (the same test runs on older code)."""
-    return {k: v for k, v in values.items() if k in DeviceOptions.__dataclass_fields__}
-
-
-def test_a_second_holder_of_a_live_name_is_refused_and_the_first_keeps_its_link(hub):
-    """Token sharing: a second process with a connected device's token is refused while the
-    first answers keepalives — it exits 2 with one line — and the first keeps its link
-    (old code: the second replaced it, and the first exited 0 for good)."""
-    server, bed = hub
-    first = bed.device("a", [0, 1])
-    server.wait_for(1, 30)
-    link = server.link_of(0)
-    second = bed.device("a", [2], retry_s=20.0, **_opts(duplicate_wait_s=2.0))
-    assert _wait_code(second) == 2
-    assert "connected already" in second.lines[-1] and "exiting" in second.lines[-1]
-    assert first.is_alive() and server.link_of(0) is link and link.alive
-    audit_refused = [k for k in server.links.values() if k.name == "a"]
-    assert audit_refused == [link]
-
-
-def test_a_device_whose_silent_link_is_replaced_exits_non_zero_with_one_line(hub):
-    """A link that stopped answering keepalives (half-open) is replaced by a new hello of its
-    name; if its process still hears the server, it is told so and exits 2, never 0."""
-    server, bed = hub
-    first = bed.device("a", [0, 1])
-    server.wait_for(1, 30)
-    server.link_of(0).heard -= 1000.0  # as if silent for 1000 s
-    again = bed.device("a", [2])
-    assert _wait_code(first) == 2 and "replaced by a connection" in first.lines[-1]
-    server.wait_for(1, 30)
-    assert server.link_of(2).name == "a" and server.link_of(0) is None and again.is_alive()
 
 
 def test_taken_clients_are_waited_for(hub):
