@@ -329,3 +329,70 @@ def test_a_foreign_protocol_is_one_clear_line(tmp_path, protocol, words):
         raw.close()
     finally:
         hub.stop()
+
+
+def _row(k: int, dropped: dict) -> dict:
+    return {"round": k, "avg_waiting": 0.0, "dropped_reasons": dropped}
+
+
+def test_a_finished_run_that_lost_a_device_or_its_ring_says_so_in_its_status():
+    """A device gone for 9 of 14 rounds, or every ring round abandoned: the status still
+    starts with ``ok`` (a finished run, for sweeps and reports) and says what was lost (old
+    code: plain ``ok``)."""
+    from splitfl.metrics import summary as summaries
+
+    gone = {"4": "device not connected", "5": "device not connected"}
+    rows = [_row(k, gone if k > 5 else {}) for k in range(1, 15)]
+    status = summaries.summarize(rows, None, "ok", 14)["status"]
+    assert status == "ok (clients 4, 5 without a connected device in 9 of 14 rounds)"
+    ring = {"0": "ring round abandoned: client 2 not connected"}
+    status = summaries.summarize([_row(k, ring) for k in (1, 2)], None, "ok", 2)["status"]
+    assert status == "ok (every ring round abandoned)"
+    assert summaries.summarize([_row(1, {})], None, "ok", 1)["status"] == "ok"
+    assert summaries.is_ok(status) and not summaries.is_ok("okay")
+
+
+def test_an_expired_server_certificate_stops_the_device_at_once(tmp_path):
+    """Old code: retried as transient until ``--retry-s``, then exit 1."""
+    pytest.importorskip("cryptography")
+    from splitfl.net.auth import channel_credentials, server_credentials
+    from splitfl.net.certs import write_self_signed
+
+    cert, key = write_self_signed(tmp_path / "certs", ["localhost"], days=0)  # ends now
+    bed = Testbed.create(tmp_path / "bed", ["a"])
+    book = TokenBook.read(bed.tokens_file)
+    hub = Hub(HubSettings(1 << 20, 1 << 16), book, 4, {"config": {}}, Audit())
+    hub.start(f"127.0.0.1:{bed.port}", server_credentials(cert, key))
+    try:
+        time.sleep(1.1)
+        creds = channel_credentials(cert)
+        device = bed.device("a", [0], host="localhost", credentials=creds, retry_s=20.0)
+        assert _code(device, 10) == 2
+        assert "certificate was refused (certificate has expired)" in device.lines[-1]
+    finally:
+        hub.stop()
+
+
+def test_measured_round_time_includes_the_wait_for_devices_to_rejoin(tmp_path, monkeypatch):
+    """The wait before a round (up to ``network.rejoin_s``) is part of its measured time
+    (old code: left out)."""
+    import json
+
+    import splitfl
+    from splitfl.net.session import NetworkSession
+
+    real = NetworkSession.wait_ready
+
+    def slow(self) -> None:
+        time.sleep(2.0)
+        real(self)
+
+    monkeypatch.setattr(NetworkSession, "wait_ready", slow)
+    bed = Testbed.create(tmp_path / "bed", ["a"])
+    device = bed.device("a", [0, 1, 2, 3])
+    changes = {"rounds": 1, "data.num_clients": 4, "train.clients_per_round": 4}
+    net = bed.server_overrides(min_devices=1)
+    result = splitfl.run(config_for("splitfed_v1", **changes, **net), run_dir=tmp_path / "run")
+    device.join(30)
+    row = json.loads((result.run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["measured_round_time"] >= 2.0

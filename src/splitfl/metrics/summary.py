@@ -79,6 +79,37 @@ def checked_status(rows: list[dict[str, Any]], status: str, planned: int | None)
     return status
 
 
+def is_ok(status: str) -> bool:
+    """Whether a summary's status is a finished run's: ``ok``, possibly with what went wrong
+    on the way in brackets (``ok (clients 4, 5 without a connected device in 9 of 14
+    rounds)``: :func:`network_warnings`)."""
+    return status == "ok" or status.startswith("ok (")
+
+
+def network_warnings(rows: list[dict[str, Any]]) -> list[str]:
+    """What a finished networked run lost on the way, from its rows' ``dropped_reasons``:
+    clients whose device was not connected (or lost) in some rounds, and abandoned ring
+    rounds; [] for a run that lost nothing (and every simulated run)."""
+    absent: dict[str, int] = {}
+    ring = 0
+    for row in rows:
+        reasons = row.get("dropped_reasons") or {}
+        for client, why in reasons.items():
+            if str(why).startswith(("device not connected", "lost:")):
+                absent[client] = absent.get(client, 0) + 1
+        ring += any(str(why).startswith("ring round abandoned") for why in reasons.values())
+    out = []
+    if absent:
+        worst = max(absent.values())
+        clients = sorted((c for c, n in absent.items() if n == worst), key=int)
+        named = ", ".join(clients[:8]) + (", ..." if len(clients) > 8 else "")
+        out.append(f"clients {named} without a connected device in {worst} of {len(rows)} rounds")
+    if ring:
+        every = "every ring round" if ring == len(rows) else f"{ring} of {len(rows)} ring rounds"
+        out.append(f"{every} abandoned")
+    return out
+
+
 def warmup_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """A run's warm-up rounds (S²FL §3.1, logged as ``plan_split: warm-up``): how many, the
     simulated time they took, and per round the most devices timed and aggregated (all timed
@@ -108,8 +139,12 @@ def summarize(
     losses = [r for r in rows if r.get("test_loss") is not None]
     waits = [r["avg_waiting"] for r in rows]
     last = rows[-1] if rows else {}
+    status, warnings = checked_status(rows, status, planned), network_warnings(rows)
+    if status == "ok" and warnings:
+        status = f"ok ({'; '.join(warnings)})"
     return {
-        "status": checked_status(rows, status, planned),
+        "status": status,
+        "warnings": warnings,
         "rounds": len(rows),
         "missing_rounds": missing_rounds(rows),
         "final_acc": evals[-1]["test_acc"] if evals else None,

@@ -159,3 +159,16 @@ def ready_problem(kind: str, fields: dict, spec: dict | None, link) -> tuple[str
         return None, check_announcement(data, link.name, link.clients, spec)
     except AnnouncementError as err:
         return f"data announcement: {err}", {}
+
+
+def keep_announced(announced: dict, got: dict) -> str | None:
+    """Record a device's valid announcement in ``announced`` (client → :class:`Announced`):
+    a client's first announcement stands, a later one must repeat its sample count (else
+    the refusal, and nothing is recorded)."""
+    for c, a in got.items():
+        first = announced.get(c, a)
+        if first.samples != a.samples:
+            return f"client {c}: {a.samples} samples, {first.samples} at its first join"
+    for c, a in got.items():
+        announced.setdefault(c, a)
+    return None

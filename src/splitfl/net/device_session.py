@@ -146,6 +146,9 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
             log(f"splitfl device {opts.name}: error: {err}")
             return 2
         except grpc.RpcError as err:
+            if certificate_refused(err):
+                log(f"splitfl device {opts.name}: error: {certificate_refused(err)}")
+                return 2
             if duplicate.gave_up(err):
                 log(
                     f"splitfl device {opts.name}: refused: {err.details()} (for "
@@ -162,6 +165,20 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
             return 1
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
+
+
+def certificate_refused(err: grpc.RpcError) -> str | None:
+    """One line when the server's TLS certificate failed verification (expired, not yet
+    valid, not signed by ``--ca-cert``, another host): retrying cannot help, so the device
+    stops (exit 2) instead of redialling until ``--retry-s``."""
+    details = str(err.details())
+    if "CERTIFICATE_VERIFY_FAILED" not in details:
+        return None
+    why = details.partition("CERTIFICATE_VERIFY_FAILED")[2].strip(": ").split(":")[0]
+    return (
+        f"the server's TLS certificate was refused ({why or 'verify failed'}): renew it "
+        "(splitfl certs) or give the device the right --ca-cert"
+    )
 
 
 class Duplicate:

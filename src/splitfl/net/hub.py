@@ -1,22 +1,18 @@
 """The server's end of the network: a gRPC service that device processes connect to.
 
 Each device process opens one bidirectional stream (``/splitfl.Hub/Connect``, raw bytes: the
-chunks of :mod:`splitfl.net.wire`) and opens it as :mod:`splitfl.net.handshake` says: hello
-(protocol version, name, the clients it asks to host — no token), the hub's challenge (a
-fresh nonce), the device's proof of its token. Before that, the
-:class:`~splitfl.net.guard.Gate` bounds what an unauthenticated caller may hold (hello size,
-time, slots, failed proofs per address and name). The hub refuses a different protocol
-version, checks the proof against the stored hashes, assigns clients (only those the token
-is bound to, if it is) and answers ``welcome`` with what the device needs of the run's
-config. A name whose link still answers keepalives is refused to a second stream; a silent
-link (half-open after a partition) is replaced. Keepalive: the hub sends ``ping`` on every
-link each ``keepalive_s`` and the device answers ``pong`` at once; a link silent for
-:data:`SILENT_PERIODS` periods is closed (both ends: the device redials when the server's
-messages stop), so a partition ends in a reconnect, never in a hang. From then on the
-server sends commands on the stream and routes each reply to the inbox of the client it
-names — a device may only speak for its own clients. A broken stream, a malformed or
-oversized message, a reply for a foreign client or a burst over the rate limit closes the
-device's link; waiting calls see the link as lost.
+chunks of :mod:`splitfl.net.wire`) as :mod:`splitfl.net.handshake` says: hello (protocol,
+name, clients asked for; no token), the hub's challenge, the device's proof of its token.
+Until then the :class:`~splitfl.net.guard.Gate` bounds what the caller may hold. The hub
+checks the version and the proof, assigns clients (only those bound to the token, if any)
+and answers ``welcome`` with what the device needs of the run's config. A name whose link
+still answers keepalives is refused to a second stream; a silent (half-open) link is
+replaced. Keepalive: the hub pings every link each ``keepalive_s``, the device answers at
+once; a link silent for :data:`SILENT_PERIODS` periods is closed (both ends: the device
+redials), so a partition ends in a reconnect, never a hang. Then the server sends commands
+and routes each reply to the inbox of the client it names — a device speaks only for its
+own clients. A broken stream, a malformed or oversized message, a reply for a foreign
+client or a burst over the rate limit closes the link; waiting calls see it as lost.
 """
 
 from __future__ import annotations
@@ -30,7 +26,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from splitfl.net.announce import Announced, ready_problem
+from splitfl.net.announce import Announced, keep_announced, ready_problem
 from splitfl.net.assign import AssignRefused, assign_clients
 from splitfl.net.auth import TokenBook, new_nonce
 from splitfl.net.guard import Audit, Gate, peer_address
@@ -40,6 +36,7 @@ from splitfl.net.link import (
     LOST,
     SILENT_PERIODS,
     DeviceLink,
+    answers,
     keep_alive,
     keepalive_options,
     stop_grpc_server,
@@ -59,9 +56,6 @@ __all__ += ["keepalive_options"]
 
 SERVICE = "splitfl.Hub"
 METHOD = f"/{SERVICE}/Connect"
-#: A link heard from within this many keepalive periods still answers: its name is refused
-#: to another stream (a link silent longer is replaced).
-LIVE_PERIODS = 2
 
 
 @dataclass(frozen=True)
@@ -310,7 +304,7 @@ class Hub:
         peer = f.get("peer") or {}
         with self.lock:
             old = self.links.get(name)
-            if old is not None and old.alive and self._answers(old):
+            if old is not None and answers(old, self.settings.keepalive_s):
                 why = f"device {name[:60]!r} {CONNECTED_ALREADY} from {old.address} and "
                 why += "answers keepalives (another process with its token?)"
                 self._refuse(context, address, grpc.StatusCode.ALREADY_EXISTS, why)
@@ -328,12 +322,6 @@ class Hub:
             self.lock.notify_all()
         self.audit(event, address, f"device={name} clients={clients}")
         return link
-
-    def _answers(self, link: DeviceLink) -> bool:
-        """Whether ``link`` was heard from within :data:`LIVE_PERIODS` keepalive periods (a
-        hub without keepalive: never — a new hello replaces the link)."""
-        period = self.settings.keepalive_s
-        return period > 0 and time.monotonic() - link.heard <= LIVE_PERIODS * period
 
     def _known(self, name: str, nonce: str, hello: dict, proof: Message, context) -> bool:
         """The proof checks out; a name not in the book yet is waited for up to
@@ -409,18 +397,12 @@ class Hub:
         return True
 
     def _check_data(self, link: DeviceLink, ready: Message) -> str | None:
-        """Why a device's ``ready`` is refused (:func:`~splitfl.net.announce.ready_problem`),
-        or None; keeps a valid announcement (the first announcement of a client stands; a
-        later one must repeat its sample count)."""
+        """Why a device's ``ready`` is refused (:func:`~splitfl.net.announce.ready_problem`,
+        :func:`~splitfl.net.announce.keep_announced`), or None."""
         problem, got = ready_problem(ready.type, ready.fields, self.data_spec, link)
         if problem is not None or not got:
             return problem
         with self.lock:
-            for c, a in got.items():
-                first = self.announced.get(c, a)
-                if first.samples != a.samples:
-                    return f"client {c}: {a.samples} samples, {first.samples} at its first join"
-            for c, a in got.items():
-                self.announced.setdefault(c, a)
+            problem = keep_announced(self.announced, got)
             self.lock.notify_all()
-        return None
+        return problem

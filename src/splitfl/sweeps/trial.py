@@ -19,7 +19,7 @@ from splitfl.config import ConfigError, ExperimentConfig, from_dict
 from splitfl.executors import NonFiniteLossError
 from splitfl.experiment import runner  # looked up per call (tests replace runner.run)
 from splitfl.metrics.rundirs import read_rows
-from splitfl.metrics.summary import read_record
+from splitfl.metrics.summary import is_ok, read_record
 
 FINAL = ("done", "diverged")  # not rerun on resume (a diverged trial diverges again)
 
@@ -44,7 +44,7 @@ def run_state(run_dir: Path, rounds: int) -> str:
     status = str(summary.get("status", ""))
     if status.startswith("diverged"):
         return "diverged"
-    if status == "ok" and summary.get("rounds") == rounds and (run_dir / "model.pt").is_file():
+    if is_ok(status) and summary.get("rounds") == rounds and (run_dir / "model.pt").is_file():
         try:
             read_rows(run_dir / "metrics.jsonl", rounds)
             return "done"
