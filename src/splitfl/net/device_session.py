@@ -234,8 +234,8 @@ def _session(
     else:
         channel = grpc.secure_channel(opts.server, opts.credentials, options=options)
     outbox: queue.SimpleQueue = queue.SimpleQueue()
-    # the session's chunking: the chunk size (until the welcome says the server's) and the hello
-    # (until the listener's challenge is answered)
+    # the chunk size (until the welcome says the server's); the hello, until the listener's
+    # challenge is answered
     chunking: dict = {"bytes": 1 << 16}
     hello = {"protocol": PROTOCOL_VERSION, "name": opts.name}
     hello["clients"] = list(opts.clients) if to_peer else hello_clients(opts, local)
