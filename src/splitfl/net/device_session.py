@@ -290,7 +290,10 @@ def _read_commands(
     agent_cls, peer, to_peer, local, silence = setup
     assembler = Reassembler(opts.max_message_bytes)
     for chunk in stream:
-        silence.heard = time.monotonic()
+        if chunking.get("welcomed"):
+            silence.heard = time.monotonic()
+        else:
+            silence.stirred(time.monotonic())
         data = assembler.feed(chunk)
         if data is None:
             continue
@@ -310,7 +313,7 @@ def _read_commands(
             size = msg.fields.get("chunk_bytes")
             if not isinstance(size, int) or not 1 <= size <= opts.max_message_bytes:
                 raise WireError(f"bad chunk size {size!r} in welcome")
-            chunking["bytes"] = size
+            chunking["bytes"], chunking["welcomed"] = size, True
             if not to_peer and (agent is None or sorted(agent.data.samples) != sorted(clients)):
                 agent = _new_agent(opts, msg.fields, clients, agent_cls, local, outbox)
                 agent.peer, agent.options, agent.sessions = peer, opts, SESSION_HANDLERS
