@@ -20,6 +20,7 @@ import torch
 import splitfl
 import splitfl.framing as framing
 import splitfl.net.wire as wire
+from net_raw import RawStream
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.net.auth import TokenBook
@@ -199,21 +200,14 @@ def _raw_stream(port: int, frames: queue.Queue):
     return channel, channel.stream_stream(METHOD)(outgoing(frames, {"bytes": 1 << 16}))
 
 
-def _hello(clients) -> bytes:
-    fields = {"protocol": wire.PROTOCOL_VERSION, "name": "dev", "token": "secret"}
-    return encode(Message("hello", {**fields, "clients": clients}))
-
-
 def test_unsolicited_replies_are_bounded(hub):
     hub, port = hub
-    frames: queue.Queue = queue.Queue()
-    frames.put(_hello([0]))
-    channel, stream = _raw_stream(port, frames)
-    next(iter(stream))  # the welcome
-    frames.put(encode(Message("ready")))
+    raw = RawStream(port).hello("dev", "secret", [0])
+    assert raw.outcome(10) == "welcome"
+    raw.send(Message("ready"))
     blob = torch.zeros(1 << 16, dtype=torch.uint8)  # 64 KiB each, nobody asked for them
     for seq in range(200):
-        frames.put(encode(Message("ack", {"client": 0, "seq": seq}, {"x": blob})))
+        raw.send(Message("ack", {"client": 0, "seq": seq}, {"x": blob}))
     deadline = time.monotonic() + 15
     link = None
     while time.monotonic() < deadline:
@@ -224,8 +218,7 @@ def test_unsolicited_replies_are_bounded(hub):
         time.sleep(0.05)
     assert link is not None and link.alive
     assert link.inbox[0].qsize() <= 16  # old code: all 200 (12.8 MiB) held
-    frames.put(None)
-    channel.close()
+    raw.close()
 
 
 def test_an_inbox_holds_at_most_its_bound_and_frees_what_is_taken():

@@ -18,7 +18,13 @@ from splitfl.config import ConfigError
 from splitfl.experiment.runner import as_config
 from splitfl.net import device_session as device_module
 from splitfl.net import device_workers
-from splitfl.net.auth import AuthSetupError, TokenBook, channel_credentials, server_credentials
+from splitfl.net.auth import (
+    AuthSetupError,
+    TokenBook,
+    channel_credentials,
+    server_credentials,
+    token_proof,
+)
 from splitfl.net.certs import write_self_signed
 from splitfl.net.hub import Hub, HubSettings
 from splitfl.net.testbed import Testbed
@@ -179,8 +185,17 @@ def test_tokens_file_holds_hashes_only_and_checks_in_constant_time(tmp_path):
     text = bed.tokens_file.read_text()
     assert bed.tokens["a"] not in text and "a:" in text
     book = TokenBook.read(bed.tokens_file)
-    assert book.check("a", bed.tokens["a"]) and not book.check("a", bed.tokens["b"])
-    assert not book.check("c", bed.tokens["a"]) and not book.check("a", None)
+    hello, nonce = {"protocol": 4, "name": "a", "clients": [0]}, "n" * 64
+
+    def check(name, token, nonce=nonce, hello=hello):
+        return book.check(name, nonce, hello, token_proof(token, nonce, hello))
+
+    assert check("a", bed.tokens["a"]) and not check("a", bed.tokens["b"])
+    assert not check("c", bed.tokens["a"]) and not book.check("a", nonce, hello, None)
+    # a proof answers one nonce and one hello: not another nonce, not a changed hello
+    answer = token_proof(bed.tokens["a"], nonce, hello)
+    assert not book.check("a", "m" * 64, hello, answer)
+    assert not book.check("a", nonce, {**hello, "clients": [1]}, answer)
 
 
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "a:123\n", "nocolon\n"])
@@ -235,19 +250,14 @@ def test_other_protocol_version_is_refused_with_a_clear_message(hub, monkeypatch
     assert "protocol version 99 not supported" in " ".join(old.lines)
 
 
-def test_duplicate_names_replace_and_taken_clients_are_waited_for(hub):
-    """The same name connecting again replaces the old link (which is told why and stops);
-    clients hosted by another device are retried for, up to ``retry_s`` (exit 1)."""
+def test_taken_clients_are_waited_for(hub):
+    """Clients hosted by another device are retried for, up to ``retry_s`` (exit 1)."""
     server, bed = hub
-    first = bed.device("a", [0, 1])
+    holder = bed.device("a", [2])
     server.wait_for(1, 30)
-    again = bed.device("a", [2])
-    assert _wait_code(first) == 0 and "replaced" in " ".join(first.lines)
-    server.wait_for(1, 30)
-    assert server.link_of(2).name == "a" and server.link_of(0) is None and again.is_alive()
     taken = bed.device("b", [2], retry_s=2.0)
     assert _wait_code(taken) == 1 and "already hosted" in " ".join(taken.lines)
-    assert again.is_alive() and server.link_of(2).name == "a"
+    assert holder.is_alive() and server.link_of(2).name == "a"
 
 
 def test_plain_text_device_cannot_reach_a_tls_server(tmp_path):

@@ -76,8 +76,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             address=args.address,
         )
     print(comparison_table({result.config.algorithm: result.summary}))
-    for line in result.summary.get("warnings", []):
-        print(f"warning: {line}", file=sys.stderr)
     print(f"run directory: {result.run_dir}")
     return 0
 

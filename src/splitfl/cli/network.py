@@ -90,12 +90,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_token(args: argparse.Namespace) -> int:
     """A new token for device ``name``: the token into ``--out`` (mode 600), its hash
-    appended to the server's ``--tokens`` file — with ``--clients 0-4,7`` bound to those
-    client ids (``name:hash:clients=0-4,7``: only this token may host them)."""
+    appended to the server's ``--tokens`` file, binding clients: ``--clients 0-4,7`` those
+    ids (``name:hash:clients=0-4,7``: only this token may host them), by default the clients
+    the device is first given (``clients=auto``: no other device takes them while it is
+    away), with ``--any-client`` none (any client no other token is bound to)."""
     if not args.name or any(c in args.name for c in ":\n#") or args.name != args.name.strip():
         raise ConfigError("NAME", "a device name without ':', '#', newlines or edge spaces")
-    bind = ""
+    bind = "" if args.any_client else ":clients=auto"
     if args.clients is not None:
+        if args.any_client:
+            raise ConfigError("--any-client", "give either --clients or --any-client")
         try:
             bind = f":clients={format_ids(parse_ids(args.clients))}"
         except ValueError as err:
@@ -158,7 +162,16 @@ def add_network_parsers(sub) -> None:
     p.add_argument("--tokens", required=True, metavar="FILE", help="the server's tokens file")
     p.add_argument("--out", metavar="FILE", help="the device's token file (default NAME.token)")
     p.add_argument(
-        "--clients", metavar="IDS", help="bind these client ids to the token (e.g. 0-4,7)"
+        "--clients",
+        metavar="IDS",
+        help="bind these client ids to the token (e.g. 0-4,7); default: the clients the "
+        "device is first given",
+    )
+    p.add_argument(
+        "--any-client",
+        action="store_true",
+        help="bind no clients: the device may host any client no other token holds (a "
+        "stand-by device; it may also take a departed device's unbound clients)",
     )
     p.set_defaults(fn=cmd_token)
     p = sub.add_parser("certs", help="make a self-signed TLS certificate for the server")

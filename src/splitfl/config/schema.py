@@ -333,7 +333,8 @@ class NetworkConfig:
     #: unauthenticated stream may take to authenticate, the largest hello, the most
     #: unauthenticated streams at once, the most devices connected at once (late joiners up
     #: to it are accepted and used from the next round), and failed authentications per
-    #: address and minute before the address is refused for a minute (0: never).
+    #: (address, device name) and minute before that pair is throttled for a minute (0:
+    #: never; a right proof always passes). ``max_pending`` grows to 2 per expected device.
     keepalive_s: float = 10.0
     auth_timeout_s: float = 10.0
     max_hello_kb: int = 64

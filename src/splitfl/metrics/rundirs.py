@@ -18,7 +18,7 @@ from typing import Any
 
 from splitfl.config import ConfigError, ExperimentConfig, flatten, load_yaml
 from splitfl.metrics.summary import BUDGET_STATUS as BUDGET
-from splitfl.metrics.summary import check_target, read_bytes, read_metrics, read_record
+from splitfl.metrics.summary import check_target, is_ok, read_bytes, read_metrics, read_record
 
 SWEEP_INDEX = "trials.json"
 
@@ -125,7 +125,7 @@ def _read_files(record: RunRecord) -> None:
         record.status, record.error = error.get("status", "failed"), str(error.get("error"))
     elif status.startswith("diverged"):
         record.status, record.error = "diverged", status
-    elif (status == "ok" and _done_rounds(summary) >= rounds) or status.startswith(BUDGET):
+    elif (is_ok(status) and _done_rounds(summary) >= rounds) or status.startswith(BUDGET):
         check_complete(record.rows, _done_rounds(summary), path / "metrics.jsonl")
         record.status = "done"
     else:

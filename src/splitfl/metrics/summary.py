@@ -84,6 +84,50 @@ def checked_status(rows: list[dict[str, Any]], status: str, planned: int | None)
     return status
 
 
+def is_ok(status: str) -> bool:
+    """Whether a summary's status is a finished run's: ``ok``, possibly with what went wrong
+    on the way in brackets (``ok (clients 4, 5 without a connected device in 9 of 14
+    rounds)``: :func:`network_warnings`)."""
+    return status == "ok" or status.startswith("ok (")
+
+
+def network_warnings(rows: list[dict[str, Any]]) -> list[str]:
+    """What a finished networked run lost on the way, from its rows' ``dropped_reasons``:
+    clients whose device was not connected (or lost) in some rounds, and abandoned ring
+    rounds; [] for a run that lost nothing (and every simulated run)."""
+    absent: dict[str, int] = {}
+    ring = 0
+    for row in rows:
+        reasons = _reasons(row)
+        for client, why in reasons:
+            if why.startswith(ABSENT):
+                absent[client] = absent.get(client, 0) + 1
+        ring += any(why.startswith(RING_ABANDONED) for _, why in reasons)
+    out = []
+    if absent:
+        worst = max(absent.values())
+        clients = sorted((c for c, n in absent.items() if n == worst), key=int)
+        named = ", ".join(clients[:8]) + (", ..." if len(clients) > 8 else "")
+        out.append(f"clients {named} without a connected device in {worst} of {len(rows)} rounds")
+    if ring:
+        every = "every ring round" if ring == len(rows) else f"{ring} of {len(rows)} ring rounds"
+        out.append(f"{every} abandoned")
+    return out
+
+
+#: ``dropped_reasons`` that say a device was not there (:func:`network_warnings`).
+ABSENT = ("device not connected", "lost:")
+RING_ABANDONED = "ring round abandoned"
+
+
+def _reasons(row: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(str(c), str(why)) for c, why in (row.get("dropped_reasons") or {}).items()]
+
+
+def _absent(why: str) -> bool:
+    return why.startswith(ABSENT) or why.startswith(RING_ABANDONED)
+
+
 #: A finished run whose final test accuracy is below this share of its best (reached at
 #: this accuracy or more) says so (:func:`run_warnings`): a run that trained and then broke.
 COLLAPSE_SHARE, COLLAPSE_FROM = 0.5, 0.3
@@ -91,8 +135,10 @@ COLLAPSE_SHARE, COLLAPSE_FROM = 0.5, 0.3
 
 def run_warnings(rows: list[dict[str, Any]]) -> list[str]:
     """What a reader of an ``ok`` run must know (``summary.json`` ``warnings``, one line
-    each): test accuracy that collapsed from its best, and client work the server rejected
-    or lost (``dropped_reasons``: hostile or unreachable devices)."""
+    each; the status of an ``ok`` run carries them in brackets): test accuracy that
+    collapsed from its best, devices absent or rings abandoned (:func:`network_warnings`),
+    and other client work the server dropped (``dropped_reasons``: hostile or stalling
+    devices)."""
     out = []
     evals = [(r["round"], r["test_acc"]) for r in rows if r.get("test_acc") is not None]
     if evals:
@@ -103,13 +149,15 @@ def run_warnings(rows: list[dict[str, Any]]) -> list[str]:
                 f"test accuracy collapsed: {100 * final:.1f}% at the end, "
                 f"{100 * best:.1f}% at round {best_round}"
             )
-    dropped = [r for r in rows if r.get("dropped_clients")]
-    if dropped:
-        count = sum(len(r["dropped_clients"]) for r in dropped)
-        clients = sorted({c for r in dropped for c in r["dropped_clients"]})
+    out += network_warnings(rows)
+    rejected = [[c for c, why in _reasons(r) if not _absent(why)] for r in rows]
+    if any(rejected):
+        count = sum(len(r) for r in rejected)
+        clients = sorted({int(c) for r in rejected for c in r})
         shown = ", ".join(map(str, clients[:10])) + (", ..." if len(clients) > 10 else "")
+        rounds = sum(1 for r in rejected if r)
         out.append(
-            f"{count} client updates dropped in {len(dropped)} of {len(rows)} rounds "
+            f"{count} client updates dropped in {rounds} of {len(rows)} rounds "
             f"(clients {shown}; dropped_reasons in metrics.jsonl)"
         )
     return out
@@ -144,8 +192,12 @@ def summarize(
     losses = [r for r in rows if r.get("test_loss") is not None]
     waits = [r["avg_waiting"] for r in rows]
     last = rows[-1] if rows else {}
+    status, warnings = checked_status(rows, status, planned), run_warnings(rows)
+    if status == "ok" and warnings:
+        status = f"ok ({'; '.join(warnings)})"
     return {
-        "status": checked_status(rows, status, planned),
+        "status": status,
+        "warnings": warnings,
         "rounds": len(rows),
         "missing_rounds": missing_rounds(rows),
         "final_acc": evals[-1]["test_acc"] if evals else None,
@@ -160,7 +212,6 @@ def summarize(
         "target_accuracy": target,
         "to_target": to_target(rows, target),
         "warmup": warmup_summary(rows),
-        "warnings": run_warnings(rows),
     }
 
 
@@ -301,7 +352,7 @@ def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
             format_value(s["sim_time"], "time"),
             format_value(s["avg_waiting"], "time"),
             format_value(s.get("energy_j"), "energy"),
-            s["status"] + (f" ({len(s['warnings'])} warnings)" if s.get("warnings") else ""),
+            s["status"],
         ]
         lines.append("| " + " | ".join(cells) + " |")
     notes = [warmup_note(display_name(n), s) for n, s in summaries.items() if s.get("warmup")]

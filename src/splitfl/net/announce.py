@@ -192,3 +192,16 @@ def scaled_histogram(hist: Sequence[int], samples: int) -> list[int]:
     for k in by_remainder[: samples - sum(out)]:
         out[k] += 1
     return out
+
+
+def keep_announced(announced: dict, got: dict) -> str | None:
+    """Record a device's valid announcement in ``announced`` (client → :class:`Announced`):
+    a client's first announcement stands, a later one must repeat its sample count (else
+    the refusal, and nothing is recorded)."""
+    for c, a in got.items():
+        first = announced.get(c, a)
+        if first.samples != a.samples:
+            return f"client {c}: {a.samples} samples, {first.samples} at its first join"
+    for c, a in got.items():
+        announced.setdefault(c, a)
+    return None

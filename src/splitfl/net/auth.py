@@ -1,10 +1,19 @@
-"""Device tokens and TLS credentials.
+"""Device tokens, the challenge–response that proves one, and TLS credentials.
 
 The server keeps only SHA-256 hashes of device tokens: a tokens file has one ``name:hash``
 line per device (``#`` comments allowed), optionally binding the client ids that token may
-host: ``name:hash:clients=0-4,7`` (a token without ``clients=`` may host any client no other
-token is bound to). A device keeps its token (32 random bytes, hex) in a file of its own.
-:func:`new_token` makes one and the line for the server's file (``splitfl token``). Tokens are
+host: ``name:hash:clients=0-4,7``; ``name:hash:clients=auto`` (what ``splitfl token`` writes
+by default) binds the clients the device is first given, for the rest of the run; a line
+without ``clients=`` (``splitfl token --any-client``, and every line written before) may host
+any client no other token is bound to. A device keeps its token (32 random bytes, hex) in a
+file of its own. :func:`new_token` makes one (``splitfl token``).
+
+**The token never crosses the wire** (protocol 4): the device says hello (name, protocol,
+clients, peer listener), the listener answers with a fresh random nonce, and the device
+sends :func:`proof` — HMAC-SHA256 keyed by SHA-256(token) over the nonce and its whole hello
+(:func:`transcript`). A captured hello and proof are worth nothing on another stream (another
+nonce). The key is the hash the server stores, so **the tokens file is a credential**:
+whoever reads it can act as any device in it (keep it mode 600, like a TLS key). Proofs are
 compared in constant time.
 """
 
@@ -12,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +41,30 @@ def token_hash(token: str) -> str:
 
 def new_token() -> str:
     return secrets.token_hex(32)
+
+
+def new_nonce() -> str:
+    """A listener's challenge: 32 fresh random bytes, hex."""
+    return secrets.token_hex(32)
+
+
+def transcript(nonce: str, hello: dict) -> bytes:
+    """What a proof signs: a label, the listener's nonce and the device's whole hello as
+    canonical JSON (sorted keys, no spaces, ASCII) — its name, protocol, clients and peer
+    listener cannot be changed without the token."""
+    body = json.dumps(hello, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return b"splitfl-hello\x00" + nonce.encode() + b"\x00" + body.encode()
+
+
+def proof(key_hash: str, nonce: str, hello: dict) -> str:
+    """HMAC-SHA256 of :func:`transcript`, keyed by a token's SHA-256 (hex, as stored)."""
+    key = bytes.fromhex(key_hash)
+    return hmac.new(key, transcript(nonce, hello), hashlib.sha256).hexdigest()
+
+
+def token_proof(token: str, nonce: str, hello: dict) -> str:
+    """The device's answer to ``nonce`` (:func:`proof` keyed by its token's hash)."""
+    return proof(token_hash(token), nonce, hello)
 
 
 def parse_ids(text: str) -> frozenset[int]:
@@ -67,6 +101,8 @@ class TokenBook:
 
     hashes: dict[str, str] = field(default_factory=dict)
     bound: dict[str, frozenset[int]] = field(default_factory=dict)
+    #: names whose clients are bound at their first assignment (``clients=auto``)
+    auto: set[str] = field(default_factory=set)
 
     def may_host(self, name: str, client: int) -> bool:
         """Whether ``name`` may host ``client``: its own bound ids, or (unbound) any client
@@ -75,18 +111,24 @@ class TokenBook:
             return client in self.bound[name]
         return not any(client in ids for other, ids in self.bound.items() if other != name)
 
-    def check(self, name: str, token) -> bool:
+    def check(self, name: str, nonce: str, hello: dict, answer) -> bool:
+        """Whether ``answer`` is ``name``'s :func:`proof` for ``nonce`` and ``hello``."""
         expected = self.hashes.get(name)
-        if expected is None or not isinstance(token, str):
+        if expected is None or not isinstance(answer, str):
             return False
-        return hmac.compare_digest(expected, token_hash(token))
+        return hmac.compare_digest(proof(expected, nonce, hello), answer)
+
+    def assigned(self, name: str, clients) -> None:
+        """Bind ``clients`` to ``name`` if its token binds at first assignment (``auto``)."""
+        if name in self.auto and name not in self.bound and clients:
+            self.bound[name] = frozenset(clients)
 
     def add(self, name: str, token: str) -> None:
         self.hashes[name] = token_hash(token)
 
     @classmethod
     def read(cls, path: str | Path) -> TokenBook:
-        """Parse a tokens file (``name:sha256-hex[:clients=IDS]`` per line)."""
+        """Parse a tokens file (``name:sha256-hex[:clients=IDS|auto]`` per line)."""
         path = Path(path)
         try:
             lines = path.read_text().splitlines()
@@ -103,10 +145,12 @@ class TokenBook:
             if not ok or (bind and not bind.startswith("clients=")):
                 raise AuthSetupError(
                     f"{path}:{number}: expected 'name:<sha256 hex>' or "
-                    "'name:<sha256 hex>:clients=0-4,7'"
+                    "'name:<sha256 hex>:clients=0-4,7' (or clients=auto)"
                 )
             book.hashes[name] = digest
-            if bind:
+            if bind == "clients=auto":
+                book.auto.add(name)
+            elif bind:
                 try:
                     book.bound[name] = parse_ids(bind.removeprefix("clients="))
                 except ValueError as err:

@@ -73,6 +73,9 @@ class DeviceOptions:
     peer_listen: str | None = "127.0.0.1:0"
     #: the address peers dial (default: the listen address)
     peer_address: str | None = None
+    #: how long the server may refuse this name because another link of it answers
+    #: keepalives (another process with the same token) before the device gives up (exit 2)
+    duplicate_wait_s: float = 60.0
     #: the device's own training data (``--data``; ``splitfl.data.local``), None = the
     #: server's dataset from ``data_root``, partitioned by the server's seed
     data: str | None = None

@@ -15,7 +15,9 @@ device needs torch, numpy, PyYAML and grpcio, not matplotlib, scipy, scikit-lear
 Exit codes: 0 after the server said bye, 1 when the server stayed unreachable (or kept
 refusing for a transient reason: clients still held, server full, throttled) for
 ``--retry-s`` seconds, 2 when refused for good (token, protocol version, clients not bound to
-the token), given bad flags, or lacking a module the run imports (the welcome's config names
+the token, its name held by another live process, its link replaced by another connection,
+a server certificate that fails verification — expired, or not signed by ``--ca-cert``),
+given bad flags, or lacking a module the run imports (the welcome's config names
 them in ``imports`` and in ``model:``/``data.dataset:`` import paths; install them, or put
 them on ``PYTHONPATH``, in the current directory, or name them with ``--import``).
 """

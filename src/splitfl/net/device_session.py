@@ -34,6 +34,7 @@ from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
 from splitfl.net.device_workers import ClientWorkers, Contact, Silence
 from splitfl.net.guard import Audit
+from splitfl.net.handshake import CONNECTED_ALREADY, answer
 from splitfl.net.hub import METHOD, SILENT_PERIODS, keepalive_options
 from splitfl.net.peer import PeerEndpoint, outgoing
 from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, WireError, decode, encode
@@ -131,12 +132,13 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
     ``retry_s`` has passed since the server was last heard (:class:`Contact`)."""
     delay, contact = 0.5, Contact()
     agent: DeviceAgent | None = None
+    duplicate = Duplicate(opts.duplicate_wait_s)
     while True:
         try:
             agent, done = _session(opts, agent, log, agent_cls, peer, local=local, contact=contact)
             if done:
                 return 0
-            contact.at, delay = time.monotonic(), 0.5
+            contact.at, delay, duplicate.since = time.monotonic(), 0.5, None
         except Refused as err:
             log(f"splitfl device {opts.name}: refused: {err}")
             return 2
@@ -144,6 +146,15 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
             log(f"splitfl device {opts.name}: error: {err}")
             return 2
         except grpc.RpcError as err:
+            if certificate_refused(err):
+                log(f"splitfl device {opts.name}: error: {certificate_refused(err)}")
+                return 2
+            if duplicate.gave_up(err):
+                log(
+                    f"splitfl device {opts.name}: refused: {err.details()} (for "
+                    f"{opts.duplicate_wait_s:g} s; exiting)"
+                )
+                return 2
             log(f"splitfl device {opts.name}: connection: {err.code().name} {err.details()}")
         except WireError as err:
             log(f"splitfl device {opts.name}: bad message from the server: {err}")
@@ -154,6 +165,38 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
             return 1
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
+
+
+def certificate_refused(err: grpc.RpcError) -> str | None:
+    """One line when the server's TLS certificate failed verification (expired, not yet
+    valid, not signed by ``--ca-cert``, another host): retrying cannot help, so the device
+    stops (exit 2) instead of redialling until ``--retry-s``."""
+    details = str(err.details())
+    if "CERTIFICATE_VERIFY_FAILED" not in details:
+        return None
+    why = details.partition("CERTIFICATE_VERIFY_FAILED")[2].strip(": ").split(":")[0]
+    return (
+        f"the server's TLS certificate was refused ({why or 'verify failed'}): renew it "
+        "(splitfl certs) or give the device the right --ca-cert"
+    )
+
+
+class Duplicate:
+    """How long the server has been refusing this device's name because another link of
+    that name answers keepalives: retried for ``wait_s`` (the server replaces a link silent
+    for two keepalive periods: this device's own half-open one), then given up (exit 2)."""
+
+    def __init__(self, wait_s: float):
+        self.wait_s, self.since = wait_s, None
+
+    def gave_up(self, err: grpc.RpcError) -> bool:
+        if err.code() != grpc.StatusCode.ALREADY_EXISTS or CONNECTED_ALREADY not in str(
+            err.details()
+        ):
+            self.since = None
+            return False
+        self.since = self.since or time.monotonic()
+        return time.monotonic() - self.since > self.wait_s
 
 
 #: Permanent refusals (exit 2). ALREADY_EXISTS (clients held by another link, e.g. this
@@ -191,12 +234,15 @@ def _session(
     else:
         channel = grpc.secure_channel(opts.server, opts.credentials, options=options)
     outbox: queue.SimpleQueue = queue.SimpleQueue()
-    chunking = {"bytes": 1 << 16}  # until the server's welcome says its chunk size
-    hello = {"protocol": PROTOCOL_VERSION, "name": opts.name, "token": opts.token}
+    # the chunk size (until the welcome says the server's); the hello, until the listener's
+    # challenge is answered
+    chunking: dict = {"bytes": 1 << 16}
+    hello = {"protocol": PROTOCOL_VERSION, "name": opts.name}
     hello["clients"] = list(opts.clients) if to_peer else hello_clients(opts, local)
     if peer is not None:
         hello["peer"] = peer.announce()
     outbox.put(encode(Message("hello", hello)))
+    chunking["hello"] = hello
     compression = grpc.Compression.Gzip if opts.compression == "gzip" else None
     stream = channel.stream_stream(METHOD)(outgoing(outbox, chunking), compression=compression)
     if watch is not None:
@@ -244,13 +290,19 @@ def _read_commands(
     agent_cls, peer, to_peer, local, silence = setup
     assembler = Reassembler(opts.max_message_bytes)
     for chunk in stream:
-        silence.heard = time.monotonic()
+        if chunking.get("welcomed"):
+            silence.heard = time.monotonic()
+        else:
+            silence.stirred(time.monotonic())
         data = assembler.feed(chunk)
         if data is None:
             continue
         msg = decode(data)
         if msg.type == "ping":
             outbox.put(encode(Message("pong")))
+            continue
+        if msg.type == "challenge" and "hello" in chunking:
+            outbox.put(encode(answer(opts.token, chunking.pop("hello"), msg)))
             continue
         if msg.type == "welcome":
             clients = msg.fields.get("clients")
@@ -261,7 +313,7 @@ def _read_commands(
             size = msg.fields.get("chunk_bytes")
             if not isinstance(size, int) or not 1 <= size <= opts.max_message_bytes:
                 raise WireError(f"bad chunk size {size!r} in welcome")
-            chunking["bytes"] = size
+            chunking["bytes"], chunking["welcomed"] = size, True
             if not to_peer and (agent is None or sorted(agent.data.samples) != sorted(clients)):
                 agent = _new_agent(opts, msg.fields, clients, agent_cls, local, outbox)
                 agent.peer, agent.options, agent.sessions = peer, opts, SESSION_HANDLERS

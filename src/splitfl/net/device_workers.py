@@ -47,6 +47,12 @@ class Silence:
         self._heard = at
         self.contact.at = max(self.contact.at, at)
 
+    def stirred(self, at: float) -> None:
+        """The listener sent something before its welcome (its challenge): the stream is
+        alive, but not contact with the server — one that challenges and then refuses does
+        not reset the ``--retry-s`` clock."""
+        self._heard = at
+
     def _watch(self) -> None:
         while not self.done.wait(0.25):
             silent = time.monotonic() - self.heard

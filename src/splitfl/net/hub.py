@@ -1,20 +1,18 @@
 """The server's end of the network: a gRPC service that device processes connect to.
 
 Each device process opens one bidirectional stream (``/splitfl.Hub/Connect``, raw bytes: the
-chunks of :mod:`splitfl.net.wire`) and says ``hello`` (protocol version, name, token, the
-clients it asks to host). Before that, the :class:`~splitfl.net.guard.Gate` bounds what an
-unauthenticated caller may hold (hello size, time, concurrent streams, failed attempts per
-address). The hub checks the token against the stored hashes, refuses a different protocol
-version, assigns clients (only those the token is bound to, if it is) and answers ``welcome``
-with what the device needs of the run's config; the same name connecting again replaces its
-old (possibly half-open) link. Keepalive: the hub sends ``ping`` on every link each
-``keepalive_s`` and the device answers ``pong`` at once; a link silent for
-:data:`SILENT_PERIODS` periods is closed (both ends: the device redials when the server's
-messages stop), so a partition ends in a reconnect, never in a hang. From then on the
-server sends commands on the stream and routes each reply to the inbox of the client it
-names — a device may only speak for its own clients. A broken stream, a malformed or
-oversized message, a reply for a foreign client or a burst over the rate limit closes the
-device's link; waiting calls see the link as lost.
+chunks of :mod:`splitfl.net.wire`) as :mod:`splitfl.net.handshake` says: hello (protocol,
+name, clients asked for; no token), the hub's challenge, the device's proof of its token.
+Until then the :class:`~splitfl.net.guard.Gate` bounds what the caller may hold. The hub
+checks the version and the proof, assigns clients (only those bound to the token, if any)
+and answers ``welcome`` with what the device needs of the run's config. A name whose link
+still answers keepalives is refused to a second stream; a silent (half-open) link is
+replaced. Keepalive: the hub pings every link each ``keepalive_s``, the device answers at
+once; a link silent for :data:`SILENT_PERIODS` periods is closed (both ends: the device
+redials), so a partition ends in a reconnect, never a hang. Then the server sends commands
+and routes each reply to the inbox of the client it names — a device speaks only for its
+own clients. A broken stream, a malformed or oversized message, a reply for a foreign
+client or a burst over the rate limit closes the link; waiting calls see it as lost.
 """
 
 from __future__ import annotations
@@ -28,15 +26,17 @@ from dataclasses import dataclass
 
 import grpc
 
-from splitfl.net.announce import Announced, ready_problem
+from splitfl.net.announce import Announced, keep_announced, ready_problem
 from splitfl.net.assign import AssignRefused, assign_clients
-from splitfl.net.auth import TokenBook
+from splitfl.net.auth import TokenBook, new_nonce
 from splitfl.net.guard import Audit, Gate, peer_address
-from splitfl.net.inbox import Inbox, first_message, route_replies
+from splitfl.net.handshake import CONNECTED_ALREADY, challenge, hello_problem, read_message
+from splitfl.net.inbox import Inbox, route_replies
 from splitfl.net.link import (
     LOST,
     SILENT_PERIODS,
     DeviceLink,
+    answers,
     keep_alive,
     keepalive_options,
     stop_grpc_server,
@@ -249,16 +249,17 @@ class Hub:
         address = peer_address(context)
         refused = self.gate.enter(context, address)
         if refused:
-            code = grpc.StatusCode.UNAVAILABLE if "failed" in refused else None
-            self._refuse(context, address, code or grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
+            self._refuse(context, address, grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
         try:
-            try:  # the hello has its own, small size limit
-                hello = first_message(requests, Reassembler(self.settings.max_hello_bytes))
-            except WireError as err:
-                self.gate.failed(address)
-                why = f"bad hello: {err}"
-                self._refuse(context, address, grpc.StatusCode.INVALID_ARGUMENT, why)
-            link = self._admit(hello, context, address)
+            hello = self._expect(requests, context, address)
+            problem = hello_problem(hello)
+            if problem is not None:
+                code = "FAILED_PRECONDITION" if "protocol" in problem else "INVALID_ARGUMENT"
+                self._refuse(context, address, getattr(grpc.StatusCode, code), problem)
+            self.gate.hello(context, address, hello.fields["name"])
+            nonce = new_nonce()
+            yield from chunks(encode(challenge(nonce)), self.settings.chunk_bytes)
+            link = self._admit(hello, self._expect(requests, context, address), nonce, context)
         finally:
             self.gate.leave(context)
         assembler = Reassembler(self.settings.max_message_bytes)
@@ -273,41 +274,48 @@ class Hub:
                 return
             yield from chunks(data, self.settings.chunk_bytes)
 
+    def _expect(self, requests, context, address: str) -> Message:
+        """The next message of an unauthenticated stream, read within the hello size limit
+        (a malformed one, or the stream's end, refuses it: neither is a failed
+        authentication)."""
+        try:
+            msg = read_message(requests, Reassembler(self.settings.max_hello_bytes))
+        except WireError as err:
+            self._refuse(context, address, grpc.StatusCode.INVALID_ARGUMENT, f"bad hello: {err}")
+        if msg is None:
+            self._refuse(context, address, grpc.StatusCode.CANCELLED, "closed before its hello")
+        return msg
+
     def _refuse(self, context, address: str, code: grpc.StatusCode, reason: str) -> None:
         """Write the refusal to the audit log and abort the call (raises)."""
         self.audit("refused", address, f"{code.name} {reason}")
         context.abort(code, reason)
 
-    def _admit(self, hello: Message, context, address: str) -> DeviceLink:
-        """Check a hello and register the device (aborts the RPC with a reason if refused);
-        a live link of the same name is replaced (the device reconnected)."""
-        f = hello.fields
-        if hello.type != "hello" or f.get("protocol") != PROTOCOL_VERSION:
-            self._refuse(
-                context,
-                address,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"protocol version {str(f.get('protocol'))[:20]} not supported; this server "
-                f"speaks {PROTOCOL_VERSION} (install the same splitfl version on the device)",
-            )
-        name = f.get("name")
-        if not isinstance(name, str) or not self._known(name, f.get("token"), context):
-            self.gate.failed(address)
-            why = f"unknown device name or wrong token (name {str(name)[:60]!r})"
+    def _admit(self, hello: Message, proof: Message, nonce: str, context) -> DeviceLink:
+        """Check the device's proof and register it (aborts the RPC with a reason if
+        refused). A name whose link still answers keepalives is refused; a silent one
+        (half-open after a partition) is replaced, and told so."""
+        f, address = hello.fields, peer_address(context)
+        name = f["name"]
+        if proof.type != "proof" or not self._known(name, nonce, f, proof, context):
+            self.gate.failed(address, name)
+            why = f"unknown device name or wrong token (name {name[:60]!r})"
             self._refuse(context, address, grpc.StatusCode.UNAUTHENTICATED, why)
         peer = f.get("peer") or {}
-        listen, cert = peer.get("address", ""), peer.get("cert", "")
-        if not isinstance(listen, str) or not isinstance(cert, str) or len(listen) > 300:
-            self._refuse(context, address, grpc.StatusCode.INVALID_ARGUMENT, "bad peer listener")
         with self.lock:
             old = self.links.get(name)
+            if old is not None and answers(old, self.settings.keepalive_s):
+                why = f"device {name[:60]!r} {CONNECTED_ALREADY} from {old.address} and "
+                why += "answers keepalives (another process with its token?)"
+                self._refuse(context, address, grpc.StatusCode.ALREADY_EXISTS, why)
             clients = self._assign(name, f.get("clients"), context, address)
+            self.tokens.assigned(name, clients)
             link = DeviceLink(name, clients, {c: Inbox() for c in clients})
-            link.peer_address, link.peer_cert = listen, cert
+            link.peer_address, link.peer_cert = peer.get("address", ""), peer.get("cert", "")
             link.address, link.audit = address, self.audit
-            if old is not None and old.alive:  # a live duplicate hears why it must stop
-                old.send(Message("bye", {"reason": f"replaced by a connection from {address}"}))
-                old.close(f"replaced by a new connection from {address}")
+            if old is not None and old.alive:  # a silent link's device hears why it must stop
+                old.send(Message("bye", {"refused": f"replaced by a connection from {address}"}))
+                old.close(f"replaced by a new connection from {address} (silent link)")
             event = "reconnected" if name in self.seen else "joined"
             self.seen.add(name)
             self.links[name] = link
@@ -315,15 +323,15 @@ class Hub:
         self.audit(event, address, f"device={name} clients={clients}")
         return link
 
-    def _known(self, name: str, token, context) -> bool:
-        """The token checks out; a name not in the book yet is waited for up to
-        ``admit_wait_s`` (a wrong token for a known name is refused at once), never past the
+    def _known(self, name: str, nonce: str, hello: dict, proof: Message, context) -> bool:
+        """The proof checks out; a name not in the book yet is waited for up to
+        ``admit_wait_s`` (a wrong proof for a known name is refused at once), never past the
         stream's authentication deadline."""
         deadline = min(time.monotonic() + self.settings.admit_wait_s, self.gate.deadline(context))
         with self.lock:
             while name not in self.tokens.hashes and time.monotonic() < deadline:
                 self.lock.wait(min(deadline - time.monotonic(), 0.2))
-            return self.tokens.check(name, token)
+            return self.tokens.check(name, nonce, hello, proof.fields.get("proof"))
 
     def _assign(self, name: str, asked, context, address: str) -> list[int]:
         """The clients a device gets (:func:`~splitfl.net.assign.assign_clients`, under the
@@ -389,18 +397,12 @@ class Hub:
         return True
 
     def _check_data(self, link: DeviceLink, ready: Message) -> str | None:
-        """Why a device's ``ready`` is refused (:func:`~splitfl.net.announce.ready_problem`),
-        or None; keeps a valid announcement (the first announcement of a client stands; a
-        later one must repeat its sample count)."""
+        """Why a device's ``ready`` is refused (:func:`~splitfl.net.announce.ready_problem`,
+        :func:`~splitfl.net.announce.keep_announced`), or None."""
         problem, got = ready_problem(ready.type, ready.fields, self.data_spec, link)
         if problem is not None or not got:
             return problem
         with self.lock:
-            for c, a in got.items():
-                first = self.announced.get(c, a)
-                if first.samples != a.samples:
-                    return f"client {c}: {a.samples} samples, {first.samples} at its first join"
-            for c, a in got.items():
-                self.announced.setdefault(c, a)
+            problem = keep_announced(self.announced, got)
             self.lock.notify_all()
-        return None
+        return problem

@@ -89,15 +89,6 @@ def _log_drop(link, client: int) -> None:
         print(f"splitfl hub: {line}", file=sys.stderr)
 
 
-def first_message(requests: Iterator[bytes], assembler: Reassembler) -> Message:
-    """The stream's first whole message (a device's hello)."""
-    for chunk in requests:
-        data = assembler.feed(chunk)
-        if data is not None:
-            return decode(data)
-    raise WireError("stream closed before hello")
-
-
 def route_replies(
     link, requests: Iterator[bytes], assembler: Reassembler, rate_limit: float, on_ready: Callable
 ) -> None:

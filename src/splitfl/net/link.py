@@ -24,6 +24,8 @@ from splitfl.net.wire import Message, encode
 LOST = Message("lost")
 #: Keepalive periods without a message after which a link counts as lost (either end).
 SILENT_PERIODS = 3
+#: A link heard from within this many periods still answers (:func:`answers`).
+LIVE_PERIODS = 2
 
 
 @dataclass
@@ -89,6 +91,13 @@ def keep_alive(link: DeviceLink, period: float) -> None:
         link.close(f"silent for {silent:.0f} s (keepalive)")
     else:
         link.send(Message("ping"))
+
+
+def answers(link: DeviceLink, period: float) -> bool:
+    """Whether ``link`` is open and was heard from within :data:`LIVE_PERIODS` keepalive
+    periods (its name is then refused to another stream); never without keepalive."""
+    silent = time.monotonic() - link.heard
+    return link.alive and period > 0 and silent <= LIVE_PERIODS * period
 
 
 def keepalive_options(keepalive_s: float) -> list[tuple[str, int]]:

@@ -23,6 +23,7 @@ import grpc
 from splitfl.net.auth import TokenBook, is_loopback
 from splitfl.net.certs import self_signed_pem
 from splitfl.net.guard import Audit
+from splitfl.net.handshake import answer
 from splitfl.net.hub import LOST, METHOD, Hub, HubSettings, keepalive_options
 from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, chunks, decode, encode
 
@@ -95,13 +96,53 @@ class PeerEndpoint:
 
 
 class PeerError(RuntimeError):
-    """A device-to-device link could not be set up or broke."""
+    """A device-to-device link could not be set up or broke (``transient``: the listener
+    was full or unreachable, worth another try)."""
+
+    def __init__(self, why: str, transient: bool = False):
+        super().__init__(why)
+        self.transient = transient
+
+
+#: Codes a dial is retried after: the listener was full (its unauthenticated slots under a
+#: flood), unreachable for a moment, or cancelled the stream (evicted from a full slot).
+TRANSIENT = {
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+}
+
+
+def dial(
+    address: str,
+    name: str,
+    token: str,
+    client: int,
+    cert_pem: str,
+    limit: int,
+    timeout_s: float,
+    abort: threading.Event | None = None,
+) -> PeerChannel:
+    """A :class:`PeerChannel`, redialled with backoff after a transient refusal until
+    ``timeout_s`` has passed (or ``abort`` is set); the last PeerError then."""
+    deadline, delay = time.monotonic() + timeout_s, 0.1
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return PeerChannel(address, name, token, client, cert_pem, limit, max(left, 0.1))
+        except PeerError as err:
+            left = deadline - time.monotonic()
+            if not err.transient or left <= delay or (abort is not None and abort.is_set()):
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 2.0)
 
 
 class PeerChannel:
-    """The connecting end of a device-to-device link: hello (name, one-round token, the client
-    it speaks for), then messages both ways. Replies land in ``inbox`` as
-    ``(message, bytes, arrival time)``; :data:`~splitfl.net.hub.LOST` when the link ends."""
+    """The connecting end of a device-to-device link: hello (name, the client it speaks for),
+    the proof of its one-round token (:mod:`splitfl.net.handshake`), then messages both ways.
+    Replies land in ``inbox`` as ``(message, bytes, arrival time)``;
+    :data:`~splitfl.net.hub.LOST` when the link ends."""
 
     def __init__(
         self,
@@ -130,16 +171,18 @@ class PeerChannel:
         self.chunking = {"bytes": 1 << 16}
         self.welcomed = threading.Event()
         self.settled = threading.Event()  # welcomed, or the link ended before that
-        self.error = ""
-        hello = {"protocol": PROTOCOL_VERSION, "name": name, "token": token, "clients": [client]}
-        self.outbox.put(encode(Message("hello", hello)))
+        self.error, self.code = "", None
+        self.token = token
+        self.hello = {"protocol": PROTOCOL_VERSION, "name": name, "clients": [client]}
+        self.outbox.put(encode(Message("hello", self.hello)))
         self.stream = self.channel.stream_stream(METHOD)(outgoing(self.outbox, self.chunking))
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         self.settled.wait(timeout_s)
         if not self.welcomed.is_set():
             self.close()
-            raise PeerError(f"peer {address}: {self.error or 'no welcome within the timeout'}")
+            why = f"peer {address}: {self.error or 'no welcome within the timeout'}"
+            raise PeerError(why, self.code in TRANSIENT)
 
     def send(self, message: Message) -> int:
         data = encode(message)
@@ -154,7 +197,9 @@ class PeerChannel:
                 if data is None:
                     continue
                 msg = decode(data)
-                if msg.type == "welcome" and not self.welcomed.is_set():
+                if msg.type == "challenge" and not self.welcomed.is_set():
+                    self.outbox.put(encode(answer(self.token, self.hello, msg)))
+                elif msg.type == "welcome" and not self.welcomed.is_set():
                     self.chunking["bytes"] = int(msg.fields.get("chunk_bytes") or (1 << 16))
                     self.outbox.put(encode(Message("ready")))
                     self.welcomed.set()
@@ -164,7 +209,7 @@ class PeerChannel:
                 else:
                     self.inbox.put((msg, len(data), time.perf_counter()))
         except grpc.RpcError as err:
-            self.error = f"{err.code().name} {err.details()}"
+            self.code, self.error = err.code(), f"{err.code().name} {err.details()}"
         except Exception as err:  # noqa: BLE001 (a malformed message ends the link)
             self.error = str(err)
         finally:

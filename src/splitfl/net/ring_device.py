@@ -29,7 +29,7 @@ from splitfl.executors.roles import DeviceRole
 from splitfl.net.emulation import FORWARD_SHARE, stretch, transfer
 from splitfl.net.fleet import Meter
 from splitfl.net.hub import LOST
-from splitfl.net.peer import PeerChannel, PeerError
+from splitfl.net.peer import PeerChannel, PeerError, dial
 from splitfl.net.wire import Message, all_finite, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientTask, RingSpec
 
@@ -124,7 +124,7 @@ class _Member:
             raise RingBroken(f"successor {self.succ} has no peer listener")
         opts = self.agent.options
         limit = opts.max_message_bytes if opts else 256 << 20
-        self.out = PeerChannel(
+        self.out = dial(
             nxt["address"],
             nxt["name"],
             nxt["token"],
@@ -132,6 +132,7 @@ class _Member:
             nxt.get("cert", ""),
             limit,
             self.timeout,
+            self.abort,
         )
         hub = self.agent.peer.hub
         if self.pred not in hub.wait_clients([self.pred], self.timeout, self.abort):

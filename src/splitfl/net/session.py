@@ -60,15 +60,17 @@ def device_config(config: ExperimentConfig) -> dict:
     return out
 
 
-def hub_settings(n) -> HubSettings:
-    """The hub's limits from the config's ``network`` section."""
+def hub_settings(n, names: int = 0) -> HubSettings:
+    """The hub's limits from the config's ``network`` section; the unauthenticated slots
+    grow with the devices expected (2 per device awaited or named in the tokens file)."""
+    expected = max(n.devices, n.min_devices or 0, names)
     return HubSettings(
         max_message_bytes=int(n.max_message_mb * 2**20),
         chunk_bytes=n.chunk_kb * 1024,
         rate_limit=n.rate_limit,
         auth_timeout_s=n.auth_timeout_s,
         max_hello_bytes=n.max_hello_kb * 1024,
-        max_pending=n.max_pending,
+        max_pending=max(n.max_pending, 2 * expected),
         max_links=max(n.max_devices, n.devices),
         auth_failures=n.auth_failures,
         keepalive_s=n.keepalive_s,
@@ -114,7 +116,7 @@ class NetworkSession:
         if self.data is not None:
             welcome["data"] = self.data
         audit = Audit(self.run_dir / "audit.log")
-        self.hub = Hub(hub_settings(n), book, self.num_clients, welcome, audit)
+        self.hub = Hub(hub_settings(n, len(book.hashes)), book, self.num_clients, welcome, audit)
         host = n.listen.rpartition(":")[0]
         try:
             port = self.hub.start(n.listen, creds)

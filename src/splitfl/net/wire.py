@@ -59,7 +59,9 @@ __all__ = [
 ]
 
 #: Protocol version: a peer announcing another one is refused at hello.
-PROTOCOL_VERSION = 3  # 2: keepalive ping/pong, no server network section; 3: chunk flag last
+#: 2: keepalive ping/pong, no server network section; 3: chunk flag last; 4: the token is
+#: proved by challenge–response (:mod:`splitfl.net.handshake`), never sent
+PROTOCOL_VERSION = 4
 
 
 def all_finite(t: torch.Tensor) -> bool:

@@ -20,7 +20,7 @@ from splitfl.executors import NonFiniteLossError
 from splitfl.experiment import runner  # looked up per call (tests replace runner.run)
 from splitfl.metrics.rundirs import read_rows
 from splitfl.metrics.summary import BUDGET_STATUS as BUDGET
-from splitfl.metrics.summary import read_record
+from splitfl.metrics.summary import is_ok, read_record
 
 FINAL = ("done", "diverged")  # not rerun on resume (a diverged trial diverges again)
 
@@ -46,7 +46,7 @@ def run_state(run_dir: Path, rounds: int) -> str:
     if status.startswith("diverged"):
         return "diverged"
     budget = status.startswith(BUDGET)
-    finished = budget or (status == "ok" and summary.get("rounds") == rounds)
+    finished = budget or (is_ok(status) and summary.get("rounds") == rounds)
     if finished and (run_dir / "model.pt").is_file():
         try:
             read_rows(run_dir / "metrics.jsonl", summary.get("rounds") if budget else rounds)
