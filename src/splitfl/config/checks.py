@@ -80,7 +80,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "train.explode_recovery": Range(0, 1e30),
     "eval.target_accuracy": Range(0, 1, lo_open=True),
     "network.timeout_s": Range(0, 86400, lo_open=True),
-    "network.connect_timeout_s": Range(0, 86400, lo_open=True),
+    "network.connect_timeout_s": Range(0, 86400),  # 0: wait for the devices for ever
     "network.rejoin_s": Range(0, 86400),
     "network.max_message_mb": Range(0, 4096, lo_open=True),
     "network.rate_limit": Range(0, 1e9),

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from splitfl.atomic import write_atomic
-from splitfl.config import ConfigError
+from splitfl.config import ConfigError, ExperimentConfig
 
 if TYPE_CHECKING:
     from splitfl.experiment.context import RunContext
@@ -55,7 +55,33 @@ def adopt_device_data(prep: Prepared, executor, run_dir: Path, resuming: bool) -
     prep.ctx.adopt_announced(sizes, hist)
     prep.algorithm = type(prep.algorithm)(prep.algorithm.options, prep.ctx)
     write_clients(prep.ctx, run_dir / "clients.json")
-    write_atomic(run_dir / "devices.json", json.dumps(_record(announced), indent=1) + "\n")
+    write_devices(prep.config, executor, run_dir, [])
+
+
+def write_devices(config: ExperimentConfig, executor, run_dir: Path, rows: list[dict]) -> None:
+    """``data.source: devices``: ``devices.json`` — which device provides which clients
+    (their latest announcements) and, per round, which device trained which client (the
+    rows' ``measured_device``): a device that took over another's clients shows from the
+    round it trained them. Rewritten after every round (the rows are the checkpoint's, so a
+    resumed run keeps the history)."""
+    if config.data.source != "devices":
+        return
+    record = _record(executor.announced())
+    record["rounds"] = [
+        {"round": row.get("round", r), "trained": _trainers(row)}
+        for r, row in enumerate(rows)
+        if row.get("measured_device")
+    ]
+    write_atomic(run_dir / "devices.json", json.dumps(record, indent=1) + "\n")
+
+
+def _trainers(row: dict) -> dict[str, list[int]]:
+    """A metrics row's device name → the clients it trained that round."""
+    out: dict[str, list[int]] = {}
+    for c, device in zip(row["clients"], row["measured_device"], strict=True):
+        if device is not None:
+            out.setdefault(device, []).append(c)
+    return dict(sorted(out.items()))
 
 
 def _record(announced: dict) -> dict:

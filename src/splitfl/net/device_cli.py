@@ -102,7 +102,7 @@ def options_from(args: argparse.Namespace) -> DeviceOptions:
     if not args.keepalive_s >= 0:
         raise ValueError(f"--keepalive-s: must be >= 0 (got {args.keepalive_s})")
     return DeviceOptions(
-        server=args.server,
+        server=server_address(args.server),
         name=args.name,
         token=read_token(args.token_file),
         clients=clients,
@@ -119,6 +119,22 @@ def options_from(args: argparse.Namespace) -> DeviceOptions:
         noise_seed=args.noise_seed,
         keepalive_s=args.keepalive_s,
     )
+
+
+def server_address(value: str) -> str:
+    """``--server``: HOST:PORT (``[v6]:PORT``); without a port gRPC would dial 443 silently,
+    so a missing or bad port is a ValueError showing the fix."""
+    host, sep, port = value.rpartition(":")
+    if not sep or (":" in host and not host.endswith("]")):  # no port (a bare IPv6 address)
+        host, port = value, ""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(
+            f"--server: expected HOST:PORT, the port of the server's --listen (e.g. "
+            f"{host or 'HOST'}:7070), got {value!r}"
+        )
+    return value
 
 
 def _epsilon(value: float | None) -> float | None:

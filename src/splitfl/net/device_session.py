@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
+import ssl
 import threading
 import time
 
@@ -142,6 +144,10 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
             log(f"splitfl device {opts.name}: error: {err}")
             return 2
         except grpc.RpcError as err:
+            mismatch = tls_mismatch(opts, err)
+            if mismatch:
+                log(f"splitfl device {opts.name}: error: {mismatch}")
+                return 2
             log(f"splitfl device {opts.name}: connection: {err.code().name} {err.details()}")
         except WireError as err:
             log(f"splitfl device {opts.name}: bad message from the server: {err}")
@@ -152,6 +158,40 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
             return 1
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
+
+
+def tls_mismatch(opts: DeviceOptions, err: grpc.RpcError) -> str | None:
+    """Why the device and the server cannot talk when one uses TLS and the other does not
+    (the fix in one line), else None. A plain-text hello to a TLS server only sees "Socket
+    closed": the server is asked whether it speaks TLS (:func:`speaks_tls`)."""
+    if err.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    if opts.credentials is None and speaks_tls(opts.server):
+        return f"{opts.server} requires TLS: pass --ca-cert (the server's certificate)"
+    if opts.credentials is not None and "WRONG_VERSION_NUMBER" in (err.details() or ""):
+        return (
+            f"{opts.server} speaks plain text, not TLS: drop --ca-cert, or start the server "
+            "with --tls-cert and --tls-key"
+        )
+    return None
+
+
+def speaks_tls(address: str, timeout_s: float = 3.0) -> bool:
+    """Whether the server at ``address`` (HOST:PORT) completes a TLS handshake (its
+    certificate unchecked: this only asks which protocol it speaks); False when it does not
+    answer, or answers in plain text, within ``timeout_s``."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host, int(port)), timeout=timeout_s) as sock,
+            context.wrap_socket(sock, server_hostname=host),
+        ):
+            return True
+    except (OSError, ValueError):  # ssl.SSLError is an OSError
+        return False
 
 
 #: Permanent refusals (exit 2). ALREADY_EXISTS (clients held by another link, e.g. this

@@ -56,6 +56,8 @@ class Meter:
     payload: dict[str, int] = field(default_factory=dict)
     wire_up: int = 0
     wire_down: int = 0
+    #: the device (link name) that trained the client this round
+    device: str | None = None
 
     @property
     def busy_s(self) -> float:
@@ -206,6 +208,7 @@ class RemoteFleet:
         if link is None or not link.alive:
             self._drop(c, "device not connected" if link is None else f"lost: {link.reason}")
             return None
+        self.meters[c].device = link.name
         seq = next(self._seq)
         msg.fields.update(client=c, seq=seq)
         sent_at = time.perf_counter()
