@@ -15,9 +15,12 @@ device needs torch, numpy, PyYAML and grpcio, not matplotlib, scipy, scikit-lear
 Exit codes: 0 after the server said bye, 1 when the server stayed unreachable (or kept
 refusing for a transient reason: clients still held, server full, throttled) for
 ``--retry-s`` seconds, 2 when refused for good (token, protocol version, clients not bound to
-the token), given bad flags, or lacking a module the run imports (the welcome's config names
-them in ``imports`` and in ``model:``/``data.dataset:`` import paths; install them, or put
-them on ``PYTHONPATH``, in the current directory, or name them with ``--import``).
+the token), when only one of it and the server speaks TLS, given bad flags (``--server``
+without a port), lacking the package its data format needs (Pillow for image folders,
+``datasets`` for hf/parquet: the line names the extra), or lacking a module the run
+imports (the welcome's config names them in ``imports`` and in ``model:``/``data.dataset:``
+import paths; install them, or put them on ``PYTHONPATH``, in the current directory, or name
+them with ``--import``).
 """
 
 from __future__ import annotations
