@@ -267,7 +267,8 @@ def test_plain_text_device_cannot_reach_a_tls_server(tmp_path):
     try:
         start = time.monotonic()
         plain = bed.device("a", [0], retry_s=1.0)
-        assert _wait_code(plain) == 1 and time.monotonic() - start < 30
+        assert _wait_code(plain) == 2 and time.monotonic() - start < 30  # told, not retried
+        assert "requires TLS: pass --ca-cert" in plain.lines[-1]
         assert server.live() == []
         tls = bed.device("a", [0], host="localhost", credentials=channel_credentials(cert))
         server.wait_for(1, 30)

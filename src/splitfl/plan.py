@@ -246,6 +246,8 @@ class RoundResult:
     dropped: dict[int, str] = field(default_factory=dict)
     #: Wall-clock seconds of the round where measured.
     measured_round_time: float | None = None
+    #: The device (its name) that trained each completed client, where there are devices.
+    devices: dict[int, str] | None = None
 
     @property
     def train_loss(self) -> float:

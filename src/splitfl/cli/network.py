@@ -37,6 +37,7 @@ def _network_overrides(args: argparse.Namespace) -> list[str]:
         ("tls_key", "tls_key"),
         ("tokens", "tokens"),
         ("min_devices", "min_devices"),
+        ("wait_devices_s", "connect_timeout_s"),
         ("ca_cert", "ca_cert"),
     ):
         value = getattr(args, flag, None)
@@ -131,6 +132,13 @@ def add_network_parsers(sub) -> None:
     p.add_argument("--tls-key", metavar="PEM")
     p.add_argument("--tokens", metavar="FILE", help="device tokens file (splitfl token)")
     p.add_argument("--min-devices", type=int, metavar="N", help="start once N devices are ready")
+    p.add_argument(
+        "--wait-devices-s",
+        type=float,
+        metavar="S",
+        help="stop if fewer than --min-devices devices are ready (or clients' data announced) "
+        "after S seconds (network.connect_timeout_s, default 120; 0 = wait for ever)",
+    )
     p.add_argument("--insecure", action="store_true", help="allow plain text off loopback")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped networked run")
     p.add_argument("--out", metavar="RUN_DIR")

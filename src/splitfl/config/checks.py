@@ -87,7 +87,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "eval.target_accuracy": Range(0, 1, lo_open=True),
     "eval.client_holdout": Range(0, 1, lo_open=True, hi_open=True),
     "network.timeout_s": Range(0, 86400, lo_open=True),
-    "network.connect_timeout_s": Range(0, 86400, lo_open=True),
+    "network.connect_timeout_s": Range(0, 86400),  # 0: wait for the devices for ever
     "network.rejoin_s": Range(0, 86400),
     "network.round_deadline_factor": Range(0, 1e6),
     "network.round_deadline_min_s": Range(0, 86400),

@@ -297,7 +297,8 @@ class NetworkConfig:
     any free port) and trains with device processes over gRPC. ``devices`` > 0 starts that
     many device processes on this machine (``splitfl launch``; clients dealt round-robin);
     0 waits for devices started elsewhere (``splitfl server``) — at least ``min_devices``
-    (default: ``devices``, or 1) within ``connect_timeout_s``; before each round it waits up
+    (default: ``devices``, or 1) within ``connect_timeout_s`` (0: for ever; ``splitfl
+    server --wait-devices-s``); before each round it waits up
     to ``rejoin_s`` for lost devices to reconnect. A device that does not answer within
     ``timeout_s`` is dropped for the round. A non-loopback ``listen`` needs ``tls_cert`` and
     ``tls_key`` unless ``insecure``; ``tokens`` is the server's tokens file (``name:sha256``

@@ -35,6 +35,7 @@ import torch
 
 from splitfl.data.base import DatasetError
 from splitfl.data.formats import FORMATS, ContainerOptions, arrays, client_entries, hf, images
+from splitfl.data.formats.packages import require_format
 from splitfl.data.loaders._common import file_error, reading
 
 NAME = "--data"
@@ -57,6 +58,7 @@ def load_local(
     """
     if fmt not in FORMATS:
         raise DatasetError(f"--format: {fmt!r} is not one of {list(FORMATS)}")
+    require_format(fmt, NAME)  # a minimal device install may lack the package (one line)
     path, o = Path(path), options or ContainerOptions()
     if not path.exists():
         raise DatasetError(f"{path}: no such file or folder")

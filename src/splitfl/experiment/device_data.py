@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from splitfl.atomic import write_atomic
-from splitfl.config import ConfigError
+from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.data.base import DatasetWarning
 from splitfl.net.announce import capped_counts, scaled_histogram
 
@@ -51,8 +51,7 @@ def adopt_device_data(prep: Prepared, executor, run_dir: Path, resuming: bool) -
         return
     announced = executor.announced()  # client -> Announced, every client present
     n = prep.ctx.num_clients
-    factor = prep.config.network.bounds.peer_samples_factor
-    sizes, capped = capped_counts([announced[c].samples for c in range(n)], factor)
+    sizes, capped = _capped(prep.config, announced)
     hist = np.array(
         [scaled_histogram(announced[c].histogram, sizes[c]) for c in range(n)], dtype=np.int64
     )
@@ -63,8 +62,41 @@ def adopt_device_data(prep: Prepared, executor, run_dir: Path, resuming: bool) -
     prep.ctx.adopt_announced(sizes, hist)
     prep.algorithm = type(prep.algorithm)(prep.algorithm.options, prep.ctx)
     write_clients(prep.ctx, run_dir / "clients.json")
-    record = _record(announced, capped)
+    write_devices(prep.config, executor, run_dir, [])
+
+
+def write_devices(config: ExperimentConfig, executor, run_dir: Path, rows: list[dict]) -> None:
+    """``data.source: devices``: ``devices.json`` — which device provides which clients
+    (their latest announcements) and, per round, which device trained which client (the
+    rows' ``measured_device``): a device that took over another's clients shows from the
+    round it trained them. Rewritten after every round (the rows are the checkpoint's, so a
+    resumed run keeps the history)."""
+    if config.data.source != "devices":
+        return
+    announced = executor.announced()
+    record = _record(announced, _capped(config, announced)[1])
+    record["rounds"] = [
+        {"round": row.get("round", r), "trained": _trainers(row)}
+        for r, row in enumerate(rows)
+        if row.get("measured_device")
+    ]
     write_atomic(run_dir / "devices.json", json.dumps(record, indent=1) + "\n")
+
+
+def _capped(config: ExperimentConfig, announced: dict) -> tuple[list[int], dict[int, str]]:
+    """The announced sample counts (clients 0..n-1) capped against their median
+    (``network.bounds.peer_samples_factor``: :func:`~splitfl.net.announce.capped_counts`)."""
+    sizes = [announced[c].samples for c in range(len(announced))]
+    return capped_counts(sizes, config.network.bounds.peer_samples_factor)
+
+
+def _trainers(row: dict) -> dict[str, list[int]]:
+    """A metrics row's device name → the clients it trained that round."""
+    out: dict[str, list[int]] = {}
+    for c, device in zip(row["clients"], row["measured_device"], strict=True):
+        if device is not None:
+            out.setdefault(device, []).append(c)
+    return dict(sorted(out.items()))
 
 
 def _record(announced: dict, capped: dict[int, str]) -> dict:

@@ -23,7 +23,7 @@ from threadpoolctl import threadpool_limits
 from splitfl.atomic import error_line
 from splitfl.config import ConfigError, ExperimentConfig, resolve_device
 from splitfl.executors import NonFiniteLossError, ParallelExecutor, make_executor
-from splitfl.experiment.device_data import adopt_device_data
+from splitfl.experiment.device_data import adopt_device_data, write_devices
 from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
 from splitfl.experiment.progress import round_figures, round_progress
 from splitfl.experiment.recorder import Recorder
@@ -181,6 +181,7 @@ def _play_rounds(prep: Prepared, executor, st, rec: Recorder, eval_model, bar, f
         rec.consistent = False
         row = play_round(prep, executor, st, r, eval_model, t0)
         rec.record(row)
+        write_devices(config, executor, rec.run_dir, rec.rows)  # with the devices' own data
         rec.consistent = True  # model, algorithm, clock and rows all after round r + 1
         rec.remember(st, algorithm)
         bar.set_postfix(**round_figures(row, st.clock.now))

@@ -120,6 +120,8 @@ def measured_row(plan: RoundPlan, result: RoundResult) -> dict[str, Any]:
     for key in ("busy_s", "compute_s", "upload_s", "download_s", "server_s", "wait_s"):
         row[f"measured_{key}"] = [m.get(t.client, {}).get(key) for t in plan.tasks]
     row["measured_round_time"] = result.measured_round_time
+    if result.devices is not None:  # who trained which client (a takeover shows here)
+        row["measured_device"] = [result.devices.get(t.client) for t in plan.tasks]
     row["wire_bytes_up"] = sum(v.get("wire_up", 0) for v in m.values())
     row["wire_bytes_down"] = sum(v.get("wire_down", 0) for v in m.values())
     for link in LINKS:

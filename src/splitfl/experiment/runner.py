@@ -52,6 +52,7 @@ from splitfl.experiment.provenance import write_data_record, write_version
 from splitfl.experiment.validation import load_config, validate_config, with_imports
 from splitfl.extensions import import_user_modules, reject_objects
 from splitfl.models.base import moving_state
+from splitfl.net.session import StartError
 from splitfl.ray_cluster import RayJoinError
 
 
@@ -218,8 +219,10 @@ def run(
         address: The Ray cluster of ``executor: parallel`` with ``parallel.backend: ray``
             (``--address``: ``auto``, ``ray://host:10001``); sets ``parallel.address``.
 
-    An OS error (a full disk, a read-only folder) or a Ray cluster that does not answer
-    (:class:`~splitfl.ray_cluster.RayJoinError`) before the run's first checkpoint removes
+    An OS error (a full disk, a read-only folder), a Ray cluster that does not answer
+    (:class:`~splitfl.ray_cluster.RayJoinError`) or a networked server that cannot start
+    (:class:`~splitfl.net.session.StartError`: listen address, TLS files, no devices in
+    time) before the run's first checkpoint removes
     what the run created; after it, the directory is a stopped run to resume.
     """
     config = as_config(config, with_address(overrides, address), imports)
@@ -238,7 +241,7 @@ def run(
             write_clients(prepared.ctx, path / "clients.json")
             write_data_record(prepared.ctx, path / "data.json")
             return _finish(prepared, path, start=None, progress=progress)
-    except (OSError, RayJoinError):  # e.g. a full disk; a Ray cluster that is not there
+    except (OSError, RayJoinError, StartError):  # a full disk; no Ray cluster; no devices
         if not (path / "checkpoints" / "last.pt").exists():
             _remove_unstarted(path, created)
         raise

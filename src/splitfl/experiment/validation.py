@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from splitfl.algorithms import algorithm_names, resolve_algorithm
-from splitfl.config import ConfigError, ExperimentConfig, validate
+from splitfl.config import ConfigError, DataConfig, ExperimentConfig, validate
 from splitfl.config import load_config as read_config
 from splitfl.config.choices import unknown_choice
 from splitfl.data import PARTITIONERS, dataset_names
@@ -134,16 +134,24 @@ def _check_class_labels(config: ExperimentConfig) -> None:
         )
 
 
+def only_test_set(d: DataConfig) -> bool:
+    """The server reads no dataset, only ``data.test_path`` (``data.source: devices``): then
+    ``data.root`` is not read and ``data.dataset`` is only the data's name."""
+    return d.source == "devices" and d.test_path is not None
+
+
 def check_data_source(config: ExperimentConfig) -> None:
     """``data.dataset`` a registered name, or (``data.format``) a container under
     ``data.root`` whose ``data.dataset`` names it; ``partition: folders`` needs such a
-    container; ``data.transforms`` well formed."""
+    container; ``data.transforms`` well formed. A server given only a test set
+    (:func:`only_test_set`) needs neither a registered dataset nor ``data.root``."""
     d = config.data
     if d.format is None:
-        check_dataset(d.dataset)
+        if not only_test_set(d):
+            check_dataset(d.dataset)
     else:
         _choice(d.format, list(FORMATS), "data.format")
-        if d.root is None:
+        if d.root is None and not only_test_set(d):
             raise ConfigError("data.root", f"data.format: {d.format} reads data.root; set it")
         if d.dataset in dataset_names():
             raise ConfigError(

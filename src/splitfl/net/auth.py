@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,10 +180,27 @@ def _read_bytes(path: str | Path, what: str) -> bytes:
 
 
 def server_credentials(cert: str | Path, key: str | Path) -> grpc.ServerCredentials:
-    """TLS credentials of the server from PEM certificate (chain) and private key files."""
-    return grpc.ssl_server_credentials(
-        [(_read_bytes(key, "TLS key"), _read_bytes(cert, "TLS certificate"))]
-    )
+    """TLS credentials of the server from PEM certificate (chain) and private key files,
+    checked before gRPC sees them (it would only say ``Failed to bind``): the certificate
+    file holds a CERTIFICATE, the key file a PRIVATE KEY, and the two belong together."""
+    cert_pem, key_pem = _read_bytes(cert, "TLS certificate"), _read_bytes(key, "TLS key")
+    has_cert, has_key = b"CERTIFICATE-----" in cert_pem, b"PRIVATE KEY-----" in key_pem
+    if not has_cert and not has_key and b"PRIVATE KEY-----" in cert_pem:
+        raise AuthSetupError(
+            f"--tls-cert {cert} holds a private key and --tls-key {key} does not: swapped?"
+        )
+    if not has_cert:
+        raise AuthSetupError(f"--tls-cert {cert}: no PEM CERTIFICATE in it")
+    if not has_key:
+        raise AuthSetupError(f"--tls-key {key}: no PEM PRIVATE KEY in it")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=lambda: b"")
+    except ssl.SSLError as err:
+        raise AuthSetupError(
+            f"--tls-cert {cert} and --tls-key {key} do not make a TLS identity "
+            f"({err.reason or err}): the key must be the certificate's, unencrypted"
+        ) from None
+    return grpc.ssl_server_credentials([(key_pem, cert_pem)])
 
 
 def channel_credentials(ca_cert: str | Path | None) -> grpc.ChannelCredentials:

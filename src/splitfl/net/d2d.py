@@ -106,6 +106,8 @@ def run_cluster(
     for t in run.tasks:
         if links[t.client] is None:
             lost[t.client] = "device not connected"
+        else:
+            rnd.meters[t.client].device = links[t.client].name
     if not tasks:
         return [], None
     tokens = {t.client: new_token() for t in tasks}

@@ -16,10 +16,13 @@ Exit codes: 0 after the server said bye, 1 when the server stayed unreachable (o
 refusing for a transient reason: clients still held, server full, throttled) for
 ``--retry-s`` seconds, 2 when refused for good (token, protocol version, clients not bound to
 the token, its name held by another live process, its link replaced by another connection,
-a server certificate that fails verification — expired, or not signed by ``--ca-cert``),
-given bad flags, or lacking a module the run imports (the welcome's config names
-them in ``imports`` and in ``model:``/``data.dataset:`` import paths; install them, or put
-them on ``PYTHONPATH``, in the current directory, or name them with ``--import``).
+a server certificate that fails verification — expired, or not signed by ``--ca-cert``), when
+only one of it and the server speaks TLS, given bad flags (``--server`` without a port),
+lacking the package its data format needs (Pillow for image folders, ``datasets`` for
+hf/parquet: the line names the extra), or lacking a module the run imports (the welcome's
+config names them in ``imports`` and in ``model:``/``data.dataset:`` import paths; install
+them, or put them on ``PYTHONPATH``, in the current directory, or name them with
+``--import``).
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def options_from(args: argparse.Namespace) -> DeviceOptions:
     if not args.keepalive_s >= 0:
         raise ValueError(f"--keepalive-s: must be >= 0 (got {args.keepalive_s})")
     return DeviceOptions(
-        server=args.server,
+        server=server_address(args.server),
         name=args.name,
         token=read_token(args.token_file),
         clients=clients,
@@ -121,6 +124,22 @@ def options_from(args: argparse.Namespace) -> DeviceOptions:
         noise_seed=args.noise_seed,
         keepalive_s=args.keepalive_s,
     )
+
+
+def server_address(value: str) -> str:
+    """``--server``: HOST:PORT (``[v6]:PORT``); without a port gRPC would dial 443 silently,
+    so a missing or bad port is a ValueError showing the fix."""
+    host, sep, port = value.rpartition(":")
+    if not sep or (":" in host and not host.endswith("]")):  # no port (a bare IPv6 address)
+        host, port = value, ""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(
+            f"--server: expected HOST:PORT, the port of the server's --listen (e.g. "
+            f"{host or 'HOST'}:7070), got {value!r}"
+        )
+    return value
 
 
 def _epsilon(value: float | None) -> float | None:

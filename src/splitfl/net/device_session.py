@@ -32,9 +32,10 @@ from splitfl.extensions import device_imports
 from splitfl.net.announce import effective_epsilon
 from splitfl.net.d2d_device import host_cluster, ring_member
 from splitfl.net.device import ClientData, DeviceAgent, DeviceOptions, Refused
+from splitfl.net.device_refusals import Duplicate, certificate_refused, tls_mismatch
 from splitfl.net.device_workers import ClientWorkers, Contact, Silence
 from splitfl.net.guard import Audit
-from splitfl.net.handshake import CONNECTED_ALREADY, answer
+from splitfl.net.handshake import answer
 from splitfl.net.hub import METHOD, SILENT_PERIODS, keepalive_options
 from splitfl.net.peer import PeerEndpoint, outgoing
 from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, WireError, decode, encode
@@ -155,6 +156,10 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
                     f"{opts.duplicate_wait_s:g} s; exiting)"
                 )
                 return 2
+            mismatch = tls_mismatch(opts, err)
+            if mismatch:
+                log(f"splitfl device {opts.name}: error: {mismatch}")
+                return 2
             log(f"splitfl device {opts.name}: connection: {err.code().name} {err.details()}")
         except WireError as err:
             log(f"splitfl device {opts.name}: bad message from the server: {err}")
@@ -165,38 +170,6 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
             return 1
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
-
-
-def certificate_refused(err: grpc.RpcError) -> str | None:
-    """One line when the server's TLS certificate failed verification (expired, not yet
-    valid, not signed by ``--ca-cert``, another host): retrying cannot help, so the device
-    stops (exit 2) instead of redialling until ``--retry-s``."""
-    details = str(err.details())
-    if "CERTIFICATE_VERIFY_FAILED" not in details:
-        return None
-    why = details.partition("CERTIFICATE_VERIFY_FAILED")[2].strip(": ").split(":")[0]
-    return (
-        f"the server's TLS certificate was refused ({why or 'verify failed'}): renew it "
-        "(splitfl certs) or give the device the right --ca-cert"
-    )
-
-
-class Duplicate:
-    """How long the server has been refusing this device's name because another link of
-    that name answers keepalives: retried for ``wait_s`` (the server replaces a link silent
-    for two keepalive periods: this device's own half-open one), then given up (exit 2)."""
-
-    def __init__(self, wait_s: float):
-        self.wait_s, self.since = wait_s, None
-
-    def gave_up(self, err: grpc.RpcError) -> bool:
-        if err.code() != grpc.StatusCode.ALREADY_EXISTS or CONNECTED_ALREADY not in str(
-            err.details()
-        ):
-            self.since = None
-            return False
-        self.since = self.since or time.monotonic()
-        return time.monotonic() - self.since > self.wait_s
 
 
 #: Permanent refusals (exit 2). ALREADY_EXISTS (clients held by another link, e.g. this

@@ -117,6 +117,7 @@ class NetworkedExecutor:
             measured={c: measured_fields(m, wall) for c, m in meters.items()},
             dropped=dict(sorted(lost.items())),
             measured_round_time=waited + wall,
+            devices={c: m.device for c, m in meters.items() if m.device and c not in lost},
         )
 
     def _groups(self, ctx, model: BlockModel, plan: RoundPlan, rnd: D2DRound):

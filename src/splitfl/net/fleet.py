@@ -59,6 +59,8 @@ class Meter:
     wire_down: int = 0
     #: when (``time.monotonic()``) the client's finished update arrived; None before
     finished_at: float | None = None
+    #: the device (link name) that trained the client this round
+    device: str | None = None
 
     @property
     def busy_s(self) -> float:
@@ -220,6 +222,7 @@ class RemoteFleet:
         if link is None or not link.alive:
             self._drop(c, "device not connected" if link is None else f"lost: {link.reason}")
             return None
+        self.meters[c].device = link.name
         seq = next(self._seq)
         msg.fields.update(client=c, seq=seq)
         sent_at = time.perf_counter()

@@ -17,6 +17,7 @@ client or a burst over the rate limit closes the link; waiting calls see it as l
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -223,8 +224,8 @@ class Hub:
 
     def wait_announced(self, timeout_s: float) -> list[int]:
         """Block until every client's data has been announced (``data.source: devices``) or
-        ``timeout_s`` passed; the clients still missing."""
-        deadline = time.monotonic() + timeout_s
+        ``timeout_s`` passed (0: no limit); the clients still missing."""
+        deadline = time.monotonic() + (timeout_s or math.inf)
         with self.lock:
             while True:
                 missing = [c for c in range(self.num_clients) if c not in self.announced]

@@ -36,6 +36,8 @@ def run_ring(
     if missing:
         _abandon(rnd, order, f"client {missing[0]} not connected (or not listening for peers)")
         return []
+    for c in order:
+        rnd.meters[c].device = links[c].name
     tokens = {c: new_token() for c in order}  # the token of the edge *into* c
     names = {c: f"{rnd.tag}-ring-into-{c}" for c in order}
     global_state = state_tensors("model", model.state_dict())

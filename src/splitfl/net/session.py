@@ -43,9 +43,15 @@ def deal_block(num_clients: int, need: int, bound: dict[str, frozenset[int]], na
     return max(1, math.ceil((num_clients - len(taken)) / max(1, need - len(bound))))
 
 
-class NoDevicesError(ConfigError):
-    """Too few devices connected in time (a one-line error; the run directory is left as
-    it was, so the run can be resumed once the devices are back)."""
+class StartError(ConfigError):
+    """The server side could not start: listen address, TLS files, tokens, too few devices
+    or announcements in time (a one-line error, exit 2). A fresh run removes the run
+    directory it created (:func:`splitfl.experiment.run`); a resumed one is left as it was,
+    to be resumed again once the devices are back."""
+
+
+class NoDevicesError(StartError):
+    """Too few devices connected in time."""
 
 
 def device_config(config: ExperimentConfig) -> dict:
@@ -100,7 +106,7 @@ class NetworkSession:
             book = TokenBook.read(n.tokens) if n.tokens else TokenBook()
             creds = server_credentials(n.tls_cert, n.tls_key) if n.tls_cert else None
         except AuthSetupError as err:
-            raise ConfigError("network", str(err)) from None
+            raise StartError("network", str(err)) from None
         if n.devices:
             self.tmp = tempfile.TemporaryDirectory(prefix="splitfl-tokens-")
         tokens = {}
@@ -109,7 +115,7 @@ class NetworkSession:
             book.add(f"local-{i}", tokens[f"local-{i}"])
         self.need = n.min_devices or n.devices or 1
         if not book.hashes:
-            raise ConfigError("network.tokens", "no device can connect: give a tokens file")
+            raise StartError("network.tokens", "no device can connect: give a tokens file")
         need = self.need
         welcome = {"config": device_config(self.config)}
         welcome["block"] = deal_block(self.num_clients, need, book.bound, len(book.hashes))
@@ -121,7 +127,7 @@ class NetworkSession:
         try:
             port = self.hub.start(n.listen, creds)
         except (OSError, RuntimeError) as err:
-            raise ConfigError("network.listen", f"cannot listen on {n.listen}: {err}") from None
+            raise StartError("network.listen", f"cannot listen on {n.listen}: {err}") from None
         self.address = f"{host}:{port}"
         self._spawn(tokens, port)
         self._wait(need)
@@ -172,15 +178,15 @@ class NetworkSession:
             except TimeoutError:
                 dead = [(name, p.returncode) for name, _, p in self.procs if p.poll() is not None]
                 waited = time.monotonic() - start
-                if dead or waited > self.net.connect_timeout_s:
+                limit = self.net.connect_timeout_s  # 0: wait for ever
+                if dead or (limit and waited > limit):
                     ready = len(self.hub.live())
                     self.stop()
                     if dead:  # one line: which device ended, and the last line it wrote
                         raise NoDevicesError(
                             "network.devices",
                             f"{ready} of {need} devices ready after {waited:.0f} s; device "
-                            f"processes exited: {self._exits(dead)} (logs in "
-                            f"{self.run_dir / 'devices'})",
+                            f"processes exited: {self._exits(dead)}",
                         ) from None
                     raise NoDevicesError(
                         "network.min_devices",
@@ -195,9 +201,10 @@ class NetworkSession:
         missing = self.hub.wait_announced(self.net.connect_timeout_s)
         if missing:
             self.stop()
-            raise RuntimeError(
+            raise StartError(
+                "network.connect_timeout_s",
                 f"no device announced the data of clients {missing[:20]} within "
-                f"{self.net.connect_timeout_s:g} s (data.num_clients={self.num_clients})"
+                f"{self.net.connect_timeout_s:g} s (data.num_clients={self.num_clients})",
             )
 
     def _exits(self, dead: list[tuple[str, int]]) -> str:

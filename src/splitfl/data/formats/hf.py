@@ -19,21 +19,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splitfl.data.base import DatasetError, DatasetNotFoundError
+from splitfl.data.base import DatasetNotFoundError
 from splitfl.data.formats.arrays import as_inputs, as_labels
 from splitfl.data.formats.images import ImageDecoder
+from splitfl.data.formats.packages import require
 from splitfl.data.lazy import LazyInputs, finish_inputs
 from splitfl.data.loaders._common import file_error, reading
 
 
 def _datasets(name: str):
-    try:
-        import datasets
-    except ImportError:
-        raise DatasetError(
-            f"{name}: Hugging Face data needs the datasets package: pip install 'splitfl[hf]'"
-        ) from None
-    return datasets
+    return require("datasets", f"{name}: Hugging Face data")
 
 
 def load_saved(root: Path, name: str) -> tuple:
@@ -72,7 +67,7 @@ def dict_splits(saved, name: str, where: Path | str) -> tuple:
 def load_parquet(path: Path, name: str):
     """A ``datasets.Dataset`` over one parquet file, in memory (no cache files written)."""
     datasets = _datasets(name)
-    import pyarrow.parquet as pq
+    pq = require("pyarrow.parquet", f"{name}: parquet data")
     from datasets.table import InMemoryTable
 
     if not path.is_file():

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from splitfl.data.base import DatasetNotFoundError
+from splitfl.data.formats.packages import require
 from splitfl.data.lazy import LazyInputs, finish_inputs
 from splitfl.data.loaders._common import file_error, reading
 
@@ -51,6 +52,11 @@ def list_images(folder: Path, classes: list[str], name: str) -> tuple[list[Path]
     return paths, np.asarray(labels, dtype=np.int64)
 
 
+def _pil(name: str):
+    """Pillow's ``PIL.Image``, or a one-line DatasetError: ``name``'s image files need it."""
+    return require("PIL.Image", f"{name}: image files")
+
+
 class ImageDecoder:
     """Turns images into ``[C, H, W]`` arrays in one colour mode and size (those of the
     first image, or ``data.image_size``)."""
@@ -64,7 +70,7 @@ class ImageDecoder:
 
     @classmethod
     def from_file(cls, path: Path, name: str, image_size: list[int] | None) -> ImageDecoder:
-        from PIL import Image
+        Image = _pil(name)
 
         with reading(name, path), Image.open(path) as im:
             return cls(im, name, image_size)
@@ -76,7 +82,7 @@ class ImageDecoder:
     def array(self, im, where: Path | str) -> np.ndarray:
         """A PIL image as uint8 ``[C, H, W]``; a one-line error naming ``where`` if its size
         differs from the first image's (and no ``data.image_size`` is set)."""
-        from PIL import Image
+        Image = _pil(self.name)
 
         with reading(self.name, where):
             im = im.convert(self.mode)
@@ -94,7 +100,7 @@ class ImageDecoder:
 
     def pixels(self, path: Path) -> np.ndarray:
         """Image file ``path`` as uint8 ``[C, H, W]`` (one-line errors name it)."""
-        from PIL import Image
+        Image = _pil(self.name)
 
         with reading(self.name, path), Image.open(path) as im:
             return self.array(im, path)
