@@ -34,6 +34,9 @@ from splitfl.plan import ClientUpdate
 from splitfl.testing import config_for
 
 SMALL = {"rounds": 2, "data.num_clients": 4, "train.clients_per_round": 4}
+DROPPED_0 = (
+    "2 client updates dropped in 2 of 2 rounds (clients 0; dropped_reasons in metrics.jsonl)"
+)
 
 
 def _strict_rows(run_dir) -> list[dict]:
@@ -80,7 +83,7 @@ class _HugePart(DeviceAgent):
 def test_a_huge_model_part_drops_that_client_and_never_reaches_the_model(tmp_path):
     result = _run(tmp_path, "splitfed_v1", _HugePart)
     rows = _strict_rows(result.run_dir)
-    assert result.summary["status"] == "ok"
+    assert result.summary["status"] == f"ok ({DROPPED_0})"  # finished, and says what it lost
     for row in rows:
         assert row["dropped_clients"] == [0]
         assert "update norm" in row["dropped_reasons"]["0"]
@@ -120,7 +123,7 @@ class _HugeSmashed(DeviceAgent):
 def test_huge_smashed_data_drops_that_client_never_the_run(tmp_path):
     result = _run(tmp_path, "splitfed_v1", _HugeSmashed)
     rows = _strict_rows(result.run_dir)
-    assert result.summary["status"] == "ok" and len(rows) == 2
+    assert result.summary["status"] == f"ok ({DROPPED_0})" and len(rows) == 2
     for row in rows:
         assert row["dropped_clients"] == [0]
         assert "activation" in row["dropped_reasons"]["0"]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import splitfl
+from splitfl.algorithms.parallelsfl.algorithm import failed_tops
 from splitfl.experiment.context import Positions
 from splitfl.experiment.guards import LossExplosionError, check_explosion
 from splitfl.experiment.round_step import lower_median
@@ -231,3 +232,14 @@ def test_a_slow_drip_is_dropped_at_the_round_deadline(tmp_path):
         assert row["dropped_clients"] == [0]
         assert "round deadline" in row["dropped_reasons"]["0"]
     assert is_ok(result.summary["status"]) and result.summary["warnings"]
+
+
+def test_failed_top_workers_by_hand():
+    tops = {0: 1, 1: 4, 2: 7}
+    dropped = {
+        2: "top worker 1: stalled (no reply within 10 s)",  # the top worker's own failure
+        5: "dropped by top worker 4: rejected model update: ...",  # a member's fault
+        8: "device not connected",
+    }
+    assert failed_tops(tops, dropped) == {1}
+    assert failed_tops(tops, {}) == set()

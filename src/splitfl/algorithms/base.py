@@ -89,6 +89,10 @@ class Algorithm:
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         """Called with every participant's measured round time and cost (after jitter)."""
 
+    def lost(self, round_idx: int, plan: RoundPlan, dropped: dict[int, str]) -> None:
+        """Called every round with the clients the round lost and why (networked runs: a
+        device gone, stalled or rejected; empty otherwise), before :meth:`observe`."""
+
     def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
         """The shared cost model applied to a task (override where the topology differs,
         e.g. clusters with top workers)."""

@@ -52,8 +52,12 @@ def adopt_device_data(prep: Prepared, executor, run_dir: Path, resuming: bool) -
     announced = executor.announced()  # client -> Announced, every client present
     n = prep.ctx.num_clients
     sizes, capped = _capped(prep.config, announced)
-    hist = np.array(
-        [scaled_histogram(announced[c].histogram, sizes[c]) for c in range(n)], dtype=np.int64
+    hist = np.array(  # a capped client's histogram scaled down with it; others as announced
+        [
+            scaled_histogram(a.histogram, sizes[c]) if c in capped else list(a.histogram)
+            for c, a in ((c, announced[c]) for c in range(n))
+        ],
+        dtype=np.int64,
     )
     for c, note in capped.items():
         warnings.warn(DatasetWarning(f"client {c} ({announced[c].device}): {note}"), stacklevel=2)

@@ -188,6 +188,7 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     if result.dropped:
         done = replace(plan, tasks=[t for t in plan.tasks if t.client not in result.dropped])
     report, waits = measure(config, algorithm, done, result, r)
+    algorithm.lost(r, plan, result.dropped)
     if result.updates:
         algorithm.observe(r, done, report)
         aggregated = algorithm.aggregate(st.global_state, done, result)

@@ -159,7 +159,7 @@ def run_cluster(
     for c, reason in (dropped if isinstance(dropped, dict) else {}).items():
         if c.isdigit() and int(c) in tokens:
             why = str(reason)[:200]
-            lost[int(c)] = join_errors.get(int(c)) or f"top worker {host}: {why}"
+            lost[int(c)] = join_errors.get(int(c)) or f"dropped by top worker {host}: {why}"
     share = _ps_share(arrived - sent_at, reply, up, down, payload_bytes(host_msg), len(report))
     updates = []
     for t in tasks:

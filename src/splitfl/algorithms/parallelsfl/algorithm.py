@@ -120,6 +120,8 @@ class ParallelSFL(Algorithm):
         self.ps: np.ndarray | None = None  # [N, 2]: PS uplink, downlink (B/s)
         self.seen: dict[str, np.ndarray] = {}  # latest reported mu_b, d2d, up, down per worker
         self.tops: dict[int, int] = {}
+        #: top workers whose cluster failed last round (not elected this round)
+        self.failed_tops: set[int] = set()
         self.members: dict[int, int] = {}
         self._inputs: ClusterInputs | None = None  # the round's Alg. 1 inputs
         self._clock_cache: tuple[tuple[int, int], dict[int, tuple[ClusterTime, ClusterLoad]]]
@@ -201,6 +203,7 @@ class ParallelSFL(Algorithm):
             lam=self.options.lam,
             down_bytes=self.gradient_bytes(),
             radio=self.d2d if self._contention() else None,
+            excluded_tops=frozenset(self.failed_tops),
         )
         return self._inputs
 
@@ -367,6 +370,10 @@ class ParallelSFL(Algorithm):
         t_c = np.array(list(cluster_time.values()))
         plan.info["cluster_waiting_clock"] = round_waiting(t_c, t_c > 0)["cluster_waiting"]
 
+    def lost(self, round_idx: int, plan: RoundPlan, dropped: dict[int, str]) -> None:
+        """Top workers whose failure dropped their cluster are not elected next round."""
+        self.failed_tops = failed_tops(self.tops, dropped)
+
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
         """Eq. (4) + Eq. (18): per-worker weight τ_c (cluster weight N_c·τ_c)."""
         weights = {t.client: float(t.steps) for t in plan.tasks}
@@ -376,9 +383,23 @@ class ParallelSFL(Algorithm):
 
     def state_dict(self) -> dict:
         names = ("mu_b", "mu_p", "beta", "d2d", "ps")
-        return {**{k: getattr(self, k) for k in names}, "seen": self.seen}
+        state = {**{k: getattr(self, k) for k in names}, "seen": self.seen}
+        return {**state, "failed_tops": sorted(self.failed_tops)}
 
     def load_state_dict(self, state: dict) -> None:
         for k in ("mu_b", "mu_p", "beta", "d2d", "ps"):
             setattr(self, k, state.get(k))
         self.seen = state.get("seen", {})
+        self.failed_tops = {int(w) for w in state.get("failed_tops", [])}
+
+
+def failed_tops(tops: dict[int, int], dropped: dict[int, str]) -> set[int]:
+    """The top workers (group → worker) whose own failure dropped a member: the reason
+    starts ``top worker <w>`` (not connected, failed, rejected report, no report;
+    :mod:`splitfl.net.d2d`; a member the top worker dropped for its own fault reads
+    ``dropped by top worker <w>``)."""
+    return {
+        w
+        for w in tops.values()
+        if any(why.startswith(f"top worker {w}") for why in dropped.values())
+    }

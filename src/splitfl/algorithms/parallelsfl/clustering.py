@@ -149,7 +149,7 @@ def greedy_clusters(inputs: ClusterInputs, k: int, rng: np.random.Generator) -> 
     worker in exactly one role.
     """
     sets = [list(s) for s in cluster_label_sets(inputs.label_dists, k, rng)]
-    no_top: set[int] = set()
+    no_top: set[int] = set(inputs.excluded_tops)
     clusters: list[Cluster] = []
     while True:
         top, home = _pick_top(sets, no_top, inputs.bandwidth)

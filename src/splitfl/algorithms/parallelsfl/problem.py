@@ -174,6 +174,11 @@ class ClusterInputs:
     kl_scale: float | None = None
     down_bytes: float = 0.0
     radio: np.ndarray | None = None
+    #: workers not to elect as top workers this round: a top worker whose hosted cluster
+    #: failed the round before (device lost, stalled, refused; networked runs). Not in the
+    #: paper, which assumes every elected top worker serves: without it a dead top worker
+    #: drops its whole cluster every round.
+    excluded_tops: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         arrays = ("label_dists", "mu_b", "mu_p", "beta", "bandwidth")
