@@ -292,3 +292,24 @@ def test_a_sign_flipping_bottom_worker_is_dropped_by_its_top_worker(tmp_path):
     assert row["dropped_clients"] == [5]
     assert "the round's median" in row["dropped_reasons"]["5"]
     assert result.summary["warnings"]  # the ok run says a client's update was dropped
+
+
+@pytest.mark.parametrize("hop", ["gradients", "activations"])
+def test_a_ring_member_scaling_its_hops_is_named_by_its_neighbour(tmp_path, monkeypatch, hop):
+    """Finite but ×1e6 gradients (or ×1e3 activations) from client 3: its neighbour rejects
+    the hop against its own samples' scale and names client 3 (issue 35, item 3)."""
+    name = "_backward_on" if hop == "gradients" else "_forward_on"
+    original = getattr(ring_device._Member, name)
+    factor = 1e6 if hop == "gradients" else 1e3
+
+    def loud(self, step, start, hop_, t):
+        if self.c == 3 and t is not None:
+            t = torch.mul(t, factor) if isinstance(t, torch.Tensor) else t
+        return original(self, step, start, hop_, t)
+
+    monkeypatch.setattr(ring_device._Member, name, loud)
+    net, _ = _networked(tmp_path, "ringsfl", RING_DEVICES, rounds=1)
+    (row,) = _rows(net)
+    assert row["dropped_clients"] == [0, 1, 2, 3]
+    reasons = list(row["dropped_reasons"].values())
+    assert any(f"rejected hop from client 3: {hop[:-1]}" in why for why in reasons), reasons

@@ -30,6 +30,12 @@ from splitfl.net.emulation import FORWARD_SHARE, stretch, transfer
 from splitfl.net.fleet import Meter
 from splitfl.net.hub import LOST
 from splitfl.net.peer import PeerChannel, PeerError, dial
+from splitfl.net.ring_bounds import (
+    REFERENCE_SAMPLES,
+    activation_problem,
+    gradient_problem,
+    hop_scales,
+)
 from splitfl.net.wire import Message, all_finite, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientTask, RingSpec
 
@@ -102,6 +108,9 @@ class _Member:
             task, self.model, None, agent.config.train, data, f["round_seed"], agent.runtime
         )
         self.inputs = _block_inputs(self.model, data[0][:1])
+        own = (data[0][:REFERENCE_SAMPLES], data[1][:REFERENCE_SAMPLES])
+        self.scales = hop_scales(self.model, *own, self.member.criterion)
+        self.bounds = agent.config.network.bounds
         self.dtype = next(self.model.parameters()).dtype
         self.batch_size = int(f["batch_size"])
         self.num_classes = agent.data.num_classes
@@ -220,6 +229,7 @@ class _Member:
                 raise RingBroken(f"logits of client {start}'s batch arrived at {self.c}")
             h = msg.tensors.get("h")
             self._check(h, (len(self.labels), self.num_classes))
+            self._blame(self.pred, activation_problem(h, self.scales[-1], 0, self.bounds))
             grad, loss = self.member.loss(h, self.labels)
             self.samples += len(self.labels)
             self.loss_sum += loss * len(self.labels)
@@ -228,8 +238,9 @@ class _Member:
         lo, hi = self.member.segment(start, hop)
         specs = self.inputs[lo]
         h = unpack("h", msg.tensors, None if len(specs) == 1 else len(specs))
-        for t, (shape, dtype) in zip(leaves(h), specs, strict=True):
+        for i, (t, (shape, dtype)) in enumerate(zip(leaves(h), specs, strict=True)):
             self._check(t, None, shape, dtype)
+            self._blame(self.pred, activation_problem(t, self.scales[lo], i, self.bounds))
         if len({t.shape[0] for t in leaves(h)}) != 1:
             raise RingBroken("activation tensors of different batch sizes")
         out = self._compute(self.member.forward, (start, hop, h), lo, hi, True)
@@ -241,12 +252,13 @@ class _Member:
             raise RingBroken(f"unexpected gradient for {start!r}/{hop!r}")
         out = self.member.saved[(start, hop)][1]
         g = unpack("g", msg.tensors, count_of(out))
-        for o, t in zip(leaves(out), leaves(g), strict=True):
+        lo, hi = self.member.segment(start, hop)
+        for i, (o, t) in enumerate(zip(leaves(out), leaves(g), strict=True)):
             if differentiable(o):
                 self._check(t, tuple(o.shape))
+                self._blame(self.succ, gradient_problem(t, self.scales[hi], i, self.bounds))
             elif t is not None:
                 raise RingBroken("a gradient for a tensor that takes none")
-        lo, hi = self.member.segment(start, hop)
         grad_in = self._compute(self.member.backward, (start, hop, g), lo, hi, False)
         if grad_in is not None:
             self._backward_on(step, start, hop - 1, grad_in)
@@ -272,6 +284,11 @@ class _Member:
             stretch(t0, samples, per_sample, self.profile.flops)
         self.meter.compute_s += time.perf_counter() - t0
         return result
+
+    def _blame(self, sender: int, problem: str | None) -> None:
+        """End the round naming the neighbour whose hop broke the bounds."""
+        if problem:
+            raise RingBroken(f"rejected hop from client {sender}: {problem}")
 
     def _check(self, t, shape, per_sample=None, dtype=None) -> None:
         """``t`` has ``shape`` (or per-sample ``per_sample`` and a batch within the batch
