@@ -281,10 +281,12 @@ class BoundsConfig:
     #: spread seen in the tests: up to 5.3× (vanilla SL's chain, whose first clients move a
     #: fresh model most).
     peer_update_factor: float = 10.0
-    #: Smashed data whose root-mean-square is above ``activation_rms_factor`` × the global
-    #: part's RMS on the reference samples + ``activation_rms_abs`` is dropped (a scaled copy
-    #: of honest activations passes the peak bound above; its RMS does not).
-    activation_rms_factor: float = 5.0
+    #: Smashed data whose root-mean-square is above ``activation_rms_factor`` × the median
+    #: RMS of the round's recent accepted batches (from at least two other clients) +
+    #: ``activation_rms_abs`` is dropped (a scaled copy of honest activations passes the peak
+    #: bound above; next to its peers' it does not). Relative to the round's clients, not to
+    #: the model at the round's start: Adam moved honest activations 45× within a round.
+    activation_rms_factor: float = 8.0
     activation_rms_abs: float = 0.1
     #: ``data.source: devices``: a client's announced sample count above this × the
     #: median announced count is capped there (its weight, histogram and step count).

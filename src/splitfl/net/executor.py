@@ -33,7 +33,7 @@ from splitfl.net.emulation import Profile
 from splitfl.net.fleet import Expect, Meter, RemoteFleet, TimedServer, expect_for
 from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
-from splitfl.net.trust import REFERENCE_SAMPLES, peer_outliers
+from splitfl.net.trust import REFERENCE_SAMPLES, PeerScale, peer_outliers
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
 from splitfl.system.cost import d2d_rate
@@ -51,6 +51,9 @@ class NetworkedExecutor:
         #: relative to it)
         self._median_client_s: float | None = None
         self._deadline: float | None = None
+        #: the run's accepted smashed-data scales (the peer RMS check, across rounds)
+        b = config.network.bounds
+        self._peers = PeerScale(b.activation_rms_factor, b.activation_rms_abs)
 
     def open(self, ctx, run_dir: Path) -> None:
         """Start listening (and the local device processes, if any) and wait for devices."""
@@ -130,7 +133,7 @@ class NetworkedExecutor:
         emulate = self.config.network.emulate
         links = self.config.network.emulate_links
         profiles = emulated_profiles(ctx, plan, links) if emulate else None
-        server_emulation, distances = None, {}
+        server_emulation, distances, peers = None, {}, self._peers
         if profiles is not None:
             server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
 
@@ -151,6 +154,7 @@ class NetworkedExecutor:
                 profiles,
                 distances,
                 self._deadline,
+                peers,
             )
             return run_group(fleet, timed, run, plan), None if server is None else server.state()
 

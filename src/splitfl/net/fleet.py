@@ -31,11 +31,13 @@ from splitfl.models.base import moving_state
 from splitfl.net.emulation import Profile, stretch
 from splitfl.net.hub import LOST, DeviceLink, Hub
 from splitfl.net.trust import (
+    PeerScale,
     TensorSpec,
     activation_scale,
     check_state,
     is_number,
     loss_problem,
+    rms,
     smashed_problem,
     state_specs,
     update_distance,
@@ -110,6 +112,7 @@ class RemoteFleet:
         profiles: dict[int, Profile] | None = None,
         distances: dict[int, float] | None = None,
         round_deadline: float | None = None,
+        peers: PeerScale | None = None,
     ):
         self.hub, self.round_seed, self.timeout_s, self.expect = hub, round_seed, timeout_s, expect
         self.meters, self.lost, self.profiles = meters, lost, profiles
@@ -119,6 +122,9 @@ class RemoteFleet:
         #: when (``time.monotonic()``) the round's clients must be done (None: no deadline
         #: but ``timeout_s`` per command); see ``network.round_deadline_factor``
         self.round_deadline = round_deadline
+        #: the round's accepted smashed data, shared by its groups (the peer RMS check)
+        b = expect.bounds
+        self.peers = peers or PeerScale(b.activation_rms_factor, b.activation_rms_abs)
         self.dropped: set[int] = set()
         self.tasks: dict[int, ClientTask] = {}
         #: bytes sent without a reply of their own (gradients): the next exchange carries them
@@ -157,7 +163,7 @@ class RemoteFleet:
         for c, msg in self._call(requests, "forwarded").items():
             count = self.expect.count(self.tasks[c].cut)
             fx, y = unpack("fx", msg.tensors, count), msg.tensors.get("y")
-            problem = self._check_smashed(c, fx, y)
+            problem = self._check_smashed(c, fx, y, steps[c])
             if not problem and set(msg.tensors) != names("fx", count) | {"y"}:
                 problem = "unexpected tensors"
             if problem:
@@ -288,12 +294,16 @@ class RemoteFleet:
             self.lost.setdefault(c, reason)
 
     # -- validation ------------------------------------------------------------------------------
-    def _check_smashed(self, c: int, fx, y) -> str | None:
+    def _check_smashed(self, c: int, fx, y, step: int) -> str | None:
         task, ex = self.tasks[c], self.expect
         target = (ex.target_dtype, ex.target_shape)
-        return smashed_problem(
+        problem = smashed_problem(
             fx, y, ex.features[task.cut], task.batch_size, ex.num_classes, target
         )
+        for i, t in enumerate(leaves(fx) if problem is None else []):
+            if t.is_floating_point() and t.numel():
+                problem = problem or self.peers.problem((task.cut, i), step, c, rms(t))
+        return problem
 
     def _check_part(self, c: int, part: State, aux: State) -> str | None:
         task, (sent_part, sent_aux) = self.tasks[c], self.sent[c]
@@ -364,9 +374,8 @@ def expect_for(
                     tuple(t.shape[1:]),
                     t.dtype,
                     bounds.activation_factor * peak + bounds.activation_abs,
-                    bounds.activation_rms_factor * rms + bounds.activation_rms_abs,
                 )
-                for t, (peak, rms) in zip(leaves(out), scales, strict=True)
+                for t, peak in zip(leaves(out), scales, strict=True)
             )
             if not isinstance(out, tuple):
                 single.add(cut)

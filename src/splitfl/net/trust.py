@@ -23,8 +23,10 @@ relative to the current model, so they scale with any model and need no tuning:
 
 from __future__ import annotations
 
+import collections
 import copy
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -111,14 +113,11 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: torch.dtype
     limit: float = math.inf
-    #: largest root-mean-square of a floating-point tensor (a scaled copy of honest values)
-    rms_limit: float = math.inf
 
 
-def activation_scale(part: torch.nn.Module, sample: torch.Tensor) -> list[tuple[float, float]]:
-    """Largest absolute value and root-mean-square of each tensor ``part`` sends on
-    ``sample`` (0 for bool tensors; the RMS of integer tensors is not used), as local
-    training computes it: train mode (BatchNorm normalises by the batch's own statistics, as
+def activation_scale(part: torch.nn.Module, sample: torch.Tensor) -> list[float]:
+    """Largest absolute value of each tensor ``part`` sends on ``sample``, as local training
+    computes it: train mode (BatchNorm normalises by the batch's own statistics, as
     on the device), on a copy (the model's running statistics stay as they are) and with the
     random state restored afterwards (dropout in the probe draws nothing from the run's
     seeded streams)."""
@@ -126,14 +125,9 @@ def activation_scale(part: torch.nn.Module, sample: torch.Tensor) -> list[tuple[
     devices = [sample.device.index or 0] if sample.is_cuda else []
     with torch.random.fork_rng(devices=devices), torch.no_grad():
         out = probe(sample)
-    return [_peak_and_rms(t) for t in leaves(out)]
-
-
-def _peak_and_rms(t: torch.Tensor) -> tuple[float, float]:
-    if not t.numel() or t.dtype == torch.bool:
-        return 0.0, 0.0
-    rms = float(t.double().pow(2).mean().sqrt()) if t.is_floating_point() else 0.0
-    return float(t.abs().max()), rms
+    return [
+        float(t.abs().max()) if t.numel() and t.dtype != torch.bool else 0.0 for t in leaves(out)
+    ]
 
 
 def smashed_problem(
@@ -163,7 +157,7 @@ def smashed_problem(
     ):
         return f"shape {'/'.join(str(sh) for sh in shapes)}/{tuple(y.shape)}"
     for t, spec in zip(got, specs, strict=True):
-        problem = _value_problem(t, spec.limit) or _rms_problem(t, spec.rms_limit)
+        problem = _value_problem(t, spec.limit)
         if problem:
             return problem
     if y.is_floating_point() and not all_finite(y):
@@ -192,17 +186,54 @@ def _value_problem(t: torch.Tensor, limit: float) -> str | None:
     return None
 
 
-def _rms_problem(t: torch.Tensor, limit: float) -> str | None:
-    """A floating-point tensor's root-mean-square above ``limit``, or None."""
-    if not t.is_floating_point() or not t.numel() or math.isinf(limit):
+def rms(t: torch.Tensor) -> float:
+    """Root-mean-square of a tensor's values (float64)."""
+    return float(t.double().pow(2).mean().sqrt())
+
+
+class PeerScale:
+    """The accepted smashed data of the run's recent rounds, as the RMS of each floating
+    tensor of each batch, per (cut, tensor, local step), to hold a client's batch against its
+    peers' at the same step: a batch whose RMS is above ``factor`` × the median of the last
+    :attr:`WINDOW` accepted batches of that step (this round's and earlier rounds') from at
+    least two other clients, + ``abs_``, is refused; before two other clients have been seen
+    at a step (early in the first round) a batch is held to the model-relative bounds only.
+    A scaled copy of honest activations passes the peak bound relative to the model; next to
+    its peers' it does not. By step, because honest activations grow within a round as the
+    parts train (Adam: ×10 per step over the first steps in the tests), alike on every
+    client. Shared by the round's groups (threads): locked."""
+
+    WINDOW = 64
+
+    def __init__(self, factor: float, abs_: float):
+        self.factor, self.abs = factor, abs_
+        self.values: dict[tuple, collections.deque] = {}
+        self.clients: dict[tuple, set[int]] = {}
+        self.lock = threading.Lock()
+
+    def problem(self, key: tuple, step: int, client: int, value: float) -> str | None:
+        """Why ``value`` (a batch's RMS for ``key`` at local ``step``) is out of line, or
+        None; an accepted value joins its step's window."""
+        with self.lock:
+            median = self._median(key, step, client)
+            top = None if median is None else self.factor * median + self.abs
+            if top is not None and value > top:
+                return (
+                    f"activation RMS {value:.3g} above {top:.3g} (network.bounds."
+                    f"activation_rms_factor {self.factor:g} x its peers' median {median:.3g})"
+                )
+            at = (*key, step)
+            self.values.setdefault(at, collections.deque(maxlen=self.WINDOW)).append(value)
+            self.clients.setdefault(at, set()).add(client)
         return None
-    rms = float(t.double().pow(2).mean().sqrt())
-    if rms > limit:
-        return (
-            f"activation RMS {rms:.3g} above {limit:.3g} (network.bounds.activation_rms_factor x "
-            f"the global part's + activation_rms_abs)"
-        )
-    return None
+
+    def _median(self, key: tuple, step: int, client: int) -> float | None:
+        at = (*key, step)
+        if len(self.clients.get(at, set()) - {client}) < 2:
+            return None  # no peers at this step yet (the first round's first arrivals)
+        ordered = sorted(self.values[at])
+        n = len(ordered)
+        return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
 
 
 def peer_outliers(distances: dict[int, float], factor: float) -> dict[int, str]:
