@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import splitfl
+from splitfl.algorithms.auxiliary import smashed_shape
 from splitfl.executors import channel
 from splitfl.executors.channel import ChannelError, Init
 from splitfl.executors.fleet import group_runs
@@ -22,8 +23,9 @@ from splitfl.executors.parallel import ParallelExecutor, partitions
 from splitfl.executors.pools import WorkerError
 from splitfl.executors.workers import UnitWorker, recv_message, send_message
 from splitfl.experiment.runner import as_config, prepare
+from splitfl.models.aux import linear_aux
 from splitfl.net.wire import decode
-from splitfl.plan import ClientUpdate
+from splitfl.plan import AuxSpec, ClientUpdate
 from splitfl.seeding import rng_for
 from splitfl.testing import config_for
 
@@ -57,9 +59,16 @@ def _plan(prep):
 
 
 def _local_run(prep):
-    """A unit whose first task starts from its own state and whose members have aux heads."""
+    """A unit whose first task starts from its own state and whose members have aux heads
+    (linear auxiliary models, as LocFedMix-SL's plans carry them in each task)."""
     ctx, plan = prep.ctx, _plan(prep)
-    plan = dataclasses.replace(plan, device_loss="local", hosts={1: 4}, server_lr=0.5)
+    cut = plan.tasks[0].cut
+    spec = AuxSpec("linear", smashed_shape(ctx, cut), ctx.bundle.num_classes)
+    head = linear_aux(spec.input_shape, spec.num_classes).to(torch.float64).state_dict()
+    tasks = [dataclasses.replace(t, aux_state=dict(head)) for t in plan.tasks]
+    plan = dataclasses.replace(
+        plan, tasks=tasks, device_loss="local", hosts={1: 4}, server_lr=0.5, aux=spec
+    )
     first = plan.tasks[0]
     own = {k: v + 1 for k, v in ctx.model.state_dict().items() if int(k.split(".")[1]) < first.cut}
     plan.tasks[0] = dataclasses.replace(first, init_state=own)
@@ -96,7 +105,8 @@ def test_setup_and_unit_round_trip(prep):
     msg = channel.read(_bytes(channel.setup_message(state, plan, 2**62 + 3)), ("setup",))
     got_state, got_plan, seed = channel.read_setup(msg, specs)
     assert seed == 2**62 + 3 and _same(got_state, state)
-    assert got_plan == dataclasses.replace(plan, tasks=[], info={})
+    # auxiliary plans run in the driver (their rounds are coupled): the setup has no aux spec
+    assert got_plan == dataclasses.replace(plan, tasks=[], info={}, aux=None)
     msg = channel.read(_bytes(channel.unit_message(run)), ("unit",))
     group, tasks, aux = channel.read_unit(msg, specs, ctx.bundle.num_classes)
     assert group == run.group and len(aux) == len(run.tasks) > 1

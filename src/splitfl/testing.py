@@ -19,6 +19,12 @@ FAST_OPTIONS = {
     "options.locfedmix_sl.aggregate_every": 2,
     "options.parallelsfl.tau": 2,
     "options.splitlora.aggregate_step": 12,
+    # tiny clients have a few batches per round; the auxiliary model on a tiny cut is linear
+    "options.cse_fsl.upload_every": 1,
+    "options.fsl_sage.upload_every": 2,
+    "options.fsl_sage.align_every": 2,
+    "options.fsl_sage.align_epochs": 2,
+    "options.fsl_sage.aux_model": "linear",
 }
 #: RingSFL needs at most as many clients as model blocks: 4 clients on the 4-block MLP.
 RING_SIZED = {"model": "mlp", "data.num_clients": 4, "train.clients_per_round": 4}

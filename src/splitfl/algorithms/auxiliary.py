@@ -56,17 +56,27 @@ class AuxModel:
 
 
 def smashed_shape(ctx, cut: int) -> tuple[int, ...]:
-    """Per-sample shape of the (first floating) smashed data of ``ctx.model`` at ``cut``: one
-    zero sample through a copy of the device part in eval mode (no random draws)."""
+    """Per-sample shape of the (first floating) smashed data of ``ctx.model`` at ``cut``."""
+    out = _smashed(ctx, cut)
+    out = out[0] if isinstance(out, tuple) else out
+    return tuple(int(d) for d in out.shape[1:])
+
+
+def cut_tensors(ctx, cut: int) -> int:
+    """How many tensors cross ``cut`` (a graph-split model's cut may carry several)."""
+    out = _smashed(ctx, cut)
+    return len(out) if isinstance(out, tuple) else 1
+
+
+def _smashed(ctx, cut: int):
+    """One zero sample through a copy of the device part in eval mode (no random draws)."""
     part = copy.deepcopy(ModelPart(ctx.model, 0, cut)).eval()
     dtype = ctx.model.input_dtype
     if dtype.is_floating_point:  # a float64 run's model takes float64 inputs
         dtype = next(ctx.model.parameters()).dtype
     x = torch.zeros(1, *ctx.bundle.input_shape, dtype=dtype)
     with torch.no_grad():
-        out = part(x)
-    out = out[0] if isinstance(out, tuple) else out
-    return tuple(int(d) for d in out.shape[1:])
+        return part(x)
 
 
 def aux_flops(module: torch.nn.Module, shape: tuple[int, ...], dtype: torch.dtype) -> float:

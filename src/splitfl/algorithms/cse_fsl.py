@@ -82,6 +82,8 @@ class CSEFSL(Algorithm):
         self.cut = ctx.resolve_cut(options.cut, self.name)
         self.aux_model = AuxModel.of(ctx, options.aux_model, self.cut, "options.cse_fsl.aux_model")
         self.aux = self.aux_model.initial  # the averaged auxiliary model every client gets
+        for c in range(ctx.num_clients):  # refused before the run starts, not in its round
+            self.steps(c)
 
     def steps(self, client: int) -> int:
         """Batches per round: one epoch (``train.local_epochs``/``local_steps``); in the

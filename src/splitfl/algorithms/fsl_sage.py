@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost, smashed_shape
+from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost, cut_tensors, smashed_shape
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.plan import AlignSpec, ClientTask, RoundPlan, RoundResult
@@ -56,8 +56,8 @@ class FSLSAGEOptions:
                 raise ConfigError(f"options.fsl_sage.{name}", "must be >= 1")
         if self.align_memory < 1:
             raise ConfigError("options.fsl_sage.align_memory", "must be >= 1")
-        if not self.align_lr > 0:
-            raise ConfigError("options.fsl_sage.align_lr", "must be > 0")
+        if not 0 < self.align_lr <= 1e9:  # as train.lr
+            raise ConfigError("options.fsl_sage.align_lr", "must be in (0, 1e9]")
 
 
 class FSLSAGE(Algorithm):
@@ -65,6 +65,11 @@ class FSLSAGE(Algorithm):
     paper = "Nair et al., FSL-SAGE (ICML 2025); code srijith1996/FSL-SAGE"
     Options = FSLSAGEOptions
     coupled_round = "one server model trained on every client's uploads, in client order"
+    training_signals = "aligns on the smashed data the server kept (uploads fill its memory)"
+    timing_stand_in = (
+        "the alignment memory holds the round's first uploaded batch only (its size follows "
+        "training): alignment FLOPs are undercounted"
+    )
     not_networked = (
         "sends smashed data every h-th batch and runs any nn.Module as auxiliary model, which "
         "device processes do not support yet"
@@ -73,6 +78,13 @@ class FSLSAGE(Algorithm):
     def __init__(self, options: FSLSAGEOptions, ctx) -> None:
         super().__init__(options, ctx)
         self.cut = ctx.resolve_cut(options.cut, self.name)
+        crossing = cut_tensors(ctx, self.cut)
+        if crossing > 1:
+            raise ConfigError(
+                "options.fsl_sage.cut",
+                f"cut {self.cut} of {ctx.config.model} carries {crossing} tensors; FSL-SAGE's "
+                "auxiliary model estimates the gradient of one (choose a cut that carries one)",
+            )
         name = options.aux_model
         if name is None:
             name = "resnet_stage" if len(smashed_shape(ctx, self.cut)) == 3 else "linear"
