@@ -188,7 +188,8 @@ def test_silent_streams_are_closed_at_the_auth_deadline_and_capped(tmp_path):
     try:
         time.sleep(0.5)
         (third,) = _silent_streams(bed.port, 1)  # the slots are full: the oldest goes
-        assert silent[0].outcome(0.7) == grpc.StatusCode.CANCELLED  # before its deadline
+        # before the 2 s hello deadline (1.3 s of slack for a loaded machine)
+        assert silent[0].outcome(1.3) == grpc.StatusCode.CANCELLED
         assert len(hub.gate.pending) <= 2
         silent.append(third)
         assert all(s.outcome(10) == grpc.StatusCode.CANCELLED for s in silent[1:])
@@ -208,9 +209,10 @@ def test_idle_streams_do_not_grow_the_listeners_threads(tmp_path):
     idle = _silent_streams(bed.port, 40)
     try:
         time.sleep(2.0)
-        # pool: max_links + max_pending + 4 workers, a watchdog, a pinger (+ slack for the
-        # threads of earlier tests still ending); the old hub: a worker and a timer each
-        assert threading.active_count() - before <= 24
+        # pool: max_links + max_pending + 4 workers, a watchdog, a pinger, an evicted
+        # stream's cancel (+ slack for the threads of earlier tests still ending, seen up to
+        # 25 under two test workers); the old hub: a worker and a timer each, 80 for 40 streams
+        assert threading.active_count() - before <= 32
     finally:
         for s in idle:
             s.close()
