@@ -322,6 +322,7 @@ def _validate_parallel(config: ExperimentConfig) -> None:
     _check(1 <= p.workers <= MAX_WORKERS, "parallel.workers", f"must be in [1, {MAX_WORKERS}]")
     _choice(p.backend, list(PARALLEL_BACKENDS), "parallel.backend")
     _check(1 <= p.threads <= MAX_THREADS, "parallel.threads", f"must be in [1, {MAX_THREADS}]")
+    _check(0 <= p.max_retries <= 100, "parallel.max_retries", "must be in [0, 100]")
     check_ray_address(p.address, "parallel.address")
     _check(
         p.address is None or p.backend == "ray",

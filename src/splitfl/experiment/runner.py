@@ -43,6 +43,7 @@ from splitfl.config import (
     from_dict,
 )
 from splitfl.dirlock import LOCK_FILE, hold_lock
+from splitfl.executors import WorkersLostError
 from splitfl.experiment.checkpoint import load_checkpoint
 from splitfl.experiment.context import RunContext, build_context
 from splitfl.experiment.device_data import write_clients
@@ -220,9 +221,10 @@ def run(
             (``--address``: ``auto``, ``ray://host:10001``); sets ``parallel.address``.
 
     An OS error (a full disk, a read-only folder), a Ray cluster that does not answer
-    (:class:`~splitfl.ray_cluster.RayJoinError`) or a networked server that cannot start
+    (:class:`~splitfl.ray_cluster.RayJoinError`), a networked server that cannot start
     (:class:`~splitfl.net.session.StartError`: listen address, TLS files, no devices in
-    time) before the run's first checkpoint removes
+    time) or parallel workers that cannot be started
+    (:class:`~splitfl.executors.WorkersLostError`) before the run's first checkpoint removes
     what the run created; after it, the directory is a stopped run to resume.
     """
     config = as_config(config, with_address(overrides, address), imports)
@@ -241,7 +243,7 @@ def run(
             write_clients(prepared.ctx, path / "clients.json")
             write_data_record(prepared.ctx, path / "data.json")
             return _finish(prepared, path, start=None, progress=progress)
-    except (OSError, RayJoinError, StartError):  # a full disk; no Ray cluster; no devices
+    except (OSError, RayJoinError, StartError, WorkersLostError):  # disk; Ray; devices; workers
         if not (path / "checkpoints" / "last.pt").exists():
             _remove_unstarted(path, created)
         raise
