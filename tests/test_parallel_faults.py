@@ -46,22 +46,24 @@ def _same(ref, got) -> None:
         assert all(torch.equal(u.state[k], v.state[k]) for k in u.state), u.client
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
-def test_a_killed_worker_is_replaced_and_its_units_rerun(sig, capfd):
-    """The worker dies (its stderr is the test's: no traceback), the next round finds it gone,
-    a fresh one takes its place and the round equals the sequential executor's."""
+def test_a_killed_worker_is_replaced_and_its_units_rerun(capfd):
+    """SIGKILL, SIGTERM, SIGINT in turn: the worker dies (its stderr is the test's: no
+    traceback), the next round finds it gone, a fresh one takes its place and the round
+    equals the sequential executor's."""
     ex, ctx, plan = _pool()
+    state = ctx.model.state_dict()
+    ref = SequentialExecutor().run_round(ctx, state, plan, 5)
     try:
-        pid = ex.pool.procs[1].pid
-        os.kill(pid, sig)
-        ex.pool.procs[1].wait(timeout=30)
-        state = ctx.model.state_dict()
-        got = ex.run_round(ctx, state, plan, 5)
-        _same(SequentialExecutor().run_round(ctx, state, plan, 5), got)
-        assert ex.pool.procs[1].pid != pid and ex.stats["restarts"] == 1
-        (event,) = got.events
-        assert f"parallel worker 1 (local process {pid}) exited with code {-sig}" in event
-        assert "replaced by parallel worker 1 (local process" in event
+        for n, sig in enumerate([signal.SIGKILL, signal.SIGTERM, signal.SIGINT], 1):
+            pid = ex.pool.procs[1].pid
+            os.kill(pid, sig)
+            ex.pool.procs[1].wait(timeout=30)
+            got = ex.run_round(ctx, state, plan, 5)
+            _same(ref, got)
+            assert ex.pool.procs[1].pid != pid and ex.stats["restarts"] == n
+            (event,) = got.events
+            assert f"parallel worker 1 (local process {pid}) exited with code {-sig}" in event
+            assert "replaced by parallel worker 1 (local process" in event
         assert ex.run_round(ctx, state, plan, 5).events == []  # recorded once
     finally:
         ex.close()
