@@ -287,6 +287,12 @@ def validate(config: ExperimentConfig) -> None:
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
     _validate_eval_on(config)
     _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
+    points = config.split.cut_points
+    _check(
+        points is None or (len(points) > 0 and all(p.strip() for p in points)),
+        "split.cut_points",
+        "module paths, at least one and none blank (null: after every top-level child)",
+    )
     _validate_tracking(config.output.tracking)
     _validate_network(config)
     _validate_parallel(config)
