@@ -260,11 +260,13 @@ def build_model(
     num_classes: int,
     split: Split = NO_SPLIT,
     lora: Any = None,
+    what: str | None = None,
 ) -> BlockModel:
     """The model ``spec`` names (registered or an import path), for ``input_shape`` and
     ``num_classes``, an ``nn.Module`` cut where ``split`` says, a Hugging Face model with
-    ``lora`` adapters (``train.lora``) where given. A broken builder contract is a one-line
-    ConfigError."""
+    ``lora`` adapters (``train.lora``) where given. A broken builder contract, and any
+    exception of the builder, is a one-line ConfigError on ``model`` starting with ``what``
+    (default ``spec``)."""
     try:
         if is_hf_spec(spec):
             return hf_block_model(spec, num_classes, lora)
@@ -272,7 +274,7 @@ def build_model(
             build = functools.partial(build_registered_model, spec)
         else:
             build = functools.partial(make_model, resolve_callable(spec, "model"), spec)
-        with user_code(spec, functools.partial(ConfigError, "model"), ONE_LINE):
+        with user_code(what or spec, functools.partial(ConfigError, "model"), ONE_LINE):
             return build(input_shape, num_classes, split)
     except ModelContractError as err:
         raise ConfigError("model", str(err)) from None

@@ -126,21 +126,25 @@ def _as_labels(given: object, n: int, name: str, split: str, values: bool) -> np
 
 
 def _torch_labels(ds, name: str, split: str, values: bool, shape) -> np.ndarray:  # noqa: ANN001
-    """The labels from a ``targets`` (or ``labels``) attribute, checked against a few items,
-    else read from every item (their inputs checked against ``shape``)."""
+    """The labels from a ``targets`` (or ``labels``) attribute, else read from every item
+    (their inputs checked against ``shape``). Labels from an attribute are checked against a
+    few items (:func:`_spot_check`) unless the dataset declares ``input_shape``: its items
+    are then read only when a batch needs them (and checked then)."""
     given = getattr(ds, "targets", None)
     given = getattr(ds, "labels", None) if given is None else given
     if given is None:
         return _as_labels(_read_labels(ds, name, split, shape), len(ds), name, split, values)
     y = _as_labels(given, len(ds), name, split, values)
-    _spot_check(ds, name, split, shape, y)
+    if getattr(ds, "input_shape", None) is None:
+        _spot_check(ds, name, split, shape, y)
     return y
 
 
 def _spot_check(ds, name: str, split: str, shape, y: np.ndarray) -> None:  # noqa: ANN001
     """A few items spread over the dataset, the last one included (a ``len()`` larger than
     the items), must have inputs of ``shape`` and the label its ``targets`` attribute gives."""
-    for i in sorted(set(np.linspace(0, len(ds) - 1, SPOT_CHECKS).astype(int).tolist())):
+    spread = np.linspace(0, len(ds) - 1, SPOT_CHECKS).astype(int).tolist()
+    for i in sorted(set(spread), reverse=True):  # the last first: a len() too large
         x, label = _item(ds, i, name, split)
         _checked(x, i, name, split, shape)
         got = _label(label, i, name, split)
@@ -167,7 +171,6 @@ def _torch_split(ds, name: str, split: str, lazy: bool | None, values: bool) -> 
         return torch.stack([x.to(dtype) for x in items])
 
     y = _torch_labels(ds, name, split, values, shape)
-    _spot_check(ds, name, split, shape, y)
     x = finish_inputs(LazyInputs(read, len(ds), shape, dtype), lazy)
     return ArrayDataset(x, torch.from_numpy(y))
 

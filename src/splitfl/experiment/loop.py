@@ -72,6 +72,7 @@ def start_state(
         st = LoopState(global_state, SimClock(), Traffic(), initial)
         rec = Recorder(run_dir, config, [], [], 0)
         rec.state_keys = set(moving_state(prep.ctx.model, prep.ctx.model))
+        rec.data_fingerprint = prep.data_fingerprint
         return st, rec
     clock = SimClock()
     clock.now = start["clock"]
@@ -90,6 +91,7 @@ def start_state(
     st.server_opt = start.get("server_optimizer", {})  # absent: written without one
     rec = Recorder.restored(run_dir, config, start)
     rec.state_keys = set(moving_state(prep.ctx.model, prep.ctx.model))
+    rec.data_fingerprint = prep.data_fingerprint
     return st, rec
 
 

@@ -32,17 +32,19 @@ def checked_model(
     for the data's shape, runs forward, and gives one finite float32 row of outputs per
     sample (``[B, outputs]``; ``[B, tokens, vocabulary]`` for ``causal_lm``) whatever the
     batch size. Raises a one-line ConfigError on ``model``."""
+    what = f"{config.model} does not fit {config.data.dataset} inputs {bundle.input_shape}"
     model = build_model(
         config.model,
         bundle.input_shape,
         bundle.num_classes,
         Split.of(config.split),
         config.train.lora,
+        what,
     )
     samples = (bundle.train if len(bundle.train) else bundle.test).x
     results = []
     for n in sorted({min(b, len(samples)) for b in PROBE_BATCHES}):
-        logits = _forward(config, bundle, model, samples[:n])
+        logits = _forward(what, model, samples[:n])
         _check_outputs(config, logits, n)
         results.append(logits)
     if results[0].shape[1:] != results[-1].shape[1:]:
@@ -55,9 +57,8 @@ def checked_model(
     return model, results[0]
 
 
-def _forward(config: ExperimentConfig, bundle: DatasetBundle, model, x) -> object:  # noqa: ANN001
-    """The model's eval-mode forward of ``x``; any exception is one line."""
-    what = f"{config.model} does not fit {config.data.dataset} inputs {bundle.input_shape}"
+def _forward(what: str, model: BlockModel, x: torch.Tensor) -> object:
+    """The model's eval-mode forward of ``x``; any exception is one line on ``what``."""
     with user_code(what, functools.partial(ConfigError, "model"), ONE_LINE), torch.no_grad():
         return model.eval()(x)
 
@@ -86,4 +87,17 @@ def _check_outputs(config: ExperimentConfig, logits: object, n: int) -> None:
             "model",
             f"{config.model} gives NaN or infinite outputs for the first {n} training samples "
             "before any training",
+        )
+
+
+def check_splittable(config: ExperimentConfig, model: BlockModel, algorithm: type) -> None:
+    """A model with no cut point that leaves trainable parameters on both sides (a bare
+    ``Flatten`` or ``ReLU`` as its only first block) trains whole only: an algorithm that
+    splits it (:attr:`~splitfl.algorithms.Algorithm.splits_model`) is refused in one line."""
+    if getattr(algorithm, "splits_model", True) and not model.cut_points:
+        raise ConfigError(
+            "model",
+            f"{config.model}: no cut point leaves trainable parameters on both sides (a first "
+            f"block without parameters, e.g. a bare Flatten, trains nothing on the device); "
+            f"{config.algorithm} splits the model (fedavg trains it whole)",
         )

@@ -162,8 +162,10 @@ def trainable_cuts(
 ) -> BlockModel:
     """``model`` with cut points that leave trainable parameters on both sides. Found ones
     (every block boundary of a Sequential, every top-level child of a graph) that do not are
-    dropped; a declared one (``cut_points``, ``split.cut_points``/``split.cut``) is a
-    :class:`ModelContractError`, and so is a model left with no cut point."""
+    dropped — none may be left: such a model trains whole only, and an algorithm that splits
+    it is refused (:func:`~splitfl.experiment.model_check.check_splittable`); a declared one
+    (``cut_points``, ``split.cut_points``/``split.cut``), no cut points declared at all and a
+    model without trainable parameters are a :class:`ModelContractError`."""
     if not model.cut_points:
         raise ModelContractError(f"{where}: no cut points (a split needs at least one)")
     free = parameter_free_cuts(model)
@@ -175,18 +177,13 @@ def trainable_cuts(
                 "parameters (nothing to train there); cut after a layer with parameters"
             )
     keep = [c for c in model.cut_points if c not in free]
-    if not keep:
-        if not any(p.requires_grad for p in model.parameters()):
-            raise ModelContractError(f"{where} has no trainable parameters")
-        raise ModelContractError(
-            f"{where}: no cut point leaves trainable parameters on both sides "
-            f"(cut points {[named.get(c, c) for c in model.cut_points]})"
-        )
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ModelContractError(f"{where} has no trainable parameters")
     if model.cut_names:
         model.cut_names = tuple(named[c] for c in keep)
     if model.default_cut in free:
-        model.default_cut = keep[-1]
-    model.cut_points = tuple(keep)
+        model.default_cut = keep[-1] if keep else None
+    model.cut_points = tuple(keep)  # none left: the model trains whole only (FedAvg)
     return model
 
 
