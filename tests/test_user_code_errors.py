@@ -20,6 +20,8 @@ import pytest
 from PIL import Image
 
 from splitfl.cli.main import main
+from splitfl.data.formats import ContainerOptions, load_container
+from splitfl.data.formats.arrays import as_labels
 from splitfl.testing import config_for
 
 MODULE = "badcode35"
@@ -208,3 +210,18 @@ def test_a_model_without_a_usable_cut_still_trains_whole(project, tmp_path, caps
     trains the whole model, runs it (the split algorithms refuse it, above)."""
     args = [f"model={MODULE}:m_flatten_first", "algorithm=fedavg", "--out", str(tmp_path / "r")]
     assert main(["run", str(project / "config.json"), *args]) == 0
+
+
+def test_whole_number_labels_are_classes_in_every_container(tmp_path):
+    """CSV labels ``3.0`` are class 3 (as ``3`` is, and as a whole-number float label of a
+    torch Dataset): not the class *name* "3.0", whose sorted order would put "10.0" before
+    "2.0". A float label column of an array or table container reads the same way."""
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 48), ("test", 12)):
+        rows = [f"{i % 12}.0,{rng.random()}" for i in range(n)]
+        (tmp_path / f"{split}.csv").write_text("label,a\n" + "\n".join(rows) + "\n")
+    bundle = load_container("csv", tmp_path, "mine", ContainerOptions())
+    assert bundle.num_classes == 12
+    assert bundle.train.y.tolist() == [i % 12 for i in range(48)]
+    labels = as_labels(np.array([3.0, 0.0, 11.0]), "mine", tmp_path / "t.parquet", 3)
+    assert labels.dtype == np.int64 and labels.tolist() == [3, 0, 11]
