@@ -119,6 +119,22 @@ def _kill_on_submits(monkeypatch, which: set[int]) -> list[int]:
     return killed
 
 
+def test_a_worker_lost_at_start_up_is_replaced(monkeypatch):
+    """Killed right after it was sent its start (config and data): a fresh worker is started
+    in its place before the first round, which equals the sequential executor's."""
+    killed = _kill_on_submits(monkeypatch, {1})
+    ex, ctx, plan = _pool()
+    try:
+        assert len(killed) == 1 and ex.stats["restarts"] == 1
+        state = ctx.model.state_dict()
+        got = ex.run_round(ctx, state, plan, 5)
+        _same(SequentialExecutor().run_round(ctx, state, plan, 5), got)
+        (event,) = got.events  # recorded with the first round
+        assert f"(local process {killed[0]}) exited with code -9 while starting" in event
+    finally:
+        ex.close()
+
+
 def test_a_worker_killed_mid_round_leaves_the_run_bit_identical(
     tmp_path, sequential_run, monkeypatch
 ):

@@ -237,11 +237,11 @@ class ParallelExecutor:
         """Replace each lost worker; its units go back to the queue (the one it was training
         counts a loss: past ``max_retries`` the round stops)."""
         for w, why in lost.reasons.items():
-            units = list(deal.inflight[w])
+            units, losses, what = list(deal.inflight[w]), 1, "idle"
             if units:
                 deal.losses[units[0]] += 1
-            what = deal.doing(w) if units else "idle"
-            self._replace(w, why, deal.losses[units[0]] if units else 1, what)
+                losses, what = deal.losses[units[0]], deal.doing(w)
+            self._replace(w, why, losses, what)
             deal.inflight[w].clear()
             deal.set_up.discard(w)
             deal.queue[:] = sorted([*deal.queue, *units], key=lambda i: -work(deal.runs[i]))
