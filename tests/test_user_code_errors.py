@@ -11,6 +11,7 @@ line naming the module, callable, file or item, and write nothing.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -23,6 +24,7 @@ from splitfl.cli.main import main
 from splitfl.data.formats import ContainerOptions, load_container
 from splitfl.data.formats.arrays import as_labels
 from splitfl.testing import config_for
+from splitfl.usercode import user_code
 
 MODULE = "badcode35"
 HERE = Path(__file__).parent
@@ -225,3 +227,15 @@ def test_whole_number_labels_are_classes_in_every_container(tmp_path):
     assert bundle.train.y.tolist() == [i % 12 for i in range(48)]
     labels = as_labels(np.array([3.0, 0.0, 11.0]), "mine", tmp_path / "t.parquet", 3)
     assert labels.dtype == np.int64 and labels.tolist() == [3, 0, 11]
+
+
+def test_a_child_forked_inside_user_code_exits_as_it_meant_to():
+    """``os._exit`` is refused in this process only: a child that user code forks (as
+    multiprocessing does) ends with its own status; afterwards ``os._exit`` is itself."""
+    real = os._exit
+    with user_code("fork", ValueError):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 7 and os._exit is real

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +40,34 @@ class ExitCalled(Exception):  # noqa: N818 - what happened, not an error of spli
     """User code called ``os._exit`` (turned into this while :func:`user_code` runs)."""
 
 
+#: ``os._exit`` itself; while user code runs (in any thread: :data:`_REFUSING` counts the
+#: blocks) it is replaced by :func:`_refuse_exit` in this process.
+_REAL_EXIT = os._exit
+_REFUSING = {"depth": 0, "pid": 0}
+_LOCK = threading.Lock()
+
+
+def _refuse_exit(code: int = 0) -> None:
+    if os.getpid() != _REFUSING["pid"]:  # a forked child (multiprocessing) ends as it meant to
+        _REAL_EXIT(code)
+    raise ExitCalled(f"os._exit({code})")
+
+
+@contextlib.contextmanager
+def _exits_refused() -> Iterator[None]:
+    with _LOCK:
+        if _REFUSING["depth"] == 0:
+            _REFUSING["pid"], os._exit = os.getpid(), _refuse_exit
+        _REFUSING["depth"] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _REFUSING["depth"] -= 1
+            if _REFUSING["depth"] == 0:
+                os._exit = _REAL_EXIT
+
+
 @contextlib.contextmanager
 def user_code(
     what: str,
@@ -50,16 +79,9 @@ def user_code(
     ``error("<what>: <Type>: <message> (<file> line <n>)")``; ``sys.exit(n)`` and
     ``os._exit(n)`` become ``error("<what>: it called sys.exit(n)")``. ``os._exit`` is
     replaced while the block runs (in this process only: a child it forks exits as usual)."""
-    real_exit, pid = os._exit, os.getpid()
-
-    def refuse_exit(code: int = 0) -> None:
-        if os.getpid() != pid:  # a forked child (multiprocessing) ends as it meant to
-            real_exit(code)
-        raise ExitCalled(f"os._exit({code})")
-
-    os._exit = refuse_exit
     try:
-        yield
+        with _exits_refused():
+            yield
     except passthrough:
         raise
     except ExitCalled as err:
@@ -68,5 +90,3 @@ def user_code(
         raise error(f"{what}: it called sys.exit({err.code!r})") from None
     except Exception as err:  # noqa: BLE001 - any failure of user code is one line
         raise error(f"{what}: {error_line(err)}") from None
-    finally:
-        os._exit = real_exit
