@@ -15,7 +15,12 @@ loader):
   token ids — stay int64), or the ``input_dtype`` attribute (default float32) of a dataset
   that declares ``input_shape`` (its items are then read only when a batch needs them).
   Inputs are read lazily through ``dataset[i]`` or all at once, per ``lazy`` (``data.lazy``;
-  null: lazy above 1 GiB);
+  null: lazy above 1 GiB). Every item read is checked — its input of the dataset's shape,
+  its label a number (a class name, None or a string is refused naming the item), whatever
+  ``__getitem__`` raises one line naming the item — : all of them at load when the labels
+  come from the items; a few spread over the dataset (the last included: a ``len()`` larger
+  than the items), whose labels must agree with a ``targets`` attribute, when they come from
+  one; none at load for a dataset that declares ``input_shape`` (each when a batch reads it);
 * a Hugging Face ``datasets.DatasetDict`` with ``train`` and ``test`` splits, or a pair of
   ``datasets.Dataset`` s (columns as in :mod:`splitfl.data.formats.hf`).
 """
