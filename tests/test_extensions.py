@@ -247,17 +247,18 @@ def test_builder_contract_sequential_cut_points_and_one_line_errors(tmp_path, mo
                 return nn.Sequential(nn.Linear(5, 3), nn.Linear(3, num_classes))
 
             def flat_output(input_shape, num_classes):
-                return nn.Sequential(nn.Flatten(), nn.Flatten(0))
+                return nn.Sequential(nn.Linear(8, 4), nn.Flatten(), nn.Linear(32, 4), nn.Flatten(0))
             """
         )
     )
     model = extensions.build_model("user_contract:blocks", (1, 8, 8), 10)
-    assert model.num_blocks == 4 and model.cut_points == (1, 2, 3) and model.default_cut == 3
+    # every block boundary but 1: a device part of a bare Flatten has nothing to train
+    assert model.num_blocks == 4 and model.cut_points == (2, 3) and model.default_cut == 3
     assert extensions.build_model("user_contract:declared", (1, 8, 8), 10).cut_points == (2,)
     messages = {
         "user_contract:number": "model: user_contract:number returned int; expected an nn.Module",
         "user_contract:wrong_input": "model: user_contract:wrong_input does not fit digits",
-        "user_contract:flat_output": "model: user_contract:flat_output gives outputs [128]",
+        "user_contract:flat_output": "model: user_contract:flat_output gives outputs [8]",
         "user_contract:nothing": "model: 'user_contract:nothing': module 'user_contract' has no",
         "no_such_module_h1:f": "model: cannot import 'no_such_module_h1': ModuleNotFoundError",
     }
@@ -332,7 +333,8 @@ def test_an_installed_plugin_registers_itself(tmp_path, monkeypatch):
         "from torch import nn\n"
         "def setup():\n"
         "    splitfl.register_model('h1_plugin_mlp')(\n"
-        "        lambda input_shape, num_classes: [nn.Flatten(), nn.Linear(64, num_classes)])\n"
+        "        lambda input_shape, num_classes: [nn.Flatten(), nn.Linear(64, 16),\n"
+        "                                          nn.Linear(16, num_classes)])\n"
     )
     monkeypatch.setattr(sys, "path", [*sys.path, str(site)])
     monkeypatch.setattr(extensions, "_plugins_loaded", False)

@@ -120,7 +120,7 @@ def test_float_labels_under_cross_entropy_say_how_to_read_them(regression_files)
     root, _ = regression_files
     with pytest.raises(DatasetFileError, match=r"train\.npz: labels must be integers.*mse"):
         read_dataset(_data(root, "npz", targets="classes"))
-    with pytest.raises(DatasetFileError, match=r"not in the training split \(numeric targets"):
+    with pytest.raises(DatasetFileError, match=r"train\.csv: label .* is not a whole number.*mse"):
         read_dataset(_data(root, "csv", targets="classes"))
 
 

@@ -30,7 +30,6 @@ import re
 import site
 import sys
 import sysconfig
-import traceback
 import warnings
 from collections.abc import Callable, Iterable
 from importlib import metadata
@@ -42,7 +41,7 @@ import torch
 
 from splitfl.config import ConfigError, DataConfig, ExperimentConfig
 from splitfl.config.choices import unknown_choice
-from splitfl.data.base import DatasetBundle, dataset_names
+from splitfl.data.base import DatasetBundle, DatasetError, dataset_names
 from splitfl.data.source import from_object, read_dataset
 from splitfl.models import profile as profiles
 from splitfl.models.aux import AUX_MODELS, aux_names
@@ -57,12 +56,15 @@ from splitfl.models.registry import (
     model_names,
 )
 from splitfl.models.registry import build_model as build_registered_model
+from splitfl.usercode import error_line, user_code
 
 #: Entry-point group of installed packages that register models, datasets or algorithms:
 #: ``[project.entry-points."splitfl.plugins"] mine = "mypkg.splitfl_plugin"`` (a module,
 #: imported; or a function, called with no arguments).
 PLUGIN_GROUP = "splitfl.plugins"
 _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+#: splitfl's one-line errors, which user code may raise (a loader calling splitfl's own).
+ONE_LINE = (ConfigError, DatasetError, ModelContractError)
 _plugins_loaded = False
 
 
@@ -70,18 +72,6 @@ def is_import_path(spec: str) -> bool:
     """``package.module:callable`` (registered names hold no ``:``; ``hf:``/``hf-config:``
     name Hugging Face models, :mod:`splitfl.models.hf`)."""
     return ":" in spec and not is_hf_spec(spec)
-
-
-def _error_line(err: BaseException) -> str:
-    """``Type: message`` of ``err`` (its first line), with the file and line it came from."""
-    text = str(err).strip().splitlines()
-    line = f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-    frames = traceback.extract_tb(err.__traceback__)
-    ours = str(Path(__file__).parent)
-    user = [f for f in frames if "importlib" not in f.filename and ours not in f.filename]
-    if user and not isinstance(err, ModuleNotFoundError):
-        line += f" ({Path(user[-1].filename).name} line {user[-1].lineno})"
-    return line
 
 
 def load_plugins() -> None:
@@ -97,9 +87,7 @@ def load_plugins() -> None:
             if callable(obj) and not isinstance(obj, ModuleType):
                 obj()
         except Exception as err:  # noqa: BLE001 - one broken plugin must not stop the others
-            warnings.warn(
-                f"splitfl plugin {ep.name} ({ep.value}): {_error_line(err)}", stacklevel=2
-            )
+            warnings.warn(f"splitfl plugin {ep.name} ({ep.value}): {error_line(err)}", stacklevel=2)
 
 
 def _needed(config: ExperimentConfig) -> list[tuple[str, str]]:
@@ -128,16 +116,16 @@ def import_user_modules(
         if path not in sys.path and Path(path).is_dir():
             sys.path.append(path)
     modules = []
+    where = ", ".join(["PYTHONPATH", *map(str, search_dirs)])
+
+    def failed(message: str) -> ConfigError:
+        return ConfigError(field, f"{message} (searched {where})")
+
     for name in names:
         if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name):
             raise ConfigError(field, f"{name!r} is not a module name (package.module)")
-        try:
+        with user_code(f"cannot import {name!r}", failed):
             modules.append(importlib.import_module(name))
-        except Exception as err:  # noqa: BLE001 - any failure of user code is one line
-            where = ", ".join(["PYTHONPATH", *map(str, search_dirs)])
-            raise ConfigError(
-                field, f"cannot import {name!r}: {_error_line(err)} (searched {where})"
-            ) from None
     return modules
 
 
@@ -272,17 +260,22 @@ def build_model(
     num_classes: int,
     split: Split = NO_SPLIT,
     lora: Any = None,
+    what: str | None = None,
 ) -> BlockModel:
     """The model ``spec`` names (registered or an import path), for ``input_shape`` and
     ``num_classes``, an ``nn.Module`` cut where ``split`` says, a Hugging Face model with
-    ``lora`` adapters (``train.lora``) where given. A broken builder contract is a one-line
-    ConfigError."""
+    ``lora`` adapters (``train.lora``) where given. A broken builder contract, and any
+    exception of the builder, is a one-line ConfigError on ``model`` starting with ``what``
+    (default ``spec``)."""
     try:
         if is_hf_spec(spec):
             return hf_block_model(spec, num_classes, lora)
         if not is_import_path(spec):
-            return build_registered_model(spec, input_shape, num_classes, split)
-        return make_model(resolve_callable(spec, "model"), spec, input_shape, num_classes, split)
+            build = functools.partial(build_registered_model, spec)
+        else:
+            build = functools.partial(make_model, resolve_callable(spec, "model"), spec)
+        with user_code(what or spec, functools.partial(ConfigError, "model"), ONE_LINE):
+            return build(input_shape, num_classes, split)
     except ModelContractError as err:
         raise ConfigError("model", str(err)) from None
 
@@ -336,7 +329,9 @@ def load_dataset(d: DataConfig, root: str | Path | None = None) -> DatasetBundle
     except (TypeError, ValueError):
         params = {}
     given = {"root": Path(root) if root is not None else None, "verify": d.verify}
-    return from_object(fn(**{k: v for k, v in given.items() if k in params}), d)
+    with user_code(d.dataset, DatasetError, ONE_LINE):
+        obj = fn(**{k: v for k, v in given.items() if k in params})
+    return from_object(obj, d)
 
 
 def reject_objects(data: dict[str, Any]) -> None:

@@ -248,6 +248,9 @@ class RoundResult:
     measured_round_time: float | None = None
     #: The device (its name) that trained each completed client, where there are devices.
     devices: dict[int, str] | None = None
+    #: What the executor recovered from this round (a parallel worker lost and replaced, its
+    #: units dealt again), one line each; recorded as the row's ``executor_events``.
+    events: list[str] = field(default_factory=list)
 
     @property
     def train_loss(self) -> float:

@@ -74,6 +74,11 @@ def register_algorithm(cls: type[Algorithm] | None = None, *, replace: bool = Fa
     unless ``replace=True``."""
     if cls is None:
         return lambda c: register_algorithm(c, replace=replace)
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise TypeError(
+            f"register_algorithm takes a subclass of splitfl.Algorithm, got "
+            f"{getattr(cls, '__qualname__', type(cls).__name__)}"
+        )
     if not cls.name or not isinstance(cls.name, str):
         raise ValueError(f"{cls.__name__} needs a non-empty class attribute 'name'")
     if cls.name in ALIASES or (ALGORITHMS.get(cls.name, cls) is not cls and not replace):

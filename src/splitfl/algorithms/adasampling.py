@@ -61,6 +61,7 @@ def sampling_probabilities(p: np.ndarray, g: np.ndarray, t: np.ndarray, floor: f
 class AdaSampling(Algorithm):
     name = "adasampling"
     paper = "Luo et al., AdaSampling (INFOCOM 2022); baseline in ParallelSFL §5"
+    splits_model = False  # every client trains the whole model
     Options = AdaSamplingOptions
     training_signals = "samples clients by the gradient norms G_i of their model updates"
     timing_stand_in = "G_i = 1 for every client (no update moves): q_i ∝ p_i/√t_i"

@@ -61,6 +61,9 @@ class Algorithm:
     #: ``executor: networked``: "" when device processes can run the algorithm's plans, else
     #: why not, in one line (the validation refuses it).
     not_networked: ClassVar[str] = ""
+    #: Whether its plans cut the model (False: every client trains the whole model, cut =
+    #: the number of blocks; such an algorithm runs a model without a usable cut point).
+    splits_model: ClassVar[bool] = True
 
     @classmethod
     def networked_problem(cls, options: Any) -> str:

@@ -26,6 +26,7 @@ class FedAvgOptions:
 class FedAvg(Algorithm):
     name = "fedavg"
     paper = "McMahan et al. 2017; baseline in S²FL §5, RingSFL §4, MergeSFL §V"
+    splits_model = False  # every client trains the whole model
     Options = FedAvgOptions
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:

@@ -59,6 +59,7 @@ class IFCAOptions:
 class IFCA(Algorithm):
     name = "ifca"
     paper = "Ghosh et al., IFCA (NeurIPS 2020); baseline in ParallelSFL §5"
+    splits_model = False  # every client trains the whole model
     Options = IFCAOptions
     training_signals = "each client picks the cluster model with the lowest loss on its data"
     timing_stand_in = (

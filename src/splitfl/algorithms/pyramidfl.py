@@ -126,6 +126,7 @@ def dropout_ratios(stats: list[float | None], low: float, high: float) -> list[f
 class PyramidFL(Algorithm):
     name = "pyramidfl"
     paper = "Li et al., PyramidFL (MobiCom 2022); baseline in MergeSFL §V"
+    splits_model = False  # every client trains the whole model
     Options = PyramidFLOptions
     training_signals = "selects and ranks dropout by the statistical utility |D_i|·L_i (L_i: loss)"
     timing_stand_in = "every client's training loss is 1.0 (statistical utility |D_i|)"

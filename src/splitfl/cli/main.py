@@ -20,7 +20,7 @@ from splitfl.atomic import describe_os_error
 from splitfl.cli.network import add_network_parsers
 from splitfl.config import ConfigError
 from splitfl.data.base import DatasetError, DatasetWarning
-from splitfl.executors import NonFiniteLossError
+from splitfl.executors import NonFiniteLossError, WorkersLostError
 from splitfl.experiment import compare, resume, run, validate
 from splitfl.experiment.model_card import cards_markdown
 from splitfl.extensions import add_import_flag
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         args.args = [*getattr(args, "args", []), *extra]
     try:
         return args.fn(args)
-    except (ConfigError, DatasetError) as err:
+    except (ConfigError, DatasetError, WorkersLostError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except NonFiniteLossError as err:

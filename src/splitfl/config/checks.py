@@ -287,6 +287,12 @@ def validate(config: ExperimentConfig) -> None:
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
     _validate_eval_on(config)
     _check(config.output.checkpoint_every >= 1, "output.checkpoint_every", "must be >= 1")
+    points = config.split.cut_points
+    _check(
+        points is None or (len(points) > 0 and all(p.strip() for p in points)),
+        "split.cut_points",
+        "module paths, at least one and none blank (null: after every top-level child)",
+    )
     _validate_tracking(config.output.tracking)
     _validate_network(config)
     _validate_parallel(config)
@@ -322,6 +328,7 @@ def _validate_parallel(config: ExperimentConfig) -> None:
     _check(1 <= p.workers <= MAX_WORKERS, "parallel.workers", f"must be in [1, {MAX_WORKERS}]")
     _choice(p.backend, list(PARALLEL_BACKENDS), "parallel.backend")
     _check(1 <= p.threads <= MAX_THREADS, "parallel.threads", f"must be in [1, {MAX_THREADS}]")
+    _check(0 <= p.max_retries <= 100, "parallel.max_retries", "must be in [0, 100]")
     check_ray_address(p.address, "parallel.address")
     _check(
         p.address is None or p.backend == "ray",

@@ -372,7 +372,9 @@ class ParallelConfig:
     ``workers`` persistent workers — processes on this machine (``local``) or Ray actors
     (``ray``: a local instance, the sweep trial's, or the cluster at ``address``), each asking
     for ``threads`` CPUs and ``gpus_per_worker`` GPUs — that keep the data partitions they were
-    sent. A worker that does not start or answer within ``timeout_s`` stops the run."""
+    sent. A worker that dies or does not start or answer within ``timeout_s`` is replaced by a
+    fresh one and its units are trained again (the same result); a unit lost more than
+    ``max_retries`` times (or a worker that fails to start that often) stops the run."""
 
     workers: int = 2
     backend: str = "local"
@@ -380,6 +382,7 @@ class ParallelConfig:
     address: str | None = None
     threads: int = 1
     timeout_s: float = 600.0
+    max_retries: int = 2
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from splitfl.config import ConfigError
 from splitfl.config.choices import unknown_choice
 from splitfl.training.losses import IGNORE
+from splitfl.usercode import user_code
 
 
 class DatasetError(ValueError):
@@ -32,6 +34,10 @@ class DatasetFileError(DatasetError):
 class DatasetWarning(UserWarning):
     """Something about a dataset's files is worth a one-line note (e.g. a checksum differs)."""
 
+
+#: Most classes (or outputs) a dataset may have: labels are class indices, and each client's
+#: label histogram holds a count per class (a label of 2**40 would ask for terabytes).
+MAX_CLASSES = 1 << 20
 
 #: ``data.verify`` modes: compare standard files with their published checksums and warn,
 #: fail, or skip the comparison (see :mod:`splitfl.data.loaders._checksums`).
@@ -184,7 +190,12 @@ def load_dataset(
     if "verify" in takes:
         options["verify"] = verify
     options = {k: v for k, v in options.items() if k in takes or k == "verify"}
-    bundle = spec.loader(Path(root) if root is not None else None, **options)
+    with user_code(f"{name}: loader {_named(spec)}", DatasetError, (DatasetError, ConfigError)):
+        bundle = spec.loader(Path(root) if root is not None else None, **options)
+    if not isinstance(bundle, DatasetBundle):
+        raise DatasetError(
+            f"{name}: loader {_named(spec)} returned {type(bundle).__name__}, not a DatasetBundle"
+        )
     where = f"{name}: files in {root}" if root is not None else f"{name}: loader {_named(spec)}"
     check_bundle(cast_labels(bundle), where)
     return bundle
@@ -243,8 +254,14 @@ def check_bundle(bundle: DatasetBundle, where: str) -> None:
     int64 labels in ``0..num_classes-1`` (or finite float targets ``[N, ...]`` for
     ``train.loss: mse``/``bce_logits``, or int64 token ids ``[N, T]`` with ``IGNORE`` at
     padding for ``causal_lm``; checked against the loss when the run is built),
-    inputs of ``input_shape``, finite values, one writer id per sample. Raises a one-line
+    inputs of ``input_shape``, finite values, one writer id per sample, at most
+    :data:`MAX_CLASSES` classes. Raises a one-line
     :class:`DatasetFileError` starting with ``where``."""
+    if bundle.num_classes > MAX_CLASSES:
+        raise DatasetFileError(
+            f"{where}: {bundle.num_classes} classes (labels must be class indices 0..C-1, "
+            f"C at most {MAX_CLASSES})"
+        )
     for split, part in (("train", bundle.train), ("test", bundle.test)):
         _check_split(part, split, bundle, where)
 

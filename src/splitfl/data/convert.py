@@ -15,7 +15,12 @@ loader):
   token ids — stay int64), or the ``input_dtype`` attribute (default float32) of a dataset
   that declares ``input_shape`` (its items are then read only when a batch needs them).
   Inputs are read lazily through ``dataset[i]`` or all at once, per ``lazy`` (``data.lazy``;
-  null: lazy above 1 GiB);
+  null: lazy above 1 GiB). Every item read is checked — its input of the dataset's shape,
+  its label a number (a class name, None or a string is refused naming the item), whatever
+  ``__getitem__`` raises one line naming the item — : all of them at load when the labels
+  come from the items; a few spread over the dataset (the last included: a ``len()`` larger
+  than the items), whose labels must agree with a ``targets`` attribute, when they come from
+  one; none at load for a dataset that declares ``input_shape`` (each when a batch reads it);
 * a Hugging Face ``datasets.DatasetDict`` with ``train`` and ``test`` splits, or a pair of
   ``datasets.Dataset`` s (columns as in :mod:`splitfl.data.formats.hf`).
 """
@@ -34,6 +39,10 @@ from splitfl.data.base import (
 )
 from splitfl.data.formats import ContainerOptions, _hf_bundle
 from splitfl.data.lazy import LazyInputs, finish_inputs
+from splitfl.usercode import user_code
+
+#: Items of a user's dataset read at load to check them against the rest (spread over it).
+SPOT_CHECKS = 8
 
 
 def _is_hf(obj: object) -> bool:
@@ -53,7 +62,10 @@ def _as_tensor(x: object) -> torch.Tensor:
 
 
 def _item(ds, i: int, name: str, split: str) -> tuple:
-    item = ds[i]
+    """Item ``i`` of a user's dataset as ``(x, y)``; whatever its ``__getitem__`` raises is
+    one line naming the item (:func:`~splitfl.usercode.user_code`)."""
+    with user_code(f"{name}: {split} item {i} of {len(ds)}", DatasetFileError, (DatasetError,)):
+        item = ds[i]
     if not isinstance(item, tuple | list) or len(item) < 2:
         raise DatasetFileError(
             f"{name}: {split} item {i} must be (x, y), got {type(item).__name__}"
@@ -61,24 +73,91 @@ def _item(ds, i: int, name: str, split: str) -> tuple:
     return item[0], item[1]
 
 
-def _torch_labels(ds, name: str, split: str, values: bool) -> np.ndarray:
+def _checked(x: object, i: int, name: str, split: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Item ``i``'s input ``x`` as a tensor, which must have the dataset's sample ``shape``."""
+    t = _as_tensor(x)
+    if tuple(t.shape) != tuple(shape):
+        raise DatasetFileError(
+            f"{name}: {split} item {i} has inputs of shape {list(t.shape)}; the dataset's "
+            f"are {list(shape)} (every item must have the same shape)"
+        )
+    return t
+
+
+def _label(y: object, i: int, name: str, split: str) -> np.ndarray:
+    """Item ``i``'s label as an array: a number, or numbers (targets); anything else (a class
+    name, None, a string of digits) is one line naming the item."""
+    if isinstance(y, list | tuple) and all(isinstance(v, int | float) for v in y):
+        y = np.asarray(y)
+    arr = None
+    if isinstance(y, np.ndarray | np.generic | torch.Tensor | int | float):
+        arr = np.asarray(y.cpu() if isinstance(y, torch.Tensor) else y)
+    if arr is None or arr.dtype.kind not in "biuf":
+        raise DatasetFileError(
+            f"{name}: {split} item {i} has label {y!r} ({type(y).__name__}); labels must be "
+            "integer class indices (or numbers with data.targets: values)"
+        )
+    return arr
+
+
+def _read_labels(ds, name: str, split: str, shape: tuple[int, ...]) -> list[np.ndarray]:
+    """Every item's label, read item by item (each input checked against ``shape``)."""
+    labels = []
+    for i in range(len(ds)):
+        x, y = _item(ds, i, name, split)
+        _checked(x, i, name, split, shape)
+        labels.append(_label(y, i, name, split))
+        if labels[i].shape != labels[0].shape:
+            raise DatasetFileError(
+                f"{name}: {split} item {i}'s label has shape {list(labels[i].shape)}, "
+                f"item 0's {list(labels[0].shape)}"
+            )
+    return labels
+
+
+def _as_labels(given: object, n: int, name: str, split: str, values: bool) -> np.ndarray:
     """The labels (int64 ``[N]``) or, with ``values``, the float32 targets ``[N, ...]``."""
-    given = getattr(ds, "targets", None)
-    given = getattr(ds, "labels", None) if given is None else given
-    if given is None:
-        given = [np.asarray(_item(ds, i, name, split)[1]) for i in range(len(ds))]
     y = np.asarray(given.cpu() if isinstance(given, torch.Tensor) else given)
-    if values and y.dtype.kind in "biuf" and y.ndim >= 1 and len(y) == len(ds):
+    if values and y.dtype.kind in "biuf" and y.ndim >= 1 and len(y) == n:
         return np.ascontiguousarray(y, dtype=np.float32)
     if y.dtype.kind == "f" and np.isfinite(y).all() and (y == np.round(y)).all():
         y = y.astype(np.int64)  # whole-number float labels (1.0) are class labels
-    if y.ndim != 1 or y.dtype.kind not in "iu" or len(y) != len(ds):
+    if y.ndim != 1 or y.dtype.kind not in "iu" or len(y) != n:
         hint = " (float targets: train.loss mse or data.targets: values)" * (y.dtype.kind == "f")
         raise DatasetFileError(
-            f"{name}: {split} labels must be {len(ds)} integers, got {y.dtype} "
-            f"{list(y.shape)}{hint}"
+            f"{name}: {split} labels must be {n} integers, got {y.dtype} {list(y.shape)}{hint}"
         )
     return y.astype(np.int64)
+
+
+def _torch_labels(ds, name: str, split: str, values: bool, shape) -> np.ndarray:  # noqa: ANN001
+    """The labels from a ``targets`` (or ``labels``) attribute, else read from every item
+    (their inputs checked against ``shape``). Labels from an attribute are checked against a
+    few items (:func:`_spot_check`) unless the dataset declares ``input_shape``: its items
+    are then read only when a batch needs them (and checked then)."""
+    given = getattr(ds, "targets", None)
+    given = getattr(ds, "labels", None) if given is None else given
+    if given is None:
+        return _as_labels(_read_labels(ds, name, split, shape), len(ds), name, split, values)
+    y = _as_labels(given, len(ds), name, split, values)
+    if getattr(ds, "input_shape", None) is None:
+        _spot_check(ds, name, split, shape, y)
+    return y
+
+
+def _spot_check(ds, name: str, split: str, shape, y: np.ndarray) -> None:  # noqa: ANN001
+    """A few items spread over the dataset, the last one included (a ``len()`` larger than
+    the items), must have inputs of ``shape`` and the label its ``targets`` attribute gives."""
+    spread = np.linspace(0, len(ds) - 1, SPOT_CHECKS).astype(int).tolist()
+    for i in sorted(set(spread), reverse=True):  # the last first: a len() too large
+        x, label = _item(ds, i, name, split)
+        _checked(x, i, name, split, shape)
+        got = _label(label, i, name, split)
+        if got.shape != y[i].shape or not np.array_equal(got.astype(y.dtype), y[i]):
+            raise DatasetFileError(
+                f"{name}: {split} item {i} has label {got.tolist()} but the dataset's "
+                f"targets attribute says {y[i].tolist()}"
+            )
 
 
 def _torch_split(ds, name: str, split: str, lazy: bool | None, values: bool) -> ArrayDataset:
@@ -88,12 +167,17 @@ def _torch_split(ds, name: str, split: str, lazy: bool | None, values: bool) -> 
     if shape is None:  # read from the first item (a device then reads one sample not its own)
         first = _as_tensor(_item(ds, 0, name, split)[0])
         shape, dtype = first.shape, first.dtype
+    shape = tuple(shape)
 
     def read(idx: np.ndarray) -> torch.Tensor:
-        return torch.stack([_as_tensor(_item(ds, int(i), name, split)[0]) for i in idx])
+        items = [
+            _checked(_item(ds, int(i), name, split)[0], int(i), name, split, shape) for i in idx
+        ]
+        return torch.stack([x.to(dtype) for x in items])
 
-    x = finish_inputs(LazyInputs(read, len(ds), tuple(shape), dtype), lazy)
-    return ArrayDataset(x, torch.from_numpy(_torch_labels(ds, name, split, values)))
+    y = _torch_labels(ds, name, split, values, shape)
+    x = finish_inputs(LazyInputs(read, len(ds), shape, dtype), lazy)
+    return ArrayDataset(x, torch.from_numpy(y))
 
 
 def _from_torch(train, test, name: str, o: ContainerOptions) -> DatasetBundle:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from splitfl.executors.common import PRECISIONS, NonFiniteLossError, evaluate
 from splitfl.executors.parallel import ParallelExecutor
+from splitfl.executors.pools import WorkersLostError
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.timing import TimingExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
@@ -45,6 +46,7 @@ __all__ = [
     "SequentialExecutor",
     "TimingExecutor",
     "VectorizedExecutor",
+    "WorkersLostError",
     "evaluate",
     "make_executor",
 ]

@@ -20,11 +20,19 @@ preferring the first unit whose clients' data it already holds. Worker ``w`` is 
 data of clients ``c ≡ w (mod N)`` when it starts, any other client's with the first unit that
 needs it, and keeps what it was sent; the global model goes once per round to each worker
 that trains a unit of it. :attr:`ParallelExecutor.stats` counts units, seconds and bytes.
+
+A lost worker (killed, exited, closed its connection, or silent past ``timeout_s``) is
+replaced by a fresh one, sent the run's config and every partition its predecessor held, and
+its units are dealt again: units are deterministic, so the round's result is the one it would
+have been. Each loss is an event (a ``warning:`` line, and the round's ``executor_events``);
+a unit lost more than ``max_retries`` times, or a worker that fails to start that often, stops
+the run with :class:`WorkersLostError`.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 from collections import deque
 from typing import Any
 
@@ -34,7 +42,13 @@ from splitfl.config import ParallelConfig
 from splitfl.executors import channel
 from splitfl.executors.common import NonFiniteLossError
 from splitfl.executors.fleet import GroupRun, State, group_runs
-from splitfl.executors.pools import LocalPool, RayPool, WorkerError
+from splitfl.executors.pools import (
+    LocalPool,
+    RayPool,
+    WorkerError,
+    WorkerLost,
+    WorkersLostError,
+)
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.workers import peak_rss
 from splitfl.framing import Message
@@ -77,11 +91,13 @@ class ParallelExecutor:
         self.held: list[set[int]] = []
         self._rounds = itertools.count()
         self.stats: dict[str, Any] = new_stats()
+        self.fresh: set[int] = set()  # workers started anew since they were last sent init
+        self.events: list[str] = []  # lost workers since the last round's result
 
     def open(self, ctx, run_dir=None) -> None:  # noqa: ANN001 - the experiment's RunContext
         """Start the workers; send each the run's config (it builds the model from it and
         checks it against ``ctx.model``) and the data of its home clients; wait until all
-        have answered."""
+        have answered (a worker lost meanwhile is replaced, at most ``max_retries`` times)."""
         c = self.config
         if c.backend == "ray":
             self.pool = RayPool(c.workers, c.threads, c.gpus_per_worker, c.address, c.timeout_s)
@@ -89,18 +105,52 @@ class ParallelExecutor:
             self.pool = LocalPool(c.workers, c.threads, c.timeout_s)
         self.held = [set(range(w, ctx.num_clients, c.workers)) for w in range(c.workers)]
         try:
-            for w in range(c.workers):
-                init = channel.init_message(self._init(ctx, w))
-                data = channel.data_message(partitions(ctx, self.held[w]))
-                self._send(w, [init, data], "data")
-            busy = {w: "starting" for w in range(c.workers)}
-            while busy:
-                error = self._next(busy)[2]
-                if error is not None:
-                    raise error
+            self._start(ctx)
         except BaseException:
             self.close()
             raise
+
+    def _start(self, ctx) -> None:  # noqa: ANN001 - the RunContext
+        """Send every worker its start (``init`` and its data) and wait for all answers; a
+        worker lost meanwhile is replaced and sent its start again."""
+        unsent, busy = list(range(self.config.workers)), {}
+        losses = dict.fromkeys(unsent, 0)
+        while unsent or busy:
+            try:
+                while unsent:
+                    self._send(unsent[0], self._start_ops(ctx, unsent[0]), "data")
+                    busy[unsent.pop(0)] = "starting"
+                error = self._next(busy)[2]
+            except WorkerLost as lost:
+                for w, why in lost.reasons.items():
+                    losses[w] += 1
+                    self._replace(w, why, losses[w], "starting")
+                    busy.pop(w, None)
+                    unsent += [] if w in unsent else [w]
+                continue
+            if error is not None:
+                raise error
+
+    def _start_ops(self, ctx, w: int) -> list:  # noqa: ANN001 - the RunContext
+        """What a new worker ``w`` needs first: ``init`` and the partitions it holds."""
+        self.fresh.discard(w)
+        init = channel.init_message(self._init(ctx, w))
+        return [init, channel.data_message(partitions(ctx, self.held[w]))]
+
+    def _replace(self, w: int, why: str, losses: int, what: str) -> None:
+        """Worker ``w`` is lost (``why``) for the ``losses``-th time while ``what``: a fresh
+        worker takes its place, or :class:`WorkersLostError` past ``max_retries``."""
+        limit = self.config.max_retries
+        if losses > limit:
+            raise WorkersLostError(
+                f"{why}; lost {losses} times while {what} (parallel.max_retries={limit})"
+            )
+        self.pool.respawn(w)
+        self.fresh.add(w)
+        self.stats["restarts"] += 1
+        event = f"{why}; replaced by {self.pool.describe(w)} ({losses} of {limit} retries)"
+        self.events.append(event)
+        print(f"warning: {event}", file=sys.stderr, flush=True)
 
     def _init(self, ctx, w: int) -> channel.Init:  # noqa: ANN001 - the RunContext
         return channel.Init(
@@ -135,7 +185,9 @@ class ParallelExecutor:
     ) -> RoundResult:
         if coupled(plan):
             self.stats["coupled_rounds"] += 1
-            return self.sequential.run_round(ctx, global_state, plan, round_seed)
+            result = self.sequential.run_round(ctx, global_state, plan, round_seed)
+            result.events, self.events = self.events, []
+            return result
         if self.pool is None:
             raise RuntimeError("ParallelExecutor.open() was not called")
         runs = list(group_runs(ctx, ctx.model, plan))  # the round's torch draws, in order
@@ -150,56 +202,71 @@ class ParallelExecutor:
             if server_state is not None:
                 server_states[run.group] = server_state
         self.stats["driver_peak_rss"] = peak_rss()
-        return RoundResult(updates=updates, server_states=server_states)
+        events, self.events = self.events, []
+        return RoundResult(updates=updates, server_states=server_states, events=events)
 
     def _deal(self, ctx, runs: list[GroupRun], setup, round_idx: int) -> list[Trained]:
         """Every unit to a worker (longest first, data already there preferred); the answers
         (updates, server state) in ``runs`` order, each checked against its unit. A unit's
         error is raised once the units before it (in ``runs`` order) have answered — the
-        error the sequential executor raises."""
-        queue = sorted(range(len(runs)), key=lambda i: -work(runs[i]))
+        error the sequential executor raises. A lost worker's units are dealt again."""
+        deal = Deal(runs, round_idx, self.config.workers)
         answers: dict[int, Trained] = {}
         errors: dict[int, BaseException] = {}
-        inflight: dict[int, deque[int]] = {w: deque() for w in range(self.config.workers)}
-        set_up: set[int] = set()
-        while queue or any(inflight.values()):
-            for depth in (0, 1):  # every idle worker first, then one queued behind the running
-                for w in [w for w, units in inflight.items() if len(units) == depth]:
-                    if queue and (depth == 0 or len(queue) > len(inflight)):
-                        self._hand(ctx, w, runs, queue, inflight[w], set_up, setup, depth)
-            busy = {
-                w: f"training group {runs[units[0]].group} of round {round_idx + 1}"
-                for w, units in inflight.items()
-                if units
-            }
-            w, answer, error = self._next(busy)
-            i = inflight[w].popleft()
+        while deal.queue or deal.busy():
+            try:
+                for depth in (0, 1):  # every idle worker first, then one queued behind the running
+                    for w in [w for w, units in deal.inflight.items() if len(units) == depth]:
+                        if deal.queue and (depth == 0 or len(deal.queue) > len(deal.inflight)):
+                            self._hand(ctx, w, deal, setup, depth)
+                w, answer, error = self._next(deal.busy())
+            except WorkerLost as lost:
+                self._redeal(lost, deal)
+                continue
+            i = deal.inflight[w].popleft()
             if error is None:
                 error = self._trained(w, answer, runs[i], answers, i)
             if error is not None:
                 errors[i] = error
-                queue[:] = [j for j in queue if j < min(errors)]
+                deal.queue[:] = [j for j in deal.queue if j < min(errors)]
         if errors:
             raise errors[min(errors)]
         return [answers[i] for i in range(len(runs))]
 
-    def _hand(self, ctx, w, runs, queue, units, set_up, setup, depth) -> None:  # noqa: ANN001
-        """Send worker ``w`` the first unit of ``queue`` whose clients' data it holds (else
-        the first), with the round's setup and missing data where needed. Behind a running
-        unit (``depth`` 1) only a small message without setup or data is queued: the worker
-        reads it only when it is free, and a large one would hold up the driver meanwhile."""
+    def _redeal(self, lost: WorkerLost, deal: Deal) -> None:
+        """Replace each lost worker; its units go back to the queue (the one it was training
+        counts a loss: past ``max_retries`` the round stops)."""
+        for w, why in lost.reasons.items():
+            units, losses, what = list(deal.inflight[w]), 1, "idle"
+            if units:
+                deal.losses[units[0]] += 1
+                losses, what = deal.losses[units[0]], deal.doing(w)
+            self._replace(w, why, losses, what)
+            deal.inflight[w].clear()
+            deal.set_up.discard(w)
+            deal.queue[:] = sorted([*deal.queue, *units], key=lambda i: -work(deal.runs[i]))
+
+    def _hand(self, ctx, w: int, deal: Deal, setup, depth: int) -> None:  # noqa: ANN001
+        """Send worker ``w`` the first unit of the queue whose clients' data it holds (else
+        the first), with the round's setup and missing data where needed (and ``init`` first
+        to a worker started anew). Behind a running unit (``depth`` 1) only a small message
+        without setup or data is queued: the worker reads it only when it is free, and a
+        large one would hold up the driver meanwhile."""
+        queue, runs = deal.queue, deal.runs
         i = next((i for i in queue if clients(runs[i]) <= self.held[w]), queue[0])
         missing = clients(runs[i]) - self.held[w]
         unit = channel.unit_message(runs[i])
-        if depth and (missing or w not in set_up or len(unit) > PIPELINE_BYTES):
+        if depth and (missing or w not in deal.set_up or len(unit) > PIPELINE_BYTES):
             return
-        ops = [] if w in set_up else [setup]
+        ops = self._start_ops(ctx, w) if w in self.fresh else []
+        if w not in deal.set_up:
+            ops.append(setup)
         if missing:
             ops.append(channel.data_message(partitions(ctx, missing)))
             self.held[w] |= missing
-        set_up.add(w)
+        deal.set_up.add(w)
         queue.remove(i)
-        units.append(i)
+        deal.inflight[w].append(i)
         self._send(w, [*ops, unit], "units")
 
     def _send(self, w: int, ops: list, kind: str) -> None:
@@ -233,6 +300,28 @@ class ParallelExecutor:
         return None
 
 
+class Deal:
+    """One round's dealing: the units waiting (longest first), those on each worker (the
+    running one, then at most one queued behind it), the workers sent the round's setup, and
+    how often each unit was lost with its worker."""
+
+    def __init__(self, runs: list[GroupRun], round_idx: int, workers: int) -> None:
+        self.runs, self.round_idx = runs, round_idx
+        self.queue = sorted(range(len(runs)), key=lambda i: -work(runs[i]))
+        self.inflight: dict[int, deque[int]] = {w: deque() for w in range(workers)}
+        self.set_up: set[int] = set()
+        self.losses = dict.fromkeys(range(len(runs)), 0)
+
+    def doing(self, w: int) -> str:
+        """What worker ``w`` is doing: training its running unit."""
+        group = self.runs[self.inflight[w][0]].group
+        return f"training group {group} of round {self.round_idx + 1}"
+
+    def busy(self) -> dict[int, str]:
+        """The workers with units, and what each is doing."""
+        return {w: self.doing(w) for w, units in self.inflight.items() if units}
+
+
 def new_stats() -> dict[str, Any]:
     """Counters of a parallel run: bytes each way (to the workers by kind: ``data`` and
     start-up, the rounds' ``units`` including the global model), each unit's training
@@ -244,6 +333,7 @@ def new_stats() -> dict[str, Any]:
         "worker_peak_rss": {},
         "driver_peak_rss": 0,
         "coupled_rounds": 0,
+        "restarts": 0,
     }
 
 

@@ -11,7 +11,9 @@ A checkpoint records the identity of its run (:func:`run_identity`): the resolve
 minus the fields a resume may change (:data:`MAY_CHANGE`), as JSON, and its SHA-256. A resume
 whose ``config.yaml`` differs in any other field (an edited ``config.yaml``, a checkpoint
 copied from another run) is refused in one line naming the differing fields; otherwise the
-run directory would claim a config that produced only its later rounds.
+run directory would claim a config that produced only its later rounds. It also records a
+fingerprint of the data the run read (:mod:`splitfl.experiment.fingerprint`, under ``data``):
+a resume after the data files changed is refused in one line naming them.
 
 Checkpoints are read with ``torch.load(weights_only=True)``: only tensors, containers,
 numbers and strings. NumPy arrays in an algorithm's state (ParallelSFL's moving averages)
@@ -36,7 +38,7 @@ from splitfl.config import ConfigError, ExperimentConfig, flatten
 from splitfl.experiment.validation import resolve_config
 
 FORMAT = "splitfl-checkpoint"
-VERSION = 3  # 3: the run's identity (2: metric rows)
+VERSION = 4  # 4: the data fingerprint (3: the run's identity, 2: metric rows)
 NUMPY_TAG = "__numpy__"
 REQUIRED = ("round", "global_state", "algorithm", "clock", "traffic", "metrics", "identity")
 

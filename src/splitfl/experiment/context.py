@@ -23,8 +23,9 @@ from splitfl.data.source import (
     transforms_of,
 )
 from splitfl.data.transforms import Transforms
+from splitfl.experiment.model_check import checked_model
 from splitfl.experiment.validation import resolve_config
-from splitfl.extensions import build_model, load_dataset, profile_model
+from splitfl.extensions import load_dataset, profile_model
 from splitfl.models import BlockModel, ModelProfile
 from splitfl.models.registry import Split
 from splitfl.seeding import rng_for
@@ -252,50 +253,6 @@ def test_only(config: ExperimentConfig) -> DatasetBundle:
     return DatasetBundle(d.dataset, empty, test, classes, tuple(test.x.shape[1:]), black)
 
 
-def _checked_model(
-    config: ExperimentConfig, bundle: DatasetBundle
-) -> tuple[BlockModel, torch.Tensor]:
-    """The config's model and its outputs, checked on two training samples: it builds for the data's
-    shape, runs forward, and gives one row of outputs per sample (``[B, outputs]``)."""
-    try:
-        model = build_model(
-            config.model,
-            bundle.input_shape,
-            bundle.num_classes,
-            Split.of(config.split),
-            config.train.lora,
-        )
-        with torch.no_grad():
-            logits = model.eval()(_probe(bundle))
-    except ConfigError:
-        raise
-    except (RuntimeError, ValueError, TypeError) as err:
-        raise ConfigError(
-            "model",
-            f"{config.model} does not fit {config.data.dataset} inputs {bundle.input_shape}: "
-            f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}",
-        ) from err
-    n = len(_probe(bundle))
-    dims = 3 if config.train.loss == "causal_lm" else 2  # [B, T, vocabulary] for a language model
-    if not isinstance(logits, torch.Tensor) or logits.dim() != dims or logits.shape[0] != n:
-        shape = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        want = (
-            f"[{n}, tokens, vocabulary] (train.loss: causal_lm)"
-            if dims == 3
-            else (f"[{n}, classes]")
-        )
-        raise ConfigError(
-            "model", f"{config.model} gives outputs {shape} for a batch of {n}; expected {want}"
-        )
-    return model, logits
-
-
-def _probe(bundle: DatasetBundle) -> torch.Tensor:
-    """Two samples to check the model on (the test split's when the devices hold the training
-    data, ``data.source: devices``)."""
-    return (bundle.train if len(bundle.train) else bundle.test).x[:2]
-
-
 def build_context(config: ExperimentConfig) -> RunContext:
     """Load data, partition it, draw devices, build the model and its profile. The context
     holds ``config`` resolved (:func:`~splitfl.experiment.validation.resolve_config`).
@@ -332,7 +289,7 @@ def build_context(config: ExperimentConfig) -> RunContext:
     v = config.devices
     population = with_variation(population, v.variation, v.variation_period, config.seed)
     torch.manual_seed(config.seed)
-    model, logits = _checked_model(config, bundle)
+    model, logits = checked_model(config, bundle)
     _check_label_range(config, bundle, int(logits.shape[-1]))
     _warn_unseen_labels(config, bundle)
     profile = profile_model(

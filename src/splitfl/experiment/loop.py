@@ -22,7 +22,12 @@ from threadpoolctl import threadpool_limits
 
 from splitfl.atomic import error_line
 from splitfl.config import ConfigError, ExperimentConfig, resolve_device
-from splitfl.executors import NonFiniteLossError, ParallelExecutor, make_executor
+from splitfl.executors import (
+    NonFiniteLossError,
+    ParallelExecutor,
+    WorkersLostError,
+    make_executor,
+)
 from splitfl.experiment.device_data import adopt_device_data, write_devices
 from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
 from splitfl.experiment.progress import round_figures, round_progress
@@ -67,6 +72,7 @@ def start_state(
         st = LoopState(global_state, SimClock(), Traffic(), initial)
         rec = Recorder(run_dir, config, [], [], 0)
         rec.state_keys = set(moving_state(prep.ctx.model, prep.ctx.model))
+        rec.data_fingerprint = prep.data_fingerprint
         return st, rec
     clock = SimClock()
     clock.now = start["clock"]
@@ -85,6 +91,7 @@ def start_state(
     st.server_opt = start.get("server_optimizer", {})  # absent: written without one
     rec = Recorder.restored(run_dir, config, start)
     rec.state_keys = set(moving_state(prep.ctx.model, prep.ctx.model))
+    rec.data_fingerprint = prep.data_fingerprint
     return st, rec
 
 
@@ -129,12 +136,12 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
     recorded as ``interrupted at round k`` (the last checkpoint holds every round, so a
     resume only writes the two files). Any other end writes the summary of where it stopped.
     """
-    config, algorithm = prep.config, prep.algorithm
+    config = prep.config
     device = resolve_device(config.device)
     executor = build_executor(config, device)
     with thread_limits(config.threads), executor_session(executor, prep.ctx, run_dir):
         adopt_device_data(prep, executor, run_dir, resuming=start is not None)
-        config, algorithm = prep.config, prep.algorithm
+        config = prep.config  # adopted from the devices' data where they hold it
         eval_model = prep.ctx.model if device == "cpu" else copy.deepcopy(prep.ctx.model).to(device)
         st, rec = start_state(prep, start, eval_model, run_dir, trains(executor))
         bar = round_progress(config, len(rec.rows), progress)
@@ -150,14 +157,12 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
             ) from err
         except KeyboardInterrupt as err:
             status = f"interrupted at round {len(rec.rows)}"
-            if rec.consistent and rec.checkpoint_round < len(rec.rows):
-                rec.checkpoint(st, algorithm)  # nothing is lost
-            elif not rec.consistent:  # mid-round: the rounds before it are kept
-                rec.checkpoint_last()
-            raise RunInterrupted(
-                f"{status} of {config.rounds}; checkpoint at round {rec.checkpoint_round} kept "
-                f"in {run_dir / 'checkpoints'}; continue with: {resume_command(config, run_dir)}"
-            ) from err
+            line = f"{status} of {config.rounds}"
+            raise RunInterrupted(_kept(line, prep, st, rec, run_dir)) from err
+        except WorkersLostError as err:  # parallel workers lost past parallel.max_retries
+            status = f"stopped at round {len(rec.rows)}: {err}"
+            line = f"stopped at round {len(rec.rows)} of {config.rounds}: {err}"
+            raise WorkersLostError(_kept(line, prep, st, rec, run_dir)) from None
         except Exception as err:  # an OS error (a full disk), a lost network, a bug
             status = f"stopped at round {len(rec.rows)}: {error_line(err)}"
             raise
@@ -166,6 +171,19 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
             if rec.summary is None:
                 _record_stop(rec, status or f"stopped at round {len(rec.rows)}")
     return rec.summary, st, rec.rows
+
+
+def _kept(line: str, prep: Prepared, st, rec: Recorder, run_dir: Path) -> str:  # noqa: ANN001
+    """Checkpoint every finished round (an end in the middle of a round keeps the rounds
+    before it); ``line`` (where the run stopped) with the checkpoint and how to continue."""
+    if rec.consistent and rec.checkpoint_round < len(rec.rows):
+        rec.checkpoint(st, prep.algorithm)  # nothing is lost
+    elif not rec.consistent:  # mid-round: the rounds before it are kept
+        rec.checkpoint_last()
+    return (
+        f"{line}; checkpoint at round {rec.checkpoint_round} kept in "
+        f"{run_dir / 'checkpoints'}; continue with: {resume_command(prep.config, run_dir)}"
+    )
 
 
 def _play_rounds(prep: Prepared, executor, st, rec: Recorder, eval_model, bar, fresh: bool) -> str:  # noqa: ANN001

@@ -50,6 +50,8 @@ class Recorder:
         #: the model keys a checkpoint holds (None: all; a LoRA model's frozen base is rebuilt
         #: from the model's own files on resume, :func:`~splitfl.models.base.moving_state`)
         self.state_keys: set[str] | None = None
+        #: the data the run read (:mod:`~splitfl.experiment.fingerprint`); None: not taken
+        self.data_fingerprint: dict[str, str] | None = None
         #: the state after the last recorded round (:meth:`remember`)
         self.last: dict[str, Any] | None = None
         self.consistent = True  # False while a round has changed the state but is not recorded
@@ -112,6 +114,7 @@ class Recorder:
             "metrics": "".join(self.lines),
             "seed_rule": "streams derived from (seed, purpose, round)",
             "identity": identity_record(self.config),
+            "data": self.data_fingerprint,
         }
 
     def _write(self, snapshot: dict) -> None:

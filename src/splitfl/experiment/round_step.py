@@ -113,6 +113,7 @@ def measured_row(plan: RoundPlan, result: RoundResult) -> dict[str, Any]:
     row: dict[str, Any] = {
         "dropped_clients": sorted(result.dropped),
         "dropped_reasons": {str(c): why for c, why in result.dropped.items()},
+        "executor_events": list(result.events),
     }
     if result.measured is None:
         return row

@@ -21,6 +21,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,14 @@ from splitfl.config import (
     from_dict,
 )
 from splitfl.dirlock import LOCK_FILE, hold_lock
+from splitfl.executors import WorkersLostError
 from splitfl.experiment.checkpoint import load_checkpoint
 from splitfl.experiment.context import RunContext, build_context
 from splitfl.experiment.device_data import write_clients
+from splitfl.experiment.fingerprint import check_fingerprint, data_fingerprint
 from splitfl.experiment.loop import run_loop
 from splitfl.experiment.model_card import card_table, model_card
+from splitfl.experiment.model_check import check_splittable
 from splitfl.experiment.provenance import write_data_record, write_version
 from splitfl.experiment.validation import load_config, validate_config, with_imports
 from splitfl.extensions import import_user_modules, reject_objects
@@ -72,6 +76,12 @@ class Prepared:
     ctx: RunContext
     algorithm: Algorithm
 
+    @cached_property
+    def data_fingerprint(self) -> dict[str, str]:
+        """What the run's data files (or loaded data) are: kept in its checkpoints, compared
+        on resume (:mod:`splitfl.experiment.fingerprint`)."""
+        return data_fingerprint(self.config, self.ctx.bundle)
+
 
 def prepare(config: ExperimentConfig, dtype: torch.dtype | None = None) -> Prepared:
     """Build the context and the algorithm; every check that needs the data runs here.
@@ -88,6 +98,7 @@ def prepare(config: ExperimentConfig, dtype: torch.dtype | None = None) -> Prepa
             if split.x.is_floating_point():  # token ids stay integers
                 split.x = split.x.to(dtype)
     cls, options = resolve_algorithm(config.algorithm, config.options)
+    check_splittable(ctx.config, ctx.model, cls)
     if getattr(options, "cut", None) is not None:
         ctx.resolve_cut(options.cut, config.algorithm)
     for name in config.options:  # a non-selected algorithm's cut must fit the model too
@@ -220,9 +231,10 @@ def run(
             (``--address``: ``auto``, ``ray://host:10001``); sets ``parallel.address``.
 
     An OS error (a full disk, a read-only folder), a Ray cluster that does not answer
-    (:class:`~splitfl.ray_cluster.RayJoinError`) or a networked server that cannot start
+    (:class:`~splitfl.ray_cluster.RayJoinError`), a networked server that cannot start
     (:class:`~splitfl.net.session.StartError`: listen address, TLS files, no devices in
-    time) before the run's first checkpoint removes
+    time) or parallel workers that cannot be started
+    (:class:`~splitfl.executors.WorkersLostError`) before the run's first checkpoint removes
     what the run created; after it, the directory is a stopped run to resume.
     """
     config = as_config(config, with_address(overrides, address), imports)
@@ -241,7 +253,7 @@ def run(
             write_clients(prepared.ctx, path / "clients.json")
             write_data_record(prepared.ctx, path / "data.json")
             return _finish(prepared, path, start=None, progress=progress)
-    except (OSError, RayJoinError, StartError):  # a full disk; no Ray cluster; no devices
+    except (OSError, RayJoinError, StartError, WorkersLostError):  # disk; Ray; devices; workers
         if not (path / "checkpoints" / "last.pt").exists():
             _remove_unstarted(path, created)
         raise
@@ -308,6 +320,7 @@ def resume(
             model = prepared.ctx.model  # a LoRA checkpoint holds the moving tensors only
             shapes = {k: v.shape for k, v in moving_state(model, model).items()}
             start = load_checkpoint(ckpt_path, shapes, config)
+            check_fingerprint(start.get("data"), prepared.data_fingerprint, ckpt_path)
         else:  # stopped before its first checkpoint: a fresh start under this config
             write_clients(prepared.ctx, path / "clients.json")
             write_data_record(prepared.ctx, path / "data.json")

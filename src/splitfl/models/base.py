@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -52,6 +53,10 @@ class BlockModel(nn.Module):
     ):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
+        if isinstance(cut_points, str | bytes) or not all(
+            isinstance(c, int | np.integer) and not isinstance(c, bool) for c in cut_points
+        ):
+            raise ValueError(f"cut points must be block indices (integers), got {cut_points!r}")
         self.cut_points = tuple(int(c) for c in cut_points)
         self.name = name
         n = len(self.blocks)
@@ -115,6 +120,18 @@ def split(model: BlockModel, cut: int) -> tuple[ModelPart, ModelPart]:
     if not 1 <= cut <= model.num_blocks:
         raise ValueError(f"cut {cut} outside [1, {model.num_blocks}]")
     return ModelPart(model, 0, cut), ModelPart(model, cut, model.num_blocks)
+
+
+def parameter_free_cuts(model: BlockModel) -> dict[int, str]:
+    """The model's cut points whose device part (the blocks before) or server part (the
+    blocks from it) holds no trainable parameter — nothing to train on that side (a bare
+    ``Flatten`` or ``ReLU`` first) — each with the side that is empty."""
+    trains = [any(p.requires_grad for p in b.parameters()) for b in model.blocks]
+    free = {}
+    for c in model.cut_points:
+        if not any(trains[:c]) or not any(trains[c:]):
+            free[c] = "device part" if not any(trains[:c]) else "server part"
+    return free
 
 
 def block_index(param_name: str) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from splitfl.config.choices import unknown_choice
-from splitfl.models.base import BlockModel
+from splitfl.models.base import BlockModel, parameter_free_cuts
 from splitfl.models.graph import GraphSplitError, graph_block_model
 
 Builder = Callable[..., Any]
@@ -133,12 +133,13 @@ def as_block_model(
             "is a block list: give its cut points as indices (options.<algorithm>.cut)"
         )
     if isinstance(obj, BlockModel):
-        return obj
+        return trainable_cuts(obj, where, declared=True)
     if isinstance(obj, nn.Module) and not block_list:
         try:
-            return graph_block_model(obj, input_shape, where, split.cut_points, split.cut, key)
+            model = graph_block_model(obj, input_shape, where, split.cut_points, split.cut, key)
         except GraphSplitError as err:
             raise ModelContractError(str(err)) from None
+        return trainable_cuts(model, where, declared=split.cut_points is not None, cut=split.cut)
     blocks = list(obj) if block_list else None
     if blocks is None or not all(isinstance(b, nn.Module) for b in blocks):
         raise ModelContractError(
@@ -148,12 +149,41 @@ def as_block_model(
     if len(blocks) < 2:
         raise ModelContractError(f"{where} returned {len(blocks)} block(s); a split needs >= 2")
     cuts = getattr(obj, "cut_points", None)
-    cuts = range(1, len(blocks)) if cuts is None else cuts
     try:
-        model = BlockModel(blocks, cuts)
+        model = BlockModel(blocks, range(1, len(blocks)) if cuts is None else cuts)
     except (TypeError, ValueError) as err:
         raise ModelContractError(f"{where}: {err}") from None
     model.origin = "sequential"
+    return trainable_cuts(model, where, declared=cuts is not None)
+
+
+def trainable_cuts(
+    model: BlockModel, where: str, declared: bool, cut: str | None = None
+) -> BlockModel:
+    """``model`` with cut points that leave trainable parameters on both sides. Found ones
+    (every block boundary of a Sequential, every top-level child of a graph) that do not are
+    dropped — none may be left: such a model trains whole only, and an algorithm that splits
+    it is refused (:func:`~splitfl.experiment.model_check.check_splittable`); a declared one
+    (``cut_points``, ``split.cut_points``/``split.cut``), no cut points declared at all and a
+    model without trainable parameters are a :class:`ModelContractError`."""
+    if not model.cut_points:
+        raise ModelContractError(f"{where}: no cut points (a split needs at least one)")
+    free = parameter_free_cuts(model)
+    named = dict(zip(model.cut_points, model.cut_names, strict=False))
+    for c, side in free.items():
+        if declared or (cut is not None and c == model.default_cut):
+            raise ModelContractError(
+                f"{where}: cut {named.get(c, c)!r} leaves its {side} without trainable "
+                "parameters (nothing to train there); cut after a layer with parameters"
+            )
+    keep = [c for c in model.cut_points if c not in free]
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ModelContractError(f"{where} has no trainable parameters")
+    if model.cut_names:
+        model.cut_names = tuple(named[c] for c in keep)
+    if model.default_cut in free:
+        model.default_cut = keep[-1] if keep else None
+    model.cut_points = tuple(keep)  # none left: the model trains whole only (FedAvg)
     return model
 
 

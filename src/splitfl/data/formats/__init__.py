@@ -33,6 +33,7 @@ from splitfl.data.base import ArrayDataset, DatasetBundle, DatasetNotFoundError
 from splitfl.data.formats import arrays, hf, images, text
 
 FORMATS = ("image_folder", "npz", "npy", "csv", "hf", "parquet", "text")
+SPLITS = ("train", "test")
 #: formats whose training split may come from ``clients/`` (``data.partition: folders``)
 CLIENT_FORMATS = ("image_folder", "npz", "csv")
 
@@ -124,28 +125,35 @@ def _need(path: Path, name: str) -> Path:
 
 def _npz(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
     if root.is_file():
-        train = _split(*arrays.read_npz(root, name, ("x_train", "y_train"), o.values))
-        test = _split(*arrays.read_npz(root, name, ("x_test", "y_test"), o.values))
-        return _bundle(name, train, test, None)
-    if o.clients:
-        entries = client_entries(root, ".npz", name)
-        parts = [arrays.read_npz(p, name, values=o.values) for p in entries]
-        x = torch.cat([x for x, _ in parts])
-        train = _split(
-            x, np.concatenate([y for _, y in parts]), _writers([len(y) for _, y in parts])
-        )
+        keys = {"train": ("x_train", "y_train"), "test": ("x_test", "y_test")}
+        stored = {s: [(root, *arrays.load_npz(root, name, k))] for s, k in keys.items()}
     else:
-        train = _split(*arrays.read_npz(_need(root / "train.npz", name), name, values=o.values))
-    test = _split(*arrays.read_npz(_need(root / "test.npz", name), name, values=o.values))
-    return _bundle(name, train, test, None)
+        if o.clients:
+            files = client_entries(root, ".npz", name)
+        else:
+            files = [_need(root / "train.npz", name)]
+        test = _need(root / "test.npz", name)
+        stored = {
+            "train": [(f, *arrays.load_npz(f, name)) for f in files],
+            "test": [(test, *arrays.load_npz(test, name))],
+        }
+    arrays.check_inputs([(f, x) for parts in stored.values() for f, x, _ in parts], name)
+    splits = {}
+    for s, parts in stored.items():
+        read = [arrays.converted(x, y, name, f, o.values) for f, x, y in parts]
+        writers = _writers([len(y) for _, y in read]) if o.clients and s == "train" else None
+        x = read[0][0] if len(read) == 1 else torch.cat([x for x, _ in read])
+        splits[s] = _split(x, np.concatenate([y for _, y in read]), writers)
+    return _bundle(name, splits["train"], splits["test"], None)
 
 
 def _npy(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
-    def split(s: str) -> ArrayDataset:
-        x, y = (_need(root / f"{v}_{s}.npy", name) for v in ("x", "y"))
-        return _split(*arrays.read_npy(x, y, name, o.lazy, o.values))
-
-    return _bundle(name, split("train"), split("test"), None)
+    paths = {s: tuple(_need(root / f"{v}_{s}.npy", name) for v in ("x", "y")) for s in SPLITS}
+    arrays.check_inputs([(x, arrays.mapped(x, name)) for x, _ in paths.values()], name)
+    train, test = (
+        _split(*arrays.read_npy(x, y, name, o.lazy, o.values)) for x, y in paths.values()
+    )
+    return _bundle(name, train, test, None)
 
 
 def _csv(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:

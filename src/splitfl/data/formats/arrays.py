@@ -17,6 +17,7 @@ targets ``[N]`` or ``[N, C]`` (regression, multi-hot).
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 import numpy as np
@@ -42,11 +43,14 @@ def as_inputs(x: np.ndarray, name: str, path: Path) -> torch.Tensor:
 
 
 def as_labels(y: np.ndarray, name: str, path: Path, count: int, values: bool = False) -> np.ndarray:
-    """Integer labels of any dtype as int64 ``[count]`` (``values``: numeric targets as
-    float32 ``[count, ...]``, :func:`as_values`); else an error naming ``path``."""
+    """Integer labels of any dtype, or whole-number floats (``3.0``), as int64 ``[count]``
+    (``values``: numeric targets as float32 ``[count, ...]``, :func:`as_values`); else an
+    error naming ``path`` (fractional floats: float targets need ``data.targets: values``)."""
     y = np.asarray(y)
     if values:
         return as_values(y, name, path, count)
+    if y.dtype.kind == "f" and y.size and np.isfinite(y).all() and (y == np.round(y)).all():
+        y = y.astype(np.int64)  # whole-number float labels (3.0) are class labels
     if y.ndim != 1 or y.dtype.kind not in "iu":
         hint = " (float targets: train.loss mse or data.targets: values)" * (y.dtype.kind == "f")
         raise file_error(
@@ -71,21 +75,62 @@ def as_values(y: np.ndarray, name: str, path: Path, count: int) -> np.ndarray:
     return out
 
 
-def read_npz(path: Path, name: str, keys: tuple[str, str] = ("x", "y"), values: bool = False):
-    """``(x, y)`` from arrays ``keys`` of ``path`` (``values``: float targets)."""
+def load_npz(path: Path, name: str, keys: tuple[str, str] = ("x", "y")):
+    """The arrays ``keys`` (inputs, labels) of ``path`` as stored."""
     with reading(name, path), np.load(path, allow_pickle=False) as z:
         missing = [k for k in keys if k not in z.files]
         if missing:
             raise file_error(name, path, f"has no array {missing[0]!r} (holds {z.files})")
-        x, y = z[keys[0]], z[keys[1]]
+        return z[keys[0]], z[keys[1]]
+
+
+def read_npz(path: Path, name: str, keys: tuple[str, str] = ("x", "y"), values: bool = False):
+    """``(x, y)`` from arrays ``keys`` of ``path`` (``values``: float targets)."""
+    x, y = load_npz(path, name, keys)
+    return converted(x, y, name, path, values)
+
+
+def converted(x: np.ndarray, y: np.ndarray, name: str, path: Path, values: bool = False):
+    """Stored arrays ``(x, y)`` of ``path`` as ``(inputs, labels)`` (:func:`as_inputs`,
+    :func:`as_labels`)."""
     return as_inputs(x, name, path), as_labels(y, name, path, len(x), values)
+
+
+def check_inputs(parts: list[tuple[Path, np.ndarray]], name: str) -> None:
+    """The stored input arrays of one dataset (its splits, its clients' files), each with
+    its file: every one holds samples, of one sample shape, and all are read alike — uint8
+    arrays are scaled by 1/255 and others are not, so a uint8 training split beside a float
+    0-255 test split would put the two 255-fold apart."""
+    first_path, first = parts[0]
+    for path, x in parts:
+        if x.ndim >= 1 and len(x) == 0:
+            raise file_error(name, path, "holds no samples")
+        if (x.dtype == np.uint8) != (first.dtype == np.uint8):
+            raise file_error(
+                name,
+                path,
+                f"inputs are {x.dtype} but {first_path.name}'s are {first.dtype}: uint8 inputs "
+                "are scaled by 1/255 and others are not (store every split in one dtype)",
+            )
+        if x.ndim >= 2 and x.shape[1:] != first.shape[1:]:
+            raise file_error(
+                name,
+                path,
+                f"inputs have sample shape {list(x.shape[1:])}, {first_path.name}'s "
+                f"{list(first.shape[1:])}",
+            )
+
+
+def mapped(path: Path, name: str) -> np.ndarray:
+    """A ``.npy`` file memory-mapped (its rows are read when indexed)."""
+    with reading(name, path):
+        return np.load(path, mmap_mode="r", allow_pickle=False)
 
 
 def read_npy(x_path: Path, y_path: Path, name: str, lazy: bool | None, values: bool = False):
     """``(x, y)`` from a pair of ``.npy`` files; ``x`` memory-mapped (lazy) or read
     (``values``: float targets)."""
-    with reading(name, x_path):
-        x = np.load(x_path, mmap_mode="r", allow_pickle=False)
+    x = mapped(x_path, name)
     with reading(name, y_path):
         y = np.load(y_path, allow_pickle=False)
     if x.dtype.kind not in "biuf" or x.ndim < 2:
@@ -146,15 +191,13 @@ def encode_labels(
     train: list[str], test: list[str], name: str, paths: tuple[Path, Path], values: bool = False
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """String labels → ``(train ints, test ints, num_classes)``: integers as they are when
-    every label is an integer, else sorted class names of the training split. ``values``:
-    numbers as float32 targets (:func:`parse_values`), and 1 target per sample."""
+    every label is a whole number (``3`` and ``3.0`` alike; a fractional one is an error),
+    else sorted class names of the training split. ``values``: numbers as float32 targets
+    (:func:`parse_values`), and 1 target per sample."""
     if values:
         return parse_values(train, name, paths[0]), parse_values(test, name, paths[1]), 1
-    try:
-        ints = [np.array([int(v) for v in s], dtype=np.int64) for s in (train, test)]
-    except ValueError:
-        ints = None
-    if ints is None:
+    ints = [_whole_numbers(s, name, p) for s, p in zip((train, test), paths, strict=True)]
+    if any(i is None for i in ints):
         classes = sorted(set(train))
         index = {c: k for k, c in enumerate(classes)}
         unknown = sorted(set(test) - set(classes))
@@ -171,6 +214,32 @@ def encode_labels(
     for arr, path in zip(ints, paths, strict=True):
         as_labels(arr, name, path, len(arr))
     return ints[0], ints[1], int(max(ints[0].max(), ints[1].max())) + 1
+
+
+def _whole_numbers(raw: list[str], name: str, path: Path) -> np.ndarray | None:
+    """Labels that are all numbers as int64 (``3``, ``3.0``); None if one is not a number (the
+    labels are class names); a fractional or non-finite one is an error (class labels are
+    whole numbers; numeric targets need ``data.targets: values``)."""
+    out = np.empty(len(raw), dtype=np.int64)
+    for row, v in enumerate(raw):
+        try:
+            out[row] = int(v)  # exact, however large
+            continue
+        except ValueError:
+            pass
+        try:
+            number = float(v)
+        except ValueError:
+            return None
+        if not math.isfinite(number) or number != round(number):
+            raise file_error(
+                name,
+                path,
+                f"label {v[:40]!r} is not a whole number (class labels are "
+                "integers or names; numeric targets: train.loss mse or data.targets: values)",
+            )
+        out[row] = int(number)
+    return out
 
 
 def _numeric(raw: list[str]) -> bool:

@@ -6,7 +6,8 @@ Every image is converted to the colour mode of the first training image (graysca
 (bilinear) — else every image must have the first one's size — and scaled to ``[0, 1]``:
 float32 ``[C, H, W]``. Eager splits decode every image at load time (a corrupt file is an error
 then); lazy splits (:class:`~splitfl.data.lazy.LazyInputs`) decode an image when its sample is
-read, and check it then.
+read, and check it then. Either way a PNG without its end chunk (``IEND``: a truncated copy,
+which Pillow may decode without complaint) is refused when the folder is listed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from splitfl.data.lazy import LazyInputs, finish_inputs
 from splitfl.data.loaders._common import file_error, reading
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+#: The chunk a complete PNG ends with, and how far from its end it is looked for.
+PNG_END, PNG_TAIL = b"IEND", 1024
 _GRAY = {"1", "L", "LA", "I", "I;16", "F"}
 
 
@@ -45,6 +48,8 @@ def list_images(folder: Path, classes: list[str], name: str) -> tuple[list[Path]
         if sub.name not in index:
             raise file_error(name, sub, f"class {sub.name!r} is not among the training classes")
         files = sorted(p for p in sub.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        for path in files:
+            check_complete(path, name)
         paths += files
         labels += [index[sub.name]] * len(files)
     if not paths:
@@ -55,6 +60,19 @@ def list_images(folder: Path, classes: list[str], name: str) -> tuple[list[Path]
 def _pil(name: str):
     """Pillow's ``PIL.Image``, or a one-line DatasetError: ``name``'s image files need it."""
     return require("PIL.Image", f"{name}: image files")
+
+
+def check_complete(path: Path, name: str) -> None:
+    """A PNG must end with its ``IEND`` chunk: a truncated one is a one-line error naming it
+    (a read of its last bytes; other formats are checked when decoded)."""
+    if path.suffix.lower() != ".png":
+        return
+    with reading(name, path), open(path, "rb") as fh:
+        size = fh.seek(0, 2)
+        fh.seek(max(0, size - PNG_TAIL))
+        tail = fh.read()
+    if PNG_END not in tail:
+        raise file_error(name, path, f"is truncated ({size} bytes, no PNG end chunk)")
 
 
 class ImageDecoder:
