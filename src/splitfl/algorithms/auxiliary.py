@@ -112,15 +112,5 @@ def aux_task_cost(
     ones' smashed data and server compute, no gradients down, plus ``charge`` (the
     auxiliary model's transfers and server-side FLOPs this round)."""
     charge = AuxCharge(aux.flops, charge.bytes_down, charge.bytes_up, charge.server_flops)
-    return ctx.client_cost(
-        task.client,
-        task.cut,
-        samples,
-        round_idx,
-        task.batch_size,
-        model_down=task.download_model,
-        model_up=task.upload_model,
-        gradients=False,
-        uploaded=uploaded_samples(ctx, task, plan),
-        aux=charge,
-    )
+    uploaded = uploaded_samples(ctx, task, plan)
+    return ctx.task_cost(task, samples, round_idx, "local", uploaded=uploaded, aux=charge)

@@ -8,19 +8,20 @@ it is expanded when it is larger than :data:`MAX_YAML_BYTES`, nests deeper than
 :data:`MAX_YAML_DEPTH` or holds more than :data:`MAX_YAML_VALUES` values once its aliases are
 expanded (an alias bomb); syntax errors and non-UTF-8 files are one-line errors too.
 
-The package: :mod:`~splitfl.config.schema` (the dataclasses), :mod:`~splitfl.config.parse`
-(YAML, overrides), :mod:`~splitfl.config.checks` (:func:`validate`). It imports no registry.
+The package: :mod:`~splitfl.config.schema` (the dataclasses; ``network:``'s in
+:mod:`~splitfl.config.network`), :mod:`~splitfl.config.parse` (YAML, overrides),
+:mod:`~splitfl.config.checks` (:func:`validate`; the float ranges in
+:mod:`~splitfl.config.ranges`). It imports no registry.
 """
 
 from splitfl.config.checks import (
-    FLOAT_RANGES,
     MAX_THREADS,
     SEED_LIMIT,
-    Range,
     check_ray_address,
     resolve_device,
     validate,
 )
+from splitfl.config.network import COMPRESSIONS, BoundsConfig
 from splitfl.config.parse import (
     INT_LIMIT,
     apply_overrides,
@@ -35,14 +36,13 @@ from splitfl.config.parse import (
     read_yaml_mapping,
     set_dotted,
 )
+from splitfl.config.ranges import FLOAT_RANGES, Range
 from splitfl.config.schema import (
     AGGREGATIONS,
     CLOCKS,
-    COMPRESSIONS,
     EVAL_ON,
     PARALLEL_BACKENDS,
     TRACKERS,
-    BoundsConfig,
     ConfigError,
     DataConfig,
     DevicesConfig,

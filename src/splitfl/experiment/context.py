@@ -146,8 +146,12 @@ class RunContext:
             **flags,
         )
 
-    def task_cost(self, task, samples: int, round_idx: int, device_loss: str) -> ClientCost:
-        """Cost of a planned task (a :class:`~splitfl.plan.ClientTask`)."""
+    def task_cost(
+        self, task, samples: int, round_idx: int, device_loss: str, **extra
+    ) -> ClientCost:
+        """Cost of a planned task (a :class:`~splitfl.plan.ClientTask`); ``extra``: more
+        :func:`~splitfl.system.cost.split_client_cost` arguments (auxiliary plans' uploads
+        and auxiliary-model charge)."""
         return self.client_cost(
             task.client,
             task.cut,
@@ -157,6 +161,7 @@ class RunContext:
             model_down=task.download_model,
             model_up=task.upload_model,
             gradients=device_loss == "server",
+            **extra,
         )
 
     def nominal_time(self, client: int, cut: int, round_idx: int) -> float:

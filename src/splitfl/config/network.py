@@ -1,0 +1,114 @@
+"""``network:`` — the networked executor's settings and what a device may send (its own
+module of the schema: :mod:`splitfl.config.schema` re-exports both)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: ``network.compression`` values (gRPC message compression).
+COMPRESSIONS = ("none", "gzip")
+
+
+@dataclass(frozen=True)
+class BoundsConfig:
+    """``network.bounds``: what a device may send (checked by ``splitfl.net.trust`` before
+    use; a violation drops that client for the round, never the run). A model part (or aux
+    head, ring model, top part) must lie within ``update_norm_factor`` × ‖part sent‖ +
+    ``update_norm_abs`` of the part the server sent (L2 over its float tensors); smashed data
+    within ``activation_factor`` × the largest activation of the round's global device part
+    on the server's reference samples + ``activation_abs``; a reported loss at most
+    ``loss_max`` per sample. The defaults leave honest training of the shipped configs well over
+    an order of magnitude of room (README, "Hostile devices") while keeping every sum the server
+    forms finite."""
+
+    update_norm_factor: float = 10.0
+    update_norm_abs: float = 1.0
+    activation_factor: float = 100.0
+    activation_abs: float = 10.0
+    loss_max: float = 1e4
+    #: Relative to the round's other clients (one insider inside the bounds above must not
+    #: steer the average): an update whose distance from the part it was sent, per local
+    #: step, is above ``peer_update_factor`` × the round's median is dropped (with 3 or more
+    #: updates; the median stands while fewer than half the participants collude). Honest
+    #: spread seen in the tests: up to 5.3× (vanilla SL's chain, whose first clients move a
+    #: fresh model most).
+    peer_update_factor: float = 10.0
+    #: Smashed data whose root-mean-square is above ``activation_rms_factor`` × the median
+    #: RMS of the round's recent accepted batches (from at least two other clients) +
+    #: ``activation_rms_abs`` is dropped (a scaled copy of honest activations passes the peak
+    #: bound above; next to its peers' it does not). Relative to the round's clients, not to
+    #: the model at the round's start: Adam moved honest activations 45× within a round.
+    activation_rms_factor: float = 8.0
+    activation_rms_abs: float = 0.1
+    #: ``data.source: devices``: a client's announced sample count above this × the
+    #: median announced count is capped there (its weight, histogram and step count).
+    peer_samples_factor: float = 10.0
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """``executor: networked``: the server listens on ``listen`` (``host:port``, port 0 =
+    any free port) and trains with device processes over gRPC. ``devices`` > 0 starts that
+    many device processes on this machine (``splitfl launch``; clients dealt round-robin);
+    0 waits for devices started elsewhere (``splitfl server``) — at least ``min_devices``
+    (default: ``devices``, or 1) within ``connect_timeout_s`` (0: for ever; ``splitfl
+    server --wait-devices-s``); before each round it waits up
+    to ``rejoin_s`` for lost devices to reconnect. A device that does not answer within
+    ``timeout_s`` is dropped for the round. A non-loopback ``listen`` needs ``tls_cert`` and
+    ``tls_key`` unless ``insecure``; ``tokens`` is the server's tokens file (``name:sha256``
+    lines, ``:clients=0-4,7`` binding client ids; made by ``splitfl token``). Messages
+    above ``max_message_mb`` are refused; they travel in chunks of ``chunk_kb`` (devices
+    follow the server's); ``rate_limit`` caps messages per second per device (0: no cap)."""
+
+    listen: str = "127.0.0.1:0"
+    devices: int = 2
+    min_devices: int | None = None
+    timeout_s: float = 60.0
+    connect_timeout_s: float = 120.0
+    rejoin_s: float = 30.0
+    #: Round deadline relative to the clients (a device answering each command just inside
+    #: ``timeout_s`` must not stretch every round): from the second round, a client still
+    #: working ``round_deadline_factor`` × the previous round's median client time (at
+    #: least ``round_deadline_min_s``) after the round started is dropped for the round,
+    #: with the reason recorded. 0 = no deadline but ``timeout_s`` per command. The factor
+    #: must exceed the honest devices' speed spread (slow devices are dropped otherwise).
+    round_deadline_factor: float = 10.0
+    round_deadline_min_s: float = 2.0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    ca_cert: str | None = None
+    tokens: str | None = None
+    insecure: bool = False
+    max_message_mb: float = 256.0
+    chunk_kb: int = 4096
+    compression: str = "none"
+    rate_limit: float = 0.0
+    #: Transport robustness (``splitfl.net.guard``): keepalive ping interval both ways (a
+    #: silent link is dropped after about twice this; devices redial), the time an
+    #: unauthenticated stream may take to authenticate, the largest hello, the most
+    #: unauthenticated streams at once, the most devices connected at once (late joiners up
+    #: to it are accepted and used from the next round), and failed authentications per
+    #: (address, device name) and minute before that pair is throttled for a minute (0:
+    #: never; a right proof always passes). ``max_pending`` grows to 2 per expected device.
+    keepalive_s: float = 10.0
+    auth_timeout_s: float = 10.0
+    max_hello_kb: int = 64
+    max_pending: int = 16
+    max_devices: int = 256
+    auth_failures: int = 10
+    #: Devices emulate their ``devices.preset`` profiles: compute stretched to the profile's
+    #: FLOPS, transfers held for bytes / rate (``splitfl.net.emulation``).
+    emulate: bool = False
+    #: With ``emulate``: also hold messages for bytes / rate. ``false`` leaves the links to
+    #: the real network or to kernel traffic shaping (``benchmarks/tc_shaping.py``) and
+    #: emulates compute only.
+    emulate_links: bool = True
+    #: ``data.source: devices``: devices add Laplace noise of scale 1/ε to the label
+    #: histograms they announce (ε-DP per histogram; ``splitfl.net.announce``); null = exact.
+    histogram_epsilon: float | None = None
+    #: ``data.source: devices`` with local device processes (``splitfl launch --data-dir``):
+    #: device ``local-<i>`` reads ``data_dir/local-<i>`` (``<client>.npz`` files, else in
+    #: ``data.format``: ``splitfl.data.local.launch_format``).
+    data_dir: str | None = None
+    #: Bounds on what devices send (:class:`BoundsConfig`).
+    bounds: BoundsConfig = field(default_factory=BoundsConfig)
