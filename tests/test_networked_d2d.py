@@ -177,16 +177,23 @@ class _BottomFails(DeviceAgent):
         raise ConnectionResetError("simulated loss of the link to the top worker")
 
 
-def test_lost_bottom_worker_is_dropped_by_its_top_worker_and_the_cluster_completes(tmp_path):
+def _one_cluster_with(tmp_path, bad_agent):
+    """One ParallelSFL round, one cluster of clients 0-5; client 5's device runs
+    ``bad_agent`` (a bottom worker with this seed)."""
     changes = {"rounds": 1, "data.num_clients": 6, "options.parallelsfl.k": 1}
     devices = {"ok": [0, 1, 2, 3, 4], "bad": [5]}
-    plan_net = {"ok": None, "bad": _BottomFails}
+    plan_net = {"ok": None, "bad": bad_agent}
     bed = Testbed.create(tmp_path / "bed", list(devices))
     threads = [bed.device(n, c, plan_net[n], retry_s=20.0) for n, c in devices.items()]
     net = bed.server_overrides(min_devices=2, timeout_s=10.0)
     result = splitfl.run(config_for("parallelsfl", **{**net, **changes}), run_dir=tmp_path / "n")
     for t in threads:
         t.join(30)
+    return result
+
+
+def test_lost_bottom_worker_is_dropped_by_its_top_worker_and_the_cluster_completes(tmp_path):
+    result = _one_cluster_with(tmp_path, _BottomFails)
     (row,) = _rows(result)
     assert 5 not in row["plan_tops"]  # (this seed) the failing device is a bottom worker
     assert row["dropped_clients"] == [5]
@@ -278,15 +285,7 @@ class _FlipsItsPart(DeviceAgent):
 def test_a_sign_flipping_bottom_worker_is_dropped_by_its_top_worker(tmp_path):
     """A top worker checks its members' bottom parts against the cluster's median update and
     averages them under ``train.aggregation``, as the server does (issue 35, item 3)."""
-    changes = {"rounds": 1, "data.num_clients": 6, "options.parallelsfl.k": 1}
-    devices = {"ok": [0, 1, 2, 3, 4], "bad": [5]}
-    plan_net = {"ok": None, "bad": _FlipsItsPart}
-    bed = Testbed.create(tmp_path / "bed", list(devices))
-    threads = [bed.device(n, c, plan_net[n], retry_s=20.0) for n, c in devices.items()]
-    net = bed.server_overrides(min_devices=2, timeout_s=10.0)
-    result = splitfl.run(config_for("parallelsfl", **{**net, **changes}), run_dir=tmp_path / "n")
-    for t in threads:
-        t.join(30)
+    result = _one_cluster_with(tmp_path, _FlipsItsPart)
     (row,) = _rows(result)
     assert 5 not in row["plan_tops"]  # (this seed) the flipping device is a bottom worker
     assert row["dropped_clients"] == [5]
