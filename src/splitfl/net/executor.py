@@ -30,7 +30,7 @@ from splitfl.models import BlockModel
 from splitfl.net.client_data import RemoteClientData
 from splitfl.net.d2d import ClusterEmulation, D2DRound, run_cluster
 from splitfl.net.emulation import Profile
-from splitfl.net.fleet import Expect, Meter, RemoteFleet, TimedServer, expect_for
+from splitfl.net.fleet import LATE, Expect, Meter, RemoteFleet, TimedServer, expect_for
 from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
 from splitfl.net.trust import REFERENCE_SAMPLES, PeerScale, peer_outliers
@@ -110,8 +110,11 @@ class NetworkedExecutor:
             lost.update(outliers)
         wall = time.perf_counter() - start
         done = [m.finished_at - began for c, m in meters.items() if m.finished_at and c not in lost]
-        if done:  # the next round's deadline: relative to when this round's clients finished
-            self._median_client_s = float(np.median(done))
+        # a client dropped at the deadline counts as finishing at it (a censored time): else
+        # a slow honest device, once dropped, would stay outside every later deadline
+        late = [self._deadline - began for why in lost.values() if why.startswith(LATE)]
+        if done or late:  # the next round's deadline: when this round's clients finished
+            self._median_client_s = float(np.median(done + late))
         return RoundResult(
             updates=updates,
             server_states=server_states,

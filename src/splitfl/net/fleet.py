@@ -46,6 +46,8 @@ from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientTask
 
 State = dict[str, torch.Tensor]
+#: The drop reason of a client still working at the round deadline.
+LATE = "still working at the round deadline"
 
 
 @dataclass
@@ -268,7 +270,7 @@ class RemoteFleet:
         late = self.round_deadline is not None and self.round_deadline < deadline
         got = link.reply(c, seq, (self.round_deadline if late else deadline) - time.monotonic())
         if got is None and late:  # the link stays: the device's late replies are dropped
-            self._drop(c, "still working at the round deadline (network.round_deadline_factor)")
+            self._drop(c, f"{LATE} (network.round_deadline_factor)")
         elif got is None:
             self._drop(c, f"no reply within {self.timeout_s:g} s")
             link.close(f"stalled (no reply within {self.timeout_s:g} s)")
