@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import splitfl
-from splitfl.algorithms.parallelsfl.algorithm import failed_tops
+from splitfl.algorithms.parallelsfl.planner import failed_tops
 from splitfl.experiment.context import Positions
 from splitfl.experiment.guards import LossExplosionError, check_explosion
 from splitfl.experiment.round_step import lower_median

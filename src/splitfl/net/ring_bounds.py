@@ -14,6 +14,7 @@ import torch
 
 from splitfl.activations import leaves
 from splitfl.config import BoundsConfig
+from splitfl.net.trust import rms
 
 #: Own samples the ring's reference scales are measured on.
 REFERENCE_SAMPLES = 64
@@ -52,12 +53,8 @@ def _scale(tensors) -> HopScale:
     for t in tensors:
         floating = t.is_floating_point() and t.numel()
         peaks.append(float(t.detach().abs().max()) if floating else 0.0)
-        grads.append(_rms(t.grad) if floating and t.grad is not None else 0.0)
+        grads.append(rms(t.grad) if floating and t.grad is not None else 0.0)
     return HopScale(tuple(peaks), tuple(grads))
-
-
-def _rms(t: torch.Tensor) -> float:
-    return float(t.double().pow(2).mean().sqrt())
 
 
 def activation_problem(t: torch.Tensor, scale: HopScale, i: int, b: BoundsConfig) -> str | None:
@@ -77,8 +74,8 @@ def activation_problem(t: torch.Tensor, scale: HopScale, i: int, b: BoundsConfig
 def gradient_problem(t: torch.Tensor, scale: HopScale, i: int, b: BoundsConfig) -> str | None:
     """Tensor ``i`` of a gradient hop whose RMS is above ``activation_factor`` × the RMS of
     the member's own loss gradient there (+ 1e-6), or None."""
-    rms, ref = _rms(t), scale.grad_rms[i]
+    value, ref = rms(t), scale.grad_rms[i]
     top = b.activation_factor * ref + 1e-6
-    if not math.isfinite(rms) or rms > top:
-        return f"gradient RMS {rms:.3g} above {top:.3g} (network.bounds.activation_factor x own)"
+    if not math.isfinite(value) or value > top:
+        return f"gradient RMS {value:.3g} above {top:.3g} (network.bounds.activation_factor x own)"
     return None

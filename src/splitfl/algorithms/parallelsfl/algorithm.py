@@ -60,7 +60,7 @@ from splitfl.algorithms.estimates import moving_average
 from splitfl.algorithms.parallelsfl.clustering import load_kmeans
 from splitfl.algorithms.parallelsfl.frequency import round_waiting
 from splitfl.algorithms.parallelsfl.monitoring import radio_observations, record_radios
-from splitfl.algorithms.parallelsfl.planner import plan_clusters
+from splitfl.algorithms.parallelsfl.planner import failed_tops, plan_clusters
 from splitfl.algorithms.parallelsfl.problem import Cluster, ClusterInputs
 from splitfl.config import ConfigError
 from splitfl.plan import ClientTask, RoundPlan, RoundReport
@@ -391,15 +391,3 @@ class ParallelSFL(Algorithm):
             setattr(self, k, state.get(k))
         self.seen = state.get("seen", {})
         self.failed_tops = {int(w) for w in state.get("failed_tops", [])}
-
-
-def failed_tops(tops: dict[int, int], dropped: dict[int, str]) -> set[int]:
-    """The top workers (group → worker) whose own failure dropped a member: the reason
-    starts ``top worker <w>`` (not connected, failed, rejected report, no report;
-    :mod:`splitfl.net.d2d`; a member the top worker dropped for its own fault reads
-    ``dropped by top worker <w>``)."""
-    return {
-        w
-        for w in tops.values()
-        if any(why.startswith(f"top worker {w}") for why in dropped.values())
-    }

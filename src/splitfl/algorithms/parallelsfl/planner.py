@@ -115,3 +115,15 @@ def plan_clusters(
     info.update(t_co=t_co.tolist(), beta_c=beta_c.tolist())
     info.update(round_waiting(taus * t_co + np.where(taus > 0, beta_c, 0.0), taus > 0))
     return clusters, taus, info
+
+
+def failed_tops(tops: dict[int, int], dropped: dict[int, str]) -> set[int]:
+    """The top workers (group → worker) whose own failure dropped a member: the reason
+    starts ``top worker <w>`` (not connected, failed, rejected report, no report;
+    :mod:`splitfl.net.d2d`; a member the top worker dropped for its own fault reads
+    ``dropped by top worker <w>``)."""
+    return {
+        w
+        for w in tops.values()
+        if any(why.startswith(f"top worker {w}") for why in dropped.values())
+    }
