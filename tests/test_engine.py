@@ -41,7 +41,6 @@ def test_every_algorithm_runs_deterministically(algorithm, tmp_path, sequential_
         "clients.json",
         "metrics.jsonl",
         "summary.json",
-        "accuracy.png",
         "model.pt",
         "checkpoints/last.pt",
     ):

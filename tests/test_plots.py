@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+import splitfl
 import splitfl.metrics.plots as plots
+from splitfl.testing import tiny_config
 
 
 def rows(n: int, evaluated: bool = True) -> list[dict]:
@@ -58,3 +60,15 @@ def test_loss_plot_draws_training_and_test_loss_per_run(figures, tmp_path):
     ]
     assert [list(line.get_ydata()) for line in test.get_lines()] == [[2.0, 1.0, 2.0 / 3]]
     assert [line.get_label() for line in train.get_lines()] == ["a", "b"]
+
+
+@pytest.mark.parametrize("plots", [True, False])
+def test_output_plots_draws_the_run_plots_or_none(tmp_path, plots):
+    """``output.plots`` (on by default) draws ``accuracy.png`` and ``loss.png`` when the run
+    ends; off, the run directory holds no PNG and the metrics are the same."""
+    assert splitfl.ExperimentConfig().output.plots is True
+    cfg = tiny_config(algorithm="fedavg", rounds=1, **{"output.plots": plots})
+    result = splitfl.run(cfg, run_dir=tmp_path / "r")
+    pngs = sorted(p.name for p in result.run_dir.glob("*.png"))
+    assert pngs == (["accuracy.png", "loss.png"] if plots else [])
+    assert result.metrics[0]["test_acc"] is not None

@@ -47,7 +47,8 @@ def test_worktree_git_file_and_common_refs(tmp_path):
 
 
 def test_run_directory_records_version_and_commit(tmp_path):
-    result = splitfl.run(tiny_config(rounds=1), run_dir=tmp_path / "run", progress=False)
+    cfg = tiny_config(rounds=1, **{"output.plots": True})
+    result = splitfl.run(cfg, run_dir=tmp_path / "run", progress=False)
     record = json.loads((result.run_dir / "version.json").read_text())
     assert record["splitfl_version"] == splitfl.__version__
     assert set(record) >= {"git_commit", "git_dirty", "torch_version", "python_version"}

@@ -287,7 +287,8 @@ def _strict_rows(run_dir) -> list[dict]:
     ("task", "metric"), [(REGRESSION, "mse"), (MULTILABEL, "macro_f1")], ids=["mse", "multi"]
 )
 def test_regression_and_multi_label_runs_end_to_end(algorithm, task, metric, tmp_path):
-    cfg = tiny_config(algorithm=algorithm, rounds=2, **{**task, "train.optimizer": "adam"})
+    changes = {**task, "train.optimizer": "adam", "output.plots": True}
+    cfg = tiny_config(algorithm=algorithm, rounds=2, **changes)
     res = splitfl.run(cfg, run_dir=tmp_path / "r")
     rows = _strict_rows(res.run_dir)
     assert len(rows) == 2

@@ -40,7 +40,8 @@ def strict_json(text: str) -> None:
 def test_timing_rows_equal_sequential_rows(algorithm, tmp_path, sequential_run):
     """Same plans, same clock: every metrics field but the trained ones is identical."""
     ref = sequential_run(config_for(algorithm, rounds=3))
-    got = splitfl.run(config_for(algorithm, rounds=3, executor="timing"), run_dir=tmp_path / "t")
+    timing = config_for(algorithm, rounds=3, executor="timing", **{"output.plots": True})
+    got = splitfl.run(timing, run_dir=tmp_path / "t")
     plan_only = {"plan_clusters"} if algorithm == "ifca" else set()  # chosen by trained losses
     for a, b in zip(ref.metrics, got.metrics, strict=True):
         assert a.keys() == b.keys()

@@ -45,7 +45,8 @@ def tiny_config(**changes: Any) -> dict[str, Any]:
             "min_samples": 8,
         },
         "train": {"clients_per_round": 6, "batch_size": 16, "lr": 0.05},
-        "output": {"progress": False, "checkpoint_every": 2},
+        # plots cost ~0.6 s a run, a third of a tiny run (tests that read them turn them on)
+        "output": {"progress": False, "checkpoint_every": 2, "plots": False},
     }
     for key, value in changes.items():
         set_dotted(base, key.split("."), value)

@@ -238,12 +238,15 @@ TRACKERS = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
 class OutputConfig:
     """Where and how a run is written. ``tracking`` lists optional loggers that receive each
     round's metrics row (``tensorboard``, ``mlflow``; extras of the same names); the run
-    directory stays the source of truth."""
+    directory stays the source of truth. ``plots`` draws ``accuracy.png`` and ``loss.png`` when
+    a run ends (about 0.6 s of matplotlib per run: sweeps of many short runs, and the test
+    suite, may turn it off; ``splitfl report`` draws the same curves later from the metrics)."""
 
     out_dir: str = "runs"
     name: str | None = None
     checkpoint_every: int = 10
     progress: bool = True
+    plots: bool = True
     tracking: list[str] = field(default_factory=list)
 
 

@@ -132,26 +132,31 @@ class Recorder:
         summary = summarize(self.rows, config.eval.target_accuracy, status, config.rounds)
         if final_state is not None:
             save_atomic(final_state, self.run_dir / "model.pt")
-        name = config.algorithm
+        if config.output.plots:
+            self._plot()
+        summary = finite_json(summary, "summary.json")
+        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
+        self.summary = summary
+        return summary
+
+    def _plot(self) -> None:
+        """``accuracy.png`` (or ``<metric>.png`` without an accuracy) and ``loss.png``."""
+        config, name = self.config, self.config.algorithm
         if any(r.get("test_acc") is not None for r in self.rows):  # none: executor: timing
             plot_accuracy({name: self.rows}, self.run_dir / "accuracy.png", name)
         elif any(r.get("test_loss") is not None for r in self.rows):  # no accuracy metric
             metric = next((m for m in config.eval.metrics if m != "loss"), "loss")
             key = row_key(metric)
             plot_accuracy(
-                {config.algorithm: self.rows},
+                {name: self.rows},
                 self.run_dir / f"{metric}.png",
-                config.algorithm,
+                name,
                 key=key,
                 label=f"test {metric}",
                 scale=1.0,
             )
         if any(r.get(k) is not None for r in self.rows for k in ("train_loss", "test_loss")):
             plot_loss({name: self.rows}, self.run_dir / "loss.png", name)
-        summary = finite_json(summary, "summary.json")
-        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
-        self.summary = summary
-        return summary
 
 
 def finite_json(value: Any, where: str, path: str = "") -> Any:
