@@ -34,7 +34,15 @@ from splitfl.net.auth import new_token, token_hash
 from splitfl.net.d2d_device import PLAN_FIELDS
 from splitfl.net.fleet import Expect, Meter
 from splitfl.net.hub import LOST, DeviceLink, Hub
-from splitfl.net.trust import MAX_BYTES, bounded, check_state, loss_problem, state_specs
+from splitfl.net.trust import (
+    MAX_BYTES,
+    bounded,
+    check_state,
+    loss_problem,
+    peer_outliers,
+    state_specs,
+    update_distance,
+)
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientUpdate, RoundPlan
 
@@ -53,6 +61,20 @@ class D2DRound:
     meters: dict[int, Meter]
     lost: dict[int, str]
     bounds: BoundsConfig = field(default_factory=BoundsConfig)
+    #: group → its top worker's accepted report (for :func:`reject_outlying_tops`)
+    hosted: dict[int, Hosted] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """A top worker's accepted report, for the round's peer check across top workers: its
+    reporting members, and the distance per local step of its top part and of its bottom
+    average from the parts it was sent."""
+
+    host: int
+    members: tuple[int, ...]
+    top: float
+    bottom: float
 
 
 @dataclass(frozen=True)
@@ -155,6 +177,10 @@ def run_cluster(
             lost[t.client] = f"top worker {host}: rejected report: {checked}"
         return [], None
     average, server_state, report = checked
+    if report:
+        steps = max(t.steps for t in tasks)
+        moved = (update_distance(server_state, server_part), update_distance(average, bottom))
+        rnd.hosted[run.group] = Hosted(host, tuple(report), moved[0] / steps, moved[1] / steps)
     dropped = reply.fields.get("dropped")
     for c, reason in (dropped if isinstance(dropped, dict) else {}).items():
         if c.isdigit() and int(c) in tokens:
@@ -174,6 +200,28 @@ def run_cluster(
             )
         )
     return updates, server_state
+
+
+def reject_outlying_tops(
+    rnd: D2DRound, updates: list[ClientUpdate], server_states: dict[int, State], factor: float
+) -> list[ClientUpdate]:
+    """The round's peer check across top workers, the server's rule for client updates
+    (:func:`~splitfl.net.trust.peer_outliers`, 3 or more clusters): a top worker whose top part
+    or bottom average moved more than ``factor`` × the round's median (per local step) is
+    rejected. Its whole report goes: the top part (``server_states``, in place) and the bottom
+    average it computed (the updates of its members, returned without them): both came from
+    the one untrusted device, and the members trained against its top part. Each member is
+    recorded as dropped with a reason that names the top worker (``top worker <w>: ...``, so
+    ParallelSFL does not elect it next round)."""
+    hosted = rnd.hosted
+    tops = peer_outliers({g: h.top for g, h in hosted.items()}, factor, "top part")
+    bottoms = peer_outliers({g: h.bottom for g, h in hosted.items()}, factor, "bottom average")
+    rejected = bottoms | tops
+    for g, why in rejected.items():
+        server_states.pop(g, None)
+        for c in hosted[g].members:
+            rnd.lost[c] = f"top worker {hosted[g].host}: {why}"
+    return [u for u in updates if u.group not in rejected]
 
 
 def _joined(links, joins: dict[int, int], timeout_s: float) -> dict[int, str]:

@@ -28,7 +28,7 @@ from splitfl.executors.fleet import GroupRun, group_runs, run_group, server_role
 from splitfl.executors.roles import Runtime
 from splitfl.models import BlockModel
 from splitfl.net.client_data import RemoteClientData
-from splitfl.net.d2d import ClusterEmulation, D2DRound, run_cluster
+from splitfl.net.d2d import ClusterEmulation, D2DRound, reject_outlying_tops, run_cluster
 from splitfl.net.emulation import Profile
 from splitfl.net.fleet import LATE, Expect, Meter, RemoteFleet, TimedServer, expect_for
 from splitfl.net.ring_server import RingEmulation, run_ring
@@ -105,7 +105,9 @@ class NetworkedExecutor:
             updates, server_states = run_ring(rnd, plan, model, emulation), {}
         else:
             updates, server_states, distances = self._groups(ctx, model, plan, rnd)
-            outliers = peer_outliers(distances, net.bounds.peer_update_factor)
+            factor = net.bounds.peer_update_factor
+            updates = reject_outlying_tops(rnd, updates, server_states, factor)
+            outliers = peer_outliers(distances, factor)
             updates = [u for u in updates if u.client not in outliers]
             lost.update(outliers)
         wall = time.perf_counter() - start

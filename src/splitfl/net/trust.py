@@ -236,9 +236,12 @@ class PeerScale:
         return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
 
 
-def peer_outliers(distances: dict[int, float], factor: float) -> dict[int, str]:
-    """Clients whose update distance (from the part they were sent) is above ``factor`` × the
-    median of the round's distances, with the reason to record; none with fewer than 3
+def peer_outliers(
+    distances: dict[int, float], factor: float, what: str = "model update"
+) -> dict[int, str]:
+    """Keys (clients; or a ParallelSFL round's clusters, :mod:`splitfl.net.d2d`) whose update
+    distance (from the part they were sent) is above ``factor`` × the median of the round's
+    distances, with the reason to record (``what`` names the part); none with fewer than 3
     updates or a zero median (nothing moved)."""
     if len(distances) < 3:
         return {}
@@ -249,7 +252,7 @@ def peer_outliers(distances: dict[int, float], factor: float) -> dict[int, str]:
         return {}
     return {
         c: (
-            f"rejected model update: norm {d:.3g} is {d / median:.1f}x the round's median "
+            f"rejected {what}: norm {d:.3g} is {d / median:.1f}x the round's median "
             f"{median:.3g} (network.bounds.peer_update_factor {factor:g})"
         )
         for c, d in distances.items()
