@@ -91,6 +91,13 @@ class ClientTask:
     aux_memory: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
+#: The drop reason of the RingSFL member whose failure abandoned a networked ring round (its
+#: device lost or silent, or a hop or report of it rejected) starts with this; the other
+#: members' read ``ring round abandoned: client <k> failed: ...``. RingSFL leaves that member
+#: out of the next rounds' ring (``options.ringsfl.exclude_rounds``).
+RING_MEMBER_FAILED = "ring member failed"
+
+
 @dataclass
 class RingSpec:
     """RingSFL's ring for a round: client order, propagation lengths L_i (blocks), weights

@@ -13,6 +13,15 @@ Heterogeneity"): spec ``papers/ringsfl.md`` §3 (Alg. 1–2, Eq. 1–7).
   (Eq. 6; tested). ``version: v2`` multiplies the rate of overlapping blocks by |U_i,(j)|
   (Eq. 7); the public code was not found to do this, the paper is followed.
 * Server aggregation: plain average of the blended models (Eq. 5).
+* A lost member (networked runs; not in the paper, which assumes every client stays, §3.1):
+  a round whose ring a member broke (device lost or silent, a hop or report of it rejected;
+  :data:`~splitfl.plan.RING_MEMBER_FAILED`) is abandoned, as Alg. 2 needs every member in
+  every step; that member sits out the next ``exclude_rounds`` rounds (doubling with each
+  further failure) and every round its device is not connected (``ctx.reachable``), and the
+  ring is formed over the others as the paper forms it over its clients: Eq. (3) lengths
+  from their FLOPS (or ``prop_lens`` ratios), a_i over their data, the rate × their number.
+  From the next round, not within the round: a ring re-formed mid-round would re-split the
+  model while the members hold half-accumulated gradients of the old split.
 * Round time (``pipeline``): ``ideal`` (default) — the §3.3 analysis, the most loaded
   member's busy time (segments pipelined without a gap: "the computation time consumed by the
   straggler", Problem (1), plus its ring hops and model transfers); ``schedule`` — the
@@ -39,7 +48,7 @@ import numpy as np
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.plan import ClientTask, RingSpec, RoundPlan
+from splitfl.plan import RING_MEMBER_FAILED, ClientTask, RingSpec, RoundPlan
 from splitfl.system.cost import FORWARD_SHARE, d2d_rate, ring_client_cost, round_times
 from splitfl.system.ring_schedule import FORWARD, LOSS, ring_makespan
 
@@ -92,10 +101,15 @@ class RingSFLOptions:
     order: str | None = None
     lr_compensation: bool = True
     pipeline: str = "ideal"
+    #: Rounds a member that broke a networked ring round sits out, doubled with each further
+    #: failure (module docstring; our choice, the paper has no failures); 0: never left out
+    exclude_rounds: int = 1
 
     def __post_init__(self) -> None:
         if self.version not in ("v1", "v2"):
             raise ConfigError("options.ringsfl.version", "allowed: v1, v2")
+        if not 0 <= self.exclude_rounds <= 10**6:
+            raise ConfigError("options.ringsfl.exclude_rounds", "an integer >= 0")
         if self.pipeline not in PIPELINES:
             raise ConfigError("options.ringsfl.pipeline", f"allowed: {', '.join(PIPELINES)}")
         if self.prop_lens is not None:
@@ -148,17 +162,44 @@ class RingSFL(Algorithm):
         check_plain_sgd(ctx.config.train)
         try:
             if options.prop_lens is not None:
-                lengths = parse_ratios(options.prop_lens, n, w)
+                parse_ratios(options.prop_lens, n, w)
+                self.shares = [float(p) for p in options.prop_lens.split(":")]
             else:
-                lengths = propagation_lengths([d.flops for d in ctx.population.devices], w)
+                self.shares = [d.flops for d in ctx.population.devices]
+            lengths = propagation_lengths(self.shares, w)
         except ValueError as err:
             raise ConfigError("options.ringsfl.prop_lens", str(err)) from err
         self.lengths = {c: int(length) for c, length in enumerate(lengths)}
         self._round: tuple[RoundPlan | None, int] = (None, 0)
+        #: member → the last round it sits out; member → how often it broke a ring round
+        self.benched: dict[int, int] = {}
+        self.failures: dict[int, int] = {}
 
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
-        """All clients form the ring every round (§3.1)."""
-        return list(range(self.ctx.num_clients))
+        """All clients form the ring every round (§3.1), but for a member sitting out after
+        breaking a ring round and (networked) one whose device is not connected; all of them
+        where fewer than two would be left."""
+        everyone = list(range(self.ctx.num_clients))
+        reachable = getattr(self.ctx, "reachable", None)
+        live = reachable() if callable(reachable) else set(everyone)
+        members = [c for c in everyone if c in live and self.benched.get(c, -1) < round_idx]
+        return members if len(members) >= 2 else everyone
+
+    def lost(self, round_idx: int, plan: RoundPlan, dropped: dict[int, str]) -> None:
+        """A member that broke the ring sits out ``exclude_rounds`` × 2^(failures − 1) rounds."""
+        k = self.options.exclude_rounds
+        for c, why in dropped.items():
+            if k and why.startswith(RING_MEMBER_FAILED):
+                self.failures[c] = self.failures.get(c, 0) + 1
+                self.benched[c] = round_idx + k * 2 ** min(self.failures[c] - 1, 20)
+
+    def ring_lengths(self, members: list[int]) -> dict[int, int]:
+        """Eq. (3) over ``members`` (in id order, as over all clients)."""
+        if len(members) == len(self.lengths):
+            return dict(self.lengths)
+        ids = sorted(members)
+        lengths = propagation_lengths([self.shares[c] for c in ids], self.ctx.num_blocks)
+        return dict(zip(ids, lengths, strict=True))
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         n = len(clients)
@@ -170,8 +211,10 @@ class RingSFL(Algorithm):
         ]
         sizes = self.ctx.data_sizes[clients].astype(float)
         weights = {c: float(d / sizes.sum()) for c, d in zip(clients, sizes, strict=True)}
-        ring = RingSpec(self.order, self.lengths, weights, self.options.version == "v2")
-        info = {"prop_lens": [self.lengths[c] for c in self.order]}
+        order = [c for c in self.order if c in weights]
+        lengths = self.ring_lengths(order)
+        ring = RingSpec(order, lengths, weights, self.options.version == "v2")
+        info = {"prop_lens": [lengths[c] for c in order]}
         return RoundPlan(tasks, ring=ring, info=info)
 
     def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
@@ -271,3 +314,10 @@ class RingSFL(Algorithm):
         return layerwise_aggregate(
             global_state, result.updates, result.server_states, weights, self.aggregation
         )
+
+    def state_dict(self) -> dict:
+        return {"benched": dict(self.benched), "failures": dict(self.failures)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.benched = {int(c): int(r) for c, r in state.get("benched", {}).items()}
+        self.failures = {int(c): int(n) for c, n in state.get("failures", {}).items()}

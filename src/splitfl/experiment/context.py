@@ -61,6 +61,9 @@ class RunContext:
     #: cluster identity): an object with ``lowest_loss(client, states, positions) -> int``
     #: set by the networked executor; None = this process, on ``bundle.train``.
     client_compute: object | None = None
+    #: networked runs: a callable → the clients whose device is connected now (set by the
+    #: networked executor; RingSFL forms its ring of them); None = every client
+    reachable: object | None = None
     #: ``eval.on: clients | both``: each client's held-out samples (indices into
     #: ``bundle.train``, never in ``client_indices``, so never trained on); None otherwise.
     holdout_indices: list[np.ndarray] | None = None

@@ -71,6 +71,16 @@ class NetworkedExecutor:
         self.session.start()
         if own:  # computations on a client's own samples (IFCA's identity) run on its device
             ctx.client_compute = RemoteClientData(self.session.hub, self.config.network.timeout_s)
+        ctx.reachable = self.reachable  # RingSFL forms its ring of these
+
+    def reachable(self) -> set[int]:
+        """The clients whose device is connected, once lost devices have had up to
+        ``network.rejoin_s`` to come back (as before a round); none before :meth:`open`."""
+        if self.session is None or self.session.hub is None:
+            return set()
+        self.session.wait_ready()
+        hub = self.session.hub
+        return {c for c in range(hub.num_clients) if hub.link_of(c) is not None}
 
     def announced(self) -> dict:
         """``data.source: devices``: client → what its device announced at join."""

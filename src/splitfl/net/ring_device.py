@@ -11,7 +11,9 @@ early wait). At the end it replies ``ring_done`` with its blended model and its 
 
 A broken link, a timeout (``timeout_s`` without a message), the server's ``abort`` or an
 invalid tensor ends the session with ``ring_failed``: Alg. 2 needs every member in every
-step, so the server abandons the round (:mod:`splitfl.net.d2d`).
+step, so the server abandons the round (:mod:`splitfl.net.ring_server`). Where a neighbour
+sent what was refused (a header, a tensor's shape, dtype, values or magnitude), the reply
+names it (``blame``): the server records that member, not this one, as the one that failed.
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ from splitfl.plan import ClientTask, RingSpec
 
 
 class RingBroken(RuntimeError):
-    """The ring cannot complete the round (the reason is reported to the server)."""
+    """The ring cannot complete the round (the reason is reported to the server); ``blame``:
+    the neighbour whose message was refused, where one was."""
+
+    def __init__(self, reason: str, blame: int | None = None):
+        super().__init__(reason)
+        self.blame = blame
 
 
 def ring_session(agent, c: int, msg: Message, abort: threading.Event) -> Message:
@@ -56,7 +63,10 @@ def ring_session(agent, c: int, msg: Message, abort: threading.Event) -> Message
         out = member.connect()
         member.run()
     except (RingBroken, PeerError, ValueError, KeyError) as err:
-        return Message("ring_failed", {"reason": f"client {c}: {err}"})
+        fields = {"reason": f"client {c}: {err}"}
+        if getattr(err, "blame", None) is not None:
+            fields["blame"] = err.blame
+        return Message("ring_failed", fields)
     finally:
         agent.peer.hub.forget([edge_in])
         if out is not None:
@@ -214,7 +224,8 @@ class _Member:
                 continue
             s = msg.fields.get("step")
             if not isinstance(s, int) or s < step:
-                raise RingBroken(f"message for step {s!r} during step {step}")
+                sender = self.pred if kind == "fwd" else self.succ
+                raise RingBroken(f"message for step {s!r} during step {step}", sender)
             if s > step:
                 self.deferred.append((kind, msg))
                 continue
@@ -223,12 +234,12 @@ class _Member:
     def _on_forward(self, step: int, msg: Message) -> None:
         start, hop = msg.fields.get("start"), msg.fields.get("hop")
         if start not in self.steps or not isinstance(hop, int) or not 1 <= hop <= self.n:
-            raise RingBroken(f"bad forward header {start!r}/{hop!r}")
+            raise RingBroken(f"bad forward header {start!r}/{hop!r}", self.pred)
         if hop == self.n:  # the logits of our own batch are back: loss, gradient goes back
             if start != self.c:
-                raise RingBroken(f"logits of client {start}'s batch arrived at {self.c}")
+                raise RingBroken(f"logits of client {start}'s batch arrived", self.pred)
             h = msg.tensors.get("h")
-            self._check(h, (len(self.labels), self.num_classes))
+            self._check(self.pred, h, (len(self.labels), self.num_classes))
             self._blame(self.pred, activation_problem(h, self.scales[-1], 0, self.bounds))
             grad, loss = self.member.loss(h, self.labels)
             self.samples += len(self.labels)
@@ -239,26 +250,26 @@ class _Member:
         specs = self.inputs[lo]
         h = unpack("h", msg.tensors, None if len(specs) == 1 else len(specs))
         for i, (t, (shape, dtype)) in enumerate(zip(leaves(h), specs, strict=True)):
-            self._check(t, None, shape, dtype)
+            self._check(self.pred, t, None, shape, dtype)
             self._blame(self.pred, activation_problem(t, self.scales[lo], i, self.bounds))
         if len({t.shape[0] for t in leaves(h)}) != 1:
-            raise RingBroken("activation tensors of different batch sizes")
+            raise RingBroken("activation tensors of different batch sizes", self.pred)
         out = self._compute(self.member.forward, (start, hop, h), lo, hi, True)
         self._forward_on(step, start, hop + 1, out)
 
     def _on_backward(self, step: int, msg: Message) -> None:
         start, hop = msg.fields.get("start"), msg.fields.get("hop")
         if (start, hop) not in self.member.saved:
-            raise RingBroken(f"unexpected gradient for {start!r}/{hop!r}")
+            raise RingBroken(f"unexpected gradient for {start!r}/{hop!r}", self.succ)
         out = self.member.saved[(start, hop)][1]
         g = unpack("g", msg.tensors, count_of(out))
         lo, hi = self.member.segment(start, hop)
         for i, (o, t) in enumerate(zip(leaves(out), leaves(g), strict=True)):
             if differentiable(o):
-                self._check(t, tuple(o.shape))
+                self._check(self.succ, t, tuple(o.shape))
                 self._blame(self.succ, gradient_problem(t, self.scales[hi], i, self.bounds))
             elif t is not None:
-                raise RingBroken("a gradient for a tensor that takes none")
+                raise RingBroken("a gradient for a tensor that takes none", self.succ)
         grad_in = self._compute(self.member.backward, (start, hop, g), lo, hi, False)
         if grad_in is not None:
             self._backward_on(step, start, hop - 1, grad_in)
@@ -286,24 +297,27 @@ class _Member:
         return result
 
     def _blame(self, sender: int, problem: str | None) -> None:
-        """End the round naming the neighbour whose hop broke the bounds."""
+        """End the round naming the neighbour whose hop was refused."""
         if problem:
-            raise RingBroken(f"rejected hop from client {sender}: {problem}")
+            raise RingBroken(f"rejected hop from client {sender}: {problem}", sender)
 
-    def _check(self, t, shape, per_sample=None, dtype=None) -> None:
-        """``t`` has ``shape`` (or per-sample ``per_sample`` and a batch within the batch
-        size) and the model's dtype (or ``dtype``), with finite values."""
+    def _check(self, sender: int, t, shape, per_sample=None, dtype=None) -> None:
+        """``t`` (from neighbour ``sender``) has ``shape`` (or per-sample ``per_sample`` and a
+        batch within the batch size) and the model's dtype (or ``dtype``), with finite
+        values; else the round ends naming ``sender``."""
+        problem = None
         if t is None or t.dtype != (dtype or self.dtype):
-            raise RingBroken("missing tensor or wrong dtype")
-        if shape is None:
+            problem = "missing tensor or wrong dtype"
+        elif shape is None:
             if t.dim() != len(per_sample) + 1 or tuple(t.shape[1:]) != per_sample:
-                raise RingBroken(f"activation shape {tuple(t.shape)}")
-            if not 1 <= t.shape[0] <= self.batch_size:
-                raise RingBroken(f"batch of {t.shape[0]}")
+                problem = f"activation shape {tuple(t.shape)}"
+            elif not 1 <= t.shape[0] <= self.batch_size:
+                problem = f"batch of {t.shape[0]}"
         elif tuple(t.shape) != tuple(shape):
-            raise RingBroken(f"tensor shape {tuple(t.shape)}, expected {tuple(shape)}")
-        if t.dtype != torch.bool and not all_finite(t):
-            raise RingBroken("non-finite values")
+            problem = f"tensor shape {tuple(t.shape)}, expected {tuple(shape)}"
+        if problem is None and t.dtype != torch.bool and not all_finite(t):
+            problem = "non-finite values"
+        self._blame(sender, problem)
 
 
 def _block_inputs(model, sample: torch.Tensor) -> list[list[tuple[tuple[int, ...], torch.dtype]]]:

@@ -1,5 +1,11 @@
 """The server's side of a networked RingSFL round (see :mod:`splitfl.net.d2d` for the rules and
-:mod:`splitfl.net.ring_device` for the members' side)."""
+:mod:`splitfl.net.ring_device` for the members' side).
+
+A round that fails is abandoned (Alg. 2 needs every member in every step), and the member at
+fault is named: the one whose device is not connected, was lost or went silent (no reply
+within ``timeout_s`` of the abort the others answer), whose report was rejected, or whose hop
+a neighbour refused. RingSFL leaves it out of the next rounds' ring
+(:data:`~splitfl.plan.RING_MEMBER_FAILED`, ``options.ringsfl.exclude_rounds``)."""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ from splitfl.net.fleet import Meter
 from splitfl.net.hub import LOST, DeviceLink
 from splitfl.net.trust import MAX_BYTES, bounded, check_state, loss_problem, state_specs
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
-from splitfl.plan import ClientUpdate, RoundPlan
+from splitfl.plan import RING_MEMBER_FAILED, ClientUpdate, RoundPlan
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,7 @@ def run_ring(
     links = {c: rnd.hub.link_of(c) for c in order}
     missing = [c for c in order if links[c] is None or not links[c].peer_address]
     if missing:
-        _abandon(rnd, order, f"client {missing[0]} not connected (or not listening for peers)")
+        _abandon(rnd, order, dict.fromkeys(missing, "not connected (or not listening for peers)"))
         return []
     for c in order:
         rnd.meters[c].device = links[c].name
@@ -69,11 +75,11 @@ def run_ring(
             fields["block_flops"] = emulation.block_flops
         msg = Message("ring", fields, dict(global_state))
         sent[c] = (*send_command(links[c], c, msg), payload_bytes(msg))
-    replies, failure = _collect(rnd, links, sent, max(t.steps for t in plan.tasks))
-    if failure is None:
-        failure = _check(replies, model, tasks, rnd.bounds, {c: v[2] for c, v in sent.items()})
-    if failure is not None:
-        _abandon(rnd, order, failure)
+    replies, faults, cause = _collect(rnd, links, sent, max(t.steps for t in plan.tasks))
+    if not faults and cause is None:
+        faults = _check(replies, model, tasks, rnd.bounds, {c: v[2] for c, v in sent.items()})
+    if faults or cause is not None:
+        _abandon(rnd, order, faults, cause)
         return []
     updates = []
     for group, c in enumerate(order):
@@ -97,57 +103,80 @@ def run_ring(
 
 
 def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int):
-    """Every member's reply; on the first failure the others are told to abort. Returns
-    (replies, the failure's root cause or None): the members next to a failure report a lost
-    link or the abort, so a reason that is neither is preferred."""
+    """Every member's reply. On the first failure the others are told to abort and have
+    ``timeout_s`` more to answer. Returns (replies, faults, cause): ``faults`` names the
+    members that failed — the device lost or silent (dead, stalled), or what it sent refused
+    by a neighbour (the reply's ``blame``) or its reply an error — with why; ``cause`` is the
+    failure where no member can be named. The members next to a failure report a lost link,
+    a timeout or the abort: they are not blamed, and a reason that is none of these is
+    preferred as the cause."""
     deadline = time.monotonic() + rnd.timeout_s * (steps + 3)
-    replies, failures = {}, []
-    pending = dict(sent)
+    replies, faults, reported = {}, {}, []
+    pending, released = dict(sent), False
     while pending:
         for c in list(pending):
-            seq = pending[c][0]
-            got = links[c].reply(c, seq, 0.05)
+            got = links[c].reply(c, pending[c][0], 0.05)
             if got is None and time.monotonic() < deadline:
                 continue  # still running
-            if got is None:
-                got = "no reply within the round's deadline"
-            elif got is LOST:
-                got = f"device {links[c].name} lost: {links[c].reason}"
             del pending[c]
-            if isinstance(got, str) or got[0].type != "ring_done":
-                why = got if isinstance(got, str) else got[0].fields.get("reason", got[0].type)
-                failures.append(f"client {c}: {why}" if isinstance(got, str) else str(why))
-                if len(failures) == 1:
-                    for other, (other_seq, *_rest) in pending.items():
-                        links[other].send(Message("abort", {"session": other_seq}))
+            if got is not None and got is not LOST and got[0].type == "ring_done":
+                replies[c] = got
                 continue
-            replies[c] = got
-    if not failures:
-        return replies, None
-    causes = [f for f in failures if " lost (" not in f and "aborted" not in f]
-    return replies, (causes or failures)[0]
+            _fault(c, got, links[c], sent, faults, reported, released, rnd.timeout_s)
+            if not released:  # release the others: they have timeout_s more to answer
+                released = True
+                for other, (seq, *_rest) in pending.items():
+                    links[other].send(Message("abort", {"session": seq}))
+                deadline = min(deadline, time.monotonic() + rnd.timeout_s)
+    causes = [f for f in reported if " lost (" not in f and "aborted" not in f]
+    cause = None if faults or not reported else (causes or reported)[0]
+    return replies, faults, cause
 
 
-def _check(replies, model: BlockModel, tasks, bounds, sent_at: dict[int, float]) -> str | None:
-    """What is wrong with a member's report, or None: its loss, times (at most its round
-    trip), byte counts and blended model (against the global model, :mod:`splitfl.net.trust`)."""
+def _fault(c, got, link, sent, faults, reported, released: bool, timeout_s: float) -> None:
+    """Record member ``c``'s failed reply ``got`` (None: none in time; LOST; a message)."""
+    if got is None:
+        faults[c] = (
+            f"no reply within {timeout_s:g} s of the abort (stalled)"
+            if released
+            else "no reply within the round's deadline"
+        )
+    elif got is LOST:
+        faults[c] = f"device {link.name} lost: {link.reason}"
+    elif got[0].type != "ring_failed":
+        faults[c] = str(got[0].fields.get("error", got[0].type))[:300]
+    else:
+        why = str(got[0].fields.get("reason", "ring_failed"))[:300]
+        reported.append(why)
+        blame = got[0].fields.get("blame")
+        if isinstance(blame, int) and not isinstance(blame, bool) and blame in sent:
+            if blame != c:
+                faults.setdefault(blame, f"refused by {why}")
+
+
+def _check(replies, model: BlockModel, tasks, bounds, sent_at: dict[int, float]) -> dict:
+    """What is wrong with the members' reports (member → problem): each one's loss, times (at
+    most its round trip), byte counts and blended model (against the global model,
+    :mod:`splitfl.net.trust`)."""
     state = model.state_dict()
     specs, steps = state_specs(state), sum(t.steps for t in tasks.values()) * len(tasks)
+    faults = {}
     for c, (reply, _, arrived) in replies.items():
         f, t = reply.fields, tasks[c]
         most = t.steps * t.batch_size
         problem = loss_problem(f.get("loss_sum"), f.get("samples"), most, bounds)
         times = ("compute_s", "d2d_s", "session_s")
-        if problem or not all(bounded(f.get(k), arrived - sent_at[c]) for k in times):
-            return f"client {c}: bad ring report: {problem or 'times'}"
         payload = f.get("payload")
         counts = [f.get("d2d_wire")] + list((payload or {}).values())
-        if not isinstance(payload, dict) or not all(bounded(v, MAX_BYTES) for v in counts):
-            return f"client {c}: bad payload counts"
-        problem = check_state(state_from("model", reply.tensors), specs, state, bounds, steps)
-        if problem:
-            return f"client {c}: rejected model: {problem}"
-    return None
+        if problem or not all(bounded(f.get(k), arrived - sent_at[c]) for k in times):
+            faults[c] = f"bad ring report: {problem or 'times'}"
+        elif not isinstance(payload, dict) or not all(bounded(v, MAX_BYTES) for v in counts):
+            faults[c] = "bad payload counts"
+        else:
+            problem = check_state(state_from("model", reply.tensors), specs, state, bounds, steps)
+            if problem:
+                faults[c] = f"rejected model: {problem}"
+    return faults
 
 
 def _meter(meter: Meter, reply: Message, rtt: float, up: int, down: int, down_payload) -> None:
@@ -167,7 +196,14 @@ def _meter(meter: Meter, reply: Message, rtt: float, up: int, down: int, down_pa
         meter.count(str(kind), int(nbytes))
 
 
-def _abandon(rnd: D2DRound, order, reason: str) -> None:
-    """RingSFL's step needs every member: the round is abandoned for all of them."""
+def _abandon(rnd: D2DRound, order, faults: dict[int, str], cause: str | None = None) -> None:
+    """RingSFL's step needs every member: the round is abandoned for all of them. The members
+    in ``faults`` are recorded as the ones that failed (:data:`~splitfl.plan.RING_MEMBER_FAILED`:
+    RingSFL leaves them out of the next rounds' ring), the others as abandoned because of them
+    (or because of ``cause``, where no member could be named)."""
+    named = "; ".join(f"client {k} failed: {why}" for k, why in sorted(faults.items()))
     for c in order:
-        rnd.lost[c] = f"ring round abandoned: {reason}"
+        if c in faults:
+            rnd.lost[c] = f"{RING_MEMBER_FAILED}, ring round abandoned: {faults[c]}"
+        else:
+            rnd.lost[c] = f"ring round abandoned: {named or cause}"
