@@ -20,6 +20,7 @@ import yaml
 
 import splitfl
 from splitfl.net.testbed import Testbed
+from splitfl.plan import RING_MEMBER_FAILED
 from splitfl.testing import config_for
 
 pytestmark = pytest.mark.slow
@@ -162,25 +163,26 @@ def test_killed_server_resumes_and_devices_reconnect(tmp_path):
     assert _max_diff(net_model, torch.load(seq.run_dir / "model.pt", weights_only=True)) <= 1e-5
 
 
-def test_ring_member_process_killed_mid_run_abandons_rounds_and_the_run_completes(tmp_path):
+def test_ring_member_process_killed_mid_run_is_left_out_and_the_run_completes(tmp_path):
     """RingSFL over device-to-device links between 3 device processes; one is SIGKILLed
-    after round 1: every later round is abandoned (Alg. 2 needs every member), recorded,
-    and the run ends ok with the model of its completed rounds."""
+    after round 1: the ring round it breaks (if one was running) is abandoned naming it, and
+    every later round forms its ring of the other two and trains; the run ends ok."""
     changes = {"rounds": 4, "train.local_steps": 30, "network.rejoin_s": 1.0}
     changes |= {"data.num_clients": 3, "train.clients_per_round": 3}
     cfg = _write_config(tmp_path / "c.yaml", "ringsfl", **changes)
     run_dir = tmp_path / "net"
-    _launch_and_kill_device(cfg, run_dir, devices=3)
+    victim = _launch_and_kill_device(cfg, run_dir, devices=3)
+    (lost,) = victim["clients"]
     rows = _rows(run_dir)
-    assert len(rows) == 4
-    completed = [not r["dropped_clients"] for r in rows]
-    k = completed.index(False)
-    assert k >= 1 and not any(completed[k:])  # a completed prefix, then abandoned rounds
-    for r in rows[k:]:
-        assert r["dropped_clients"] == [0, 1, 2]
-        assert all("ring round abandoned" in why for why in r["dropped_reasons"].values())
+    assert len(rows) == 4 and rows[0]["dropped_clients"] == []
+    abandoned = [i for i, r in enumerate(rows) if r["dropped_clients"]]
+    assert len(abandoned) <= 1  # the round it broke, if it was in one
+    for i in abandoned:
+        assert rows[i]["dropped_reasons"][str(lost)].startswith(RING_MEMBER_FAILED)
+    later = rows[abandoned[0] + 1 :] if abandoned else rows[-1:]
+    others = [c for c in range(3) if c != lost]
+    assert later and all(r["clients"] == others and not r["dropped_clients"] for r in later)
     status = json.loads((run_dir / "summary.json").read_text())["status"]
-    assert status == f"ok ({4 - k} of 4 ring rounds abandoned)"
-    seq = splitfl.run(config_for("ringsfl", **{**changes, "rounds": k}), run_dir=tmp_path / "seq")
-    net_model = torch.load(run_dir / "model.pt", weights_only=True)
-    assert _max_diff(net_model, torch.load(seq.run_dir / "model.pt", weights_only=True)) <= 1e-5
+    assert status.startswith("ok")
+    model = torch.load(run_dir / "model.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in model.values() if v.is_floating_point())

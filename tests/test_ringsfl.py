@@ -19,7 +19,7 @@ from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import ModelPart, block_index, build_model
 from splitfl.models.base import BlockModel
-from splitfl.plan import RingSpec
+from splitfl.plan import RING_MEMBER_FAILED, RingSpec
 from splitfl.seeding import derive_seed
 from splitfl.testing import config_for
 
@@ -285,3 +285,35 @@ def test_v2_dynamic_rate_is_lr_times_overlap_when_three_or_more_batches_overlap(
     ring_update(model, counts[0], lr=0.01, dynamic_lr=True)
     after = [float(b.weight.detach()) for b in model.blocks]
     assert after == pytest.approx([1 - 0.01 * c for c in counts[0]], abs=1e-12)
+
+
+def test_a_member_that_broke_the_ring_sits_out_and_the_ring_is_re_formed():
+    """Issue 35, item 3: the member named as failed (``RING_MEMBER_FAILED``) sits out
+    ``exclude_rounds`` × 2^(failures − 1) rounds, and every round its device is not connected
+    (``ctx.reachable``); the ring over the others is Eq. (3) over their shares, a_i over their
+    data and the rate × their number; with every member it is the full ring."""
+    cfg = config_for("ringsfl", **{**RING, "options.ringsfl.prop_lens": "4:2:1:1"})
+    prep = prepare(as_config(cfg))
+    algo, rng = prep.algorithm, np.random.default_rng(0)
+    full = algo.plan_round(0, algo.select_clients(0, rng), rng)
+    assert full.ring.order == [0, 1, 2, 3] and full.ring.lengths == algo.lengths
+    failed = {1: f"{RING_MEMBER_FAILED}, ring round abandoned: device d1 lost: closed"}
+    algo.lost(0, full, {**failed, 0: "ring round abandoned: client 1 failed: ..."})
+    assert algo.select_clients(1, rng) == [0, 2, 3]  # 1 round out
+    assert algo.select_clients(2, rng) == [0, 1, 2, 3]
+    plan = algo.plan_round(1, [0, 2, 3], rng)
+    assert plan.ring.order == [0, 2, 3]
+    lengths = largest_remainder([4, 1, 1], 4)
+    assert plan.ring.lengths == dict(zip([0, 2, 3], lengths, strict=True))
+    sizes = prep.ctx.data_sizes[[0, 2, 3]] / prep.ctx.data_sizes[[0, 2, 3]].sum()
+    assert plan.ring.weights == pytest.approx(dict(zip([0, 2, 3], sizes, strict=True)))
+    assert plan.tasks[0].lr == pytest.approx(3 * full.tasks[0].lr / 4)  # lr × N over 3
+    algo.lost(2, full, failed)  # a second failure: 2 rounds out
+    assert [algo.select_clients(r, rng) for r in (3, 4, 5)] == [[0, 2, 3]] * 2 + [[0, 1, 2, 3]]
+    prep.ctx.reachable = lambda: {0, 1, 3}  # client 2's device is not connected
+    assert algo.select_clients(5, rng) == [0, 1, 3]
+    prep.ctx.reachable = lambda: {3}  # fewer than two left: everyone (the round will fail)
+    assert algo.select_clients(5, rng) == [0, 1, 2, 3]
+    restored = prepare(as_config(cfg)).algorithm
+    restored.load_state_dict(algo.state_dict())
+    assert restored.benched == algo.benched and restored.failures == {1: 2}

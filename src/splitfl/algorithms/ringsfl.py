@@ -102,7 +102,8 @@ class RingSFLOptions:
     lr_compensation: bool = True
     pipeline: str = "ideal"
     #: Rounds a member that broke a networked ring round sits out, doubled with each further
-    #: failure (module docstring; our choice, the paper has no failures); 0: never left out
+    #: failure (module docstring; our choice, the paper has no failures); 0: left out only
+    #: while its device is not connected
     exclude_rounds: int = 1
 
     def __post_init__(self) -> None:
