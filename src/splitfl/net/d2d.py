@@ -7,12 +7,14 @@
   member's tally and measured times. Every member's update is that average (the algorithm's
   per-worker τ_c weights then give Eq. 18 exactly: N_c equal states of weight τ_c). A member
   lost mid-cluster is dropped by its top worker, the others complete (Eq. 4 over those that
-  finished); a lost top worker drops its cluster for the round.
-* :func:`run_ring` — RingSFL's ring. Each member gets the global model, the ring and links to
-  its neighbours; each replies ``ring_done`` with its blended model. Alg. 2 needs every member
-  in every step, so one failure (lost link, timeout, invalid tensor) abandons the round: the
-  server tells the others to abort and every member is recorded as dropped with the reason;
-  the global model stays as it was and the run goes on.
+  finished); a lost top worker drops its cluster for the round. The round's top workers are
+  then held against each other (:func:`reject_outlying_tops`).
+* :func:`~splitfl.net.ring_server.run_ring` — RingSFL's ring. Each member gets the global
+  model, the ring and links to its neighbours; each replies ``ring_done`` with its blended
+  model. Alg. 2 needs every member in every step, so one failure (lost link, timeout,
+  invalid tensor) abandons the round: the server tells the others to abort, records the
+  member at fault as failed and the others as abandoned because of it; the global model
+  stays as it was, and RingSFL forms the next rounds' ring without that member.
 
 Everything a device reports is checked (tensor names, shapes, dtypes, finite values; counts
 and times in range) before the algorithm sees it.
