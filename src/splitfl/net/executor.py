@@ -51,6 +51,8 @@ class NetworkedExecutor:
         #: relative to it)
         self._median_client_s: float | None = None
         self._deadline: float | None = None
+        #: seconds :meth:`reachable` waited for devices before this round was planned
+        self._waited: float | None = None
         #: the run's accepted smashed-data scales (the peer RMS check, across rounds)
         b = config.network.bounds
         self._peers = PeerScale(b.activation_rms_factor, b.activation_rms_abs)
@@ -78,7 +80,9 @@ class NetworkedExecutor:
         ``network.rejoin_s`` to come back (as before a round); none before :meth:`open`."""
         if self.session is None or self.session.hub is None:
             return set()
+        started = time.perf_counter()
         self.session.wait_ready()
+        self._waited = time.perf_counter() - started  # the round's wait: not waited again
         hub = self.session.hub
         return {c for c in range(hub.num_clients) if hub.link_of(c) is not None}
 
@@ -96,9 +100,11 @@ class NetworkedExecutor:
     ) -> RoundResult:
         if self.session is None:
             raise RuntimeError("NetworkedExecutor.open() was not called")
-        waited = time.perf_counter()
-        self.session.wait_ready()  # up to network.rejoin_s: part of the round's wall time
-        waited = time.perf_counter() - waited
+        waited, self._waited = self._waited, None
+        if waited is None:
+            waited = time.perf_counter()
+            self.session.wait_ready()  # up to network.rejoin_s: part of the round's wall time
+            waited = time.perf_counter() - waited
         model: BlockModel = copy.deepcopy(ctx.model).to(self.runtime.device)
         model.load_state_dict(global_state)
         model.train()
