@@ -1,9 +1,10 @@
-"""Insiders inside the absolute bounds (issue 35, items 2, 4 and 5): smashed data scaled ×50
+"""Insiders inside the absolute bounds (issue 35, items 2-5): smashed data scaled ×50
 or ×90 passes ``network.bounds``' peak check and an update boosted ×50 its norm check (widened
 here); the checks relative to the honest activations' RMS and to the round's other clients
-drop them, with the reason recorded; an inflated announced sample count is capped against the
-other clients'; maximal loss reports do not stop the run. Loopback gRPC, devices in threads
-of this process."""
+drop them, with the reason recorded; a ParallelSFL top worker's sign-flipped top part is
+dropped against the round's other top workers; an inflated announced sample count is capped
+against the other clients'; maximal loss reports do not stop the run. Loopback gRPC, devices
+in threads of this process."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from splitfl.net.testbed import Testbed
 from splitfl.net.trust import PeerScale, peer_outliers
 from splitfl.testing import config_for
 from test_hostile import _run, _strict_rows
+from test_networked_d2d import _rows
 from test_own_data import _partition, _write_devices
 
 
@@ -243,3 +245,71 @@ def test_failed_top_workers_by_hand():
     }
     assert failed_tops(tops, dropped) == {1}
     assert failed_tops(tops, {}) == set()
+
+
+# -- item 3: a rogue ParallelSFL top worker --------------------------------------------------
+class _RogueTop(DeviceAgent):
+    """As a top worker, reports its trained top part sign-flipped (``flip``: 2 × ‖part‖ from
+    the part sent, inside the 10 × bound) or moved ``scale`` × as far as it trained it."""
+
+    scale: float | None = None
+
+    def handle(self, msg):
+        reply = super().handle(msg)
+        if msg.type != "host" or reply is None or reply.fields.get("error"):
+            return reply
+        for name, t in reply.tensors.items():
+            if name.startswith("server/") and t.is_floating_point():
+                sent = msg.tensors[name]
+                flipped = -t if self.scale is None else sent + self.scale * (t - sent)
+                reply.tensors[name] = flipped
+        return reply
+
+
+#: Three clusters a round (this seed: top workers 4, 7 or 10, and 11 in rounds 1-2)
+THREE_CLUSTERS = {
+    "rounds": 4,
+    "options.parallelsfl.k": 3,
+    "options.parallelsfl.ingress_scale": 0.5,
+}
+
+
+def _rogue_top_run(tmp_path, scale, **changes):
+    _RogueTop.scale = scale
+    devices = {"a": [0, 1, 2, 3, 4, 5], "b": [6, 7, 8, 9, 10], "rogue": [11]}
+    agents = {"a": None, "b": None, "rogue": _RogueTop}
+    bed = Testbed.create(tmp_path / "bed", list(devices))
+    threads = [bed.device(n, c, agents[n], retry_s=20.0) for n, c in devices.items()]
+    net = bed.server_overrides(min_devices=3, timeout_s=10.0)
+    cfg = config_for("parallelsfl", **{**net, **THREE_CLUSTERS, **changes})
+    result = splitfl.run(cfg, run_dir=tmp_path / "n")
+    for t in threads:
+        t.join(30)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("scale", "factor"), [(None, 10.0), (10.0, 5.0)], ids=["sign-flipped", "x10"]
+)
+def test_a_rogue_top_worker_is_dropped_against_the_other_top_workers(tmp_path, scale, factor):
+    """Client 11's device, as a top worker, reports a sign-flipped (or ×10-distance) top part
+    inside the absolute bound; the server holds each top worker's top part against the
+    round's other top workers' (per local step, ``peer_update_factor`` × their median, as for
+    client updates) and drops the rogue's cluster naming it; it is not elected next round and
+    the run trains on (issue 35, item 3). Honest top workers moved within 1.7 × their median
+    here, so ×10 is caught at factor 5 (at the default 10 it sits on the threshold)."""
+    changes = {"network.bounds.peer_update_factor": factor}
+    rows = _rows(_rogue_top_run(tmp_path, scale, **changes))
+    rejected = [r for r in rows if 11 in r["plan_tops"]]
+    assert len(rejected) >= 2
+    for row in rejected:
+        assert 0 < len(row["dropped_clients"]) <= len(row["clients"]) // 2  # one cluster of 3
+        for why in row["dropped_reasons"].values():
+            assert why.startswith("top worker 11: rejected top part: norm"), why
+            assert "the round's median" in why
+    for before, after in zip(rows[:-1], rows[1:], strict=True):
+        if 11 in before["plan_tops"]:
+            assert 11 not in after["plan_tops"]  # not elected again at once
+            assert after["dropped_clients"] == []
+    # honest: 29.5 % after 4 rounds; the flipped top part averaged in (check disabled): 11.1 %
+    assert rows[-1]["test_acc"] > 0.25

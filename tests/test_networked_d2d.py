@@ -7,8 +7,9 @@ device-to-device payload equal to the cost model's traffic. Faults: a ring membe
 dies for good or stalls mid-round abandons the round (every member dropped, global model
 unchanged), is named as the member that failed and sits out while the ring, re-formed
 without it, trains on; a lying ring member is rejected by its neighbour and named; a lost
-bottom worker is dropped by its top worker and the cluster completes; a lost or rogue top
-worker drops its cluster, named, and is not elected next round. Peer listeners refuse wrong
+bottom worker is dropped by its top worker and the cluster completes; a lost top worker
+drops its cluster, named, and is not elected next round (a rogue one:
+``test_hostile_insiders.py``). Peer listeners refuse wrong
 tokens and pin the relayed certificate.
 """
 
@@ -380,70 +381,3 @@ def test_a_ring_member_scaling_its_hops_is_named_by_its_neighbour(tmp_path, monk
     (row,) = _rows(net)
     neighbour = 2 if hop == "gradients" else 0  # gradients go back, activations forward
     _assert_named(row, 3, f"refused by client {neighbour}: rejected hop from client 3: {hop[:-1]}")
-
-
-class _RogueTop(DeviceAgent):
-    """As a top worker, reports its trained top part sign-flipped (``flip``: 2 × ‖part‖ from
-    the part sent, inside the 10 × bound) or moved ``scale`` × as far as it trained it."""
-
-    scale: float | None = None
-
-    def handle(self, msg):
-        reply = super().handle(msg)
-        if msg.type != "host" or reply is None or reply.fields.get("error"):
-            return reply
-        for name, t in reply.tensors.items():
-            if name.startswith("server/") and t.is_floating_point():
-                sent = msg.tensors[name]
-                flipped = -t if self.scale is None else sent + self.scale * (t - sent)
-                reply.tensors[name] = flipped
-        return reply
-
-
-#: Three clusters a round (this seed: top workers 4, 7 or 10, and 11 in rounds 1-2)
-THREE_CLUSTERS = {
-    "rounds": 4,
-    "options.parallelsfl.k": 3,
-    "options.parallelsfl.ingress_scale": 0.5,
-}
-
-
-def _rogue_top_run(tmp_path, scale, **changes):
-    _RogueTop.scale = scale
-    devices = {"a": [0, 1, 2, 3, 4, 5], "b": [6, 7, 8, 9, 10], "rogue": [11]}
-    agents = {"a": None, "b": None, "rogue": _RogueTop}
-    bed = Testbed.create(tmp_path / "bed", list(devices))
-    threads = [bed.device(n, c, agents[n], retry_s=20.0) for n, c in devices.items()]
-    net = bed.server_overrides(min_devices=3, timeout_s=10.0)
-    cfg = config_for("parallelsfl", **{**net, **THREE_CLUSTERS, **changes})
-    result = splitfl.run(cfg, run_dir=tmp_path / "n")
-    for t in threads:
-        t.join(30)
-    return result
-
-
-@pytest.mark.parametrize(
-    ("scale", "factor"), [(None, 10.0), (10.0, 5.0)], ids=["sign-flipped", "x10"]
-)
-def test_a_rogue_top_worker_is_dropped_against_the_other_top_workers(tmp_path, scale, factor):
-    """Client 11's device, as a top worker, reports a sign-flipped (or ×10-distance) top part
-    inside the absolute bound; the server holds each top worker's top part against the
-    round's other top workers' (per local step, ``peer_update_factor`` × their median, as for
-    client updates) and drops the rogue's cluster naming it; it is not elected next round and
-    the run trains on (issue 35, item 3). Honest top workers moved within 1.7 × their median
-    here, so ×10 is caught at factor 5 (at the default 10 it sits on the threshold)."""
-    changes = {"network.bounds.peer_update_factor": factor}
-    rows = _rows(_rogue_top_run(tmp_path, scale, **changes))
-    rejected = [r for r in rows if 11 in r["plan_tops"]]
-    assert len(rejected) >= 2
-    for row in rejected:
-        assert 0 < len(row["dropped_clients"]) <= len(row["clients"]) // 2  # one cluster of 3
-        for why in row["dropped_reasons"].values():
-            assert why.startswith("top worker 11: rejected top part: norm"), why
-            assert "the round's median" in why
-    for before, after in zip(rows[:-1], rows[1:], strict=True):
-        if 11 in before["plan_tops"]:
-            assert 11 not in after["plan_tops"]  # not elected again at once
-            assert after["dropped_clients"] == []
-    # honest: 29.5 % after 4 rounds; the flipped top part averaged in (check disabled): 11.1 %
-    assert rows[-1]["test_acc"] > 0.25
