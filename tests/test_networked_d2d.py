@@ -198,6 +198,22 @@ def test_a_crashed_ring_member_sits_out_a_round_and_rejoins(tmp_path, monkeypatc
     assert [t.code for t in threads] == [0, 0, 0]  # the crashed device reconnected
 
 
+def test_a_ring_member_that_stalls_but_answers_the_abort_is_not_named(tmp_path, monkeypatch):
+    """What remains: client 1 goes silent but answers the server's abort like its waiting
+    neighbours; no member can be named (none sits out) and the round is abandoned."""
+
+    def cooperative(member):
+        member.abort.wait(10.0)
+        raise ring_device.RingBroken("aborted by the server")
+
+    _breaking(monkeypatch, cooperative)
+    rows, _ = _ring_run(tmp_path, 0.3, rounds=3, **{"network.timeout_s": 1.0})
+    reasons = rows[1]["dropped_reasons"]
+    assert rows[1]["dropped_clients"] == [0, 1, 2, 3]
+    assert all(why.startswith("ring round abandoned: no member named") for why in reasons.values())
+    assert rows[2]["clients"] == [0, 1, 2, 3] and rows[2]["dropped_clients"] == []
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_dead_ring_member_is_left_out_for_the_rest_of_the_run(tmp_path, monkeypatch):
     """Client 1's device crashes in round 2 and never comes back: every later round forms

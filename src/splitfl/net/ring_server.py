@@ -206,4 +206,10 @@ def _abandon(rnd: D2DRound, order, faults: dict[int, str], cause: str | None = N
         if c in faults:
             rnd.lost[c] = f"{RING_MEMBER_FAILED}, ring round abandoned: {faults[c]}"
         else:
-            rnd.lost[c] = f"ring round abandoned: {named or cause}"
+            rnd.lost[c] = f"ring round abandoned: {named or _unknown(cause)}"
+
+
+def _unknown(cause: str | None) -> str:
+    """The reason of a round whose failure names no member (the first report, which comes
+    from a member that saw it: not blamed)."""
+    return f"no member named as at fault (first report: {cause})"
