@@ -1,0 +1,360 @@
+"""Attack counts (issue 35's "must show"): runs one insider can wreck, stall or stop, and
+devices lost for good after a link break, on loopback gRPC with devices in threads.
+
+Each case is a networked run of ten single-client devices (RingSFL: four, its ring size on
+the 4-block MLP) on the embedded digits, one of them an insider holding a valid token, next
+to the same run with every device honest (its *baseline*). A run is
+
+* **wrecked** when its final test accuracy is more than ``--wreck-points`` (10) percentage
+  points below the baseline's, or its status says the accuracy collapsed;
+* **stalled** when its median round takes more than ``--stall-factor`` (3) times the
+  baseline's median round (``wall_time`` per metrics row);
+* **stopped** when ``splitfl.run`` raises or the status is not ``ok``;
+* **caught** when the insider's client is dropped in some round with a recorded reason.
+
+The link-break case cuts every device's link (a relay that swallows bytes) for longer than
+the network timeout, after each device has been connected longer than its ``retry_s``, and
+counts devices whose client is still dropped in the last round or whose thread ended before
+the server's bye. Lock-out and replay (issue 35, items 7–8) are tests, not counted here:
+``tests/test_net_auth.py``.
+
+Run: ``python benchmarks/bench_attacks.py`` (about 10 minutes on 2 cores), results in
+``benchmarks/results/attacks-<date>.json``; ``--only NAME`` runs the cases whose name
+contains NAME.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import splitfl
+from splitfl.net.device import DeviceAgent, DeviceOptions
+from splitfl.net.device_session import start_in_thread
+from splitfl.net.testbed import Testbed, free_port
+from splitfl.testing import config_for
+
+AGGREGATIONS = ("mean", "median", "trimmed_mean", "clip_mean")
+
+
+# ---------------------------------------------------------------- insiders (client 0's device)
+class ScaledSmashed(DeviceAgent):
+    """Sends its honest smashed data times ``factor`` (inside the 100× peak bound)."""
+
+    factor = 50.0
+
+    def _on_forward(self, c, msg):
+        reply = super()._on_forward(c, msg)
+        reply.tensors["fx"] = reply.tensors["fx"] * type(self).factor
+        return reply
+
+
+class Smashed10(ScaledSmashed):
+    factor = 10.0
+
+
+def _moved(given: torch.Tensor, sent: torch.Tensor, how: str) -> torch.Tensor:
+    """``sent`` (an honest part) sign-flipped, or moved 9.9 × ‖given‖ along its update."""
+    if how == "flip":
+        return -sent
+    step = sent - given
+    return given + 9.9 * given.norm() * step / step.norm().clamp_min(1e-12)
+
+
+class _Tampering(DeviceAgent):
+    """Tampers with every floating-point tensor of its finished part."""
+
+    how = "flip"
+
+    def _on_begin(self, c, msg):
+        self.given = {k: t.clone() for k, t in msg.tensors.items() if k.startswith("part/")}
+        return super()._on_begin(c, msg)
+
+    def _on_finish(self, c, msg):
+        reply = super()._on_finish(c, msg)
+        for name, t in reply.tensors.items():
+            if t.is_floating_point() and name in self.given:
+                reply.tensors[name] = _moved(self.given[name], t, type(self).how)
+        return reply
+
+
+class FlippedPart(_Tampering):
+    how = "flip"
+
+
+class BoostedPart(_Tampering):
+    how = "boost"
+
+
+class RogueTop(DeviceAgent):
+    """As a ParallelSFL top worker, reports its cluster's top part sign-flipped."""
+
+    def handle(self, msg):
+        reply = super().handle(msg)
+        if reply is not None and reply.type == "hosted":
+            for name, t in reply.tensors.items():
+                if name.startswith("server/") and t.is_floating_point():
+                    reply.tensors[name] = -t
+        return reply
+
+
+class LoudLoss(DeviceAgent):
+    """Reports 0.99 × ``loss_max`` per sample for each local step (inside the bound)."""
+
+    def _on_local_step(self, c, msg):
+        reply = super()._on_local_step(c, msg)
+        reply.fields["loss_sum"] = 0.99 * 1e4 * reply.fields["samples"]
+        return reply
+
+
+class SlowDrip(DeviceAgent):
+    """Answers every command after 0.9 × the network timeout (never late enough to time out)."""
+
+    delay_s = 0.9 * 2.0
+
+    def handle(self, msg):
+        time.sleep(type(self).delay_s)
+        return super().handle(msg)
+
+
+# ----------------------------------------------------------------------------- the cases
+@dataclass(frozen=True)
+class Case:
+    name: str
+    algorithm: str
+    agent: type | None
+    changes: dict[str, Any] = field(default_factory=dict)
+    devices: int = 10
+
+
+def cases() -> list[Case]:
+    """Every insider case: model damage under each aggregation rule, then D2D roles, stalls
+    and stops (under the default ``mean``)."""
+    out = []
+    for rule in AGGREGATIONS:
+        agg = {"train.aggregation": rule}
+        out += [
+            Case(f"smashed-x10/{rule}", "splitfed_v1", Smashed10, agg),
+            Case(f"smashed-x50/{rule}", "splitfed_v1", ScaledSmashed, agg),
+            Case(f"flipped-part/{rule}", "fedavg", FlippedPart, agg),
+            Case(f"boosted-part/{rule}", "fedavg", BoostedPart, agg),
+        ]
+    ring = {"options.ringsfl.version": "v1"}
+    out += [
+        Case("parallelsfl-flipped-bottom", "parallelsfl", FlippedPart, devices=8),
+        Case("parallelsfl-rogue-top", "parallelsfl", RogueTop, devices=8),
+        Case("ringsfl-slow-drip", "ringsfl", SlowDrip, ring, devices=4),
+        Case("slow-drip", "splitfed_v1", SlowDrip),
+        Case("loud-loss", "fedavg", LoudLoss),
+    ]
+    return out
+
+
+def config(case: Case, rounds: int, **network: Any) -> dict[str, Any]:
+    sized = {"data.num_clients": case.devices, "train.clients_per_round": case.devices}
+    if case.algorithm == "ringsfl":
+        sized = {}  # config_for's ring size: 4 clients on the 4-block MLP
+    return config_for(case.algorithm, rounds=rounds, **{**sized, **case.changes, **network})
+
+
+def networked(case: Case, folder: Path, rounds: int, honest: bool) -> dict[str, Any]:
+    """One run with client 0's device the insider (or honest); its outcome fields."""
+    names = [f"d{i}" for i in range(case.devices)]
+    bed = Testbed.create(folder / "bed", names)
+    agent = None if honest else case.agent
+    threads = [
+        bed.device(n, [i], agent if i == 0 else None, retry_s=30.0) for i, n in enumerate(names)
+    ]
+    net = bed.server_overrides(min_devices=case.devices, timeout_s=2.0)
+    t0 = time.perf_counter()
+    try:
+        result = splitfl.run(config(case, rounds, **net), run_dir=folder / "run")
+        status, rows = result.summary["status"], result.metrics
+    except Exception as err:  # noqa: BLE001 (a stopped run is a counted outcome)
+        status, rows = f"raised {type(err).__name__}: {str(err)[:200]}", []
+    for t in threads:
+        t.join(30)
+    return outcome(status, rows, time.perf_counter() - t0)
+
+
+def outcome(status: str, rows: list[dict], wall_s: float) -> dict[str, Any]:
+    """A run's result: status, final accuracy, each round's wall time (``wall_time`` is the
+    time since the run began), the rounds the insider was dropped in and why."""
+    ends = [r["wall_time"] for r in rows]
+    round_s = [b - a for a, b in zip([0.0, *ends], ends, strict=False)]
+    accs = [r["test_acc"] for r in rows if r.get("test_acc") is not None]
+    caught = [r["round"] for r in rows if 0 in r.get("dropped_clients", [])]
+    reasons = [r["dropped_reasons"]["0"] for r in rows if "0" in r.get("dropped_reasons", {})]
+    return {
+        "status": status,
+        "final_acc": accs[-1] if accs else None,
+        "median_round_s": statistics.median(round_s[1:] or round_s) if rows else None,
+        "round_s": [round(t, 2) for t in round_s],
+        "rounds_insider_dropped": caught,
+        "reasons": sorted({why[:160] for why in reasons}),
+        "wall_s": round(wall_s, 1),
+    }
+
+
+def judge(run: dict, base: dict, wreck_points: float, stall_factor: float) -> dict[str, bool]:
+    stopped = not run["status"].startswith("ok")
+    acc, ref = run["final_acc"], base["final_acc"]
+    wrecked = acc is None or (ref is not None and 100 * (ref - acc) > wreck_points)
+    wrecked = wrecked or "collapsed" in run["status"]
+    slow, ref_s = run["median_round_s"], base["median_round_s"]
+    stalled = slow is not None and ref_s is not None and slow > stall_factor * ref_s
+    return {
+        "wrecked": wrecked,
+        "stalled": stalled,
+        "stopped": stopped,
+        "caught": bool(run["rounds_insider_dropped"]),
+    }
+
+
+# ------------------------------------------------------------------------- the link break
+class FreezingRelay:
+    """A TCP relay on loopback that can go silent: while frozen, bytes are swallowed both ways
+    and new connections wait (a partition, not a reset)."""
+
+    def __init__(self, target: int):
+        self.target, self.port = target, free_port()
+        self.frozen, self.stopped = threading.Event(), threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        self.listener.settimeout(0.2)
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                near, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            while self.frozen.is_set() and not self.stopped.is_set():
+                time.sleep(0.1)
+            try:
+                far = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                near.close()
+                continue
+            self.sockets += [near, far]
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if not self.frozen.is_set():
+                    dst.sendall(data)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        self.stopped.set()
+        for s in self.sockets:
+            s.close()
+
+
+def link_break(folder: Path, devices: int, cut_after_s: float, hold_s: float) -> dict[str, Any]:
+    """Every device behind one relay, ``retry_s`` 3 s, cut for ``hold_s`` once connected for
+    ``cut_after_s``: how many devices are lost for good."""
+    names = [f"d{i}" for i in range(devices)]
+    bed = Testbed.create(folder / "bed", names)
+    relay = FreezingRelay(bed.port)
+    threads = []
+    for i, name in enumerate(names):
+        opts = DeviceOptions(
+            f"127.0.0.1:{relay.port}", name, bed.tokens[name], (i,), retry_s=3.0, keepalive_s=1.0
+        )
+        threads.append(start_in_thread(opts))
+
+    def cut() -> None:
+        time.sleep(cut_after_s)
+        relay.frozen.set()
+        time.sleep(hold_s)
+        relay.frozen.clear()
+
+    threading.Thread(target=cut, daemon=True).start()
+    net = bed.server_overrides(min_devices=devices, timeout_s=2.0, rejoin_s=8.0)
+    net["network.keepalive_s"] = 1.0
+    sized = {"data.num_clients": devices, "train.clients_per_round": devices}
+    cfg = config_for("splitfed_v1", rounds=25, **sized, **net)
+    try:
+        result = splitfl.run(cfg, run_dir=folder / "run")
+        rows, status = result.metrics, result.summary["status"]
+    finally:
+        for t in threads:
+            t.join(30)
+        relay.stop()
+    cut_rounds = [r["round"] for r in rows if r["dropped_clients"]]
+    gone = sorted(set(rows[-1]["dropped_clients"]) | {i for i, t in enumerate(threads) if t.code})
+    return {
+        "status": status,
+        "rounds_with_drops": cut_rounds,
+        "devices_lost_for_good": len(gone),
+        "exit_codes": [t.code for t in threads],
+    }
+
+
+# --------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--wreck-points", type=float, default=10.0)
+    parser.add_argument("--stall-factor", type=float, default=3.0)
+    parser.add_argument("--only", default="")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    chosen = [c for c in cases() if args.only in c.name]
+    results, baselines = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, case in enumerate(chosen):
+            key = json.dumps([case.algorithm, case.changes, case.devices], sort_keys=True)
+            if key not in baselines:
+                baselines[key] = networked(case, Path(tmp) / f"base{k}", args.rounds, True)
+            run = networked(case, Path(tmp) / f"case{k}", args.rounds, False)
+            verdict = judge(run, baselines[key], args.wreck_points, args.stall_factor)
+            results.append({"case": case.name, **verdict, "run": run, "baseline": baselines[key]})
+            print(_line(results[-1]), flush=True)
+        link = None
+        if not args.only or "link" in args.only:
+            link = link_break(Path(tmp) / "link", 10, cut_after_s=6.0, hold_s=5.0)
+            print(f"link break: {link['devices_lost_for_good']} of 10 devices lost", flush=True)
+    counts = {k: sum(r[k] for r in results) for k in ("wrecked", "stalled", "stopped", "caught")}
+    print(f"{len(results)} insider runs: {counts}")
+    report = {"date": str(datetime.date.today()), "rounds": args.rounds, "counts": counts}
+    report |= {"cases": results, "link_break": link, "splitfl": splitfl.__version__}
+    out = args.out or Path(__file__).parent / "results" / f"attacks-{report['date']}.json"
+    out.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+def _line(r: dict) -> str:
+    run, base = r["run"], r["baseline"]
+    flags = ",".join(k for k in ("wrecked", "stalled", "stopped", "caught") if r[k]) or "-"
+    acc = lambda a: "-" if a is None else f"{100 * a:.1f}%"  # noqa: E731
+    return (
+        f"{r['case']:<28} {flags:<24} acc {acc(run['final_acc'])} (honest "
+        f"{acc(base['final_acc'])}), round {run['median_round_s'] or 0:.2f}s "
+        f"(honest {base['median_round_s'] or 0:.2f}s), {run['status'][:60]}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
