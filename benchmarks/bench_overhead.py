@@ -18,7 +18,6 @@ after ``--warm``). splitfl's round is the difference of consecutive ``wall_time`
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import statistics
@@ -28,7 +27,7 @@ import types
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from plain_loop import fedavg_rounds
 
 CONFIG = {
     "algorithm": "fedavg",
@@ -72,7 +71,8 @@ def splitfl_rounds(rounds: int) -> tuple[list[float], dict[str, torch.Tensor]]:
 
 
 def plain_rounds(rounds: int) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The same FedAvg rounds as a plain PyTorch loop (setup from splitfl, rounds by hand)."""
+    """The same FedAvg rounds as the plain PyTorch loop (:mod:`plain_loop`; set-up, selection
+    and mini-batches from splitfl's seeded streams, the rounds by hand)."""
     from splitfl.data.base import load_dataset
     from splitfl.data.clients import client_partition
     from splitfl.executors.common import client_batches
@@ -86,44 +86,30 @@ def plain_rounds(rounds: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     parts = client_partition(config, bundle)
     torch.manual_seed(config.seed)
     model = build_model("cnn_digits", bundle.input_shape, bundle.num_classes)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    x, y, t = bundle.train.x, bundle.train.y, config.train
-    local = copy.deepcopy(model)  # one working copy, reloaded for every client
-    times = []
-    for r in range(rounds):
-        start = CLOCK[0]()
-        torch.manual_seed(derive_seed(config.seed, "torch", r))
+    t = config.train
+
+    def schedule(r: int) -> list[tuple[int, list[torch.Tensor]]]:
         chosen = sorted(
             int(c) for c in rng_for(config.seed, "select", r).choice(100, 10, replace=False)
         )
         round_seed = derive_seed(config.seed, "b", r)
-        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in state.items()}
-        for c in chosen:
-            local.load_state_dict(state)
-            local.train()
-            opt = torch.optim.SGD(local.parameters(), lr=t.lr)
-            steps = -(-len(parts[c]) // t.batch_size)
-            for idx in client_batches(parts[c], t.batch_size, steps, derive_seed(round_seed, c)):
-                opt.zero_grad()
-                F.cross_entropy(local(x[idx]), y[idx]).backward()
-                opt.step()
-            for k, v in local.state_dict().items():
-                total[k] += len(parts[c]) * v.to(torch.float64)
-        weight = sum(len(parts[c]) for c in chosen)
-        state = {k: _average(total[k], weight, state[k].dtype) for k in state}
-        model.load_state_dict(state)
-        model.eval()
-        with torch.no_grad():
-            logits = model(bundle.test.x)
-            _ = (logits.argmax(1) == bundle.test.y).float().mean().item()
-            _ = F.cross_entropy(logits, bundle.test.y).item()
-        times.append(CLOCK[0]() - start)
+        steps = [-(-len(parts[c]) // t.batch_size) for c in chosen]
+        return [
+            (len(parts[c]), client_batches(parts[c], t.batch_size, s, derive_seed(round_seed, c)))
+            for c, s in zip(chosen, steps, strict=True)
+        ]
+
+    times, state, _ = fedavg_rounds(
+        model,
+        (bundle.train.x, bundle.train.y),
+        (bundle.test.x, bundle.test.y),
+        schedule,
+        rounds,
+        t.lr,
+        clock=CLOCK[0],
+        before_round=lambda r: torch.manual_seed(derive_seed(config.seed, "torch", r)),
+    )
     return times, state
-
-
-def _average(total: torch.Tensor, weight: float, dtype: torch.dtype) -> torch.Tensor:
-    mean = total / weight
-    return (mean if dtype.is_floating_point else torch.round(mean)).to(dtype)
 
 
 def main() -> None:

@@ -1,0 +1,94 @@
+"""splitfl as a peer runner (``bench_peers.py``): ``python peer_splitfl.py DATA``.
+
+The workload's tensors reach splitfl through the extension API: :func:`load_bundle` is the
+dataset (``data.dataset: peer_splitfl:load_bundle``, a ``DatasetBundle`` whose writer ids are
+the clients, ``partition: natural``) and :func:`peer_workload.build_model` the model. FedAvg,
+the sequential executor, every default a user gets (metrics rows, the simulated clock,
+checkpoints every 10 rounds, the plots and summary at the end). Round times are the
+differences of the rows' ``wall_time``; the rounds start when splitfl's round loop does.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+from peer_workload import (
+    BATCH,
+    LR,
+    NUM_CLIENTS,
+    PER_ROUND,
+    ROUNDS,
+    SEED,
+    Report,
+    read_workload,
+    save_final,
+)
+
+import splitfl
+import splitfl.experiment.loop as loop
+from splitfl.data.base import ArrayDataset, DatasetBundle
+
+
+def load_bundle(root: Path) -> DatasetBundle:
+    """The workload's tensors as a splitfl dataset (writer id = client)."""
+    w = read_workload(root)
+    return DatasetBundle(
+        "peers_digits",
+        ArrayDataset(w.x, w.y, w.writers),
+        ArrayDataset(w.x_test, w.y_test),
+        10,
+        tuple(w.x.shape[1:]),
+    )
+
+
+def config(folder: Path, out_dir: str) -> dict:
+    """The run's config: the workload, FedAvg, defaults elsewhere."""
+    return {
+        "algorithm": "fedavg",
+        "model": "peer_workload:build_model",
+        "seed": SEED,
+        "threads": 1,
+        "rounds": ROUNDS,
+        "data": {
+            "dataset": "peer_splitfl:load_bundle",
+            "root": str(folder),
+            "partition": "natural",
+            "num_clients": NUM_CLIENTS,
+            "min_samples": 1,
+        },
+        "train": {"clients_per_round": PER_ROUND, "batch_size": BATCH, "lr": LR, "local_epochs": 1},
+        "eval": {"every": 1},
+        "output": {"progress": False, "out_dir": out_dir},
+    }
+
+
+def main(folder: Path) -> None:
+    """Run splitfl on the workload and report its rounds."""
+    report = Report("splitfl", version("splitfl"))
+    play = loop._play_rounds
+    ends: list[float] = []
+
+    def timed(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        report.rounds_begin()
+        try:
+            return play(*args, **kwargs)
+        finally:
+            ends.append(time.time())
+
+    loop._play_rounds = timed
+    with tempfile.TemporaryDirectory() as tmp:
+        result = splitfl.run(config(folder, tmp), run_dir=Path(tmp) / "run")
+        walls = [row["wall_time"] for row in result.metrics]
+        report.round_s = [b - a for a, b in zip([0.0, *walls], walls, strict=False)]
+        report.acc = [row["test_acc"] for row in result.metrics]
+        save_final(torch.load(result.run_dir / "model.pt", weights_only=True))
+    report.write(ends[0])
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
