@@ -4,14 +4,14 @@ process (and the peers in their own virtual environments, ``benchmarks/.venvs/<n
 
 The workload file (the digits tensors, the Dirichlet partition as writer ids, every round's
 clients and shuffle seeds from splitfl's seeded streams) is written once; every runner reads
-it and builds the model with :func:`peer_workload.build_model` (seeded weights), so all train
-the same clients on the same mini-batches from the same weights. Runs are interleaved (plain, splitfl, pfl, flwr, then
-again) ``--repeats`` times. Per run: the median steady-state round (rounds after
-:data:`peer_workload.WARM`), the 30 rounds' wall time, the set-up (launch to round 1), the
-whole process (launch to exit), the peak resident memory of the process tree, and the CPU
-that other processes used meanwhile (``/proc/stat`` less the tree's own: a run with more
-than ``--dirty`` cores of it is flagged). Accuracy per round and the final model are
-compared with the plain loop's.
+it and builds the model with :func:`peer_workload.build_model` (seeded weights), so all
+train the same clients on the same mini-batches from the same weights. Runs are interleaved
+(plain, splitfl, pfl, flwr, then again) ``--repeats`` times. Per run: the median steady-
+state round (rounds after :data:`peer_workload.WARM`), the 30 rounds' wall time, the set-up
+(launch to round 1), the whole process (launch to exit), the peak resident memory of the
+process tree, and the CPU that other processes used meanwhile (``/proc/stat`` less the
+tree's own: a run with more than ``--dirty`` cores of it is flagged). Accuracy per round and
+the final model are compared with the plain loop's.
 
     python benchmarks/bench_peers.py --repeats 3 --json benchmarks/results/peers-<date>.json
 """
