@@ -54,6 +54,8 @@ RUNNERS = {
     "splitfl": ("peer_splitfl.py", None),
     "pfl": ("peer_pfl.py", "pfl"),
     "flwr": ("peer_flwr.py", "flwr"),
+    # ``--splitfl-before SRC``: splitfl from another source tree (the code before a change)
+    "splitfl_before": ("peer_splitfl.py", None),
 }
 
 
@@ -134,12 +136,14 @@ def _sample(tree: list[psutil.Process], cpu: dict[int, float]) -> int:
     return rss
 
 
-def launch(framework: str, folder: Path, out: Path, timeout: float) -> dict:
+def launch(framework: str, folder: Path, out: Path, timeout: float, src: str | None) -> dict:
     """Run ``framework``'s runner in a fresh process and measure it from outside: whole
-    process, peak tree memory (sampled every 20 ms), the machine's other CPU use."""
+    process, peak tree memory (sampled every 20 ms), the machine's other CPU use. ``src``: a
+    splitfl source tree put first on the runner's path (``--splitfl-before``)."""
     script, _ = RUNNERS[framework]
     env = {**os.environ, OUT_ENV: str(out), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
+    paths = (str(HERE), src, env.get("PYTHONPATH"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0, env[LAUNCH_ENV] = busy_cpu_s(), repr(time.time())
     t0 = time.perf_counter()
@@ -164,13 +168,14 @@ def launch(framework: str, folder: Path, out: Path, timeout: float) -> dict:
     if proc.returncode != 0 or not out.exists():
         return {"framework": framework, "error": log[-3000:], "returncode": proc.returncode}
     row = {**json.loads(out.read_text()), "framework": framework}
-    steady = row["round_s"][WARM:]
+    steady, cpu = row["round_s"][WARM:], row.get("round_cpu_s")
     row.update(
         whole_s=whole,
         peak_rss_mib=peak / 2**20,
         tree_cpu_s=own,
         other_cpu_cores=max(busy - own, 0.0) / whole,
         steady_round_s=statistics.median(steady),
+        steady_round_cpu_s=statistics.median(cpu[WARM:]) if cpu else None,
     )
     row["final"] = torch.load(str(out) + ".pt", weights_only=True)
     return row
@@ -197,7 +202,14 @@ def compare(row: dict, plain: dict, n_test: int) -> dict:
     }
 
 
-RATIOS = ("steady_round_s", "rounds_wall_s", "setup_s", "whole_s", "peak_rss_mib")
+RATIOS = (
+    "steady_round_s",
+    "steady_round_cpu_s",
+    "rounds_wall_s",
+    "setup_s",
+    "whole_s",
+    "peak_rss_mib",
+)
 
 
 def summarize(runs: list[dict], dirty: float) -> dict:
@@ -209,12 +221,16 @@ def summarize(runs: list[dict], dirty: float) -> dict:
         rows = [r for r in runs if r["framework"] == name and "error" not in r]
         errors = [r["error"] for r in runs if r["framework"] == name and "error" in r]
         if not rows:
-            out[name] = {"errors": errors}
+            if errors:
+                out[name] = {"errors": errors}
             continue
         fig: dict = {"version": rows[0]["version"], "errors": errors}
         for key in RATIOS:
-            vals = [r[key] for r in rows]
-            ratios = [r[key] / plains[r["repeat"]][key] for r in rows if r["repeat"] in plains]
+            keyed = [r for r in rows if r.get(key) is not None]
+            if not keyed:
+                continue
+            vals = [r[key] for r in keyed]
+            ratios = [r[key] / plains[r["repeat"]][key] for r in keyed if r["repeat"] in plains]
             fig[key] = {"values": vals, "median": statistics.median(vals)}
             if ratios:
                 fig[key].update(ratio=ratios, ratio_median=statistics.median(ratios))
@@ -228,14 +244,17 @@ def summarize(runs: list[dict], dirty: float) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--frameworks", default=",".join(RUNNERS), help="comma-separated")
+    p.add_argument("--frameworks", default="plain,splitfl,pfl,flwr", help="comma-separated")
     p.add_argument(
         "--dirty", type=float, default=0.25, help="flag runs with more other CPU (cores)"
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     p.add_argument("--json", type=Path, help="write the raw figures here")
+    p.add_argument("--splitfl-before", help="also run splitfl from this src/ (before a change)")
     args = p.parse_args()
     names = [n for n in args.frameworks.split(",") if n]
+    if args.splitfl_before:
+        names.insert(names.index("splitfl") if "splitfl" in names else 1, "splitfl_before")
     missing = {n: f"no {VENVS / RUNNERS[n][1]}" for n in names if python_for(n) is None}
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -244,7 +263,8 @@ def main() -> None:
         for rep in range(args.repeats):
             plain = None
             for name in (n for n in names if n not in missing):
-                row = launch(name, folder, Path(tmp) / f"{name}-{rep}.json", args.timeout)
+                src = args.splitfl_before if name == "splitfl_before" else None
+                row = launch(name, folder, Path(tmp) / f"{name}-{rep}.json", args.timeout, src)
                 row["repeat"] = rep
                 if name == "plain" and "error" not in row:
                     plain = row
@@ -289,8 +309,10 @@ def _line(row: dict) -> str:
     head = f"{row['framework']} (repeat {row['repeat']})"
     if "error" in row:
         return f"{head}: failed: {row['error'][-500:]}"
+    cpu = row.get("steady_round_cpu_s")
+    cpu = f" (CPU {cpu * 1e3:.1f} ms)" if cpu is not None else ""
     return (
-        f"{head}: steady round {row['steady_round_s'] * 1e3:.1f} ms, "
+        f"{head}: steady round {row['steady_round_s'] * 1e3:.1f} ms{cpu}, "
         f"30 rounds {row['rounds_wall_s']:.2f} s, set-up {row['setup_s']:.2f} s, "
         f"whole {row['whole_s']:.2f} s, peak {row['peak_rss_mib']:.0f} MiB, "
         f"other CPU {row['other_cpu_cores']:.2f} cores {row.get('vs_plain', '')}"

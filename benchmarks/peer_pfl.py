@@ -52,19 +52,15 @@ class Timing(TrainingProcessCallback):
     """Each round's end time and central test accuracy into the report."""
 
     def __init__(self, report: Report):
-        self.report, self.last = report, 0.0
+        self.report = report
 
     def on_train_begin(self, *, model) -> Metrics:  # noqa: ANN001
         self.report.rounds_begin()
-        self.last = time.perf_counter()
         return Metrics()
 
     def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):  # noqa: ANN001, ANN201
-        now = time.perf_counter()
-        self.report.round_s.append(now - self.last)
-        self.last = now
         acc = [v for k, v in aggregate_metrics if str(k) == "Central val | accuracy"]
-        self.report.acc.append(float(acc[0].overall_value))
+        self.report.round_end(float(acc[0].overall_value))
         return False, Metrics()
 
 

@@ -22,11 +22,16 @@ def main(folder: Path) -> None:
     model = build_model()
     report = Report("plain loop", torch.__version__)
     report.rounds_begin()
-    times, state, accs = fedavg_rounds(
-        model, (w.x, w.y), (w.x_test, w.y_test), w.client_rounds, ROUNDS, LR, time.perf_counter
+    _, state, _ = fedavg_rounds(
+        model,
+        (w.x, w.y),
+        (w.x_test, w.y_test),
+        w.client_rounds,
+        ROUNDS,
+        LR,
+        after_round=report.round_end,
     )
     end = time.time()
-    report.round_s, report.acc = times, accs
     save_final(state)
     report.write(end)
 

@@ -115,12 +115,27 @@ class Report:
     version: str
     start: float | None = None
     round_s: list[float] = field(default_factory=list)
+    #: each round's CPU time of this process (``time.process_time``): less sensitive to other
+    #: processes on a shared machine than wall time; None where the work runs in other
+    #: processes (Flower's Ray actor)
+    round_cpu_s: list[float] | None = field(default_factory=list)
     acc: list[float] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+    _last: tuple[float, float] = (0.0, 0.0)
 
     def rounds_begin(self) -> None:
         """Round 1 starts now."""
         self.start = time.time()
+        self._last = (time.perf_counter(), time.process_time())
+
+    def round_end(self, acc: float) -> None:
+        """A round ended now with test accuracy ``acc``: its wall and CPU time."""
+        now = (time.perf_counter(), time.process_time())
+        self.round_s.append(now[0] - self._last[0])
+        if self.round_cpu_s is not None:
+            self.round_cpu_s.append(now[1] - self._last[1])
+        self.acc.append(acc)
+        self._last = now
 
     def write(self, end: float | None = None) -> None:
         """Write the report (``end``: when the last round ended; default now)."""
@@ -133,6 +148,7 @@ class Report:
             "setup_s": (self.start or end) - launched,
             "rounds_wall_s": end - (self.start or end),
             "round_s": self.round_s,
+            "round_cpu_s": self.round_cpu_s,
             "acc": self.acc,
             **self.extra,
         }

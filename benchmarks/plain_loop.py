@@ -74,10 +74,12 @@ def fedavg_rounds(
     lr: float,
     clock: Callable[[], float] = time.perf_counter,
     before_round: Callable[[int], None] | None = None,
+    after_round: Callable[[float], None] | None = None,
 ) -> tuple[list[float], dict[str, torch.Tensor], list[float]]:
     """``rounds`` FedAvg rounds from ``model``'s weights: each round's time (``clock``), the
     final state and each round's test accuracy. ``before_round(r)`` runs first in round ``r``
-    (timed; e.g. seeding torch's stream as the framework compared with does)."""
+    (timed; e.g. seeding torch's stream as the framework compared with does),
+    ``after_round(accuracy)`` last."""
     state = {k: v.clone() for k, v in model.state_dict().items()}
     local = copy.deepcopy(model)  # one working copy, reloaded for every client
     times, accs = [], []
@@ -89,4 +91,6 @@ def fedavg_rounds(
         model.load_state_dict(state)
         accs.append(evaluate(model, *test)[0])
         times.append(clock() - start)
+        if after_round is not None:
+            after_round(accs[-1])
     return times, state, accs
