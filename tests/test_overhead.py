@@ -1,6 +1,6 @@
 """The per-round fast paths change no result: pooled working copies of model parts (the
-sequential executor reuses them across clients and rounds) and the Dirichlet partition's
-size-first rejection of draws."""
+sequential executor reuses them across clients and rounds), the Dirichlet partition's
+size-first rejection of draws and the derived seeds computed without a numpy array."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from splitfl.data.partition import _top_up, dirichlet
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.seeding import derive_seed, rng_for
+from splitfl.seeding import _key, derive_seed, rng_for
 from splitfl.testing import config_for
 
 
@@ -91,3 +91,18 @@ def test_dirichlet_draws_equal_the_array_building_reference(seed, cap):
     assert len(got) == len(ref)
     for a, b in zip(got, ref, strict=True):
         np.testing.assert_array_equal(a, np.sort(b))  # the partition returns sorted indices
+
+
+def _derive_seed_reference(seed, *parts):
+    """The derived seed as first written: a uint64 vector times a list (a float64 product)."""
+    ss = np.random.SeedSequence([int(seed), *(_key(p) for p in parts)])
+    return int(ss.generate_state(2, dtype=np.uint32).astype(np.uint64) @ [1 << 31, 1])
+
+
+def test_derived_seeds_equal_the_array_reference():
+    gen = np.random.default_rng(7)
+    for _ in range(3000):
+        seed = int(gen.integers(0, 2**63)) if gen.random() < 0.5 else int(gen.integers(0, 100))
+        parts = [int(gen.integers(0, 2**40)) for _ in range(int(gen.integers(0, 3)))]
+        parts += ["b", "unit", "torch"][: int(gen.integers(0, 2))]
+        assert derive_seed(seed, *parts) == _derive_seed_reference(seed, *parts), (seed, parts)

@@ -17,9 +17,12 @@ def _key(part: int | str) -> int:
 
 
 def derive_seed(seed: int, *parts: int | str) -> int:
-    """A 63-bit integer seed for ``(seed, *parts)``."""
+    """A 63-bit integer seed for ``(seed, *parts)``: the first two 32-bit words ``a, b`` of
+    the stream's state as ``a·2³¹ + b`` rounded to a float64, as it was first computed (a
+    uint64 vector times a list of ints is a float64 product in numpy), without the array."""
     ss = np.random.SeedSequence([int(seed), *(_key(p) for p in parts)])
-    return int(ss.generate_state(2, dtype=np.uint32).astype(np.uint64) @ [1 << 31, 1])
+    a, b = ss.generate_state(2, dtype=np.uint32).tolist()
+    return int(float(a * (1 << 31) + b))
 
 
 def rng_for(seed: int, *parts: int | str) -> np.random.Generator:

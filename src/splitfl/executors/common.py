@@ -80,6 +80,14 @@ def check_finite(loss: torch.Tensor, client: int) -> None:
         raise NonFiniteLossError(f"non-finite training loss ({loss.item()}) at client {client}")
 
 
+def finite_value(loss: torch.Tensor, client: int) -> float:
+    """A scalar loss's value, checked as :func:`check_finite` does (one read, not two)."""
+    value = loss.item()
+    if not math.isfinite(value):
+        raise NonFiniteLossError(f"non-finite training loss ({value}) at client {client}")
+    return value
+
+
 def detached(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in state.items()}
 

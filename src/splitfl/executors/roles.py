@@ -51,6 +51,7 @@ from splitfl.executors.common import (
     check_finite,
     client_batches,
     detached,
+    finite_value,
     local_optimizer,
     precision_context,
     to_memory_format,
@@ -109,7 +110,7 @@ class DeviceRole:
         seed = derive_seed(round_seed, task.client)
         self.batches = client_batches(indices, task.batch_size, task.steps, seed)
         self.round_seed = round_seed
-        trainable = nn.ModuleList([part] if aux is None else [part, aux])
+        trainable = part if aux is None else nn.ModuleList([part, aux])
         self.optimizer = local_optimizer(trainable, task.lr, train)
         self.loss, self.loss_name = loss_fn(train.loss), train.loss
         self._fx: torch.Tensor | None = None
@@ -171,8 +172,11 @@ class DeviceRole:
         """A whole-model step on the device (cut = all blocks, FedAvg): (loss sum, samples)."""
         x, y = self.batch(step)
         loss = self.loss(self.runtime.forward(self.part, x), y)
-        self._step(loss)
-        return loss.item() * len(y), len(y)
+        value = finite_value(loss, self.task.client)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return value * len(y), len(y)
 
     def _step(self, loss: torch.Tensor) -> None:
         check_finite(loss, self.task.client)

@@ -191,10 +191,16 @@ def run_unit(
 def unit_stream(seed: int, device: torch.device) -> Iterator[None]:
     """torch's global random stream (and ``device``'s, on a GPU) seeded with ``seed`` inside,
     restored afterwards: the caller's stream advances as if the block never ran."""
-    gpus = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=gpus):
+    if device.type != "cuda":  # what fork_rng(devices=[]) does, without its device look-ups
+        state = torch.get_rng_state()
         torch.default_generator.manual_seed(seed)
-        if gpus:
-            with torch.cuda.device(device):
-                torch.cuda.manual_seed(seed)
+        try:
+            yield
+        finally:
+            torch.set_rng_state(state)
+        return
+    with torch.random.fork_rng(devices=[device]):
+        torch.default_generator.manual_seed(seed)
+        with torch.cuda.device(device):
+            torch.cuda.manual_seed(seed)
         yield

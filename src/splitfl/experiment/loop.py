@@ -37,6 +37,7 @@ from splitfl.metrics.summary import BUDGET_STATUS
 from splitfl.models.base import moving_state, user_state_dict
 from splitfl.net.executor import NetworkedExecutor
 from splitfl.system import SimClock, Traffic
+from splitfl.training import import_optimizers
 
 if TYPE_CHECKING:
     from splitfl.experiment.runner import Prepared
@@ -142,6 +143,8 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
     with thread_limits(config.threads), executor_session(executor, prep.ctx, run_dir):
         adopt_device_data(prep, executor, run_dir, resuming=start is not None)
         config = prep.config  # adopted from the devices' data where they hold it
+        if config.executor in ("sequential", "vectorized"):  # they train in this process
+            import_optimizers()
         eval_model = prep.ctx.model if device == "cpu" else copy.deepcopy(prep.ctx.model).to(device)
         st, rec = start_state(prep, start, eval_model, run_dir, trains(executor))
         bar = round_progress(config, len(rec.rows), progress)

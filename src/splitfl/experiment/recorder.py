@@ -57,6 +57,8 @@ class Recorder:
         self.consistent = True  # False while a round has changed the state but is not recorded
         self.trackers = None
         self.summary: dict[str, Any] | None = None  # set once summary.json is written
+        self._identity_of: ExperimentConfig | None = None  # the config of _identity_record
+        self._identity_record: dict[str, str] = {}
         (run_dir / "summary.json").unlink(missing_ok=True)  # rewritten when this process ends
         write_atomic(run_dir / "metrics.jsonl", "".join(lines))
 
@@ -86,19 +88,22 @@ class Recorder:
     def remember(self, st: LoopState, algorithm: Algorithm) -> None:
         """Keep the state after the last recorded round (the model by reference: a round
         replaces it, never writes into it), so that an interrupt in the middle of the next
-        round can still checkpoint every finished one (:meth:`checkpoint_last`)."""
-        self.last = self._snapshot(st, algorithm, copy.deepcopy(algorithm.state_dict()))
+        round can still checkpoint every finished one (:meth:`checkpoint_last`). Only what
+        changes from round to round is kept; the rest of the checkpoint is added when one is
+        written."""
+        self.last = self._round_state(st, copy.deepcopy(algorithm.state_dict()))
 
     def checkpoint(self, st: LoopState, algorithm: Algorithm) -> None:
         """Checkpoint after the last recorded round (rows and model agree)."""
-        self._write(self._snapshot(st, algorithm, algorithm.state_dict()))
+        self._write(self._round_state(st, algorithm.state_dict()))
 
     def checkpoint_last(self) -> None:
         """Checkpoint the state :meth:`remember` kept, if newer than the last checkpoint."""
         if self.last is not None and self.last["round"] > self.checkpoint_round:
             self._write(self.last)
 
-    def _snapshot(self, st: LoopState, algorithm: Algorithm, algo_state: dict) -> dict:
+    def _round_state(self, st: LoopState, algo_state: dict) -> dict:
+        """The checkpoint's fields that change from round to round (after ``len(rows)``)."""
         return {
             "round": len(self.rows),
             "global_state": {
@@ -111,15 +116,26 @@ class Recorder:
             "clock": st.clock.now,
             "traffic": st.cum.to_dict(),
             "initial_loss": st.initial_loss,
-            "metrics": "".join(self.lines),
-            "seed_rule": "streams derived from (seed, purpose, round)",
-            "identity": identity_record(self.config),
-            "data": self.data_fingerprint,
         }
 
-    def _write(self, snapshot: dict) -> None:
+    def _write(self, state: dict) -> None:
+        """Write the checkpoint of ``state`` (:meth:`_round_state`): with the metric rows up
+        to its round, the seed rule, the run's identity and its data's fingerprint."""
+        snapshot = {
+            **state,
+            "metrics": "".join(self.lines[: state["round"]]),
+            "seed_rule": "streams derived from (seed, purpose, round)",
+            "identity": self._identity(),
+            "data": self.data_fingerprint,
+        }
         save_checkpoint(self.run_dir, snapshot)
-        self.checkpoint_round = snapshot["round"]
+        self.checkpoint_round = state["round"]
+
+    def _identity(self) -> dict[str, str]:
+        """The run's identity record (:func:`identity_record`), computed once per config."""
+        if self._identity_of is not self.config:
+            self._identity_of, self._identity_record = self.config, identity_record(self.config)
+        return self._identity_record
 
     def finish(self, status: str, final_state: dict[str, torch.Tensor] | None = None) -> dict:
         """Close the trackers and write ``model.pt`` (``final_state``, a finished run only,

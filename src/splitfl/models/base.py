@@ -74,7 +74,9 @@ class BlockModel(nn.Module):
         return len(self.blocks)
 
     def forward(self, x: Activation, start: int = 0, stop: int | None = None) -> Activation:
-        for block in self.blocks[start:stop]:
+        # the whole model iterates its ModuleList (slicing one builds a new Module)
+        whole = start == 0 and stop is None
+        for block in self.blocks if whole else self.blocks[start:stop]:
             x = run_block(block, x)
         return x
 
@@ -83,7 +85,10 @@ def run_block(block: nn.Module, x: Activation) -> Activation:
     """``block`` on ``x``: a tuple is its positional inputs (several tensors cross a cut).
     A graph piece that writes into its inputs in place (an inplace ReLU first; flagged in its
     ``meta`` by :mod:`splitfl.models.graph`) gets copies of them."""
-    if getattr(block, "meta", {}).get("splitfl_clones_inputs"):
+    # an fx piece's ``meta`` is an instance attribute: read from ``__dict__``, since a miss
+    # through ``nn.Module.__getattr__`` raises and catches an AttributeError on every call
+    meta = block.__dict__.get("meta")
+    if isinstance(meta, dict) and meta.get("splitfl_clones_inputs"):
         x = tree_map(torch.clone, x)
     return block(*x) if isinstance(x, tuple) else block(x)
 
@@ -107,9 +112,14 @@ class ModelPart(nn.Module):
         first = self.start if start is None else start
         if not self.start <= first <= self.stop:
             raise ValueError(f"start {first} outside part [{self.start}, {self.stop})")
-        for i in range(first, self.stop):
-            x = run_block(self.blocks[str(i)], x)
+        # from the first block: the ModuleDict's blocks in order, without a lookup per block
+        blocks = self.blocks.values() if first == self.start else self._from(first)
+        for block in blocks:
+            x = run_block(block, x)
         return x
+
+    def _from(self, first: int) -> list[nn.Module]:
+        return [self.blocks[str(i)] for i in range(first, self.stop)]
 
 
 def split(model: BlockModel, cut: int) -> tuple[ModelPart, ModelPart]:

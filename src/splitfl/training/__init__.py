@@ -4,7 +4,7 @@ server-side optimiser on the aggregate (``train.server_optimizer``) and evaluati
 device processes share it."""
 
 from splitfl.training.losses import FLOAT_TARGET_LOSSES, LOSSES, loss_fn, target_problem
-from splitfl.training.optim import OPTIMIZERS, make_optimizer
+from splitfl.training.optim import OPTIMIZERS, import_optimizers, make_optimizer
 from splitfl.training.scores import METRICS, metric_problem, row_key, score
 from splitfl.training.server_optim import (
     SERVER_OPTIMIZERS,
@@ -19,6 +19,7 @@ __all__ = [
     "OPTIMIZERS",
     "SERVER_OPTIMIZERS",
     "loss_fn",
+    "import_optimizers",
     "make_optimizer",
     "metric_problem",
     "restrict_state",

@@ -39,3 +39,10 @@ def make_optimizer(params: Iterable[torch.Tensor], lr: float, train) -> torch.op
         betas = (train.beta1, train.beta2)
         return cls(params, lr=lr, betas=betas, eps=train.eps, weight_decay=train.weight_decay)
     raise ValueError(f"unknown optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")
+
+
+def import_optimizers() -> None:
+    """Build (and drop) one optimiser: the first optimiser a process builds imports
+    ``torch._dynamo`` (2–4 s on a small CPU), which a run then pays at set-up rather than
+    inside its first round."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
