@@ -137,6 +137,7 @@ class Case:
     agent: type | None
     changes: dict[str, Any] = field(default_factory=dict)
     devices: int = 10
+    insiders: int = 1  # clients 0 .. insiders - 1 (colluders send the same tampering)
 
 
 def cases() -> list[Case]:
@@ -151,10 +152,12 @@ def cases() -> list[Case]:
             Case(f"flipped-part/{rule}", "fedavg", FlippedPart, agg),
             Case(f"boosted-part/{rule}", "fedavg", BoostedPart, agg),
         ]
+        out.append(Case(f"flipped-part-2-of-10/{rule}", "fedavg", FlippedPart, agg, insiders=2))
     ring = {"options.ringsfl.version": "v1"}
+    clusters = {"options.parallelsfl.k": 4}  # up to 4 clusters of 8 devices
     out += [
-        Case("parallelsfl-flipped-bottom", "parallelsfl", FlippedPart, devices=8),
-        Case("parallelsfl-rogue-top", "parallelsfl", RogueTop, devices=8),
+        Case("parallelsfl-flipped-bottom", "parallelsfl", FlippedPart, clusters, devices=8),
+        Case("parallelsfl-rogue-top", "parallelsfl", RogueTop, clusters, devices=8),
         Case("ringsfl-slow-drip", "ringsfl", SlowDrip, ring, devices=4),
         Case("slow-drip", "splitfed_v1", SlowDrip),
         Case("loud-loss", "fedavg", LoudLoss),
@@ -175,7 +178,8 @@ def networked(case: Case, folder: Path, rounds: int, honest: bool) -> dict[str, 
     bed = Testbed.create(folder / "bed", names)
     agent = None if honest else case.agent
     threads = [
-        bed.device(n, [i], agent if i == 0 else None, retry_s=30.0) for i, n in enumerate(names)
+        bed.device(n, [i], agent if i < case.insiders else None, retry_s=30.0)
+        for i, n in enumerate(names)
     ]
     net = bed.server_overrides(min_devices=case.devices, timeout_s=2.0)
     t0 = time.perf_counter()
@@ -270,15 +274,16 @@ class FreezingRelay:
 
 
 def link_break(folder: Path, devices: int, cut_after_s: float, hold_s: float) -> dict[str, Any]:
-    """Every device behind one relay, ``retry_s`` 3 s, cut for ``hold_s`` once connected for
-    ``cut_after_s``: how many devices are lost for good."""
+    """Every device behind one relay, ``retry_s`` 5 s (shorter than it has been connected,
+    longer than the cut), cut for ``hold_s`` once connected for ``cut_after_s``: how many
+    devices are lost for good."""
     names = [f"d{i}" for i in range(devices)]
     bed = Testbed.create(folder / "bed", names)
     relay = FreezingRelay(bed.port)
     threads = []
     for i, name in enumerate(names):
         opts = DeviceOptions(
-            f"127.0.0.1:{relay.port}", name, bed.tokens[name], (i,), retry_s=3.0, keepalive_s=1.0
+            f"127.0.0.1:{relay.port}", name, bed.tokens[name], (i,), retry_s=5.0, keepalive_s=1.0
         )
         threads.append(start_in_thread(opts))
 
@@ -333,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             print(_line(results[-1]), flush=True)
         link = None
         if not args.only or "link" in args.only:
-            link = link_break(Path(tmp) / "link", 10, cut_after_s=6.0, hold_s=5.0)
+            link = link_break(Path(tmp) / "link", 10, cut_after_s=7.0, hold_s=4.0)
             print(f"link break: {link['devices_lost_for_good']} of 10 devices lost", flush=True)
     counts = {k: sum(r[k] for r in results) for k in ("wrecked", "stalled", "stopped", "caught")}
     print(f"{len(results)} insider runs: {counts}")

@@ -22,9 +22,11 @@ from splitfl.experiment.guards import LossExplosionError, check_explosion
 from splitfl.experiment.round_step import lower_median
 from splitfl.metrics.summary import comparison_table, is_ok, run_warnings, summarize
 from splitfl.net.announce import capped_counts, scaled_histogram
+from splitfl.net.d2d import D2DRound, Hosted, reject_outlying_tops
 from splitfl.net.device import DeviceAgent
 from splitfl.net.testbed import Testbed
-from splitfl.net.trust import PeerScale, peer_outliers
+from splitfl.net.trust import PeerHistory, PeerScale, peer_outliers
+from splitfl.plan import ClientUpdate
 from splitfl.testing import config_for
 from test_hostile import _run, _strict_rows
 from test_networked_d2d import _rows
@@ -95,6 +97,34 @@ def test_peer_outliers_by_hand():
     assert peer_outliers({0: 12.0, 1: 1.0, 2: 2.0, 3: 3.0}, 5.0) == {}
     assert peer_outliers({0: 100.0, 1: 1.0}, 5.0) == {}  # fewer than 3: no median to trust
     assert peer_outliers({0: 0.0, 1: 0.0, 2: 0.0}, 5.0) == {}  # nothing moved
+
+
+def test_peer_history_stands_in_for_a_round_with_fewer_than_3_updates():
+    """With one or two updates, the accepted distances of earlier rounds give the median (the
+    lower one); before 3 were accepted, nothing is checked."""
+    history = PeerHistory(10.0)
+    assert history.outliers({1: 5.0, 2: 100.0}) == {}  # no history yet: both accepted
+    assert history.outliers({1: 1.0, 2: 1.2, 3: 0.9}) == {}  # the round's median 1.0
+    # accepted: 5, 100, 1, 1.2, 0.9 -> lower median 1.2; 13 > 12 is rejected, 11 is not
+    out = history.outliers({7: 13.0, 8: 11.0}, "top part")
+    assert list(out) == [7] and "rejected top part: norm 13 is 10.8x" in out[7]
+    assert "the earlier rounds' median 1.2" in out[7]
+    assert 13.0 not in history.accepted and history.accepted[-1] == 11.0
+
+
+def test_a_lone_top_worker_is_held_to_the_earlier_rounds_top_parts():
+    """A ParallelSFL round with one cluster has no other top worker to compare with: its top
+    part is held to the earlier rounds' (a rogue top worker alone in a round, issue 35)."""
+    history = {what: PeerHistory(10.0) for what in ("top part", "bottom average")}
+    for _ in range(3):  # three honest rounds of one cluster each
+        rnd = D2DRound(None, "t", 0, 1.0, {}, {}, hosted={0: Hosted(2, (2, 3), 1.0, 1.0)})
+        assert reject_outlying_tops(rnd, [], {0: {}}, history) == []
+    rnd = D2DRound(None, "t", 0, 1.0, {}, {}, hosted={0: Hosted(4, (4, 5), 30.0, 1.0)})
+    updates = [ClientUpdate(c, 1, 0, 10, 1, {}, 1.0) for c in (4, 5)]
+    states = {0: {"w": None}}
+    assert reject_outlying_tops(rnd, updates, states, history) == [] and states == {}
+    assert rnd.lost[4].startswith("top worker 4: rejected top part: norm 30 is 30.0x")
+    assert rnd.lost[5] == rnd.lost[4]
 
 
 def test_peer_rms_by_hand():

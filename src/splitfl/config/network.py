@@ -29,7 +29,8 @@ class BoundsConfig:
     #: Relative to the round's other clients (one insider inside the bounds above must not
     #: steer the average): an update whose distance from the part it was sent, per local
     #: step, is above ``peer_update_factor`` × the round's median is dropped (with 3 or more
-    #: updates; the median stands while fewer than half the participants collude). Honest
+    #: updates, else the lower median of earlier rounds' accepted distances once 3 were
+    #: accepted; the median stands while fewer than half the participants collude). Honest
     #: spread seen in the tests: up to 5.3× (vanilla SL's chain, whose first clients move a
     #: fresh model most).
     peer_update_factor: float = 10.0

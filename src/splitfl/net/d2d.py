@@ -38,10 +38,10 @@ from splitfl.net.fleet import Expect, Meter
 from splitfl.net.hub import LOST, DeviceLink, Hub
 from splitfl.net.trust import (
     MAX_BYTES,
+    PeerHistory,
     bounded,
     check_state,
     loss_problem,
-    peer_outliers,
     state_specs,
     update_distance,
 )
@@ -205,19 +205,24 @@ def run_cluster(
 
 
 def reject_outlying_tops(
-    rnd: D2DRound, updates: list[ClientUpdate], server_states: dict[int, State], factor: float
+    rnd: D2DRound,
+    updates: list[ClientUpdate],
+    server_states: dict[int, State],
+    history: dict[str, PeerHistory],
 ) -> list[ClientUpdate]:
-    """The round's peer check across top workers, the server's rule for client updates
-    (:func:`~splitfl.net.trust.peer_outliers`, 3 or more clusters): a top worker whose top part
-    or bottom average moved more than ``factor`` × the round's median (per local step) is
-    rejected. Its whole report goes: the top part (``server_states``, in place) and the bottom
+    """The peer check across top workers, the server's rule for client updates
+    (:class:`~splitfl.net.trust.PeerHistory`: the round's median with 3 or more clusters, else
+    the earlier rounds'): a top worker whose top part or bottom average moved more than
+    ``peer_update_factor`` × that median (per local step) is rejected. Its whole report goes:
+    the top part (``server_states``, in place) and the bottom
     average it computed (the updates of its members, returned without them): both came from
     the one untrusted device, and the members trained against its top part. Each member is
     recorded as dropped with a reason that names the top worker (``top worker <w>: ...``, so
     ParallelSFL does not elect it next round)."""
     hosted = rnd.hosted
-    tops = peer_outliers({g: h.top for g, h in hosted.items()}, factor, "top part")
-    bottoms = peer_outliers({g: h.bottom for g, h in hosted.items()}, factor, "bottom average")
+    tops = history["top part"].outliers({g: h.top for g, h in hosted.items()}, "top part")
+    bottom = {g: h.bottom for g, h in hosted.items()}
+    bottoms = history["bottom average"].outliers(bottom, "bottom average")
     rejected = bottoms | tops
     for g, why in rejected.items():
         server_states.pop(g, None)

@@ -33,7 +33,7 @@ from splitfl.net.emulation import Profile
 from splitfl.net.fleet import LATE, Expect, Meter, RemoteFleet, TimedServer, expect_for
 from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
-from splitfl.net.trust import REFERENCE_SAMPLES, PeerScale, peer_outliers
+from splitfl.net.trust import REFERENCE_SAMPLES, PeerHistory, PeerScale
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
 from splitfl.system.cost import d2d_rate
@@ -56,6 +56,9 @@ class NetworkedExecutor:
         #: the run's accepted smashed-data scales (the peer RMS check, across rounds)
         b = config.network.bounds
         self._peers = PeerScale(b.activation_rms_factor, b.activation_rms_abs)
+        #: the run's accepted update distances (the peer update check, across rounds)
+        parts = ("model update", "top part", "bottom average")
+        self._updates = {what: PeerHistory(b.peer_update_factor) for what in parts}
 
     def open(self, ctx, run_dir: Path) -> None:
         """Start listening (and the local device processes, if any) and wait for devices."""
@@ -121,9 +124,8 @@ class NetworkedExecutor:
             updates, server_states = run_ring(rnd, plan, model, emulation), {}
         else:
             updates, server_states, distances = self._groups(ctx, model, plan, rnd)
-            factor = net.bounds.peer_update_factor
-            updates = reject_outlying_tops(rnd, updates, server_states, factor)
-            outliers = peer_outliers(distances, factor)
+            updates = reject_outlying_tops(rnd, updates, server_states, self._updates)
+            outliers = self._updates["model update"].outliers(distances)
             updates = [u for u in updates if u.client not in outliers]
             lost.update(outliers)
         wall = time.perf_counter() - start

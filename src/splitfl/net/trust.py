@@ -247,17 +247,44 @@ def peer_outliers(
         return {}
     ordered = sorted(distances.values())
     n = len(ordered)
-    median = (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+    return _above(distances, (ordered[(n - 1) // 2] + ordered[n // 2]) / 2, factor, what, "round's")
+
+
+def _above(
+    distances: dict[int, float], median: float, factor: float, what: str, whose: str
+) -> dict[int, str]:
+    """The keys whose distance is above ``factor`` × ``median``, with their reasons."""
     if median <= 0:
         return {}
     return {
         c: (
-            f"rejected {what}: norm {d:.3g} is {d / median:.1f}x the round's median "
+            f"rejected {what}: norm {d:.3g} is {d / median:.1f}x the {whose} median "
             f"{median:.3g} (network.bounds.peer_update_factor {factor:g})"
         )
         for c, d in distances.items()
         if d > factor * median
     }
+
+
+class PeerHistory:
+    """:func:`peer_outliers` across rounds: the accepted distances (per local step) of the
+    last ``keep`` updates stand in for the round's median when a round has fewer than 3 (a
+    ParallelSFL round of one or two clusters, a round of two clients), once 3 were accepted.
+    The history lives in the server process (a resumed run starts a new one, as
+    :class:`PeerScale`)."""
+
+    def __init__(self, factor: float, keep: int = 32):
+        self.factor = factor
+        self.accepted: collections.deque[float] = collections.deque(maxlen=keep)
+
+    def outliers(self, distances: dict[int, float], what: str = "model update") -> dict[int, str]:
+        """The round's outliers (its own median, else the earlier rounds'); records the rest."""
+        found = peer_outliers(distances, self.factor, what)
+        if len(distances) < 3 and len(self.accepted) >= 3:
+            earlier = sorted(self.accepted)[(len(self.accepted) - 1) // 2]  # the lower median
+            found = _above(distances, earlier, self.factor, what, "earlier rounds'")
+        self.accepted.extend(d for c, d in distances.items() if c not in found)
+        return found
 
 
 def update_distance(state: State, sent: State) -> float:
