@@ -173,6 +173,16 @@ def config(case: Case, rounds: int, **network: Any) -> dict[str, Any]:
 
 
 def networked(case: Case, folder: Path, rounds: int, honest: bool) -> dict[str, Any]:
+    """One run with the insiders (or none); tried again on a fresh port when another process
+    took the free port before the server bound it (a race of the benchmark, not a result)."""
+    for attempt in range(3):
+        result = _networked(case, folder / f"try{attempt}", rounds, honest)
+        if "cannot listen on" not in result["status"]:
+            break
+    return result
+
+
+def _networked(case: Case, folder: Path, rounds: int, honest: bool) -> dict[str, Any]:
     """One run with client 0's device the insider (or honest); its outcome fields."""
     names = [f"d{i}" for i in range(case.devices)]
     bed = Testbed.create(folder / "bed", names)
