@@ -24,6 +24,8 @@ from splitfl.metrics.summary import comparison_table, is_ok, run_warnings, summa
 from splitfl.net.announce import capped_counts, scaled_histogram
 from splitfl.net.d2d import D2DRound, Hosted, reject_outlying_tops
 from splitfl.net.device import DeviceAgent
+from splitfl.net.fleet import LATE
+from splitfl.net.lateness import LateClients
 from splitfl.net.testbed import Testbed
 from splitfl.net.trust import PeerHistory, PeerScale, peer_outliers
 from splitfl.plan import ClientUpdate
@@ -257,13 +259,32 @@ class _SlowDrip(DeviceAgent):
 def test_a_slow_drip_is_dropped_at_the_round_deadline(tmp_path):
     _SlowDrip.begun = 0
     net = {"network.timeout_s": 3.0, "network.round_deadline_min_s": 1.0}
-    result = _run(tmp_path, "splitfed_v1", _SlowDrip, rounds=2, **net)
+    result = _run(tmp_path, "splitfed_v1", _SlowDrip, rounds=4, **net)
     rows = _strict_rows(result.run_dir)
     assert rows[0]["dropped_clients"] == []  # no deadline before a round has been measured
-    for row in rows[1:]:
-        assert row["dropped_clients"] == [0]
-        assert "round deadline" in row["dropped_reasons"]["0"]
+    why = [row["dropped_reasons"].get("0", "") for row in rows[1:]]
+    assert [row["dropped_clients"] for row in rows[1:]] == [[0], [0], [0]]
+    # late in round 2: left out of round 3 (not contacted: no deadline waited for); late
+    # again in round 4 (a second late round in a row would bench it for 2)
+    assert "round deadline" in why[0] and "round deadline" in why[2]
+    assert why[1].startswith("benched: late in 1 round(s) in a row, contacted again from round 4")
+    assert _SlowDrip.begun == 3  # rounds 1, 2 and 4: round 3 never began on the device
     assert is_ok(result.summary["status"]) and result.summary["warnings"]
+
+
+def test_late_clients_are_benched_for_doubling_rounds_by_hand():
+    late = LateClients(1)
+    dropped = {0: f"{LATE} (network.round_deadline_factor)", 1: "no reply within 3 s", 2: "x"}
+    late.record(4, [0, 1, 2, 3], dropped)  # 0 and 1 late, 2 dropped otherwise, 3 on time
+    assert list(late.benched(5, [0, 1, 2, 3])) == [0, 1] and late.benched(6, [0, 1]) == {}
+    late.record(6, [0, 1], {0: dropped[0]})  # 0 late again: its streak is 2, benched for 2
+    assert list(late.benched(7, [0, 1])) == [0] and list(late.benched(8, [0])) == [0]
+    assert late.benched(9, [0]) == {} and 1 not in late.streak  # 1 finished round 6
+    late.record(9, [0], {})
+    assert late.streak == {}
+    off = LateClients(0)
+    off.record(1, [0], dropped)
+    assert off.benched(2, [0]) == {}
 
 
 def test_failed_top_workers_by_hand():

@@ -315,6 +315,11 @@ def _validate_network(config: ExperimentConfig) -> None:
     _choice(n.compression, list(COMPRESSIONS), "network.compression")
     _check(n.devices >= 0, "network.devices", f"must be >= 0 (got {n.devices})")
     _check(
+        0 <= n.late_bench_rounds <= 1000,
+        "network.late_bench_rounds",
+        f"must be in [0, 1000] (got {n.late_bench_rounds})",
+    )
+    _check(
         n.min_devices is None or n.min_devices >= 1, "network.min_devices", "must be >= 1 or null"
     )
     _check(

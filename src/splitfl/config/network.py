@@ -75,6 +75,12 @@ class NetworkConfig:
     #: must exceed the honest devices' speed spread (slow devices are dropped otherwise).
     round_deadline_factor: float = 10.0
     round_deadline_min_s: float = 2.0
+    #: A client dropped for lateness (at the round deadline, or silent for ``timeout_s``) is
+    #: not contacted for the next ``late_bench_rounds`` rounds (doubled at each further late
+    #: round in a row; dropped with the reason ``benched``): a device that drips every round
+    #: costs one deadline, not every round's. 0 = contact it every round. splitfl's choice
+    #: (no paper has lateness; the round deadline's own bound is ``round_deadline_factor``).
+    late_bench_rounds: int = 1
     tls_cert: str | None = None
     tls_key: str | None = None
     ca_cert: str | None = None

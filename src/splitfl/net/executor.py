@@ -31,6 +31,7 @@ from splitfl.net.client_data import RemoteClientData
 from splitfl.net.d2d import ClusterEmulation, D2DRound, reject_outlying_tops, run_cluster
 from splitfl.net.emulation import Profile
 from splitfl.net.fleet import LATE, Expect, Meter, RemoteFleet, TimedServer, expect_for
+from splitfl.net.lateness import LateClients
 from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
 from splitfl.net.trust import REFERENCE_SAMPLES, PeerHistory, PeerScale
@@ -59,6 +60,8 @@ class NetworkedExecutor:
         #: the run's accepted update distances (the peer update check, across rounds)
         parts = ("model update", "top part", "bottom average")
         self._updates = {what: PeerHistory(b.peer_update_factor) for what in parts}
+        #: clients dropped for lateness, left out of the next rounds (network.late_bench_rounds)
+        self._late = LateClients(config.network.late_bench_rounds)
 
     def open(self, ctx, run_dir: Path) -> None:
         """Start listening (and the local device processes, if any) and wait for devices."""
@@ -113,16 +116,21 @@ class NetworkedExecutor:
         model.train()
         meters = {t.client: Meter() for t in plan.tasks}
         lost: dict[int, str] = {}
-        tag = f"r{plan.round_idx}-{next(self._rounds)}"
+        number = next(self._rounds)
+        tag = f"r{plan.round_idx}-{number}"
+        r = number if plan.round_idx is None else plan.round_idx  # the run's round, from 0
         net = self.config.network
         rnd = D2DRound(self.session.hub, tag, round_seed, net.timeout_s, meters, lost, net.bounds)
         began = time.monotonic()
         self._deadline = round_deadline(net, self._median_client_s, began)
         start = time.perf_counter()
+        on_server = [t.client for t in plan.tasks if t.group not in plan.hosts]
+        on_server = [] if plan.ring is not None else on_server
         if plan.ring is not None:
             emulation = ring_emulation(ctx, plan, net.emulate_links) if net.emulate else None
             updates, server_states = run_ring(rnd, plan, model, emulation), {}
         else:
+            lost.update(self._late.benched(r, on_server))  # not contacted this round
             updates, server_states, distances = self._groups(ctx, model, plan, rnd)
             updates = reject_outlying_tops(rnd, updates, server_states, self._updates)
             outliers = self._updates["model update"].outliers(distances)
@@ -135,6 +143,7 @@ class NetworkedExecutor:
         late = [self._deadline - began for why in lost.values() if why.startswith(LATE)]
         if done or late:  # the next round's deadline: when this round's clients finished
             self._median_client_s = float(np.median(done + late))
+        self._late.record(r, on_server, lost)
         return RoundResult(
             updates=updates,
             server_states=server_states,

@@ -222,7 +222,7 @@ class RemoteFleet:
     # -- transport -----------------------------------------------------------------------------
     def _send(self, c: int, msg: Message, link_name: str | None):
         """Send ``msg`` to client ``c``'s device; (link, seq, sent at, bytes) or None."""
-        if c in self.dropped:
+        if c in self.dropped or c in self.lost:  # lost: benched before the round began
             return None
         if c not in self.links:
             self.links[c] = self.hub.link_of(c)

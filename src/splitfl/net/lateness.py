@@ -1,0 +1,54 @@
+"""Clients that are late round after round are benched (``network.late_bench_rounds``).
+
+A device answering each command just inside ``network.timeout_s`` is dropped at the round
+deadline (:mod:`splitfl.net.executor`), but each round still waits for that deadline: up to
+``round_deadline_factor`` × the honest round. :class:`LateClients` remembers who was dropped
+for lateness and keeps them out of the next rounds — not contacted, dropped with the reason
+``benched`` — for ``late_bench_rounds`` rounds, doubled at each further late round in a row,
+so a drip costs one deadline per bench period instead of every round. A client that finishes
+a round on time starts again from no streak. splitfl's choice: the papers model no lateness.
+The record lives in the server process (a resumed run starts a new one).
+"""
+
+from __future__ import annotations
+
+from splitfl.net.fleet import LATE
+
+#: the drop reasons that count as late: the round deadline, or a command unanswered for
+#: ``timeout_s`` (:meth:`~splitfl.net.fleet.RemoteFleet._await`)
+LATE_REASONS = (LATE, "no reply within")
+BENCHED = "benched"
+
+
+class LateClients:
+    """Who is benched for which rounds (round indices from 0, as the plan counts them; the
+    reasons count from 1, as the metrics rows)."""
+
+    def __init__(self, bench_rounds: int):
+        self.bench_rounds = bench_rounds
+        self.streak: dict[int, int] = {}  # client → late rounds in a row
+        self.until: dict[int, int] = {}  # client → first round it is contacted again
+
+    def benched(self, round_idx: int, clients: list[int]) -> dict[int, str]:
+        """The clients of ``clients`` to leave out of round ``round_idx``, with the reason."""
+        return {
+            c: (
+                f"{BENCHED}: late in {self.streak[c]} round(s) in a row, contacted again from "
+                f"round {self.until[c] + 1} (network.late_bench_rounds {self.bench_rounds})"
+            )
+            for c in clients
+            if round_idx < self.until.get(c, 0)
+        }
+
+    def record(self, round_idx: int, clients: list[int], dropped: dict[int, str]) -> None:
+        """After round ``round_idx``: bench its late clients, forget the streak of those that
+        finished it (a benched client keeps its streak)."""
+        if self.bench_rounds <= 0:
+            return
+        for c in clients:
+            why = dropped.get(c)
+            if why is not None and why.startswith(LATE_REASONS):
+                self.streak[c] = self.streak.get(c, 0) + 1
+                self.until[c] = round_idx + 1 + self.bench_rounds * 2 ** (self.streak[c] - 1)
+            elif why is None:
+                self.streak.pop(c, None)
