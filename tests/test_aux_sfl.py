@@ -1,6 +1,6 @@
 """Auxiliary-model split learning (issue 36): one auxiliary step and one alignment step by
 hand, CSE-FSL against a hand-written loop, every executor against the sequential one, the
-communication budget stop, and the networked refusal."""
+communication budget stop (networked runs: tests/test_networked_aux.py)."""
 
 import json
 
@@ -12,7 +12,7 @@ from torch import nn
 import splitfl
 from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS
-from splitfl.config import ConfigError, TrainConfig
+from splitfl.config import TrainConfig
 from splitfl.executors import SequentialExecutor
 from splitfl.executors.auxiliary import align_aux, true_gradients
 from splitfl.executors.common import client_batches
@@ -23,6 +23,7 @@ from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import BlockModel, ModelPart
 from splitfl.plan import AlignSpec, ClientTask
 from splitfl.seeding import derive_seed
+from splitfl.testing import config_for
 
 RT = Runtime(torch.device("cpu"))
 SGD = TrainConfig(lr=0.5)
@@ -303,10 +304,11 @@ def test_comm_budget_ends_the_run_at_the_budget(tmp_path, algorithm):
     assert len(more.metrics) == 3
 
 
-def test_networked_refuses_cse_fsl_and_fsl_sage_in_one_line():
-    for algorithm in ("cse_fsl", "fsl_sage"):
-        with pytest.raises(ConfigError, match="networked: .* use executor: sequential"):
-            splitfl.validate(tiny_config(algorithm=algorithm, executor="networked"))
+def test_networked_accepts_every_auxiliary_algorithm():
+    """The auxiliary model lives on the device process (tests/test_networked_aux.py)."""
+    for algorithm, aux in [("cse_fsl", "linear"), ("fsl_sage", None), ("locfedmix_sl", "linear")]:
+        options = {f"options.{algorithm}.aux_model": aux or "resnet_stage"}
+        splitfl.validate(config_for(algorithm, executor="networked", **options))
 
 
 def test_registered_with_papers():

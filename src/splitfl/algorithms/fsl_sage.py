@@ -70,11 +70,6 @@ class FSLSAGE(Algorithm):
         "the alignment memory holds the round's first uploaded batch only (its size follows "
         "training): alignment FLOPs are undercounted"
     )
-    not_networked = (
-        "sends smashed data every h-th batch and runs any nn.Module as auxiliary model, which "
-        "device processes do not support yet"
-    )
-
     def __init__(self, options: FSLSAGEOptions, ctx) -> None:
         super().__init__(options, ctx)
         self.cut = ctx.resolve_cut(options.cut, self.name)

@@ -72,13 +72,6 @@ class LocFedMixSL(Algorithm):
         "(aggregate_every), so a round's aggregate is not the model every client starts from"
     )
 
-    @classmethod
-    def networked_problem(cls, options: LocFedMixOptions) -> str:
-        """Device processes rebuild the ``linear`` auxiliary model from its weights only."""
-        if options.aux_model == "linear":
-            return ""
-        return f"aux_model {options.aux_model!r}: device processes run the linear one only"
-
     def __init__(self, options: LocFedMixOptions, ctx) -> None:
         super().__init__(options, ctx)
         self.cut = ctx.resolve_cut(options.cut, self.name)

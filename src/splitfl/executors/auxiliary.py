@@ -2,6 +2,8 @@
 
 * :func:`aux_module` — a plan's auxiliary model (:class:`~splitfl.plan.AuxSpec`) holding a
   given state, built without drawing from torch's random stream.
+* :func:`device_aux` — the same, as a device holds it (the executors' and device processes').
+* :func:`returned_names` — what of it a device sends back after a round.
 * :func:`estimate_gradient` — FSL-SAGE's estimate of the server's cut-layer gradient: the
   gradient of the auxiliary model's mean loss w.r.t. the smashed data (FSL-SAGE repo,
   ``src/models/aux_models/__init__.py::GradScalarAuxiliaryModel.forward``:
@@ -39,6 +41,13 @@ def aux_module(spec: AuxSpec, state: State, like: torch.Tensor | None = None) ->
         module = module.to(like.device, like.dtype)
     module.load_state_dict(state)
     return module
+
+
+def device_aux(spec: AuxSpec, state: State) -> nn.Module:
+    """The auxiliary model a device steps with, holding ``state`` on its floating tensors'
+    device and dtype: the in-process executors and the device processes build it here."""
+    like = next((v for v in state.values() if v.is_floating_point()), None)
+    return aux_module(spec, state, like)
 
 
 def estimate_gradient(
@@ -94,3 +103,14 @@ def remember(memory: Memory | None, x: torch.Tensor, y: torch.Tensor, size: int)
     if memory is not None:
         x, y = torch.cat([memory[0], x]), torch.cat([memory[1], y])
     return x[-size:], y[-size:]
+
+
+def returned_names(aux: nn.Module, device_loss: str) -> set[str]:
+    """The entries of ``aux``'s state a device sends back after its round: all of them with
+    ``device_loss: local`` (the device trains the auxiliary model: CSE-FSL, LocFedMix-SL, whose
+    servers average it), else (``estimate``, FSL-SAGE) only its buffers — BatchNorm's running
+    statistics and counter change with every forward in train mode on the device, while its
+    parameters change only by the server's alignment, which the server already holds."""
+    if device_loss == "local":
+        return set(aux.state_dict())
+    return set(aux.state_dict()) - {name for name, _ in aux.named_parameters()}

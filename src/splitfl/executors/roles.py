@@ -163,6 +163,24 @@ class DeviceRole:
         self.optimizer.step()
         self._fx = None
 
+    def aux_update(self, device_loss: str) -> None:
+        """The auxiliary plan's device update on the last smashed data: :meth:`head_update`
+        (``device_loss: local``) or :meth:`estimate_update` (``estimate``)."""
+        if device_loss == "local":
+            self.head_update()
+        elif device_loss == "estimate":
+            self.estimate_update()
+        else:
+            raise ValueError(f"device_loss {str(device_loss)[:40]!r} has no auxiliary update")
+
+    def aux_step(self, step: int, device_loss: str) -> int:
+        """A batch whose smashed data stay on the device (an auxiliary plan's step off the
+        upload period, CSE-FSL/FSL-SAGE's ``h``): :meth:`forward` then :meth:`aux_update`,
+        the same calls as at an upload step; the samples trained."""
+        _, y = self.forward(step)
+        self.aux_update(device_loss)
+        return len(y)
+
     def load_aux(self, state: dict[str, torch.Tensor]) -> None:
         """The server's aligned auxiliary model replaces this device's (FSL-SAGE: "the aligned
         auxiliary model is sent back to client i")."""
@@ -223,8 +241,8 @@ class ServerRole:
     def stop(self) -> int:
         return self.part.stop
 
-    def align(self, aux_state: dict[str, torch.Tensor], memory: Memory, cut: int) -> dict:
-        """FSL-SAGE's alignment of a client's auxiliary model (FSL-SAGE repo,
+    def align(self, task: ClientTask, aux_state: dict[str, torch.Tensor], memory: Memory) -> dict:
+        """FSL-SAGE's alignment of ``task``'s client's auxiliary model (FSL-SAGE repo,
         ``src/algos/fsl_sage.py``: ``refresh_data()`` then ``align()`` at the client's first
         iteration of an alignment round): the cut-layer gradients of this server part's mean
         loss over ``memory`` (:func:`~splitfl.executors.auxiliary.true_gradients`), then the
@@ -232,7 +250,7 @@ class ServerRole:
         plan, like = self.plan, next(self.part.parameters())
         x, y = (t.to(like.device) for t in memory)
         x = x.to(like.dtype) if x.is_floating_point() else x
-        forward = lambda v: self._forward(v, cut)  # noqa: E731
+        forward = lambda v: self._forward(v, task.cut)  # noqa: E731
         grads = true_gradients(forward, x, y, self.loss_name)
         aux = aux_module(plan.aux, aux_state, like)
         seed = int(self.gen.integers(2**31))
@@ -309,19 +327,6 @@ class ServerRole:
 
     def state(self) -> dict[str, torch.Tensor]:
         return detached(self.part.state_dict())
-
-
-def aux_from_state(state: dict[str, torch.Tensor]) -> nn.Module:
-    """The aux head (:func:`~splitfl.executors.common.aux_head`) holding ``state``, built
-    without drawing an initialisation (so the torch RNG stream is left as it was)."""
-    classes, elements = state["1.weight"].shape
-    like = state["1.weight"]
-    linear = torch.nn.utils.skip_init(
-        nn.Linear, elements, classes, device=like.device, dtype=like.dtype
-    )
-    head = nn.Sequential(nn.Flatten(), linear)
-    head.load_state_dict(state)
-    return head
 
 
 def group_loss(losses: list[torch.Tensor], sizes: list[int], mode: str) -> torch.Tensor:

@@ -30,7 +30,8 @@ from splitfl.models import BlockModel
 from splitfl.net.client_data import RemoteClientData
 from splitfl.net.d2d import ClusterEmulation, D2DRound, reject_outlying_tops, run_cluster
 from splitfl.net.emulation import Profile
-from splitfl.net.fleet import LATE, Expect, Meter, RemoteFleet, TimedServer, expect_for
+from splitfl.net.expect import Expect, expect_for
+from splitfl.net.fleet import LATE, Meter, RemoteFleet, TimedServer
 from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
 from splitfl.net.trust import REFERENCE_SAMPLES, PeerHistory, PeerScale
@@ -178,6 +179,8 @@ class NetworkedExecutor:
                 distances,
                 self._deadline,
                 peers,
+                plan.aux,
+                plan.device_loss,
             )
             return run_group(fleet, timed, run, plan), None if server is None else server.state()
 

@@ -311,10 +311,19 @@ def bounded(x, hi: float, lo: float = 0.0) -> bool:
 def loss_problem(loss_sum, samples, most_samples: int, bounds: BoundsConfig) -> str | None:
     """What is wrong with a reported (loss sum, samples) pair, or None: samples an integer in
     ``[1, most_samples]``, the loss finite, non-negative and at most ``loss_max`` per sample."""
+    problem = samples_problem(samples, most_samples)
+    if problem:
+        return problem
+    if not bounded(loss_sum, bounds.loss_max * samples):
+        return f"loss {str(loss_sum)[:40]} (network.bounds.loss_max: {bounds.loss_max:g}/sample)"
+    return None
+
+
+def samples_problem(samples, most_samples: int) -> str | None:
+    """What is wrong with a reported sample count, or None: an integer in ``[1, most_samples]``
+    (a mini-batch holds at most the task's batch size)."""
     if isinstance(samples, bool) or not isinstance(samples, int):
         return f"samples {str(samples)[:40]!r}"
     if not 1 <= samples <= most_samples:
         return f"{samples} samples (at most {most_samples})"
-    if not bounded(loss_sum, bounds.loss_max * samples):
-        return f"loss {str(loss_sum)[:40]} (network.bounds.loss_max: {bounds.loss_max:g}/sample)"
     return None
