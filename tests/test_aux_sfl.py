@@ -14,7 +14,7 @@ from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS
 from splitfl.config import TrainConfig
 from splitfl.executors import SequentialExecutor
-from splitfl.executors.auxiliary import align_aux, true_gradients
+from splitfl.executors.auxiliary import align_aux, estimate_gradient, remember, true_gradients
 from splitfl.executors.common import client_batches
 from splitfl.executors.parallel import ParallelExecutor
 from splitfl.executors.roles import DeviceRole, Runtime
@@ -127,6 +127,43 @@ def test_alignment_step_by_hand():
             grad[idx] /= 2 * h
         expect = base - 0.01 * grad / (grad.abs() + 1e-8)
         assert torch.allclose(aux.state_dict()[name], expect, atol=1e-6), name
+
+
+def test_two_tensors_crossing_the_cut_by_hand():
+    """A cut carrying (activation u, skip v, an integer mask): the auxiliary model reads
+    [u | v] (flattened, concatenated), so ĝ_u, ĝ_v are the two column blocks of
+    (softmax − onehot)/B · A and the mask has none; the server's true gradients are per tensor;
+    alignment sums the squared errors of both blocks (= the fit on [u | v] with [g_u | g_v]);
+    the memory keeps every tensor's last samples."""
+    u = torch.tensor([[0.5, -1.0], [1.5, 0.2], [-0.3, 0.8]], dtype=torch.float64)
+    v = torch.tensor([[0.1], [-0.4], [0.9]], dtype=torch.float64)
+    mask = torch.tensor([[1], [0], [1]])
+    y = torch.tensor([1, 0, 1])
+    a, c = _t([[1.0, 0.2, -0.5], [-0.4, 0.6, 0.3]]), _t([0.1, 0.0])
+    aux = nn.Sequential(nn.Flatten(), _linear(a.tolist(), c.tolist()))
+    g_est = estimate_gradient(aux, (u, v, mask), y, "cross_entropy", lambda m, x: m(x))
+    full = _softmax_grad(torch.cat([u, v], 1) @ a.T + c, y) @ a
+    assert torch.allclose(g_est[0], full[:, :2], atol=1e-12)
+    assert torch.allclose(g_est[1], full[:, 2:], atol=1e-12)
+    assert g_est[2] is None
+    s = _t([[0.3, -0.7], [1.1, 0.4]])
+    g = true_gradients(lambda x: (x[0] + x[1] * x[2]) @ s.T, (u, v, mask), y, "cross_entropy")
+    d = _softmax_grad((u + v * mask) @ s.T, y) @ s
+    assert torch.allclose(g[0], d, atol=1e-12)
+    assert torch.allclose(g[1], (d * mask).sum(1, keepdim=True), atol=1e-12)
+    assert g[2] is None
+    spec = AlignSpec(epochs=2, batch_size=2, lr=0.01)
+    two = nn.Sequential(nn.Flatten(), _linear(a.tolist(), c.tolist()))
+    align_aux(two, ((u, v, mask), y), g, spec, "cross_entropy", 5)
+    one = nn.Sequential(nn.Flatten(), _linear(a.tolist(), c.tolist()))
+    align_aux(one, (torch.cat([u, v], 1), y), torch.cat(g[:2], 1), spec, "cross_entropy", 5)
+    for k, t in one.state_dict().items():
+        assert torch.allclose(two.state_dict()[k], t, atol=1e-12), k
+    assert not torch.equal(two.state_dict()["1.weight"], a)
+    kept = remember(remember(None, (u, v, mask), y, 4), (u[:2], v[:2], mask[:2]), y[:2], 4)
+    for t, whole in zip(kept[0], (u, v, mask), strict=True):
+        assert torch.equal(t, torch.cat([whole, whole[:2]])[-4:])
+    assert kept[1].tolist() == [0, 1, 1, 0]
 
 
 def _plan(config: dict, dtype=torch.float64):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from splitfl.activations import aux_input
 from splitfl.data.partition import batch_sizes
 from splitfl.extensions import build_aux
 from splitfl.models.base import ModelPart
@@ -56,16 +57,10 @@ class AuxModel:
 
 
 def smashed_shape(ctx, cut: int) -> tuple[int, ...]:
-    """Per-sample shape of the (first floating) smashed data of ``ctx.model`` at ``cut``."""
-    out = _smashed(ctx, cut)
-    out = out[0] if isinstance(out, tuple) else out
-    return tuple(int(d) for d in out.shape[1:])
-
-
-def cut_tensors(ctx, cut: int) -> int:
-    """How many tensors cross ``cut`` (a graph-split model's cut may carry several)."""
-    out = _smashed(ctx, cut)
-    return len(out) if isinstance(out, tuple) else 1
+    """Per-sample shape of what the auxiliary model reads of the smashed data of ``ctx.model``
+    at ``cut`` (:func:`~splitfl.activations.aux_input`: the floating tensor, or several
+    flattened and concatenated)."""
+    return tuple(int(d) for d in aux_input(_smashed(ctx, cut)).shape[1:])
 
 
 def _smashed(ctx, cut: int):

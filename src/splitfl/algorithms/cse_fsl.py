@@ -72,6 +72,7 @@ class CSEFSL(Algorithm):
     paper = "Mu & Shen, CSE-FSL (arXiv:2302.05599); authors' code HowDoIBlowUpTheMoon/ECSE-FL"
     Options = CSEFSLOptions
     coupled_round = "one server model trained on every client's uploads"
+
     def __init__(self, options: CSEFSLOptions, ctx) -> None:
         super().__init__(options, ctx)
         self.cut = ctx.resolve_cut(options.cut, self.name)

@@ -20,7 +20,11 @@ client and are never averaged (FSL-SAGE has no auxiliary aggregation).
 
 Options beyond the code: ``aux_model`` (default: ``resnet_stage`` — ``model/auxiliary/
 resnet18.yaml``'s ResNet layer3 auxiliary — for [C, H, W] smashed data, ``linear``
-otherwise, splitfl's choice for models the repository has no auxiliary for). Differences
+otherwise, splitfl's choice for models the repository has no auxiliary for). Where several
+tensors cross the cut (a graph-split model's activation and skip connection; the repository
+has only one), the auxiliary model reads them flattened and concatenated
+(:func:`~splitfl.activations.aux_input`), ĝ and the true gradients are per tensor, the
+alignment error is summed over them, and the server's memory keeps all of them. Differences
 kept on purpose: splitfl's optimisers are fresh each round (the repository keeps Adam's
 moments across rounds, for clients, server and auxiliary models); the code's CSE-FSL
 warm start (``warm_start``, off by default) is not offered.
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost, cut_tensors, smashed_shape
+from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost, smashed_shape
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.plan import AlignSpec, ClientTask, RoundPlan, RoundResult
@@ -70,16 +74,10 @@ class FSLSAGE(Algorithm):
         "the alignment memory holds the round's first uploaded batch only (its size follows "
         "training): alignment FLOPs are undercounted"
     )
+
     def __init__(self, options: FSLSAGEOptions, ctx) -> None:
         super().__init__(options, ctx)
         self.cut = ctx.resolve_cut(options.cut, self.name)
-        crossing = cut_tensors(ctx, self.cut)
-        if crossing > 1:
-            raise ConfigError(
-                "options.fsl_sage.cut",
-                f"cut {self.cut} of {ctx.config.model} carries {crossing} tensors; FSL-SAGE's "
-                "auxiliary model estimates the gradient of one (choose a cut that carries one)",
-            )
         name = options.aux_model
         if name is None:
             name = "resnet_stage" if len(smashed_shape(ctx, self.cut)) == 3 else "linear"

@@ -22,7 +22,6 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from splitfl.activations import first_float
 from splitfl.config import TrainConfig
 from splitfl.executors.auxiliary import remember
 from splitfl.executors.pool import PartPool, cloned
@@ -352,9 +351,8 @@ class _Loop:
             tally.uploaded += len(s.labels)
             tally.loss_sum += loss_sum
             if self.plan.align is not None:
-                x = first_float(s.features)
                 self.memory[s.client] = remember(
-                    self.memory[s.client], x, s.labels, self.plan.align.memory
+                    self.memory[s.client], s.features, s.labels, self.plan.align.memory
                 )
         return sent
 

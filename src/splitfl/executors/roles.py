@@ -28,9 +28,9 @@ from splitfl.activations import (
     Activation,
     Gradient,
     as_server_input,
+    aux_input,
     backward,
     cat,
-    first_float,
     head,
     input_grad,
     map_grad,
@@ -147,7 +147,7 @@ class DeviceRole:
     def head_update(self) -> None:
         """``device_loss: local``: one step of the part and the auxiliary model on the
         auxiliary model's loss on the last smashed data (CSE-FSL, LocFedMix-SL)."""
-        loss = self.loss(self.runtime.forward(self.aux, first_float(self._fx)), self._y)
+        loss = self.loss(self.runtime.forward(self.aux, aux_input(self._fx)), self._y)
         self._step(loss)
         self._fx = None
 
@@ -156,10 +156,9 @@ class DeviceRole:
         server's cut-layer gradient (FSL-SAGE repo, ``src/algos/fsl_sage.py``:
         ``splitting_output.backward(auxiliary_model(local_smashed_data, y))``) and step the
         part; the auxiliary model is not stepped (only alignment changes its weights)."""
-        fx = first_float(self._fx)
-        grad = estimate_gradient(self.aux, fx, self._y, self.loss_name, self.runtime.forward)
+        grad = estimate_gradient(self.aux, self._fx, self._y, self.loss_name, self.runtime.forward)
         self.optimizer.zero_grad()
-        fx.backward(grad)
+        backward(self._fx, grad)
         self.optimizer.step()
         self._fx = None
 
@@ -248,8 +247,8 @@ class ServerRole:
         loss over ``memory`` (:func:`~splitfl.executors.auxiliary.true_gradients`), then the
         fit (:func:`~splitfl.executors.auxiliary.align_aux`); the aligned state (detached)."""
         plan, like = self.plan, next(self.part.parameters())
-        x, y = (t.to(like.device) for t in memory)
-        x = x.to(like.dtype) if x.is_floating_point() else x
+        x = tree_map(lambda t: _like(t, like), memory[0])
+        y = memory[1].to(like.device)
         forward = lambda v: self._forward(v, task.cut)  # noqa: E731
         grads = true_gradients(forward, x, y, self.loss_name)
         aux = aux_module(plan.aux, aux_state, like)
@@ -327,6 +326,11 @@ class ServerRole:
 
     def state(self) -> dict[str, torch.Tensor]:
         return detached(self.part.state_dict())
+
+
+def _like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` on ``like``'s device, floating tensors in its dtype."""
+    return t.to(like.device, like.dtype) if t.is_floating_point() else t.to(like.device)
 
 
 def group_loss(losses: list[torch.Tensor], sizes: list[int], mode: str) -> torch.Tensor:
