@@ -1,8 +1,11 @@
 """Auxiliary-model split learning (issue 36): one auxiliary step and one alignment step by
-hand, CSE-FSL against a hand-written loop, every executor against the sequential one, the
-communication budget stop (networked runs: tests/test_networked_aux.py)."""
+hand (and with two tensors crossing the cut), CSE-FSL against a hand-written loop, FSL-SAGE
+with a perfect auxiliary model against SplitFed V1, every executor against the sequential
+one, the communication budget stop (networked runs: tests/test_networked_aux.py)."""
 
+import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -318,6 +321,49 @@ def test_fsl_sage_aligns_on_the_servers_memory_and_keeps_it():
     alg.aggregate(ctx.model.state_dict(), plan, res)
     nxt = alg.plan_round(1, [u.client for u in res.updates], np.random.default_rng(2))
     assert all(t.aux_memory is not None and t.align for t in nxt.tasks)
+
+
+def linear_pair(input_shape, num_classes) -> nn.Sequential:
+    """A linear model in two blocks (device: flatten + linear; server: linear), for
+    :func:`test_fsl_sage_with_a_perfect_auxiliary_model_equals_splitfed_v1`."""
+    width = int(np.prod(input_shape))
+    return nn.Sequential(
+        nn.Sequential(nn.Flatten(), nn.Linear(width, 8)), nn.Linear(8, num_classes)
+    )
+
+
+def test_fsl_sage_with_a_perfect_auxiliary_model_equals_splitfed_v1():
+    """On a linear model, an auxiliary model equal to the server part (a perfect fit: its ĝ is
+    the server's true cut-layer gradient for every input) makes FSL-SAGE's device updates
+    SplitFed V1's, bit for bit up to float64 rounding — while the server does not move
+    (server lr 0). With a training server they differ, which is why FSL-SAGE cannot equal
+    SplitFed V1 in general: the auxiliary model is fixed between alignments while the server
+    steps at every upload, an alignment fits the server *after* that iteration's step, and
+    SplitFed V1 steps per-client server copies (averaged) where FSL-SAGE steps one model."""
+    here = str(Path(__file__).parent)
+    common = {"model": "test_aux_sfl:linear_pair", "import_dirs": [here], "train.local_steps": 3}
+    common |= {"data.num_clients": 4, "train.clients_per_round": 2}
+    sage = {"options.fsl_sage.upload_every": 1, "options.fsl_sage.aux_model": "linear"}
+    prep_v1, plan_v1 = _plan(tiny_config(algorithm="splitfed_v1", **common))
+    prep_sage, plan_sage = _plan(tiny_config(algorithm="fsl_sage", **common, **sage))
+    state = {k: v.clone() for k, v in prep_v1.ctx.model.state_dict().items()}
+    server = {"1.weight": state["blocks.1.weight"], "1.bias": state["blocks.1.bias"]}
+    for t in plan_sage.tasks:
+        t.aux_state, t.align = server, False
+    assert [t.client for t in plan_v1.tasks] == [t.client for t in plan_sage.tasks]
+
+    def parts(plan, prep, server_lr):
+        plan = dataclasses.replace(plan, server_lr=server_lr)
+        res = SequentialExecutor().run_round(prep.ctx, state, plan, round_seed=5)
+        return {u.client: u.state for u in res.updates}
+
+    for lr, equal in [(0.0, True), (0.05, False)]:
+        v1, fsl = parts(plan_v1, prep_v1, lr), parts(plan_sage, prep_sage, lr)
+        close = all(
+            torch.allclose(v1[c][k], fsl[c][k], rtol=0, atol=1e-12) for c in v1 for k in v1[c]
+        )
+        assert close == equal, lr
+        assert any(not torch.equal(v1[c][k], state[k]) for c in v1 for k in v1[c])
 
 
 def _traffic_mib(rows, r):

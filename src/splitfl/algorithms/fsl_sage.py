@@ -18,6 +18,12 @@ the client (``comm_load += calculate_load(auxiliary_model)``). Clients run one a
 round (``aggregate_clients``: 2 × the client model per client); auxiliary models stay per
 client and are never averaged (FSL-SAGE has no auxiliary aggregation).
 
+Relation to SplitFed V1: with an auxiliary model that fits the server part perfectly (on a
+linear model: the same weights) and a server that does not move, the device updates are
+SplitFed V1's (tested); in general they are not, because the auxiliary model stays fixed
+between alignments while the server steps at every upload, an alignment fits the server after
+that iteration's step, and SplitFed V1 steps per-client server copies where FSL-SAGE steps one.
+
 Options beyond the code: ``aux_model`` (default: ``resnet_stage`` — ``model/auxiliary/
 resnet18.yaml``'s ResNet layer3 auxiliary — for [C, H, W] smashed data, ``linear``
 otherwise, splitfl's choice for models the repository has no auxiliary for). Where several
