@@ -38,7 +38,7 @@ class Fleet(Protocol):
     dropped: set[int]
 
     def begin(self, tasks: list[ClientTask], parts: dict[int, State], aux: dict[int, State]):
-        """Send each task and the device part (and aux head) it starts from."""
+        """Send each task and the device part (and auxiliary model) it starts from."""
 
     def forward(self, steps: dict[int, int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Smashed data and labels of each client's mini-batch ``steps[client]``."""
@@ -47,7 +47,7 @@ class Fleet(Protocol):
         """Each client's activation gradient (the device steps)."""
 
     def head_update(self, clients: list[int]) -> None:
-        """``device_loss: local``: each client steps on its aux head's loss."""
+        """``device_loss: local``: each client steps on its auxiliary model's loss."""
 
     def estimate_update(self, clients: list[int]) -> None:
         """``device_loss: estimate``: each client steps with its auxiliary model's gradient
@@ -65,7 +65,7 @@ class Fleet(Protocol):
         """Whole-model steps on the devices: (loss sum, samples) per client."""
 
     def finish(self, clients: list[int]) -> dict[int, tuple[State, State | None]]:
-        """The trained device parts (and aux heads), uploaded."""
+        """The trained device parts (and auxiliary models), uploaded."""
 
 
 class LocalFleet:

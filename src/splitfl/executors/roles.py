@@ -88,7 +88,7 @@ class Runtime:
 
 
 class DeviceRole:
-    """One client's side of a split round (its part, optimiser, batches, optional aux head).
+    """One client's side of a split round (its part, optimiser, batches, optional auxiliary model).
 
     ``x_all``/``y_all`` are the samples the device holds, indexed by the client's
     ``indices``; the mini-batches are drawn from ``derive_seed(round_seed, client)`` so every
@@ -202,7 +202,7 @@ class DeviceRole:
         self.optimizer.step()
 
     def states(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-        """The trained device part and aux head (detached clones)."""
+        """The trained device part and auxiliary model (detached clones)."""
         aux = None if self.aux is None else detached(self.aux.state_dict())
         return detached(self.part.state_dict()), aux
 

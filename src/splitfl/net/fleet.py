@@ -110,8 +110,8 @@ class RemoteFleet:
         self.unanswered: dict[int, int] = {}
         #: each client's link, looked up once per round (not under the hub's lock per batch)
         self.links: dict[int, DeviceLink | None] = {}
-        #: what each client was sent at ``begin`` (device part, aux head): updates are checked
-        #: against it (:func:`~splitfl.net.trust.update_problem`)
+        #: what each client was sent at ``begin`` (device part, auxiliary model; an aligned
+        #: one replaces it): updates are checked against it (``trust.update_problem``)
         self.sent: dict[int, tuple[State, State | None]] = {}
         #: auxiliary plans: the auxiliary model devices build (:class:`~splitfl.plan.AuxSpec`)
         #: and how they update (``local``/``estimate``, :attr:`~splitfl.plan.RoundPlan.device_loss`)
