@@ -5,13 +5,15 @@ device whose auxiliary-step report or auxiliary model is out of bounds is droppe
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 import splitfl
-from splitfl.experiment.runner import as_config
+from splitfl.experiment.runner import as_config, prepare
 from splitfl.net.device import DeviceAgent
 from splitfl.net.device_aux import aux_spec
+from splitfl.net.executor import NetworkedExecutor, emulated_profiles
 from splitfl.net.wire import WireError, state_tensors
 from splitfl.plan import AuxSpec
 from splitfl.testing import config_for
@@ -147,3 +149,19 @@ def test_device_builds_only_the_configs_auxiliary_models():
             aux_spec({**field, **bad}, config, 10)
     with pytest.raises(WireError, match="must name"):
         aux_spec({**field, "code": "x"}, config, 10)
+
+
+def test_emulated_device_compute_charges_the_auxiliary_model_as_the_cost_model():
+    """``network.emulate``: a device's per-sample FLOPs are its part's plus its auxiliary
+    model's, the same count the cost model charges (``AuxModel.flops``)."""
+    config = as_config(config_for("fsl_sage", **{"options.fsl_sage.aux_model": "resnet_stage"}))
+    prep = prepare(config)
+    alg, ctx = prep.algorithm, prep.ctx
+    plan = alg.plan_round(
+        0, alg.select_clients(0, np.random.default_rng(0)), np.random.default_rng(1)
+    )
+    aux = NetworkedExecutor(config)._aux_flops(plan, ctx.model)
+    assert aux == alg.aux_model.flops > 0
+    for t in plan.tasks:
+        per_sample = emulated_profiles(ctx, plan, True, aux)[t.client].flops_per_sample
+        assert per_sample == ctx.profile.device_flops(t.cut) + aux

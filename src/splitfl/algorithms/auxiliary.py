@@ -19,8 +19,8 @@ import torch
 from splitfl.activations import aux_input
 from splitfl.data.partition import batch_sizes
 from splitfl.extensions import build_aux
+from splitfl.models.aux import aux_flops
 from splitfl.models.base import ModelPart
-from splitfl.models.flops import count_flops
 from splitfl.models.profile import BYTES_PER_ELEMENT
 from splitfl.plan import AuxSpec, ClientTask, RoundPlan
 from splitfl.seeding import derive_seed
@@ -72,19 +72,6 @@ def _smashed(ctx, cut: int):
     x = torch.zeros(1, *ctx.bundle.input_shape, dtype=dtype)
     with torch.no_grad():
         return part(x)
-
-
-def aux_flops(module: torch.nn.Module, shape: tuple[int, ...], dtype: torch.dtype) -> float:
-    """Forward + backward FLOPs per sample of ``module`` (a batch of 2 in train mode, the
-    input's gradient included, as :mod:`splitfl.models.profile` measures blocks)."""
-    probe = copy.deepcopy(module).train()
-    x = torch.zeros(2, *shape, dtype=dtype, requires_grad=True)
-
-    def step() -> None:
-        probe(x).float().sum().backward()
-
-    with torch.random.fork_rng(devices=[]):
-        return count_flops(step) / 2
 
 
 def uploaded_samples(ctx, task: ClientTask, plan: RoundPlan) -> int:

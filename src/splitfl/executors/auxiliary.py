@@ -35,6 +35,7 @@ from splitfl.activations import (
     tree_map,
 )
 from splitfl.extensions import build_aux
+from splitfl.models.aux import aux_flops
 from splitfl.plan import AlignSpec, AuxSpec
 from splitfl.training import loss_fn
 
@@ -52,6 +53,15 @@ def aux_module(spec: AuxSpec, state: State, like: torch.Tensor | None = None) ->
         module = module.to(like.device, like.dtype)
     module.load_state_dict(state)
     return module
+
+
+def spec_flops(spec: AuxSpec, dtype: torch.dtype) -> float:
+    """Forward + backward FLOPs per sample of the auxiliary model ``spec`` builds
+    (:func:`~splitfl.models.aux.aux_flops`, as the cost model charges them), built under a
+    forked torch random stream."""
+    with torch.random.fork_rng(devices=[]):
+        module = build_aux(spec.model, spec.input_shape, spec.num_classes).to(dtype)
+    return aux_flops(module, spec.input_shape, dtype)
 
 
 def device_aux(spec: AuxSpec, state: State) -> nn.Module:

@@ -24,6 +24,7 @@ import torch
 
 from splitfl.allocator import keep_freed_memory
 from splitfl.config import ExperimentConfig
+from splitfl.executors.auxiliary import spec_flops
 from splitfl.executors.fleet import GroupRun, group_runs, run_group, server_role
 from splitfl.executors.roles import Runtime
 from splitfl.models import BlockModel
@@ -60,6 +61,8 @@ class NetworkedExecutor:
         #: the run's accepted update distances (the peer update check, across rounds)
         parts = ("model update", "top part", "bottom average")
         self._updates = {what: PeerHistory(b.peer_update_factor) for what in parts}
+        #: per-sample FLOPs of each auxiliary model the plans named (emulation)
+        self._aux_cost: dict = {}
 
     def open(self, ctx, run_dir: Path) -> None:
         """Start listening (and the local device processes, if any) and wait for devices."""
@@ -147,6 +150,15 @@ class NetworkedExecutor:
             devices={c: m.device for c, m in meters.items() if m.device and c not in lost},
         )
 
+    def _aux_flops(self, plan: RoundPlan, model: BlockModel) -> float:
+        """Per-sample FLOPs of the plan's auxiliary model (0 without one), measured once per
+        auxiliary model: the emulation charges them on the device, as the cost model does."""
+        if plan.aux is None:
+            return 0.0
+        if plan.aux not in self._aux_cost:
+            self._aux_cost[plan.aux] = spec_flops(plan.aux, next(model.parameters()).dtype)
+        return self._aux_cost[plan.aux]
+
     def _groups(self, ctx, model: BlockModel, plan: RoundPlan, rnd: D2DRound):
         """Every group of a parameter-server plan, concurrently: on the server, or on the
         device ``plan.hosts`` names (device-to-device, :func:`~splitfl.net.d2d.run_cluster`).
@@ -156,7 +168,9 @@ class NetworkedExecutor:
         gen = np.random.default_rng(derive_seed(rnd.round_seed, "mix"))
         emulate = self.config.network.emulate
         links = self.config.network.emulate_links
-        profiles = emulated_profiles(ctx, plan, links) if emulate else None
+        profiles = None
+        if emulate:
+            profiles = emulated_profiles(ctx, plan, links, self._aux_flops(plan, model))
         server_emulation, distances, peers = None, {}, self._peers
         if profiles is not None:
             server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
@@ -252,13 +266,17 @@ def ring_emulation(ctx, plan: RoundPlan, links: bool = True) -> RingEmulation:
 UNSHAPED = 1e18
 
 
-def emulated_profiles(ctx, plan: RoundPlan, links: bool = True) -> dict[int, Profile]:
-    """Each task's device profile for the plan's round and its part's per-sample FLOPs."""
+def emulated_profiles(
+    ctx, plan: RoundPlan, links: bool = True, aux_flops: float = 0.0
+) -> dict[int, Profile]:
+    """Each task's device profile for the plan's round and its part's per-sample FLOPs (plus
+    ``aux_flops``, the auxiliary model's, for a split task of an auxiliary plan)."""
     r = plan.round_idx or 0
     out = {}
     for t in plan.tasks:
         device = ctx.population.at(t.client, r)
         flops = ctx.profile.device_flops(t.cut)
+        flops += aux_flops if t.cut < ctx.profile.num_blocks else 0.0
         up, down = (device.uplink, device.downlink) if links else (UNSHAPED, UNSHAPED)
         out[t.client] = Profile(device.flops, up, down, flops)
     return out
