@@ -1,8 +1,11 @@
 """Auxiliary-model split learning (issue 36): one auxiliary step and one alignment step by
-hand, CSE-FSL against a hand-written loop, every executor against the sequential one, the
-communication budget stop, and the networked refusal."""
+hand (and with two tensors crossing the cut), CSE-FSL against a hand-written loop, FSL-SAGE
+with a perfect auxiliary model against SplitFed V1, every executor against the sequential
+one, the communication budget stop (networked runs: tests/test_networked_aux.py)."""
 
+import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,9 +15,9 @@ from torch import nn
 import splitfl
 from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS
-from splitfl.config import ConfigError, TrainConfig
+from splitfl.config import TrainConfig
 from splitfl.executors import SequentialExecutor
-from splitfl.executors.auxiliary import align_aux, true_gradients
+from splitfl.executors.auxiliary import align_aux, estimate_gradient, remember, true_gradients
 from splitfl.executors.common import client_batches
 from splitfl.executors.parallel import ParallelExecutor
 from splitfl.executors.roles import DeviceRole, Runtime
@@ -23,6 +26,7 @@ from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import BlockModel, ModelPart
 from splitfl.plan import AlignSpec, ClientTask
 from splitfl.seeding import derive_seed
+from splitfl.testing import config_for
 
 RT = Runtime(torch.device("cpu"))
 SGD = TrainConfig(lr=0.5)
@@ -126,6 +130,43 @@ def test_alignment_step_by_hand():
             grad[idx] /= 2 * h
         expect = base - 0.01 * grad / (grad.abs() + 1e-8)
         assert torch.allclose(aux.state_dict()[name], expect, atol=1e-6), name
+
+
+def test_two_tensors_crossing_the_cut_by_hand():
+    """A cut carrying (activation u, skip v, an integer mask): the auxiliary model reads
+    [u | v] (flattened, concatenated), so ĝ_u, ĝ_v are the two column blocks of
+    (softmax − onehot)/B · A and the mask has none; the server's true gradients are per tensor;
+    alignment sums the squared errors of both blocks (= the fit on [u | v] with [g_u | g_v]);
+    the memory keeps every tensor's last samples."""
+    u = torch.tensor([[0.5, -1.0], [1.5, 0.2], [-0.3, 0.8]], dtype=torch.float64)
+    v = torch.tensor([[0.1], [-0.4], [0.9]], dtype=torch.float64)
+    mask = torch.tensor([[1], [0], [1]])
+    y = torch.tensor([1, 0, 1])
+    a, c = _t([[1.0, 0.2, -0.5], [-0.4, 0.6, 0.3]]), _t([0.1, 0.0])
+    aux = nn.Sequential(nn.Flatten(), _linear(a.tolist(), c.tolist()))
+    g_est = estimate_gradient(aux, (u, v, mask), y, "cross_entropy", lambda m, x: m(x))
+    full = _softmax_grad(torch.cat([u, v], 1) @ a.T + c, y) @ a
+    assert torch.allclose(g_est[0], full[:, :2], atol=1e-12)
+    assert torch.allclose(g_est[1], full[:, 2:], atol=1e-12)
+    assert g_est[2] is None
+    s = _t([[0.3, -0.7], [1.1, 0.4]])
+    g = true_gradients(lambda x: (x[0] + x[1] * x[2]) @ s.T, (u, v, mask), y, "cross_entropy")
+    d = _softmax_grad((u + v * mask) @ s.T, y) @ s
+    assert torch.allclose(g[0], d, atol=1e-12)
+    assert torch.allclose(g[1], (d * mask).sum(1, keepdim=True), atol=1e-12)
+    assert g[2] is None
+    spec = AlignSpec(epochs=2, batch_size=2, lr=0.01)
+    two = nn.Sequential(nn.Flatten(), _linear(a.tolist(), c.tolist()))
+    align_aux(two, ((u, v, mask), y), g, spec, "cross_entropy", 5)
+    one = nn.Sequential(nn.Flatten(), _linear(a.tolist(), c.tolist()))
+    align_aux(one, (torch.cat([u, v], 1), y), torch.cat(g[:2], 1), spec, "cross_entropy", 5)
+    for k, t in one.state_dict().items():
+        assert torch.allclose(two.state_dict()[k], t, atol=1e-12), k
+    assert not torch.equal(two.state_dict()["1.weight"], a)
+    kept = remember(remember(None, (u, v, mask), y, 4), (u[:2], v[:2], mask[:2]), y[:2], 4)
+    for t, whole in zip(kept[0], (u, v, mask), strict=True):
+        assert torch.equal(t, torch.cat([whole, whole[:2]])[-4:])
+    assert kept[1].tolist() == [0, 1, 1, 0]
 
 
 def _plan(config: dict, dtype=torch.float64):
@@ -282,6 +323,49 @@ def test_fsl_sage_aligns_on_the_servers_memory_and_keeps_it():
     assert all(t.aux_memory is not None and t.align for t in nxt.tasks)
 
 
+def linear_pair(input_shape, num_classes) -> nn.Sequential:
+    """A linear model in two blocks (device: flatten + linear; server: linear), for
+    :func:`test_fsl_sage_with_a_perfect_auxiliary_model_equals_splitfed_v1`."""
+    width = int(np.prod(input_shape))
+    return nn.Sequential(
+        nn.Sequential(nn.Flatten(), nn.Linear(width, 8)), nn.Linear(8, num_classes)
+    )
+
+
+def test_fsl_sage_with_a_perfect_auxiliary_model_equals_splitfed_v1():
+    """On a linear model, an auxiliary model equal to the server part (a perfect fit: its ĝ is
+    the server's true cut-layer gradient for every input) makes FSL-SAGE's device updates
+    SplitFed V1's, bit for bit up to float64 rounding — while the server does not move
+    (server lr 0). With a training server they differ, which is why FSL-SAGE cannot equal
+    SplitFed V1 in general: the auxiliary model is fixed between alignments while the server
+    steps at every upload, an alignment fits the server *after* that iteration's step, and
+    SplitFed V1 steps per-client server copies (averaged) where FSL-SAGE steps one model."""
+    here = str(Path(__file__).parent)
+    common = {"model": "test_aux_sfl:linear_pair", "import_dirs": [here], "train.local_steps": 3}
+    common |= {"data.num_clients": 4, "train.clients_per_round": 2}
+    sage = {"options.fsl_sage.upload_every": 1, "options.fsl_sage.aux_model": "linear"}
+    prep_v1, plan_v1 = _plan(tiny_config(algorithm="splitfed_v1", **common))
+    prep_sage, plan_sage = _plan(tiny_config(algorithm="fsl_sage", **common, **sage))
+    state = {k: v.clone() for k, v in prep_v1.ctx.model.state_dict().items()}
+    server = {"1.weight": state["blocks.1.weight"], "1.bias": state["blocks.1.bias"]}
+    for t in plan_sage.tasks:
+        t.aux_state, t.align = server, False
+    assert [t.client for t in plan_v1.tasks] == [t.client for t in plan_sage.tasks]
+
+    def parts(plan, prep, server_lr):
+        plan = dataclasses.replace(plan, server_lr=server_lr)
+        res = SequentialExecutor().run_round(prep.ctx, state, plan, round_seed=5)
+        return {u.client: u.state for u in res.updates}
+
+    for lr, equal in [(0.0, True), (0.05, False)]:
+        v1, fsl = parts(plan_v1, prep_v1, lr), parts(plan_sage, prep_sage, lr)
+        close = all(
+            torch.allclose(v1[c][k], fsl[c][k], rtol=0, atol=1e-12) for c in v1 for k in v1[c]
+        )
+        assert close == equal, lr
+        assert any(not torch.equal(v1[c][k], state[k]) for c in v1 for k in v1[c])
+
+
 def _traffic_mib(rows, r):
     return rows[r - 1]["traffic_total_cum"] / 2**20
 
@@ -303,10 +387,11 @@ def test_comm_budget_ends_the_run_at_the_budget(tmp_path, algorithm):
     assert len(more.metrics) == 3
 
 
-def test_networked_refuses_cse_fsl_and_fsl_sage_in_one_line():
-    for algorithm in ("cse_fsl", "fsl_sage"):
-        with pytest.raises(ConfigError, match="networked: .* use executor: sequential"):
-            splitfl.validate(tiny_config(algorithm=algorithm, executor="networked"))
+def test_networked_accepts_every_auxiliary_algorithm():
+    """The auxiliary model lives on the device process (tests/test_networked_aux.py)."""
+    for algorithm, aux in [("cse_fsl", "linear"), ("fsl_sage", None), ("locfedmix_sl", "linear")]:
+        options = {f"options.{algorithm}.aux_model": aux or "resnet_stage"}
+        splitfl.validate(config_for(algorithm, executor="networked", **options))
 
 
 def test_registered_with_papers():

@@ -97,8 +97,27 @@ def mix(lam: float, a: Activation, b: Activation) -> Activation:
 
 
 def first_float(x: Activation) -> torch.Tensor:
-    """The first floating tensor (the activation proper, fed to an auxiliary head)."""
+    """The first floating tensor (the activation proper)."""
     return next((t for t in leaves(x) if differentiable(t)), leaves(x)[0])
+
+
+def aux_input(x: Activation) -> torch.Tensor:
+    """What an auxiliary model reads of an activation: its one floating tensor (as it is: a
+    mask beside it carries no gradient), or, where several floating tensors cross the cut (an
+    activation and a skip connection), all of them flattened per sample and concatenated in
+    order — differentiably, so the auxiliary loss and its gradient estimate reach each one."""
+    floats = [t for t in leaves(x) if differentiable(t)]
+    if len(floats) < 2:
+        return first_float(x)
+    return torch.cat([t.flatten(1) for t in floats], dim=1)
+
+
+def grad_of(value: torch.Tensor, x: Activation, create_graph: bool = False) -> Gradient:
+    """∂value/∂x for the floating leaves of ``x`` that require a gradient (all of them used by
+    ``value``), ``None`` for the others, in ``x``'s structure."""
+    wanted = [t for t in leaves(x) if t.requires_grad]
+    grads = iter(torch.autograd.grad(value, wanted, create_graph=create_graph))
+    return rebuild(x, [next(grads) if t.requires_grad else None for t in leaves(x)])
 
 
 def pack(name: str, x: Activation | Gradient) -> dict[str, torch.Tensor]:

@@ -73,8 +73,9 @@ class ClientTask:
     has one) serve algorithms whose clients keep models between aggregations;
     ``download_model``/``upload_model`` tell the cost model whether the device part crosses the
     network this round. ``align``: the server aligns this client's auxiliary model at its first
-    step (:class:`AlignSpec`), on ``aux_memory`` (the smashed data and labels it kept from the
-    client's earlier uploads) plus what the client uploads meanwhile.
+    step (:class:`AlignSpec`), on ``aux_memory`` (the smashed data — every tensor that crossed
+    the cut — and labels it kept from the client's earlier uploads) plus what the client
+    uploads meanwhile.
     """
 
     client: int
@@ -88,7 +89,7 @@ class ClientTask:
     download_model: bool = True
     upload_model: bool = True
     align: bool = False
-    aux_memory: tuple[torch.Tensor, torch.Tensor] | None = None
+    aux_memory: tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor] | None = None
 
 
 #: The drop reason of the RingSFL member whose failure abandoned a networked ring round (its
@@ -226,7 +227,7 @@ class ClientUpdate:
     loss_sum: float
     aux_state: dict[str, torch.Tensor] | None = None
     uploaded: int | None = None
-    aux_memory: tuple[torch.Tensor, torch.Tensor] | None = None
+    aux_memory: tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor] | None = None
 
     @property
     def loss_samples(self) -> int:

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
+from splitfl.activations import aux_input
 from splitfl.data.partition import batch_sizes
 from splitfl.extensions import build_aux
+from splitfl.models.aux import aux_flops
 from splitfl.models.base import ModelPart
-from splitfl.models.flops import count_flops
 from splitfl.models.profile import BYTES_PER_ELEMENT
 from splitfl.plan import AuxSpec, ClientTask, RoundPlan
 from splitfl.seeding import derive_seed
@@ -56,16 +57,10 @@ class AuxModel:
 
 
 def smashed_shape(ctx, cut: int) -> tuple[int, ...]:
-    """Per-sample shape of the (first floating) smashed data of ``ctx.model`` at ``cut``."""
-    out = _smashed(ctx, cut)
-    out = out[0] if isinstance(out, tuple) else out
-    return tuple(int(d) for d in out.shape[1:])
-
-
-def cut_tensors(ctx, cut: int) -> int:
-    """How many tensors cross ``cut`` (a graph-split model's cut may carry several)."""
-    out = _smashed(ctx, cut)
-    return len(out) if isinstance(out, tuple) else 1
+    """Per-sample shape of what the auxiliary model reads of the smashed data of ``ctx.model``
+    at ``cut`` (:func:`~splitfl.activations.aux_input`: the floating tensor, or several
+    flattened and concatenated)."""
+    return tuple(int(d) for d in aux_input(_smashed(ctx, cut)).shape[1:])
 
 
 def _smashed(ctx, cut: int):
@@ -77,19 +72,6 @@ def _smashed(ctx, cut: int):
     x = torch.zeros(1, *ctx.bundle.input_shape, dtype=dtype)
     with torch.no_grad():
         return part(x)
-
-
-def aux_flops(module: torch.nn.Module, shape: tuple[int, ...], dtype: torch.dtype) -> float:
-    """Forward + backward FLOPs per sample of ``module`` (a batch of 2 in train mode, the
-    input's gradient included, as :mod:`splitfl.models.profile` measures blocks)."""
-    probe = copy.deepcopy(module).train()
-    x = torch.zeros(2, *shape, dtype=dtype, requires_grad=True)
-
-    def step() -> None:
-        probe(x).float().sum().backward()
-
-    with torch.random.fork_rng(devices=[]):
-        return count_flops(step) / 2
 
 
 def uploaded_samples(ctx, task: ClientTask, plan: RoundPlan) -> int:

@@ -72,10 +72,6 @@ class CSEFSL(Algorithm):
     paper = "Mu & Shen, CSE-FSL (arXiv:2302.05599); authors' code HowDoIBlowUpTheMoon/ECSE-FL"
     Options = CSEFSLOptions
     coupled_round = "one server model trained on every client's uploads"
-    not_networked = (
-        "sends smashed data every h-th batch and runs any nn.Module as auxiliary model, which "
-        "device processes do not support yet"
-    )
 
     def __init__(self, options: CSEFSLOptions, ctx) -> None:
         super().__init__(options, ctx)

@@ -18,9 +18,19 @@ the client (``comm_load += calculate_load(auxiliary_model)``). Clients run one a
 round (``aggregate_clients``: 2 × the client model per client); auxiliary models stay per
 client and are never averaged (FSL-SAGE has no auxiliary aggregation).
 
+Relation to SplitFed V1: with an auxiliary model that fits the server part perfectly (on a
+linear model: the same weights) and a server that does not move, the device updates are
+SplitFed V1's (tested); in general they are not, because the auxiliary model stays fixed
+between alignments while the server steps at every upload, an alignment fits the server after
+that iteration's step, and SplitFed V1 steps per-client server copies where FSL-SAGE steps one.
+
 Options beyond the code: ``aux_model`` (default: ``resnet_stage`` — ``model/auxiliary/
 resnet18.yaml``'s ResNet layer3 auxiliary — for [C, H, W] smashed data, ``linear``
-otherwise, splitfl's choice for models the repository has no auxiliary for). Differences
+otherwise, splitfl's choice for models the repository has no auxiliary for). Where several
+tensors cross the cut (a graph-split model's activation and skip connection; the repository
+has only one), the auxiliary model reads them flattened and concatenated
+(:func:`~splitfl.activations.aux_input`), ĝ and the true gradients are per tensor, the
+alignment error is summed over them, and the server's memory keeps all of them. Differences
 kept on purpose: splitfl's optimisers are fresh each round (the repository keeps Adam's
 moments across rounds, for clients, server and auxiliary models); the code's CSE-FSL
 warm start (``warm_start``, off by default) is not offered.
@@ -32,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost, cut_tensors, smashed_shape
+from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost, smashed_shape
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.plan import AlignSpec, ClientTask, RoundPlan, RoundResult
@@ -70,21 +80,10 @@ class FSLSAGE(Algorithm):
         "the alignment memory holds the round's first uploaded batch only (its size follows "
         "training): alignment FLOPs are undercounted"
     )
-    not_networked = (
-        "sends smashed data every h-th batch and runs any nn.Module as auxiliary model, which "
-        "device processes do not support yet"
-    )
 
     def __init__(self, options: FSLSAGEOptions, ctx) -> None:
         super().__init__(options, ctx)
         self.cut = ctx.resolve_cut(options.cut, self.name)
-        crossing = cut_tensors(ctx, self.cut)
-        if crossing > 1:
-            raise ConfigError(
-                "options.fsl_sage.cut",
-                f"cut {self.cut} of {ctx.config.model} carries {crossing} tensors; FSL-SAGE's "
-                "auxiliary model estimates the gradient of one (choose a cut that carries one)",
-            )
         name = options.aux_model
         if name is None:
             name = "resnet_stage" if len(smashed_shape(ctx, self.cut)) == 3 else "linear"

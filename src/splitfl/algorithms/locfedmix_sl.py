@@ -26,7 +26,20 @@ Fixed batch size (``train.batch_size``) and fixed local iterations (``tau``) for
 clients are selected uniformly at random.
 
 Marked **proxy** (``splitfl.proxies``): the local loss is a cross-entropy auxiliary model
-(linear by default), not the paper's InfoPro-style auxiliary network.
+(linear by default, any ``aux_model``), not the paper's InfoPro-style auxiliary network.
+
+Where each choice comes from (the paper's full text was not available; only its title,
+abstract and public summaries — the MIT Media Lab project page, the authors' lab blog — and
+the citing papers): the three mechanisms and their order (local loss, lower-segment averaging
+after back-propagation, smashed-data mixup of client pairs, manifold-mixup style) from the
+title and the summaries; the local loss "maximises the mutual information between the raw
+and the smashed data" through an auxiliary network, with reference to InfoPro (summaries) —
+InfoPro's loss adds a reconstruction term of the input, which needs the raw input and a
+decoder on the device and weights the summaries do not give, so splitfl keeps its
+classification term only (its choice, hence the proxy label); FedAvg of the lower segments
+every ``aggregate_every`` rounds from MergeSFL §V; λ ~ Beta(α, α) and the pairing of random
+clients with equal cuts are mixup's usual form, and the fixed batch size, ``tau`` and uniform
+selection are splitfl's choices.
 """
 
 from __future__ import annotations
@@ -71,13 +84,6 @@ class LocFedMixSL(Algorithm):
         "keeps each client's device part and auxiliary head between its FedAvg rounds "
         "(aggregate_every), so a round's aggregate is not the model every client starts from"
     )
-
-    @classmethod
-    def networked_problem(cls, options: LocFedMixOptions) -> str:
-        """Device processes rebuild the ``linear`` auxiliary model from its weights only."""
-        if options.aux_model == "linear":
-            return ""
-        return f"aux_model {options.aux_model!r}: device processes run the linear one only"
 
     def __init__(self, options: LocFedMixOptions, ctx) -> None:
         super().__init__(options, ctx)

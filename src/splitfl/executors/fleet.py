@@ -22,7 +22,6 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from splitfl.activations import first_float
 from splitfl.config import TrainConfig
 from splitfl.executors.auxiliary import remember
 from splitfl.executors.pool import PartPool, cloned
@@ -39,7 +38,7 @@ class Fleet(Protocol):
     dropped: set[int]
 
     def begin(self, tasks: list[ClientTask], parts: dict[int, State], aux: dict[int, State]):
-        """Send each task and the device part (and aux head) it starts from."""
+        """Send each task and the device part (and auxiliary model) it starts from."""
 
     def forward(self, steps: dict[int, int]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Smashed data and labels of each client's mini-batch ``steps[client]``."""
@@ -48,7 +47,7 @@ class Fleet(Protocol):
         """Each client's activation gradient (the device steps)."""
 
     def head_update(self, clients: list[int]) -> None:
-        """``device_loss: local``: each client steps on its aux head's loss."""
+        """``device_loss: local``: each client steps on its auxiliary model's loss."""
 
     def estimate_update(self, clients: list[int]) -> None:
         """``device_loss: estimate``: each client steps with its auxiliary model's gradient
@@ -57,11 +56,16 @@ class Fleet(Protocol):
     def load_aux(self, states: dict[int, State]) -> None:
         """Each client's aligned auxiliary model (downloaded)."""
 
+    def aux_step(self, steps: dict[int, int], device_loss: str) -> dict[int, int]:
+        """Auxiliary plans off the upload period: each client forwards mini-batch
+        ``steps[client]`` and updates from its auxiliary model, its smashed data staying on the
+        device; the samples each trained."""
+
     def local_step(self, steps: dict[int, int]) -> dict[int, tuple[float, int]]:
         """Whole-model steps on the devices: (loss sum, samples) per client."""
 
     def finish(self, clients: list[int]) -> dict[int, tuple[State, State | None]]:
-        """The trained device parts (and aux heads), uploaded."""
+        """The trained device parts (and auxiliary models), uploaded."""
 
 
 class LocalFleet:
@@ -100,6 +104,9 @@ class LocalFleet:
     def load_aux(self, states):
         for c, state in states.items():
             self.roles[c].load_aux(state)
+
+    def aux_step(self, steps, device_loss):
+        return {c: self.roles[c].aux_step(step, device_loss) for c, step in steps.items()}
 
     def local_step(self, steps):
         return {c: self.roles[c].local_step(step) for c, step in steps.items()}
@@ -283,14 +290,11 @@ class _Loop:
         split = [t for t in tasks if t not in local]
         if not split:
             return
-        received = fleet.forward({t.client: step for t in split})
-        sent = [
-            Smashed(t.client, t.cut, *received[t.client]) for t in split if t.client in received
-        ]
-        if not sent:
-            return
         if self.plan.device_loss != "server":
-            self.aux_iteration([t for t in split if t.client in received], sent, step)
+            self.aux_iteration(split, step)
+            return
+        sent = self._forward(split, step)
+        if not sent:
             return
         answers = server.step(sent)
         for s, (_, loss_sum) in zip(sent, answers, strict=True):
@@ -298,35 +302,60 @@ class _Loop:
             tally[s.client].loss_sum += loss_sum
         fleet.backward({s.client: grad for s, (grad, _) in zip(sent, answers, strict=True)})
 
-    def aux_iteration(self, tasks: list[ClientTask], sent: list[Smashed], step: int) -> None:
-        """An auxiliary plan's iteration. At upload steps (``plan.uploads``) the server steps
-        on the smashed data (no gradient goes back) and, with alignment, keeps them; a task
-        with ``align`` has its auxiliary model aligned at its first step, after the server's
-        step (FSL-SAGE repo, ``src/algos/fsl_sage.py::client_step``: server update, then
-        ``add_datapoint``, then ``refresh_data``/``align`` when ``t % align_interval == 0 and
-        local_iter == 0``) and downloaded; then every device steps on its auxiliary model."""
-        plan, tally = self.plan, self.tally
-        for s in sent:
-            tally[s.client].samples += len(s.labels)
-        if plan.uploads(step):
-            for s, (_, loss_sum) in zip(sent, self.server.step(sent), strict=True):
-                tally[s.client].uploaded += len(s.labels)
-                tally[s.client].loss_sum += loss_sum
-                if plan.align is not None:
-                    x = first_float(s.features)
-                    self.memory[s.client] = remember(
-                        self.memory[s.client], x, s.labels, plan.align.memory
-                    )
-        aligning = [t for t in tasks if t.align and step == 0 and self.memory[t.client]]
-        if aligning:
-            states = {t.client: self._aligned(t) for t in aligning}
-            self.fleet.load_aux(states)
-        clients = [s.client for s in sent]
-        if plan.device_loss == "local":
-            self.fleet.head_update(clients)
+    def _forward(self, tasks: list[ClientTask], step: int) -> list[Smashed]:
+        """The members' smashed data of mini-batch ``step`` (the devices that answered)."""
+        received = self.fleet.forward({t.client: step for t in tasks})
+        return [
+            Smashed(t.client, t.cut, *received[t.client]) for t in tasks if t.client in received
+        ]
+
+    def aux_iteration(self, tasks: list[ClientTask], step: int) -> None:
+        """An auxiliary plan's iteration. At upload steps (``plan.uploads``) the devices send
+        their smashed data and the server steps on them (no gradient goes back) and, with
+        alignment, keeps them (:meth:`_upload`); off the period the smashed data stay on the
+        device (:meth:`Fleet.aux_step`). A task with ``align`` has its auxiliary model aligned
+        at its first step, after that step's server update (FSL-SAGE repo,
+        ``src/algos/fsl_sage.py::client_step``: server update, then ``add_datapoint``, then
+        ``refresh_data``/``align`` when ``t % align_interval == 0 and local_iter == 0``), and
+        downloaded; then every device steps on its auxiliary model."""
+        plan, fleet = self.plan, self.fleet
+        uploading = plan.uploads(step)
+        if uploading:
+            clients = [s.client for s in self._upload(tasks, step)]
         else:
-            self.fleet.estimate_update(clients)
+            clients = [t.client for t in tasks]
+        aligning = [
+            t
+            for t in tasks
+            if t.align and step == 0 and t.client in clients and self.memory[t.client]
+        ]
+        if aligning:
+            fleet.load_aux({t.client: self._aligned(t) for t in aligning})
+        clients = [c for c in clients if c not in fleet.dropped]
+        if uploading:
+            update = fleet.head_update if plan.device_loss == "local" else fleet.estimate_update
+            update(clients)
+            return
+        for c, samples in fleet.aux_step({c: step for c in clients}, plan.device_loss).items():
+            self.tally[c].samples += samples
+
+    def _upload(self, tasks: list[ClientTask], step: int) -> list[Smashed]:
+        """An upload step: the members' smashed data (those that answered), the server's step
+        on them, and (alignment) the server's memory of them."""
+        sent = self._forward(tasks, step)
+        if not sent:
+            return sent
+        for s, (_, loss_sum) in zip(sent, self.server.step(sent), strict=True):
+            tally = self.tally[s.client]
+            tally.samples += len(s.labels)
+            tally.uploaded += len(s.labels)
+            tally.loss_sum += loss_sum
+            if self.plan.align is not None:
+                self.memory[s.client] = remember(
+                    self.memory[s.client], s.features, s.labels, self.plan.align.memory
+                )
+        return sent
 
     def _aligned(self, task: ClientTask) -> State:
         """The task's auxiliary model aligned by the server on the client's memory."""
-        return self.server.align(self.run.aux[task.client], self.memory[task.client], task.cut)
+        return self.server.align(task, self.run.aux[task.client], self.memory[task.client])

@@ -28,9 +28,9 @@ from splitfl.activations import (
     Activation,
     Gradient,
     as_server_input,
+    aux_input,
     backward,
     cat,
-    first_float,
     head,
     input_grad,
     map_grad,
@@ -88,7 +88,7 @@ class Runtime:
 
 
 class DeviceRole:
-    """One client's side of a split round (its part, optimiser, batches, optional aux head).
+    """One client's side of a split round (its part, optimiser, batches, optional auxiliary model).
 
     ``x_all``/``y_all`` are the samples the device holds, indexed by the client's
     ``indices``; the mini-batches are drawn from ``derive_seed(round_seed, client)`` so every
@@ -147,7 +147,7 @@ class DeviceRole:
     def head_update(self) -> None:
         """``device_loss: local``: one step of the part and the auxiliary model on the
         auxiliary model's loss on the last smashed data (CSE-FSL, LocFedMix-SL)."""
-        loss = self.loss(self.runtime.forward(self.aux, first_float(self._fx)), self._y)
+        loss = self.loss(self.runtime.forward(self.aux, aux_input(self._fx)), self._y)
         self._step(loss)
         self._fx = None
 
@@ -156,12 +156,29 @@ class DeviceRole:
         server's cut-layer gradient (FSL-SAGE repo, ``src/algos/fsl_sage.py``:
         ``splitting_output.backward(auxiliary_model(local_smashed_data, y))``) and step the
         part; the auxiliary model is not stepped (only alignment changes its weights)."""
-        fx = first_float(self._fx)
-        grad = estimate_gradient(self.aux, fx, self._y, self.loss_name, self.runtime.forward)
+        grad = estimate_gradient(self.aux, self._fx, self._y, self.loss_name, self.runtime.forward)
         self.optimizer.zero_grad()
-        fx.backward(grad)
+        backward(self._fx, grad)
         self.optimizer.step()
         self._fx = None
+
+    def aux_update(self, device_loss: str) -> None:
+        """The auxiliary plan's device update on the last smashed data: :meth:`head_update`
+        (``device_loss: local``) or :meth:`estimate_update` (``estimate``)."""
+        if device_loss == "local":
+            self.head_update()
+        elif device_loss == "estimate":
+            self.estimate_update()
+        else:
+            raise ValueError(f"device_loss {str(device_loss)[:40]!r} has no auxiliary update")
+
+    def aux_step(self, step: int, device_loss: str) -> int:
+        """A batch whose smashed data stay on the device (an auxiliary plan's step off the
+        upload period, CSE-FSL/FSL-SAGE's ``h``): :meth:`forward` then :meth:`aux_update`,
+        the same calls as at an upload step; the samples trained."""
+        _, y = self.forward(step)
+        self.aux_update(device_loss)
+        return len(y)
 
     def load_aux(self, state: dict[str, torch.Tensor]) -> None:
         """The server's aligned auxiliary model replaces this device's (FSL-SAGE: "the aligned
@@ -185,7 +202,7 @@ class DeviceRole:
         self.optimizer.step()
 
     def states(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-        """The trained device part and aux head (detached clones)."""
+        """The trained device part and auxiliary model (detached clones)."""
         aux = None if self.aux is None else detached(self.aux.state_dict())
         return detached(self.part.state_dict()), aux
 
@@ -223,16 +240,16 @@ class ServerRole:
     def stop(self) -> int:
         return self.part.stop
 
-    def align(self, aux_state: dict[str, torch.Tensor], memory: Memory, cut: int) -> dict:
-        """FSL-SAGE's alignment of a client's auxiliary model (FSL-SAGE repo,
+    def align(self, task: ClientTask, aux_state: dict[str, torch.Tensor], memory: Memory) -> dict:
+        """FSL-SAGE's alignment of ``task``'s client's auxiliary model (FSL-SAGE repo,
         ``src/algos/fsl_sage.py``: ``refresh_data()`` then ``align()`` at the client's first
         iteration of an alignment round): the cut-layer gradients of this server part's mean
         loss over ``memory`` (:func:`~splitfl.executors.auxiliary.true_gradients`), then the
         fit (:func:`~splitfl.executors.auxiliary.align_aux`); the aligned state (detached)."""
         plan, like = self.plan, next(self.part.parameters())
-        x, y = (t.to(like.device) for t in memory)
-        x = x.to(like.dtype) if x.is_floating_point() else x
-        forward = lambda v: self._forward(v, cut)  # noqa: E731
+        x = tree_map(lambda t: _like(t, like), memory[0])
+        y = memory[1].to(like.device)
+        forward = lambda v: self._forward(v, task.cut)  # noqa: E731
         grads = true_gradients(forward, x, y, self.loss_name)
         aux = aux_module(plan.aux, aux_state, like)
         seed = int(self.gen.integers(2**31))
@@ -311,17 +328,9 @@ class ServerRole:
         return detached(self.part.state_dict())
 
 
-def aux_from_state(state: dict[str, torch.Tensor]) -> nn.Module:
-    """The aux head (:func:`~splitfl.executors.common.aux_head`) holding ``state``, built
-    without drawing an initialisation (so the torch RNG stream is left as it was)."""
-    classes, elements = state["1.weight"].shape
-    like = state["1.weight"]
-    linear = torch.nn.utils.skip_init(
-        nn.Linear, elements, classes, device=like.device, dtype=like.dtype
-    )
-    head = nn.Sequential(nn.Flatten(), linear)
-    head.load_state_dict(state)
-    return head
+def _like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` on ``like``'s device, floating tensors in its dtype."""
+    return t.to(like.device, like.dtype) if t.is_floating_point() else t.to(like.device)
 
 
 def group_loss(losses: list[torch.Tensor], sizes: list[int], mode: str) -> torch.Tensor:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from splitfl.config import TrainConfig
-from splitfl.executors.auxiliary import aux_module
+from splitfl.executors.auxiliary import device_aux
 from splitfl.executors.common import check_finite, detached
 from splitfl.executors.fleet import GroupRun, LocalFleet, State, group_runs, run_group, server_role
 from splitfl.executors.pool import PartPool, cloned
@@ -151,7 +151,7 @@ def device_maker(
             part = pool.take(model, 0, task.cut, part_state)
         module = None
         if aux_state is not None:
-            module = aux_module(aux, aux_state, next(iter(aux_state.values())))
+            module = device_aux(aux, aux_state)
         return DeviceRole(task, part, module, train, data_of(task.client), round_seed, runtime)
 
     return make

@@ -22,11 +22,14 @@ signature takes them, returning any ``nn.Module``.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
+from splitfl.models.flops import count_flops
 from splitfl.models.zoo._common import init_ringsfl
 from splitfl.models.zoo.resnet import BasicBlock
 
@@ -61,3 +64,16 @@ AUX_MODELS: dict[str, AuxBuilder] = {"linear": linear_aux, "resnet_stage": resne
 
 def aux_names() -> list[str]:
     return sorted(AUX_MODELS)
+
+
+def aux_flops(module: torch.nn.Module, shape: tuple[int, ...], dtype: torch.dtype) -> float:
+    """Forward + backward FLOPs per sample of ``module`` (a batch of 2 in train mode, the
+    input's gradient included, as :mod:`splitfl.models.profile` measures blocks)."""
+    probe = copy.deepcopy(module).train()
+    x = torch.zeros(2, *shape, dtype=dtype, requires_grad=True)
+
+    def step() -> None:
+        probe(x).float().sum().backward()
+
+    with torch.random.fork_rng(devices=[]):
+        return count_flops(step) / 2

@@ -34,7 +34,8 @@ from splitfl.executors.fleet import GroupRun
 from splitfl.models import BlockModel, ModelPart
 from splitfl.net.auth import new_token, token_hash
 from splitfl.net.d2d_device import PLAN_FIELDS
-from splitfl.net.fleet import Expect, Meter
+from splitfl.net.expect import Expect
+from splitfl.net.fleet import Meter
 from splitfl.net.hub import LOST, DeviceLink, Hub
 from splitfl.net.trust import (
     MAX_BYTES,

@@ -28,7 +28,8 @@ import numpy as np
 
 from splitfl.executors.fleet import GroupRun, run_group, server_role
 from splitfl.net.emulation import Profile
-from splitfl.net.fleet import Meter, RemoteFleet, TimedServer, expect_for
+from splitfl.net.expect import expect_for
+from splitfl.net.fleet import Meter, RemoteFleet, TimedServer
 from splitfl.net.ring_device import ring_session
 from splitfl.net.trust import REFERENCE_SAMPLES, peer_outliers
 from splitfl.net.wire import Message, state_from, state_tensors

@@ -7,11 +7,13 @@ dataset root, drawn exactly as the simulation draws it, or its own files with ``
 answers the server's commands
 with :class:`~splitfl.executors.roles.DeviceRole` — the same code the in-process executor runs:
 
-* ``begin`` (task, device part, aux head, round seed) → ``ack``
+* ``begin`` (task, device part, auxiliary model, round seed) → ``ack``
 * ``forward`` (step) → ``forwarded`` (smashed data, labels)
 * ``backward`` (activation gradient) and ``head_update`` → no reply (the next reply follows)
+* ``aux_step``, ``estimate_update``, ``load_aux``: the auxiliary model's commands
+  (:mod:`splitfl.net.device_aux`)
 * ``local_step`` (step) → ``local_done`` (loss sum, samples)
-* ``finish`` → ``finished`` (trained device part and aux head)
+* ``finish`` → ``finished`` (trained device part and what of the auxiliary model goes back)
 * ``identify`` (K models, sample positions; own data only) → ``identified`` (IFCA's cluster)
 
 Every reply carries ``compute_s``: device compute since the previous reply. The server never
@@ -37,12 +39,13 @@ from splitfl.data.clients import client_partition
 from splitfl.data.local import LocalData
 from splitfl.data.source import augmentation, normalized, transforms_of
 from splitfl.data.transforms import with_black
-from splitfl.executors.roles import DeviceRole, Runtime, aux_from_state
+from splitfl.executors.roles import DeviceRole, Runtime
 from splitfl.extensions import build_model, load_dataset
 from splitfl.models import ModelPart
 from splitfl.models.base import lowest_loss_state, moving_state
 from splitfl.models.registry import Split
 from splitfl.net.announce import build_announcement, data_mismatch
+from splitfl.net.device_aux import AuxCommands, step_of
 from splitfl.net.emulation import FORWARD_SHARE, Profile, stretch, transfer
 from splitfl.net.peer import PeerEndpoint
 from splitfl.net.wire import (
@@ -168,26 +171,30 @@ def _check_begin(f: dict, num_blocks: int) -> None:
         raise CommandError(f"'begin' field lr: {str(lr)[:40]}")
 
 
-def _step(msg: Message, role: DeviceRole) -> int:
-    """The command's mini-batch index, checked against the task's steps."""
-    step = msg.fields.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < role.task.steps:
-        raise CommandError(f"step {str(step)[:40]} not in [0, {role.task.steps})")
-    return step
-
-
 #: Share of the part's per-sample FLOPs each command computes (emulation).
 _COMPUTE_SHARE = {
     "forward": FORWARD_SHARE,
     "backward": 1 - FORWARD_SHARE,
     "head_update": 1 - FORWARD_SHARE,
+    "estimate_update": 1 - FORWARD_SHARE,
+    "aux_step": 1.0,
     "local_step": 1.0,
 }
-#: Commands a device answers.
-COMMANDS = ("begin", "forward", "backward", "head_update", "local_step", "finish", "identify")
+#: Commands a device answers (``aux_step``, ``estimate_update``, ``load_aux``:
+#: :class:`~splitfl.net.device_aux.AuxCommands`).
+COMMANDS = (
+    "begin",
+    "forward",
+    "backward",
+    "head_update",
+    "local_step",
+    "finish",
+    "identify",
+    *("aux_step", "estimate_update", "load_aux"),
+)
 
 
-class DeviceAgent:
+class DeviceAgent(AuxCommands):
     """Answers the server's commands for this device's clients."""
 
     def __init__(self, config: ExperimentConfig, data: ClientData):
@@ -204,6 +211,7 @@ class DeviceAgent:
         )
         self.runtime = Runtime(torch.device("cpu"), augment=data.augment)
         self.roles: dict[int, DeviceRole] = {}
+        self.aux_losses: dict[int, str] = {}
         #: each client's last refused command, since its last ``begin``
         self.refusals: dict[int, str] = {}
         self.pending: dict[int, float] = {}
@@ -242,7 +250,8 @@ class DeviceAgent:
         optimizer.step()
 
     def handle(self, msg: Message) -> Message | None:
-        """One command → its reply (None for ``backward``/``head_update``). With emulation,
+        """One command → its reply (None for ``backward``, ``head_update``, ``estimate_update``,
+        ``load_aux``). With emulation,
         compute is stretched to the client's profile (:mod:`splitfl.net.emulation`). A bad
         or out-of-order command is refused with an ``error`` reply (the client's round state
         is discarded) and the device keeps serving."""
@@ -304,8 +313,7 @@ class DeviceAgent:
         if set(received) != self._moving_keys(task.cut):  # a LoRA model's base stays here
             raise WireError("begin: the device part's tensors differ from this model's")
         part.load_state_dict(received, strict=False)
-        aux_state = state_from("aux", msg.tensors)
-        aux = aux_from_state(aux_state) if aux_state else None
+        aux = self.begin_aux(c, msg)
         self.refusals.pop(c, None)
         torch.manual_seed(derive_seed(f["round_seed"], "device-rng", c))  # dropout masks
         self.roles[c] = DeviceRole(
@@ -314,7 +322,7 @@ class DeviceAgent:
         return Message("ack")
 
     def _on_forward(self, c: int, msg: Message) -> Message:
-        fx, y = self.roles[c].forward(_step(msg, self.roles[c]))
+        fx, y = self.roles[c].forward(step_of(msg, self.roles[c]))
         self.last_batch[c] = len(y)
         return Message("forwarded", {"step": msg.fields["step"]}, {**pack("fx", fx), "y": y})
 
@@ -334,12 +342,12 @@ class DeviceAgent:
     def _on_head_update(self, c: int, msg: Message) -> None:
         role = self.roles[c]
         role.pending_output()
-        if role.aux is None:
-            raise CommandError("'head_update' without an aux head")
+        if role.aux is None or self.aux_losses.get(c) != "local":
+            raise CommandError("'head_update' without an auxiliary model trained on the device")
         role.head_update()
 
     def _on_local_step(self, c: int, msg: Message) -> Message:
-        loss_sum, samples = self.roles[c].local_step(_step(msg, self.roles[c]))
+        loss_sum, samples = self.roles[c].local_step(step_of(msg, self.roles[c]))
         self.last_batch[c] = samples
         return Message("local_done", {"loss_sum": loss_sum, "samples": samples})
 
@@ -358,8 +366,9 @@ class DeviceAgent:
         return Message("identified", {"cluster": cluster})
 
     def _on_finish(self, c: int, msg: Message) -> Message:
+        part, aux = self.roles[c].states()
+        aux = self.aux_back(c, aux)
         role = self.roles.pop(c)
-        part, aux = role.states()
         moving = self._moving_keys(role.task.cut)
         part = {k: v for k, v in part.items() if k in moving}
         return Message("finished", {}, {**state_tensors("part", part), **state_tensors("aux", aux)})

@@ -2,12 +2,13 @@
 
 With ``network.emulate: true`` the server sends each task its client's profile for the round
 (FLOPS, upload and download rates; ``devices.preset``) and the per-sample FLOPs of its device
-part, and
+part (and of its auxiliary model, in an auxiliary plan), and
 
 * the device stretches its compute to the profile: after a forward (1/3 of the part's
-  per-sample forward+backward FLOPs, the usual estimate), a backward or aux-head step (2/3),
-  or a whole-model step (all of it), it sleeps until ``samples × FLOPs / Comp_c`` has passed
-  (S²FL Eq. 1's ``F_c / Comp_c``); a device slower than its profile is not sped up;
+  per-sample forward+backward FLOPs, the usual estimate), a backward or auxiliary step (2/3),
+  or a whole-model step or a batch kept on the device, ``aux_step`` (all of it), it sleeps
+  until ``samples × FLOPs / Comp_c`` has passed (S²FL Eq. 1's ``F_c / Comp_c``); a device
+  slower than its profile is not sped up;
 * the device holds each received message for ``bytes / downlink`` before using it and each
   reply for ``bytes / uplink`` before sending it (Eq. 1's ``/ R`` terms, one transfer at a
   time per device), counted as communication, not compute;

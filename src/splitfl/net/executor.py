@@ -24,13 +24,15 @@ import torch
 
 from splitfl.allocator import keep_freed_memory
 from splitfl.config import ExperimentConfig
+from splitfl.executors.auxiliary import spec_flops
 from splitfl.executors.fleet import GroupRun, group_runs, run_group, server_role
 from splitfl.executors.roles import Runtime
 from splitfl.models import BlockModel
 from splitfl.net.client_data import RemoteClientData
 from splitfl.net.d2d import ClusterEmulation, D2DRound, reject_outlying_tops, run_cluster
 from splitfl.net.emulation import Profile
-from splitfl.net.fleet import LATE, Expect, Meter, RemoteFleet, TimedServer, expect_for
+from splitfl.net.expect import Expect, expect_for
+from splitfl.net.fleet import LATE, Meter, RemoteFleet, TimedServer
 from splitfl.net.lateness import LateClients
 from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
@@ -62,6 +64,8 @@ class NetworkedExecutor:
         self._updates = {what: PeerHistory(b.peer_update_factor) for what in parts}
         #: clients dropped for lateness, left out of the next rounds (network.late_bench_rounds)
         self._late = LateClients(config.network.late_bench_rounds)
+        #: per-sample FLOPs of each auxiliary model the plans named (emulation)
+        self._aux_cost: dict = {}
 
     def open(self, ctx, run_dir: Path) -> None:
         """Start listening (and the local device processes, if any) and wait for devices."""
@@ -155,6 +159,15 @@ class NetworkedExecutor:
             devices={c: m.device for c, m in meters.items() if m.device and c not in lost},
         )
 
+    def _aux_flops(self, plan: RoundPlan, model: BlockModel) -> float:
+        """Per-sample FLOPs of the plan's auxiliary model (0 without one), measured once per
+        auxiliary model: the emulation charges them on the device, as the cost model does."""
+        if plan.aux is None:
+            return 0.0
+        if plan.aux not in self._aux_cost:
+            self._aux_cost[plan.aux] = spec_flops(plan.aux, next(model.parameters()).dtype)
+        return self._aux_cost[plan.aux]
+
     def _groups(self, ctx, model: BlockModel, plan: RoundPlan, rnd: D2DRound):
         """Every group of a parameter-server plan, concurrently: on the server, or on the
         device ``plan.hosts`` names (device-to-device, :func:`~splitfl.net.d2d.run_cluster`).
@@ -164,7 +177,9 @@ class NetworkedExecutor:
         gen = np.random.default_rng(derive_seed(rnd.round_seed, "mix"))
         emulate = self.config.network.emulate
         links = self.config.network.emulate_links
-        profiles = emulated_profiles(ctx, plan, links) if emulate else None
+        profiles = None
+        if emulate:
+            profiles = emulated_profiles(ctx, plan, links, self._aux_flops(plan, model))
         server_emulation, distances, peers = None, {}, self._peers
         if profiles is not None:
             server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
@@ -187,6 +202,8 @@ class NetworkedExecutor:
                 distances,
                 self._deadline,
                 peers,
+                plan.aux,
+                plan.device_loss,
             )
             return run_group(fleet, timed, run, plan), None if server is None else server.state()
 
@@ -258,13 +275,17 @@ def ring_emulation(ctx, plan: RoundPlan, links: bool = True) -> RingEmulation:
 UNSHAPED = 1e18
 
 
-def emulated_profiles(ctx, plan: RoundPlan, links: bool = True) -> dict[int, Profile]:
-    """Each task's device profile for the plan's round and its part's per-sample FLOPs."""
+def emulated_profiles(
+    ctx, plan: RoundPlan, links: bool = True, aux_flops: float = 0.0
+) -> dict[int, Profile]:
+    """Each task's device profile for the plan's round and its part's per-sample FLOPs (plus
+    ``aux_flops``, the auxiliary model's, for a split task of an auxiliary plan)."""
     r = plan.round_idx or 0
     out = {}
     for t in plan.tasks:
         device = ctx.population.at(t.client, r)
         flops = ctx.profile.device_flops(t.cut)
+        flops += aux_flops if t.cut < ctx.profile.num_blocks else 0.0
         up, down = (device.uplink, device.downlink) if links else (UNSHAPED, UNSHAPED)
         out[t.client] = Profile(device.flops, up, down, flops)
     return out

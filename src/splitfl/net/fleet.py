@@ -24,26 +24,24 @@ from dataclasses import dataclass, field
 import torch
 
 from splitfl.activations import leaves, names, pack, unpack
-from splitfl.config import BoundsConfig
+from splitfl.executors.auxiliary import aux_module, returned_names
 from splitfl.executors.roles import ServerRole
-from splitfl.models import ModelPart
-from splitfl.models.base import moving_state
 from splitfl.net.emulation import Profile, stretch
+from splitfl.net.expect import Expect
 from splitfl.net.hub import LOST, DeviceLink, Hub
 from splitfl.net.trust import (
     PeerScale,
-    TensorSpec,
-    activation_scale,
     check_state,
     is_number,
     loss_problem,
     rms,
+    samples_problem,
     smashed_problem,
     state_specs,
     update_distance,
 )
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
-from splitfl.plan import ClientTask
+from splitfl.plan import AuxSpec, ClientTask
 
 State = dict[str, torch.Tensor]
 #: The drop reason of a client still working at the round deadline.
@@ -75,29 +73,6 @@ class Meter:
         self.payload[link] = self.payload.get(link, 0) + nbytes
 
 
-@dataclass
-class Expect:
-    """What valid replies look like: model dtype, what crosses each cut (a
-    :class:`~splitfl.net.trust.TensorSpec` per tensor: per-sample shape, dtype, largest
-    value allowed; ``single``: the cuts that send one tensor, not a tuple), classes, the
-    device part's tensors per cut (name → (shape, dtype)), the targets' dtype and per-sample
-    shape (int64 class labels, or float targets: ``train.loss`` mse/bce_logits) and the
-    bounds (:mod:`splitfl.net.trust`)."""
-
-    dtype: torch.dtype
-    features: dict[int, tuple[TensorSpec, ...]]
-    num_classes: int
-    part_specs: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]]
-    target_dtype: torch.dtype = torch.int64
-    target_shape: tuple[int, ...] = ()
-    single: set[int] = field(default_factory=set)
-    bounds: BoundsConfig = field(default_factory=BoundsConfig)
-
-    def count(self, cut: int) -> int | None:
-        """:func:`~splitfl.activations.unpack`'s count for what ``cut`` sends."""
-        return None if cut in self.single else len(self.features[cut])
-
-
 class RemoteFleet:
     """Fleet calls over the hub's device links (one instance per group and round)."""
 
@@ -115,6 +90,8 @@ class RemoteFleet:
         distances: dict[int, float] | None = None,
         round_deadline: float | None = None,
         peers: PeerScale | None = None,
+        aux: AuxSpec | None = None,
+        device_loss: str = "server",
     ):
         self.hub, self.round_seed, self.timeout_s, self.expect = hub, round_seed, timeout_s, expect
         self.meters, self.lost, self.profiles = meters, lost, profiles
@@ -133,9 +110,12 @@ class RemoteFleet:
         self.unanswered: dict[int, int] = {}
         #: each client's link, looked up once per round (not under the hub's lock per batch)
         self.links: dict[int, DeviceLink | None] = {}
-        #: what each client was sent at ``begin`` (device part, aux head): updates are checked
-        #: against it (:func:`~splitfl.net.trust.update_problem`)
+        #: what each client was sent at ``begin`` (device part, auxiliary model; an aligned
+        #: one replaces it): updates are checked against it (``trust.update_problem``)
         self.sent: dict[int, tuple[State, State | None]] = {}
+        #: auxiliary plans: the auxiliary model devices build (:class:`~splitfl.plan.AuxSpec`)
+        #: and how they update (``local``/``estimate``, :attr:`~splitfl.plan.RoundPlan.device_loss`)
+        self.aux, self.device_loss = aux, device_loss
 
     # -- Fleet -------------------------------------------------------------------------------
     def begin(self, tasks, parts, aux):
@@ -155,6 +135,8 @@ class RemoteFleet:
                 fields["emulate"] = self.profiles[t.client].to_fields()
             moving = self.expect.part_specs[t.cut]  # the frozen base stays on the device
             part = {k: v for k, v in parts[t.client].items() if k in moving}
+            if aux.get(t.client) is not None:
+                fields["aux"] = self._aux_fields()
             tensors = {**state_tensors("part", part), **state_tensors("aux", aux.get(t.client))}
             requests[t.client] = (Message("begin", fields, tensors), "model_down")
         self._call(requests, "ack")
@@ -183,6 +165,32 @@ class RemoteFleet:
     def head_update(self, clients):
         for c in clients:
             self._post(c, Message("head_update"), None)
+
+    def estimate_update(self, clients):
+        for c in clients:
+            self._post(c, Message("estimate_update"), None)
+
+    def load_aux(self, states):
+        """The aligned auxiliary models down (no reply); each is now what its device holds."""
+        for c, state in states.items():
+            if c in self.sent:
+                self.sent[c] = (self.sent[c][0], state)
+            self._post(c, Message("load_aux", {}, state_tensors("aux", state)), "model_down")
+
+    def aux_step(self, steps, device_loss):
+        """``aux_step`` → ``aux_done`` (samples trained): the device's ``begin`` named its
+        ``device_loss``; nothing but the sample count comes back."""
+        del device_loss  # sent once, with ``begin``
+        requests = {c: (Message("aux_step", {"step": s}), None) for c, s in steps.items()}
+        out = {}
+        for c, msg in self._call(requests, "aux_done").items():
+            samples = msg.fields.get("samples")
+            problem = samples_problem(samples, self.tasks[c].batch_size)
+            if problem:
+                self._drop(c, f"rejected auxiliary step report: {problem}")
+                continue
+            out[c] = samples
+        return out
 
     def _post(self, c: int, msg: Message, link_name: str | None) -> None:
         """Send without waiting for a reply (the device's next reply follows its work)."""
@@ -216,7 +224,8 @@ class RemoteFleet:
             steps = max(self.tasks[c].steps, 1)  # a client with more steps moves further
             self.distances[c] = update_distance(part, self.sent[c][0]) / steps
             frozen = {k: v for k, v in self.sent[c][0].items() if k not in part}
-            out[c] = ({**frozen, **part}, aux or None)
+            sent_aux = self.sent[c][1]
+            out[c] = ({**frozen, **part}, {**sent_aux, **aux} if sent_aux else None)
         return out
 
     # -- transport -----------------------------------------------------------------------------
@@ -307,16 +316,32 @@ class RemoteFleet:
                 problem = problem or self.peers.problem((task.cut, i), step, c, rms(t))
         return problem
 
+    def _aux_fields(self) -> dict:
+        """``begin``'s ``aux`` field: the auxiliary model the device builds and how it updates."""
+        if self.aux is None or self.device_loss not in ("local", "estimate"):
+            raise ValueError("an auxiliary model sent without an auxiliary plan")
+        spec = self.aux
+        return {
+            "model": spec.model,
+            "input_shape": list(spec.input_shape),
+            "num_classes": spec.num_classes,
+            "loss": self.device_loss,
+        }
+
     def _check_part(self, c: int, part: State, aux: State) -> str | None:
+        """The device part (and the auxiliary model's entries the device returns,
+        :func:`~splitfl.executors.auxiliary.returned_names`) against what was sent."""
         task, (sent_part, sent_aux) = self.tasks[c], self.sent[c]
         bounds = self.expect.bounds
         problem = check_state(part, self.expect.part_specs[task.cut], sent_part, bounds, task.steps)
         if problem or (not aux and not sent_aux):
             return problem
         if not sent_aux:
-            return "aux head sent but none was given"
-        problem = check_state(aux, state_specs(sent_aux), sent_aux, bounds, task.steps)
-        return f"aux head: {problem}" if problem else None
+            return "auxiliary model sent but none was given"
+        names_back = returned_names(aux_module(self.aux, sent_aux), self.device_loss)
+        sent_back = {k: v for k, v in sent_aux.items() if k in names_back}
+        problem = check_state(aux, state_specs(sent_back), sent_back, bounds, task.steps)
+        return f"auxiliary model: {problem}" if problem else None
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -344,44 +369,10 @@ class TimedServer:
             self.meters[s.client].server_s += spent
         return out
 
-
-def expect_for(
-    model,
-    sample: torch.Tensor,
-    num_classes: int,
-    cuts,
-    target: torch.Tensor | None = None,
-    bounds: BoundsConfig | None = None,
-) -> Expect:
-    """What valid device replies look like for these cut points of ``model``: a dry run of
-    each device part on the reference ``sample`` rows gives the smashed-data shape and the
-    activation scale the bounds are relative to (:mod:`splitfl.net.trust`); ``target``: one
-    sample's target, for its dtype and shape (int64 class labels when None)."""
-    bounds = bounds or BoundsConfig()
-    dtype = next(model.parameters()).dtype
-    features, specs, single = {}, {}, set()
-    sample = sample.to(next(model.parameters()).device)
-    if sample.is_floating_point():
-        sample = sample.to(dtype)
-    for cut in cuts:
-        part = ModelPart(model, 0, cut)
-        # only what a round can change travels (LoRA: the adapters, not the frozen base)
-        specs[cut] = state_specs({k: t.detach() for k, t in moving_state(part, model).items()})
-        if cut < model.num_blocks:
-            with torch.no_grad():
-                out = part.eval()(sample[:1])
-            scales = activation_scale(part, sample)
-            features[cut] = tuple(
-                TensorSpec(
-                    tuple(t.shape[1:]),
-                    t.dtype,
-                    bounds.activation_factor * peak + bounds.activation_abs,
-                )
-                for t, peak in zip(leaves(out), scales, strict=True)
-            )
-            if not isinstance(out, tuple):
-                single.add(cut)
-            part.train()
-    target_dtype = torch.int64 if target is None else target.dtype
-    target_shape = () if target is None else tuple(target.shape[1:])
-    return Expect(dtype, features, num_classes, specs, target_dtype, target_shape, single, bounds)
+    def align(self, task: ClientTask, aux_state: State, memory) -> State:
+        """FSL-SAGE's alignment (:meth:`ServerRole.align`), its time charged to ``task``'s
+        client (measured, not stretched by the emulation)."""
+        start = time.perf_counter()
+        out = self.server.align(task, aux_state, memory)
+        self.meters[task.client].server_s += time.perf_counter() - start
+        return out

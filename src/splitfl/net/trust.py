@@ -6,7 +6,7 @@ caller drops the client for the round (:class:`~splitfl.plan.RoundResult` ``drop
 the run. The magnitude bounds (``network.bounds``, :class:`~splitfl.config.BoundsConfig`) are
 relative to the current model, so they scale with any model and need no tuning:
 
-* a model part (device part, aux head, ParallelSFL's top part, RingSFL's model) may lie at
+* a model part (device part, auxiliary model, ParallelSFL's top part, RingSFL's model) may lie at
   most ``update_norm_factor × ‖sent‖ + update_norm_abs`` from the part the server sent (L2
   norm over its floating-point tensors); integer buffers (BatchNorm's batch counter) may only
   grow, by at most :data:`COUNTER_SLACK` per local step. An honest round moves a part by a
@@ -40,7 +40,7 @@ State = dict[str, torch.Tensor]
 Specs = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 #: How much an integer buffer may grow per local step (BatchNorm's ``num_batches_tracked``
-#: counts one per training forward; an aux head or mixup adds at most one more).
+#: counts one per training forward; an auxiliary model or mixup adds at most one more).
 COUNTER_SLACK = 4
 #: Samples the activation scale is measured on (:func:`activation_scale`).
 REFERENCE_SAMPLES = 64
@@ -311,10 +311,19 @@ def bounded(x, hi: float, lo: float = 0.0) -> bool:
 def loss_problem(loss_sum, samples, most_samples: int, bounds: BoundsConfig) -> str | None:
     """What is wrong with a reported (loss sum, samples) pair, or None: samples an integer in
     ``[1, most_samples]``, the loss finite, non-negative and at most ``loss_max`` per sample."""
+    problem = samples_problem(samples, most_samples)
+    if problem:
+        return problem
+    if not bounded(loss_sum, bounds.loss_max * samples):
+        return f"loss {str(loss_sum)[:40]} (network.bounds.loss_max: {bounds.loss_max:g}/sample)"
+    return None
+
+
+def samples_problem(samples, most_samples: int) -> str | None:
+    """What is wrong with a reported sample count, or None: an integer in ``[1, most_samples]``
+    (a mini-batch holds at most the task's batch size)."""
     if isinstance(samples, bool) or not isinstance(samples, int):
         return f"samples {str(samples)[:40]!r}"
     if not 1 <= samples <= most_samples:
         return f"{samples} samples (at most {most_samples})"
-    if not bounded(loss_sum, bounds.loss_max * samples):
-        return f"loss {str(loss_sum)[:40]} (network.bounds.loss_max: {bounds.loss_max:g}/sample)"
     return None
