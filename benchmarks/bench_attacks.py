@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -43,7 +42,7 @@ import torch
 import splitfl
 from splitfl.net.device import DeviceAgent, DeviceOptions
 from splitfl.net.device_session import start_in_thread
-from splitfl.net.testbed import Testbed, free_port
+from splitfl.net.testbed import FreezingRelay, Testbed
 from splitfl.testing import config_for
 
 AGGREGATIONS = ("mean", "median", "trimmed_mean", "clip_mean")
@@ -238,51 +237,6 @@ def judge(run: dict, base: dict, wreck_points: float, stall_factor: float) -> di
 
 
 # ------------------------------------------------------------------------- the link break
-class FreezingRelay:
-    """A TCP relay on loopback that can go silent: while frozen, bytes are swallowed both ways
-    and new connections wait (a partition, not a reset)."""
-
-    def __init__(self, target: int):
-        self.target, self.port = target, free_port()
-        self.frozen, self.stopped = threading.Event(), threading.Event()
-        self.listener = socket.create_server(("127.0.0.1", self.port))
-        self.listener.settimeout(0.2)
-        self.sockets: list[socket.socket] = [self.listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                near, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            while self.frozen.is_set() and not self.stopped.is_set():
-                time.sleep(0.1)
-            try:
-                far = socket.create_connection(("127.0.0.1", self.target))
-            except OSError:
-                near.close()
-                continue
-            self.sockets += [near, far]
-            for a, b in ((near, far), (far, near)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                if not self.frozen.is_set():
-                    dst.sendall(data)
-        except OSError:
-            pass
-
-    def stop(self) -> None:
-        self.stopped.set()
-        for s in self.sockets:
-            s.close()
-
-
 def link_break(folder: Path, devices: int, cut_after_s: float, hold_s: float) -> dict[str, Any]:
     """Every device behind one relay, ``retry_s`` 5 s (shorter than it has been connected,
     longer than the cut), cut for ``hold_s`` once connected for ``cut_after_s``: how many

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import threading
 import time
 
@@ -28,7 +27,7 @@ from splitfl.net.auth import TokenBook, is_loopback, token_hash
 from splitfl.net.device import DeviceAgent, DeviceOptions
 from splitfl.net.device_session import start_in_thread
 from splitfl.net.hub import Hub, HubSettings
-from splitfl.net.testbed import Testbed, free_port
+from splitfl.net.testbed import FreezingRelay, Testbed
 from splitfl.testing import config_for
 
 
@@ -329,60 +328,10 @@ def test_interrupted_server_names_its_own_resume_command(tmp_path):
 # ------------------------------------------------------------------ 3: silent links
 
 
-class _FreezingProxy:
-    """A TCP relay on loopback that can go silent: while frozen, bytes are swallowed in both
-    directions and new connections are held unanswered (a partition, not a reset)."""
-
-    def __init__(self, target: int):
-        self.target, self.port = target, free_port()
-        self.frozen = threading.Event()
-        self.stopped = threading.Event()
-        self.listener = socket.create_server(("127.0.0.1", self.port))
-        self.listener.settimeout(0.2)
-        self.sockets: list[socket.socket] = [self.listener]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                near, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            while self.frozen.is_set() and not self.stopped.is_set():
-                time.sleep(0.1)  # a partition: the connection hangs
-            try:
-                far = socket.create_connection(("127.0.0.1", self.target))
-            except OSError:  # the server is not listening yet: the caller redials
-                near.close()
-                continue
-            self.sockets += [near, far]
-            for a, b in ((near, far), (far, near)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(1 << 16):
-                if not self.frozen.is_set():
-                    dst.sendall(data)
-        except OSError:
-            pass
-
-    def stop(self) -> None:
-        self.stopped.set()
-        for s in self.sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-
 class _Cut(DeviceAgent):
     """Freezes the proxy (for ``_Cut.hold_s``) at its second round's first forward."""
 
-    proxy: _FreezingProxy | None = None
+    proxy: FreezingRelay | None = None
     hold_s = 6.0
     begun = 0
 
@@ -403,7 +352,7 @@ def test_device_behind_a_silent_link_redials_and_trains_again(tmp_path):
     """A link silent for longer than ``timeout_s`` (6 s > 1.5 s): the device's keepalive
     notices, it redials once the link is back and trains again in a later round."""
     bed = Testbed.create(tmp_path / "bed", ["far", "near"])
-    proxy = _FreezingProxy(bed.port)
+    proxy = FreezingRelay(bed.port)
     _Cut.proxy, _Cut.begun = proxy, 0
     try:
         opts = DeviceOptions(
@@ -432,7 +381,7 @@ class _LateCut(DeviceAgent):
     ``after_s`` after the first one (by round 9 at the latest) freezes the proxy for
     ``hold_s``: a cut after a session longer than the device's ``retry_s``."""
 
-    proxy: _FreezingProxy | None = None
+    proxy: FreezingRelay | None = None
     after_s, hold_s = 6.0, 3.0
     first: float | None = None
     cut = False
@@ -454,7 +403,7 @@ def test_a_device_connected_longer_than_retry_s_redials_after_a_cut(tmp_path):
     3 s), redials, trains again and ends on the server's bye (issue 35, item 1: it used to
     give up at its first link break)."""
     bed = Testbed.create(tmp_path / "bed", ["far", "near"])
-    proxy = _FreezingProxy(bed.port)
+    proxy = FreezingRelay(bed.port)
     _LateCut.proxy, _LateCut.first, _LateCut.cut = proxy, None, False
     try:
         opts = DeviceOptions(f"127.0.0.1:{proxy.port}", "far", bed.tokens["far"], (0,), retry_s=5.0)

@@ -50,9 +50,11 @@ class NetworkedExecutor:
         self.runtime = Runtime(torch.device(device), config.precision, config.channels_last)
         self.session: NetworkSession | None = None
         self._rounds = itertools.count()
-        #: the last round's median time to a client's finished update (the round deadline is
-        #: relative to it)
-        self._median_client_s: float | None = None
+        #: each client's time to its finished update in the last round it was contacted (at
+        #: the deadline, censored, if it was late): the round deadline is relative to the
+        #: median over a round's clients, benched ones included (else a slow device, once
+        #: benched, would meet a deadline set by the fast ones alone)
+        self._client_s: dict[int, float] = {}
         self._deadline: float | None = None
         #: seconds :meth:`reachable` waited for devices before this round was planned
         self._waited: float | None = None
@@ -126,7 +128,8 @@ class NetworkedExecutor:
         net = self.config.network
         rnd = D2DRound(self.session.hub, tag, round_seed, net.timeout_s, meters, lost, net.bounds)
         began = time.monotonic()
-        self._deadline = round_deadline(net, self._median_client_s, began)
+        known = [self._client_s[t.client] for t in plan.tasks if t.client in self._client_s]
+        self._deadline = round_deadline(net, float(np.median(known)) if known else None, began)
         start = time.perf_counter()
         on_server = [t.client for t in plan.tasks if t.group not in plan.hosts]
         on_server = [] if plan.ring is not None else on_server
@@ -141,12 +144,11 @@ class NetworkedExecutor:
             updates = [u for u in updates if u.client not in outliers]
             lost.update(outliers)
         wall = time.perf_counter() - start
-        done = [m.finished_at - began for c, m in meters.items() if m.finished_at and c not in lost]
-        # a client dropped at the deadline counts as finishing at it (a censored time): else
-        # a slow honest device, once dropped, would stay outside every later deadline
-        late = [self._deadline - began for why in lost.values() if why.startswith(LATE)]
-        if done or late:  # the next round's deadline: when this round's clients finished
-            self._median_client_s = float(np.median(done + late))
+        for c, m in meters.items():  # the next deadlines: when these clients finished
+            if m.finished_at and c not in lost:
+                self._client_s[c] = m.finished_at - began
+            elif lost.get(c, "").startswith(LATE):  # censored: finishing at the deadline
+                self._client_s[c] = self._deadline - began
         self._late.record(r, on_server, lost)
         return RoundResult(
             updates=updates,
@@ -224,10 +226,11 @@ class NetworkedExecutor:
 
 def round_deadline(net, median_client_s: float | None, began: float) -> float | None:
     """When this round's clients must be done (``time.monotonic()``): ``round_deadline_factor``
-    × the previous round's median time from the round's start to a client's finished update
-    (clients run one after another count their wait: a chain's deadline grows with it), at
-    least ``round_deadline_min_s``, after ``began``; None in the first round or with the
-    factor 0. Late clients are not counted, so a staller cannot stretch the next deadline."""
+    × the median over the round's clients of each one's time from its round's start to its
+    finished update, in the last round it was contacted (clients run one after another count
+    their wait: a chain's deadline grows with it), at least ``round_deadline_min_s``, after
+    ``began``; None before any was measured or with the factor 0. A late client counts as
+    finishing at the deadline, so a staller cannot stretch the next deadline."""
     if not net.round_deadline_factor or median_client_s is None:
         return None
     return began + max(net.round_deadline_factor * median_client_s, net.round_deadline_min_s)

@@ -10,6 +10,8 @@ loopback; only the process boundary is missing (``splitfl launch`` has it).
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,3 +72,54 @@ class Testbed:
             **opts,
         )
         return start_in_thread(options, agent_cls)
+
+
+class FreezingRelay:
+    """A TCP relay on loopback to ``target`` that can go silent: while ``frozen`` is set,
+    bytes are swallowed in both directions and new connections are held unanswered (a
+    partition, not a reset). Devices dial ``127.0.0.1:<port>``; :meth:`stop` closes it."""
+
+    def __init__(self, target: int):
+        self.target, self.port = target, free_port()
+        self.frozen = threading.Event()
+        self.stopped = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        self.listener.settimeout(0.2)
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                near, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            while self.frozen.is_set() and not self.stopped.is_set():
+                time.sleep(0.1)  # a partition: the connection hangs
+            try:
+                far = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:  # the server is not listening yet: the caller redials
+                near.close()
+                continue
+            self.sockets += [near, far]
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if not self.frozen.is_set():
+                    dst.sendall(data)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        self.stopped.set()
+        for s in self.sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
