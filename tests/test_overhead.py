@@ -11,7 +11,7 @@ import torch
 from splitfl.data.partition import _top_up, dirichlet
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.seeding import _key, derive_seed, rng_for
+from splitfl.seeding import _key, derive_seed, rng_for, seed_torch
 from splitfl.testing import config_for
 
 
@@ -106,3 +106,15 @@ def test_derived_seeds_equal_the_array_reference():
         parts = [int(gen.integers(0, 2**40)) for _ in range(int(gen.integers(0, 3)))]
         parts += ["b", "unit", "torch"][: int(gen.integers(0, 2))]
         assert derive_seed(seed, *parts) == _derive_seed_reference(seed, *parts), (seed, parts)
+
+
+def test_seed_torch_draws_what_torch_manual_seed_draws():
+    """The round's torch seed without the accelerators' lazy calls: the same CPU stream (the
+    draws and dropout masks a round makes) as ``torch.manual_seed``."""
+    for seed in (0, 3, 2**62 + 5):
+        torch.manual_seed(seed)
+        expected = (torch.rand(6), torch.nn.functional.dropout(torch.ones(8), 0.5))
+        torch.manual_seed(seed + 1)  # another state in between
+        seed_torch(seed)
+        got = (torch.rand(6), torch.nn.functional.dropout(torch.ones(8), 0.5))
+        assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))

@@ -20,7 +20,7 @@ from splitfl.executors import NonFiniteLossError, evaluate
 from splitfl.experiment.client_eval import client_keys, evaluate_clients
 from splitfl.experiment.context import RunContext
 from splitfl.plan import RoundPlan, RoundReport, RoundResult
-from splitfl.seeding import derive_seed, rng_for
+from splitfl.seeding import derive_seed, rng_for, seed_torch
 from splitfl.system import LINKS, ClientCost, SimClock, Traffic, jitter_factors
 from splitfl.system.cost import server_bytes
 from splitfl.training import row_key, server_step
@@ -179,7 +179,7 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     """One round: select → plan → execute → cost → observe → aggregate → evaluate; returns
     its metrics row (``st`` holds the new model, clock and traffic)."""
     config, ctx, algorithm = prep.config, prep.ctx, prep.algorithm
-    torch.manual_seed(derive_seed(config.seed, "torch", r))
+    seed_torch(derive_seed(config.seed, "torch", r))
     clients = algorithm.select_clients(r, rng_for(config.seed, "select", r))
     plan = algorithm.plan_round(r, clients, rng_for(config.seed, "plan", r))
     plan.round_idx = r

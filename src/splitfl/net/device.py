@@ -56,7 +56,7 @@ from splitfl.net.wire import (
     state_tensors,
 )
 from splitfl.plan import ClientTask
-from splitfl.seeding import derive_seed
+from splitfl.seeding import derive_seed, seed_torch
 
 
 @dataclass(frozen=True)
@@ -315,7 +315,7 @@ class DeviceAgent(AuxCommands):
         part.load_state_dict(received, strict=False)
         aux = self.begin_aux(c, msg)
         self.refusals.pop(c, None)
-        torch.manual_seed(derive_seed(f["round_seed"], "device-rng", c))  # dropout masks
+        seed_torch(derive_seed(f["round_seed"], "device-rng", c))  # dropout masks
         self.roles[c] = DeviceRole(
             task, part, aux, self.config.train, self.data.samples[c], f["round_seed"], self.runtime
         )
