@@ -5,6 +5,8 @@
 :meth:`Testbed.server_overrides` are the config values that make a run the server of those
 devices (``executor: networked``, ``network.devices: 0``). The traffic is real gRPC over
 loopback; only the process boundary is missing (``splitfl launch`` has it).
+:class:`FreezingRelay` stands between devices and the server to cut their links (a partition:
+bytes swallowed, not a reset), for link-break tests and ``benchmarks/bench_attacks.py``.
 """
 
 from __future__ import annotations
