@@ -275,8 +275,8 @@ def test_a_slow_drip_is_dropped_at_the_round_deadline(tmp_path):
 def test_late_clients_are_benched_for_doubling_rounds_by_hand():
     late = LateClients(1)
     dropped = {0: f"{LATE} (network.round_deadline_factor)", 1: "no reply within 3 s", 2: "x"}
-    late.record(4, [0, 1, 2, 3], dropped)  # 0 late; 1 silent (its link redials), 2 dropped
-    assert list(late.benched(5, [0, 1, 2, 3])) == [0] and late.benched(6, [0, 1]) == {}
+    late.record(4, [0, 1, 2, 3], dropped)  # 0 late, 1 silent, 2 dropped otherwise, 3 on time
+    assert list(late.benched(5, [0, 1, 2, 3])) == [0, 1] and late.benched(6, [0, 1]) == {}
     late.record(6, [0, 1], {0: dropped[0]})  # 0 late again: its streak is 2, benched for 2
     assert list(late.benched(7, [0, 1])) == [0] and list(late.benched(8, [0])) == [0]
     assert late.benched(9, [0]) == {} and 1 not in late.streak  # 1 finished round 6

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from splitfl.net.fleet import LATE
 
-#: the drop reason that counts as late: the round deadline (a command unanswered for
-#: ``timeout_s`` is a silent link, whose device redials: not benched)
-LATE_REASONS = (LATE,)
+#: the drop reasons that count as late: the round deadline, or a command unanswered for
+#: ``timeout_s`` (:meth:`~splitfl.net.fleet.RemoteFleet._await`; a drip just past the timeout
+#: looks like a silent link)
+LATE_REASONS = (LATE, "no reply within")
 BENCHED = "benched"
 
 
