@@ -68,8 +68,9 @@ class NetworkConfig:
     connect_timeout_s: float = 120.0
     rejoin_s: float = 30.0
     #: Round deadline relative to the clients (a device answering each command just inside
-    #: ``timeout_s`` must not stretch every round): from the second round, a client still
-    #: working ``round_deadline_factor`` × the previous round's median client time (at
+    #: ``timeout_s`` must not stretch every round): once its clients were measured, a client
+    #: still working ``round_deadline_factor`` × the median over the round's clients of each
+    #: one's last measured time to a finished update (late: censored at its deadline; at
     #: least ``round_deadline_min_s``) after the round started is dropped for the round,
     #: with the reason recorded. 0 = no deadline but ``timeout_s`` per command. The factor
     #: must exceed the honest devices' speed spread (slow devices are dropped otherwise).
