@@ -46,6 +46,13 @@ from peer_workload import (
     write_workload,
 )
 
+import splitfl
+from splitfl.data.base import load_dataset
+from splitfl.data.clients import client_partition
+from splitfl.executors.common import client_batches
+from splitfl.experiment.runner import as_config
+from splitfl.seeding import derive_seed, rng_for
+
 HERE = Path(__file__).resolve().parent
 VENVS = HERE / ".venvs"
 #: framework → (runner script, python: None = this interpreter, else the venv's name)
@@ -63,12 +70,6 @@ def prepare(folder: Path) -> Path:
     """Write the workload file: splitfl's digits, its Dirichlet(0.5) partition of 100 clients
     (``min_samples`` 8) as writer ids, and each round's clients and the seeds of their
     shuffles, drawn as splitfl's FedAvg draws them (checked: the same mini-batches)."""
-    from splitfl.data.base import load_dataset
-    from splitfl.data.clients import client_partition
-    from splitfl.executors.common import client_batches
-    from splitfl.experiment.runner import as_config
-    from splitfl.seeding import derive_seed, rng_for
-
     data = {"dataset": "digits", "partition": "dirichlet", "alpha": 0.5}
     cfg = as_config({"seed": SEED, "data": {**data, "num_clients": NUM_CLIENTS, "min_samples": 8}})
     bundle = load_dataset("digits")
@@ -270,8 +271,6 @@ def main() -> None:
         names.insert(names.index("splitfl") if "splitfl" in names else 1, "splitfl_before")
     missing = {n: f"no {VENVS / RUNNERS[n][1]}" for n in names if python_for(n) is None}
     runs: list[dict] = []
-    import splitfl
-
     compile_sources(Path(splitfl.__file__).parent, *filter(None, [args.splitfl_before]))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "data"
