@@ -49,6 +49,7 @@ from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.plan import RING_MEMBER_FAILED, ClientTask, RingSpec, RoundPlan
+from splitfl.sitting_out import SitOut
 from splitfl.system.cost import FORWARD_SHARE, d2d_rate, ring_client_cost, round_times
 from splitfl.system.ring_schedule import FORWARD, LOSS, ring_makespan
 
@@ -172,9 +173,8 @@ class RingSFL(Algorithm):
             raise ConfigError("options.ringsfl.prop_lens", str(err)) from err
         self.lengths = {c: int(length) for c, length in enumerate(lengths)}
         self._round: tuple[RoundPlan | None, int] = (None, 0)
-        #: member → the last round it sits out; member → how often it broke a ring round
-        self.benched: dict[int, int] = {}
-        self.failures: dict[int, int] = {}
+        #: members that broke a ring round, sitting out (failures are never forgiven)
+        self.sit_out = SitOut(self.options.exclude_rounds)
 
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
         """All clients form the ring every round (§3.1), but for a member sitting out after
@@ -183,16 +183,14 @@ class RingSFL(Algorithm):
         everyone = list(range(self.ctx.num_clients))
         reachable = getattr(self.ctx, "reachable", None)
         live = reachable() if callable(reachable) else set(everyone)
-        members = [c for c in everyone if c in live and self.benched.get(c, -1) < round_idx]
+        members = [c for c in everyone if c in live and not self.sit_out.out(c, round_idx)]
         return members if len(members) >= 2 else everyone
 
     def lost(self, round_idx: int, plan: RoundPlan, dropped: dict[int, str]) -> None:
         """A member that broke the ring sits out ``exclude_rounds`` × 2^(failures − 1) rounds."""
-        k = self.options.exclude_rounds
         for c, why in dropped.items():
-            if k and why.startswith(RING_MEMBER_FAILED):
-                self.failures[c] = self.failures.get(c, 0) + 1
-                self.benched[c] = round_idx + k * 2 ** min(self.failures[c] - 1, 20)
+            if why.startswith(RING_MEMBER_FAILED):
+                self.sit_out.fail(c, round_idx)
 
     def ring_lengths(self, members: list[int]) -> dict[int, int]:
         """Eq. (3) over ``members`` (in id order, as over all clients)."""
@@ -316,9 +314,19 @@ class RingSFL(Algorithm):
             global_state, result.updates, result.server_states, weights, self.aggregation
         )
 
+    @property
+    def benched(self) -> dict[int, int]:
+        """Member → the last round it sits out."""
+        return self.sit_out.last_out
+
+    @property
+    def failures(self) -> dict[int, int]:
+        """Member → how often it broke a ring round."""
+        return self.sit_out.failures
+
     def state_dict(self) -> dict:
         return {"benched": dict(self.benched), "failures": dict(self.failures)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.benched = {int(c): int(r) for c, r in state.get("benched", {}).items()}
-        self.failures = {int(c): int(n) for c, n in state.get("failures", {}).items()}
+        self.sit_out.last_out = {int(c): int(r) for c, r in state.get("benched", {}).items()}
+        self.sit_out.failures = {int(c): int(n) for c, n in state.get("failures", {}).items()}

@@ -131,12 +131,12 @@ class NetworkedExecutor:
         known = [self._client_s[t.client] for t in plan.tasks if t.client in self._client_s]
         self._deadline = round_deadline(net, float(np.median(known)) if known else None, began)
         start = time.perf_counter()
-        on_server = [t.client for t in plan.tasks if t.group not in plan.hosts]
-        on_server = [] if plan.ring is not None else on_server
+        on_server: list[int] = []  # the clients the server itself contacts (lateness)
         if plan.ring is not None:
             emulation = ring_emulation(ctx, plan, net.emulate_links) if net.emulate else None
             updates, server_states = run_ring(rnd, plan, model, emulation), {}
         else:
+            on_server = [t.client for t in plan.tasks if t.group not in plan.hosts]
             lost.update(self._late.benched(r, on_server))  # not contacted this round
             updates, server_states, distances = self._groups(ctx, model, plan, rnd)
             updates = reject_outlying_tops(rnd, updates, server_states, self._updates)

@@ -13,6 +13,7 @@ The record lives in the server process (a resumed run starts a new one).
 from __future__ import annotations
 
 from splitfl.net.fleet import LATE
+from splitfl.sitting_out import SitOut
 
 #: the drop reasons that count as late: the round deadline, or a command unanswered for
 #: ``timeout_s`` (:meth:`~splitfl.net.fleet.RemoteFleet._await`; a drip just past the timeout
@@ -23,33 +24,36 @@ BENCHED = "benched"
 
 class LateClients:
     """Who is benched for which rounds (round indices from 0, as the plan counts them; the
-    reasons count from 1, as the metrics rows)."""
+    reasons count from 1, as the metrics rows): :class:`~splitfl.sitting_out.SitOut`, a late
+    round a failure, a finished one forgiving the row."""
 
     def __init__(self, bench_rounds: int):
         self.bench_rounds = bench_rounds
-        self.streak: dict[int, int] = {}  # client → late rounds in a row
-        self.until: dict[int, int] = {}  # client → first round it is contacted again
+        self.sit_out = SitOut(bench_rounds)
+
+    @property
+    def streak(self) -> dict[int, int]:
+        """Client → late rounds in a row."""
+        return self.sit_out.failures
 
     def benched(self, round_idx: int, clients: list[int]) -> dict[int, str]:
         """The clients of ``clients`` to leave out of round ``round_idx``, with the reason."""
         return {
             c: (
                 f"{BENCHED}: late in {self.streak[c]} round(s) in a row, contacted again from "
-                f"round {self.until[c] + 1} (network.late_bench_rounds {self.bench_rounds})"
+                f"round {self.sit_out.last_out[c] + 2} (network.late_bench_rounds "
+                f"{self.bench_rounds})"
             )
             for c in clients
-            if round_idx < self.until.get(c, 0)
+            if self.sit_out.out(c, round_idx)
         }
 
     def record(self, round_idx: int, clients: list[int], dropped: dict[int, str]) -> None:
-        """After round ``round_idx``: bench its late clients, forget the streak of those that
-        finished it (a benched client keeps its streak)."""
-        if self.bench_rounds <= 0:
-            return
+        """After round ``round_idx``: bench its late clients, forgive those that finished it
+        (a benched client keeps its streak)."""
         for c in clients:
             why = dropped.get(c)
             if why is not None and why.startswith(LATE_REASONS):
-                self.streak[c] = self.streak.get(c, 0) + 1
-                self.until[c] = round_idx + 1 + self.bench_rounds * 2 ** (self.streak[c] - 1)
+                self.sit_out.fail(c, round_idx)
             elif why is None:
-                self.streak.pop(c, None)
+                self.sit_out.forgive(c)

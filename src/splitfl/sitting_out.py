@@ -1,0 +1,37 @@
+"""Clients left out of the next rounds after they failed one, for doubling periods.
+
+One rule for the two places that bench a client: RingSFL's member that broke a networked ring
+round (``options.ringsfl.exclude_rounds``, :mod:`splitfl.algorithms.ringsfl`) and a client
+dropped for lateness (``network.late_bench_rounds``, :mod:`splitfl.net.lateness`). After its
+n-th failure in a row a client sits out ``rounds`` × 2^(n − 1) rounds (the exponent capped at
+20); :meth:`SitOut.forgive` ends the row (a round finished on time). splitfl's choice: no
+paper models clients that fail (RingSFL §3.1 assumes they all stay).
+"""
+
+from __future__ import annotations
+
+
+class SitOut:
+    """``failures``: client → failures in a row; ``last_out``: client → the last round (from 0)
+    it sits out."""
+
+    def __init__(self, rounds: int):
+        self.rounds = rounds
+        self.failures: dict[int, int] = {}
+        self.last_out: dict[int, int] = {}
+
+    def fail(self, client: int, round_idx: int) -> None:
+        """``client`` failed round ``round_idx``: it sits out the rounds after it (none with
+        ``rounds`` 0)."""
+        if self.rounds <= 0:
+            return
+        n = self.failures[client] = self.failures.get(client, 0) + 1
+        self.last_out[client] = round_idx + self.rounds * 2 ** min(n - 1, 20)
+
+    def forgive(self, client: int) -> None:
+        """``client`` finished a round: its next failure counts as the first."""
+        self.failures.pop(client, None)
+
+    def out(self, client: int, round_idx: int) -> bool:
+        """Whether ``client`` sits out round ``round_idx``."""
+        return round_idx <= self.last_out.get(client, -1)
