@@ -4,21 +4,26 @@ size-first rejection of draws and the derived seeds computed without a numpy arr
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
 
 from splitfl.data.partition import _top_up, dirichlet
+from splitfl.executors.common import client_batches
+from splitfl.executors.pool import PartPool
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.experiment.runner import as_config, prepare
+from splitfl.models import BlockModel
 from splitfl.seeding import _key, derive_seed, rng_for, seed_torch
 from splitfl.testing import config_for
 
 
-def _rounds(executor_for_round, algorithm: str, rounds: int = 3):
+def _rounds(executor_for_round, algorithm: str, rounds: int = 3, dtype=torch.float64):
     """Each round's result from ``executor_for_round(r)``, aggregating as the runner does."""
-    cfg = as_config(config_for(algorithm))
-    prep = prepare(cfg, dtype=torch.float64)
+    cfg = as_config(config_for(algorithm, rounds=rounds))
+    prep = prepare(cfg, dtype=dtype)
     ctx, alg = prep.ctx, prep.algorithm
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
     results = []
@@ -118,3 +123,84 @@ def test_seed_torch_draws_what_torch_manual_seed_draws():
         seed_torch(seed)
         got = (torch.rand(6), torch.nn.functional.dropout(torch.ones(8), 0.5))
         assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
+def _plain_fedavg(model: torch.nn.Module, prep, rounds: int) -> dict[str, torch.Tensor]:
+    """FedAvg as a lean loop writes it (one working copy reloaded per client, a fresh SGD,
+    ``F.cross_entropy``, the |D_i|-weighted average accumulated in float64, integer buffers
+    rounded), on splitfl's clients, steps and mini-batches (the plan's tasks,
+    :func:`client_batches` from the derived seeds)."""
+    cfg, ctx, alg = prep.config, prep.ctx, prep.algorithm
+    x, y = ctx.bundle.train.x, ctx.bundle.train.y
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for r in range(rounds):
+        clients = alg.select_clients(r, rng_for(cfg.seed, "select", r))
+        tasks = alg.plan_round(r, clients, rng_for(cfg.seed, "plan", r)).tasks
+        total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in state.items()}
+        for t in tasks:
+            model.load_state_dict(state)
+            model.train()
+            opt = torch.optim.SGD(model.parameters(), lr=t.lr)
+            seed = derive_seed(derive_seed(cfg.seed, "b", r), t.client)
+            for batch in client_batches(ctx.client_indices[t.client], t.batch_size, t.steps, seed):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+                opt.step()
+            for k, v in model.state_dict().items():
+                total[k] += float(ctx.data_sizes[t.client]) * v.to(torch.float64)
+        weight = sum(float(ctx.data_sizes[t.client]) for t in tasks)
+        state = {k: _as(total[k] / weight, v.dtype) for k, v in state.items()}
+    return state
+
+
+def _as(mean: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (mean if dtype.is_floating_point else torch.round(mean)).to(dtype)
+
+
+def test_fedavg_equals_the_lean_loop_bit_for_bit():
+    """splitfl's FedAvg (pooled parts loaded and read through their ``StateView``, the fused
+    cross-entropy, the layer-wise aggregation) trains exactly what the lean loop of
+    ``benchmarks/plain_loop.py`` trains: the same float32 model, bit for bit."""
+    prep = prepare(as_config(config_for("fedavg", rounds=3)))
+    _, state = _rounds(lambda r: SequentialExecutor(), "fedavg", dtype=None)
+    plain = _plain_fedavg(copy.deepcopy(prep.ctx.model), prep, 3)
+    assert plain.keys() == state.keys()
+    for k, v in plain.items():
+        assert v.dtype == state[k].dtype and torch.equal(state[k], v), k
+
+
+class _DoublingLinear(torch.nn.Linear):
+    """A module with its own loader (the loaded weight doubled): ``state_dict``/
+    ``load_state_dict`` semantics that a copy of the tensors would miss."""
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        with torch.no_grad():
+            self.weight.mul_(2)
+
+
+def test_pooled_parts_load_and_read_states_as_torch_does():
+    """A pooled part's :class:`StateView` copies a state in and out as ``load_state_dict`` and
+    ``state_dict`` would: the values, every buffer, torch's error for a wrong shape, no
+    aliasing of what it hands out; a module with its own loader or a load hook goes through
+    torch's functions (its loader doubles the weight, its hook runs)."""
+    plain = BlockModel([torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)], [1])
+    pool, state = (
+        PartPool(),
+        {k: torch.randn_like(v.float()).to(v.dtype) for k, v in plain.state_dict().items()},
+    )
+    part = pool.take(plain, 0, 2, state)
+    assert all(torch.equal(part.state_dict()[k], v) for k, v in state.items())
+    out = pool.read(part)
+    assert all(torch.equal(out[k], v) for k, v in state.items())
+    assert all(out[k].data_ptr() != t.data_ptr() for k, t in part.state_dict().items())
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        pool.take(plain, 0, 2, {**state, "blocks.0.weight": torch.zeros(4, 4)})
+
+    custom = BlockModel([_DoublingLinear(3, 4), torch.nn.ReLU()], [1])
+    hooked: list[int] = []
+    custom.blocks[1].register_load_state_dict_post_hook(lambda m, keys: hooked.append(1))
+    state = {k: torch.ones_like(v) for k, v in custom.state_dict().items()}
+    part = pool.take(custom, 0, 2, state)
+    assert torch.equal(part.state_dict()["blocks.0.weight"], torch.full((4, 3), 2.0))
+    assert hooked == [1]

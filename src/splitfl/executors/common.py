@@ -28,6 +28,8 @@ def at_least_fp32(x: Activation) -> Activation:
     """Each floating tensor of ``x`` in fp32 when autocast produced a lower precision;
     fp32/fp64 kept as they are (fp64 runs are how the equivalence tests compare executors
     free of kernel-order noise), integer and bool tensors (masks, ids) untouched."""
+    if isinstance(x, torch.Tensor):  # one tensor: no tree to walk
+        return _at_least_fp32(x)
     return tree_map(_at_least_fp32, x)
 
 

@@ -24,7 +24,7 @@ import torch
 
 from splitfl.config import TrainConfig
 from splitfl.executors.auxiliary import remember
-from splitfl.executors.pool import PartPool, cloned
+from splitfl.executors.pool import PartPool
 from splitfl.executors.roles import DeviceRole, Runtime, ServerRole, Smashed
 from splitfl.models import BlockModel, ModelPart, block_index
 from splitfl.plan import ClientTask, ClientUpdate, RoundPlan
@@ -70,15 +70,15 @@ class Fleet(Protocol):
 
 class LocalFleet:
     """Devices in this process: ``make(task, part_state, aux_state)`` builds a client's role;
-    ``release(role)``, if given, takes back a finished role's part for reuse (its trained
-    states are cloned first)."""
+    ``pool``, if given, is the :class:`PartPool` its parts came from: a finished role's
+    trained part is read out of it (cloned) and the part goes back for reuse."""
 
     def __init__(
         self,
         make: Callable[[ClientTask, State, State | None], DeviceRole],
-        release: Callable[[DeviceRole], None] | None = None,
+        pool: PartPool | None = None,
     ):
-        self.make, self.release = make, release
+        self.make, self.pool = make, pool
         self.roles: dict[int, DeviceRole] = {}
         self.dropped: set[int] = set()
 
@@ -115,11 +115,11 @@ class LocalFleet:
         out = {}
         for c in clients:
             role = self.roles.pop(c)
-            part, aux = role.states()
-            if self.release is not None:
-                part = cloned(part)
-                self.release(role)
-            out[c] = (part, aux)
+            if self.pool is None:
+                out[c] = role.states()
+                continue
+            out[c] = (self.pool.read(role.part), role.aux_state())
+            self.pool.release(role.part)
         return out
 
 

@@ -73,6 +73,8 @@ class Runtime:
 
     def forward(self, module: nn.Module, x: torch.Tensor, **kwargs) -> torch.Tensor:
         """``module(x)`` under the configured precision; logits/features back in fp32."""
+        if self.precision == "fp32":  # no autocast to enter (a context per step costs)
+            return at_least_fp32(module(x, **kwargs))
         with precision_context(self.device, self.precision):
             return at_least_fp32(module(x, **kwargs))
 
@@ -203,8 +205,11 @@ class DeviceRole:
 
     def states(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
         """The trained device part and auxiliary model (detached clones)."""
-        aux = None if self.aux is None else detached(self.aux.state_dict())
-        return detached(self.part.state_dict()), aux
+        return detached(self.part.state_dict()), self.aux_state()
+
+    def aux_state(self) -> dict[str, torch.Tensor] | None:
+        """The trained auxiliary model (detached), None without one."""
+        return None if self.aux is None else detached(self.aux.state_dict())
 
 
 @dataclass

@@ -75,8 +75,11 @@ class Recorder:
     def record(self, row: dict[str, Any]) -> None:
         """Append a round's row to ``metrics.jsonl`` and the trackers (strict JSON: a
         non-finite number is written as null, with a warning naming it)."""
-        row = finite_json(row, f"round {row.get('round')}")
-        line = json.dumps(row, allow_nan=False) + "\n"
+        try:  # the common case: every number finite, nothing to replace
+            line = json.dumps(row, allow_nan=False) + "\n"
+        except ValueError:
+            row = finite_json(row, f"round {row.get('round')}")
+            line = json.dumps(row, allow_nan=False) + "\n"
         self.rows.append(row)
         self.lines.append(line)
         append_text(self.run_dir / "metrics.jsonl", line)

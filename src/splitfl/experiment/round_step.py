@@ -59,10 +59,12 @@ def measure(
     costs = algorithm.share_links({**train, **idle}, plan, r)
     samples = {u.client: u.samples for u in result.updates}
     losses = {u.client: u.loss_sum / max(u.loss_samples, 1) for u in result.updates}
-    jitter = jitter_factors(sorted(train), config.devices.jitter, rng_for(config.seed, "jitter", r))
+    sigma = config.devices.jitter  # no draw (and no generator to build) without jitter
+    rng = rng_for(config.seed, "jitter", r) if sigma > 0 else None
+    jitter = jitter_factors(sorted(train), sigma, rng)
     if idle:
-        rng = rng_for(config.seed, "jitter-idle", r)
-        jitter.update(jitter_factors(sorted(idle), config.devices.jitter, rng))
+        rng = rng_for(config.seed, "jitter-idle", r) if sigma > 0 else None
+        jitter.update(jitter_factors(sorted(idle), sigma, rng))
     times = {c: cost.time * jitter[c] for c, cost in costs.items()}
     if config.clock == "measured" and result.measured is not None:
         costs, times, jitter = measured_view(costs, result.measured)

@@ -20,8 +20,11 @@ class SimClock:
         return self.now
 
 
-def jitter_factors(clients: list[int], sigma: float, rng: np.random.Generator) -> dict[int, float]:
-    """Multiplicative log-normal jitter ``exp(N(0, sigma²))`` per client (1.0 when sigma = 0)."""
+def jitter_factors(
+    clients: list[int], sigma: float, rng: np.random.Generator | None
+) -> dict[int, float]:
+    """Multiplicative log-normal jitter ``exp(N(0, sigma²))`` per client (1.0 when sigma = 0,
+    where ``rng`` is not used and may be None)."""
     if sigma <= 0:
         return {c: 1.0 for c in clients}
     draws = rng.lognormal(mean=0.0, sigma=sigma, size=len(clients))

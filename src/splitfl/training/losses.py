@@ -49,8 +49,8 @@ def _as_targets(out: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch
     return out.reshape(len(out), -1), y.reshape(len(y), -1)
 
 
-def _cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(out, y, reduction="none")
+def _cross_entropy(out: torch.Tensor, y: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+    return F.cross_entropy(out, y, reduction=reduction)
 
 
 def _mse(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -92,6 +92,8 @@ def loss_fn(name: str) -> LossFn:
     per_sample = _PER_SAMPLE[name]
 
     def loss(out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        if per_sample is _cross_entropy and reduction in ("sum", "mean"):
+            return _cross_entropy(out, y, reduction)
         values = per_sample(out, y)
         if reduction == "none":
             return values
