@@ -116,7 +116,7 @@ def evaluate(
             out = model(xb)
             loss_sum += criterion(out, yb, reduction="sum").item()
             outputs.append(out.cpu())
-    out = torch.cat(outputs)
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
     values = {"loss": loss_sum / len(y)}
     values.update({m: score(m, out, y) for m in metrics if m != "loss"})
     return {k: v if math.isfinite(v) else None for k, v in values.items()}

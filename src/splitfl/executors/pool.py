@@ -16,6 +16,7 @@ round (issue 39's per-round overhead).
 from __future__ import annotations
 
 import copy
+import weakref
 
 import torch
 from torch import nn
@@ -78,6 +79,17 @@ class StateView:
     def __init__(self, module: nn.Module):
         self.module = module
         self.tensors = module.state_dict(keep_vars=True) if plain_state(module) else None
+        self._slots = [  # where each tensor lives: (its module's dict, name, tensor)
+            (getattr(m, kind), name, t)
+            for m in module.modules()
+            for kind in ("_parameters", "_buffers")
+            for name, t in getattr(m, kind).items()
+        ]
+
+    def current(self) -> bool:
+        """Whether every parameter and buffer found at construction is still the module's
+        (``.to()`` or an assignment replaces them; a view then needs making again)."""
+        return all(where.get(name) is t for where, name, t in self._slots)
 
     def load(self, state: State) -> None:
         """``module.load_state_dict(state)``: the same copies, the same errors."""
@@ -123,3 +135,17 @@ def plain_state(module: nn.Module) -> bool:
         ):
             return False
     return True
+
+
+#: :func:`load_state`'s views, one per module, dropped with the module.
+_VIEWS: weakref.WeakKeyDictionary[nn.Module, StateView] = weakref.WeakKeyDictionary()
+
+
+def load_state(module: nn.Module, state: State) -> None:
+    """``module.load_state_dict(state)`` through a :class:`StateView` kept for ``module`` and
+    made again when its parameters or buffers were replaced (a model loaded every round: the
+    run's evaluation model)."""
+    view = _VIEWS.get(module)
+    if view is None or not view.current():
+        view = _VIEWS[module] = StateView(module)
+    view.load(state)

@@ -18,7 +18,7 @@ from splitfl.config import TrainConfig
 from splitfl.executors.auxiliary import device_aux
 from splitfl.executors.common import check_finite, detached
 from splitfl.executors.fleet import GroupRun, LocalFleet, State, group_runs, run_group, server_role
-from splitfl.executors.pool import PartPool, StateView
+from splitfl.executors.pool import PartPool, load_state
 from splitfl.executors.ring import ring_batch_update
 from splitfl.executors.roles import DeviceRole, Runtime
 from splitfl.models import BlockModel, ModelPart
@@ -36,13 +36,12 @@ class SequentialExecutor:
         self.pool = PartPool()
         self._model_of: BlockModel | None = None
         self._model: BlockModel | None = None
-        self._view: StateView | None = None
 
     def run_round(
         self, ctx, global_state: dict[str, torch.Tensor], plan: RoundPlan, round_seed: int
     ) -> RoundResult:
         model = self._working_model(ctx)
-        self._view.load(global_state)
+        load_state(model, global_state)
         model.train()
         runtime = Runtime(self.device, self.precision, self.channels_last, ctx.augment)
         if plan.ring is not None:
@@ -67,7 +66,6 @@ class SequentialExecutor:
         if self._model_of is not ctx.model:
             self._model_of = ctx.model
             self._model = working_model(ctx.model, self.device, self.channels_last)
-            self._view = StateView(self._model)  # the executor's own copy: loaded every round
         return self._model
 
     def _run_ring(self, ctx, model: BlockModel, plan: RoundPlan, round_seed: int, runtime):

@@ -29,7 +29,7 @@ import torch
 from splitfl.executors import channel
 from splitfl.executors.channel import ChannelError, Init
 from splitfl.executors.fleet import GroupRun, StartParts
-from splitfl.executors.pool import PartPool
+from splitfl.executors.pool import PartPool, load_state
 from splitfl.executors.roles import Runtime
 from splitfl.executors.sequential import device_maker, run_unit, working_model
 from splitfl.extensions import build_model, import_config_modules
@@ -143,7 +143,7 @@ class UnitWorker:
     def op_setup(self, msg: Message) -> Frame:
         """A round: the global model every unit starts from and the plan's shared fields."""
         state, plan, seed = channel.read_setup(msg, self.specs)
-        self.model.load_state_dict(state)
+        load_state(self.model, state)
         self.model.train()
         self.round = {"plan": plan, "seed": seed, "starts": StartParts(self.model)}
         return channel.ok_answer(peak_rss())

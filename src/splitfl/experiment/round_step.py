@@ -17,6 +17,7 @@ import torch
 from splitfl.algorithms import Algorithm
 from splitfl.config import ExperimentConfig
 from splitfl.executors import NonFiniteLossError, evaluate
+from splitfl.executors.pool import load_state
 from splitfl.experiment.client_eval import client_keys, evaluate_clients
 from splitfl.experiment.context import RunContext
 from splitfl.plan import RoundPlan, RoundReport, RoundResult
@@ -250,7 +251,7 @@ def trains(executor) -> bool:
 
 def evaluate_state(ctx: RunContext, eval_model, state: dict[str, torch.Tensor]) -> dict:
     """Mean test loss (``loss``) and ``eval.metrics`` of ``state`` on the test split."""
-    eval_model.load_state_dict(state)
+    load_state(eval_model, state)
     test, config = ctx.bundle.test, ctx.config
     return evaluate(
         eval_model,
