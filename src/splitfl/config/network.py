@@ -41,6 +41,12 @@ class BoundsConfig:
     #: the model at the round's start: Adam moved honest activations 45× within a round.
     activation_rms_factor: float = 8.0
     activation_rms_abs: float = 0.1
+    #: Where no peer median exists (a round of fewer than 3 updates or ParallelSFL clusters
+    #: before 3 were accepted), an update is held to ``peer_update_factor`` × the server's own
+    #: step per local step: the model it sent trained on its first ``reference_samples``
+    #: test samples (FLTrust's root dataset, Cao et al. NDSS 2021: ~100 samples; 0 = none:
+    #: such rounds are not compared). ``splitfl.net.reference``.
+    reference_samples: int = 64
     #: ``data.source: devices``: a client's announced sample count above this × the
     #: median announced count is capped there (its weight, histogram and step count).
     peer_samples_factor: float = 10.0

@@ -1,0 +1,122 @@
+"""Insiders where no peer median exists (issue 35, round 3): a ParallelSFL top worker alone
+in the run's first round is held to the server's own step on its held samples
+(:mod:`splitfl.net.reference`), and a top worker whose report was rejected sits out doubling
+elections. Loopback gRPC, devices in threads of this process."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+import splitfl
+from splitfl.config import ExperimentConfig
+from splitfl.config.parse import from_dict
+from splitfl.models import build_model
+from splitfl.net.device import DeviceAgent
+from splitfl.net.reference import ServerStep, own_step
+from splitfl.net.testbed import Testbed
+from splitfl.net.trust import PeerHistory
+from splitfl.sitting_out import SitOut
+from splitfl.testing import config_for
+from test_networked_d2d import _rows
+
+
+def test_the_servers_own_step_stands_in_before_any_history():
+    """With one or two updates and no accepted distances yet, ``reference`` (the server's own
+    step per local step) is the yardstick: 100 > 10 × 1.5 is rejected, 5 is not, and only 5
+    joins the history."""
+    history = PeerHistory(10.0)
+    out = history.outliers({1: 5.0, 2: 100.0}, "top part", reference=lambda: 1.5)
+    assert list(out) == [2]
+    assert out[2].startswith("rejected top part: norm 100 is 66.7x the server's own step 1.5")
+    assert list(history.accepted) == [5.0]
+    assert PeerHistory(10.0).outliers({1: 5.0, 2: 100.0}) == {}  # no reference: as before
+
+
+class _Digits:
+    """Eight digits-shaped samples and labels (the MLP's input)."""
+
+    x = torch.linspace(-1, 1, 8 * 64).reshape(8, 64)
+    y = torch.arange(8) % 10
+
+
+def test_the_servers_own_step_is_deterministic_and_leaves_the_model_alone():
+    """The same model, samples and steps give the same distance; the model the server sent
+    and torch's random state are untouched; a distance is per local step and over the names
+    asked for only."""
+    cfg = from_dict(ExperimentConfig, config_for("parallelsfl", model="mlp"))
+    model = build_model("mlp", (64,), 10)
+    before = copy.deepcopy(model.state_dict())
+    state = torch.random.get_rng_state()
+    step = ServerStep(model, (_Digits.x, _Digits.y), cfg.train, 0.05, steps=3)
+    names = [k for k in before if k.startswith("blocks.3.")]
+    first = own_step(step, names)()
+    again = ServerStep(model, (_Digits.x, _Digits.y), cfg.train, 0.05, steps=3)
+    assert first > 0 and first == own_step(again, names)()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(state, torch.random.get_rng_state())
+    assert own_step(step, []) is None and own_step(None, names) is None
+    assert step.distance(names[:1]) <= first
+
+
+def test_a_top_worker_rejected_twice_sits_out_two_elections():
+    """The rule (:class:`~splitfl.sitting_out.SitOut` at 1 round): out the next round after
+    its first rejection, the next two after its second in a row, from no streak once it
+    served."""
+    out = SitOut(1)
+    out.fail(0, 0)
+    assert out.sitting_out(1) == {0} and out.sitting_out(2) == frozenset()
+    out.fail(0, 2)
+    assert out.sitting_out(3) == out.sitting_out(4) == {0} and not out.sitting_out(5)
+    restored = SitOut(1)
+    restored.load_state_dict(
+        {k: {str(c): n for c, n in v.items()} for k, v in out.state_dict().items()}
+    )
+    assert restored.sitting_out(4) == {0} and restored.failures == {0: 2}
+    out.forgive(0)
+    out.fail(0, 5)
+    assert out.sitting_out(6) == {0} and not out.sitting_out(7)
+
+
+class _RogueTop(DeviceAgent):
+    """As a ParallelSFL top worker, reports its cluster's top part sign-flipped."""
+
+    def handle(self, msg):
+        reply = super().handle(msg)
+        if reply is not None and reply.type == "hosted":
+            for name, t in reply.tensors.items():
+                if name.startswith("server/") and t.is_floating_point():
+                    reply.tensors[name] = -t
+        return reply
+
+
+def test_a_lone_rogue_top_worker_is_rejected_in_the_first_round(tmp_path):
+    """Eight single-client devices, ``k`` 4: the planner forms one cluster in round 1 with
+    client 0's device its top worker (the attack benchmark's ``parallelsfl-rogue-top``). No
+    other top worker and no earlier round exist; its sign-flipped top part (2 × its norm away,
+    inside the 10 × bound) moves ~80 × the server's own step per local step, so its cluster is
+    dropped naming it; each later round it is a top worker in is rejected too, and after a
+    rejection it is not elected in the next round (the next two after a second in a row)."""
+    names = [f"d{i}" for i in range(8)]
+    bed = Testbed.create(tmp_path / "bed", names)
+    threads = [
+        bed.device(n, [i], _RogueTop if i == 0 else None, retry_s=20.0) for i, n in enumerate(names)
+    ]
+    net = bed.server_overrides(min_devices=6, timeout_s=5.0)
+    sized = {"data.num_clients": 8, "train.clients_per_round": 8, "options.parallelsfl.k": 4}
+    result = splitfl.run(
+        config_for("parallelsfl", rounds=4, **sized, **net), run_dir=tmp_path / "n"
+    )
+    for t in threads:
+        t.join(30)
+    rows = _rows(result)
+    assert rows[0]["plan_tops"] == [0] and rows[0]["plan_n_clusters"] == 1
+    assert sorted(rows[0]["dropped_clients"]) == list(range(1, 8))
+    for why in rows[0]["dropped_reasons"].values():
+        assert why.startswith("top worker 0: rejected top part: norm"), why
+        assert "the server's own step" in why
+    served = [r["round"] for r in rows if 0 in r["plan_tops"]]
+    for r in served:
+        assert any(w.startswith("top worker 0:") for w in rows[r - 1]["dropped_reasons"].values())
+    assert 2 not in served  # out the round after its first rejection
