@@ -1,11 +1,13 @@
 """Insiders where no peer median exists (issue 35, round 3): a ParallelSFL top worker alone
 in the run's first round is held to the server's own step on its held samples
 (:mod:`splitfl.net.reference`), and a top worker whose report was rejected sits out doubling
-elections. Loopback gRPC, devices in threads of this process."""
+elections; a RingSFL round still running at the round deadline is aborted, naming the member
+that answers the abort late. Loopback gRPC, devices in threads of this process."""
 
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 
@@ -19,7 +21,7 @@ from splitfl.net.testbed import Testbed
 from splitfl.net.trust import PeerHistory
 from splitfl.sitting_out import SitOut
 from splitfl.testing import config_for
-from test_networked_d2d import _rows
+from test_networked_d2d import _assert_named, _breaking, _ring_run, _rows
 
 
 def test_the_servers_own_step_stands_in_before_any_history():
@@ -120,3 +122,24 @@ def test_a_lone_rogue_top_worker_is_rejected_in_the_first_round(tmp_path):
     for r in served:
         assert any(w.startswith("top worker 0:") for w in rows[r - 1]["dropped_reasons"].values())
     assert 2 not in served  # out the round after its first rejection
+
+
+def _busy(member):
+    """Busy for 3 s at a hop (not waiting for a neighbour, not watching the abort): a drip
+    just inside the neighbours' 5 s timeout."""
+    time.sleep(3.0)
+
+
+def test_a_ring_member_busy_past_the_round_deadline_is_named_and_sits_out(tmp_path, monkeypatch):
+    """Client 1 holds the ring 3 s at a hop of round 2 (inside ``timeout_s`` 5 s, so its
+    neighbours wait). Round 1 measured the ring (~0.5 s); round 2's deadline (3 × that, at
+    least 0.5 s) aborts the ring; the waiting members answer at once, client 1 only when its
+    hop is done: it is named as late and round 3 forms the ring without it, at honest speed
+    (the old ring waited for every such hop)."""
+    _breaking(monkeypatch, _busy)
+    deadline = {"network.round_deadline_factor": 3.0, "network.round_deadline_min_s": 0.5}
+    rows, _ = _ring_run(tmp_path, 0.3, rounds=3, **{"network.timeout_s": 5.0, **deadline})
+    _assert_named(rows[1], 1, "still working at the round deadline: answered the abort")
+    assert rows[2]["clients"] == [0, 2, 3] and rows[2]["dropped_clients"] == []
+    ends = [0.0] + [r["wall_time"] for r in rows]
+    assert ends[3] - ends[2] < 2.0  # round 3 does not wait for client 1

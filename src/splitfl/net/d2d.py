@@ -67,6 +67,10 @@ class D2DRound:
     bounds: BoundsConfig = field(default_factory=BoundsConfig)
     #: group → its top worker's accepted report (for :func:`reject_outlying_tops`)
     hosted: dict[int, Hosted] = field(default_factory=dict)
+    #: the round deadline (``time.monotonic()``; None: none), relative to the measured rounds
+    #: (:func:`~splitfl.net.executor.round_deadline`): a RingSFL round still running then is
+    #: aborted (:mod:`splitfl.net.ring_server`)
+    deadline: float | None = None
 
 
 @dataclass(frozen=True)

@@ -135,6 +135,7 @@ class NetworkedExecutor:
         on_server: list[int] = []  # the clients the server itself contacts (lateness)
         if plan.ring is not None:
             emulation = ring_emulation(ctx, plan, net.emulate_links) if net.emulate else None
+            rnd.deadline = self._deadline
             updates, server_states = run_ring(rnd, plan, model, emulation), {}
         else:
             on_server = [t.client for t in plan.tasks if t.group not in plan.hosts]
