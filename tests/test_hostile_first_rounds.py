@@ -9,18 +9,20 @@ from __future__ import annotations
 import copy
 import time
 
+import pytest
 import torch
 
 import splitfl
-from splitfl.config import ExperimentConfig
+from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.config.parse import from_dict
+from splitfl.experiment.validation import validate_config as validate
 from splitfl.models import build_model
-from splitfl.net.device import DeviceAgent
 from splitfl.net.reference import ServerStep, own_step
 from splitfl.net.testbed import Testbed
 from splitfl.net.trust import PeerHistory
 from splitfl.sitting_out import SitOut
 from splitfl.testing import config_for
+from test_hostile_insiders import _RogueTop
 from test_networked_d2d import _assert_named, _breaking, _ring_run, _rows
 
 
@@ -81,16 +83,10 @@ def test_a_top_worker_rejected_twice_sits_out_two_elections():
     assert out.sitting_out(6) == {0} and not out.sitting_out(7)
 
 
-class _RogueTop(DeviceAgent):
+class _FlippedTop(_RogueTop):
     """As a ParallelSFL top worker, reports its cluster's top part sign-flipped."""
 
-    def handle(self, msg):
-        reply = super().handle(msg)
-        if reply is not None and reply.type == "hosted":
-            for name, t in reply.tensors.items():
-                if name.startswith("server/") and t.is_floating_point():
-                    reply.tensors[name] = -t
-        return reply
+    scale = None  # whatever another test set on the base class
 
 
 def test_a_lone_rogue_top_worker_is_rejected_in_the_first_round(tmp_path):
@@ -103,7 +99,8 @@ def test_a_lone_rogue_top_worker_is_rejected_in_the_first_round(tmp_path):
     names = [f"d{i}" for i in range(8)]
     bed = Testbed.create(tmp_path / "bed", names)
     threads = [
-        bed.device(n, [i], _RogueTop if i == 0 else None, retry_s=20.0) for i, n in enumerate(names)
+        bed.device(n, [i], _FlippedTop if i == 0 else None, retry_s=20.0)
+        for i, n in enumerate(names)
     ]
     net = bed.server_overrides(min_devices=6, timeout_s=5.0)
     sized = {"data.num_clients": 8, "train.clients_per_round": 8, "options.parallelsfl.k": 4}
@@ -143,3 +140,12 @@ def test_a_ring_member_busy_past_the_round_deadline_is_named_and_sits_out(tmp_pa
     assert rows[2]["clients"] == [0, 2, 3] and rows[2]["dropped_clients"] == []
     ends = [0.0] + [r["wall_time"] for r in rows]
     assert ends[3] - ends[2] < 2.0  # round 3 does not wait for client 1
+
+
+@pytest.mark.parametrize("value", [-1, 4097])
+def test_reference_samples_out_of_range_is_refused(value):
+    cfg = config_for("parallelsfl", **{"network.bounds.reference_samples": value})
+    with pytest.raises(
+        ConfigError, match=r"network.bounds.reference_samples: must be in \[0, 4096\]"
+    ):
+        validate(from_dict(ExperimentConfig, cfg))

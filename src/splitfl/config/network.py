@@ -78,8 +78,9 @@ class NetworkConfig:
     #: still working ``round_deadline_factor`` × the median over the round's clients of each
     #: one's last measured time to a finished update (late: censored at its deadline; at
     #: least ``round_deadline_min_s``) after the round started is dropped for the round,
-    #: with the reason recorded. 0 = no deadline but ``timeout_s`` per command. The factor
-    #: must exceed the honest devices' speed spread (slow devices are dropped otherwise).
+    #: with the reason recorded (a RingSFL ring still running then is aborted, the member
+    #: that answers the abort late named). 0 = no deadline but ``timeout_s`` per command. The
+    #: factor must exceed the honest devices' speed spread (slow devices are dropped otherwise).
     round_deadline_factor: float = 10.0
     round_deadline_min_s: float = 2.0
     #: A client dropped for lateness (at the round deadline, or silent for ``timeout_s``) is

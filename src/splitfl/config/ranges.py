@@ -78,8 +78,6 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.bounds.activation_rms_factor": Range(1, 1e6),
     "network.bounds.activation_rms_abs": Range(0, 1e6),
     "network.bounds.peer_samples_factor": Range(1, 1e9),
-    # an integer; a slice of the test set (more than this is an evaluation, not a probe)
-    "network.bounds.reference_samples": Range(0, 4096),
     "train.clip_norm": Range(0, 1e30, lo_open=True),
     "train.comm_budget_mb": Range(0, 1e30, lo_open=True),
     "train.trim_fraction": Range(0, 0.5, hi_open=True),

@@ -3,9 +3,11 @@
 
 A round that fails is abandoned (Alg. 2 needs every member in every step), and the member at
 fault is named: the one whose device is not connected, was lost or went silent (no reply
-within ``timeout_s`` of the abort the others answer), whose report was rejected, or whose hop
-a neighbour refused. RingSFL leaves it out of the next rounds' ring
-(:data:`~splitfl.plan.RING_MEMBER_FAILED`, ``options.ringsfl.exclude_rounds``)."""
+within ``timeout_s`` of the abort the others answer), whose report was rejected, whose hop
+a neighbour refused, or, at the round deadline (relative to the measured rounds, as for every
+round: ``network.round_deadline_factor``), the one that answers the abort late. RingSFL
+leaves it out of the next rounds' ring (:data:`~splitfl.plan.RING_MEMBER_FAILED`,
+``options.ringsfl.exclude_rounds``)."""
 
 from __future__ import annotations
 
