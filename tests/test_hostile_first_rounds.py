@@ -17,6 +17,7 @@ from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.config.parse import from_dict
 from splitfl.experiment.validation import validate_config as validate
 from splitfl.models import build_model
+from splitfl.net import ring_device
 from splitfl.net.reference import ServerStep, own_step
 from splitfl.net.testbed import Testbed
 from splitfl.net.trust import PeerHistory
@@ -102,7 +103,7 @@ def test_a_lone_rogue_top_worker_is_rejected_in_the_first_round(tmp_path):
         bed.device(n, [i], _FlippedTop if i == 0 else None, retry_s=20.0)
         for i, n in enumerate(names)
     ]
-    net = bed.server_overrides(min_devices=6, timeout_s=5.0)
+    net = bed.server_overrides(min_devices=8, timeout_s=5.0)  # all: round 1 as planned
     sized = {"data.num_clients": 8, "train.clients_per_round": 8, "options.parallelsfl.k": 4}
     result = splitfl.run(
         config_for("parallelsfl", rounds=4, **sized, **net), run_dir=tmp_path / "n"
@@ -122,20 +123,20 @@ def test_a_lone_rogue_top_worker_is_rejected_in_the_first_round(tmp_path):
 
 
 def _busy(member):
-    """Busy for 3 s at a hop (not waiting for a neighbour, not watching the abort): a drip
-    just inside the neighbours' 5 s timeout."""
-    time.sleep(3.0)
+    """Busy for 5 s at a hop (not waiting for a neighbour, not watching the abort): a drip
+    just inside the neighbours' 8 s timeout."""
+    time.sleep(5.0)
 
 
 def test_a_ring_member_busy_past_the_round_deadline_is_named_and_sits_out(tmp_path, monkeypatch):
-    """Client 1 holds the ring 3 s at a hop of round 2 (inside ``timeout_s`` 5 s, so its
-    neighbours wait). Round 1 measured the ring (~0.5 s); round 2's deadline (3 × that, at
+    """Client 1 holds the ring 5 s at a hop of round 2 (inside ``timeout_s`` 8 s, so its
+    neighbours wait). Round 1 measured the ring (~0.5 s); round 2's deadline (2 × that, at
     least 0.5 s) aborts the ring; the waiting members answer at once, client 1 only when its
     hop is done: it is named as late and round 3 forms the ring without it, at honest speed
     (the old ring waited for every such hop)."""
     _breaking(monkeypatch, _busy)
-    deadline = {"network.round_deadline_factor": 3.0, "network.round_deadline_min_s": 0.5}
-    rows, _ = _ring_run(tmp_path, 0.3, rounds=3, **{"network.timeout_s": 5.0, **deadline})
+    deadline = {"network.round_deadline_factor": 2.0, "network.round_deadline_min_s": 0.5}
+    rows, _ = _ring_run(tmp_path, 0.3, rounds=3, **{"network.timeout_s": 8.0, **deadline})
     _assert_named(rows[1], 1, "still working at the round deadline: answered the abort")
     assert rows[2]["clients"] == [0, 2, 3] and rows[2]["dropped_clients"] == []
     ends = [0.0] + [r["wall_time"] for r in rows]
@@ -149,3 +150,24 @@ def test_reference_samples_out_of_range_is_refused(value):
         ConfigError, match=r"network.bounds.reference_samples: must be in \[0, 4096\]"
     ):
         validate(from_dict(ExperimentConfig, cfg))
+
+
+def _cooperative(member):
+    """Holds the ring but answers the server's abort at once, like its waiting neighbours."""
+    member.abort.wait(10.0)
+    raise ring_device.RingBroken("aborted by the server")
+
+
+def test_a_ring_past_its_deadline_whose_members_all_answer_at_once_names_no_one(
+    tmp_path, monkeypatch
+):
+    """What remains: the deadline aborts the ring, but the member holding it answers the abort
+    as fast as the others; the round is abandoned for the deadline, no one is named."""
+    _breaking(monkeypatch, _cooperative)
+    deadline = {"network.round_deadline_factor": 3.0, "network.round_deadline_min_s": 0.5}
+    rows, _ = _ring_run(tmp_path, 0.3, rounds=2, **{"network.timeout_s": 5.0, **deadline})
+    reasons = rows[1]["dropped_reasons"]
+    assert rows[1]["dropped_clients"] == [0, 1, 2, 3]
+    for why in reasons.values():
+        assert why.startswith("ring round abandoned: no member named as at fault"), why
+        assert "still working at the round deadline" in why

@@ -146,8 +146,8 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
                 release()
     causes = [f for f in reported if " lost (" not in f and "aborted" not in f]
     cause = None if faults or not reported else (causes or reported)[0]
-    if aborted is not None and cause is None and not faults:
-        cause = f"{LATE} (network.round_deadline_factor), every member waiting"
+    if aborted is not None and not faults:  # the deadline, not the members' aborted reports
+        cause = f"{LATE} (network.round_deadline_factor); every member answered the abort at once"
     return replies, faults, cause
 
 
