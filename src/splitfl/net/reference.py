@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from splitfl.config import TrainConfig
 from splitfl.models import BlockModel
 from splitfl.training.losses import loss_fn
 from splitfl.training.optim import make_optimizer
@@ -38,7 +39,7 @@ class ServerStep:
         self,
         model: BlockModel,
         held: tuple[torch.Tensor, torch.Tensor],
-        train,
+        train: TrainConfig,
         lr: float,
         steps: int,
     ):
