@@ -10,7 +10,8 @@ to the same run with every device honest (its *baseline*). A run is
 * **stalled** when its median round takes more than ``--stall-factor`` (3) times the
   baseline's median round (``wall_time`` per metrics row);
 * **stopped** when ``splitfl.run`` raises or the status is not ``ok``;
-* **caught** when the insider's client is dropped in some round with a recorded reason.
+* **caught** when the insider's client is dropped in some round with a recorded reason (a
+  ParallelSFL top worker: when its members' drops name it, ``top worker 0: ...``).
 
 The link-break case cuts every device's link (a relay that swallows bytes) for longer than
 the network timeout, after each device has been connected longer than its ``retry_s``, and
@@ -210,8 +211,8 @@ def outcome(status: str, rows: list[dict], wall_s: float) -> dict[str, Any]:
     ends = [r["wall_time"] for r in rows]
     round_s = [b - a for a, b in zip([0.0, *ends], ends, strict=False)]
     accs = [r["test_acc"] for r in rows if r.get("test_acc") is not None]
-    caught = [r["round"] for r in rows if 0 in r.get("dropped_clients", [])]
-    reasons = [r["dropped_reasons"]["0"] for r in rows if "0" in r.get("dropped_reasons", {})]
+    caught = [r["round"] for r in rows if _insider_named(r)]
+    reasons = [why for r in rows for why in _insider_reasons(r)]
     return {
         "status": status,
         "final_acc": accs[-1] if accs else None,
@@ -221,6 +222,23 @@ def outcome(status: str, rows: list[dict], wall_s: float) -> dict[str, Any]:
         "reasons": sorted({why[:160] for why in reasons}),
         "wall_s": round(wall_s, 1),
     }
+
+
+#: how a drop names the insider as a ParallelSFL top worker (it is no task of its cluster:
+#: its members are dropped, naming it; ``dropped by top worker 0`` is its own doing)
+TOP_WORKER = "top worker 0:"
+
+
+def _insider_reasons(row: dict) -> list[str]:
+    """The round's drop reasons of client 0, or those naming it as the top worker at fault."""
+    reasons = row.get("dropped_reasons", {})
+    named = [why for why in reasons.values() if why.startswith(TOP_WORKER)]
+    return ([reasons["0"]] if "0" in reasons else []) + named[:1]
+
+
+def _insider_named(row: dict) -> bool:
+    """Client 0 was dropped in the round, or named as the top worker at fault."""
+    return 0 in row.get("dropped_clients", []) or bool(_insider_reasons(row))
 
 
 def judge(run: dict, base: dict, wreck_points: float, stall_factor: float) -> dict[str, bool]:

@@ -1,8 +1,10 @@
 """Clients left out of the next rounds after they failed one, for doubling periods.
 
-One rule for the two places that bench a client: RingSFL's member that broke a networked ring
-round (``options.ringsfl.exclude_rounds``, :mod:`splitfl.algorithms.ringsfl`) and a client
-dropped for lateness (``network.late_bench_rounds``, :mod:`splitfl.net.lateness`). After its
+One rule for the places that bench a client: RingSFL's member that broke a networked ring
+round (``options.ringsfl.exclude_rounds``, :mod:`splitfl.algorithms.ringsfl`), a client
+dropped for lateness (``network.late_bench_rounds``, :mod:`splitfl.net.lateness`) and a
+ParallelSFL top worker whose failure dropped its cluster (not elected,
+:mod:`splitfl.algorithms.parallelsfl.algorithm`). After its
 n-th failure in a row a client sits out ``rounds`` × 2^(n − 1) rounds (the exponent capped at
 20); :meth:`SitOut.forgive` ends the row (a round finished on time). splitfl's choice: no
 paper models clients that fail (RingSFL §3.1 assumes they all stay).
@@ -35,3 +37,16 @@ class SitOut:
     def out(self, client: int, round_idx: int) -> bool:
         """Whether ``client`` sits out round ``round_idx``."""
         return round_idx <= self.last_out.get(client, -1)
+
+    def state_dict(self) -> dict[str, dict[int, int]]:
+        """``benched``: client → the last round it sits out; ``failures``: in a row."""
+        return {"benched": dict(self.last_out), "failures": dict(self.failures)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """What :meth:`state_dict` returned (keys may be strings, as JSON writes them)."""
+        self.last_out = {int(c): int(r) for c, r in state.get("benched", {}).items()}
+        self.failures = {int(c): int(n) for c, n in state.get("failures", {}).items()}
+
+    def sitting_out(self, round_idx: int) -> frozenset[int]:
+        """The clients that sit out round ``round_idx``."""
+        return frozenset(c for c in self.last_out if self.out(c, round_idx))

@@ -325,8 +325,7 @@ class RingSFL(Algorithm):
         return self.sit_out.failures
 
     def state_dict(self) -> dict:
-        return {"benched": dict(self.benched), "failures": dict(self.failures)}
+        return self.sit_out.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.sit_out.last_out = {int(c): int(r) for c, r in state.get("benched", {}).items()}
-        self.sit_out.failures = {int(c): int(n) for c, n in state.get("failures", {}).items()}
+        self.sit_out.load_state_dict(state)

@@ -314,6 +314,11 @@ def _validate_network(config: ExperimentConfig) -> None:
     n = config.network
     _choice(n.compression, list(COMPRESSIONS), "network.compression")
     _check(n.devices >= 0, "network.devices", f"must be >= 0 (got {n.devices})")
+    _check(  # a slice of the test set: more than this is an evaluation, not a yardstick
+        0 <= n.bounds.reference_samples <= 4096,
+        "network.bounds.reference_samples",
+        f"must be in [0, 4096] (got {n.bounds.reference_samples})",
+    )
     _check(
         0 <= n.late_bench_rounds <= 1000,
         "network.late_bench_rounds",

@@ -41,6 +41,12 @@ class BoundsConfig:
     #: the model at the round's start: Adam moved honest activations 45× within a round.
     activation_rms_factor: float = 8.0
     activation_rms_abs: float = 0.1
+    #: Where no peer median exists (a round of fewer than 3 updates or ParallelSFL clusters
+    #: before 3 were accepted), an update is held to ``peer_update_factor`` × the server's own
+    #: step per local step: the model it sent trained on its first ``reference_samples``
+    #: test samples (FLTrust's root dataset, Cao et al. NDSS 2021: ~100 samples; 0 = none:
+    #: such rounds are not compared). ``splitfl.net.reference``.
+    reference_samples: int = 64
     #: ``data.source: devices``: a client's announced sample count above this × the
     #: median announced count is capped there (its weight, histogram and step count).
     peer_samples_factor: float = 10.0
@@ -72,8 +78,9 @@ class NetworkConfig:
     #: still working ``round_deadline_factor`` × the median over the round's clients of each
     #: one's last measured time to a finished update (late: censored at its deadline; at
     #: least ``round_deadline_min_s``) after the round started is dropped for the round,
-    #: with the reason recorded. 0 = no deadline but ``timeout_s`` per command. The factor
-    #: must exceed the honest devices' speed spread (slow devices are dropped otherwise).
+    #: with the reason recorded (a RingSFL ring still running then is aborted, the member
+    #: that answers the abort late named). 0 = no deadline but ``timeout_s`` per command. The
+    #: factor must exceed the honest devices' speed spread (slow devices are dropped otherwise).
     round_deadline_factor: float = 10.0
     round_deadline_min_s: float = 2.0
     #: A client dropped for lateness (at the round deadline, or silent for ``timeout_s``) is

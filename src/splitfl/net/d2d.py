@@ -37,6 +37,7 @@ from splitfl.net.d2d_device import PLAN_FIELDS
 from splitfl.net.expect import Expect
 from splitfl.net.fleet import Meter
 from splitfl.net.hub import LOST, DeviceLink, Hub
+from splitfl.net.reference import ServerStep, own_step
 from splitfl.net.trust import (
     MAX_BYTES,
     PeerHistory,
@@ -66,6 +67,10 @@ class D2DRound:
     bounds: BoundsConfig = field(default_factory=BoundsConfig)
     #: group → its top worker's accepted report (for :func:`reject_outlying_tops`)
     hosted: dict[int, Hosted] = field(default_factory=dict)
+    #: the round deadline (``time.monotonic()``; None: none), relative to the measured rounds
+    #: (:func:`~splitfl.net.executor.round_deadline`): a RingSFL round still running then is
+    #: aborted (:mod:`splitfl.net.ring_server`)
+    deadline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -210,10 +215,12 @@ def reject_outlying_tops(
     updates: list[ClientUpdate],
     server_states: dict[int, State],
     history: dict[str, PeerHistory],
+    reference: ServerStep | None = None,
 ) -> list[ClientUpdate]:
     """The peer check across top workers, the server's rule for client updates
     (:class:`~splitfl.net.trust.PeerHistory`: the round's median with 3 or more clusters, else
-    the earlier rounds'): a top worker whose top part or bottom average moved more than
+    the earlier rounds', else the server's own step on its held samples, ``reference``,
+    :mod:`splitfl.net.reference`): a top worker whose top part or bottom average moved more than
     ``peer_update_factor`` × that median (per local step) is rejected. Its whole report goes:
     the top part (``server_states``, in place) and the bottom
     average it computed (the updates of its members, returned without them): both came from
@@ -221,9 +228,12 @@ def reject_outlying_tops(
     recorded as dropped with a reason that names the top worker (``top worker <w>: ...``, so
     ParallelSFL does not elect it next round)."""
     hosted = rnd.hosted
-    tops = history["top part"].outliers({g: h.top for g, h in hosted.items()}, "top part")
+    top_names = [k for g in hosted for k in server_states.get(g, {})]
+    bottom_names = [k for u in updates if u.group in hosted for k in u.state]
+    own = own_step(reference, top_names), own_step(reference, bottom_names)
+    tops = history["top part"].outliers({g: h.top for g, h in hosted.items()}, "top part", own[0])
     bottom = {g: h.bottom for g, h in hosted.items()}
-    bottoms = history["bottom average"].outliers(bottom, "bottom average")
+    bottoms = history["bottom average"].outliers(bottom, "bottom average", own[1])
     rejected = bottoms | tops
     for g, why in rejected.items():
         server_states.pop(g, None)

@@ -34,6 +34,7 @@ from splitfl.net.emulation import Profile
 from splitfl.net.expect import Expect, expect_for
 from splitfl.net.fleet import LATE, Meter, RemoteFleet, TimedServer
 from splitfl.net.lateness import LateClients
+from splitfl.net.reference import ServerStep, own_step
 from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
 from splitfl.net.trust import REFERENCE_SAMPLES, PeerHistory, PeerScale
@@ -134,13 +135,16 @@ class NetworkedExecutor:
         on_server: list[int] = []  # the clients the server itself contacts (lateness)
         if plan.ring is not None:
             emulation = ring_emulation(ctx, plan, net.emulate_links) if net.emulate else None
+            rnd.deadline = self._deadline
             updates, server_states = run_ring(rnd, plan, model, emulation), {}
         else:
             on_server = [t.client for t in plan.tasks if t.group not in plan.hosts]
             lost.update(self._late.benched(r, on_server))  # not contacted this round
             updates, server_states, distances = self._groups(ctx, model, plan, rnd)
-            updates = reject_outlying_tops(rnd, updates, server_states, self._updates)
-            outliers = self._updates["model update"].outliers(distances)
+            own = server_step(ctx, model, plan)
+            updates = reject_outlying_tops(rnd, updates, server_states, self._updates, own)
+            names = own_step(own, [k for u in updates if u.client in distances for k in u.state])
+            outliers = self._updates["model update"].outliers(distances, reference=names)
             updates = [u for u in updates if u.client not in outliers]
             lost.update(outliers)
         wall = time.perf_counter() - start
@@ -302,6 +306,18 @@ def expectations(ctx, model: BlockModel, plan: RoundPlan) -> Expect:
     test = ctx.bundle.test  # the server may hold no training data (data.source: devices)
     sample, bounds = test.x[:REFERENCE_SAMPLES], ctx.config.network.bounds
     return expect_for(model, sample, ctx.bundle.num_classes, cuts, test.y[:1], bounds)
+
+
+def server_step(ctx, model: BlockModel, plan: RoundPlan) -> ServerStep | None:
+    """The server's own step on its first ``network.bounds.reference_samples`` test samples
+    (:mod:`splitfl.net.reference`; None with 0 or no tasks), at the round's learning rate and
+    local steps (its most): trained only if a peer check has no median to use."""
+    n = ctx.config.network.bounds.reference_samples
+    if not n or not plan.tasks:
+        return None
+    test = ctx.bundle.test
+    steps = max(t.steps for t in plan.tasks)
+    return ServerStep(model, (test.x[:n], test.y[:n]), ctx.config.train, plan.tasks[0].lr, steps)
 
 
 def measured_fields(m: Meter, wall: float) -> dict[str, float]:

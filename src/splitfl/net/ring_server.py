@@ -3,9 +3,11 @@
 
 A round that fails is abandoned (Alg. 2 needs every member in every step), and the member at
 fault is named: the one whose device is not connected, was lost or went silent (no reply
-within ``timeout_s`` of the abort the others answer), whose report was rejected, or whose hop
-a neighbour refused. RingSFL leaves it out of the next rounds' ring
-(:data:`~splitfl.plan.RING_MEMBER_FAILED`, ``options.ringsfl.exclude_rounds``)."""
+within ``timeout_s`` of the abort the others answer), whose report was rejected, whose hop
+a neighbour refused, or, at the round deadline (relative to the measured rounds, as for every
+round: ``network.round_deadline_factor``), the one that answers the abort late. RingSFL
+leaves it out of the next rounds' ring (:data:`~splitfl.plan.RING_MEMBER_FAILED`,
+``options.ringsfl.exclude_rounds``)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from splitfl.models import BlockModel
 from splitfl.net.auth import new_token, token_hash
 from splitfl.net.d2d import D2DRound, send_command
-from splitfl.net.fleet import Meter
+from splitfl.net.fleet import LATE, Meter
 from splitfl.net.hub import LOST, DeviceLink
 from splitfl.net.trust import MAX_BYTES, bounded, check_state, loss_problem, state_specs
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
@@ -103,17 +105,31 @@ def run_ring(
 
 
 def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int):
-    """Every member's reply. On the first failure the others are told to abort and have
-    ``timeout_s`` more to answer. Returns (replies, faults, cause): ``faults`` names the
-    members that failed — the device lost or silent (dead, stalled), or what it sent refused
-    by a neighbour (the reply's ``blame``) or its reply an error — with why; ``cause`` is the
+    """Every member's reply. On the first failure, or at the round deadline (``rnd.deadline``,
+    relative to the measured rounds: :func:`~splitfl.net.executor.round_deadline`), the
+    others are told to abort and have ``timeout_s`` more to answer. Returns (replies, faults,
+    cause): ``faults`` names the members that failed — the device lost or silent (dead,
+    stalled), what it sent refused by a neighbour (the reply's ``blame``), its reply an
+    error, or, at the round deadline, an answer to the abort later than :data:`ANSWER_S`
+    (busy with something else than waiting for its neighbours) — with why; ``cause`` is the
     failure where no member can be named. The members next to a failure report a lost link,
     a timeout or the abort: they are not blamed, and a reason that is none of these is
-    preferred as the cause."""
+    preferred as the cause. Each finished member's arrival is its meter's ``finished_at``."""
     deadline = time.monotonic() + rnd.timeout_s * (steps + 3)
     replies, faults, reported = {}, {}, []
-    pending, released = dict(sent), False
+    pending, released, aborted = dict(sent), False, None
+
+    def release() -> None:  # the others have timeout_s more to answer
+        nonlocal released, deadline
+        released = True
+        for other, (seq, *_rest) in pending.items():
+            links[other].send(Message("abort", {"session": seq}))
+        deadline = min(deadline, time.monotonic() + rnd.timeout_s)
+
     while pending:
+        if not released and rnd.deadline is not None and time.monotonic() >= rnd.deadline:
+            aborted = time.monotonic()
+            release()
         for c in list(pending):
             got = links[c].reply(c, pending[c][0], 0.05)
             if got is None and time.monotonic() < deadline:
@@ -121,16 +137,34 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
             del pending[c]
             if got is not None and got is not LOST and got[0].type == "ring_done":
                 replies[c] = got
+                rnd.meters[c].finished_at = time.monotonic()
                 continue
             _fault(c, got, links[c], sent, faults, reported, released, rnd.timeout_s)
-            if not released:  # release the others: they have timeout_s more to answer
-                released = True
-                for other, (seq, *_rest) in pending.items():
-                    links[other].send(Message("abort", {"session": seq}))
-                deadline = min(deadline, time.monotonic() + rnd.timeout_s)
+            if aborted is not None and c not in faults:
+                _late_answer(c, time.monotonic() - aborted, faults, rnd)
+            if not released:
+                release()
     causes = [f for f in reported if " lost (" not in f and "aborted" not in f]
     cause = None if faults or not reported else (causes or reported)[0]
+    if aborted is not None and not faults:  # the deadline, not the members' aborted reports
+        cause = f"{LATE} (network.round_deadline_factor); every member answered the abort at once"
     return replies, faults, cause
+
+
+#: At the round deadline: an honest member waiting for its neighbours answers the abort
+#: within its 0.2 s poll (:meth:`~splitfl.net.ring_device._Member._next`) and a message's
+#: trip; one that answers more than this many seconds after it was busy with something
+#: else — the member holding the ring's progress. splitfl's choice (no paper has lateness).
+ANSWER_S = 1.0
+
+
+def _late_answer(c: int, after_s: float, faults: dict[int, str], rnd: D2DRound) -> None:
+    """Name member ``c`` as at fault when it answered the round deadline's abort late."""
+    if after_s > ANSWER_S:
+        faults[c] = (
+            f"{LATE}: answered the abort {after_s:.2g} s after it (network."
+            f"round_deadline_factor; busy, not waiting for a neighbour)"
+        )
 
 
 def _fault(c, got, link, sent, faults, reported, released: bool, timeout_s: float) -> None:

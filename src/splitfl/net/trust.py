@@ -27,7 +27,7 @@ import collections
 import copy
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -247,7 +247,9 @@ def peer_outliers(
         return {}
     ordered = sorted(distances.values())
     n = len(ordered)
-    return _above(distances, (ordered[(n - 1) // 2] + ordered[n // 2]) / 2, factor, what, "round's")
+    return _above(
+        distances, (ordered[(n - 1) // 2] + ordered[n // 2]) / 2, factor, what, "round's median"
+    )
 
 
 def _above(
@@ -258,7 +260,7 @@ def _above(
         return {}
     return {
         c: (
-            f"rejected {what}: norm {d:.3g} is {d / median:.1f}x the {whose} median "
+            f"rejected {what}: norm {d:.3g} is {d / median:.1f}x the {whose} "
             f"{median:.3g} (network.bounds.peer_update_factor {factor:g})"
         )
         for c, d in distances.items()
@@ -269,7 +271,8 @@ def _above(
 class PeerHistory:
     """:func:`peer_outliers` across rounds: the accepted distances (per local step) of the
     last ``keep`` updates stand in for the round's median when a round has fewer than 3 (a
-    ParallelSFL round of one or two clusters, a round of two clients), once 3 were accepted.
+    ParallelSFL round of one or two clusters, a round of two clients), once 3 were accepted;
+    before that, the server's own step on its held samples (``reference``).
     The history lives in the server process (a resumed run starts a new one, as
     :class:`PeerScale`)."""
 
@@ -277,12 +280,21 @@ class PeerHistory:
         self.factor = factor
         self.accepted: collections.deque[float] = collections.deque(maxlen=keep)
 
-    def outliers(self, distances: dict[int, float], what: str = "model update") -> dict[int, str]:
-        """The round's outliers (its own median, else the earlier rounds'); records the rest."""
+    def outliers(
+        self,
+        distances: dict[int, float],
+        what: str = "model update",
+        reference: Callable[[], float] | None = None,
+    ) -> dict[int, str]:
+        """The round's outliers (its own median, else the earlier rounds', else — before 3
+        were accepted — ``reference``: the server's own step per local step,
+        :class:`~splitfl.net.reference.ServerStep`); records the rest."""
         found = peer_outliers(distances, self.factor, what)
         if len(distances) < 3 and len(self.accepted) >= 3:
             earlier = sorted(self.accepted)[(len(self.accepted) - 1) // 2]  # the lower median
-            found = _above(distances, earlier, self.factor, what, "earlier rounds'")
+            found = _above(distances, earlier, self.factor, what, "earlier rounds' median")
+        elif len(distances) < 3 and distances and reference is not None:
+            found = _above(distances, reference(), self.factor, what, "server's own step")
         self.accepted.extend(d for c, d in distances.items() if c not in found)
         return found
 

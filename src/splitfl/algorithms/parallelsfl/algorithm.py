@@ -64,6 +64,7 @@ from splitfl.algorithms.parallelsfl.planner import failed_tops, plan_clusters
 from splitfl.algorithms.parallelsfl.problem import Cluster, ClusterInputs
 from splitfl.config import ConfigError
 from splitfl.plan import ClientTask, RoundPlan, RoundReport
+from splitfl.sitting_out import SitOut
 from splitfl.system.cluster import ClusterLoad, ClusterTime, MemberLoad, cluster_times
 from splitfl.system.cost import ClientCost, Traffic, d2d_rate
 
@@ -120,8 +121,10 @@ class ParallelSFL(Algorithm):
         self.ps: np.ndarray | None = None  # [N, 2]: PS uplink, downlink (B/s)
         self.seen: dict[str, np.ndarray] = {}  # latest reported mu_b, d2d, up, down per worker
         self.tops: dict[int, int] = {}
-        #: top workers whose cluster failed last round (not elected this round)
-        self.failed_tops: set[int] = set()
+        #: top workers whose failure dropped their cluster sit out the next round's election,
+        #: doubled at each further failure as a top worker in a row (splitfl's choice, the
+        #: rule RingSFL and late clients follow: :class:`~splitfl.sitting_out.SitOut`)
+        self.tops_out = SitOut(1)
         self.members: dict[int, int] = {}
         self._inputs: ClusterInputs | None = None  # the round's Alg. 1 inputs
         self._clock_cache: tuple[tuple[int, int], dict[int, tuple[ClusterTime, ClusterLoad]]]
@@ -203,7 +206,7 @@ class ParallelSFL(Algorithm):
             lam=self.options.lam,
             down_bytes=self.gradient_bytes(),
             radio=self.d2d if self._contention() else None,
-            excluded_tops=frozenset(self.failed_tops),
+            excluded_tops=self.tops_out.sitting_out(round_idx),
         )
         return self._inputs
 
@@ -371,8 +374,14 @@ class ParallelSFL(Algorithm):
         plan.info["cluster_waiting_clock"] = round_waiting(t_c, t_c > 0)["cluster_waiting"]
 
     def lost(self, round_idx: int, plan: RoundPlan, dropped: dict[int, str]) -> None:
-        """Top workers whose failure dropped their cluster are not elected next round."""
-        self.failed_tops = failed_tops(self.tops, dropped)
+        """Top workers whose failure dropped their cluster are not elected for the next
+        round(s) (:attr:`tops_out`); one that served the round starts from no streak."""
+        failed = failed_tops(self.tops, dropped)
+        for w in self.tops.values():
+            if w in failed:
+                self.tops_out.fail(w, round_idx)
+            else:
+                self.tops_out.forgive(w)
 
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
         """Eq. (4) + Eq. (18): per-worker weight τ_c (cluster weight N_c·τ_c)."""
@@ -384,10 +393,11 @@ class ParallelSFL(Algorithm):
     def state_dict(self) -> dict:
         names = ("mu_b", "mu_p", "beta", "d2d", "ps")
         state = {**{k: getattr(self, k) for k in names}, "seen": self.seen}
-        return {**state, "failed_tops": sorted(self.failed_tops)}
+        return {**state, "tops_out": self.tops_out.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         for k in ("mu_b", "mu_p", "beta", "d2d", "ps"):
             setattr(self, k, state.get(k))
         self.seen = state.get("seen", {})
-        self.failed_tops = {int(w) for w in state.get("failed_tops", [])}
+        self.tops_out = SitOut(1)
+        self.tops_out.load_state_dict(state.get("tops_out", {}))

@@ -175,7 +175,8 @@ class ClusterInputs:
     down_bytes: float = 0.0
     radio: np.ndarray | None = None
     #: workers not to elect as top workers this round: a top worker whose hosted cluster
-    #: failed the round before (device lost, stalled, refused; networked runs). Not in the
+    #: failed (device lost, stalled, refused; networked runs) sits out the next election,
+    #: doubling at each further failure in a row (:class:`~splitfl.sitting_out.SitOut`). Not in the
     #: paper, which assumes every elected top worker serves: without it a dead top worker
     #: drops its whole cluster every round.
     excluded_tops: frozenset[int] = frozenset()
