@@ -12,7 +12,7 @@ import torch
 
 from splitfl.data.partition import _top_up, dirichlet
 from splitfl.executors.common import client_batches
-from splitfl.executors.pool import PartPool
+from splitfl.executors.pool import PartPool, load_state
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import BlockModel
@@ -204,3 +204,18 @@ def test_pooled_parts_load_and_read_states_as_torch_does():
     part = pool.take(custom, 0, 2, state)
     assert torch.equal(part.state_dict()["blocks.0.weight"], torch.full((4, 3), 2.0))
     assert hooked == [1]
+
+
+def test_load_state_follows_a_module_whose_tensors_were_replaced():
+    """``load_state`` keeps a view per module; a module whose buffers or parameters were
+    replaced since (``.to(dtype)``, an assignment) is loaded into its new tensors, as
+    ``load_state_dict`` would."""
+    model = BlockModel([torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)], [1])
+    first = {k: torch.full_like(v, 1) for k, v in model.state_dict().items()}
+    load_state(model, first)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in first.items())
+    model.blocks[1].running_mean = torch.zeros(4)  # a new buffer object
+    model.to(torch.float64)  # new parameter data, new buffers
+    second = {k: torch.full_like(v, 2) for k, v in model.state_dict().items()}
+    load_state(model, second)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in second.items())
