@@ -109,6 +109,7 @@ def test_derived_seeds_equal_the_array_reference():
     for _ in range(3000):
         seed = int(gen.integers(0, 2**63)) if gen.random() < 0.5 else int(gen.integers(0, 100))
         parts = [int(gen.integers(0, 2**40)) for _ in range(int(gen.integers(0, 3)))]
+        parts += [0, 2**32, 2**64 + 7, 2**32 - 1][: int(gen.integers(0, 3))]  # 0, 1-3 words
         parts += ["b", "unit", "torch"][: int(gen.integers(0, 2))]
         assert derive_seed(seed, *parts) == _derive_seed_reference(seed, *parts), (seed, parts)
 

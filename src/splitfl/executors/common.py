@@ -17,6 +17,7 @@ from torch import nn
 from splitfl.activations import Activation, tree_map
 from splitfl.config import TrainConfig
 from splitfl.models import BlockModel
+from splitfl.seeding import derive_seed
 from splitfl.training import loss_fn, make_optimizer, score
 
 
@@ -55,6 +56,20 @@ def client_batches(
         perm = pool[torch.randperm(len(pool), generator=gen)]
         out.extend(perm.split(batch_size))
     return out[:steps]
+
+
+def round_batches(tasks, client_indices, round_seed: int) -> dict[int, list[torch.Tensor]]:
+    """Each task's mini-batches for the round (:func:`client_batches` from
+    ``derive_seed(round_seed, client)``, what its :class:`~splitfl.executors.roles.DeviceRole`
+    would draw), drawn for every client in one pass before training: torch's small ops run
+    cache-warm one after another (~4 µs each) instead of one client's at a time between
+    training steps (~15 µs each on a 2-core machine, ~0.4 ms of a 30 ms FedAvg round)."""
+    return {
+        t.client: client_batches(
+            client_indices[t.client], t.batch_size, t.steps, derive_seed(round_seed, t.client)
+        )
+        for t in tasks
+    }
 
 
 #: ``precision`` values: fp32, or bf16 autocast of the forward passes (losses in fp32).

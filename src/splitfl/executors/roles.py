@@ -106,11 +106,14 @@ class DeviceRole:
         data: tuple[torch.Tensor, torch.Tensor, np.ndarray],
         round_seed: int,
         runtime: Runtime,
+        batches: list[torch.Tensor] | None = None,
     ):
         self.task, self.part, self.aux, self.runtime = task, part, aux, runtime
         self.x_all, self.y_all, indices = data
-        seed = derive_seed(round_seed, task.client)
-        self.batches = client_batches(indices, task.batch_size, task.steps, seed)
+        if batches is None:  # else drawn already (:func:`~splitfl.executors.common.round_batches`)
+            seed = derive_seed(round_seed, task.client)
+            batches = client_batches(indices, task.batch_size, task.steps, seed)
+        self.batches = batches
         self.round_seed = round_seed
         trainable = part if aux is None else nn.ModuleList([part, aux])
         self.optimizer = local_optimizer(trainable, task.lr, train)

@@ -16,7 +16,7 @@ import torch
 
 from splitfl.config import TrainConfig
 from splitfl.executors.auxiliary import device_aux
-from splitfl.executors.common import check_finite, detached
+from splitfl.executors.common import check_finite, detached, round_batches
 from splitfl.executors.fleet import GroupRun, LocalFleet, State, group_runs, run_group, server_role
 from splitfl.executors.pool import PartPool, load_state
 from splitfl.executors.ring import ring_batch_update
@@ -49,7 +49,10 @@ class SequentialExecutor:
         gen = np.random.default_rng(derive_seed(round_seed, "mix"))
         train, data = ctx.config.train, (ctx.bundle.train.x, ctx.bundle.train.y)
         data_of = lambda c: (*data, ctx.client_indices[c])  # noqa: E731
-        make = device_maker(model, train, data_of, round_seed, runtime, self.pool, plan.aux)
+        batches = round_batches(plan.tasks, ctx.client_indices, round_seed)
+        make = device_maker(
+            model, train, data_of, round_seed, runtime, self.pool, plan.aux, batches
+        )
         updates: list[ClientUpdate] = []
         server_states: dict[int, dict[str, torch.Tensor]] = {}
         for run in group_runs(ctx, model, plan):
@@ -137,11 +140,13 @@ def device_maker(
     runtime: Runtime,
     pool: PartPool | None = None,
     aux: AuxSpec | None = None,
+    batches: dict[int, list[torch.Tensor]] | None = None,
 ) -> Callable[[ClientTask, State, State | None], DeviceRole]:
     """What builds a client's :class:`DeviceRole` for a :class:`LocalFleet`: its device part
     (a copy of ``model``'s blocks ``[0, cut)`` holding the part state; from ``pool`` if given),
-    auxiliary model (``aux`` holding the given state) and samples (``data_of(client)``:
-    ``(x, y, indices)``)."""
+    auxiliary model (``aux`` holding the given state), samples (``data_of(client)``:
+    ``(x, y, indices)``) and mini-batches (``batches``, from
+    :func:`~splitfl.executors.common.round_batches`; else the role draws them)."""
 
     def make(task: ClientTask, part_state: State, aux_state: State | None) -> DeviceRole:
         if pool is None:
@@ -152,7 +157,9 @@ def device_maker(
         module = None
         if aux_state is not None:
             module = device_aux(aux, aux_state)
-        return DeviceRole(task, part, module, train, data_of(task.client), round_seed, runtime)
+        drawn = None if batches is None else batches.get(task.client)
+        data = data_of(task.client)
+        return DeviceRole(task, part, module, train, data, round_seed, runtime, drawn)
 
     return make
 
