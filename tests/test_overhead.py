@@ -18,11 +18,12 @@ from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import BlockModel
 from splitfl.seeding import _key, derive_seed, rng_for, seed_torch
 from splitfl.testing import config_for
+from splitfl.training import make_optimizer
 
 
-def _rounds(executor_for_round, algorithm: str, rounds: int = 3, dtype=torch.float64):
+def _rounds(executor_for_round, algorithm: str, rounds: int = 3, dtype=torch.float64, **changes):
     """Each round's result from ``executor_for_round(r)``, aggregating as the runner does."""
-    cfg = as_config(config_for(algorithm, rounds=rounds))
+    cfg = as_config(config_for(algorithm, rounds=rounds, **changes))
     prep = prepare(cfg, dtype=dtype)
     ctx, alg = prep.ctx, prep.algorithm
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
@@ -141,7 +142,7 @@ def _plain_fedavg(model: torch.nn.Module, prep, rounds: int) -> dict[str, torch.
         for t in tasks:
             model.load_state_dict(state)
             model.train()
-            opt = torch.optim.SGD(model.parameters(), lr=t.lr)
+            opt = make_optimizer(model.parameters(), t.lr, cfg.train)  # a new one per client
             seed = derive_seed(derive_seed(cfg.seed, "b", r), t.client)
             for batch in client_batches(ctx.client_indices[t.client], t.batch_size, t.steps, seed):
                 opt.zero_grad()
@@ -158,12 +159,24 @@ def _as(mean: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (mean if dtype.is_floating_point else torch.round(mean)).to(dtype)
 
 
-def test_fedavg_equals_the_lean_loop_bit_for_bit():
-    """splitfl's FedAvg (pooled parts loaded and read through their ``StateView``, the fused
-    cross-entropy, the layer-wise aggregation) trains exactly what the lean loop of
-    ``benchmarks/plain_loop.py`` trains: the same float32 model, bit for bit."""
-    prep = prepare(as_config(config_for("fedavg", rounds=3)))
-    _, state = _rounds(lambda r: SequentialExecutor(), "fedavg", dtype=None)
+@pytest.mark.parametrize(
+    "train",
+    [
+        {},
+        {"train.momentum": 0.9, "train.weight_decay": 1e-3, "train.lr_decay": 0.5},
+        {"train.optimizer": "adam", "train.lr": 0.01},
+    ],
+    ids=["sgd", "momentum", "adam"],
+)
+def test_fedavg_equals_the_lean_loop_bit_for_bit(train):
+    """splitfl's FedAvg (pooled parts loaded and read through their ``StateView``, a pooled
+    part's optimiser emptied for each client, the mini-batches drawn before training, the
+    fused cross-entropy, the layer-wise aggregation) trains exactly what the lean loop of
+    ``benchmarks/plain_loop.py`` trains with a new optimiser per client: the same float32
+    model, bit for bit (with momentum and Adam too: no state leaks from client to client)."""
+    prep = prepare(as_config(config_for("fedavg", rounds=3, **train)))
+    shared = SequentialExecutor()  # its pool (parts, optimisers) serves every round
+    _, state = _rounds(lambda r: shared, "fedavg", dtype=None, **train)
     plain = _plain_fedavg(copy.deepcopy(prep.ctx.model), prep, 3)
     assert plain.keys() == state.keys()
     for k, v in plain.items():

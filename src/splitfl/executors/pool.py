@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
+from splitfl.executors.common import local_optimizer
 from splitfl.models import BlockModel, ModelPart
 
 State = dict[str, torch.Tensor]
@@ -34,12 +35,14 @@ class PartPool:
         self._model_id: int | None = None
         self._free: dict[tuple[int, int], list[ModelPart]] = {}
         self._views: dict[int, StateView] = {}  # by id() of a part this pool made
+        self._optimizers: dict[int, tuple[tuple, torch.optim.Optimizer]] = {}
 
     def take(self, model: BlockModel, start: int, stop: int, state: State) -> ModelPart:
         """A copy of ``model``'s blocks ``[start, stop)`` holding ``state`` (its own tensors,
         independent of ``model`` and of every other copy handed out)."""
         if self._model_id != id(model):  # another working model: copies of it only
             self._model_id, self._free, self._views = id(model), {}, {}
+            self._optimizers = {}
         free = self._free.get((start, stop))
         if free:
             part = free.pop()
@@ -48,6 +51,23 @@ class PartPool:
             self._views[id(part)] = StateView(part)
         self._views[id(part)].load(state)
         return part
+
+    def optimizer(self, part: ModelPart, lr: float, train) -> torch.optim.Optimizer:
+        """``local_optimizer(part, lr, train)`` for a part this pool handed out: the one made
+        for it before, its state emptied and its learning rate set — what a new one holds
+        (SGD's momentum buffers, Adam's moments and step count start empty; the optimiser
+        lives for one client's round, ``training/optim.py``) — else a new one (~40 µs a
+        client less inside a run)."""
+        key = (train.optimizer, train.momentum, train.weight_decay)
+        key += (train.beta1, train.beta2, train.eps)
+        kept = self._optimizers.get(id(part))
+        if kept is None or kept[0] != key:
+            kept = self._optimizers[id(part)] = (key, local_optimizer(part, lr, train))
+        optimizer = kept[1]
+        optimizer.state.clear()
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return optimizer
 
     def read(self, part: ModelPart) -> State:
         """The state of ``part`` (one this pool handed out) as :func:`cloned` copies."""

@@ -107,6 +107,7 @@ class DeviceRole:
         round_seed: int,
         runtime: Runtime,
         batches: list[torch.Tensor] | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
     ):
         self.task, self.part, self.aux, self.runtime = task, part, aux, runtime
         self.x_all, self.y_all, indices = data
@@ -116,7 +117,9 @@ class DeviceRole:
         self.batches = batches
         self.round_seed = round_seed
         trainable = part if aux is None else nn.ModuleList([part, aux])
-        self.optimizer = local_optimizer(trainable, task.lr, train)
+        if optimizer is None:  # else the pool's for this part (``PartPool.optimizer``)
+            optimizer = local_optimizer(trainable, task.lr, train)
+        self.optimizer = optimizer
         self.loss, self.loss_name = loss_fn(train.loss), train.loss
         self._fx: torch.Tensor | None = None
         self._y: torch.Tensor | None = None

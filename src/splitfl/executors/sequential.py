@@ -158,8 +158,11 @@ def device_maker(
         if aux_state is not None:
             module = device_aux(aux, aux_state)
         drawn = None if batches is None else batches.get(task.client)
+        reused = None  # the pool's optimiser for this part (none with an auxiliary model)
+        if pool is not None and module is None:
+            reused = pool.optimizer(part, task.lr, train)
         data = data_of(task.client)
-        return DeviceRole(task, part, module, train, data, round_seed, runtime, drawn)
+        return DeviceRole(task, part, module, train, data, round_seed, runtime, drawn, reused)
 
     return make
 
