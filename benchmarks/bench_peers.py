@@ -63,7 +63,11 @@ RUNNERS = {
     "flwr": ("peer_flwr.py", "flwr"),
     # ``--splitfl-before SRC``: splitfl from another source tree (the code before a change)
     "splitfl_before": ("peer_splitfl.py", None),
+    # splitfl with ``output.plots: false`` (what the end-of-run plots cost the whole process)
+    "splitfl_noplots": ("peer_splitfl.py", None),
 }
+#: runner arguments after the workload folder
+RUNNER_ARGS = {"splitfl_noplots": ["--no-plots"]}
 
 
 def prepare(folder: Path) -> Path:
@@ -161,8 +165,9 @@ def launch(framework: str, folder: Path, out: Path, timeout: float, src: str | N
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0, env[LAUNCH_ENV] = busy_cpu_s(), repr(time.time())
     t0 = time.perf_counter()
+    args = [str(python_for(framework)), str(HERE / script), str(folder)]
     proc = subprocess.Popen(
-        [str(python_for(framework)), str(HERE / script), str(folder)],
+        args + RUNNER_ARGS.get(framework, []),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

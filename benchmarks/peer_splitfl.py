@@ -1,4 +1,4 @@
-"""splitfl as a peer runner (``bench_peers.py``): ``python peer_splitfl.py DATA``.
+"""splitfl as a peer runner (``bench_peers.py``): ``python peer_splitfl.py DATA [--no-plots]``.
 
 The workload's tensors reach splitfl through the extension API: :func:`load_bundle` is the
 dataset (``data.dataset: peer_splitfl:load_bundle``, a ``DatasetBundle`` whose writer ids are
@@ -48,8 +48,9 @@ def load_bundle(root: Path) -> DatasetBundle:
     )
 
 
-def config(folder: Path, out_dir: str) -> dict:
-    """The run's config: the workload, FedAvg, defaults elsewhere."""
+def config(folder: Path, out_dir: str, plots: bool = True) -> dict:
+    """The run's config: the workload, FedAvg, defaults elsewhere (``plots=False``:
+    ``output.plots: false``, to measure what the end-of-run plots cost)."""
     return {
         "algorithm": "fedavg",
         "model": "peer_workload:build_model",
@@ -65,7 +66,7 @@ def config(folder: Path, out_dir: str) -> dict:
         },
         "train": {"clients_per_round": PER_ROUND, "batch_size": BATCH, "lr": LR, "local_epochs": 1},
         "eval": {"every": 1},
-        "output": {"progress": False, "out_dir": out_dir},
+        "output": {"progress": False, "out_dir": out_dir, "plots": plots},
     }
 
 
@@ -81,7 +82,7 @@ class Clock:
         return time.perf_counter()
 
 
-def main(folder: Path) -> None:
+def main(folder: Path, plots: bool = True) -> None:
     """Run splitfl on the workload and report its rounds."""
     report = Report("splitfl", version("splitfl"))
     play = loop._play_rounds
@@ -97,7 +98,7 @@ def main(folder: Path) -> None:
 
     loop._play_rounds = timed
     with tempfile.TemporaryDirectory() as tmp:
-        result = splitfl.run(config(folder, tmp), run_dir=Path(tmp) / "run")
+        result = splitfl.run(config(folder, tmp, plots), run_dir=Path(tmp) / "run")
         walls = [row["wall_time"] for row in result.metrics]
         report.round_s = [b - a for a, b in zip([0.0, *walls], walls, strict=False)]
         report.round_cpu_s = [b - a for a, b in zip(clock.cpu, clock.cpu[1:], strict=False)]
@@ -107,4 +108,4 @@ def main(folder: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), plots="--no-plots" not in sys.argv[2:])
