@@ -178,7 +178,7 @@ def test_fedavg_equals_the_lean_loop_bit_for_bit(train):
     shared = SequentialExecutor()  # its pool (parts, optimisers) serves every round
     _, state = _rounds(lambda r: shared, "fedavg", dtype=None, **train)
     plain = _plain_fedavg(copy.deepcopy(prep.ctx.model), prep, 3)
-    assert plain.keys() == state.keys()
+    assert plain and plain.keys() == state.keys()
     for k, v in plain.items():
         assert v.dtype == state[k].dtype and torch.equal(state[k], v), k
 

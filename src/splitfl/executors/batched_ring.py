@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from splitfl.executors.common import client_batches
+from splitfl.executors.common import task_batches
 from splitfl.executors.ring import block_rates
 from splitfl.executors.rowstack import (
     RowRunner,
@@ -26,7 +26,6 @@ from splitfl.executors.rowstack import (
 )
 from splitfl.models import BlockModel, ModelPart, block_index
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
-from splitfl.seeding import derive_seed
 
 
 class _BatchedRing:
@@ -56,12 +55,7 @@ class _BatchedRing:
                 n,
                 i,
                 i,
-                client_batches(
-                    ctx.client_indices[t.client],
-                    t.batch_size,
-                    t.steps,
-                    derive_seed(round_seed, t.client),
-                ),
+                task_batches(ctx.client_indices[t.client], t, round_seed),
             )
             for i, t in enumerate(self.tasks)
         ]

@@ -49,15 +49,14 @@ from splitfl.executors.auxiliary import (
 from splitfl.executors.common import (
     at_least_fp32,
     check_finite,
-    client_batches,
     detached,
     finite_value,
     local_optimizer,
     precision_context,
+    task_batches,
     to_memory_format,
 )
 from splitfl.plan import ClientTask, RoundPlan
-from splitfl.seeding import derive_seed
 from splitfl.training import loss_fn
 
 
@@ -112,8 +111,7 @@ class DeviceRole:
         self.task, self.part, self.aux, self.runtime = task, part, aux, runtime
         self.x_all, self.y_all, indices = data
         if batches is None:  # else drawn already (:func:`~splitfl.executors.common.round_batches`)
-            seed = derive_seed(round_seed, task.client)
-            batches = client_batches(indices, task.batch_size, task.steps, seed)
+            batches = task_batches(indices, task, round_seed)
         self.batches = batches
         self.round_seed = round_seed
         trainable = part if aux is None else nn.ModuleList([part, aux])

@@ -51,13 +51,12 @@ from splitfl.config import TrainConfig
 from splitfl.data.base import ArrayDataset
 from splitfl.data.lazy import is_lazy
 from splitfl.executors.batched_ring import run_batched_ring
-from splitfl.executors.common import client_batches
+from splitfl.executors.common import task_batches
 from splitfl.executors.rowstack import RowRunner, RowStack, WorkerRow, bn_momenta, step_rows
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.split_step import SplitRound, split_step
 from splitfl.models import BlockModel, ModelPart, block_index
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
-from splitfl.seeding import derive_seed
 
 
 class VectorizedExecutor:
@@ -171,8 +170,7 @@ class VectorizedExecutor:
                 part, states, [t.lr for t in tasks], self.device
             )
             for i, t in enumerate(tasks):
-                seed = derive_seed(round_seed, t.client)
-                batches = client_batches(ctx.client_indices[t.client], t.batch_size, t.steps, seed)
+                batches = task_batches(ctx.client_indices[t.client], t, round_seed)
                 rows[t.client] = WorkerRow(t, cut, i, group_row.get(t.group, -1), batches)
         server_stack, server_part = self._server_stack(model, plan, groups, split_groups)
         momenta = bn_momenta(server_part) if server_part is not None else {}

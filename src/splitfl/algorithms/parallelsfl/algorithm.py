@@ -121,9 +121,8 @@ class ParallelSFL(Algorithm):
         self.ps: np.ndarray | None = None  # [N, 2]: PS uplink, downlink (B/s)
         self.seen: dict[str, np.ndarray] = {}  # latest reported mu_b, d2d, up, down per worker
         self.tops: dict[int, int] = {}
-        #: top workers whose failure dropped their cluster sit out the next round's election,
-        #: doubled at each further failure as a top worker in a row (splitfl's choice, the
-        #: rule RingSFL and late clients follow: :class:`~splitfl.sitting_out.SitOut`)
+        #: top workers whose failure dropped their cluster sit out elections (splitfl's
+        #: choice, the doubling rule of RingSFL and late clients: :class:`SitOut`)
         self.tops_out = SitOut(1)
         self.members: dict[int, int] = {}
         self._inputs: ClusterInputs | None = None  # the round's Alg. 1 inputs
@@ -374,8 +373,7 @@ class ParallelSFL(Algorithm):
         plan.info["cluster_waiting_clock"] = round_waiting(t_c, t_c > 0)["cluster_waiting"]
 
     def lost(self, round_idx: int, plan: RoundPlan, dropped: dict[int, str]) -> None:
-        """Top workers whose failure dropped their cluster are not elected for the next
-        round(s) (:attr:`tops_out`); one that served the round starts from no streak."""
+        """Top workers that dropped their cluster sit out (:attr:`tops_out`); others forgiven."""
         failed = failed_tops(self.tops, dropped)
         for w in self.tops.values():
             if w in failed:
@@ -399,5 +397,4 @@ class ParallelSFL(Algorithm):
         for k in ("mu_b", "mu_p", "beta", "d2d", "ps"):
             setattr(self, k, state.get(k))
         self.seen = state.get("seen", {})
-        self.tops_out = SitOut(1)
-        self.tops_out.load_state_dict(state.get("tops_out", {}))
+        self.tops_out.load_state_dict(state.get("tops_out", {}))  # replaces both maps
