@@ -34,6 +34,13 @@ class BoundsConfig:
     #: spread seen in the tests: up to 5.3× (vanilla SL's chain, whose first clients move a
     #: fresh model most).
     peer_update_factor: float = 10.0
+    #: An update whose move per local step lies further from the round's coordinate-wise
+    #: median move than ``peer_spread_factor`` × the median such distance + the median move's
+    #: length is dropped (3 or more updates of the same tensors; ``splitfl.net.spread``): a
+    #: part pointing elsewhere than its peers' (sign-flipped) is caught even where honest
+    #: updates are large (a fresh model's first round). Honest spread seen on the attack
+    #: benchmark: within 1.2× the median distance; the colluders' 15×.
+    peer_spread_factor: float = 10.0
     #: Smashed data whose root-mean-square is above ``activation_rms_factor`` × the median
     #: RMS of the round's recent accepted batches (from at least two other clients) +
     #: ``activation_rms_abs`` is dropped (a scaled copy of honest activations passes the peak

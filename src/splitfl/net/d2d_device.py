@@ -103,7 +103,8 @@ def _run_cluster(agent, msg: Message):
         emulate = (lambda cut: per_sample, float(f["top_flops"]))
     run = GroupRun(f["group"], tasks, {t.client: bottom for t in tasks}, {})
     updates = run_group(fleet, TimedServer(server, meters, emulate), run, plan)
-    outliers = peer_outliers(fleet.distances, bounds.peer_update_factor)  # as the server's
+    outliers = fleet.moves.spread_outliers(bounds.peer_spread_factor)  # as the server's
+    outliers |= peer_outliers(fleet.moves.distance, bounds.peer_update_factor)
     lost.update(outliers)
     return [u for u in updates if u.client not in outliers], server, meters, lost
 

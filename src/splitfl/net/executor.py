@@ -37,6 +37,7 @@ from splitfl.net.lateness import LateClients
 from splitfl.net.reference import ServerStep, own_step
 from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
+from splitfl.net.spread import RoundMoves
 from splitfl.net.trust import REFERENCE_SAMPLES, PeerHistory, PeerScale
 from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.seeding import derive_seed
@@ -140,11 +141,14 @@ class NetworkedExecutor:
         else:
             on_server = [t.client for t in plan.tasks if t.group not in plan.hosts]
             lost.update(self._late.benched(r, on_server))  # not contacted this round
-            updates, server_states, distances = self._groups(ctx, model, plan, rnd)
+            updates, server_states, moves = self._groups(ctx, model, plan, rnd)
             own = server_step(ctx, model, plan)
             updates = reject_outlying_tops(rnd, updates, server_states, self._updates, own)
-            names = own_step(own, [k for u in updates if u.client in distances for k in u.state])
-            outliers = self._updates["model update"].outliers(distances, reference=names)
+            checked = moves.distance
+            names = own_step(own, [k for u in updates if u.client in checked for k in u.state])
+            spread = moves.spread_outliers(net.bounds.peer_spread_factor)
+            history = self._updates["model update"]
+            outliers = spread | history.outliers(checked, reference=names, rejected=spread)
             updates = [u for u in updates if u.client not in outliers]
             lost.update(outliers)
         wall = time.perf_counter() - start
@@ -177,8 +181,8 @@ class NetworkedExecutor:
     def _groups(self, ctx, model: BlockModel, plan: RoundPlan, rnd: D2DRound):
         """Every group of a parameter-server plan, concurrently: on the server, or on the
         device ``plan.hosts`` names (device-to-device, :func:`~splitfl.net.d2d.run_cluster`).
-        Returns the updates, the server-side copies and each server-checked update's distance
-        from the part it was sent (for the round's peer check)."""
+        Returns the updates, the server-side copies and each server-checked update's move
+        from the part it was sent (:class:`~splitfl.net.spread.RoundMoves`: the peer checks)."""
         expect = expectations(ctx, model, plan)
         gen = np.random.default_rng(derive_seed(rnd.round_seed, "mix"))
         emulate = self.config.network.emulate
@@ -186,7 +190,7 @@ class NetworkedExecutor:
         profiles = None
         if emulate:
             profiles = emulated_profiles(ctx, plan, links, self._aux_flops(plan, model))
-        server_emulation, distances, peers = None, {}, self._peers
+        server_emulation, moves, peers = None, RoundMoves(), self._peers
         if profiles is not None:
             server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
 
@@ -205,7 +209,7 @@ class NetworkedExecutor:
                 rnd.meters,
                 rnd.lost,
                 profiles,
-                distances,
+                moves,
                 self._deadline,
                 peers,
                 plan.aux,
@@ -225,7 +229,7 @@ class NetworkedExecutor:
             for run, (_, state) in zip(runs, done, strict=True)
             if state is not None
         }
-        return updates, server_states, distances
+        return updates, server_states, moves
 
 
 def round_deadline(net, median_client_s: float | None, began: float) -> float | None:

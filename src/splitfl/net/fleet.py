@@ -29,6 +29,7 @@ from splitfl.executors.roles import ServerRole
 from splitfl.net.emulation import Profile, stretch
 from splitfl.net.expect import Expect
 from splitfl.net.hub import LOST, DeviceLink, Hub
+from splitfl.net.spread import RoundMoves
 from splitfl.net.trust import (
     PeerScale,
     check_state,
@@ -38,7 +39,6 @@ from splitfl.net.trust import (
     samples_problem,
     smashed_problem,
     state_specs,
-    update_distance,
 )
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.plan import AuxSpec, ClientTask
@@ -87,7 +87,7 @@ class RemoteFleet:
         meters: dict[int, Meter],
         lost: dict[int, str],
         profiles: dict[int, Profile] | None = None,
-        distances: dict[int, float] | None = None,
+        moves: RoundMoves | None = None,
         round_deadline: float | None = None,
         peers: PeerScale | None = None,
         aux: AuxSpec | None = None,
@@ -95,9 +95,9 @@ class RemoteFleet:
     ):
         self.hub, self.round_seed, self.timeout_s, self.expect = hub, round_seed, timeout_s, expect
         self.meters, self.lost, self.profiles = meters, lost, profiles
-        #: each accepted update's distance from the part it was sent per local step (the
-        #: round's peer check, :func:`~splitfl.net.trust.peer_outliers`, compares them)
-        self.distances = {} if distances is None else distances
+        #: each accepted update's move from the part it was sent per local step (the round's
+        #: peer checks: :func:`~splitfl.net.trust.peer_outliers` and the spread check)
+        self.moves = RoundMoves() if moves is None else moves
         #: when (``time.monotonic()``) the round's clients must be done (None: no deadline
         #: but ``timeout_s`` per command); see ``network.round_deadline_factor``
         self.round_deadline = round_deadline
@@ -222,7 +222,7 @@ class RemoteFleet:
                 continue
             self.meters[c].count("model_up", payload_bytes(msg))
             steps = max(self.tasks[c].steps, 1)  # a client with more steps moves further
-            self.distances[c] = update_distance(part, self.sent[c][0]) / steps
+            self.moves.add(c, part, self.sent[c][0], steps)
             frozen = {k: v for k, v in self.sent[c][0].items() if k not in part}
             sent_aux = self.sent[c][1]
             out[c] = ({**frozen, **part}, {**sent_aux, **aux} if sent_aux else None)

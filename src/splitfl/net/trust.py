@@ -27,7 +27,7 @@ import collections
 import copy
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -285,17 +285,21 @@ class PeerHistory:
         distances: dict[int, float],
         what: str = "model update",
         reference: Callable[[], float] | None = None,
+        rejected: Collection[int] = (),
     ) -> dict[int, str]:
         """The round's outliers (its own median, else the earlier rounds', else — before 3
         were accepted — ``reference``: the server's own step per local step,
-        :class:`~splitfl.net.reference.ServerStep`); records the rest."""
+        :class:`~splitfl.net.reference.ServerStep`); records the rest but ``rejected`` (keys
+        another check refused: the spread, :mod:`splitfl.net.spread`)."""
         found = peer_outliers(distances, self.factor, what)
         if len(distances) < 3 and len(self.accepted) >= 3:
             earlier = sorted(self.accepted)[(len(self.accepted) - 1) // 2]  # the lower median
             found = _above(distances, earlier, self.factor, what, "earlier rounds' median")
         elif len(distances) < 3 and distances and reference is not None:
             found = _above(distances, reference(), self.factor, what, "server's own step")
-        self.accepted.extend(d for c, d in distances.items() if c not in found)
+        self.accepted.extend(
+            d for c, d in distances.items() if c not in found and c not in rejected
+        )
         return found
 
 

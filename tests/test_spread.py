@@ -1,0 +1,107 @@
+"""The spread check (``network.bounds.peer_spread_factor``, :mod:`splitfl.net.spread`): an
+update held against the round's coordinate-wise median move, not only by its length. Two
+colluders of ten who send their parts sign-flipped in a fresh model's first round moved ~6×
+the round's median (inside ``peer_update_factor`` 10) and wrecked ``mean`` and
+``trimmed_mean`` (issue 35); the spread check drops them. Loopback gRPC, devices in threads."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import splitfl
+from splitfl.net.device import DeviceAgent
+from splitfl.net.spread import RoundMoves, spread_from_centre
+from splitfl.net.testbed import Testbed
+from splitfl.net.trust import PeerHistory
+from splitfl.testing import config_for
+
+
+def _moves(parts: dict[int, list[float]], steps: dict[int, int] | None = None) -> RoundMoves:
+    moves = RoundMoves()
+    for c, part in parts.items():
+        moves.add(
+            c, {"w": torch.tensor(part)}, {"w": torch.zeros(len(part))}, (steps or {}).get(c, 1)
+        )
+    return moves
+
+
+def test_the_spread_check_by_hand():
+    """Moves (−3, 0), (1, 0), (1, 0.2), (0.8, 0): the coordinate-wise (lower) median is
+    (0.8, 0); distances from it 3.8, 0.2, 0.283, 0, their median 0.241; lengths 3, 1, 1.02,
+    0.8, their median 1.01. Factor 10: 3.8 > 10 × 0.241 + 1.01 = 3.42 is dropped — though
+    its length, 3, is only 3× the median length (the norm check passes it). Factor 12: 3.91
+    of room, kept."""
+    parts = {0: [-3.0, 0.0], 1: [1.0, 0.0], 2: [1.0, 0.2], 3: [0.8, 0.0]}
+    out = _moves(parts).spread_outliers(10.0)
+    assert list(out) == [0]
+    assert out[0] == (
+        "rejected model update: 3.8 per step from the round's median move, above 3.42 "
+        "(network.bounds.peer_spread_factor 10 x the median distance 0.241 + the median "
+        "norm 1.01)"
+    )
+    assert _moves(parts).spread_outliers(12.0) == {}
+    # per local step: the same part after 2 steps of twice the move is the same move
+    doubled = {**parts, 0: [-6.0, 0.0]}
+    assert list(_moves(doubled, {0: 2}).spread_outliers(10.0)) == [0]
+    spread = spread_from_centre([{"w": torch.tensor(p)} for p in parts.values()])
+    assert spread == pytest.approx([3.8, 0.2, math.hypot(0.2, 0.2), 0.0])
+
+
+def test_the_spread_check_compares_like_with_like():
+    """Only updates of the same tensors are compared, 3 or more of them; moves that coincide
+    leave each one the median length of room; nothing moved, nothing dropped."""
+    moves = _moves({0: [-3.0, 0.0], 1: [1.0, 0.0], 2: [1.0, 0.2], 3: [0.8, 0.0]})
+    moves.add(7, {"v": torch.tensor([50.0])}, {"v": torch.zeros(1)}, 1)  # another cut's part
+    moves.add(8, {"v": torch.tensor([-50.0])}, {"v": torch.zeros(1)}, 1)
+    assert list(moves.spread_outliers(10.0)) == [0]  # 7 and 8: two alone, not compared
+    same = _moves({1: [1.0, 0.0], 2: [1.0, 0.0], 3: [1.0, 0.0], 4: [1.9, 0.0], 5: [2.1, 0.0]})
+    assert list(same.spread_outliers(10.0)) == [5]  # 1.1 from (1, 0) > 0 + 1
+    assert _moves({1: [0.0], 2: [0.0], 3: [0.0]}).spread_outliers(10.0) == {}
+
+
+def test_the_norm_history_leaves_out_what_the_spread_rejected():
+    history = PeerHistory(10.0)
+    assert history.outliers({1: 1.0, 2: 1.2, 3: 0.9, 4: 5.0}, rejected={4: "spread"}) == {}
+    assert sorted(history.accepted) == [0.9, 1.0, 1.2]
+
+
+class _Flipped(DeviceAgent):
+    """Sends its honest part sign-flipped (the attack benchmark's ``FlippedPart``)."""
+
+    def _on_finish(self, c, msg):
+        reply = super()._on_finish(c, msg)
+        for name, t in reply.tensors.items():
+            if t.is_floating_point() and name.startswith("part/"):
+                reply.tensors[name] = -t
+        return reply
+
+
+def _colluders_run(tmp_path, **changes):
+    """One round of FedAvg with ten single-client devices, clients 0 and 1 flipping."""
+    names = [f"d{i}" for i in range(10)]
+    bed = Testbed.create(tmp_path / "bed", names)
+    threads = [bed.device(n, [i], _Flipped if i < 2 else None) for i, n in enumerate(names)]
+    net = bed.server_overrides(min_devices=10)
+    sized = {"data.num_clients": 10, "train.clients_per_round": 10}
+    cfg = config_for("fedavg", rounds=1, **{**sized, **changes, **net})
+    result = splitfl.run(cfg, run_dir=tmp_path / "run")
+    for t in threads:
+        t.join(30)
+    return result.metrics[0]
+
+
+@pytest.mark.parametrize("spread", [10.0, 1e6])
+def test_two_colluders_in_the_first_round_are_dropped_by_the_spread(tmp_path, spread):
+    """In the first round, with the default 10, both colluders are dropped by the spread
+    check and no honest client is; with the check off (1e6) they pass the norm check (the
+    gap the spread check closes)."""
+    row = _colluders_run(tmp_path, **{"network.bounds.peer_spread_factor": spread})
+    if spread == 10.0:
+        assert row["dropped_clients"] == [0, 1]
+        for c in ("0", "1"):
+            assert "peer_spread_factor 10 x the median distance" in row["dropped_reasons"][c]
+    else:
+        assert row["dropped_clients"] == []
