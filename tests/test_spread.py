@@ -12,10 +12,12 @@ import pytest
 import torch
 
 import splitfl
+from splitfl.net.d2d import D2DRound, Hosted, reject_outlying_tops
 from splitfl.net.device import DeviceAgent
 from splitfl.net.spread import RoundMoves, spread_from_centre
 from splitfl.net.testbed import Testbed
 from splitfl.net.trust import PeerHistory
+from splitfl.plan import ClientUpdate
 from splitfl.testing import config_for
 
 
@@ -66,6 +68,27 @@ def test_the_norm_history_leaves_out_what_the_spread_rejected():
     history = PeerHistory(10.0)
     assert history.outliers({1: 1.0, 2: 1.2, 3: 0.9, 4: 5.0}, rejected={4: "spread"}) == {}
     assert sorted(history.accepted) == [0.9, 1.0, 1.2]
+
+
+def test_a_top_worker_whose_top_part_points_elsewhere_is_rejected():
+    """ParallelSFL: the hand example's moves as four clusters' top parts (the norm check
+    passes cluster 0's: 3 is 3x the median length); the spread check across top workers
+    rejects its whole report, names its top worker for its members, and the norm history
+    does not record it."""
+    parts = {0: [-3.0, 0.0], 1: [1.0, 0.0], 2: [1.0, 0.2], 3: [0.8, 0.0]}
+    rnd = D2DRound(None, "t", 0, 1.0, {}, {})
+    for g, part in parts.items():
+        rnd.moves["top part"].add(g, {"w": torch.tensor(part)}, {"w": torch.zeros(2)}, 1)
+        rnd.moves["bottom average"].add(g, {"b": torch.ones(1)}, {"b": torch.zeros(1)}, 1)
+        rnd.hosted[g] = Hosted(10 + g, (2 * g, 2 * g + 1), rnd.moves["top part"].distance[g], 1.0)
+    updates = [ClientUpdate(c, 1, c // 2, 10, 1, {}, 1.0) for c in range(8)]
+    states = {g: {"w": None} for g in parts}
+    history = {what: PeerHistory(10.0) for what in ("top part", "bottom average")}
+    kept = reject_outlying_tops(rnd, updates, states, history)
+    assert [u.client for u in kept] == [2, 3, 4, 5, 6, 7] and sorted(states) == [1, 2, 3]
+    assert sorted(rnd.lost) == [0, 1]
+    assert rnd.lost[0].startswith("top worker 10: rejected top part: 3.8 per step from the")
+    assert 3.0 not in history["top part"].accepted
 
 
 class _Flipped(DeviceAgent):

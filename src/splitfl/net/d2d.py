@@ -38,6 +38,7 @@ from splitfl.net.expect import Expect
 from splitfl.net.fleet import Meter
 from splitfl.net.hub import LOST, DeviceLink, Hub
 from splitfl.net.reference import ServerStep, own_step
+from splitfl.net.spread import RoundMoves
 from splitfl.net.trust import (
     MAX_BYTES,
     PeerHistory,
@@ -45,7 +46,6 @@ from splitfl.net.trust import (
     check_state,
     loss_problem,
     state_specs,
-    update_distance,
 )
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.plan import ClientUpdate, RoundPlan
@@ -67,6 +67,11 @@ class D2DRound:
     bounds: BoundsConfig = field(default_factory=BoundsConfig)
     #: group → its top worker's accepted report (for :func:`reject_outlying_tops`)
     hosted: dict[int, Hosted] = field(default_factory=dict)
+    #: the accepted reports' moves per local step, group → top part / bottom average (the
+    #: spread check across top workers, :mod:`splitfl.net.spread`)
+    moves: dict[str, RoundMoves] = field(
+        default_factory=lambda: {"top part": RoundMoves(), "bottom average": RoundMoves()}
+    )
     #: the round deadline (``time.monotonic()``; None: none), relative to the measured rounds
     #: (:func:`~splitfl.net.executor.round_deadline`): a RingSFL round still running then is
     #: aborted (:mod:`splitfl.net.ring_server`)
@@ -187,8 +192,11 @@ def run_cluster(
     average, server_state, report = checked
     if report:
         steps = max(t.steps for t in tasks)
-        moved = (update_distance(server_state, server_part), update_distance(average, bottom))
-        rnd.hosted[run.group] = Hosted(host, tuple(report), moved[0] / steps, moved[1] / steps)
+        tops, bottoms = rnd.moves["top part"], rnd.moves["bottom average"]
+        tops.add(run.group, server_state, server_part, steps)
+        bottoms.add(run.group, average, bottom, steps)
+        moved = (tops.distance[run.group], bottoms.distance[run.group])
+        rnd.hosted[run.group] = Hosted(host, tuple(report), *moved)
     dropped = reply.fields.get("dropped")
     for c, reason in (dropped if isinstance(dropped, dict) else {}).items():
         if c.isdigit() and int(c) in tokens:
@@ -221,7 +229,9 @@ def reject_outlying_tops(
     (:class:`~splitfl.net.trust.PeerHistory`: the round's median with 3 or more clusters, else
     the earlier rounds', else the server's own step on its held samples, ``reference``,
     :mod:`splitfl.net.reference`): a top worker whose top part or bottom average moved more than
-    ``peer_update_factor`` × that median (per local step) is rejected. Its whole report goes:
+    ``peer_update_factor`` × that median (per local step), or whose move lies far from the
+    round's median move (3 or more clusters: ``peer_spread_factor``, :mod:`splitfl.net.spread`),
+    is rejected. Its whole report goes:
     the top part (``server_states``, in place) and the bottom
     average it computed (the updates of its members, returned without them): both came from
     the one untrusted device, and the members trained against its top part. Each member is
@@ -231,10 +241,15 @@ def reject_outlying_tops(
     top_names = [k for g in hosted for k in server_states.get(g, {})]
     bottom_names = [k for u in updates if u.group in hosted for k in u.state]
     own = own_step(reference, top_names), own_step(reference, bottom_names)
-    tops = history["top part"].outliers({g: h.top for g, h in hosted.items()}, "top part", own[0])
+    factor = rnd.bounds.peer_spread_factor
+    spread = {kind: rnd.moves[kind].spread_outliers(factor, kind) for kind in rnd.moves}
+    top = {g: h.top for g, h in hosted.items()}
+    tops = history["top part"].outliers(top, "top part", own[0], spread["top part"])
     bottom = {g: h.bottom for g, h in hosted.items()}
-    bottoms = history["bottom average"].outliers(bottom, "bottom average", own[1])
-    rejected = bottoms | tops
+    bottoms = history["bottom average"].outliers(
+        bottom, "bottom average", own[1], spread["bottom average"]
+    )
+    rejected = spread["bottom average"] | spread["top part"] | bottoms | tops
     for g, why in rejected.items():
         server_states.pop(g, None)
         for c in hosted[g].members:
