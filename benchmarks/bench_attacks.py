@@ -11,7 +11,8 @@ to the same run with every device honest (its *baseline*). A run is
   baseline's median round (``wall_time`` per metrics row);
 * **stopped** when ``splitfl.run`` raises or the status is not ``ok``;
 * **caught** when the insider's client is dropped in some round with a recorded reason (a
-  ParallelSFL top worker: when its members' drops name it, ``top worker 0: ...``).
+  ParallelSFL top worker: when its members' drops name it, ``top worker 0: ...``; a RingSFL
+  member: also when the round's ``executor_events`` name it, ``ring member 0 late to start``).
 
 The link-break case cuts every device's link (a relay that swallows bytes) for longer than
 the network timeout, after each device has been connected longer than its ``retry_s``, and
@@ -229,15 +230,23 @@ def outcome(status: str, rows: list[dict], wall_s: float) -> dict[str, Any]:
 TOP_WORKER = "top worker 0:"
 
 
+#: how an executor event names the insider as a RingSFL member (slow to start: its work is
+#: kept, it is benched)
+RING_MEMBER = "ring member 0 "
+
+
 def _insider_reasons(row: dict) -> list[str]:
-    """The round's drop reasons of client 0, or those naming it as the top worker at fault."""
+    """The round's drop reasons of client 0, those naming it as the top worker at fault, and
+    the executor's events naming it as a ring member."""
     reasons = row.get("dropped_reasons", {})
     named = [why for why in reasons.values() if why.startswith(TOP_WORKER)]
-    return ([reasons["0"]] if "0" in reasons else []) + named[:1]
+    events = [e for e in row.get("executor_events", []) if e.startswith(RING_MEMBER)]
+    return ([reasons["0"]] if "0" in reasons else []) + named[:1] + events
 
 
 def _insider_named(row: dict) -> bool:
-    """Client 0 was dropped in the round, or named as the top worker at fault."""
+    """Client 0 was dropped in the round, or named as the top worker or ring member at
+    fault."""
     return 0 in row.get("dropped_clients", []) or bool(_insider_reasons(row))
 
 

@@ -76,6 +76,10 @@ class D2DRound:
     #: (:func:`~splitfl.net.executor.round_deadline`): a RingSFL round still running then is
     #: aborted (:mod:`splitfl.net.ring_server`)
     deadline: float | None = None
+    #: RingSFL: ``network.round_deadline_factor`` for the members' start latencies (0: not
+    #: checked), and the members found slow to start, with why (:mod:`splitfl.net.ring_server`)
+    late_start_factor: float = 0.0
+    late_starts: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

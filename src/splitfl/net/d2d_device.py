@@ -122,8 +122,11 @@ def _meter(m: Meter) -> dict:
 
 
 def ring_member(agent, c: int, msg: Message) -> Message:
-    """``ring``: this client's part of RingSFL's ring for the round."""
+    """``ring``: this client's part of RingSFL's ring for the round, told to the server as
+    started first (``ring_started``: the server names a member slow to start,
+    :func:`~splitfl.net.ring_server.late_starts`)."""
     if agent.peer is None:
         return Message("ring_failed", {"reason": "this device does not listen for peers"})
-    abort = agent.abort_event(msg.fields.get("seq"))
-    return ring_session(agent, c, msg, abort)
+    seq = msg.fields.get("seq")
+    agent.notify(Message("ring_started", {"client": c, "seq": seq}))  # the server times it
+    return ring_session(agent, c, msg, agent.abort_event(seq))

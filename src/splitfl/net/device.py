@@ -227,6 +227,9 @@ class DeviceAgent(AuxCommands):
         self.sessions: dict = {}
         #: what the device announced of its own data (``data.source: devices``), once
         self.announced: dict | None = None
+        #: sends a message to the server at once, outside any reply (set by the connection
+        #: loop for each session): a ring member's ``ring_started``
+        self.notify = _unconnected
         self.warm_up()
 
     def announcement(self, spec: dict, epsilon: float | None, seed: int) -> dict:
@@ -376,3 +379,7 @@ class DeviceAgent(AuxCommands):
     def _moving_keys(self, cut: int) -> set[str]:
         """The device part's tensors that travel (all but a LoRA model's frozen base)."""
         return set(moving_state(ModelPart(self.model, 0, cut), self.model))
+
+
+def _unconnected(message: Message) -> None:
+    """:attr:`DeviceAgent.notify` before a session: nowhere to send ``message``."""

@@ -290,6 +290,8 @@ def _read_commands(
             if not to_peer and (agent is None or sorted(agent.data.samples) != sorted(clients)):
                 agent = _new_agent(opts, msg.fields, clients, agent_cls, local, outbox)
                 agent.peer, agent.options, agent.sessions = peer, opts, SESSION_HANDLERS
+            if not to_peer:  # this session's outbox (a reconnect keeps the agent)
+                agent.notify = lambda message: outbox.put(encode(message))
             ready = {} if to_peer else _announce(opts, agent, msg.fields.get("data"), local)
             outbox.put(encode(Message("ready", ready)))
             silence.heard = time.monotonic()

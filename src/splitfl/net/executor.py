@@ -68,6 +68,7 @@ class NetworkedExecutor:
         self._updates = {what: PeerHistory(b.peer_update_factor) for what in parts}
         #: clients dropped for lateness, left out of the next rounds (network.late_bench_rounds)
         self._late = LateClients(config.network.late_bench_rounds)
+        self._next_round = 0  # the run's round planned next (from 0): whom reachable() benches
         #: per-sample FLOPs of each auxiliary model the plans named (emulation)
         self._aux_cost: dict = {}
 
@@ -91,14 +92,19 @@ class NetworkedExecutor:
 
     def reachable(self) -> set[int]:
         """The clients whose device is connected, once lost devices have had up to
-        ``network.rejoin_s`` to come back (as before a round); none before :meth:`open`."""
+        ``network.rejoin_s`` to come back (as before a round), but those benched for lateness
+        in the coming round (a RingSFL member slow to start); none before :meth:`open`."""
         if self.session is None or self.session.hub is None:
             return set()
         started = time.perf_counter()
         self.session.wait_ready()
         self._waited = time.perf_counter() - started  # the round's wait: not waited again
-        hub = self.session.hub
-        return {c for c in range(hub.num_clients) if hub.link_of(c) is not None}
+        hub, late = self.session.hub, self._late.sit_out
+        return {
+            c
+            for c in range(hub.num_clients)
+            if hub.link_of(c) is not None and not late.out(c, self._next_round)
+        }
 
     def announced(self) -> dict:
         """``data.source: devices``: client → what its device announced at join."""
@@ -136,8 +142,9 @@ class NetworkedExecutor:
         on_server: list[int] = []  # the clients the server itself contacts (lateness)
         if plan.ring is not None:
             emulation = ring_emulation(ctx, plan, net.emulate_links) if net.emulate else None
-            rnd.deadline = self._deadline
+            rnd.deadline, rnd.late_start_factor = self._deadline, net.round_deadline_factor
             updates, server_states = run_ring(rnd, plan, model, emulation), {}
+            self._late.record(r, plan.ring.order, rnd.late_starts)  # benched, work kept
         else:
             on_server = [t.client for t in plan.tasks if t.group not in plan.hosts]
             lost.update(self._late.benched(r, on_server))  # not contacted this round
@@ -158,6 +165,7 @@ class NetworkedExecutor:
             elif lost.get(c, "").startswith(LATE):  # censored: finishing at the deadline
                 self._client_s[c] = self._deadline - began
         self._late.record(r, on_server, lost)
+        self._next_round = r + 1
         return RoundResult(
             updates=updates,
             server_states=server_states,
@@ -167,6 +175,7 @@ class NetworkedExecutor:
             dropped=dict(sorted(lost.items())),
             measured_round_time=waited + wall,
             devices={c: m.device for c, m in meters.items() if m.device and c not in lost},
+            events=[f"ring member {c} {why}" for c, why in rnd.late_starts.items()],
         )
 
     def _aux_flops(self, plan: RoundPlan, model: BlockModel) -> float:

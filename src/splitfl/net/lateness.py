@@ -18,7 +18,9 @@ from splitfl.sitting_out import SitOut
 #: the drop reasons that count as late: the round deadline, or a command unanswered for
 #: ``timeout_s`` (:meth:`~splitfl.net.fleet.RemoteFleet._await`; a drip just past the timeout
 #: looks like a silent link)
-LATE_REASONS = (LATE, "no reply within")
+#: A RingSFL member slow to start the ring (:func:`~splitfl.net.ring_server.late_starts`).
+LATE_START = "late to start"
+LATE_REASONS = (LATE, "no reply within", LATE_START)
 BENCHED = "benched"
 
 

@@ -11,6 +11,7 @@ leaves it out of the next rounds' ring (:data:`~splitfl.plan.RING_MEMBER_FAILED`
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from splitfl.net.auth import new_token, token_hash
 from splitfl.net.d2d import D2DRound, send_command
 from splitfl.net.fleet import LATE, Meter
 from splitfl.net.hub import LOST, DeviceLink
+from splitfl.net.lateness import LATE_START
 from splitfl.net.trust import MAX_BYTES, bounded, check_state, loss_problem, state_specs
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.plan import RING_MEMBER_FAILED, ClientUpdate, RoundPlan
@@ -77,12 +79,15 @@ def run_ring(
             fields["block_flops"] = emulation.block_flops
         msg = Message("ring", fields, dict(global_state))
         sent[c] = (*send_command(links[c], c, msg), payload_bytes(msg))
-    replies, faults, cause = _collect(rnd, links, sent, max(t.steps for t in plan.tasks))
+    started: dict[int, float] = {}  # member → when its ring_started arrived
+    replies, faults, cause = _collect(rnd, links, sent, max(t.steps for t in plan.tasks), started)
     if not faults and cause is None:
         faults = _check(replies, model, tasks, rnd.bounds, {c: v[2] for c, v in sent.items()})
     if faults or cause is not None:
         _abandon(rnd, order, faults, cause)
         return []
+    latency = start_latency(sent, started, replies, emulation)
+    rnd.late_starts = late_starts(latency, rnd.late_start_factor)
     updates = []
     for group, c in enumerate(order):
         reply, up, arrived = replies[c]
@@ -104,7 +109,7 @@ def run_ring(
     return updates
 
 
-def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int):
+def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int, started: dict):
     """Every member's reply. On the first failure, or at the round deadline (``rnd.deadline``,
     relative to the measured rounds: :func:`~splitfl.net.executor.round_deadline`), the
     others are told to abort and have ``timeout_s`` more to answer. Returns (replies, faults,
@@ -114,7 +119,8 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
     (busy with something else than waiting for its neighbours) — with why; ``cause`` is the
     failure where no member can be named. The members next to a failure report a lost link,
     a timeout or the abort: they are not blamed, and a reason that is none of these is
-    preferred as the cause. Each finished member's arrival is its meter's ``finished_at``."""
+    preferred as the cause. Each finished member's arrival is its meter's ``finished_at``;
+    each member's ``ring_started`` arrival goes to ``started``."""
     deadline = time.monotonic() + rnd.timeout_s * (steps + 3)
     replies, faults, reported = {}, {}, []
     pending, released, aborted = dict(sent), False, None
@@ -134,6 +140,9 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
             got = links[c].reply(c, pending[c][0], 0.05)
             if got is None and time.monotonic() < deadline:
                 continue  # still running
+            if got is not None and got is not LOST and got[0].type == "ring_started":
+                started.setdefault(c, got[2])
+                continue
             del pending[c]
             if got is not None and got is not LOST and got[0].type == "ring_done":
                 replies[c] = got
@@ -156,6 +165,43 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
 #: trip; one that answers more than this many seconds after it was busy with something
 #: else — the member holding the ring's progress. splitfl's choice (no paper has lateness).
 ANSWER_S = 1.0
+
+
+def start_latency(
+    sent: dict, started: dict[int, float], replies: dict, emulation: RingEmulation | None
+) -> dict[int, float]:
+    """Each member's time from the ring command's send to its ``ring_started`` (the server's
+    clock; a member that sent none: to its final reply, so skipping it hides nothing), less
+    the command's emulated download (wire bytes / the member's emulated downlink)."""
+    latency = {}
+    for c, (_, wire, sent_at, _) in sent.items():
+        held = 0.0
+        if emulation is not None and emulation.members[c].get("downlink"):
+            held = wire / float(emulation.members[c]["downlink"])
+        latency[c] = started.get(c, replies[c][2]) - sent_at - held
+    return latency
+
+
+def late_starts(latency: dict[int, float], factor: float) -> dict[int, str]:
+    """The members slow to start the ring, with why: a start latency above both ``factor``
+    (``network.round_deadline_factor``; 0: none) × the ring's median and the median +
+    :data:`ANSWER_S` (an honest member starts as the command arrives). A member late from
+    the first round sets the measured ring round itself, so the round deadline cannot catch
+    it (every member finishes with the ring); its start can. The round's work is kept (the
+    ring completed); the executor benches the member (``network.late_bench_rounds``)."""
+    if not factor or len(latency) < 3:
+        return {}
+    median = statistics.median(latency.values())
+    limit = max(factor * median, median + ANSWER_S)
+    return {
+        c: (
+            f"{LATE_START}: started the ring {t:.2g} s after its command, the ring's median "
+            f"{median:.2g} s (above network.round_deadline_factor {factor:g} x it and "
+            f"{ANSWER_S:g} s over it)"
+        )
+        for c, t in sorted(latency.items())
+        if t > limit
+    }
 
 
 def _late_answer(c: int, after_s: float, faults: dict[int, str], rnd: D2DRound) -> None:
