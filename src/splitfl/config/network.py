@@ -39,7 +39,8 @@ class BoundsConfig:
     #: length is dropped (3 or more updates of the same tensors; ``splitfl.net.spread``): a
     #: part pointing elsewhere than its peers' (sign-flipped) is caught even where honest
     #: updates are large (a fresh model's first round). Honest spread seen on the attack
-    #: benchmark: within 1.2× the median distance; the colluders' 15×.
+    #: benchmark: within 1.7× the median distance in round 1 (3.3× over 6 rounds); the two
+    #: colluders' 17-26×.
     peer_spread_factor: float = 10.0
     #: Smashed data whose root-mean-square is above ``activation_rms_factor`` × the median
     #: RMS of the round's recent accepted batches (from at least two other clients) +

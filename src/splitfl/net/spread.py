@@ -18,8 +18,8 @@ each one a typical update of room). Robust centres and distances from them are t
 Byzantine-robust literature's tool (coordinate-wise median: Yin et al. ICML 2018; distance
 from a robust centre: Karimireddy et al., "Learning from History for Byzantine Robust
 Optimization", ICML 2021); the rule and its factor are splitfl's choice (README, "Hostile
-devices"). Measured on the attack benchmark's first round: honest ``s_c`` within 1.2 × ``s̃``,
-the colluders' 15 ×.
+devices"). Measured on the attack benchmark (two colluders of ten): honest ``s_c`` within
+1.7 × ``s̃`` in round 1 and 3.3 × over 6 rounds, the colluders' 17–26 × in round 1.
 """
 
 from __future__ import annotations
