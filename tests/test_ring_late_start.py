@@ -11,6 +11,8 @@ import time
 import pytest
 
 import splitfl
+from splitfl.metrics import summary
+from splitfl.net import lateness
 from splitfl.net.device import DeviceAgent
 from splitfl.net.ring_server import RingEmulation, late_starts, start_latency
 from splitfl.net.testbed import Testbed
@@ -74,9 +76,15 @@ def test_a_member_slow_to_start_the_ring_is_named_and_benched(tmp_path, slow):
     if not slow:
         assert [r["clients"] for r in rows] == [[0, 1, 2, 3]] * 3
         assert [r["executor_events"] for r in rows] == [[], [], []]
+        assert result.summary["status"] == "ok"
         return
     assert [r["clients"] for r in rows] == [[0, 1, 2, 3], [1, 2, 3], [0, 1, 2, 3]]
     for r in (rows[0], rows[2]):
         (event,) = r["executor_events"]
         assert event.startswith("ring member 0 late to start: started the ring 1.")
     assert rows[1]["executor_events"] == []
+    assert result.summary["status"] == (
+        "ok (ring members 0 late to start in 2 of 3 rounds (benched; executor_events in "
+        "metrics.jsonl))"
+    )
+    assert summary.LATE == lateness.LATE_START

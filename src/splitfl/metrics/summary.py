@@ -93,8 +93,9 @@ def is_ok(status: str) -> bool:
 
 def network_warnings(rows: list[dict[str, Any]]) -> list[str]:
     """What a finished networked run lost on the way, from its rows' ``dropped_reasons``:
-    clients whose device was not connected (or lost) in some rounds, and abandoned ring
-    rounds; [] for a run that lost nothing (and every simulated run)."""
+    clients whose device was not connected (or lost) in some rounds, abandoned ring rounds,
+    and (``executor_events``) ring members benched as late to start; [] for a run that lost
+    nothing (and every simulated run)."""
     absent: dict[str, int] = {}
     ring = 0
     for row in rows:
@@ -112,12 +113,34 @@ def network_warnings(rows: list[dict[str, Any]]) -> list[str]:
     if ring:
         every = "every ring round" if ring == len(rows) else f"{ring} of {len(rows)} ring rounds"
         out.append(f"{every} abandoned")
+    late = [_late_members(row) for row in rows]
+    if any(late):
+        members = ", ".join(sorted({m for row in late for m in row}, key=int))
+        rounds = sum(1 for row in late if row)
+        out.append(
+            f"ring members {members} late to start in {rounds} of {len(rows)} rounds (benched; "
+            f"executor_events in metrics.jsonl)"
+        )
     return out
+
+
+def _late_members(row: dict[str, Any]) -> list[str]:
+    """The ring members a row's ``executor_events`` name as late to start
+    (``ring member <k> late to start: ...``, :func:`splitfl.net.ring_server.late_starts`)."""
+    found = []
+    for event in row.get("executor_events") or []:
+        words = str(event).split(" ", 3)
+        if len(words) == 4 and words[:2] == ["ring", "member"] and words[3].startswith(LATE):
+            found.append(words[2])
+    return found
 
 
 #: ``dropped_reasons`` that say a device was not there (:func:`network_warnings`).
 ABSENT = ("device not connected", "lost:")
 RING_ABANDONED = "ring round abandoned"
+#: how an executor event says a ring member was late to start (``splitfl.net.lateness``'s
+#: ``LATE_START``; ``tests/test_ring_late_start.py`` checks the two agree)
+LATE = "late to start"
 
 
 def _reasons(row: dict[str, Any]) -> list[tuple[str, str]]:
