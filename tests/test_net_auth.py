@@ -27,7 +27,7 @@ from splitfl.net.guard import Audit
 from splitfl.net.hub import Hub, HubSettings
 from splitfl.net.peer import PeerChannel, PeerEndpoint
 from splitfl.net.testbed import Testbed
-from splitfl.net.wire import Message, decode
+from splitfl.net.wire import PROTOCOL_VERSION, Message, decode
 from splitfl.testing import config_for
 
 
@@ -325,7 +325,8 @@ def test_a_foreign_protocol_is_one_clear_line(tmp_path, protocol, words):
         raw = RawStream(bed.port)
         raw.send(Message("hello", {"protocol": protocol, "name": "a", "token": bed.tokens["a"]}))
         assert raw.outcome(10) == grpc.StatusCode.FAILED_PRECONDITION
-        assert words in raw.details and "this server speaks 4" in raw.details, raw.details
+        speaks = f"this server speaks {PROTOCOL_VERSION}"
+        assert words in raw.details and speaks in raw.details, raw.details
         raw.close()
     finally:
         hub.stop()

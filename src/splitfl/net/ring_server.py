@@ -11,7 +11,6 @@ leaves it out of the next rounds' ring (:data:`~splitfl.plan.RING_MEMBER_FAILED`
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -83,11 +82,13 @@ def run_ring(
     replies, faults, cause = _collect(rnd, links, sent, max(t.steps for t in plan.tasks), started)
     if not faults and cause is None:
         faults = _check(replies, model, tasks, rnd.bounds, {c: v[2] for c, v in sent.items()})
+    late = late_starts(start_latency(sent, started, emulation), rnd.late_start_factor)
+    if not faults and cause is not None:
+        faults = late  # a failure naming no member (the deadline's abort): the late starter
     if faults or cause is not None:
         _abandon(rnd, order, faults, cause)
         return []
-    latency = start_latency(sent, started, replies, emulation)
-    rnd.late_starts = late_starts(latency, rnd.late_start_factor)
+    rnd.late_starts = late  # the ring completed: their work is kept, the executor benches them
     updates = []
     for group, c in enumerate(order):
         reply, up, arrived = replies[c]
@@ -120,7 +121,9 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
     failure where no member can be named. The members next to a failure report a lost link,
     a timeout or the abort: they are not blamed, and a reason that is none of these is
     preferred as the cause. Each finished member's arrival is its meter's ``finished_at``;
-    each member's ``ring_started`` arrival goes to ``started``."""
+    ``started`` gets when each member is known to have started (``time.perf_counter``): its
+    ``ring_started``'s arrival, or else its reply's (skipping the acknowledgement hides
+    nothing)."""
     deadline = time.monotonic() + rnd.timeout_s * (steps + 3)
     replies, faults, reported = {}, {}, []
     pending, released, aborted = dict(sent), False, None
@@ -138,12 +141,13 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
             release()
         for c in list(pending):
             got = links[c].reply(c, pending[c][0], 0.05)
+            if _acknowledged(got, pending[c][2], started, c):
+                got = None  # it started: its reply is still to come (a flood still times out)
             if got is None and time.monotonic() < deadline:
                 continue  # still running
-            if got is not None and got is not LOST and got[0].type == "ring_started":
-                started.setdefault(c, got[2])
-                continue
             del pending[c]
+            if got is not None and got is not LOST:  # started, at the latest, when it answered
+                started.setdefault(c, got[2])
             if got is not None and got is not LOST and got[0].type == "ring_done":
                 replies[c] = got
                 rnd.meters[c].finished_at = time.monotonic()
@@ -167,31 +171,44 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
 ANSWER_S = 1.0
 
 
+def _acknowledged(got, sent_at: float, started: dict[int, float], c: int) -> bool:
+    """Whether ``got`` is member ``c``'s start acknowledgement (``ring_started`` with its
+    command's seq); the first one's arrival is recorded, unless it arrived before the command
+    was sent (a guessed seq): then the member counts as starting at its reply."""
+    if got is None or got is LOST or got[0].type != "ring_started":
+        return False
+    if c not in started and got[2] >= sent_at:
+        started[c] = got[2]
+    return True
+
+
 def start_latency(
-    sent: dict, started: dict[int, float], replies: dict, emulation: RingEmulation | None
+    sent: dict, started: dict[int, float], emulation: RingEmulation | None
 ) -> dict[int, float]:
-    """Each member's time from the ring command's send to its ``ring_started`` (the server's
-    clock; a member that sent none: to its final reply, so skipping it hides nothing), less
-    the command's emulated download (wire bytes / the member's emulated downlink)."""
+    """Each member known to have started (``started``, :func:`_collect`): the time from its
+    ring command's send to its start (the server's clock), less the command's emulated
+    download (wire bytes / the member's emulated downlink: an honest slow emulated link is
+    not late)."""
     latency = {}
-    for c, (_, wire, sent_at, _) in sent.items():
-        held = 0.0
-        if emulation is not None and emulation.members[c].get("downlink"):
-            held = wire / float(emulation.members[c]["downlink"])
-        latency[c] = started.get(c, replies[c][2]) - sent_at - held
+    for c, at in started.items():
+        _, wire, sent_at, _ = sent[c]
+        rate = float((emulation.members[c] if emulation else {}).get("downlink") or 0.0)
+        latency[c] = at - sent_at - (wire / rate if rate > 0 else 0.0)
     return latency
 
 
 def late_starts(latency: dict[int, float], factor: float) -> dict[int, str]:
     """The members slow to start the ring, with why: a start latency above both ``factor``
-    (``network.round_deadline_factor``; 0: none) × the ring's median and the median +
-    :data:`ANSWER_S` (an honest member starts as the command arrives). A member late from
-    the first round sets the measured ring round itself, so the round deadline cannot catch
-    it (every member finishes with the ring); its start can. The round's work is kept (the
-    ring completed); the executor benches the member (``network.late_bench_rounds``)."""
-    if not factor or len(latency) < 3:
+    (``network.round_deadline_factor``; 0: none) × the ring's lower median (in a ring of two:
+    the other member's) and that median + :data:`ANSWER_S` (an honest member starts as the
+    command arrives). A member late from the first round sets the measured ring round itself,
+    so the round deadline cannot catch it (every member finishes with the ring); its start
+    can. In a completed ring its work is kept and the executor benches it
+    (``network.late_bench_rounds``); in a ring the deadline aborted without naming anyone, it
+    is the one named (:func:`run_ring`)."""
+    if not factor or len(latency) < 2:
         return {}
-    median = statistics.median(latency.values())
+    median = sorted(latency.values())[(len(latency) - 1) // 2]  # lower: a ring of two's other
     limit = max(factor * median, median + ANSWER_S)
     return {
         c: (

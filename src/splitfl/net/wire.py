@@ -60,8 +60,10 @@ __all__ = [
 
 #: Protocol version: a peer announcing another one is refused at hello.
 #: 2: keepalive ping/pong, no server network section; 3: chunk flag last; 4: the token is
-#: proved by challenge–response (:mod:`splitfl.net.handshake`), never sent
-PROTOCOL_VERSION = 4
+#: proved by challenge–response (:mod:`splitfl.net.handshake`), never sent; 5: a RingSFL
+#: member acknowledges its ``ring`` command as it starts it (``ring_started``:
+#: :mod:`splitfl.net.ring_server`)
+PROTOCOL_VERSION = 5
 
 
 def all_finite(t: torch.Tensor) -> bool:
