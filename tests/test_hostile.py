@@ -49,12 +49,13 @@ def _strict_rows(run_dir) -> list[dict]:
     return [json.loads(line, parse_constant=refuse) for line in text.splitlines() if line]
 
 
-def _run(tmp_path, algorithm, agent_cls, devices=None, **changes):
-    """A networked run with an insider (``evil``, client 0) and an honest device."""
+def _run(tmp_path, algorithm, agent_cls, devices=None, retry_s=20.0, **changes):
+    """A networked run with an insider (``evil``, client 0) and an honest device; a device
+    still redialling when the run ends gives up ``retry_s`` after it last heard the server."""
     devices = devices or {"evil": [0], "ok": [1, 2, 3]}
     bed = Testbed.create(tmp_path / "bed", list(devices))
     threads = [
-        bed.device(name, clients, agent_cls if name == "evil" else None, retry_s=20.0)
+        bed.device(name, clients, agent_cls if name == "evil" else None, retry_s=retry_s)
         for name, clients in devices.items()
     ]
     net = bed.server_overrides(min_devices=len(devices))
@@ -146,7 +147,8 @@ def test_a_nan_in_a_reply_is_refused_and_metrics_stay_strict_json(tmp_path, monk
     )
     monkeypatch.setattr(framing, "json", lenient)
     monkeypatch.setattr(framing, "_HEADER", json.JSONEncoder(separators=(",", ":"), allow_nan=True))
-    result = _run(tmp_path, "s2fl", _NaNTime, clock="measured")
+    # the insider's link is closed each round and it redials: after the run, 3 s (not 20)
+    result = _run(tmp_path, "s2fl", _NaNTime, retry_s=3.0, clock="measured")
     rows = _strict_rows(result.run_dir)  # old code: NaN literals, not JSON
     for row in rows:
         assert "non-finite" in row["dropped_reasons"]["0"]
