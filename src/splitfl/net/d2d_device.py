@@ -31,7 +31,7 @@ from splitfl.net.emulation import Profile
 from splitfl.net.expect import expect_for
 from splitfl.net.fleet import Meter, RemoteFleet, TimedServer
 from splitfl.net.ring_device import ring_session
-from splitfl.net.trust import REFERENCE_SAMPLES, peer_outliers
+from splitfl.net.trust import REFERENCE_SAMPLES, PeerHistory
 from splitfl.net.wire import Message, state_from, state_tensors
 from splitfl.plan import ClientTask, RoundPlan
 from splitfl.robust import Rule, robust_average
@@ -103,8 +103,8 @@ def _run_cluster(agent, msg: Message):
         emulate = (lambda cut: per_sample, float(f["top_flops"]))
     run = GroupRun(f["group"], tasks, {t.client: bottom for t in tasks}, {})
     updates = run_group(fleet, TimedServer(server, meters, emulate), run, plan)
-    outliers = fleet.moves.spread_outliers(bounds.peer_spread_factor)  # as the server's
-    outliers |= peer_outliers(fleet.moves.distance, bounds.peer_update_factor)
+    history = PeerHistory(bounds.peer_update_factor)  # the round's alone: no earlier rounds
+    outliers = fleet.moves.outliers(history, bounds.peer_spread_factor)  # as the server's
     lost.update(outliers)
     return [u for u in updates if u.client not in outliers], server, meters, lost
 

@@ -153,9 +153,8 @@ class NetworkedExecutor:
             updates = reject_outlying_tops(rnd, updates, server_states, self._updates, own)
             checked = moves.distance
             names = own_step(own, [k for u in updates if u.client in checked for k in u.state])
-            spread = moves.spread_outliers(net.bounds.peer_spread_factor)
-            history = self._updates["model update"]
-            outliers = spread | history.outliers(checked, reference=names, rejected=spread)
+            history, factor = self._updates["model update"], net.bounds.peer_spread_factor
+            outliers = moves.outliers(history, factor, reference=names)
             updates = [u for u in updates if u.client not in outliers]
             lost.update(outliers)
         wall = time.perf_counter() - start

@@ -27,10 +27,11 @@ from __future__ import annotations
 import collections
 import math
 import statistics
+from collections.abc import Callable
 
 import torch
 
-from splitfl.net.trust import State, update_distance
+from splitfl.net.trust import PeerHistory, State, update_distance
 
 
 class RoundMoves:
@@ -73,6 +74,20 @@ class RoundMoves:
                 if s > room
             }
         return found
+
+    def outliers(
+        self,
+        history: PeerHistory,
+        spread_factor: float,
+        what: str = "model update",
+        reference: Callable[[], float] | None = None,
+    ) -> dict[int, str]:
+        """Both peer checks, as every checking place runs them: the spread
+        (:meth:`spread_outliers`), then the norm (``history``,
+        :class:`~splitfl.net.trust.PeerHistory`, which does not record what the spread
+        rejected); where both reject, the norm's reason."""
+        spread = self.spread_outliers(spread_factor, what)
+        return spread | history.outliers(self.distance, what, reference, spread)
 
 
 def spread_from_centre(deltas: list[State]) -> list[float]:
