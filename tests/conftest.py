@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import splitfl
+from splitfl.net.testbed import Testbed
 from splitfl.testing import tiny_config  # noqa: F401  (tests import it from here)
 
 
@@ -17,6 +18,17 @@ from splitfl.testing import tiny_config  # noqa: F401  (tests import it from her
 def _single_thread():
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _deadlines_for_a_busy_machine():
+    """Networked tests' rounds get a 10 s deadline floor instead of the default 2 s: a round
+    that waits on another test's Ray start on a busy 2-core machine is slow, not late (seen:
+    every member of an honest RingSFL round dropped at 2 s). Tests of the deadline set
+    ``network.round_deadline_min_s`` themselves."""
+    Testbed.round_deadline_min_s = 10.0
+    yield
+    Testbed.round_deadline_min_s = None
 
 
 @pytest.fixture(autouse=True, scope="session")

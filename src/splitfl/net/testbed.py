@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from splitfl.net.auth import new_token, token_hash
 from splitfl.net.device import DeviceOptions
@@ -34,6 +34,12 @@ class Testbed:
     """Tokens and address for thread devices (``tokens_file`` is the server's)."""
 
     __test__ = False  # not a pytest test class
+
+    #: ``network.round_deadline_min_s`` of every run :meth:`server_overrides` makes, unless
+    #: the call names it (None: the config's default, 2 s). splitfl's own test suite raises
+    #: it (tests/conftest.py): on a busy machine an honest round of a test can take longer
+    #: than 2 s, and the deadline would drop every client of it.
+    round_deadline_min_s: ClassVar[float | None] = None
 
     folder: Path
     port: int
@@ -60,6 +66,8 @@ class Testbed:
             "network.timeout_s": 30.0,
             "network.connect_timeout_s": 60.0,
         }
+        if self.round_deadline_min_s is not None:
+            base["network.round_deadline_min_s"] = self.round_deadline_min_s
         return {**base, **{f"network.{k}": v for k, v in network.items()}}
 
     def device(
