@@ -14,7 +14,7 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS, Algorithm, register_algorithm
 from splitfl.cli.main import build_parser
-from splitfl.plan import RoundPlan
+from splitfl.core.plan import RoundPlan
 
 SRC = Path(splitfl.__file__).parent
 
@@ -101,11 +101,11 @@ def test_config_and_plan_are_leaves():
     )
     assert _offenders("config", registries) == []
     # the round contract: only a type annotation of the cost model, never at run time
-    assert [m for m, _, tc in _imports(SRC / "plan.py") if not tc] == []
+    assert [m for m, _, tc in _imports(SRC / "core" / "plan.py") if not tc] == []
     # the message format of the network wire and the parallel executor's channel: torch only
-    assert _imports(SRC / "framing.py") == []
+    assert _imports(SRC / "core" / "framing.py") == []
     # the allocator settings every long-running process applies: the standard library only
-    assert _imports(SRC / "allocator.py") == []
+    assert _imports(SRC / "core" / "allocator.py") == []
 
 
 def test_no_function_level_imports_but_plugin_registration():

@@ -18,8 +18,9 @@ import torch
 import yaml
 
 import splitfl
-from splitfl import atomic, dirlock
+from splitfl import dirlock
 from splitfl.cli.main import main
+from splitfl.core import atomic
 from splitfl.dirlock import LOCK_FILE, hold_lock
 from splitfl.metrics.summary import read_metrics
 from splitfl.sweeps.spec import MAX_TRIAL_NAME, trial_name
@@ -114,7 +115,7 @@ def marked_save(obj, f, *args, **kwargs):
 
 torch.save = marked_save
 try:
-    from splitfl import atomic
+    from splitfl.core import atomic
     write_all = atomic._write_all
 
     def marked_write(fd, data):  # a splitfl that writes model.pt atomically

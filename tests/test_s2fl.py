@@ -18,7 +18,7 @@ from splitfl.algorithms.s2fl.data_balance import (
     group_sizes,
     partition_cost,
 )
-from splitfl.plan import ClientUpdate
+from splitfl.core.plan import ClientUpdate
 
 
 def test_closest_to_median_on_crafted_table():

@@ -36,7 +36,7 @@ import splitfl
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.plan import RoundPlan, RoundReport, RoundResult
+from splitfl.core.plan import RoundPlan, RoundReport, RoundResult
 
 
 @dataclass(frozen=True)

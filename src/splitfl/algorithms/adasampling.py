@@ -30,7 +30,7 @@ import torch
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.estimates import fill_unmeasured, update_table
 from splitfl.config import ConfigError
-from splitfl.plan import RoundPlan, RoundReport, RoundResult
+from splitfl.core.plan import RoundPlan, RoundReport, RoundResult
 from splitfl.robust import clip_scales
 
 

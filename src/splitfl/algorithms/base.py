@@ -6,7 +6,7 @@ An algorithm never trains anything itself. Each round the runner asks it to
 2. :meth:`Algorithm.plan_round` — each client's cut point, group (one server-side model copy
    per group), batch size and local steps, and how the server processes a group,
 
-then an executor (``splitfl.experiment``) runs the plan (the contract: :mod:`splitfl.plan`) and
+then an executor (``splitfl.experiment``) runs the plan (the contract: :mod:`splitfl.core.plan`) and
 returns the trained parts, the shared cost model turns the work into simulated time, and the
 algorithm
 
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from splitfl.algorithms.aggregation import Rule, layerwise_aggregate
-from splitfl.plan import ClientTask, RoundPlan, RoundReport, RoundResult
+from splitfl.core.plan import ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.system.cost import ClientCost, round_times, share_server_link
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from splitfl.algorithms.aggregation import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.plan import ClientTask, RoundPlan
+from splitfl.core.plan import ClientTask, RoundPlan
 
 
 @dataclass(frozen=True)

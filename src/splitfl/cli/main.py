@@ -16,9 +16,9 @@ import sys
 import warnings
 from pathlib import Path
 
-from splitfl.atomic import describe_os_error
 from splitfl.cli.network import add_network_parsers
 from splitfl.config import ConfigError
+from splitfl.core.atomic import describe_os_error
 from splitfl.data.base import DatasetError, DatasetWarning
 from splitfl.executors import NonFiniteLossError, WorkersLostError
 from splitfl.experiment import compare, resume, run, validate

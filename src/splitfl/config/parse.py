@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import yaml
 
-from splitfl.atomic import write_atomic
 from splitfl.config.checks import validate
 from splitfl.config.choices import did_you_mean
 from splitfl.config.schema import (
     ConfigError,
     ExperimentConfig,
 )
+from splitfl.core.atomic import write_atomic
 from splitfl.yaml_limits import MAX_YAML_BYTES, yaml_limit_violation
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.core.seeding import rng_for
 from splitfl.data import DatasetBundle
 from splitfl.data.base import ArrayDataset, DatasetWarning, labels_only, unseen_test_labels
 from splitfl.data.clients import client_partition, holdout_split
@@ -28,7 +29,6 @@ from splitfl.experiment.validation import resolve_config
 from splitfl.extensions import load_dataset, profile_model
 from splitfl.models import BlockModel, ModelProfile
 from splitfl.models.registry import Split
-from splitfl.seeding import rng_for
 from splitfl.system import ClientCost, Population, draw_population, split_client_cost
 from splitfl.system.devices import with_variation
 from splitfl.training import target_problem
@@ -152,7 +152,7 @@ class RunContext:
     def task_cost(
         self, task, samples: int, round_idx: int, device_loss: str, **extra
     ) -> ClientCost:
-        """Cost of a planned task (a :class:`~splitfl.plan.ClientTask`); ``extra``: more
+        """Cost of a planned task (a :class:`~splitfl.core.plan.ClientTask`); ``extra``: more
         :func:`~splitfl.system.cost.split_client_cost` arguments (auxiliary plans' uploads
         and auxiliary-model charge)."""
         return self.client_cost(

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from splitfl.atomic import write_atomic
 from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.core.atomic import write_atomic
 from splitfl.data.base import DatasetWarning
 from splitfl.net.announce import capped_counts, scaled_histogram
 

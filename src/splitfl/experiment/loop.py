@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 from threadpoolctl import threadpool_limits
 
-from splitfl.atomic import error_line
 from splitfl.config import ConfigError, ExperimentConfig, resolve_device
+from splitfl.core.atomic import error_line
 from splitfl.executors import (
     NonFiniteLossError,
     ParallelExecutor,

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 import splitfl
-from splitfl.atomic import write_atomic
+from splitfl.core.atomic import write_atomic
 
 VERSION_FILE = "version.json"
 

@@ -7,7 +7,7 @@ cut points), ``clients.json`` (label histograms and device
 profiles), ``metrics.jsonl`` (one row per round), ``summary.json``, ``accuracy.png``,
 ``version.json`` (:mod:`splitfl.experiment.provenance`) and ``checkpoints/last.pt``.
 Optimisers are created afresh each round and every random stream is derived from ``(seed,
-purpose, round)`` (see :mod:`splitfl.seeding`), so a checkpoint of
+purpose, round)`` (see :mod:`splitfl.core.seeding`), so a checkpoint of
 the global model, the algorithm state and the clock is all a resume needs to reproduce an
 uninterrupted run exactly. The checkpoint also holds the metric rows up to its round and is
 the source of truth on resume (:mod:`splitfl.experiment.checkpoint`); a run directory is
@@ -28,13 +28,6 @@ from typing import Any
 import torch
 
 from splitfl.algorithms import Algorithm, resolve_algorithm
-from splitfl.atomic import (
-    NAME_MAX,
-    TMP_PREFIX,
-    creatable_dir_problem,
-    naming,
-    remove_stale_tmp,
-)
 from splitfl.config import (
     ConfigError,
     ExperimentConfig,
@@ -42,6 +35,13 @@ from splitfl.config import (
     config_fields,
     dump_config,
     from_dict,
+)
+from splitfl.core.atomic import (
+    NAME_MAX,
+    TMP_PREFIX,
+    creatable_dir_problem,
+    naming,
+    remove_stale_tmp,
 )
 from splitfl.dirlock import LOCK_FILE, hold_lock
 from splitfl.executors import WorkersLostError

@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from splitfl.atomic import naming, write_atomic
 from splitfl.config import ConfigError, check_ray_address
+from splitfl.core.atomic import naming, write_atomic
 from splitfl.dirlock import hold_lock
 from splitfl.metrics.report import report as write_report
 from splitfl.ray_cluster import reachable

@@ -55,7 +55,7 @@ from splitfl.algorithms.mergesfl.finetune import load_solver
 from splitfl.algorithms.mergesfl.ingress import update_ingress
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
 from splitfl.config import ConfigError
-from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport
+from splitfl.core.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport
 
 #: Where B^h comes from (see the module docstring).
 BUDGETS = ("measured", "clients_per_round")

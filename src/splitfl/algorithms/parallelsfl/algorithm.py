@@ -63,8 +63,8 @@ from splitfl.algorithms.parallelsfl.monitoring import radio_observations, record
 from splitfl.algorithms.parallelsfl.planner import failed_tops, plan_clusters
 from splitfl.algorithms.parallelsfl.problem import Cluster, ClusterInputs
 from splitfl.config import ConfigError
-from splitfl.plan import ClientTask, RoundPlan, RoundReport
-from splitfl.sitting_out import SitOut
+from splitfl.core.benching import SitOut
+from splitfl.core.plan import ClientTask, RoundPlan, RoundReport
 from splitfl.system.cluster import ClusterLoad, ClusterTime, MemberLoad, cluster_times
 from splitfl.system.cost import ClientCost, Traffic, d2d_rate
 

@@ -81,7 +81,7 @@ from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.s2fl.data_balance import balanced_groups, partition_cost
 from splitfl.algorithms.s2fl.lockstep import lockstep_finish, member_phases
 from splitfl.config import ConfigError
-from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport, RoundResult
+from splitfl.core.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.system.cost import ClientCost, round_times, split_client_cost
 from splitfl.system.devices import DeviceProfile
 
