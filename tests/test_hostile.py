@@ -21,7 +21,7 @@ import splitfl
 import splitfl.core.framing as framing
 import splitfl.net.wire as wire
 from net_raw import RawStream
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.core.plan import ClientUpdate
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.net.auth import TokenBook
@@ -309,7 +309,7 @@ ZERO = {"blocks.0.w": torch.zeros(2, dtype=torch.float64)}
 
 
 def Rule(*args, **kwargs):  # noqa: N802 (imported late: the old code has no module to import)
-    from splitfl.robust import Rule as rule
+    from splitfl.aggregation.robust import Rule as rule
 
     return rule(*args, **kwargs)
 

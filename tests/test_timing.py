@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import splitfl
+from splitfl.aggregation.layerwise import layerwise_aggregate
+from splitfl.aggregation.mean import weighted_average
 from splitfl.algorithms import ALGORITHMS
 from splitfl.algorithms.adasampling import AdaSampling, sampling_probabilities
-from splitfl.algorithms.aggregation import layerwise_aggregate
-from splitfl.averaging import weighted_average
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientUpdate
 from splitfl.core.seeding import derive_seed, rng_for

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from splitfl.algorithms.aggregation import layerwise_aggregate, robust_average
+from splitfl.aggregation.layerwise import layerwise_aggregate, robust_average
 from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl.arrangement import arrange_workers
 from splitfl.algorithms.mergesfl.finetune import load_solver
