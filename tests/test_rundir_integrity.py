@@ -18,11 +18,11 @@ import torch
 import yaml
 
 import splitfl
-from splitfl import dirlock
 from splitfl.cli.main import main
 from splitfl.core import atomic
-from splitfl.dirlock import LOCK_FILE, hold_lock
 from splitfl.metrics.summary import read_metrics
+from splitfl.rundir import lock as dirlock
+from splitfl.rundir.lock import LOCK_FILE, hold_lock
 from splitfl.sweeps.spec import MAX_TRIAL_NAME, trial_name
 from splitfl.sweeps.trial import run_state
 from splitfl.testing import tiny_config

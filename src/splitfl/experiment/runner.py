@@ -11,7 +11,7 @@ purpose, round)`` (see :mod:`splitfl.core.seeding`), so a checkpoint of
 the global model, the algorithm state and the clock is all a resume needs to reproduce an
 uninterrupted run exactly. The checkpoint also holds the metric rows up to its round and is
 the source of truth on resume (:mod:`splitfl.experiment.checkpoint`); a run directory is
-locked while a process works in it (:mod:`splitfl.dirlock`); Ctrl-C/SIGTERM and exploding
+locked while a process works in it (:mod:`splitfl.rundir.lock`); Ctrl-C/SIGTERM and exploding
 losses are handled in :mod:`splitfl.experiment.guards`.
 """
 
@@ -43,7 +43,6 @@ from splitfl.core.atomic import (
     naming,
     remove_stale_tmp,
 )
-from splitfl.dirlock import LOCK_FILE, hold_lock
 from splitfl.executors import WorkersLostError
 from splitfl.experiment.checkpoint import load_checkpoint
 from splitfl.experiment.context import RunContext, build_context
@@ -58,6 +57,7 @@ from splitfl.extensions import import_user_modules, reject_objects
 from splitfl.models.base import moving_state
 from splitfl.net.session import StartError
 from splitfl.ray_cluster import RayJoinError
+from splitfl.rundir.lock import LOCK_FILE, hold_lock
 
 
 @dataclass
