@@ -25,8 +25,7 @@ from splitfl.data.base import DatasetWarning
 from splitfl.net.announce import capped_counts, scaled_histogram
 
 if TYPE_CHECKING:
-    from splitfl.experiment.context import RunContext
-    from splitfl.experiment.runner import Prepared
+    from splitfl.experiment.context import Prepared, RunContext
 
 
 def write_clients(ctx: RunContext, path: Path) -> None:

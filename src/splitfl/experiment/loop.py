@@ -40,7 +40,7 @@ from splitfl.system import SimClock, Traffic
 from splitfl.training import import_optimizers
 
 if TYPE_CHECKING:
-    from splitfl.experiment.runner import Prepared
+    from splitfl.experiment.context import Prepared
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from splitfl.system.cost import server_bytes
 from splitfl.training import row_key, server_step
 
 if TYPE_CHECKING:
-    from splitfl.experiment.runner import Prepared  # runner imports this module
+    from splitfl.experiment.context import Prepared
 
 
 @dataclass

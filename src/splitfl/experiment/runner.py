@@ -21,13 +21,12 @@ import json
 import shutil
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from splitfl.algorithms import Algorithm, resolve_algorithm
+from splitfl.algorithms import resolve_algorithm
 from splitfl.config import (
     ConfigError,
     ExperimentConfig,
@@ -45,9 +44,9 @@ from splitfl.core.atomic import (
 )
 from splitfl.executors import WorkersLostError
 from splitfl.experiment.checkpoint import load_checkpoint
-from splitfl.experiment.context import RunContext, build_context
+from splitfl.experiment.context import Prepared, RunContext, build_context
 from splitfl.experiment.device_data import write_clients
-from splitfl.experiment.fingerprint import check_fingerprint, data_fingerprint
+from splitfl.experiment.fingerprint import check_fingerprint
 from splitfl.experiment.loop import run_loop
 from splitfl.experiment.model_card import card_table, model_card
 from splitfl.experiment.model_check import check_splittable
@@ -68,19 +67,6 @@ class RunResult:
     config: ExperimentConfig
     metrics: list[dict[str, Any]]
     summary: dict[str, Any]
-
-
-@dataclass
-class Prepared:
-    config: ExperimentConfig
-    ctx: RunContext
-    algorithm: Algorithm
-
-    @cached_property
-    def data_fingerprint(self) -> dict[str, str]:
-        """What the run's data files (or loaded data) are: kept in its checkpoints, compared
-        on resume (:mod:`splitfl.experiment.fingerprint`)."""
-        return data_fingerprint(self.config, self.ctx.bundle)
 
 
 def prepare(config: ExperimentConfig, dtype: torch.dtype | None = None) -> Prepared:
