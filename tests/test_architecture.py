@@ -108,6 +108,28 @@ def test_config_and_plan_are_leaves():
     assert _imports(SRC / "core" / "allocator.py") == []
 
 
+#: Imports from core/ of splitfl outside core/, allowed under TYPE_CHECKING only: (module,
+#: imported module).
+CORE_TYPE_ONLY = {("core/plan.py", "splitfl.system.cost")}
+
+
+def test_core_is_the_ground_floor():
+    """core/ imports nothing of splitfl outside core/ (but annotations, listed above)."""
+    outside = {
+        (path, mod, tc)
+        for path, imports in _modules("core").items()
+        for mod, _, tc in imports
+        if not (mod == "splitfl.core" or mod.startswith("splitfl.core."))
+    }
+    assert {(p, m) for p, m, tc in outside if not tc} == set()
+    assert {(p, m) for p, m, tc in outside if tc} <= CORE_TYPE_ONLY
+
+
+def test_aggregation_imports_no_runtime_and_no_algorithm():
+    forbidden = ("splitfl.executors", "splitfl.net", "splitfl.experiment", "splitfl.algorithms")
+    assert _offenders("aggregation", forbidden) == []
+
+
 def test_no_function_level_imports_but_plugin_registration():
     late = {
         (path, mod)
