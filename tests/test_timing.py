@@ -11,7 +11,7 @@ from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.aggregation.mean import weighted_average
 from splitfl.algorithms import ALGORITHMS
 from splitfl.algorithms.adasampling import AdaSampling, sampling_probabilities
-from splitfl.catalog import catalog
+from splitfl.listing import catalog
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientUpdate
 from splitfl.core.seeding import derive_seed, rng_for

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 #: ``import splitfl.net.device`` on an edge device does not pull in the experiment layer and
 #: its plotting/sweep dependencies (matplotlib, tqdm, Ray).
 _API = {
-    "catalog": "splitfl.catalog",
+    "catalog": "splitfl.listing",
     "ConfigError": "splitfl.config",
     "ExperimentConfig": "splitfl.config",
     "CompareResult": "splitfl.experiment",
@@ -49,7 +49,7 @@ _API = {
 
 if TYPE_CHECKING:
     from splitfl.algorithms import register_algorithm
-    from splitfl.catalog import catalog
+    from splitfl.listing import catalog
     from splitfl.config import ConfigError, ExperimentConfig
     from splitfl.data.base import ArrayDataset, DatasetBundle, register_dataset
     from splitfl.experiment import CompareResult, RunResult, compare, resume, run, validate

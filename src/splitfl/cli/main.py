@@ -16,7 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from splitfl.catalog import catalog
+from splitfl.listing import catalog
 from splitfl.cli.network import add_network_parsers
 from splitfl.config import ConfigError
 from splitfl.core.atomic import describe_os_error

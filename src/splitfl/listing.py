@@ -1,14 +1,10 @@
-"""What is registered: the Python twin of ``splitfl list``.
+"""What is registered: the Python twin of ``splitfl list`` (``splitfl.catalog()``).
 
-This module and its function share the name ``splitfl.catalog``: importing the module sets
-the package's attribute to the module (the import system does that), so the module is
-callable too, and ``splitfl.catalog()`` is the catalog whichever was reached first.
+Named ``listing``, not ``catalog``: a module ``splitfl.catalog`` would replace the public
+function ``splitfl.catalog`` as soon as it was imported.
 """
 
 from __future__ import annotations
-
-import sys
-import types
 
 from splitfl.algorithms import ALGORITHMS, ALIASES
 from splitfl.data.base import DATASETS, dataset_names
@@ -71,12 +67,3 @@ def catalog() -> dict[str, dict[str, str]]:
         },
     }
 
-
-class _CallableModule(types.ModuleType):
-    """``splitfl.catalog`` as a module that can be called: ``splitfl.catalog()``."""
-
-    def __call__(self) -> dict[str, dict[str, str]]:
-        return catalog()
-
-
-sys.modules[__name__].__class__ = _CallableModule
