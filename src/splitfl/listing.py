@@ -66,4 +66,3 @@ def catalog() -> dict[str, dict[str, str]]:
             "parallel: {workers, backend, ...}); same results as sequential",
         },
     }
-
