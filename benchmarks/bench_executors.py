@@ -37,11 +37,11 @@ from pathlib import Path
 import torch
 
 from splitfl.config import resolve_device, set_dotted
+from splitfl.core.seeding import derive_seed, rng_for
 from splitfl.executors import make_executor
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.round_step import measure as clock_measure
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.seeding import derive_seed, rng_for
 
 #: name → (algorithm, model, registered clients, clients per round, batch, extra overrides)
 WORKLOADS: dict[str, tuple[str, str, int, int, int, dict]] = {

@@ -37,6 +37,7 @@ import torch
 import yaml
 
 from splitfl.config.schema import NetworkConfig
+from splitfl.core.plan import ClientTask
 from splitfl.experiment.runner import as_config
 from splitfl.net.auth import TokenBook
 from splitfl.net.fleet import Expect, Meter, RemoteFleet
@@ -44,7 +45,6 @@ from splitfl.net.hub import Hub, HubSettings
 from splitfl.net.testbed import Testbed
 from splitfl.net.trust import smashed_problem
 from splitfl.net.wire import Message, decode, encode
-from splitfl.plan import ClientTask
 from splitfl.testing import config_for
 
 BARE = "/bench.Bare/Echo"
@@ -54,9 +54,9 @@ BARE = "/bench.Bare/Echo"
 _BARE_DEVICE = """
 import sys, grpc
 try:  # the allocator settings splitfl's processes use, for every transport alike
-    from splitfl.allocator import keep_freed_memory
+    from splitfl.core.allocator import keep_freed_memory
     keep_freed_memory()
-except ImportError:  # a splitfl from before splitfl.allocator
+except ImportError:  # a splitfl from before splitfl.core.allocator
     pass
 up = b"u" * int(sys.argv[2])
 if len(sys.argv) > 3:  # a variant's handle() (_VARIANT_DEVICES)
@@ -110,7 +110,7 @@ def handle(data):
 """,
     "framed": """
 import torch
-from splitfl.framing import Message, decode, encode
+from splitfl.core.framing import Message, decode, encode
 from splitfl.net.wire import all_finite
 torch.set_num_threads(1)  # as a splitfl device's (``threads: 1``)
 rows, width = int(sys.argv[4]), int(sys.argv[5])
@@ -400,10 +400,10 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     try:  # the server process of all three transports: the settings a splitfl server uses
-        from splitfl.allocator import keep_freed_memory
+        from splitfl.core.allocator import keep_freed_memory
 
         keep_freed_memory()
-    except ImportError:  # measuring a splitfl from before splitfl.allocator
+    except ImportError:  # measuring a splitfl from before splitfl.core.allocator
         pass
     results: dict = {"machine": f"{os.cpu_count()} cores", "torch": torch.__version__}
     with tempfile.TemporaryDirectory() as tmp:

@@ -73,12 +73,12 @@ def splitfl_rounds(rounds: int) -> tuple[list[float], dict[str, torch.Tensor]]:
 def plain_rounds(rounds: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The same FedAvg rounds as the plain PyTorch loop (:mod:`plain_loop`; set-up, selection
     and mini-batches from splitfl's seeded streams, the rounds by hand)."""
+    from splitfl.core.seeding import derive_seed, rng_for
     from splitfl.data.base import load_dataset
     from splitfl.data.clients import client_partition
     from splitfl.executors.common import client_batches
     from splitfl.experiment.runner import as_config
     from splitfl.models import build_model
-    from splitfl.seeding import derive_seed, rng_for
 
     config = as_config({**CONFIG, "rounds": rounds})
     torch.set_num_threads(1)

@@ -3,7 +3,7 @@
 
 Faults (``run`` and ``sweep`` through :func:`splitfl.cli.main.main`, in-process): a clean
 run is instrumented to list its file-system events (the byte writes, ``fsync`` and renames
-of :mod:`splitfl.atomic`, the appends to ``metrics.jsonl``, ``mkdir``); then, for every
+of :mod:`splitfl.core.atomic`, the appends to ``metrics.jsonl``, ``mkdir``); then, for every
 event, the run is repeated with a fault there: ``ENOSPC`` or ``EROFS`` once or from then on
 (a full disk that stays full), half the bytes written before ``ENOSPC``, or ``SIGKILL``
 (a forked child killed at the event, half its bytes written). After each case the faults
@@ -51,8 +51,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from splitfl import atomic
 from splitfl.cli.main import main
+from splitfl.core import atomic
 from splitfl.experiment import recorder
 from splitfl.testing import tiny_config
 
@@ -99,7 +99,7 @@ class Faults:
 
     @contextlib.contextmanager
     def installed(self):
-        """The hooks: :mod:`splitfl.atomic`'s ``os`` (write, fsync, replace), the recorder's
+        """The hooks: :mod:`splitfl.core.atomic`'s ``os`` (write, fsync, replace), the recorder's
         ``append_text`` and ``Path.mkdir``."""
         real_os, real_append, real_mkdir = atomic.os, recorder.append_text, Path.mkdir
         faults = self

@@ -6,9 +6,9 @@ import pytest
 
 import splitfl
 from conftest import tiny_config
+from splitfl.core.plan import ClientUpdate, RoundResult
 from splitfl.experiment.round_step import measure
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.plan import ClientUpdate, RoundResult
 from splitfl.testing import config_for
 
 # cnn_digits device part at the last candidate cut (blocks 0-2): conv weights and biases and

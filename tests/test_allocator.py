@@ -1,4 +1,4 @@
-"""splitfl.allocator: a long-running process keeps freed blocks for the next batch."""
+"""splitfl.core.allocator: a long-running process keeps freed blocks for the next batch."""
 
 import os
 import subprocess
@@ -14,7 +14,7 @@ from splitfl.net.device import DeviceOptions
 _CYCLES = """
 import resource, sys
 if sys.argv[1] == "keep":
-    from splitfl.allocator import keep_freed_memory
+    from splitfl.core.allocator import keep_freed_memory
     assert keep_freed_memory()
 def cycle():
     bufs = [bytearray(1 << 20) for _ in range(3)]

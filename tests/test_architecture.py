@@ -14,7 +14,7 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS, Algorithm, register_algorithm
 from splitfl.cli.main import build_parser
-from splitfl.plan import RoundPlan
+from splitfl.core.plan import RoundPlan
 
 SRC = Path(splitfl.__file__).parent
 
@@ -101,11 +101,33 @@ def test_config_and_plan_are_leaves():
     )
     assert _offenders("config", registries) == []
     # the round contract: only a type annotation of the cost model, never at run time
-    assert [m for m, _, tc in _imports(SRC / "plan.py") if not tc] == []
+    assert [m for m, _, tc in _imports(SRC / "core" / "plan.py") if not tc] == []
     # the message format of the network wire and the parallel executor's channel: torch only
-    assert _imports(SRC / "framing.py") == []
+    assert _imports(SRC / "core" / "framing.py") == []
     # the allocator settings every long-running process applies: the standard library only
-    assert _imports(SRC / "allocator.py") == []
+    assert _imports(SRC / "core" / "allocator.py") == []
+
+
+#: Imports from core/ of splitfl outside core/, allowed under TYPE_CHECKING only: (module,
+#: imported module).
+CORE_TYPE_ONLY = {("core/plan.py", "splitfl.system.cost")}
+
+
+def test_core_is_the_ground_floor():
+    """core/ imports nothing of splitfl outside core/ (but annotations, listed above)."""
+    outside = {
+        (path, mod, tc)
+        for path, imports in _modules("core").items()
+        for mod, _, tc in imports
+        if not (mod == "splitfl.core" or mod.startswith("splitfl.core."))
+    }
+    assert {(p, m) for p, m, tc in outside if not tc} == set()
+    assert {(p, m) for p, m, tc in outside if tc} <= CORE_TYPE_ONLY
+
+
+def test_aggregation_imports_no_runtime_and_no_algorithm():
+    forbidden = ("splitfl.executors", "splitfl.net", "splitfl.experiment", "splitfl.algorithms")
+    assert _offenders("aggregation", forbidden) == []
 
 
 def test_no_function_level_imports_but_plugin_registration():

@@ -16,6 +16,8 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS
 from splitfl.config import TrainConfig
+from splitfl.core.plan import AlignSpec, ClientTask
+from splitfl.core.seeding import derive_seed
 from splitfl.executors import SequentialExecutor
 from splitfl.executors.auxiliary import align_aux, estimate_gradient, remember, true_gradients
 from splitfl.executors.common import client_batches
@@ -24,8 +26,6 @@ from splitfl.executors.roles import DeviceRole, Runtime
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import BlockModel, ModelPart
-from splitfl.plan import AlignSpec, ClientTask
-from splitfl.seeding import derive_seed
 from splitfl.testing import config_for
 
 RT = Runtime(torch.device("cpu"))

@@ -12,7 +12,6 @@ import yaml
 
 import splitfl
 from conftest import tiny_config
-from splitfl import yaml_limits
 from splitfl.algorithms import ALGORITHMS
 from splitfl.cli.main import main
 from splitfl.config import (
@@ -24,6 +23,7 @@ from splitfl.config import (
     load_yaml,
     parse_override,
     read_yaml_mapping,
+    yaml_limits,
 )
 from splitfl.experiment.runner import as_config
 from splitfl.experiment.validation import validate_config as validate

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from splitfl.core.plan import ClientTask
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models.profile import BlockCost, ModelProfile
-from splitfl.plan import ClientTask
 from splitfl.system import (
     ClusterLoad,
     DeviceProfile,

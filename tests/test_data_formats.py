@@ -14,6 +14,7 @@ from PIL import Image
 from conftest import tiny_config
 from splitfl.cli.main import main
 from splitfl.config import ConfigError, DataConfig
+from splitfl.core.seeding import derive_seed, rng_for
 from splitfl.data.base import (
     ArrayDataset,
     DatasetBundle,
@@ -29,7 +30,6 @@ from splitfl.data.transforms import augment_batch, parse_transforms
 from splitfl.executors import SequentialExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.seeding import derive_seed, rng_for
 
 datasets = pytest.importorskip("datasets")
 

@@ -29,6 +29,7 @@ import yaml
 import splitfl
 from splitfl.cli.main import main as cli_main
 from splitfl.config import ConfigError
+from splitfl.core.plan import ClientTask, RoundPlan, RoundResult
 from splitfl.data.base import DatasetError
 from splitfl.data.formats.packages import FORMAT_MODULES, PACKAGES
 from splitfl.data.local import load_local
@@ -39,7 +40,6 @@ from splitfl.net.auth import AuthSetupError, channel_credentials, server_credent
 from splitfl.net.certs import write_self_signed
 from splitfl.net.session import NetworkSession
 from splitfl.net.testbed import Testbed
-from splitfl.plan import ClientTask, RoundPlan, RoundResult
 from splitfl.testing import config_for
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,13 +12,13 @@ import torch.nn.functional as F
 import splitfl
 from conftest import tiny_config
 from splitfl.config import ConfigError
+from splitfl.core.plan import ClientTask, RoundPlan
+from splitfl.core.seeding import derive_seed
 from splitfl.executors.common import client_batches
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import ModelPart
-from splitfl.plan import ClientTask, RoundPlan
-from splitfl.seeding import derive_seed
 
 SEED = 5
 SERVER_LR = 0.1

@@ -15,8 +15,8 @@ from torch import fx
 
 import graph_models as gm
 import splitfl
-from splitfl.activations import as_server_input, backward, input_grad, leaves
 from splitfl.algorithms import algorithm_names
+from splitfl.core.activations import as_server_input, backward, input_grad, leaves
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import build_model, model_names
 from splitfl.models import graph as graph_mod

@@ -18,10 +18,11 @@ import pytest
 import torch
 
 import splitfl
-import splitfl.framing as framing
+import splitfl.core.framing as framing
 import splitfl.net.wire as wire
 from net_raw import RawStream
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.aggregation.layerwise import layerwise_aggregate
+from splitfl.core.plan import ClientUpdate
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.net.auth import TokenBook
 from splitfl.net.device import DeviceAgent
@@ -30,7 +31,6 @@ from splitfl.net.inbox import INBOX_BYTES, INBOX_MAX, Inbox
 from splitfl.net.peer import outgoing
 from splitfl.net.testbed import Testbed, free_port
 from splitfl.net.wire import Message, WireError, decode, encode
-from splitfl.plan import ClientUpdate
 from splitfl.testing import config_for
 
 SMALL = {"rounds": 2, "data.num_clients": 4, "train.clients_per_round": 4}
@@ -309,7 +309,7 @@ ZERO = {"blocks.0.w": torch.zeros(2, dtype=torch.float64)}
 
 
 def Rule(*args, **kwargs):  # noqa: N802 (imported late: the old code has no module to import)
-    from splitfl.robust import Rule as rule
+    from splitfl.aggregation.robust import Rule as rule
 
     return rule(*args, **kwargs)
 

@@ -15,13 +15,13 @@ import torch
 import splitfl
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.config.parse import from_dict
+from splitfl.core.benching import SitOut
 from splitfl.experiment.validation import validate_config as validate
 from splitfl.models import build_model
 from splitfl.net import ring_device
 from splitfl.net.reference import ServerStep, own_step
 from splitfl.net.testbed import Testbed
 from splitfl.net.trust import PeerHistory
-from splitfl.sitting_out import SitOut
 from splitfl.testing import config_for
 from test_hostile_insiders import _RogueTop
 from test_networked_d2d import _assert_named, _breaking, _ring_run, _rows
@@ -66,7 +66,7 @@ def test_the_servers_own_step_is_deterministic_and_leaves_the_model_alone():
 
 
 def test_a_top_worker_rejected_twice_sits_out_two_elections():
-    """The rule (:class:`~splitfl.sitting_out.SitOut` at 1 round): out the next round after
+    """The rule (:class:`~splitfl.core.benching.SitOut` at 1 round): out the next round after
     its first rejection, the next two after its second in a row, from no streak once it
     served."""
     out = SitOut(1)

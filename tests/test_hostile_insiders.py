@@ -17,6 +17,7 @@ import pytest
 
 import splitfl
 from splitfl.algorithms.parallelsfl.planner import failed_tops
+from splitfl.core.plan import ClientUpdate
 from splitfl.experiment.context import Positions
 from splitfl.experiment.guards import LossExplosionError, check_explosion
 from splitfl.experiment.round_step import lower_median
@@ -28,7 +29,6 @@ from splitfl.net.fleet import LATE
 from splitfl.net.lateness import LateClients
 from splitfl.net.testbed import Testbed
 from splitfl.net.trust import PeerHistory, PeerScale, peer_outliers
-from splitfl.plan import ClientUpdate
 from splitfl.testing import config_for
 from test_hostile import _run, _strict_rows
 from test_networked_d2d import _rows

@@ -8,9 +8,9 @@ import pytest
 
 from conftest import tiny_config
 from splitfl.config import ConfigError
+from splitfl.core.seeding import rng_for
 from splitfl.experiment.runner import as_config
 from splitfl.experiment.validation import validate_config
-from splitfl.seeding import rng_for
 from splitfl.system.devices import draw_population
 from splitfl.system.jetson import BANDWIDTH_CORRELATION, DISTANCE_MBPS, MBPS, JetsonSchedule
 

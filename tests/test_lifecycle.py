@@ -16,11 +16,11 @@ import yaml
 import splitfl
 from splitfl.cli.main import main
 from splitfl.config import ConfigError
-from splitfl.dirlock import DirectoryLockedError, hold_lock
 from splitfl.experiment import loop, round_step
 from splitfl.experiment.checkpoint import decode_numpy, encode_numpy
 from splitfl.experiment.guards import LossExplosionError, check_explosion
 from splitfl.metrics.summary import read_metrics, summarize
+from splitfl.rundir.lock import DirectoryLockedError, hold_lock
 from splitfl.testing import tiny_config
 
 CFG = tiny_config(rounds=4, **{"output.checkpoint_every": 2})
@@ -194,7 +194,7 @@ def test_second_process_on_a_locked_run_directory_is_refused(full, tmp_path, cap
 
 def test_lock_of_a_killed_process_vanishes(tmp_path):
     code = (
-        "import sys, time; from splitfl.dirlock import hold_lock\n"
+        "import sys, time; from splitfl.rundir.lock import hold_lock\n"
         f"with hold_lock({str(tmp_path)!r}):\n"
         "    print('locked', flush=True); time.sleep(60)\n"
     )

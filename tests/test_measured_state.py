@@ -8,8 +8,8 @@ import pytest
 
 from conftest import tiny_config
 from splitfl.algorithms.s2fl import S2FL, S2FLOptions, lockstep_finish
+from splitfl.core.plan import ClientTask, RoundPlan, RoundReport
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.plan import ClientTask, RoundPlan, RoundReport
 from splitfl.system.cost import ClientCost, Traffic
 from splitfl.system.devices import DeviceProfile, Population, draw_population, with_variation
 

@@ -7,12 +7,12 @@ import torch
 import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.state_estimation import FEATURE_LINKS
+from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
+from splitfl.core.seeding import rng_for
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.round_step import measure as _measure
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
-from splitfl.seeding import rng_for
 from test_feature_merging import SEED, hand_concatenated_step
 
 

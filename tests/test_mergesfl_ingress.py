@@ -11,11 +11,11 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.mergesfl.ingress import achieved_ingress, update_ingress
 from splitfl.algorithms.state_estimation import measured_per_sample, server_link_wait
+from splitfl.core.plan import RoundReport
+from splitfl.core.seeding import rng_for
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.experiment.round_step import measure, measured_cost
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.plan import RoundReport
-from splitfl.seeding import rng_for
 from splitfl.system.cost import ClientCost, Traffic
 
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import splitfl
+from splitfl.core.plan import RING_MEMBER_FAILED
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.net import ring_device
 from splitfl.net.auth import new_token, token_hash
@@ -29,7 +30,6 @@ from splitfl.net.certs import self_signed_pem
 from splitfl.net.device import DeviceAgent
 from splitfl.net.peer import PeerChannel, PeerEndpoint, PeerError
 from splitfl.net.testbed import Testbed
-from splitfl.plan import RING_MEMBER_FAILED
 from splitfl.testing import config_for
 
 RING_DEVICES = {"d0": [0, 2], "d1": [1], "d2": [3]}

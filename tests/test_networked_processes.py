@@ -19,8 +19,8 @@ import torch
 import yaml
 
 import splitfl
+from splitfl.core.plan import RING_MEMBER_FAILED
 from splitfl.net.testbed import Testbed
-from splitfl.plan import RING_MEMBER_FAILED
 from splitfl.testing import config_for
 
 pytestmark = pytest.mark.slow

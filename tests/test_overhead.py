@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from splitfl.core.seeding import _key, derive_seed, rng_for, seed_torch
 from splitfl.data.partition import _top_up, dirichlet
 from splitfl.executors.common import client_batches
 from splitfl.executors.pool import PartPool, load_state
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import BlockModel
-from splitfl.seeding import _key, derive_seed, rng_for, seed_torch
 from splitfl.testing import config_for
 from splitfl.training import make_optimizer
 

@@ -21,6 +21,7 @@ import yaml
 
 import splitfl
 from splitfl.config import ConfigError
+from splitfl.core.seeding import derive_seed
 from splitfl.data import DatasetError, load_dataset
 from splitfl.data.clients import client_partition
 from splitfl.data.formats import ContainerOptions
@@ -37,7 +38,6 @@ from splitfl.net.announce import (
 from splitfl.net.device import ClientData, DeviceAgent
 from splitfl.net.session import NoDevicesError
 from splitfl.net.testbed import Testbed
-from splitfl.seeding import derive_seed
 from splitfl.testing import config_for
 
 SPEC = {"input_shape": [1, 8, 8], "num_classes": 10, "own": True}

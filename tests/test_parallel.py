@@ -14,11 +14,11 @@ from torch import nn
 import splitfl
 from splitfl.algorithms import ALGORITHMS, ALIASES, algorithm_names
 from splitfl.config import ConfigError, ParallelConfig
+from splitfl.core.seeding import derive_seed, rng_for
 from splitfl.executors import NonFiniteLossError, ParallelExecutor, SequentialExecutor
 from splitfl.executors.parallel import coupled
 from splitfl.experiment.round_step import measure
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.seeding import derive_seed, rng_for
 from splitfl.testing import config_for
 
 HARD = {"train.lr": 0.01, "train.momentum": 0.9, "train.weight_decay": 1e-4}

@@ -16,6 +16,8 @@ from torch import nn
 
 import splitfl
 from splitfl.algorithms.auxiliary import smashed_shape
+from splitfl.core.plan import AuxSpec, ClientUpdate
+from splitfl.core.seeding import rng_for
 from splitfl.executors import channel
 from splitfl.executors.channel import ChannelError, Init
 from splitfl.executors.fleet import group_runs
@@ -25,8 +27,6 @@ from splitfl.executors.workers import UnitWorker, recv_message, send_message
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models.aux import linear_aux
 from splitfl.net.wire import decode
-from splitfl.plan import AuxSpec, ClientUpdate
-from splitfl.seeding import rng_for
 from splitfl.testing import config_for
 
 EXECUTORS = Path(splitfl.__file__).parent / "executors"

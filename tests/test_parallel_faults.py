@@ -20,10 +20,10 @@ import torch
 import splitfl
 from splitfl.cli.main import main
 from splitfl.config import ParallelConfig
+from splitfl.core.seeding import rng_for
 from splitfl.executors import ParallelExecutor, SequentialExecutor, WorkersLostError
 from splitfl.executors.pools import LocalPool
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.seeding import rng_for
 from splitfl.testing import config_for
 
 ROUNDS = 3

@@ -8,10 +8,10 @@ import torch
 
 import splitfl
 from conftest import tiny_config
+from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundReport, RoundResult
+from splitfl.core.seeding import rng_for
 from splitfl.experiment.round_step import measure
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundReport, RoundResult
-from splitfl.seeding import rng_for
 
 FAST = {"options.parallelsfl.tau": 3, "devices.preset": "jetson80", "data.num_clients": 20}
 

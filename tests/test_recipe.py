@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import splitfl
 from conftest import tiny_config
 from splitfl.config import ConfigError
+from splitfl.core.seeding import derive_seed, rng_for
 from splitfl.data.base import ArrayDataset, DatasetBundle, register_dataset
 from splitfl.executors import EXECUTORS, SequentialExecutor
 from splitfl.executors.common import client_batches, evaluate
@@ -22,7 +23,6 @@ from splitfl.experiment.runner import as_config, prepare
 from splitfl.experiment.validation import validate_config
 from splitfl.models.base import lowest_loss_state
 from splitfl.net.testbed import Testbed
-from splitfl.seeding import derive_seed, rng_for
 from splitfl.testing import config_for
 from splitfl.training import loss_fn, score
 

@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
+from splitfl.core.plan import RingSpec
 from splitfl.executors.ring import RingMember, ring_batch_update
 from splitfl.models import build_model
-from splitfl.plan import RingSpec
 
 # lengths 3:1:1 over cnn_digits' 5 blocks: block 2 of u_0's model is crossed by all three
 # batches (three gradients to add: float addition is not associative)

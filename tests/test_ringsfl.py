@@ -12,6 +12,8 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.ringsfl import largest_remainder, parse_ratios, propagation_lengths
 from splitfl.algorithms.vanilla_sl import shared_steps
+from splitfl.core.plan import RING_MEMBER_FAILED, RingSpec
+from splitfl.core.seeding import derive_seed
 from splitfl.executors import SequentialExecutor
 from splitfl.executors.common import client_batches
 from splitfl.executors.ring import block_rates, ring_batch_update, ring_update
@@ -19,8 +21,6 @@ from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import ModelPart, block_index, build_model
 from splitfl.models.base import BlockModel
-from splitfl.plan import RING_MEMBER_FAILED, RingSpec
-from splitfl.seeding import derive_seed
 from splitfl.testing import config_for
 
 RING = {

@@ -18,10 +18,11 @@ import torch
 import yaml
 
 import splitfl
-from splitfl import atomic, dirlock
 from splitfl.cli.main import main
-from splitfl.dirlock import LOCK_FILE, hold_lock
+from splitfl.core import atomic
 from splitfl.metrics.summary import read_metrics
+from splitfl.rundir import lock as dirlock
+from splitfl.rundir.lock import LOCK_FILE, hold_lock
 from splitfl.sweeps.spec import MAX_TRIAL_NAME, trial_name
 from splitfl.sweeps.trial import run_state
 from splitfl.testing import tiny_config
@@ -114,7 +115,7 @@ def marked_save(obj, f, *args, **kwargs):
 
 torch.save = marked_save
 try:
-    from splitfl import atomic
+    from splitfl.core import atomic
     write_all = atomic._write_all
 
     def marked_write(fd, data):  # a splitfl that writes model.pt atomically

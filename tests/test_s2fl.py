@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.s2fl import closest_to_median
 from splitfl.algorithms.s2fl.data_balance import (
     _distances,
@@ -18,7 +18,7 @@ from splitfl.algorithms.s2fl.data_balance import (
     group_sizes,
     partition_cost,
 )
-from splitfl.plan import ClientUpdate
+from splitfl.core.plan import ClientUpdate
 
 
 def test_closest_to_median_on_crafted_table():

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import splitfl
+from splitfl.core.plan import ClientUpdate
 from splitfl.net.d2d import D2DRound, Hosted, reject_outlying_tops
 from splitfl.net.device import DeviceAgent
 from splitfl.net.spread import RoundMoves, spread_from_centre
 from splitfl.net.testbed import Testbed
 from splitfl.net.trust import PeerHistory
-from splitfl.plan import ClientUpdate
 from splitfl.testing import config_for
 
 

@@ -21,10 +21,10 @@ import pytest
 from PIL import Image
 
 from splitfl.cli.main import main
+from splitfl.core.usercode import user_code
 from splitfl.data.formats import ContainerOptions, load_container
 from splitfl.data.formats.arrays import as_labels
 from splitfl.testing import config_for
-from splitfl.usercode import user_code
 
 MODULE = "badcode35"
 HERE = Path(__file__).parent

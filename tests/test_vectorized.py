@@ -10,13 +10,13 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS
 from splitfl.config import ConfigError
+from splitfl.core.plan import ClientTask, RoundPlan
+from splitfl.core.seeding import derive_seed, rng_for
 from splitfl.executors import EXECUTORS, SequentialExecutor
 from splitfl.executors.rowstack import RowStack, chain_ema, sgd_rows
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.round_step import measure as _measure
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.plan import ClientTask, RoundPlan
-from splitfl.seeding import derive_seed, rng_for
 from splitfl.testing import config_for as cfg_for
 
 HARD = {"train.lr": 0.01, "train.momentum": 0.9, "train.weight_decay": 1e-4}

@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 import splitfl
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.plan import RoundPlan, RoundReport, RoundResult
+from splitfl.core.plan import RoundPlan, RoundReport, RoundResult
 
 
 @dataclass(frozen=True)

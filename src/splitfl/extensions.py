@@ -41,6 +41,7 @@ import torch
 
 from splitfl.config import ConfigError, DataConfig, ExperimentConfig
 from splitfl.config.choices import unknown_choice
+from splitfl.core.usercode import error_line, user_code
 from splitfl.data.base import DatasetBundle, DatasetError, dataset_names
 from splitfl.data.source import from_object, read_dataset
 from splitfl.models import profile as profiles
@@ -56,7 +57,6 @@ from splitfl.models.registry import (
     model_names,
 )
 from splitfl.models.registry import build_model as build_registered_model
-from splitfl.usercode import error_line, user_code
 
 #: Entry-point group of installed packages that register models, datasets or algorithms:
 #: ``[project.entry-points."splitfl.plugins"] mine = "mypkg.splitfl_plugin"`` (a module,

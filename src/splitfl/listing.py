@@ -1,4 +1,8 @@
-"""What is registered: the Python twin of ``splitfl list``."""
+"""What is registered: the Python twin of ``splitfl list`` (``splitfl.catalog()``).
+
+Named ``listing``, not ``catalog``: a module ``splitfl.catalog`` would replace the public
+function ``splitfl.catalog`` as soon as it was imported.
+"""
 
 from __future__ import annotations
 

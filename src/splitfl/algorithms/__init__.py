@@ -27,7 +27,7 @@ from splitfl.algorithms.splitlora import SplitLoRA
 from splitfl.algorithms.vanilla_sl import VanillaSL
 from splitfl.config import ConfigError, from_dict
 from splitfl.config.choices import unknown_choice
-from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
+from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls

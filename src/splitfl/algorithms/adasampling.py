@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from splitfl.aggregation.robust import clip_scales
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.estimates import fill_unmeasured, update_table
 from splitfl.config import ConfigError
-from splitfl.plan import RoundPlan, RoundReport, RoundResult
-from splitfl.robust import clip_scales
+from splitfl.core.plan import RoundPlan, RoundReport, RoundResult
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class AdaSampling(Algorithm):
         p = self.ctx.data_sizes / self.ctx.data_sizes.sum()
         out = {n: t.to(torch.float64).clone() for n, t in global_state.items()}
         scales = [1.0] * len(result.updates)
-        if self.aggregation.name == "clip_mean":  # each Δ_i clipped (splitfl.robust)
+        if self.aggregation.name == "clip_mean":  # each Δ_i clipped (splitfl.aggregation.robust)
             states = [u.state for u in result.updates]
             scales = clip_scales(global_state, states, self.aggregation)
         for u, scale in zip(result.updates, scales, strict=True):

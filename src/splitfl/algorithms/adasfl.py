@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl.batch_sizes import regulate_batch_sizes
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
 from splitfl.config import ConfigError
-from splitfl.plan import ClientTask, RoundPlan, RoundReport
+from splitfl.core.plan import ClientTask, RoundPlan, RoundReport
 
 
 @dataclass(frozen=True)

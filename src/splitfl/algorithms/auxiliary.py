@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
-from splitfl.activations import aux_input
+from splitfl.core.activations import aux_input
+from splitfl.core.plan import AuxSpec, ClientTask, RoundPlan
+from splitfl.core.seeding import derive_seed
 from splitfl.data.partition import batch_sizes
 from splitfl.extensions import build_aux
 from splitfl.models.aux import aux_flops
 from splitfl.models.base import ModelPart
 from splitfl.models.profile import BYTES_PER_ELEMENT
-from splitfl.plan import AuxSpec, ClientTask, RoundPlan
-from splitfl.seeding import derive_seed
 from splitfl.system.cost import AuxCharge, ClientCost
 
 State = dict[str, torch.Tensor]
@@ -58,7 +58,7 @@ class AuxModel:
 
 def smashed_shape(ctx, cut: int) -> tuple[int, ...]:
     """Per-sample shape of what the auxiliary model reads of the smashed data of ``ctx.model``
-    at ``cut`` (:func:`~splitfl.activations.aux_input`: the floating tensor, or several
+    at ``cut`` (:func:`~splitfl.core.activations.aux_input`: the floating tensor, or several
     flattened and concatenated)."""
     return tuple(int(d) for d in aux_input(_smashed(ctx, cut)).shape[1:])
 

@@ -6,7 +6,7 @@ An algorithm never trains anything itself. Each round the runner asks it to
 2. :meth:`Algorithm.plan_round` — each client's cut point, group (one server-side model copy
    per group), batch size and local steps, and how the server processes a group,
 
-then an executor (``splitfl.experiment``) runs the plan (the contract: :mod:`splitfl.plan`) and
+then an executor (``splitfl.experiment``) runs the plan (the contract: :mod:`splitfl.core.plan`) and
 returns the trained parts, the shared cost model turns the work into simulated time, and the
 algorithm
 
@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from splitfl.algorithms.aggregation import Rule, layerwise_aggregate
-from splitfl.plan import ClientTask, RoundPlan, RoundReport, RoundResult
+from splitfl.aggregation.layerwise import Rule, layerwise_aggregate
+from splitfl.core.plan import ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.system.cost import ClientCost, round_times, share_server_link
 
 
@@ -49,7 +49,7 @@ class Algorithm:
     #: ``cross_entropy`` (regression, multi-label) is refused at validation.
     needs_class_labels: ClassVar[str] = ""
     #: ``train.aggregation`` rules the algorithm's aggregation supports
-    #: (:mod:`splitfl.robust`); the validation refuses others in one line.
+    #: (:mod:`splitfl.aggregation.robust`); the validation refuses others in one line.
     aggregations: ClassVar[tuple[str, ...]] = ("mean", "clip_mean", "median", "trimmed_mean")
     #: ``executor: parallel``: "" when a round's groups are independent units (dealt to the
     #: workers), else why a round is one coupled unit (it runs in the driver, as sequential).

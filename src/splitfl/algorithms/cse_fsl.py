@@ -43,11 +43,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.aggregation import robust_average
+from splitfl.aggregation.layerwise import robust_average
 from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.plan import ClientTask, RoundPlan, RoundResult
+from splitfl.core.plan import ClientTask, RoundPlan, RoundResult
 from splitfl.system.cost import AuxCharge
 
 SCHEDULES = ("interleaved", "sequential")

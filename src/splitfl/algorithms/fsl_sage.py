@@ -29,7 +29,7 @@ resnet18.yaml``'s ResNet layer3 auxiliary — for [C, H, W] smashed data, ``line
 otherwise, splitfl's choice for models the repository has no auxiliary for). Where several
 tensors cross the cut (a graph-split model's activation and skip connection; the repository
 has only one), the auxiliary model reads them flattened and concatenated
-(:func:`~splitfl.activations.aux_input`), ĝ and the true gradients are per tensor, the
+(:func:`~splitfl.core.activations.aux_input`), ĝ and the true gradients are per tensor, the
 alignment error is summed over them, and the server's memory keeps all of them. Differences
 kept on purpose: splitfl's optimisers are fresh each round (the repository keeps Adam's
 moments across rounds, for clients, server and auxiliary models); the code's CSE-FSL
@@ -45,7 +45,7 @@ import numpy as np
 from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost, smashed_shape
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.plan import AlignSpec, ClientTask, RoundPlan, RoundResult
+from splitfl.core.plan import AlignSpec, ClientTask, RoundPlan, RoundResult
 from splitfl.system.cost import AuxCharge
 
 

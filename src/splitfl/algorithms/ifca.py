@@ -35,12 +35,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
+from splitfl.core.plan import ClientTask, RoundPlan, RoundResult
+from splitfl.core.seeding import derive_seed
 from splitfl.models.base import lowest_loss_state
-from splitfl.plan import ClientTask, RoundPlan, RoundResult
-from splitfl.seeding import derive_seed
 from splitfl.system.cost import FORWARD_SHARE
 
 

@@ -49,12 +49,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from splitfl.algorithms.aggregation import layerwise_aggregate, robust_average
+from splitfl.aggregation.layerwise import layerwise_aggregate, robust_average
 from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
+from splitfl.core.plan import ClientTask, RoundPlan, RoundResult
 from splitfl.models.base import block_index
-from splitfl.plan import ClientTask, RoundPlan, RoundResult
 from splitfl.system.cost import AuxCharge, ClientCost
 
 

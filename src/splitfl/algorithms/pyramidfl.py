@@ -42,12 +42,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.aggregation import robust_average
+from splitfl.aggregation.layerwise import robust_average
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.estimates import fill_unmeasured, update_table
 from splitfl.config import ConfigError
+from splitfl.core.plan import ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.models.profile import BYTES_PER_ELEMENT
-from splitfl.plan import ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.system.cost import ClientCost
 
 

@@ -15,7 +15,7 @@ Heterogeneity"): spec ``papers/ringsfl.md`` §3 (Alg. 1–2, Eq. 1–7).
 * Server aggregation: plain average of the blended models (Eq. 5).
 * A lost member (networked runs; not in the paper, which assumes every client stays, §3.1):
   a round whose ring a member broke (device lost or silent, a hop or report of it rejected;
-  :data:`~splitfl.plan.RING_MEMBER_FAILED`) is abandoned, as Alg. 2 needs every member in
+  :data:`~splitfl.core.plan.RING_MEMBER_FAILED`) is abandoned, as Alg. 2 needs every member in
   every step; that member sits out the next ``exclude_rounds`` rounds (doubling with each
   further failure) and every round its device is not connected (``ctx.reachable``), and the
   ring is formed over the others as the paper forms it over its clients: Eq. (3) lengths
@@ -45,11 +45,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.plan import RING_MEMBER_FAILED, ClientTask, RingSpec, RoundPlan
-from splitfl.sitting_out import SitOut
+from splitfl.core.benching import SitOut
+from splitfl.core.plan import RING_MEMBER_FAILED, ClientTask, RingSpec, RoundPlan
 from splitfl.system.cost import FORWARD_SHARE, d2d_rate, ring_client_cost, round_times
 from splitfl.system.ring_schedule import FORWARD, LOSS, ring_makespan
 

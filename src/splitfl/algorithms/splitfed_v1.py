@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.algorithms.base import Algorithm
-from splitfl.plan import RoundPlan
+from splitfl.core.plan import RoundPlan
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import numpy as np
 
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.splitfed_v1 import SplitFedOptions
-from splitfl.plan import RoundPlan
+from splitfl.core.plan import RoundPlan
 
 
 class SplitFedV2(Algorithm):

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.plan import ClientTask, RoundPlan
+from splitfl.core.plan import ClientTask, RoundPlan
 
 
 @dataclass(frozen=True)

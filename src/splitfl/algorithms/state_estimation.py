@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from splitfl.algorithms.estimates import fill_unmeasured, update_table
-from splitfl.plan import RoundPlan, RoundReport
+from splitfl.core.plan import RoundPlan, RoundReport
 from splitfl.system.cost import ClientCost, server_bytes
 
 #: Traffic links that carry per-sample features (their time is β); the rest is model transfer.

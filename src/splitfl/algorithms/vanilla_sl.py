@@ -29,8 +29,8 @@ import numpy as np
 
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
+from splitfl.core.plan import ClientTask, RoundPlan
 from splitfl.models.base import block_index
-from splitfl.plan import ClientTask, RoundPlan
 
 #: ``round_steps`` values (see the module docstring).
 ROUND_STEPS = ("per_client", "shared")

@@ -56,7 +56,7 @@ from splitfl.config.schema import (
     SplitConfig,
     TrainConfig,
 )
-from splitfl.yaml_limits import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_VALUES
+from splitfl.config.yaml_limits import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_VALUES
 
 __all__ = [
     "AGGREGATIONS",

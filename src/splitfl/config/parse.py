@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 import yaml
 
-from splitfl.atomic import write_atomic
 from splitfl.config.checks import validate
 from splitfl.config.choices import did_you_mean
 from splitfl.config.schema import (
     ConfigError,
     ExperimentConfig,
 )
-from splitfl.yaml_limits import MAX_YAML_BYTES, yaml_limit_violation
+from splitfl.config.yaml_limits import MAX_YAML_BYTES, yaml_limit_violation
+from splitfl.core.atomic import write_atomic
 
 
 def _type_name(tp: Any) -> str:
@@ -155,9 +155,9 @@ def load_yaml(text: str, field: str = "config", source: str = "YAML text") -> An
     """``yaml.safe_load`` without YAML 1.1's base-60 numbers, so ``8:1:1:1:1`` stays a string
     (plain ``safe_load`` reads it as the integer 1731661).
 
-    Text beyond the bounds of :mod:`splitfl.yaml_limits` (size, nesting, expanded aliases) and
-    text that does not parse raise a one-line :class:`ConfigError` on ``field`` that names
-    ``source`` (a file, an override).
+    Text beyond the bounds of :mod:`splitfl.config.yaml_limits` (size, nesting, expanded
+    aliases) and text that does not parse raise a one-line :class:`ConfigError` on ``field``
+    that names ``source`` (a file, an override).
     """
     loader = _yaml_loader()
     try:

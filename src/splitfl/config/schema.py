@@ -188,7 +188,7 @@ class TrainConfig:
     explode_rounds: int | None = 3
     explode_recovery: float | None = 10.0
     #: How the clients' copies of a layer are combined (every algorithm that averages; see
-    #: ``splitfl.robust``): ``mean`` (the papers' weighted average), ``clip_mean``
+    #: ``splitfl.aggregation.robust``): ``mean`` (the papers' weighted average), ``clip_mean``
     #: (each update's distance from the global model clipped to ``clip_norm``; null = the
     #: round's median update norm), ``median`` or ``trimmed_mean`` (coordinate-wise,
     #: dropping ``trim_fraction`` of the clients at each end).
@@ -253,7 +253,7 @@ class OutputConfig:
 #: ``clock`` values: what the algorithms observe — the cost model's simulated times, or (with
 #: ``executor: networked``) the times measured on the devices.
 CLOCKS = ("simulated", "measured")
-#: ``train.aggregation`` values (``splitfl.robust``).
+#: ``train.aggregation`` values (``splitfl.aggregation.robust``).
 AGGREGATIONS = ("mean", "clip_mean", "median", "trimmed_mean")
 #: ``eval.on`` values: who evaluates the global model (the server's test set, the clients'
 #: held-out splits, both).

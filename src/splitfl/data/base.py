@@ -12,8 +12,8 @@ import torch
 
 from splitfl.config import ConfigError
 from splitfl.config.choices import unknown_choice
+from splitfl.core.usercode import user_code
 from splitfl.training.losses import IGNORE
-from splitfl.usercode import user_code
 
 
 class DatasetError(ValueError):

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.core.seeding import rng_for
 from splitfl.data.base import DatasetBundle
 from splitfl.data.local import write_local
 from splitfl.data.partition import partition_indices
 from splitfl.data.source import read_dataset
-from splitfl.seeding import rng_for
 
 
 def _dirichlet_alpha(config: ExperimentConfig) -> tuple[str, float | None]:

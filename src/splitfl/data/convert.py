@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from splitfl.core.usercode import user_code
 from splitfl.data.base import (
     ArrayDataset,
     DatasetBundle,
@@ -39,7 +40,6 @@ from splitfl.data.base import (
 )
 from splitfl.data.formats import ContainerOptions, _hf_bundle
 from splitfl.data.lazy import LazyInputs, finish_inputs
-from splitfl.usercode import user_code
 
 #: Items of a user's dataset read at load to check them against the rest (spread over it).
 SPOT_CHECKS = 8
@@ -63,7 +63,7 @@ def _as_tensor(x: object) -> torch.Tensor:
 
 def _item(ds, i: int, name: str, split: str) -> tuple:
     """Item ``i`` of a user's dataset as ``(x, y)``; whatever its ``__getitem__`` raises is
-    one line naming the item (:func:`~splitfl.usercode.user_code`)."""
+    one line naming the item (:func:`~splitfl.core.usercode.user_code`)."""
     with user_code(f"{name}: {split} item {i} of {len(ds)}", DatasetFileError, (DatasetError,)):
         item = ds[i]
     if not isinstance(item, tuple | list) or len(item) < 2:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from splitfl.seeding import derive_seed
+from splitfl.core.seeding import derive_seed
 
 #: Transform names: random ones (training batches) and normalize (all inputs, when read).
 TRANSFORMS = ("random_crop", "hflip", "normalize")

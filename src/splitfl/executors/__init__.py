@@ -1,4 +1,4 @@
-"""Executors: the per-batch SFL loop that runs a :class:`~splitfl.plan.RoundPlan`.
+"""Executors: the per-batch SFL loop that runs a :class:`~splitfl.core.plan.RoundPlan`.
 
 Every executor has ``run_round(ctx, global_state, plan, round_seed) -> RoundResult`` and must
 return the same result for the same plan: :class:`SequentialExecutor` is the reference,
@@ -7,7 +7,7 @@ return the same result for the same plan: :class:`SequentialExecutor` is the ref
 prices the round (time, traffic, waiting) in seconds at any model size.
 :class:`ParallelExecutor` deals a round's independent units (its groups) to worker processes or
 Ray actors and returns what the sequential executor returns, bit for bit. Executors
-import the round contract (:mod:`splitfl.plan`), the models and the system layer, never an
+import the round contract (:mod:`splitfl.core.plan`), the models and the system layer, never an
 algorithm or the experiment.
 """
 

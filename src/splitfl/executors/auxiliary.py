@@ -1,6 +1,6 @@
 """The auxiliary-model numerics of a split round, written once for every executor.
 
-* :func:`aux_module` — a plan's auxiliary model (:class:`~splitfl.plan.AuxSpec`) holding a
+* :func:`aux_module` — a plan's auxiliary model (:class:`~splitfl.core.plan.AuxSpec`) holding a
   given state, built without drawing from torch's random stream.
 * :func:`device_aux` — the same, as a device holds it (the executors' and device processes').
 * :func:`returned_names` — what of it a device sends back after a round.
@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from splitfl.activations import (
+from splitfl.core.activations import (
     Activation,
     Gradient,
     as_server_input,
@@ -34,9 +34,9 @@ from splitfl.activations import (
     leaves,
     tree_map,
 )
+from splitfl.core.plan import AlignSpec, AuxSpec
 from splitfl.extensions import build_aux
 from splitfl.models.aux import aux_flops
-from splitfl.plan import AlignSpec, AuxSpec
 from splitfl.training import loss_fn
 
 State = dict[str, torch.Tensor]
@@ -76,7 +76,7 @@ def estimate_gradient(
 ) -> Gradient:
     """ĝ = ∂ℓ(aux(fx), y)/∂fx with ℓ the mean ``loss`` over the batch (no graph kept), for
     each floating tensor of ``fx`` (the auxiliary model reads
-    :func:`~splitfl.activations.aux_input`; ``None`` for a mask)."""
+    :func:`~splitfl.core.activations.aux_input`; ``None`` for a mask)."""
     x = as_server_input(fx)
     value = loss_fn(loss)(forward(aux, aux_input(x)), y)
     return grad_of(value, x)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.executors.common import task_batches
 from splitfl.executors.ring import block_rates
 from splitfl.executors.rowstack import (
@@ -25,7 +26,6 @@ from splitfl.executors.rowstack import (
     row_losses,
 )
 from splitfl.models import BlockModel, ModelPart, block_index
-from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 
 
 class _BatchedRing:

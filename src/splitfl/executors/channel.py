@@ -1,6 +1,6 @@
 """The messages between ``executor: parallel``'s driver and its workers, without pickle.
 
-Every message is a :mod:`splitfl.framing` message, as on the network wire: a strict-JSON
+Every message is a :mod:`splitfl.core.framing` message, as on the network wire: a strict-JSON
 header and raw tensor bytes; nothing is unpickled and the sizes must add up exactly. Each kind
 has a builder and a reader. A reader checks every field's type and every tensor's name, shape
 and dtype against what the receiver expects; anything else — a truncated message, a pickle, a
@@ -32,11 +32,11 @@ import numpy as np
 import torch
 
 from splitfl.config import ExperimentConfig, from_dict
+from splitfl.core.framing import DTYPES, Frame, Message, WireError, decode, encode, state_tensors
+from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan
 from splitfl.data.transforms import Transforms
 from splitfl.executors.fleet import GroupRun, State
-from splitfl.framing import DTYPES, Frame, Message, WireError, decode, encode, state_tensors
 from splitfl.models import block_index
-from splitfl.plan import ClientTask, ClientUpdate, RoundPlan
 
 #: What a state's tensors must be: name → (shape, dtype).
 Specs = dict[str, tuple[tuple[int, ...], torch.dtype]]

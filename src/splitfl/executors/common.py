@@ -1,7 +1,7 @@
 """Helpers shared by every executor: batches, precision, memory format, optimiser, evaluation.
 
 Executors (:mod:`splitfl.executors.sequential`, :mod:`splitfl.executors.vectorized`) run a
-:class:`~splitfl.plan.RoundPlan`; what they need of the run is the model, the data and the
+:class:`~splitfl.core.plan.RoundPlan`; what they need of the run is the model, the data and the
 training hyperparameters (:class:`~splitfl.config.TrainConfig`), never the whole config.
 """
 
@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from splitfl.activations import Activation, tree_map
 from splitfl.config import TrainConfig
+from splitfl.core.activations import Activation, tree_map
+from splitfl.core.seeding import derive_seed
 from splitfl.models import BlockModel
-from splitfl.seeding import derive_seed
 from splitfl.training import loss_fn, make_optimizer, score
 
 

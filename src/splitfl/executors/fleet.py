@@ -1,7 +1,7 @@
 """The server's view of its devices (a *fleet*) and the per-group split loop that drives it.
 
 :func:`run_group` is the split-learning exchange of one group of a
-:class:`~splitfl.plan.RoundPlan`, written once: every iteration the active members' devices
+:class:`~splitfl.core.plan.RoundPlan`, written once: every iteration the active members' devices
 forward (:meth:`Fleet.forward`), the group's :class:`~splitfl.executors.roles.ServerRole`
 steps on their smashed data, and the gradients go back (:meth:`Fleet.backward`). A fleet
 answers calls for several devices at once, so a networked fleet can ask them in parallel;
@@ -9,7 +9,7 @@ answers calls for several devices at once, so a networked fleet can ask them in 
 
 A fleet may lose devices (a networked one: a process died or stalled): the calls return
 results only for the devices that answered and list the others in ``dropped``; the loop goes
-on with the rest and the lost clients have no :class:`~splitfl.plan.ClientUpdate`.
+on with the rest and the lost clients have no :class:`~splitfl.core.plan.ClientUpdate`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import numpy as np
 import torch
 
 from splitfl.config import TrainConfig
+from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan
 from splitfl.executors.auxiliary import remember
 from splitfl.executors.pool import PartPool
 from splitfl.executors.roles import DeviceRole, Runtime, ServerRole, Smashed
 from splitfl.models import BlockModel, ModelPart, block_index
-from splitfl.plan import ClientTask, ClientUpdate, RoundPlan
 
 State = dict[str, torch.Tensor]
 

@@ -1,6 +1,6 @@
 """``executor: parallel``: a round's independent units on persistent workers.
 
-The units of a round are its groups (:meth:`~splitfl.plan.RoundPlan.groups`): a SplitFed V1
+The units of a round are its groups (:meth:`~splitfl.core.plan.RoundPlan.groups`): a SplitFed V1
 or FedAvg client, an S²FL group, a ParallelSFL cluster. Each trains from the global model with
 its own server copy, its members' own mini-batch streams (``derive_seed(round_seed, client)``)
 and its own torch stream (``derive_seed(round_seed, "unit", group)``,
@@ -39,6 +39,8 @@ from typing import Any
 import torch
 
 from splitfl.config import ParallelConfig
+from splitfl.core.framing import Message
+from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.executors import channel
 from splitfl.executors.common import NonFiniteLossError
 from splitfl.executors.fleet import GroupRun, State, group_runs
@@ -51,8 +53,6 @@ from splitfl.executors.pools import (
 )
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.workers import peak_rss
-from splitfl.framing import Message
-from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 
 #: A unit's answer: its members' updates and its server copy's state.
 Trained = tuple[list[ClientUpdate], State | None]

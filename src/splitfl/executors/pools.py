@@ -7,7 +7,7 @@ message (a list of :mod:`~splitfl.executors.channel` frames) and waits for the n
 * :class:`LocalPool` — processes on this machine (``python -m splitfl.executors.worker_process``),
   each on one end of a socket pair; their environment limits the math libraries to the
   worker's thread count before torch is imported and keeps freed memory for the next unit
-  (:mod:`splitfl.allocator`).
+  (:mod:`splitfl.core.allocator`).
 * :class:`RayPool` — one Ray actor per worker asking for ``threads`` CPUs and
   ``gpus_per_worker`` GPUs, on a local Ray instance, the one this process runs in (a sweep
   trial) or the cluster at ``address`` (:func:`splitfl.ray_cluster.join_ray`). The actor
@@ -29,10 +29,10 @@ import subprocess
 import sys
 from typing import Any
 
-from splitfl.allocator import KEEP_FREED_MEMORY, keep_freed_memory
+from splitfl.core.allocator import KEEP_FREED_MEMORY, keep_freed_memory
+from splitfl.core.framing import Frame
 from splitfl.executors.channel import ChannelError
 from splitfl.executors.workers import UnitWorker, recv_message, send_message
-from splitfl.framing import Frame
 from splitfl.ray_cluster import import_ray, join_ray
 
 
@@ -158,7 +158,7 @@ class _RayWorker:
     """The Ray actor around a :class:`UnitWorker`."""
 
     def __init__(self) -> None:
-        keep_freed_memory()  # as a local worker's environment does (splitfl.allocator)
+        keep_freed_memory()  # as a local worker's environment does (splitfl.core.allocator)
         self.worker = UnitWorker()
 
     def handle(self, ops: list[bytes]) -> bytes:

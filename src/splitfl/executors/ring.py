@@ -1,6 +1,6 @@
 """RingSFL's ring training step (``papers/ringsfl.md`` §3.2–3.5, Alg. 2, Eq. 5–7).
 
-The ring's topology (segments, overlaps) is :class:`splitfl.plan.RingSpec`; the propagation
+The ring's topology (segments, overlaps) is :class:`splitfl.core.plan.RingSpec`; the propagation
 lengths (Eq. 3) are RingSFL's own (:mod:`splitfl.algorithms.ringsfl`).
 
 Every client holds a full local model. For client i's mini-batch, BatchUpdate (Alg. 2) runs the
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from splitfl.activations import (
+from splitfl.core.activations import (
     Activation,
     Gradient,
     as_server_input,
@@ -29,8 +29,8 @@ from splitfl.activations import (
     leaves,
     tree_map,
 )
+from splitfl.core.plan import RingSpec
 from splitfl.models.base import BlockModel
-from splitfl.plan import RingSpec
 from splitfl.training import loss_fn
 
 

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from splitfl.activations import (
+from splitfl.config import TrainConfig
+from splitfl.core.activations import (
     Activation,
     Gradient,
     as_server_input,
@@ -37,7 +38,7 @@ from splitfl.activations import (
     mix,
     tree_map,
 )
-from splitfl.config import TrainConfig
+from splitfl.core.plan import ClientTask, RoundPlan
 from splitfl.data.transforms import Transforms, augment_batch, batch_seed
 from splitfl.executors.auxiliary import (
     Memory,
@@ -56,7 +57,6 @@ from splitfl.executors.common import (
     task_batches,
     to_memory_format,
 )
-from splitfl.plan import ClientTask, RoundPlan
 from splitfl.training import loss_fn
 
 

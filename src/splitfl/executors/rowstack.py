@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from splitfl.activations import row_of, stack_rows
 from splitfl.config import TrainConfig
+from splitfl.core.activations import row_of, stack_rows
 from splitfl.data.transforms import Transforms, augment_batch, batch_seed
 from splitfl.executors.common import (
     NonFiniteLossError,

@@ -1,8 +1,8 @@
-"""The reference executor: a :class:`~splitfl.plan.RoundPlan` run client by client.
+"""The reference executor: a :class:`~splitfl.core.plan.RoundPlan` run client by client.
 
 :class:`SequentialExecutor` is the reference: clients one after another, the way the papers'
 own code runs. Other executors (GPU-vectorised, networked) must return the same
-:class:`~splitfl.plan.RoundResult` for the same plan.
+:class:`~splitfl.core.plan.RoundResult` for the same plan.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from splitfl.config import TrainConfig
+from splitfl.core.plan import AuxSpec, ClientTask, ClientUpdate, RoundPlan, RoundResult
+from splitfl.core.seeding import derive_seed
 from splitfl.executors.auxiliary import device_aux
 from splitfl.executors.common import check_finite, detached, round_batches
 from splitfl.executors.fleet import GroupRun, LocalFleet, State, group_runs, run_group, server_role
@@ -22,8 +24,6 @@ from splitfl.executors.pool import PartPool, load_state
 from splitfl.executors.ring import ring_batch_update
 from splitfl.executors.roles import DeviceRole, Runtime
 from splitfl.models import BlockModel, ModelPart
-from splitfl.plan import AuxSpec, ClientTask, ClientUpdate, RoundPlan, RoundResult
-from splitfl.seeding import derive_seed
 
 
 class SequentialExecutor:

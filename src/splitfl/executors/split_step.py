@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from splitfl.activations import (
+from splitfl.core.activations import (
     as_server_input,
     backward,
     cat,
@@ -21,6 +21,7 @@ from splitfl.activations import (
     row_of,
     stack_rows,
 )
+from splitfl.core.plan import RoundPlan
 from splitfl.executors.roles import group_loss, own_grad_factor
 from splitfl.executors.rowstack import (
     RowRunner,
@@ -34,7 +35,6 @@ from splitfl.executors.rowstack import (
     row_losses,
 )
 from splitfl.models import BlockModel, ModelPart
-from splitfl.plan import RoundPlan
 from splitfl.training import loss_fn
 
 

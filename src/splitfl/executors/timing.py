@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 from splitfl.models import block_index
-from splitfl.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 
 #: Mean training loss every client reports under ``executor: timing`` (no training happens);
 #: the metrics row records ``train_loss: null`` all the same.

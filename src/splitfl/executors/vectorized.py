@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from splitfl.config import TrainConfig
+from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.data.base import ArrayDataset
 from splitfl.data.lazy import is_lazy
 from splitfl.executors.batched_ring import run_batched_ring
@@ -56,7 +57,6 @@ from splitfl.executors.rowstack import RowRunner, RowStack, WorkerRow, bn_moment
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.split_step import SplitRound, split_step
 from splitfl.models import BlockModel, ModelPart, block_index
-from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
 
 
 class VectorizedExecutor:

@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from splitfl.core.framing import Frame, Message
+from splitfl.core.seeding import derive_seed
 from splitfl.executors import channel
 from splitfl.executors.channel import ChannelError, Init
 from splitfl.executors.fleet import GroupRun, StartParts
@@ -33,9 +35,7 @@ from splitfl.executors.pool import PartPool, load_state
 from splitfl.executors.roles import Runtime
 from splitfl.executors.sequential import device_maker, run_unit, working_model
 from splitfl.extensions import build_model, import_config_modules
-from splitfl.framing import Frame, Message
 from splitfl.models.registry import Split
-from splitfl.seeding import derive_seed
 
 #: Most frames in one message, and largest frame accepted from the other end of a socket.
 MAX_FRAMES, MAX_FRAME_BYTES = 64, 1 << 40

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from splitfl.atomic import write_atomic
 from splitfl.config import ConfigError, ExperimentConfig, flatten
+from splitfl.core.atomic import write_atomic
 from splitfl.experiment.validation import resolve_config
 
 FORMAT = "splitfl-checkpoint"

@@ -10,8 +10,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from splitfl.atomic import naming, write_atomic
 from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.core.atomic import naming, write_atomic
 from splitfl.experiment.runner import RunResult, as_config, prepare, run
 from splitfl.metrics.plots import plot_accuracy, plot_loss, plot_waiting
 from splitfl.metrics.rundirs import chance_accuracy

@@ -1,16 +1,20 @@
 """Everything a run needs that does not change from round to round: data, clients, devices,
-model, cost profile. Built (and checked against the data) before any run directory exists."""
+model, cost profile. Built (and checked against the data) before any run directory exists.
+:class:`Prepared` is that context with its config and algorithm, as ``runner.prepare`` makes
+it for the loop, the round step and the device data."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.core.seeding import rng_for
 from splitfl.data import DatasetBundle
 from splitfl.data.base import ArrayDataset, DatasetWarning, labels_only, unseen_test_labels
 from splitfl.data.clients import client_partition, holdout_split
@@ -23,15 +27,18 @@ from splitfl.data.source import (
     transforms_of,
 )
 from splitfl.data.transforms import Transforms
+from splitfl.experiment.fingerprint import data_fingerprint
 from splitfl.experiment.model_check import checked_model
 from splitfl.experiment.validation import resolve_config
 from splitfl.extensions import load_dataset, profile_model
 from splitfl.models import BlockModel, ModelProfile
 from splitfl.models.registry import Split
-from splitfl.seeding import rng_for
 from splitfl.system import ClientCost, Population, draw_population, split_client_cost
 from splitfl.system.devices import with_variation
 from splitfl.training import target_problem
+
+if TYPE_CHECKING:
+    from splitfl.algorithms import Algorithm
 
 
 class Positions:
@@ -152,7 +159,7 @@ class RunContext:
     def task_cost(
         self, task, samples: int, round_idx: int, device_loss: str, **extra
     ) -> ClientCost:
-        """Cost of a planned task (a :class:`~splitfl.plan.ClientTask`); ``extra``: more
+        """Cost of a planned task (a :class:`~splitfl.core.plan.ClientTask`); ``extra``: more
         :func:`~splitfl.system.cost.split_client_cost` arguments (auxiliary plans' uploads
         and auxiliary-model charge)."""
         return self.client_cost(
@@ -185,6 +192,19 @@ class RunContext:
                 f"(candidates {list(self.cut_points)}); got {cut}",
             )
         return cut
+
+
+@dataclass
+class Prepared:
+    config: ExperimentConfig
+    ctx: RunContext
+    algorithm: Algorithm
+
+    @cached_property
+    def data_fingerprint(self) -> dict[str, str]:
+        """What the run's data files (or loaded data) are: kept in its checkpoints, compared
+        on resume (:mod:`splitfl.experiment.fingerprint`)."""
+        return data_fingerprint(self.config, self.ctx.bundle)
 
 
 def _check_label_range(config: ExperimentConfig, bundle: DatasetBundle, outputs: int) -> None:

@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from splitfl.atomic import write_atomic
 from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.core.atomic import write_atomic
 from splitfl.data.base import DatasetWarning
 from splitfl.net.announce import capped_counts, scaled_histogram
 
 if TYPE_CHECKING:
-    from splitfl.experiment.context import RunContext
-    from splitfl.experiment.runner import Prepared
+    from splitfl.experiment.context import Prepared, RunContext
 
 
 def write_clients(ctx: RunContext, path: Path) -> None:

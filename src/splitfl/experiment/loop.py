@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 from threadpoolctl import threadpool_limits
 
-from splitfl.atomic import error_line
 from splitfl.config import ConfigError, ExperimentConfig, resolve_device
+from splitfl.core.atomic import error_line
 from splitfl.executors import (
     NonFiniteLossError,
     ParallelExecutor,
@@ -40,7 +40,7 @@ from splitfl.system import SimClock, Traffic
 from splitfl.training import import_optimizers
 
 if TYPE_CHECKING:
-    from splitfl.experiment.runner import Prepared
+    from splitfl.experiment.context import Prepared
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 its forward on a few training samples gives what training needs.
 
 The model is user code (an import path, a registered builder, an ``nn.Module`` cut by its
-graph): building it and its forward run under :func:`~splitfl.usercode.user_code`, so any
+graph): building it and its forward run under :func:`~splitfl.core.usercode.user_code`, so any
 exception is one line naming the model. Its outputs must be one row per sample at two batch
 sizes (a model whose output shape follows a fixed batch is refused), float32 (the training
 loss's dtype: int64, float64 or float16 outputs are refused) and finite before any training.
@@ -15,11 +15,11 @@ import functools
 import torch
 
 from splitfl.config import ConfigError, ExperimentConfig
+from splitfl.core.usercode import user_code
 from splitfl.data import DatasetBundle
 from splitfl.extensions import ONE_LINE, build_model
 from splitfl.models import BlockModel
 from splitfl.models.registry import Split
-from splitfl.usercode import user_code
 
 #: The batch sizes the model's forward is checked at (fewer where the data has fewer).
 PROBE_BATCHES = (2, 3)

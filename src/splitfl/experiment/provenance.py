@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
+import tomllib
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import torch
 
-import splitfl
-from splitfl.atomic import write_atomic
+from splitfl.core.atomic import write_atomic
 
 VERSION_FILE = "version.json"
 
@@ -27,7 +28,7 @@ VERSION_FILE = "version.json"
 def checkout_root() -> Path | None:
     """The git checkout splitfl's own source lies in (``ROOT/src/splitfl`` or
     ``ROOT/splitfl``), or None (an installed wheel; a venv inside another repository)."""
-    package = Path(splitfl.__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # splitfl/experiment/provenance.py
     for root in (package.parent.parent, package.parent):
         if (root / ".git").exists() and package in (root / "src" / "splitfl", root / "splitfl"):
             return root
@@ -88,12 +89,27 @@ def is_dirty(root: Path) -> bool | None:
     return bool(out.stdout.strip())
 
 
+def splitfl_version() -> str | None:
+    """splitfl's version (``pyproject.toml``'s, as ``splitfl.__version__``): the installed
+    distribution's, else that of the checkout splitfl runs from; None if neither is found."""
+    try:
+        return version("splitfl")
+    except PackageNotFoundError:
+        pass
+    root = checkout_root()
+    try:
+        project = tomllib.loads((root / "pyproject.toml").read_text()) if root else {}
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return project.get("project", {}).get("version")
+
+
 def software_record() -> dict[str, Any]:
     """``version.json``'s content: versions, and the checkout's commit and dirty flag."""
     root = checkout_root()
     gitdir = git_dir(root) if root is not None else None
     return {
-        "splitfl_version": splitfl.__version__,
+        "splitfl_version": splitfl_version(),
         "git_commit": head_commit(gitdir) if gitdir is not None else None,
         "git_dirty": is_dirty(root) if gitdir is not None else None,
         "torch_version": torch.__version__,

@@ -4,7 +4,7 @@ and the plots.
 The checkpoint holds the metric rows up to its round and the run's identity, and is the
 source of truth on resume (:mod:`splitfl.experiment.checkpoint`): a restored run rewrites
 ``metrics.jsonl`` from it. Every file but the appended ``metrics.jsonl`` is written
-atomically (:mod:`splitfl.atomic`), and ``summary.json`` is written last: when it says
+atomically (:mod:`splitfl.core.atomic`), and ``summary.json`` is written last: when it says
 ``ok``, ``model.pt`` is complete.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from splitfl.algorithms import Algorithm
-from splitfl.atomic import append_text, write_atomic
 from splitfl.config import ExperimentConfig
+from splitfl.core.atomic import append_text, write_atomic
 from splitfl.experiment.checkpoint import identity_record, save_atomic, save_checkpoint
 from splitfl.experiment.round_step import LoopState
 from splitfl.metrics.plots import plot_accuracy, plot_loss

@@ -3,7 +3,7 @@
 :func:`play_round` is the whole round step; :func:`measure` is the simulated clock's view of
 the executed plan (shared cost model or the algorithm's topology, seeded jitter, waiting),
 and :func:`round_row` the round's metrics row. Every random stream is derived from
-``(seed, purpose, round)`` (:mod:`splitfl.seeding`).
+``(seed, purpose, round)`` (:mod:`splitfl.core.seeding`).
 """
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ import torch
 
 from splitfl.algorithms import Algorithm
 from splitfl.config import ExperimentConfig
+from splitfl.core.plan import RoundPlan, RoundReport, RoundResult
+from splitfl.core.seeding import derive_seed, rng_for, seed_torch
 from splitfl.executors import NonFiniteLossError, evaluate
 from splitfl.executors.pool import load_state
 from splitfl.experiment.client_eval import client_keys, evaluate_clients
 from splitfl.experiment.context import RunContext
-from splitfl.plan import RoundPlan, RoundReport, RoundResult
-from splitfl.seeding import derive_seed, rng_for, seed_torch
 from splitfl.system import LINKS, ClientCost, SimClock, Traffic, jitter_factors
 from splitfl.system.cost import server_bytes
 from splitfl.training import row_key, server_step
 
 if TYPE_CHECKING:
-    from splitfl.experiment.runner import Prepared  # runner imports this module
+    from splitfl.experiment.context import Prepared
 
 
 @dataclass

@@ -7,11 +7,11 @@ cut points), ``clients.json`` (label histograms and device
 profiles), ``metrics.jsonl`` (one row per round), ``summary.json``, ``accuracy.png``,
 ``version.json`` (:mod:`splitfl.experiment.provenance`) and ``checkpoints/last.pt``.
 Optimisers are created afresh each round and every random stream is derived from ``(seed,
-purpose, round)`` (see :mod:`splitfl.seeding`), so a checkpoint of
+purpose, round)`` (see :mod:`splitfl.core.seeding`), so a checkpoint of
 the global model, the algorithm state and the clock is all a resume needs to reproduce an
 uninterrupted run exactly. The checkpoint also holds the metric rows up to its round and is
 the source of truth on resume (:mod:`splitfl.experiment.checkpoint`); a run directory is
-locked while a process works in it (:mod:`splitfl.dirlock`); Ctrl-C/SIGTERM and exploding
+locked while a process works in it (:mod:`splitfl.rundir.lock`); Ctrl-C/SIGTERM and exploding
 losses are handled in :mod:`splitfl.experiment.guards`.
 """
 
@@ -21,20 +21,12 @@ import json
 import shutil
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from splitfl.algorithms import Algorithm, resolve_algorithm
-from splitfl.atomic import (
-    NAME_MAX,
-    TMP_PREFIX,
-    creatable_dir_problem,
-    naming,
-    remove_stale_tmp,
-)
+from splitfl.algorithms import resolve_algorithm
 from splitfl.config import (
     ConfigError,
     ExperimentConfig,
@@ -43,12 +35,18 @@ from splitfl.config import (
     dump_config,
     from_dict,
 )
-from splitfl.dirlock import LOCK_FILE, hold_lock
+from splitfl.core.atomic import (
+    NAME_MAX,
+    TMP_PREFIX,
+    creatable_dir_problem,
+    naming,
+    remove_stale_tmp,
+)
 from splitfl.executors import WorkersLostError
 from splitfl.experiment.checkpoint import load_checkpoint
-from splitfl.experiment.context import RunContext, build_context
+from splitfl.experiment.context import Prepared, RunContext, build_context
 from splitfl.experiment.device_data import write_clients
-from splitfl.experiment.fingerprint import check_fingerprint, data_fingerprint
+from splitfl.experiment.fingerprint import check_fingerprint
 from splitfl.experiment.loop import run_loop
 from splitfl.experiment.model_card import card_table, model_card
 from splitfl.experiment.model_check import check_splittable
@@ -58,6 +56,7 @@ from splitfl.extensions import import_user_modules, reject_objects
 from splitfl.models.base import moving_state
 from splitfl.net.session import StartError
 from splitfl.ray_cluster import RayJoinError
+from splitfl.rundir.lock import LOCK_FILE, hold_lock
 
 
 @dataclass
@@ -68,19 +67,6 @@ class RunResult:
     config: ExperimentConfig
     metrics: list[dict[str, Any]]
     summary: dict[str, Any]
-
-
-@dataclass
-class Prepared:
-    config: ExperimentConfig
-    ctx: RunContext
-    algorithm: Algorithm
-
-    @cached_property
-    def data_fingerprint(self) -> dict[str, str]:
-        """What the run's data files (or loaded data) are: kept in its checkpoints, compared
-        on resume (:mod:`splitfl.experiment.fingerprint`)."""
-        return data_fingerprint(self.config, self.ctx.bundle)
 
 
 def prepare(config: ExperimentConfig, dtype: torch.dtype | None = None) -> Prepared:

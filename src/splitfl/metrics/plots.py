@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from splitfl.atomic import write_atomic
+from splitfl.core.atomic import write_atomic
 
 
 def _pyplot() -> Any:

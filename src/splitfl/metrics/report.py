@@ -10,7 +10,7 @@ breaking the report (:mod:`splitfl.metrics.rundirs` reads the directories). Outp
 ``report.md``, ``report.csv``, ``accuracy_vs_time.png`` (mean curve per cell),
 ``waiting.png``, ``traffic_to_target.png`` and ``report.html``, a single file with the table
 and the plots embedded as data URIs (opens in a browser without a server). Every output is
-written atomically (:mod:`splitfl.atomic`).
+written atomically (:mod:`splitfl.core.atomic`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from splitfl.atomic import creatable_dir_problem, naming, write_atomic
 from splitfl.config import ConfigError
+from splitfl.core.atomic import creatable_dir_problem, naming, write_atomic
 from splitfl.metrics.plots import plot_accuracy, plot_bars, plot_waiting
 from splitfl.metrics.rundirs import RunRecord, chance_accuracy, load_runs
 from splitfl.metrics.summary import (

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from splitfl.activations import Activation, tree_map
+from splitfl.core.activations import Activation, tree_map
 from splitfl.training import loss_fn
 
 

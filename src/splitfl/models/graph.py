@@ -21,7 +21,7 @@ each reading its parameters itself.
 
 What crosses a cut is every value made before it and used after it (a skip connection, an
 attention mask, the input itself where the model reads it later): one tensor, or a tuple of
-tensors (:mod:`splitfl.activations`). Each must be a tensor whose first dimension is the
+tensors (:mod:`splitfl.core.activations`). Each must be a tensor whose first dimension is the
 batch (checked by running the graph at two batch sizes); a module whose parameters are used
 on both sides (tied weights), a non-tensor value crossing (``x.size(0)``) or a forward that
 fx cannot trace is one line naming the reason (:class:`GraphSplitError`).

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import torch
 
-from splitfl.activations import Activation, as_server_input, first_float, leaves, tree_map
+from splitfl.core.activations import Activation, as_server_input, first_float, leaves, tree_map
 from splitfl.models.base import BlockModel, moving_state, run_block
 from splitfl.models.flops import count_flops
 from splitfl.models.profile_cache import architecture_key, read_entry, write_entry

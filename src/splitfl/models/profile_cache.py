@@ -8,7 +8,7 @@ SHA-256 of everything the measurement depends on: the model's structure (its ``r
 shapes and dtypes of its state, the plain attributes of every module), the code of every
 module class that is not torch's own, the torch version, the input shape and the
 measurement's own settings. Entries are JSON (never unpickled), written atomically
-(:func:`splitfl.atomic.write_atomic`); an unreadable or malformed entry is measured again and
+(:func:`splitfl.core.atomic.write_atomic`); an unreadable or malformed entry is measured again and
 replaced, and a cache folder that cannot be written is skipped.
 """
 
@@ -25,7 +25,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from splitfl.atomic import write_atomic
+from splitfl.core.atomic import write_atomic
 
 #: Bump when what a profile entry holds, or how it is measured, changes.
 CACHE_FORMAT = 2

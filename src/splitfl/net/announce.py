@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.seeding import derive_seed
+from splitfl.core.seeding import derive_seed
 
 #: Largest sample count (and histogram entry) a device may announce for one client.
 MAX_SAMPLES = 10**9

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from splitfl.config import BoundsConfig
+from splitfl.core.plan import ClientUpdate, RoundPlan
 from splitfl.executors.fleet import GroupRun
 from splitfl.models import BlockModel, ModelPart
 from splitfl.net.auth import new_token, token_hash
@@ -48,7 +49,6 @@ from splitfl.net.trust import (
     state_specs,
 )
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
-from splitfl.plan import ClientUpdate, RoundPlan
 
 State = dict[str, torch.Tensor]
 _seq = itertools.count(1 << 40)  # apart from RemoteFleet's sequence numbers

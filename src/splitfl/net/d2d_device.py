@@ -26,6 +26,9 @@ import time
 
 import numpy as np
 
+from splitfl.aggregation.robust import Rule, robust_average
+from splitfl.core.plan import ClientTask, RoundPlan
+from splitfl.core.seeding import derive_seed
 from splitfl.executors.fleet import GroupRun, run_group, server_role
 from splitfl.net.emulation import Profile
 from splitfl.net.expect import expect_for
@@ -33,9 +36,6 @@ from splitfl.net.fleet import Meter, RemoteFleet, TimedServer
 from splitfl.net.ring_device import ring_session
 from splitfl.net.trust import REFERENCE_SAMPLES, PeerHistory
 from splitfl.net.wire import Message, state_from, state_tensors
-from splitfl.plan import ClientTask, RoundPlan
-from splitfl.robust import Rule, robust_average
-from splitfl.seeding import derive_seed
 
 #: RoundPlan fields a hosted group needs (sent by the server with ``host``).
 PLAN_FIELDS = ("server_mode", "group_loss", "device_grad", "group_forward", "server_lr")

@@ -33,8 +33,10 @@ import grpc
 import numpy as np
 import torch
 
-from splitfl.activations import count_of, differentiable, leaves, pack, unpack
 from splitfl.config import DataConfig, ExperimentConfig
+from splitfl.core.activations import count_of, differentiable, leaves, pack, unpack
+from splitfl.core.plan import ClientTask
+from splitfl.core.seeding import derive_seed, seed_torch
 from splitfl.data.clients import client_partition
 from splitfl.data.local import LocalData
 from splitfl.data.source import augmentation, normalized, transforms_of
@@ -55,8 +57,6 @@ from splitfl.net.wire import (
     state_from,
     state_tensors,
 )
-from splitfl.plan import ClientTask
-from splitfl.seeding import derive_seed, seed_torch
 
 
 @dataclass(frozen=True)

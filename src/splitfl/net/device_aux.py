@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 from splitfl.config import ExperimentConfig
+from splitfl.core.plan import AuxSpec
 from splitfl.executors.auxiliary import device_aux, returned_names
 from splitfl.models.aux import AUX_MODELS
 from splitfl.net.wire import Message, WireError, all_finite, state_from
-from splitfl.plan import AuxSpec
 
 State = dict[str, torch.Tensor]
 #: How a device of an auxiliary plan updates (``begin``'s ``aux.loss``).
@@ -46,7 +46,7 @@ def allowed_aux_models(config: ExperimentConfig) -> set[str]:
 
 
 def aux_spec(field, config: ExperimentConfig, num_classes: int) -> tuple[AuxSpec, str]:
-    """``begin``'s ``aux`` field checked: the :class:`~splitfl.plan.AuxSpec` and the update
+    """``begin``'s ``aux`` field checked: the :class:`~splitfl.core.plan.AuxSpec` and the update
     mode (one :class:`WireError` naming what is wrong)."""
     if not isinstance(field, dict) or set(field) != {"model", "input_shape", "num_classes", "loss"}:
         raise WireError("begin: 'aux' must name model, input_shape, num_classes and loss")

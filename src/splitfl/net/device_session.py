@@ -22,8 +22,8 @@ import time
 
 import grpc
 
-from splitfl.allocator import keep_freed_memory
 from splitfl.config import ConfigError, ExperimentConfig, from_dict
+from splitfl.core.allocator import keep_freed_memory
 from splitfl.data.base import DatasetError
 from splitfl.data.formats import ContainerOptions
 from splitfl.data.local import LocalData, load_local

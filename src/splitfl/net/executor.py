@@ -1,6 +1,6 @@
 """The networked executor: the server's side of a round over real device processes.
 
-``executor: networked`` runs the same :class:`~splitfl.plan.RoundPlan` as the in-process
+``executor: networked`` runs the same :class:`~splitfl.core.plan.RoundPlan` as the in-process
 executors, with the same :func:`~splitfl.executors.fleet.run_group` loop and
 :class:`~splitfl.executors.roles.ServerRole`, but each client's device part lives in a device
 process reached through the :class:`~splitfl.net.hub.Hub`
@@ -22,8 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splitfl.allocator import keep_freed_memory
 from splitfl.config import ExperimentConfig
+from splitfl.core.allocator import keep_freed_memory
+from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
+from splitfl.core.seeding import derive_seed
 from splitfl.executors.auxiliary import spec_flops
 from splitfl.executors.fleet import GroupRun, group_runs, run_group, server_role
 from splitfl.executors.roles import Runtime
@@ -39,8 +41,6 @@ from splitfl.net.ring_server import RingEmulation, run_ring
 from splitfl.net.session import NetworkSession
 from splitfl.net.spread import RoundMoves
 from splitfl.net.trust import REFERENCE_SAMPLES, PeerHistory, PeerScale
-from splitfl.plan import ClientUpdate, RoundPlan, RoundResult
-from splitfl.seeding import derive_seed
 from splitfl.system.cost import d2d_rate
 
 

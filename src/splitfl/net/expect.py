@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from splitfl.activations import leaves
 from splitfl.config import BoundsConfig
+from splitfl.core.activations import leaves
 from splitfl.models import ModelPart
 from splitfl.models.base import moving_state
 from splitfl.net.trust import TensorSpec, activation_scale, state_specs
@@ -34,7 +34,7 @@ class Expect:
     bounds: BoundsConfig = field(default_factory=BoundsConfig)
 
     def count(self, cut: int) -> int | None:
-        """:func:`~splitfl.activations.unpack`'s count for what ``cut`` sends."""
+        """:func:`~splitfl.core.activations.unpack`'s count for what ``cut`` sends."""
         return None if cut in self.single else len(self.features[cut])
 
 

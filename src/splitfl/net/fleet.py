@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from splitfl.activations import leaves, names, pack, unpack
+from splitfl.core.activations import leaves, names, pack, unpack
+from splitfl.core.plan import AuxSpec, ClientTask
 from splitfl.executors.auxiliary import aux_module, returned_names
 from splitfl.executors.roles import ServerRole
 from splitfl.net.emulation import Profile, stretch
@@ -41,7 +42,6 @@ from splitfl.net.trust import (
     state_specs,
 )
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
-from splitfl.plan import AuxSpec, ClientTask
 
 State = dict[str, torch.Tensor]
 #: The drop reason of a client still working at the round deadline.
@@ -113,8 +113,9 @@ class RemoteFleet:
         #: what each client was sent at ``begin`` (device part, auxiliary model; an aligned
         #: one replaces it): updates are checked against it (``trust.update_problem``)
         self.sent: dict[int, tuple[State, State | None]] = {}
-        #: auxiliary plans: the auxiliary model devices build (:class:`~splitfl.plan.AuxSpec`)
-        #: and how they update (``local``/``estimate``, :attr:`~splitfl.plan.RoundPlan.device_loss`)
+        #: auxiliary plans: the auxiliary model devices build
+        #: (:class:`~splitfl.core.plan.AuxSpec`) and how they update (``local``/``estimate``,
+        #: :attr:`~splitfl.core.plan.RoundPlan.device_loss`)
         self.aux, self.device_loss = aux, device_loss
 
     # -- Fleet -------------------------------------------------------------------------------

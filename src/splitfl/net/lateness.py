@@ -12,8 +12,8 @@ The record lives in the server process (a resumed run starts a new one).
 
 from __future__ import annotations
 
+from splitfl.core.benching import SitOut
 from splitfl.net.fleet import LATE
-from splitfl.sitting_out import SitOut
 
 #: the drop reasons that count as late: the round deadline, or a command unanswered for
 #: ``timeout_s`` (:meth:`~splitfl.net.fleet.RemoteFleet._await`; a drip just past the timeout
@@ -26,7 +26,7 @@ BENCHED = "benched"
 
 class LateClients:
     """Who is benched for which rounds (round indices from 0, as the plan counts them; the
-    reasons count from 1, as the metrics rows): :class:`~splitfl.sitting_out.SitOut`, a late
+    reasons count from 1, as the metrics rows): :class:`~splitfl.core.benching.SitOut`, a late
     round a failure, a finished one forgiving the row."""
 
     def __init__(self, bench_rounds: int):

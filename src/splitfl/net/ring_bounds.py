@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from splitfl.activations import leaves
 from splitfl.config import BoundsConfig
+from splitfl.core.activations import leaves
 from splitfl.net.trust import rms
 
 #: Own samples the ring's reference scales are measured on.

@@ -25,7 +25,8 @@ import time
 
 import torch
 
-from splitfl.activations import batch_size, count_of, differentiable, leaves, pack, unpack
+from splitfl.core.activations import batch_size, count_of, differentiable, leaves, pack, unpack
+from splitfl.core.plan import ClientTask, RingSpec
 from splitfl.executors.ring import RingMember
 from splitfl.executors.roles import DeviceRole
 from splitfl.net.emulation import FORWARD_SHARE, stretch, transfer
@@ -39,7 +40,6 @@ from splitfl.net.ring_bounds import (
     hop_scales,
 )
 from splitfl.net.wire import Message, all_finite, payload_bytes, state_from, state_tensors
-from splitfl.plan import ClientTask, RingSpec
 
 
 class RingBroken(RuntimeError):

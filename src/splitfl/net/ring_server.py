@@ -6,7 +6,7 @@ fault is named: the one whose device is not connected, was lost or went silent (
 within ``timeout_s`` of the abort the others answer), whose report was rejected, whose hop
 a neighbour refused, or, at the round deadline (relative to the measured rounds, as for every
 round: ``network.round_deadline_factor``), the one that answers the abort late. RingSFL
-leaves it out of the next rounds' ring (:data:`~splitfl.plan.RING_MEMBER_FAILED`,
+leaves it out of the next rounds' ring (:data:`~splitfl.core.plan.RING_MEMBER_FAILED`,
 ``options.ringsfl.exclude_rounds``)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from splitfl.core.plan import RING_MEMBER_FAILED, ClientUpdate, RoundPlan
 from splitfl.models import BlockModel
 from splitfl.net.auth import new_token, token_hash
 from splitfl.net.d2d import D2DRound, send_command
@@ -22,7 +23,6 @@ from splitfl.net.hub import LOST, DeviceLink
 from splitfl.net.lateness import LATE_START
 from splitfl.net.trust import MAX_BYTES, bounded, check_state, loss_problem, state_specs
 from splitfl.net.wire import Message, payload_bytes, state_from, state_tensors
-from splitfl.plan import RING_MEMBER_FAILED, ClientUpdate, RoundPlan
 
 
 @dataclass(frozen=True)
@@ -295,9 +295,10 @@ def _meter(meter: Meter, reply: Message, rtt: float, up: int, down: int, down_pa
 
 def _abandon(rnd: D2DRound, order, faults: dict[int, str], cause: str | None = None) -> None:
     """RingSFL's step needs every member: the round is abandoned for all of them. The members
-    in ``faults`` are recorded as the ones that failed (:data:`~splitfl.plan.RING_MEMBER_FAILED`:
-    RingSFL leaves them out of the next rounds' ring), the others as abandoned because of them
-    (or because of ``cause``, where no member could be named)."""
+    in ``faults`` are recorded as the ones that failed
+    (:data:`~splitfl.core.plan.RING_MEMBER_FAILED`: RingSFL leaves them out of the next rounds'
+    ring), the others as abandoned because of them (or because of ``cause``, where no member
+    could be named)."""
     named = "; ".join(f"client {k} failed: {why}" for k, why in sorted(faults.items()))
     for c in order:
         if c in faults:

@@ -2,7 +2,7 @@
 checked for type, shape and magnitude here before the server — or a top worker — uses it.
 
 A check returns what is wrong (a short reason for the run's ``dropped_reasons``) or None; the
-caller drops the client for the round (:class:`~splitfl.plan.RoundResult` ``dropped``), never
+caller drops the client for the round (:class:`~splitfl.core.plan.RoundResult` ``dropped``), never
 the run. The magnitude bounds (``network.bounds``, :class:`~splitfl.config.BoundsConfig`) are
 relative to the current model, so they scale with any model and need no tuning:
 
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from splitfl.activations import leaves
 from splitfl.config import BoundsConfig
+from splitfl.core.activations import leaves
 from splitfl.net.wire import all_finite, extremes
 
 State = dict[str, torch.Tensor]

@@ -1,6 +1,6 @@
-"""splitfl's wire format on the gRPC stream: messages of :mod:`splitfl.framing` in chunks.
+"""splitfl's wire format on the gRPC stream: messages of :mod:`splitfl.core.framing` in chunks.
 
-A message is a JSON header and raw tensor bytes (:mod:`splitfl.framing`, re-exported here:
+A message is a JSON header and raw tensor bytes (:mod:`splitfl.core.framing`, re-exported here:
 :class:`Message`, :func:`encode`, :func:`decode`, :class:`WireError`, ...); nothing is ever
 unpickled, headers are strict JSON and the decoder refuses any message whose sizes do not add
 up exactly.
@@ -11,7 +11,7 @@ gRPC message, its *last* byte ``1`` on the last chunk of a message and ``0`` bef
 receiver can refuse an oversized message before holding it whole. With the flag at the end a
 message that fits one chunk starts where the received ``bytes`` object's data starts (16-byte
 aligned in CPython), so its tensors are read in place there, without a copy, where they start
-64-byte aligned (elsewhere copied: :data:`~splitfl.framing.ALIGNMENT`) (protocol 3; in
+64-byte aligned (elsewhere copied: :data:`~splitfl.core.framing.ALIGNMENT`) (protocol 3; in
 protocol 2 the flag came first and every message was copied into an aligned buffer).
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import torch
 
-from splitfl.framing import (
+from splitfl.core.framing import (
     DTYPES,
     MAGIC,
     MAX_HEADER_BYTES,

@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from splitfl.atomic import write_atomic
 from splitfl.config import ConfigError, ExperimentConfig, from_dict, load_yaml
+from splitfl.core.atomic import write_atomic
 from splitfl.data.base import DatasetError
 from splitfl.experiment import runner  # looked up per call (tests replace runner.prepare)
 from splitfl.experiment.validation import resolve_config

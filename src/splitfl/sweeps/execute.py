@@ -18,11 +18,11 @@ from typing import Any
 
 import yaml
 
-from splitfl.atomic import naming, write_atomic
 from splitfl.config import ConfigError, check_ray_address
-from splitfl.dirlock import hold_lock
+from splitfl.core.atomic import naming, write_atomic
 from splitfl.metrics.report import report as write_report
 from splitfl.ray_cluster import reachable
+from splitfl.rundir.lock import hold_lock
 from splitfl.sweeps.backends import BACKENDS, Job, import_ray, run_local, run_ray
 from splitfl.sweeps.directory import (
     Index,

@@ -47,7 +47,7 @@ from splitfl.extensions import fill_import_dirs
 SWEEP_FIELDS = ("name", "base", "base_source", "overrides", "axes", "out_dir")
 
 #: Longest trial (and sweep) directory name: file systems refuse names over
-#: :data:`~splitfl.atomic.NAME_MAX` bytes, and a taken name gets a ``-<n>`` suffix.
+#: :data:`~splitfl.core.atomic.NAME_MAX` bytes, and a taken name gets a ``-<n>`` suffix.
 MAX_TRIAL_NAME = 200
 
 

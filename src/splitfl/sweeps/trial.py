@@ -14,8 +14,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from splitfl.atomic import error_line, write_atomic
 from splitfl.config import ConfigError, ExperimentConfig, from_dict
+from splitfl.core.atomic import error_line, write_atomic
 from splitfl.executors import NonFiniteLossError
 from splitfl.experiment import runner  # looked up per call (tests replace runner.run)
 from splitfl.metrics.rundirs import read_rows

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from splitfl.seeding import rng_for
+from splitfl.core.seeding import rng_for
 from splitfl.system.jetson import jetson_population
 from splitfl.system.profiles import DeviceProfile, DeviceSchedule, Population
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from splitfl.seeding import rng_for
+from splitfl.core.seeding import rng_for
 from splitfl.system.profiles import DeviceProfile, Population
 
 MODE_PERIOD = 20  # rounds between random mode changes (MergeSFL §V-A)

@@ -48,14 +48,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.mergesfl.arrangement import arrange_workers
 from splitfl.algorithms.mergesfl.finetune import load_solver
 from splitfl.algorithms.mergesfl.ingress import update_ingress
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
 from splitfl.config import ConfigError
-from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport
+from splitfl.core.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport
 
 #: Where B^h comes from (see the module docstring).
 BUDGETS = ("measured", "clients_per_round")

@@ -18,7 +18,7 @@ link rate; before the first sample the caller uses its prior (:class:`MergeSFL`'
 from __future__ import annotations
 
 from splitfl.algorithms.estimates import moving_average
-from splitfl.plan import RoundReport
+from splitfl.core.plan import RoundReport
 from splitfl.system.cost import server_bytes
 
 

@@ -8,7 +8,7 @@ on their own mean loss; the top model steps on the mean over its members — the
 merged group step with equal batch sizes). After τ_c iterations the top worker averages the
 bottom submodels (Eq. 4) and sends bottom + top to the PS, which aggregates the spliced models
 with weights N_c·τ_c (Eq. 18). With per-worker weights τ_c in
-:func:`~splitfl.algorithms.aggregation.layerwise_aggregate`, the bottom blocks get exactly
+:func:`~splitfl.aggregation.layerwise.layerwise_aggregate`, the bottom blocks get exactly
 Eq. (4) followed by Eq. (18) and each cluster's top copy gets weight N_c·τ_c.
 
 * **State monitoring (§4.2, Eq. 6–7):** moving averages (``ema``) of each worker's bottom
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.aggregation import layerwise_aggregate
+from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.estimates import moving_average
 from splitfl.algorithms.parallelsfl.clustering import load_kmeans
@@ -63,8 +63,8 @@ from splitfl.algorithms.parallelsfl.monitoring import radio_observations, record
 from splitfl.algorithms.parallelsfl.planner import failed_tops, plan_clusters
 from splitfl.algorithms.parallelsfl.problem import Cluster, ClusterInputs
 from splitfl.config import ConfigError
-from splitfl.plan import ClientTask, RoundPlan, RoundReport
-from splitfl.sitting_out import SitOut
+from splitfl.core.benching import SitOut
+from splitfl.core.plan import ClientTask, RoundPlan, RoundReport
 from splitfl.system.cluster import ClusterLoad, ClusterTime, MemberLoad, cluster_times
 from splitfl.system.cost import ClientCost, Traffic, d2d_rate
 

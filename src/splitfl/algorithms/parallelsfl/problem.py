@@ -176,9 +176,9 @@ class ClusterInputs:
     radio: np.ndarray | None = None
     #: workers not to elect as top workers this round: a top worker whose hosted cluster
     #: failed (device lost, stalled, refused; networked runs) sits out the next election,
-    #: doubling at each further failure in a row (:class:`~splitfl.sitting_out.SitOut`). Not in the
-    #: paper, which assumes every elected top worker serves: without it a dead top worker
-    #: drops its whole cluster every round.
+    #: doubling at each further failure in a row (:class:`~splitfl.core.benching.SitOut`).
+    #: Not in the paper, which assumes every elected top worker serves: without it a dead top
+    #: worker drops its whole cluster every round.
     excluded_tops: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:

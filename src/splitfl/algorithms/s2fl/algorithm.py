@@ -63,7 +63,7 @@ aggregation. Spec: ``papers/s2fl.md`` §3 (Algorithms 1–2, Eq. 1–4), default
   layers that couple samples (BatchNorm), where only ``concat`` gives the "larger batch with a
   uniform distribution". Members at different cut points cannot share a server input (their
   smashed data have different shapes): each cut point's members form their own merged batch.
-* **Aggregation (§3.3, Algorithm 1):** :func:`splitfl.algorithms.aggregation.layerwise_aggregate`.
+* **Aggregation (§3.3, Algorithm 1):** :func:`splitfl.aggregation.layerwise.layerwise_aggregate`.
 
 Ablations (§5.4): ``s2fl+R`` (neither mechanism: every device on WcK, one server copy per
 device = SFL), ``s2fl+B`` (grouping only), ``s2fl+M`` (sliding split only), ``s2fl+MB`` (both).
@@ -81,7 +81,7 @@ from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.s2fl.data_balance import balanced_groups, partition_cost
 from splitfl.algorithms.s2fl.lockstep import lockstep_finish, member_phases
 from splitfl.config import ConfigError
-from splitfl.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport, RoundResult
+from splitfl.core.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.system.cost import ClientCost, round_times, split_client_cost
 from splitfl.system.devices import DeviceProfile
 

@@ -4,8 +4,8 @@ split into phases, and each member's finish behind its group's per-iteration bar
 
 from __future__ import annotations
 
+from splitfl.core.plan import ClientTask
 from splitfl.data.partition import batch_sizes
-from splitfl.plan import ClientTask
 from splitfl.system.cost import ClientCost
 
 #: Phases of a lock-step member: (model download time, per-iteration times, model upload time).

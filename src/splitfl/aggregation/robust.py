@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from splitfl.averaging import weighted_average
+from splitfl.aggregation.mean import weighted_average
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def robust_average(
     rule: Rule,
     reference: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """:func:`~splitfl.averaging.weighted_average` under ``rule`` (``reference``: the global
+    """:func:`~splitfl.aggregation.mean.weighted_average` under ``rule`` (``reference``: the global
     copy the ``clip_mean`` updates are measured from; without it nothing is clipped)."""
     if rule.name == "mean" or not states:
         return weighted_average(states, weights)

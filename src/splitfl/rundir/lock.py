@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from splitfl.atomic import remove_stale_tmp
 from splitfl.config import ConfigError
+from splitfl.core.atomic import remove_stale_tmp
 
 try:
     import fcntl

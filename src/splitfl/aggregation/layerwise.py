@@ -19,9 +19,9 @@ from typing import Protocol
 
 import torch
 
-from splitfl.averaging import weighted_average
+from splitfl.aggregation.mean import weighted_average
+from splitfl.aggregation.robust import MEAN, Rule, clip_scales, combine, robust_average
 from splitfl.models.base import block_index
-from splitfl.robust import MEAN, Rule, clip_scales, combine, robust_average
 
 __all__ = ["Rule", "layerwise_aggregate", "robust_average", "weighted_average"]
 
@@ -49,7 +49,7 @@ def layerwise_aggregate(
         server_states: Trained server-side copy per group (full-model keys for blocks ≥ the
             smallest cut in the group).
         weights: ``|D_i|`` per client.
-        rule: ``train.aggregation`` (:mod:`splitfl.robust`); ``mean`` is the
+        rule: ``train.aggregation`` (:mod:`splitfl.aggregation.robust`); ``mean`` is the
             paper's average.
     """
     updates = list(updates)

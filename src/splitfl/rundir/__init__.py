@@ -1,0 +1,1 @@
+"""Run directories: ``lock`` (one owning process per run or sweep directory)."""
