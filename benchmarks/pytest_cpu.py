@@ -28,8 +28,9 @@ OUT = Path(os.environ.get("SPLITFL_TEST_CPU", "test-cpu.jsonl"))
 
 
 def _cpu() -> tuple[float, float]:
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
-        resource.RUSAGE_CHILDREN
+    own, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
     )
     return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
 

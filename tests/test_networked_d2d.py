@@ -191,7 +191,8 @@ def test_a_crashed_ring_member_sits_out_a_round_and_rejoins(tmp_path, monkeypatc
     rows, threads = _ring_run(tmp_path, 10.0, rounds=4)
     assert [r["clients"] for r in rows] == [[0, 1, 2, 3]] * 2 + [[0, 2, 3], [0, 1, 2, 3]]
     _assert_named(rows[1], 1, "device d1 lost")
-    assert [r["dropped_clients"] for r in rows[2:]] == [[], []], [r["dropped_reasons"] for r in rows]
+    reasons = [r["dropped_reasons"] for r in rows]
+    assert [r["dropped_clients"] for r in rows[2:]] == [[], []], reasons
     # Eq. (3) over the members: the 4 blocks over 3, then 4
     assert [sum(r["plan_prop_lens"]) for r in rows] == [4] * 4
     assert [len(r["plan_prop_lens"]) for r in rows] == [4, 4, 3, 4]
@@ -222,7 +223,8 @@ def test_a_dead_ring_member_is_left_out_for_the_rest_of_the_run(tmp_path, monkey
     rows, threads = _ring_run(tmp_path, 0.3, rounds=4)
     _assert_named(rows[1], 1, "device d1 lost")
     assert [r["clients"] for r in rows[2:]] == [[0, 2, 3]] * 2
-    assert [r["dropped_clients"] for r in rows[2:]] == [[], []], [r["dropped_reasons"] for r in rows]
+    reasons = [r["dropped_reasons"] for r in rows]
+    assert [r["dropped_clients"] for r in rows[2:]] == [[], []], reasons
     assert all(r["train_loss"] is not None for r in rows[2:])  # they trained
     assert [t.code for t in threads] == [0, None, 0]  # d1's thread ended
 

@@ -11,13 +11,13 @@ from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.aggregation.mean import weighted_average
 from splitfl.algorithms import ALGORITHMS
 from splitfl.algorithms.adasampling import AdaSampling, sampling_probabilities
-from splitfl.listing import catalog
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientUpdate
 from splitfl.core.seeding import derive_seed, rng_for
 from splitfl.data import DATASETS, load_dataset
 from splitfl.executors import SequentialExecutor, TimingExecutor
 from splitfl.experiment.runner import as_config, prepare
+from splitfl.listing import catalog
 from splitfl.testing import config_for
 
 #: Algorithms whose control reads only the clock, the partition and sample counts.

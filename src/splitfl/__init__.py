@@ -49,11 +49,11 @@ _API = {
 
 if TYPE_CHECKING:
     from splitfl.algorithms import register_algorithm
-    from splitfl.listing import catalog
     from splitfl.config import ConfigError, ExperimentConfig
     from splitfl.data.base import ArrayDataset, DatasetBundle, register_dataset
     from splitfl.experiment import CompareResult, RunResult, compare, resume, run, validate
     from splitfl.experiment.validation import load_config
+    from splitfl.listing import catalog
     from splitfl.metrics.report import ReportResult, report
     from splitfl.models.base import BlockModel
     from splitfl.models.registry import register_model

@@ -16,7 +16,6 @@ import sys
 import warnings
 from pathlib import Path
 
-from splitfl.listing import catalog
 from splitfl.cli.network import add_network_parsers
 from splitfl.config import ConfigError
 from splitfl.core.atomic import describe_os_error
@@ -25,6 +24,7 @@ from splitfl.executors import NonFiniteLossError, WorkersLostError
 from splitfl.experiment import compare, resume, run, validate
 from splitfl.experiment.model_card import cards_markdown
 from splitfl.extensions import add_import_flag
+from splitfl.listing import catalog
 from splitfl.metrics.report import report
 from splitfl.metrics.summary import comparison_table
 from splitfl.privacy.cli import add_privacy_parser
