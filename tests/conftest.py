@@ -75,7 +75,12 @@ def ray_instance():
 
 def pytest_collection_modifyitems(items):
     """The tests on :func:`ray_instance` run last (each group in its collected order): every
-    other test runs with no Ray started in this process, as it would alone."""
+    other test runs with no Ray started in this process, as it would alone. Under xdist's
+    ``--dist loadgroup`` (pyproject's addopts) they share one worker, so the session starts
+    one Ray instance, not one per worker."""
+    for item in items:
+        if "ray_instance" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
     items.sort(key=lambda item: "ray_instance" in getattr(item, "fixturenames", ()))
 
 
