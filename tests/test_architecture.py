@@ -81,7 +81,7 @@ def test_device_process_needs_no_plotting_sweeps_or_experiment():
         "import sys\n"
         "for m in ('matplotlib', 'ray', 'tqdm'): sys.modules[m] = None\n"
         "from splitfl.cli.entry import main\n"
-        "import splitfl.net.device_cli\n"
+        "import splitfl.net.device.cli\n"
         "bad = [m for m in sys.modules if m.startswith(('splitfl.experiment', "
         "'splitfl.algorithms', 'splitfl.metrics', 'splitfl.sweeps'))]\n"
         "assert not bad, bad\n"
