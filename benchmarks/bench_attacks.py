@@ -42,9 +42,9 @@ from typing import Any
 import torch
 
 import splitfl
-from splitfl.net.device import DeviceAgent, DeviceOptions
-from splitfl.net.device_session import start_in_thread
-from splitfl.net.testbed import FreezingRelay, Testbed
+from splitfl.net.device.agent import DeviceAgent, DeviceOptions
+from splitfl.net.device.session import start_in_thread
+from splitfl.net.server.testbed import FreezingRelay, Testbed
 from splitfl.testing import config_for
 
 AGGREGATIONS = ("mean", "median", "trimmed_mean", "clip_mean")

@@ -39,12 +39,12 @@ import yaml
 from splitfl.config.schema import NetworkConfig
 from splitfl.core.plan import ClientTask
 from splitfl.experiment.runner import as_config
-from splitfl.net.auth import TokenBook
-from splitfl.net.fleet import Expect, Meter, RemoteFleet
-from splitfl.net.hub import Hub, HubSettings
-from splitfl.net.testbed import Testbed
-from splitfl.net.trust import smashed_problem
-from splitfl.net.wire import Message, decode, encode
+from splitfl.net.server.fleet import Expect, Meter, RemoteFleet
+from splitfl.net.server.testbed import Testbed
+from splitfl.net.transport.auth import TokenBook
+from splitfl.net.transport.hub import Hub, HubSettings
+from splitfl.net.transport.wire import Message, decode, encode
+from splitfl.net.trust.checks import smashed_problem
 from splitfl.testing import config_for
 
 BARE = "/bench.Bare/Echo"
@@ -111,7 +111,7 @@ def handle(data):
     "framed": """
 import torch
 from splitfl.core.framing import Message, decode, encode
-from splitfl.net.wire import all_finite
+from splitfl.net.transport.wire import all_finite
 torch.set_num_threads(1)  # as a splitfl device's (``threads: 1``)
 rows, width = int(sys.argv[4]), int(sys.argv[5])
 FX, Y = torch.ones(rows, width), torch.zeros(rows, dtype=torch.long)
@@ -219,9 +219,9 @@ def _exchange(variant: str, inbox, outbox, down: int, rows: int, width: int):
 #: The device process: a DeviceAgent answering forward with fixed tensors (no compute).
 _SPLITFL_DEVICE = """
 import sys, torch
-from splitfl.net.device import DeviceAgent, DeviceOptions
-from splitfl.net.device_session import run_device
-from splitfl.net.wire import Message
+from splitfl.net.device.agent import DeviceAgent, DeviceOptions
+from splitfl.net.device.session import run_device
+from splitfl.net.transport.wire import Message
 rows, width = int(sys.argv[4]), int(sys.argv[5])
 FX, Y = torch.ones(rows, width), torch.zeros(rows, dtype=torch.long)  # built once, as bare's
 class Fixed(DeviceAgent):

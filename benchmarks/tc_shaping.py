@@ -31,8 +31,8 @@ from pathlib import Path
 import yaml
 
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.net.auth import new_token, token_hash
-from splitfl.net.certs import write_self_signed
+from splitfl.net.transport.auth import new_token, token_hash
+from splitfl.net.transport.certs import write_self_signed
 from splitfl.testing import config_for
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
                 f"sfl-d{k}",
                 sys.executable,
                 "-m",
-                "splitfl.net.device_cli",
+                "splitfl.net.device.cli",
                 "--server",
                 listen,
                 "--name",

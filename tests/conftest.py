@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import splitfl
-from splitfl.net.testbed import Testbed
+from splitfl.net.server.testbed import Testbed
 from splitfl.testing import tiny_config  # noqa: F401  (tests import it from here)
 
 

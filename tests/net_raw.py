@@ -10,9 +10,16 @@ import threading
 
 import grpc
 
-from splitfl.net import auth
-from splitfl.net.hub import METHOD
-from splitfl.net.wire import PROTOCOL_VERSION, Message, Reassembler, chunks, decode, encode
+from splitfl.net.transport import auth
+from splitfl.net.transport.hub import METHOD
+from splitfl.net.transport.wire import (
+    PROTOCOL_VERSION,
+    Message,
+    Reassembler,
+    chunks,
+    decode,
+    encode,
+)
 
 #: whether the code under test proves tokens by challenge–response
 CHALLENGE = hasattr(auth, "token_proof")

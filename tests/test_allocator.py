@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from splitfl.net import device_session
-from splitfl.net.device import DeviceOptions
+from splitfl.net.device import session as device_session
+from splitfl.net.device.agent import DeviceOptions
 
 # three 1 MiB buffers alive at once, dropped, 100 times: a batch's message, its received copy
 # and a tensor, as a server or device builds them for every message

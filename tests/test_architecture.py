@@ -75,16 +75,43 @@ def test_network_layer_imports_no_algorithm_and_no_experiment():
     assert _offenders("net", forbidden) == []
 
 
+#: The device side's imports of the server side (module, imported module): a ParallelSFL top
+#: worker runs its cluster's server part on its device with the server's fleet
+#: (``RemoteFleet``, ``TimedServer``, ``Meter``), and a RingSFL member measures itself with
+#: the server's ``Meter``.
+DEVICE_USES_SERVER = {
+    "net/device/clusters.py imports splitfl.net.server.fleet",
+    "net/device/ring.py imports splitfl.net.server.fleet",
+}
+
+
+def test_net_transport_is_the_floor_and_trust_sits_on_it():
+    """net/transport/ (both ends of a link) imports nothing of the other net/ subpackages;
+    net/trust/ (run by whoever receives a tensor) imports only net/transport/."""
+    others = ("splitfl.net.trust", "splitfl.net.server", "splitfl.net.device")
+    assert _offenders("net/transport", others) == []
+    assert _offenders("net/trust", ("splitfl.net.server", "splitfl.net.device")) == []
+
+
+def test_net_device_side_imports_no_server_side_but_the_fleet():
+    """net/device/ (the device process) imports nothing of net/server/ (the server process)
+    but the fleet a top worker drives its cluster with (listed above)."""
+    assert set(_offenders("net/device", ("splitfl.net.server",))) <= DEVICE_USES_SERVER
+
+
 def test_device_process_needs_no_plotting_sweeps_or_experiment():
-    """``splitfl device`` imports no matplotlib, Ray, tqdm or the experiment layer."""
+    """``splitfl device`` imports no matplotlib, Ray, tqdm or the experiment layer, and of the
+    server side only its fleet (a top worker's)."""
     code = (
         "import sys\n"
         "for m in ('matplotlib', 'ray', 'tqdm'): sys.modules[m] = None\n"
         "from splitfl.cli.entry import main\n"
-        "import splitfl.net.device_cli\n"
+        "import splitfl.net.device.cli\n"
         "bad = [m for m in sys.modules if m.startswith(('splitfl.experiment', "
         "'splitfl.algorithms', 'splitfl.metrics', 'splitfl.sweeps'))]\n"
         "assert not bad, bad\n"
+        "server = {m for m in sys.modules if m.startswith('splitfl.net.server')}\n"
+        "assert server <= {'splitfl.net.server', 'splitfl.net.server.fleet'}, server\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -244,7 +244,7 @@ def _lazy_config(dataset: str, **changes):
 
 
 def test_a_device_reads_only_its_own_clients_samples():
-    from splitfl.net.device import ClientData
+    from splitfl.net.device.agent import ClientData
 
     cfg = _lazy_config("test_counting_lazy")
     data = ClientData(cfg, [2, 4], None)
@@ -450,7 +450,7 @@ def test_splitfl_run_on_csv_and_a_corrupt_csv_exits_2(tmp_path, capsys):
 def test_networked_run_with_transforms_equals_sequential_run(tmp_path):
     """Device processes augment their own batches exactly as the simulation does."""
     import splitfl
-    from splitfl.net.testbed import Testbed
+    from splitfl.net.server.testbed import Testbed
     from splitfl.testing import config_for
 
     devices = {"d0": [0, 2], "d1": [1, 3]}

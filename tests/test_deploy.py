@@ -36,10 +36,10 @@ from splitfl.data.local import load_local
 from splitfl.experiment.device_data import write_devices
 from splitfl.experiment.round_step import measured_row
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.net.auth import AuthSetupError, channel_credentials, server_credentials
-from splitfl.net.certs import write_self_signed
-from splitfl.net.session import NetworkSession
-from splitfl.net.testbed import Testbed
+from splitfl.net.server.session import NetworkSession
+from splitfl.net.server.testbed import Testbed
+from splitfl.net.transport.auth import AuthSetupError, channel_credentials, server_credentials
+from splitfl.net.transport.certs import write_self_signed
 from splitfl.testing import config_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +113,9 @@ def test_device_without_pillow_says_which_extra_in_one_line_and_exits_2(tmp_path
         (tmp_path / "pets" / c / "0.png").write_bytes(b"not read")
     (tmp_path / "t.token").write_text("x" * 32)
     code = "import sys; sys.modules['PIL'] = None\n"
-    code += "from splitfl.net import device_cli; sys.exit(device_cli.main(sys.argv[1:]))"
+    code += (
+        "from splitfl.net.device import cli as device_cli; sys.exit(device_cli.main(sys.argv[1:]))"
+    )
     cmd = [sys.executable, "-c", code, "--server", "127.0.0.1:9", "--name", "d0"]
     cmd += ["--token-file", "t.token", "--data", "pets", "--format", "image_folder"]
     done = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=60)

@@ -28,7 +28,7 @@ from splitfl.config import ConfigError
 from splitfl.data.base import DATASETS
 from splitfl.experiment.checkpoint import identity_mismatch, identity_record
 from splitfl.models.registry import MODELS
-from splitfl.net.testbed import Testbed
+from splitfl.net.server.testbed import Testbed
 from splitfl.sweeps.backends import runtime_env
 from splitfl.sweeps.spec import Trial
 
@@ -177,7 +177,7 @@ def test_launch_devices_import_the_user_module(tmp_path):
 def test_launched_devices_that_cannot_import_end_the_run_with_one_line(tmp_path):
     proj = _project(tmp_path / "proj").parent
     with (proj / "user_ext.py").open("a") as f:  # importable by the server, not by devices
-        f.write("\nimport sys\nif sys.argv[0].endswith('device_cli.py'):\n")
+        f.write("\nimport os, sys\nif sys.argv[0].endswith(os.path.join('device', 'cli.py')):\n")
         f.write("    raise ImportError('not installed on this device')\n")
     done = _splitfl("launch", "config.yaml", "--devices", "2", "--out", "net", cwd=proj)
     last = done.stderr.strip().splitlines()[-1]

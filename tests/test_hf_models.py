@@ -29,7 +29,7 @@ from splitfl.experiment.runner import as_config, prepare  # noqa: E402
 from splitfl.extensions import profile_model  # noqa: E402
 from splitfl.models.base import run_block, split, user_state_dict  # noqa: E402
 from splitfl.models.hf import hf_block_model, split_blocks  # noqa: E402
-from splitfl.net.testbed import Testbed  # noqa: E402
+from splitfl.net.server.testbed import Testbed  # noqa: E402
 from splitfl.testing import config_for  # noqa: E402
 from splitfl.training.losses import IGNORE, loss_fn  # noqa: E402
 

@@ -2,7 +2,7 @@
 shape and magnitude before use; a poisoned update or smashed batch drops that client for the
 round, never the run; strict JSON on the wire and in the metrics; bounded inboxes; a device
 refuses bad commands and keeps serving. Loopback gRPC, devices in threads of this process
-(an insider holding a valid token is a :class:`~splitfl.net.device.DeviceAgent` subclass or a
+(an insider holding a valid token is a :class:`~splitfl.net.device.agent.DeviceAgent` subclass or a
 raw stream speaking the wire protocol)."""
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ import torch
 
 import splitfl
 import splitfl.core.framing as framing
-import splitfl.net.wire as wire
+import splitfl.net.transport.wire as wire
 from net_raw import RawStream
 from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.core.plan import ClientUpdate
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.net.auth import TokenBook
-from splitfl.net.device import DeviceAgent
-from splitfl.net.hub import LOST, METHOD, Hub, HubSettings
-from splitfl.net.inbox import INBOX_BYTES, INBOX_MAX, Inbox
-from splitfl.net.peer import outgoing
-from splitfl.net.testbed import Testbed, free_port
-from splitfl.net.wire import Message, WireError, decode, encode
+from splitfl.net.device.agent import DeviceAgent
+from splitfl.net.server.testbed import Testbed, free_port
+from splitfl.net.transport.auth import TokenBook
+from splitfl.net.transport.hub import LOST, METHOD, Hub, HubSettings
+from splitfl.net.transport.inbox import INBOX_BYTES, INBOX_MAX, Inbox
+from splitfl.net.transport.peer import outgoing
+from splitfl.net.transport.wire import Message, WireError, decode, encode
 from splitfl.testing import config_for
 
 SMALL = {"rounds": 2, "data.num_clients": 4, "train.clients_per_round": 4}
@@ -374,7 +374,7 @@ def test_every_rule_runs_an_experiment(tmp_path, rule):
     ],
 )
 def test_smashed_data_checks_by_hand(where, value, problem):
-    from splitfl.net.trust import TensorSpec, smashed_problem
+    from splitfl.net.trust.checks import TensorSpec, smashed_problem
 
     fx, y = torch.zeros(4, 4), torch.tensor([0, 9, 3, 1])
     if where is not None:
@@ -385,7 +385,7 @@ def test_smashed_data_checks_by_hand(where, value, problem):
 
 @pytest.mark.parametrize("label", [-1, 10])
 def test_labels_out_of_range_are_refused(label):
-    from splitfl.net.trust import TensorSpec, smashed_problem
+    from splitfl.net.trust.checks import TensorSpec, smashed_problem
 
     y = torch.tensor([0, label, 3])
     spec = [TensorSpec((4,), torch.float32, 5.0)]
@@ -421,7 +421,7 @@ def _tuple_case(change):
 def test_several_tensors_across_a_cut_are_checked_one_by_one(change, problem):
     """A graph-split model's cut sends a tuple (activation, bool mask, int64 ids): each is
     checked against its own spec — float magnitude, integer range, bool dtype only."""
-    from splitfl.net.trust import TensorSpec, smashed_problem
+    from splitfl.net.trust.checks import TensorSpec, smashed_problem
 
     specs = [
         TensorSpec((4,), torch.float32, 5.0),

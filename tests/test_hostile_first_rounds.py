@@ -1,6 +1,6 @@
 """Insiders where no peer median exists (issue 35, round 3): a ParallelSFL top worker alone
 in the run's first round is held to the server's own step on its held samples
-(:mod:`splitfl.net.reference`), and a top worker whose report was rejected sits out doubling
+(:mod:`splitfl.net.trust.reference`), and a top worker whose report was rejected sits out doubling
 elections; a RingSFL round still running at the round deadline is aborted, naming the member
 that answers the abort late. Loopback gRPC, devices in threads of this process."""
 
@@ -18,10 +18,10 @@ from splitfl.config.parse import from_dict
 from splitfl.core.benching import SitOut
 from splitfl.experiment.validation import validate_config as validate
 from splitfl.models import build_model
-from splitfl.net import ring_device
-from splitfl.net.reference import ServerStep, own_step
-from splitfl.net.testbed import Testbed
-from splitfl.net.trust import PeerHistory
+from splitfl.net.device import ring as ring_device
+from splitfl.net.server.testbed import Testbed
+from splitfl.net.trust.checks import PeerHistory
+from splitfl.net.trust.reference import ServerStep, own_step
 from splitfl.testing import config_for
 from test_hostile_insiders import _RogueTop
 from test_networked_d2d import _assert_named, _breaking, _ring_run, _rows

@@ -22,13 +22,13 @@ from splitfl.experiment.context import Positions
 from splitfl.experiment.guards import LossExplosionError, check_explosion
 from splitfl.experiment.round_step import lower_median
 from splitfl.metrics.summary import comparison_table, is_ok, run_warnings, summarize
-from splitfl.net.announce import capped_counts, scaled_histogram
-from splitfl.net.d2d import D2DRound, Hosted, reject_outlying_tops
-from splitfl.net.device import DeviceAgent
-from splitfl.net.fleet import LATE
-from splitfl.net.lateness import LateClients
-from splitfl.net.testbed import Testbed
-from splitfl.net.trust import PeerHistory, PeerScale, peer_outliers
+from splitfl.net.device.agent import DeviceAgent
+from splitfl.net.server.clusters import D2DRound, Hosted, reject_outlying_tops
+from splitfl.net.server.fleet import LATE
+from splitfl.net.server.lateness import LateClients
+from splitfl.net.server.testbed import Testbed
+from splitfl.net.transport.announce import capped_counts, scaled_histogram
+from splitfl.net.trust.checks import PeerHistory, PeerScale, peer_outliers
 from splitfl.testing import config_for
 from test_hostile import _run, _strict_rows
 from test_networked_d2d import _rows

@@ -20,14 +20,14 @@ import pytest
 
 from net_raw import RawStream, silent_streams
 from splitfl.experiment.runner import as_config
-from splitfl.net import device_session
-from splitfl.net.auth import TokenBook, new_token, token_hash
-from splitfl.net.device import DeviceOptions
-from splitfl.net.guard import Audit
-from splitfl.net.hub import Hub, HubSettings
-from splitfl.net.peer import PeerChannel, PeerEndpoint
-from splitfl.net.testbed import Testbed
-from splitfl.net.wire import PROTOCOL_VERSION, Message, decode
+from splitfl.net.device import session as device_session
+from splitfl.net.device.agent import DeviceOptions
+from splitfl.net.server.testbed import Testbed
+from splitfl.net.transport.auth import TokenBook, new_token, token_hash
+from splitfl.net.transport.guard import Audit
+from splitfl.net.transport.hub import Hub, HubSettings
+from splitfl.net.transport.peer import PeerChannel, PeerEndpoint
+from splitfl.net.transport.wire import PROTOCOL_VERSION, Message, decode
 from splitfl.testing import config_for
 
 
@@ -356,8 +356,8 @@ def test_a_finished_run_that_lost_a_device_or_its_ring_says_so_in_its_status():
 def test_an_expired_server_certificate_stops_the_device_at_once(tmp_path):
     """Old code: retried as transient until ``--retry-s``, then exit 1."""
     pytest.importorskip("cryptography")
-    from splitfl.net.auth import channel_credentials, server_credentials
-    from splitfl.net.certs import write_self_signed
+    from splitfl.net.transport.auth import channel_credentials, server_credentials
+    from splitfl.net.transport.certs import write_self_signed
 
     cert, key = write_self_signed(tmp_path / "certs", ["localhost"], days=0)  # ends now
     bed = Testbed.create(tmp_path / "bed", ["a"])
@@ -380,7 +380,7 @@ def test_measured_round_time_includes_the_wait_for_devices_to_rejoin(tmp_path, m
     import json
 
     import splitfl
-    from splitfl.net.session import NetworkSession
+    from splitfl.net.server.session import NetworkSession
 
     real = NetworkSession.wait_ready
 

@@ -2,7 +2,7 @@
 commands"): with tokens bound by ``splitfl token --clients``, the devices awaited still host
 every client when the tokens file names exactly them."""
 
-from splitfl.net.session import deal_block
+from splitfl.net.server.session import deal_block
 
 
 def test_block_without_bound_tokens_is_ceil_clients_over_devices():

@@ -21,8 +21,8 @@ import pytest
 
 import splitfl
 from splitfl.config.schema import NetworkConfig
-from splitfl.net import device_cli
-from splitfl.net.testbed import Testbed
+from splitfl.net.device import cli as device_cli
+from splitfl.net.server.testbed import Testbed
 from splitfl.testing import config_for
 
 TAG = f"sfl{os.getpid() % 100000}"
@@ -91,7 +91,7 @@ def test_device_in_a_namespace_trains_again_after_its_link_was_down(namespace, t
     bed = Testbed.create(tmp_path / "bed", ["far", "near"])
     token = tmp_path / "far.token"
     token.write_text(bed.tokens["far"])
-    cmd = ["ip", "netns", "exec", namespace, sys.executable, "-m", "splitfl.net.device_cli"]
+    cmd = ["ip", "netns", "exec", namespace, sys.executable, "-m", "splitfl.net.device.cli"]
     cmd += ["--server", f"{SUBNET}.1:{bed.port}", "--name", "far", "--token-file", str(token)]
     cmd += ["--client-id", "0", "--retry-s", "60", "--peer-listen", "none"]
     if "--keepalive-s" in device_cli.build_parser().format_help():

@@ -23,11 +23,11 @@ from net_raw import RawStream, silent_streams
 from splitfl.config import ConfigError
 from splitfl.config.schema import NetworkConfig
 from splitfl.experiment.runner import as_config
-from splitfl.net.auth import TokenBook, is_loopback, token_hash
-from splitfl.net.device import DeviceAgent, DeviceOptions
-from splitfl.net.device_session import start_in_thread
-from splitfl.net.hub import Hub, HubSettings
-from splitfl.net.testbed import FreezingRelay, Testbed
+from splitfl.net.device.agent import DeviceAgent, DeviceOptions
+from splitfl.net.device.session import start_in_thread
+from splitfl.net.server.testbed import FreezingRelay, Testbed
+from splitfl.net.transport.auth import TokenBook, is_loopback, token_hash
+from splitfl.net.transport.hub import Hub, HubSettings
 from splitfl.testing import config_for
 
 
@@ -224,7 +224,7 @@ def test_failed_authentications_throttle_the_address_and_are_audited(tmp_path):
     net = bed.server_overrides(min_devices=1, connect_timeout_s=8.0)
     net.update(_known(NetworkConfig(), auth_failures=3, prefix="network."))
     config = as_config(config_for("splitfed_v1", rounds=1, **net))
-    from splitfl.net.session import NetworkSession
+    from splitfl.net.server.session import NetworkSession
 
     session = NetworkSession(config, 4, tmp_path)
     starter = threading.Thread(target=lambda: _swallow(session.start), daemon=True)
@@ -305,7 +305,7 @@ def test_is_loopback_accepts_only_loopback_ips_and_localhost(host, loopback):
 
 
 def test_server_whose_devices_stay_away_is_a_one_line_error_and_says_it_waits(tmp_path, capsys):
-    from splitfl.net.session import NetworkSession
+    from splitfl.net.server.session import NetworkSession
 
     bed = Testbed.create(tmp_path / "bed", ["a", "b"])
     net = bed.server_overrides(min_devices=2, connect_timeout_s=1.0)

@@ -16,19 +16,19 @@ import torch
 
 from splitfl.config import ConfigError
 from splitfl.experiment.runner import as_config
-from splitfl.net import device_session as device_module
-from splitfl.net import device_workers
-from splitfl.net.auth import (
+from splitfl.net.device import session as device_module
+from splitfl.net.device import workers as device_workers
+from splitfl.net.server.testbed import Testbed
+from splitfl.net.transport.auth import (
     AuthSetupError,
     TokenBook,
     channel_credentials,
     server_credentials,
     token_proof,
 )
-from splitfl.net.certs import write_self_signed
-from splitfl.net.hub import Hub, HubSettings
-from splitfl.net.testbed import Testbed
-from splitfl.net.wire import (
+from splitfl.net.transport.certs import write_self_signed
+from splitfl.net.transport.hub import Hub, HubSettings
+from splitfl.net.transport.wire import (
     DTYPES,
     Message,
     Reassembler,
@@ -446,9 +446,9 @@ def test_a_device_refused_by_a_protocol_2_server_says_to_install_the_same_versio
     refuses the hello with 'bad chunk flag': the device names the version mismatch."""
     from concurrent import futures
 
-    from splitfl.net.device import DeviceOptions
-    from splitfl.net.device_session import run_device
-    from splitfl.net.hub import METHOD
+    from splitfl.net.device.agent import DeviceOptions
+    from splitfl.net.device.session import run_device
+    from splitfl.net.transport.hub import METHOD
 
     def old_hub(requests, context):
         next(requests)

@@ -16,9 +16,9 @@ import torch
 
 import splitfl
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.net.device import DeviceAgent
-from splitfl.net.emulation import Profile
-from splitfl.net.testbed import Testbed
+from splitfl.net.device.agent import DeviceAgent
+from splitfl.net.device.emulation import Profile
+from splitfl.net.server.testbed import Testbed
 from splitfl.testing import config_for
 
 SCOPE = [

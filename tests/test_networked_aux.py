@@ -12,10 +12,10 @@ import torch
 import splitfl
 from splitfl.core.plan import AuxSpec
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.net.device import DeviceAgent
-from splitfl.net.device_aux import aux_spec
-from splitfl.net.executor import NetworkedExecutor, emulated_profiles
-from splitfl.net.wire import WireError, state_tensors
+from splitfl.net.device.agent import DeviceAgent
+from splitfl.net.device.aux import aux_spec
+from splitfl.net.server.executor import NetworkedExecutor, emulated_profiles
+from splitfl.net.transport.wire import WireError, state_tensors
 from splitfl.testing import config_for
 from test_networked import GRAPH_SPLIT, _final, _networked, _rows
 

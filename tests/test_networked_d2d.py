@@ -24,12 +24,12 @@ import torch
 import splitfl
 from splitfl.core.plan import RING_MEMBER_FAILED
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.net import ring_device
-from splitfl.net.auth import new_token, token_hash
-from splitfl.net.certs import self_signed_pem
-from splitfl.net.device import DeviceAgent
-from splitfl.net.peer import PeerChannel, PeerEndpoint, PeerError
-from splitfl.net.testbed import Testbed
+from splitfl.net.device import ring as ring_device
+from splitfl.net.device.agent import DeviceAgent
+from splitfl.net.server.testbed import Testbed
+from splitfl.net.transport.auth import new_token, token_hash
+from splitfl.net.transport.certs import self_signed_pem
+from splitfl.net.transport.peer import PeerChannel, PeerEndpoint, PeerError
 from splitfl.testing import config_for
 
 RING_DEVICES = {"d0": [0, 2], "d1": [1], "d2": [3]}

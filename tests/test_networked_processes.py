@@ -20,7 +20,7 @@ import yaml
 
 import splitfl
 from splitfl.core.plan import RING_MEMBER_FAILED
-from splitfl.net.testbed import Testbed
+from splitfl.net.server.testbed import Testbed
 from splitfl.testing import config_for
 
 pytestmark = pytest.mark.slow

@@ -29,15 +29,15 @@ from splitfl.data.lazy import LazyInputs
 from splitfl.data.local import load_local, load_test
 from splitfl.data.partition import label_histograms
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.net.announce import (
+from splitfl.net.device.agent import ClientData, DeviceAgent
+from splitfl.net.server.session import NoDevicesError
+from splitfl.net.server.testbed import Testbed
+from splitfl.net.transport.announce import (
     AnnouncementError,
     build_announcement,
     check_announcement,
     noisy_histogram,
 )
-from splitfl.net.device import ClientData, DeviceAgent
-from splitfl.net.session import NoDevicesError
-from splitfl.net.testbed import Testbed
 from splitfl.testing import config_for
 
 SPEC = {"input_shape": [1, 8, 8], "num_classes": 10, "own": True}
@@ -356,7 +356,7 @@ def test_resumed_run_keeps_the_view_it_started_with(tmp_path, sequential_run):
 
 
 def test_device_flags_for_own_data(tmp_path):
-    from splitfl.net import device_cli
+    from splitfl.net.device import cli as device_cli
 
     token = tmp_path / "t.token"
     token.write_text("x" * 32)
@@ -537,7 +537,7 @@ def test_write_partition_writes_the_stored_inputs(tmp_path):
 
 
 def test_device_accepts_every_container_format(tmp_path):
-    from splitfl.net import device_cli
+    from splitfl.net.device import cli as device_cli
 
     token = tmp_path / "t.token"
     token.write_text("x" * 32)

@@ -26,7 +26,7 @@ from splitfl.executors.pools import WorkerError
 from splitfl.executors.workers import UnitWorker, recv_message, send_message
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models.aux import linear_aux
-from splitfl.net.wire import decode
+from splitfl.net.transport.wire import decode
 from splitfl.testing import config_for
 
 EXECUTORS = Path(splitfl.__file__).parent / "executors"

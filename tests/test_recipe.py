@@ -22,7 +22,7 @@ from splitfl.experiment.checkpoint import identity_mismatch, run_identity
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.experiment.validation import validate_config
 from splitfl.models.base import lowest_loss_state
-from splitfl.net.testbed import Testbed
+from splitfl.net.server.testbed import Testbed
 from splitfl.testing import config_for
 from splitfl.training import loss_fn, score
 

@@ -12,19 +12,20 @@ import pytest
 
 import splitfl
 from splitfl.metrics import summary
-from splitfl.net import lateness, ring_device
-from splitfl.net.d2d import D2DRound
-from splitfl.net.device import DeviceAgent
-from splitfl.net.fleet import Meter
-from splitfl.net.ring_server import (
+from splitfl.net.device import ring as ring_device
+from splitfl.net.device.agent import DeviceAgent
+from splitfl.net.server import lateness
+from splitfl.net.server.clusters import D2DRound
+from splitfl.net.server.fleet import Meter
+from splitfl.net.server.ring import (
     RingEmulation,
     _acknowledged,
     _collect,
     late_starts,
     start_latency,
 )
-from splitfl.net.testbed import Testbed
-from splitfl.net.wire import Message
+from splitfl.net.server.testbed import Testbed
+from splitfl.net.transport.wire import Message
 from splitfl.testing import config_for
 from test_networked_d2d import RING_DEVICES, _assert_named, _breaking, _DiesInRing
 

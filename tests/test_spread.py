@@ -1,4 +1,4 @@
-"""The spread check (``network.bounds.peer_spread_factor``, :mod:`splitfl.net.spread`): an
+"""The spread check (``network.bounds.peer_spread_factor``, :mod:`splitfl.net.trust.spread`): an
 update held against the round's coordinate-wise median move, not only by its length. Two
 colluders of ten who send their parts sign-flipped in a fresh model's first round moved ~6×
 the round's median (inside ``peer_update_factor`` 10) and wrecked ``mean`` and
@@ -13,11 +13,11 @@ import torch
 
 import splitfl
 from splitfl.core.plan import ClientUpdate
-from splitfl.net.d2d import D2DRound, Hosted, reject_outlying_tops
-from splitfl.net.device import DeviceAgent
-from splitfl.net.spread import RoundMoves, spread_from_centre
-from splitfl.net.testbed import Testbed
-from splitfl.net.trust import PeerHistory
+from splitfl.net.device.agent import DeviceAgent
+from splitfl.net.server.clusters import D2DRound, Hosted, reject_outlying_tops
+from splitfl.net.server.testbed import Testbed
+from splitfl.net.trust.checks import PeerHistory
+from splitfl.net.trust.spread import RoundMoves, spread_from_centre
 from splitfl.testing import config_for
 
 

@@ -22,7 +22,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 #: Public names and the module each comes from. They are imported on first use (PEP 562), so
-#: ``import splitfl.net.device`` on an edge device does not pull in the experiment layer and
+#: ``import splitfl.net.device.agent`` on an edge device does not pull in the experiment layer and
 #: its plotting/sweep dependencies (matplotlib, tqdm, Ray).
 _API = {
     "catalog": "splitfl.listing",

@@ -21,7 +21,7 @@ with the lowest loss on its own data.
   runs in the server process at planning time, except when the devices hold their own data
   (``data.source: devices``): then the K models and the samples' positions go to the
   client's device, which runs the same function on its own samples and answers the index
-  (:mod:`splitfl.net.client_data`); the clock charges it as above.
+  (:mod:`splitfl.net.server.client_data`); the clock charges it as above.
 
 Marked **proxy** (``splitfl.proxies``): the central-test-set evaluation with the most
 chosen cluster model is not IFCA's per-client evaluation.

@@ -11,7 +11,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["device"]:
-        return importlib.import_module("splitfl.net.device_cli").main(argv[1:])
+        return importlib.import_module("splitfl.net.device.cli").main(argv[1:])
     return importlib.import_module("splitfl.cli.main").main(argv)
 
 

@@ -3,7 +3,7 @@
 ``server`` and ``launch`` are ``splitfl run`` with ``executor: networked``: ``server`` waits
 for device processes started elsewhere (``network.devices = 0``), ``launch`` starts
 ``--devices`` device processes on this machine over loopback. ``device`` is the edge-device
-process (:mod:`splitfl.net.device_cli`). ``token`` makes a device token and adds its hash to
+process (:mod:`splitfl.net.device.cli`). ``token`` makes a device token and adds its hash to
 the server's tokens file; ``certs`` makes a self-signed TLS certificate (needs the
 ``cryptography`` package).
 """
@@ -20,9 +20,9 @@ from splitfl.experiment import resume, run
 from splitfl.experiment.runner import as_config
 from splitfl.extensions import add_import_flag
 from splitfl.metrics.summary import comparison_table
-from splitfl.net import device_cli
-from splitfl.net.auth import format_ids, new_token, parse_ids, token_hash
-from splitfl.net.certs import write_self_signed
+from splitfl.net.device import cli as device_cli
+from splitfl.net.transport.auth import format_ids, new_token, parse_ids, token_hash
+from splitfl.net.transport.certs import write_self_signed
 
 
 def _split(values: list[str]) -> tuple[str | None, list[str]]:

@@ -11,7 +11,7 @@ COMPRESSIONS = ("none", "gzip")
 
 @dataclass(frozen=True)
 class BoundsConfig:
-    """``network.bounds``: what a device may send (checked by ``splitfl.net.trust`` before
+    """``network.bounds``: what a device may send (checked by ``splitfl.net.trust.checks`` before
     use; a violation drops that client for the round, never the run). A model part (or aux
     head, ring model, top part) must lie within ``update_norm_factor`` × ‖part sent‖ +
     ``update_norm_abs`` of the part the server sent (L2 over its float tensors); smashed data
@@ -36,7 +36,7 @@ class BoundsConfig:
     peer_update_factor: float = 10.0
     #: An update whose move per local step lies further from the round's coordinate-wise
     #: median move than ``peer_spread_factor`` × the median such distance + the median move's
-    #: length is dropped (3 or more updates of the same tensors; ``splitfl.net.spread``): a
+    #: length is dropped (3 or more updates of the same tensors; ``splitfl.net.trust.spread``): a
     #: part pointing elsewhere than its peers' (sign-flipped) is caught even where honest
     #: updates are large (a fresh model's first round). Honest spread seen on the attack
     #: benchmark: within 1.7× the median distance in round 1 (3.3× over 6 rounds); the two
@@ -53,7 +53,7 @@ class BoundsConfig:
     #: before 3 were accepted), an update is held to ``peer_update_factor`` × the server's own
     #: step per local step: the model it sent trained on its first ``reference_samples``
     #: test samples (FLTrust's root dataset, Cao et al. NDSS 2021: ~100 samples; 0 = none:
-    #: such rounds are not compared). ``splitfl.net.reference``.
+    #: such rounds are not compared). ``splitfl.net.trust.reference``.
     reference_samples: int = 64
     #: ``data.source: devices``: a client's announced sample count above this × the
     #: median announced count is capped there (its weight, histogram and step count).
@@ -106,7 +106,7 @@ class NetworkConfig:
     chunk_kb: int = 4096
     compression: str = "none"
     rate_limit: float = 0.0
-    #: Transport robustness (``splitfl.net.guard``): keepalive ping interval both ways (a
+    #: Transport robustness (``splitfl.net.transport.guard``): keepalive ping interval both ways (a
     #: silent link is dropped after about twice this; devices redial), the time an
     #: unauthenticated stream may take to authenticate, the largest hello, the most
     #: unauthenticated streams at once, the most devices connected at once (late joiners up
@@ -120,14 +120,15 @@ class NetworkConfig:
     max_devices: int = 256
     auth_failures: int = 10
     #: Devices emulate their ``devices.preset`` profiles: compute stretched to the profile's
-    #: FLOPS, transfers held for bytes / rate (``splitfl.net.emulation``).
+    #: FLOPS, transfers held for bytes / rate (``splitfl.net.device.emulation``).
     emulate: bool = False
     #: With ``emulate``: also hold messages for bytes / rate. ``false`` leaves the links to
     #: the real network or to kernel traffic shaping (``benchmarks/tc_shaping.py``) and
     #: emulates compute only.
     emulate_links: bool = True
     #: ``data.source: devices``: devices add Laplace noise of scale 1/ε to the label
-    #: histograms they announce (ε-DP per histogram; ``splitfl.net.announce``); null = exact.
+    #: histograms they announce (ε-DP per histogram; ``splitfl.net.transport.announce``);
+    #: null = exact.
     histogram_epsilon: float | None = None
     #: ``data.source: devices`` with local device processes (``splitfl launch --data-dir``):
     #: device ``local-<i>`` reads ``data_dir/local-<i>`` (``<client>.npz`` files, else in

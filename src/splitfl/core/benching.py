@@ -2,7 +2,7 @@
 
 One rule for the places that bench a client: RingSFL's member that broke a networked ring
 round (``options.ringsfl.exclude_rounds``, :mod:`splitfl.algorithms.ringsfl`), a client
-dropped for lateness (``network.late_bench_rounds``, :mod:`splitfl.net.lateness`) and a
+dropped for lateness (``network.late_bench_rounds``, :mod:`splitfl.net.server.lateness`) and a
 ParallelSFL top worker whose failure dropped its cluster (not elected,
 :mod:`splitfl.algorithms.parallelsfl.algorithm`). After its
 n-th failure in a row a client sits out ``rounds`` × 2^(n − 1) rounds (the exponent capped at

@@ -1,8 +1,9 @@
 """splitfl's message format: a JSON header and raw tensor bytes, nothing ever unpickled.
 
 The one format of every message between splitfl processes: the network wire
-(:mod:`splitfl.net.wire`, on gRPC streams) and the channel between ``executor: parallel``'s
-driver and its workers (:mod:`splitfl.executors.channel`). A leaf module (torch only).
+(:mod:`splitfl.net.transport.wire`, on gRPC streams) and the channel between
+``executor: parallel``'s driver and its workers (:mod:`splitfl.executors.channel`). A leaf module
+(torch only).
 
 A message is encoded as::
 

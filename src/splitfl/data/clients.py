@@ -2,7 +2,7 @@
 
 :func:`client_partition` is the one place the partition of a run is drawn (seeded by
 ``(seed, "partition")``): the experiment uses it for the simulated clients, and a device
-process (:mod:`splitfl.net.device`) uses it to find its own clients' samples in its copy of
+process (:mod:`splitfl.net.device.agent`) uses it to find its own clients' samples in its copy of
 the dataset, so both see the same samples.
 """
 

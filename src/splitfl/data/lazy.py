@@ -5,7 +5,7 @@ A :class:`LazyInputs` stands where an :class:`~splitfl.data.base.ArrayDataset` h
 ``x`` — ``x[index_tensor]`` (any shape of int64 indices: one client's batch, or the
 ``[rows, batch]`` indices of the vectorised executor), ``x[:k]``, ``x[i]``, ``len(x)``,
 ``x.shape``, ``x.dtype``, ``x.to(dtype)`` — and reads nothing else: a device process
-(:mod:`splitfl.net.device`) that indexes it with its own clients' samples reads only those,
+(:mod:`splitfl.net.device.agent`) that indexes it with its own clients' samples reads only those,
 and a simulated round reads each client's batches as they are drawn. Labels are never lazy
 (the partitioners need all of them). ``materialize()`` reads everything (one tensor).
 

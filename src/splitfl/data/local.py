@@ -23,7 +23,7 @@ names) sorted over the device's own clients — so every device must hold the sa
 folders / names (empty class folders allowed), or use integer labels. Inputs are read as the
 containers read them (``uint8`` scaled to [0, 1], images resized to ``data.image_size``,
 lazy per ``data.lazy``); the device applies the server's ``data.transforms`` to them
-(:meth:`splitfl.net.device.ClientData.from_local`), as a simulation run does.
+(:meth:`splitfl.net.device.agent.ClientData.from_local`), as a simulation run does.
 """
 
 from __future__ import annotations

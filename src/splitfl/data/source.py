@@ -1,7 +1,7 @@
 """The run's dataset as its config names it (``data.*``): a registered loader or a container
 the user brings (``data.format``), with ``normalize`` (``data.transforms``) applied to its
 inputs. The one place a run reads its data: the experiment's context and every device process
-(:mod:`splitfl.net.device`) call :func:`read_dataset`, so both see the same samples."""
+(:mod:`splitfl.net.device.agent`) call :func:`read_dataset`, so both see the same samples."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 adoption from what the devices announced when they joined (``devices.json``).
 
 With the devices' own data the server knows a client's data only by its device's announcement:
-sample count and label histogram (validated by :mod:`splitfl.net.announce`). Once the
+sample count and label histogram (validated by :mod:`splitfl.net.transport.announce`). Once the
 networked executor has every client's announcement, :func:`adopt_device_data` puts them into
 the run's context — every sample-weighted aggregation, S²FL's data-balance grouping and
 MergeSFL's / ParallelSFL's KL terms read ``ctx.data_sizes`` / ``ctx.label_hist`` — and
@@ -22,7 +22,7 @@ import numpy as np
 from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.core.atomic import write_atomic
 from splitfl.data.base import DatasetWarning
-from splitfl.net.announce import capped_counts, scaled_histogram
+from splitfl.net.transport.announce import capped_counts, scaled_histogram
 
 if TYPE_CHECKING:
     from splitfl.experiment.context import Prepared, RunContext
@@ -88,7 +88,8 @@ def write_devices(config: ExperimentConfig, executor, run_dir: Path, rows: list[
 
 def _capped(config: ExperimentConfig, announced: dict) -> tuple[list[int], dict[int, str]]:
     """The announced sample counts (clients 0..n-1) capped against their median
-    (``network.bounds.peer_samples_factor``: :func:`~splitfl.net.announce.capped_counts`)."""
+    (``network.bounds.peer_samples_factor``:
+    :func:`~splitfl.net.transport.announce.capped_counts`)."""
     sizes = [announced[c].samples for c in range(len(announced))]
     return capped_counts(sizes, config.network.bounds.peer_samples_factor)
 

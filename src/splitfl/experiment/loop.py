@@ -35,7 +35,7 @@ from splitfl.experiment.recorder import Recorder
 from splitfl.experiment.round_step import LoopState, evaluate_state, play_round, trains
 from splitfl.metrics.summary import BUDGET_STATUS
 from splitfl.models.base import moving_state, user_state_dict
-from splitfl.net.executor import NetworkedExecutor
+from splitfl.net.server.executor import NetworkedExecutor
 from splitfl.system import SimClock, Traffic
 from splitfl.training import import_optimizers
 

@@ -54,7 +54,7 @@ from splitfl.experiment.provenance import write_data_record, write_version
 from splitfl.experiment.validation import load_config, validate_config, with_imports
 from splitfl.extensions import import_user_modules, reject_objects
 from splitfl.models.base import moving_state
-from splitfl.net.session import StartError
+from splitfl.net.server.session import StartError
 from splitfl.ray_cluster import RayJoinError
 from splitfl.rundir.lock import LOCK_FILE, hold_lock
 
@@ -218,7 +218,7 @@ def run(
 
     An OS error (a full disk, a read-only folder), a Ray cluster that does not answer
     (:class:`~splitfl.ray_cluster.RayJoinError`), a networked server that cannot start
-    (:class:`~splitfl.net.session.StartError`: listen address, TLS files, no devices in
+    (:class:`~splitfl.net.server.session.StartError`: listen address, TLS files, no devices in
     time) or parallel workers that cannot be started
     (:class:`~splitfl.executors.WorkersLostError`) before the run's first checkpoint removes
     what the run created; after it, the directory is a stopped run to resume.

@@ -126,7 +126,7 @@ def network_warnings(rows: list[dict[str, Any]]) -> list[str]:
 
 def _late_members(row: dict[str, Any]) -> list[str]:
     """The ring members a row's ``executor_events`` name as late to start
-    (``ring member <k> late to start: ...``, :func:`splitfl.net.ring_server.late_starts`)."""
+    (``ring member <k> late to start: ...``, :func:`splitfl.net.server.ring.late_starts`)."""
     found = []
     for event in row.get("executor_events") or []:
         words = str(event).split(" ", 3)
@@ -138,7 +138,7 @@ def _late_members(row: dict[str, Any]) -> list[str]:
 #: ``dropped_reasons`` that say a device was not there (:func:`network_warnings`).
 ABSENT = ("device not connected", "lost:")
 RING_ABANDONED = "ring round abandoned"
-#: how an executor event says a ring member was late to start (``splitfl.net.lateness``'s
+#: how an executor event says a ring member was late to start (``splitfl.net.server.lateness``'s
 #: ``LATE_START``; ``tests/test_ring_late_start.py`` checks the two agree)
 LATE = "late to start"
 

@@ -1,6 +1,12 @@
 """Networked execution: a server process and device processes exchanging activations and
-gradients over gRPC (:mod:`~splitfl.net.wire` format, :mod:`~splitfl.net.hub` server end,
-:mod:`~splitfl.net.device` device end, :mod:`~splitfl.net.executor` the executor).
+gradients over gRPC. The subpackages say which process runs a file:
+
+* :mod:`~splitfl.net.transport` — both ends of every link: the wire format, the hub (the
+  server's listener and each device's peer listener), the handshake, tokens and TLS;
+* :mod:`~splitfl.net.trust` — the checks of what a device or a peer sends, run by whoever
+  receives it (the server, a ParallelSFL top worker, a RingSFL ring member);
+* :mod:`~splitfl.net.server` — the server process: the executor, its fleet and session;
+* :mod:`~splitfl.net.device` — the device process (``splitfl device``): the agent and its links.
 
 Importing this package imports nothing else: a device process loads only what it needs.
 """

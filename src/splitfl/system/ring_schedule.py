@@ -10,9 +10,9 @@ its segment (Alg. 2 updates after the step). Measured on emulated devices, round
 1.5–4× the pipelined prediction (``benchmarks/README.md``).
 
 :func:`ring_makespan` is a discrete-event schedule of exactly that protocol (the one the
-networked ring runs, :mod:`splitfl.net.ring_device`): every member is one worker serving its
+networked ring runs, :mod:`splitfl.net.device.ring`): every member is one worker serving its
 jobs in a fixed order (``pipeline: schedule``, :func:`job_rank`) or in arrival order
-(``pipeline: arrival``, as the networked member, :mod:`splitfl.net.ring_device`); a job is a
+(``pipeline: arrival``, as the networked member, :mod:`splitfl.net.device.ring`); a job is a
 segment's forward (compute + sending the output to the
 successor), the loss at the batch's own member (sending ∂loss/∂logits to the predecessor) or
 a segment's backward (compute + sending the input gradient to the predecessor); at the start

@@ -120,7 +120,7 @@ def plan_clusters(
 def failed_tops(tops: dict[int, int], dropped: dict[int, str]) -> set[int]:
     """The top workers (group → worker) whose own failure dropped a member: the reason
     starts ``top worker <w>`` (not connected, failed, rejected report, no report;
-    :mod:`splitfl.net.d2d`; a member the top worker dropped for its own fault reads
+    :mod:`splitfl.net.server.clusters`; a member the top worker dropped for its own fault reads
     ``dropped by top worker <w>``)."""
     return {
         w

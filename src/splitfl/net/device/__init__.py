@@ -1,0 +1,4 @@
+"""The device process (``splitfl device``, :mod:`.cli`): the agent that holds the clients'
+parts and data (:mod:`.agent`, :mod:`.aux`), its connection to the server (:mod:`.session`,
+:mod:`.workers`, :mod:`.refusals`), its device-to-device sessions (:mod:`.clusters`,
+:mod:`.ring`) and emulated heterogeneity (:mod:`.emulation`)."""
