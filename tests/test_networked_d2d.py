@@ -26,6 +26,7 @@ from splitfl.core.plan import RING_MEMBER_FAILED
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.net.device import ring as ring_device
 from splitfl.net.device.agent import DeviceAgent
+from splitfl.net.server import ring as ring_server
 from splitfl.net.server.testbed import Testbed
 from splitfl.net.transport.auth import new_token, token_hash
 from splitfl.net.transport.certs import self_signed_pem
@@ -399,3 +400,26 @@ def test_a_ring_member_scaling_its_hops_is_named_by_its_neighbour(tmp_path, monk
     (row,) = _rows(net)
     neighbour = 2 if hop == "gradients" else 0  # gradients go back, activations forward
     _assert_named(row, 3, f"refused by client {neighbour}: rejected hop from client 3: {hop[:-1]}")
+
+
+def test_honest_members_pass_the_time_check_when_the_server_is_slow_after_a_send(
+    tmp_path, monkeypatch
+):
+    """A member's clock starts when its command arrives, which can be before the server's
+    send call returns (a loaded server thread is descheduled right after the send): its
+    reported session must be held against the round trip from before the send. Timed from
+    after it, every honest member of such a ring was dropped as ``bad ring report: times``
+    (seen under load, issue 46)."""
+    real = ring_server.send_command
+
+    def slow_after_send(link, client, msg):
+        seq, wire, _ = real(link, client, msg)
+        time.sleep(0.4)  # the server thread gets the CPU back late
+        return seq, wire, time.perf_counter()
+
+    monkeypatch.setattr(ring_server, "send_command", slow_after_send)
+    rows, threads = _ring_run(tmp_path, 10.0, rounds=2)
+    reasons = [r["dropped_reasons"] for r in rows]
+    assert [r["dropped_clients"] for r in rows] == [[], []], reasons
+    assert all(r["train_loss"] is not None for r in rows)
+    assert [t.code for t in threads] == [0, 0, 0]

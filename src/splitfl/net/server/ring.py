@@ -51,7 +51,7 @@ def run_ring(
     names = {c: f"{rnd.tag}-ring-into-{c}" for c in order}
     global_state = state_tensors("model", model.state_dict())
     tasks = {t.client: t for t in plan.tasks}
-    sent = {}
+    sent, began = {}, {}  # member → (seq, bytes, sent, payload); member → before the send
     for pos, c in enumerate(order):
         succ = order[(pos + 1) % len(order)]
         fields = {
@@ -77,11 +77,12 @@ def run_ring(
             fields["emulate"] = emulation.members[c]
             fields["block_flops"] = emulation.block_flops
         msg = Message("ring", fields, dict(global_state))
+        began[c] = time.perf_counter()  # before the send: the member may start while it runs
         sent[c] = (*send_command(links[c], c, msg), payload_bytes(msg))
     started: dict[int, float] = {}  # member → when its ring_started arrived
     replies, faults, cause = _collect(rnd, links, sent, max(t.steps for t in plan.tasks), started)
     if not faults and cause is None:
-        faults = _check(replies, model, tasks, rnd.bounds, {c: v[2] for c, v in sent.items()})
+        faults = _check(replies, model, tasks, rnd.bounds, began)
     late = late_starts(start_latency(sent, started, emulation), rnd.late_start_factor)
     if not faults and cause is not None:
         faults = late  # a failure naming no member (the deadline's abort): the late starter
@@ -251,9 +252,11 @@ def _fault(c, got, link, sent, faults, reported, released: bool, timeout_s: floa
                 faults.setdefault(blame, f"refused by {why}")
 
 
-def _check(replies, model: BlockModel, tasks, bounds, sent_at: dict[int, float]) -> dict:
+def _check(replies, model: BlockModel, tasks, bounds, began: dict[int, float]) -> dict:
     """What is wrong with the members' reports (member → problem): each one's loss, times (at
-    most its round trip), byte counts and blended model (against the global model,
+    most its round trip, timed from before the command's send: an honest member starts its
+    clock once the command arrives, which may be before the server's send call returns),
+    byte counts and blended model (against the global model,
     :mod:`splitfl.net.trust.checks`)."""
     state = model.state_dict()
     specs, steps = state_specs(state), sum(t.steps for t in tasks.values()) * len(tasks)
@@ -265,7 +268,7 @@ def _check(replies, model: BlockModel, tasks, bounds, sent_at: dict[int, float])
         times = ("compute_s", "d2d_s", "session_s")
         payload = f.get("payload")
         counts = [f.get("d2d_wire")] + list((payload or {}).values())
-        if problem or not all(bounded(f.get(k), arrived - sent_at[c]) for k in times):
+        if problem or not all(bounded(f.get(k), arrived - began[c]) for k in times):
             faults[c] = f"bad ring report: {problem or 'times'}"
         elif not isinstance(payload, dict) or not all(bounded(v, MAX_BYTES) for v in counts):
             faults[c] = "bad payload counts"
