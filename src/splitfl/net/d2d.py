@@ -25,16 +25,16 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from splitfl.config import BoundsConfig
+from splitfl.core import plan_codec
 from splitfl.core.plan import ClientUpdate, RoundPlan
 from splitfl.executors.fleet import GroupRun
 from splitfl.models import BlockModel, ModelPart
 from splitfl.net.auth import new_token, token_hash
-from splitfl.net.d2d_device import PLAN_FIELDS
 from splitfl.net.expect import Expect
 from splitfl.net.fleet import Meter
 from splitfl.net.hub import LOST, DeviceLink, Hub
@@ -153,21 +153,22 @@ def run_cluster(
     names = {t.client: f"{rnd.tag}-g{run.group}-c{t.client}" for t in tasks}
     members = []
     for t in tasks:
-        entry = {"client": t.client, "cut": t.cut, "batch_size": t.batch_size, "steps": t.steps}
-        entry |= {"lr": t.lr, "name": names[t.client], "token_hash": token_hash(tokens[t.client])}
+        entry = {"client": t.client, "name": names[t.client]}
+        entry["token_hash"] = token_hash(tokens[t.client])
         if emulation is not None:
             entry["emulate"] = emulation.members[t.client]
         members.append(entry)
+    # the group's plan, whole: its connected members' tasks (server_lr None: the first's lr)
+    hosted, plan_tensors = plan_codec.encode(replace(plan, tasks=tasks))
     fields = {"group": run.group, "members": members, "round_seed": rnd.round_seed}
-    fields |= {"timeout_s": rnd.timeout_s, **{k: getattr(plan, k) for k in PLAN_FIELDS}}
-    if fields["server_lr"] is None:
-        fields["server_lr"] = tasks[0].lr
+    fields |= {"timeout_s": rnd.timeout_s, "plan": hosted}
     if emulation is not None:
         fields |= {"top_flops": emulation.top_flops}
         fields |= {"server_flops_per_sample": emulation.server_flops_per_sample}
     server_part = ModelPart(model, cut, model.num_blocks).state_dict()
     bottom = run.parts[tasks[0].client]
     tensors = {**state_tensors("part", bottom), **state_tensors("server", server_part)}
+    tensors |= state_tensors("plan", plan_tensors)
     host_msg = Message("host", fields, tensors)
     seq, down, sent_at = send_command(top, host, host_msg)
     joins = {}

@@ -27,7 +27,8 @@ import time
 import numpy as np
 
 from splitfl.aggregation.robust import Rule, robust_average
-from splitfl.core.plan import ClientTask, RoundPlan
+from splitfl.core import plan_codec
+from splitfl.core.plan import RoundPlan
 from splitfl.core.seeding import derive_seed
 from splitfl.executors.fleet import GroupRun, run_group, server_role
 from splitfl.net.emulation import Profile
@@ -36,9 +37,6 @@ from splitfl.net.fleet import Meter, RemoteFleet, TimedServer
 from splitfl.net.ring_device import ring_session
 from splitfl.net.trust import REFERENCE_SAMPLES, PeerHistory
 from splitfl.net.wire import Message, state_from, state_tensors
-
-#: RoundPlan fields a hosted group needs (sent by the server with ``host``).
-PLAN_FIELDS = ("server_mode", "group_loss", "device_grad", "group_forward", "server_lr")
 
 
 def host_cluster(agent, c: int, msg: Message) -> Message:
@@ -73,11 +71,12 @@ def host_cluster(agent, c: int, msg: Message) -> Message:
 def _run_cluster(agent, msg: Message):
     """The cluster's split loop on this top worker: (updates, server role, meters, lost)."""
     f, members = msg.fields, msg.fields["members"]
-    tasks = [
-        ClientTask(m["client"], m["cut"], f["group"], m["batch_size"], m["steps"], m["lr"])
-        for m in members
-    ]
-    plan = RoundPlan(tasks, **{k: f[k] for k in PLAN_FIELDS})
+    plan = plan_codec.decode(f["plan"], state_from("plan", msg.tensors), RoundPlan)
+    tasks = plan.tasks
+    if [t.client for t in tasks] != [m["client"] for m in members]:
+        raise ValueError("the hosted plan's tasks are not the cluster's members")
+    if any(t.group != f["group"] for t in tasks):
+        raise ValueError(f"the hosted plan's tasks are not all of group {f['group']}")
     model = copy.deepcopy(agent.model)
     bottom, top = state_from("part", msg.tensors), state_from("server", msg.tensors)
     model.load_state_dict({**bottom, **top})
