@@ -105,15 +105,15 @@ def test_setup_and_unit_round_trip(prep):
     msg = channel.read(_bytes(channel.setup_message(state, plan, 2**62 + 3)), ("setup",))
     got_state, got_plan, seed = channel.read_setup(msg, specs)
     assert seed == 2**62 + 3 and _same(got_state, state)
-    # auxiliary plans run in the driver (their rounds are coupled): the setup has no aux spec
-    assert got_plan == dataclasses.replace(plan, tasks=[], info={}, aux=None)
+    # the whole plan but its tasks (they come with the units) and info (the driver's own)
+    assert got_plan == dataclasses.replace(plan, tasks=[], info={})
     msg = channel.read(_bytes(channel.unit_message(run)), ("unit",))
     group, tasks, aux = channel.read_unit(msg, specs, ctx.bundle.num_classes)
     assert group == run.group and len(aux) == len(run.tasks) > 1
     for sent, got in zip(run.tasks, tasks, strict=True):
-        assert dataclasses.replace(got, init_state=None) == dataclasses.replace(
-            sent, init_state=None, aux_state=None
-        )
+        no_tensors = {"init_state": None, "aux_state": None}
+        assert dataclasses.replace(got, **no_tensors) == dataclasses.replace(sent, **no_tensors)
+        assert _same(got.aux_state, sent.aux_state)
         assert _same(aux[sent.client], run.aux[sent.client])
     assert _same(tasks[0].init_state, run.tasks[0].init_state)
     assert all(t.init_state is None for t in tasks[1:])
@@ -283,6 +283,11 @@ def _tensor(msg, name: str, new) -> None:
     msg.tensors[name] = new(msg.tensors[name])
 
 
+#: A ring as encoded (:mod:`splitfl.core.plan_codec`): a setup must not carry one.
+_RING = {"@type": "RingSpec", "order": [1], "lengths": {"1": 1}, "weights": {"1": 1.0},
+         "dynamic_lr": False}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "kind,edit,message",
     [
@@ -291,8 +296,9 @@ def _tensor(msg, name: str, new) -> None:
         ("init", lambda m: m.fields["augment"].update(mean=["a"]), "'mean' must hold numbers"),
         ("data", lambda m: m.fields.update(clients=[1, 2]), "do not match the clients"),
         ("data", lambda m: _tensor(m, "y/1", lambda t: t[:-1]), "client 1: x"),
-        ("setup", lambda m: m.fields["plan"].update(order="1"), "'order' must be ints"),
-        ("setup", lambda m: m.fields["plan"].update(hosts={"a": 1}), "'hosts' must map"),
+        ("setup", lambda m: m.fields["plan"].update(order="1"), r"order: expected list\[int\]"),
+        ("setup", lambda m: m.fields["plan"].update(hosts={"a": 1}), "hosts: key 'a' is not"),
+        ("setup", lambda m: m.fields["plan"].update(ring=_RING), "has tasks or a ring"),
         (
             "setup",
             lambda m: _tensor(m, "global/blocks.0.0.weight", lambda t: t[:1]),
@@ -305,7 +311,7 @@ def _tensor(msg, name: str, new) -> None:
         ),  # fmt: skip
         ("setup", lambda m: m.tensors.pop("global/blocks.0.0.bias"), "missing"),
         ("unit", lambda m: m.fields["tasks"][0].update(cut=99), "cut 99"),
-        ("unit", lambda m: m.fields["tasks"][1].update(lr=None), "'lr' must be number"),
+        ("unit", lambda m: m.fields["tasks"][1].update(lr=None), "lr: expected float, got null"),
         ("unit", lambda m: m.fields["aux"].__setitem__(0, False), "unexpected tensors"),
         ("unit", lambda m: m.tensors.update({"other/x": torch.zeros(1)}), "unexpected tensors"),
         ("unit", lambda m: m.tensors.update({"x": torch.zeros(1)}), "has no prefix"),

@@ -36,6 +36,9 @@ GROUP_FORWARDS = ("concat", "separate")
 #: — with the auxiliary model's estimate of the server's cut-layer gradient, the gradient of
 #: its loss w.r.t. the smashed data (FSL-SAGE; the auxiliary model changes only when aligned).
 DEVICE_LOSSES = ("server", "local", "estimate")
+#: Field metadata of a plan field that stays with the process that made the plan: the plan's
+#: encoding (:mod:`splitfl.core.plan_codec`) leaves it out and the receiver has its default.
+NOT_CARRIED = {"carried": False}
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,8 @@ class RoundPlan:
         chain_devices: In ``sequential`` mode, each client starts from the device part the
             previous client trained (vanilla split learning) instead of the global one.
         ring: If set, the round is RingSFL's ring training (tasks hold full models).
-        info: Algorithm-specific facts logged with the round's metrics.
+        info: Algorithm-specific facts logged with the round's metrics (the planner's own:
+            not carried to other processes, :data:`NOT_CARRIED`).
         group_forward: One of :data:`GROUP_FORWARDS`. With ``concat``, members with different
             cut points cannot share a server input: each cut point's members form their own
             merged batch (one forward per distinct cut, in member order). The per-member
@@ -187,7 +191,7 @@ class RoundPlan:
     mixup_alpha: float | None = None
     chain_devices: bool = False
     ring: RingSpec | None = None
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict, metadata=NOT_CARRIED)
     group_forward: str = "separate"
     #: Where each group's server part runs, as data: group → the client whose *device* runs
     #: it (ParallelSFL's top workers, which reach their members over device-to-device links).

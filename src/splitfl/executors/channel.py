@@ -14,8 +14,12 @@ Driver → worker (the message type is the operation):
   against the driver's model (:class:`Init`); where and how to train; the training batches'
   augmentation (``data.transforms``);
 * ``data`` — clients' samples ``(x, y)``;
-* ``setup`` — a round: the global model and the plan's shared fields (no tasks);
+* ``setup`` — a round: the global model and the plan without its tasks;
 * ``unit`` — one group: its tasks (with ``init_state`` where a task has one) and aux heads.
+
+The plan and its tasks travel whole, in the one encoding of the plan's dataclasses
+(:mod:`splitfl.core.plan_codec`: a type tag and every field, checked against the dataclasses'
+own type hints when read).
 
 Worker → driver: ``ok`` (``pid`` after ``init``), ``trained`` (a unit's updates, its server
 copy's state and the seconds it took) or ``error`` (the exception's type, message and
@@ -32,8 +36,10 @@ import numpy as np
 import torch
 
 from splitfl.config import ExperimentConfig, from_dict
+from splitfl.core import plan_codec
 from splitfl.core.framing import DTYPES, Frame, Message, WireError, decode, encode, state_tensors
 from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan
+from splitfl.core.plan_codec import PlanCodecError
 from splitfl.data.transforms import Transforms
 from splitfl.executors.fleet import GroupRun, State
 from splitfl.models import block_index
@@ -43,16 +49,6 @@ Specs = dict[str, tuple[tuple[int, ...], torch.dtype]]
 #: Message types each side accepts.
 OPERATIONS = ("init", "data", "setup", "unit")
 ANSWERS = ("ok", "trained", "error")
-#: The task fields sent as JSON (the tensor fields travel as tensors), with their kinds.
-TASK_FIELDS = {"client": "int", "cut": "int", "group": "int", "batch_size": "int",
-               "steps": "int", "lr": "number", "download_model": "bool",
-               "upload_model": "bool"}  # fmt: skip
-#: The plan's fields a worker needs (``tasks`` come with each unit; ``info`` is the driver's;
-#: ``ring`` is never dealt: a ring is one coupled unit).
-PLAN_FIELDS = {"server_mode": "str", "group_loss": "str", "device_grad": "str",
-               "order": "ints", "server_lr": "number?", "device_loss": "str",
-               "mixup_alpha": "number?", "chain_devices": "bool", "group_forward": "str",
-               "hosts": "dict", "round_idx": "int?"}  # fmt: skip
 UPDATE_FIELDS = {"client": "int", "cut": "int", "group": "int", "samples": "int",
                  "steps": "int", "loss_sum": "number", "aux": "bool"}  # fmt: skip
 
@@ -253,40 +249,49 @@ def read_data(
 
 
 def setup_message(global_state: State, plan: RoundPlan, round_seed: int) -> Frame:
-    """A round: the global model (``global/…``), the plan's shared fields, the round seed."""
+    """A round: the global model (``global/…``), the plan without its tasks (``plan``, its
+    tensors ``plan/…``: :func:`~splitfl.core.plan_codec.encode`), the round seed."""
     if plan.ring is not None:
         raise ChannelError("a ring round is one coupled unit, never dealt")
-    fields = plain(plan, {k: v for k, v in PLAN_FIELDS.items() if k != "hosts"})
-    fields["hosts"] = {str(g): int(c) for g, c in plan.hosts.items()}
-    fields = {"plan": fields, "round_seed": round_seed}
-    return _send("setup", fields, state_tensors("global", global_state))
+    value, tensors = plan_codec.encode(dataclasses.replace(plan, tasks=[]))
+    tensors = state_tensors("global", global_state) | state_tensors("plan", tensors)
+    return _send("setup", {"plan": value, "round_seed": round_seed}, tensors)
 
 
 def read_setup(msg: Message, specs: Specs) -> tuple[State, RoundPlan, int]:
-    """The global state (checked against the worker's model), the plan (no tasks), the seed."""
+    """The global state (checked against the worker's model), the plan (no tasks, no ring),
+    the seed."""
     seed = field(msg.fields, "round_seed", "int", "setup")
-    f = checked_fields(field(msg.fields, "plan", "dict", "setup"), PLAN_FIELDS, "setup.plan")
-    hosts = f.pop("hosts")
-    if not all(k.isdigit() and type(v) is int for k, v in hosts.items()):
-        raise ChannelError("setup.plan: field 'hosts' must map groups to clients")
     by = groups(msg)
+    plan = plan_data(msg.fields.get("plan"), by.pop("plan", {}), RoundPlan, "setup.plan")
+    if plan.tasks or plan.ring is not None:
+        raise ChannelError(
+            "setup.plan: has tasks or a ring (units carry the tasks; a ring is never dealt)"
+        )
     state = check_like(by.pop("global", {}), specs, "setup: global model")
     no_more(by, "setup")
-    plan = RoundPlan(tasks=[], **f, hosts={int(k): v for k, v in hosts.items()})
     return state, plan, seed
 
 
+def plan_data(value: Any, tensors: State, cls: type, where: str) -> Any:
+    """The ``cls`` that ``value`` and ``tensors`` encode (:mod:`splitfl.core.plan_codec`)."""
+    try:
+        return plan_codec.decode(value, tensors, cls)
+    except PlanCodecError as err:
+        raise ChannelError(f"{where}: {err}") from None
+
+
 def unit_message(run: GroupRun) -> Frame:
-    """One group: its tasks (fields; ``init/<i>/…`` where a task starts from its own state)
-    and its members' aux heads (``aux/<i>/…``), ``i`` the task's position."""
+    """One group: its tasks (``tasks``; a task's tensors, its ``init_state`` where it starts
+    from its own state, ``task:<i>/…``) and its members' aux heads (``aux:<i>/…``), ``i`` the
+    task's position."""
     tasks, tensors = [], {}
     for i, t in enumerate(run.tasks):
-        tasks.append(plain(t, TASK_FIELDS))
-        tensors |= state_tensors(f"init:{i}", t.init_state)
+        value, own = plan_codec.encode(t)
+        tasks.append(value)
+        tensors |= state_tensors(f"task:{i}", own)
         tensors |= state_tensors(f"aux:{i}", run.aux.get(t.client))
-    fields = {"group": run.group, "tasks": tasks,
-              "init": [bool(t.init_state) for t in run.tasks],
-              "aux": [t.client in run.aux for t in run.tasks]}  # fmt: skip
+    fields = {"group": run.group, "tasks": tasks, "aux": [t.client in run.aux for t in run.tasks]}
     return _send("unit", fields, tensors)
 
 
@@ -296,20 +301,19 @@ def read_unit(
     """A unit: its group, tasks (an ``init_state`` checked against the model's blocks below
     the task's cut) and aux heads (a linear classifier for ``num_classes`` classes)."""
     group = field(msg.fields, "group", "int", "unit")
-    rows = field(msg.fields, "tasks", "list", "unit")
-    inits, auxes = (field(msg.fields, k, "list", "unit") for k in ("init", "aux"))
-    if not rows or not len(rows) == len(inits) == len(auxes):
-        raise ChannelError("unit: 'tasks', 'init' and 'aux' must be lists of one length")
+    rows, auxes = (field(msg.fields, k, "list", "unit") for k in ("tasks", "aux"))
+    if not rows or len(rows) != len(auxes):
+        raise ChannelError("unit: 'tasks' and 'aux' must be lists of one length")
     num_blocks = 1 + max(block_index(k) for k in specs)
     by, tasks, aux = groups(msg), [], {}
     for i, row in enumerate(rows):
         where = f"unit: task {i}"
-        t = ClientTask(**checked_fields(row if type(row) is dict else {}, TASK_FIELDS, where))
+        t = plan_data(row, by.pop(f"task:{i}", {}), ClientTask, where)
         if not 1 <= t.cut <= num_blocks or t.group != group or min(t.batch_size, t.steps) < 0:
             raise ChannelError(f"{where}: cut {t.cut}, group {t.group}, batch or steps invalid")
-        if inits[i] is True:
+        if t.init_state:  # an empty one starts from the global model, as None (StartParts)
             below = {k: s for k, s in specs.items() if block_index(k) < t.cut}
-            t.init_state = check_like(by.pop(f"init:{i}", {}), below, f"{where} init_state")
+            check_like(t.init_state, below, f"{where} init_state")
         if auxes[i] is True:
             aux[t.client] = check_aux(by.pop(f"aux:{i}", {}), num_classes, specs, where)
         tasks.append(t)

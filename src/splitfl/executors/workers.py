@@ -141,7 +141,7 @@ class UnitWorker:
         return channel.ok_answer(peak_rss())
 
     def op_setup(self, msg: Message) -> Frame:
-        """A round: the global model every unit starts from and the plan's shared fields."""
+        """A round: the global model every unit starts from and the plan (without its tasks)."""
         state, plan, seed = channel.read_setup(msg, self.specs)
         load_state(self.model, state)
         self.model.train()

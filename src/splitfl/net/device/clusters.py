@@ -1,19 +1,19 @@
-"""A device's side of device-to-device sessions (the server's side: :mod:`splitfl.net.d2d`).
+"""A device's side of device-to-device sessions (the server's side: :mod:`splitfl.net.server.clusters`).
 
 Three commands, each one whole session with one reply at its end:
 
 * ``host`` — this client is a ParallelSFL **top worker** (§3.3): it receives its cluster's
   bottom part and top part from the server, expects the members' links on its peer listener,
   runs the cluster's split loop itself (:func:`~splitfl.executors.fleet.run_group` over a
-  :class:`~splitfl.net.fleet.RemoteFleet` of its peers, the top part in a
+  :class:`~splitfl.net.server.fleet.RemoteFleet` of its peers, the top part in a
   :class:`~splitfl.executors.roles.ServerRole`: Eq. 2–3), averages the members' bottom parts
   (Eq. 4) and replies ``hosted`` with the average, the top part and each member's tally and
   measured times.
 * ``join`` — this client is a **bottom worker**: it connects to its top worker's listener and
   answers its commands (the same ``begin``/``forward``/``backward``/``finish`` as from the
   server) until the top says bye; replies ``joined``
-  (:func:`splitfl.net.device_session.join_cluster`: it reuses the connection loop).
-* ``ring`` — this client is a **RingSFL ring member** (:mod:`splitfl.net.ring_device`).
+  (:func:`splitfl.net.device.session.join_cluster`: it reuses the connection loop).
+* ``ring`` — this client is a **RingSFL ring member** (:mod:`splitfl.net.device.ring`).
 
 Peers authenticate with one-round tokens the server hands out over its own authenticated links;
 every tensor a peer sends is checked before use (the same checks as the server's).
@@ -27,7 +27,8 @@ import time
 import numpy as np
 
 from splitfl.aggregation.robust import Rule, robust_average
-from splitfl.core.plan import ClientTask, RoundPlan
+from splitfl.core import plan_codec
+from splitfl.core.plan import RoundPlan
 from splitfl.core.seeding import derive_seed
 from splitfl.executors.fleet import GroupRun, run_group, server_role
 from splitfl.net.device.emulation import Profile
@@ -36,9 +37,6 @@ from splitfl.net.server.fleet import Meter, RemoteFleet, TimedServer
 from splitfl.net.transport.wire import Message, state_from, state_tensors
 from splitfl.net.trust.checks import REFERENCE_SAMPLES, PeerHistory
 from splitfl.net.trust.expect import expect_for
-
-#: RoundPlan fields a hosted group needs (sent by the server with ``host``).
-PLAN_FIELDS = ("server_mode", "group_loss", "device_grad", "group_forward", "server_lr")
 
 
 def host_cluster(agent, c: int, msg: Message) -> Message:
@@ -73,11 +71,12 @@ def host_cluster(agent, c: int, msg: Message) -> Message:
 def _run_cluster(agent, msg: Message):
     """The cluster's split loop on this top worker: (updates, server role, meters, lost)."""
     f, members = msg.fields, msg.fields["members"]
-    tasks = [
-        ClientTask(m["client"], m["cut"], f["group"], m["batch_size"], m["steps"], m["lr"])
-        for m in members
-    ]
-    plan = RoundPlan(tasks, **{k: f[k] for k in PLAN_FIELDS})
+    plan = plan_codec.decode(f["plan"], state_from("plan", msg.tensors), RoundPlan)
+    tasks = plan.tasks
+    if [t.client for t in tasks] != [m["client"] for m in members]:
+        raise ValueError("the hosted plan's tasks are not the cluster's members")
+    if any(t.group != f["group"] for t in tasks):
+        raise ValueError(f"the hosted plan's tasks are not all of group {f['group']}")
     model = copy.deepcopy(agent.model)
     bottom, top = state_from("part", msg.tensors), state_from("server", msg.tensors)
     model.load_state_dict({**bottom, **top})
@@ -124,7 +123,7 @@ def _meter(m: Meter) -> dict:
 def ring_member(agent, c: int, msg: Message) -> Message:
     """``ring``: this client's part of RingSFL's ring for the round, told to the server as
     started first (``ring_started``: the server names a member slow to start,
-    :func:`~splitfl.net.ring_server.late_starts`)."""
+    :func:`~splitfl.net.server.ring.late_starts`)."""
     if agent.peer is None:
         return Message("ring_failed", {"reason": "this device does not listen for peers"})
     seq = msg.fields.get("seq")

@@ -1,4 +1,4 @@
-"""The server's side of device-to-device rounds (the devices' side: :mod:`splitfl.net.d2d_device`).
+"""The server's side of device-to-device rounds (the devices' side: :mod:`splitfl.net.device.clusters`).
 
 * :func:`run_cluster` — a group whose server part runs on a device (``RoundPlan.hosts``:
   ParallelSFL's top worker, §3.3). The server sends the top worker the cluster's bottom and
@@ -9,7 +9,7 @@
   lost mid-cluster is dropped by its top worker, the others complete (Eq. 4 over those that
   finished); a lost top worker drops its cluster for the round. The round's top workers are
   then held against each other (:func:`reject_outlying_tops`).
-* :func:`~splitfl.net.ring_server.run_ring` — RingSFL's ring. Each member gets the global
+* :func:`~splitfl.net.server.ring.run_ring` — RingSFL's ring. Each member gets the global
   model, the ring and links to its neighbours; each replies ``ring_done`` with its blended
   model. Alg. 2 needs every member in every step, so one failure (lost link, timeout,
   invalid tensor) abandons the round: the server tells the others to abort, records the
@@ -25,15 +25,15 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from splitfl.config import BoundsConfig
+from splitfl.core import plan_codec
 from splitfl.core.plan import ClientUpdate, RoundPlan
 from splitfl.executors.fleet import GroupRun
 from splitfl.models import BlockModel, ModelPart
-from splitfl.net.device.clusters import PLAN_FIELDS
 from splitfl.net.server.fleet import Meter
 from splitfl.net.transport.auth import new_token, token_hash
 from splitfl.net.transport.hub import LOST, DeviceLink, Hub
@@ -68,16 +68,16 @@ class D2DRound:
     #: group → its top worker's accepted report (for :func:`reject_outlying_tops`)
     hosted: dict[int, Hosted] = field(default_factory=dict)
     #: the accepted reports' moves per local step, group → top part / bottom average (the
-    #: spread check across top workers, :mod:`splitfl.net.spread`)
+    #: spread check across top workers, :mod:`splitfl.net.trust.spread`)
     moves: dict[str, RoundMoves] = field(
         default_factory=lambda: {"top part": RoundMoves(), "bottom average": RoundMoves()}
     )
     #: the round deadline (``time.monotonic()``; None: none), relative to the measured rounds
-    #: (:func:`~splitfl.net.executor.round_deadline`): a RingSFL round still running then is
-    #: aborted (:mod:`splitfl.net.ring_server`)
+    #: (:func:`~splitfl.net.server.executor.round_deadline`): a RingSFL round still running then is
+    #: aborted (:mod:`splitfl.net.server.ring`)
     deadline: float | None = None
     #: RingSFL: ``network.round_deadline_factor`` for the members' start latencies (0: not
-    #: checked), and the members found slow to start, with why (:mod:`splitfl.net.ring_server`)
+    #: checked), and the members found slow to start, with why (:mod:`splitfl.net.server.ring`)
     late_start_factor: float = 0.0
     late_starts: dict[int, str] = field(default_factory=dict)
 
@@ -153,21 +153,22 @@ def run_cluster(
     names = {t.client: f"{rnd.tag}-g{run.group}-c{t.client}" for t in tasks}
     members = []
     for t in tasks:
-        entry = {"client": t.client, "cut": t.cut, "batch_size": t.batch_size, "steps": t.steps}
-        entry |= {"lr": t.lr, "name": names[t.client], "token_hash": token_hash(tokens[t.client])}
+        entry = {"client": t.client, "name": names[t.client]}
+        entry["token_hash"] = token_hash(tokens[t.client])
         if emulation is not None:
             entry["emulate"] = emulation.members[t.client]
         members.append(entry)
+    # the group's plan, whole: its connected members' tasks (server_lr None: the first's lr)
+    hosted, plan_tensors = plan_codec.encode(replace(plan, tasks=tasks))
     fields = {"group": run.group, "members": members, "round_seed": rnd.round_seed}
-    fields |= {"timeout_s": rnd.timeout_s, **{k: getattr(plan, k) for k in PLAN_FIELDS}}
-    if fields["server_lr"] is None:
-        fields["server_lr"] = tasks[0].lr
+    fields |= {"timeout_s": rnd.timeout_s, "plan": hosted}
     if emulation is not None:
         fields |= {"top_flops": emulation.top_flops}
         fields |= {"server_flops_per_sample": emulation.server_flops_per_sample}
     server_part = ModelPart(model, cut, model.num_blocks).state_dict()
     bottom = run.parts[tasks[0].client]
     tensors = {**state_tensors("part", bottom), **state_tensors("server", server_part)}
+    tensors |= state_tensors("plan", plan_tensors)
     host_msg = Message("host", fields, tensors)
     seq, down, sent_at = send_command(top, host, host_msg)
     joins = {}
@@ -232,9 +233,9 @@ def reject_outlying_tops(
     """The peer check across top workers, the server's rule for client updates
     (:class:`~splitfl.net.trust.PeerHistory`: the round's median with 3 or more clusters, else
     the earlier rounds', else the server's own step on its held samples, ``reference``,
-    :mod:`splitfl.net.reference`): a top worker whose top part or bottom average moved more than
+    :mod:`splitfl.net.trust.reference`): a top worker whose top part or bottom average moved more than
     ``peer_update_factor`` × that median (per local step), or whose move lies far from the
-    round's median move (3 or more clusters: ``peer_spread_factor``, :mod:`splitfl.net.spread`),
+    round's median move (3 or more clusters: ``peer_spread_factor``, :mod:`splitfl.net.trust.spread`),
     is rejected. Its whole report goes:
     the top part (``server_states``, in place) and the bottom
     average it computed (the updates of its members, returned without them): both came from

@@ -62,8 +62,9 @@ __all__ = [
 #: 2: keepalive ping/pong, no server network section; 3: chunk flag last; 4: the token is
 #: proved by challenge–response (:mod:`splitfl.net.transport.handshake`), never sent; 5: a RingSFL
 #: member acknowledges its ``ring`` command as it starts it (``ring_started``:
-#: :mod:`splitfl.net.server.ring`)
-PROTOCOL_VERSION = 5
+#: :mod:`splitfl.net.server.ring`); 6: a hosted cluster's ``host`` command carries the group's
+#: whole plan (:mod:`splitfl.core.plan_codec`) instead of five of its fields
+PROTOCOL_VERSION = 6
 
 
 def all_finite(t: torch.Tensor) -> bool:
