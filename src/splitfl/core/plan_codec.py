@@ -3,7 +3,8 @@
 A plan crosses processes in two places, and both carry it whole with this module: to
 ``executor: parallel``'s workers (:mod:`splitfl.executors.channel`: a round's setup is the plan
 without its tasks, each unit its tasks) and to a ParallelSFL top worker over the network
-(:mod:`splitfl.net.server.clusters`: the hosted group's plan). :func:`encode` turns a plan object into a JSON
+(:mod:`splitfl.net.server.clusters`: the hosted group's plan). :func:`encode` turns a plan
+object into a JSON
 value and named tensors, the fields and tensors of a :mod:`splitfl.core.framing` message (a
 strict-JSON header and raw tensor bytes: nothing is ever pickled). The encoding follows each
 dataclass's own fields and type hints, recursively:

@@ -1,4 +1,6 @@
-"""A device's side of device-to-device sessions (the server's side: :mod:`splitfl.net.server.clusters`).
+"""A device's side of device-to-device sessions.
+
+The server's side: :mod:`splitfl.net.server.clusters`.
 
 Three commands, each one whole session with one reply at its end:
 

@@ -1,4 +1,6 @@
-"""The server's side of device-to-device rounds (the devices' side: :mod:`splitfl.net.device.clusters`).
+"""The server's side of device-to-device rounds.
+
+The devices' side: :mod:`splitfl.net.device.clusters`.
 
 * :func:`run_cluster` — a group whose server part runs on a device (``RoundPlan.hosts``:
   ParallelSFL's top worker, §3.3). The server sends the top worker the cluster's bottom and
@@ -231,11 +233,14 @@ def reject_outlying_tops(
     reference: ServerStep | None = None,
 ) -> list[ClientUpdate]:
     """The peer check across top workers, the server's rule for client updates
-    (:class:`~splitfl.net.trust.PeerHistory`: the round's median with 3 or more clusters, else
+    (:class:`~splitfl.net.trust.checks.PeerHistory`: the round's median with 3 or more
+    clusters, else
     the earlier rounds', else the server's own step on its held samples, ``reference``,
-    :mod:`splitfl.net.trust.reference`): a top worker whose top part or bottom average moved more than
+    :mod:`splitfl.net.trust.reference`): a top worker whose top part or bottom average moved
+    more than
     ``peer_update_factor`` × that median (per local step), or whose move lies far from the
-    round's median move (3 or more clusters: ``peer_spread_factor``, :mod:`splitfl.net.trust.spread`),
+    round's median move (3 or more clusters: ``peer_spread_factor``,
+    :mod:`splitfl.net.trust.spread`),
     is rejected. Its whole report goes:
     the top part (``server_states``, in place) and the bottom
     average it computed (the updates of its members, returned without them): both came from
