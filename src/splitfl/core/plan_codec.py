@@ -33,6 +33,7 @@ import functools
 import math
 import types
 import typing
+from abc import ABC, abstractmethod
 from typing import Any, TypeVar
 
 import numpy as np
@@ -138,21 +139,25 @@ def encode(obj: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     return writer.step(obj, ("class", type(obj)), type(obj).__name__), writer.tensors
 
 
-class _Walk:
+class _Walk(ABC):
     """An encoding or a decoding: :meth:`step` turns one value of a node; a union's arms are
     tried in order (None first where allowed), a failed arm's work undone (:meth:`save`,
-    :meth:`restore`), and the last arm's error is the union's (the only arm's, in X | None)."""
+    :meth:`restore`), and the last arm's error is the union's (the only arm's, in X | None).
+    The two directions are :class:`_Writer` and :class:`_Reader`."""
 
     failure: type[Exception]
 
+    @abstractmethod
     def step(self, value: Any, node: Node, where: str) -> Any:
-        raise NotImplementedError
+        """``value`` turned by ``node`` (``where`` names it in errors)."""
 
+    @abstractmethod
     def save(self) -> Any:
-        raise NotImplementedError
+        """What :meth:`restore` needs to undo a failed union arm's work."""
 
+    @abstractmethod
     def restore(self, saved: Any) -> None:
-        raise NotImplementedError
+        """Undo the work done since :meth:`save` returned ``saved``."""
 
     def union(self, value: Any, arms: tuple[Node, ...], where: str) -> Any:
         if value is None and ("none",) in arms:

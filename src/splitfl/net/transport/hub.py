@@ -13,6 +13,10 @@ redials), so a partition ends in a reconnect, never a hang. Then the server send
 and routes each reply to the inbox of the client it names — a device speaks only for its
 own clients. A broken stream, a malformed or oversized message, a reply for a foreign
 client or a burst over the rate limit closes the link; waiting calls see it as lost.
+
+One concept, a link's life on the server's end (admit, assign, keep alive, route, close),
+and over 400 lines for it: splitting admission from routing would put one link's state in
+two modules that each need all of it.
 """
 
 from __future__ import annotations
