@@ -16,8 +16,9 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms import ALGORITHMS
 from splitfl.config import TrainConfig
-from splitfl.core.plan import AlignSpec, ClientTask
+from splitfl.core.plan import ClientTask
 from splitfl.core.seeding import derive_seed
+from splitfl.core.topology import AlignSpec, ServerSpec
 from splitfl.executors import SequentialExecutor
 from splitfl.executors.auxiliary import align_aux, estimate_gradient, remember, true_gradients
 from splitfl.executors.common import client_batches
@@ -353,7 +354,8 @@ def test_fsl_sage_with_a_perfect_auxiliary_model_equals_splitfed_v1():
     assert [t.client for t in plan_v1.tasks] == [t.client for t in plan_sage.tasks]
 
     def parts(plan, prep, server_lr):
-        plan = dataclasses.replace(plan, server_lr=server_lr)
+        topology = dataclasses.replace(plan.topology, server=ServerSpec(lr=server_lr))
+        plan = dataclasses.replace(plan, topology=topology)
         res = SequentialExecutor().run_round(prep.ctx, state, plan, round_seed=5)
         return {u.client: u.state for u in res.updates}
 

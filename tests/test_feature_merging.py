@@ -14,6 +14,7 @@ from conftest import tiny_config
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientTask, RoundPlan
 from splitfl.core.seeding import derive_seed
+from splitfl.core.topology import ServerSpec, Star
 from splitfl.executors.common import client_batches
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
@@ -38,9 +39,8 @@ def _ctx():
 
 def _plan(case: str, group_forward: str) -> RoundPlan:
     tasks = [ClientTask(c, cut, g, d, 1, lr) for c, cut, g, d, lr in CASES[case]]
-    return RoundPlan(
-        tasks, "per_step", "mean", "own", server_lr=SERVER_LR, group_forward=group_forward
-    )
+    server = ServerSpec(device_grad="own", lr=SERVER_LR, forward=group_forward)
+    return RoundPlan(tasks, topology=Star(server=server))
 
 
 def hand_concatenated_step(ctx, state, plan: RoundPlan):
@@ -72,7 +72,7 @@ def hand_concatenated_step(ctx, state, plan: RoundPlan):
         with torch.no_grad():
             for p in server.parameters():
                 if p.grad is not None:
-                    p -= plan.server_lr * p.grad
+                    p -= plan.topology.server.lr * p.grad
         servers[group] = server.state_dict()
         for t, part, fx, fs, y in sent:
             fx.backward(fs.grad * (total / len(y)))
@@ -144,12 +144,9 @@ def test_without_batchnorm_concat_and_separate_agree():
         assert _max_diff(u.state, v.state) < 1e-6
 
 
-def test_unknown_group_forward_is_a_one_line_error():
-    ctx = _ctx()
-    with pytest.raises(ValueError, match="group_forward must be concat or separate"):
-        SequentialExecutor().run_round(
-            ctx, ctx.model.state_dict(), _plan("one_cut", "stack"), round_seed=SEED
-        )
+def test_unknown_group_forward_is_refused_when_the_plan_is_made():
+    with pytest.raises(ValueError, match="ServerSpec.forward must be one of separate, concat"):
+        _plan("one_cut", "stack")
 
 
 @pytest.mark.parametrize(
@@ -163,7 +160,7 @@ def test_algorithm_options_set_the_plan(algorithm, option, default):
         alg = prep.algorithm
         clients = alg.select_clients(0, np.random.default_rng(0))
         plan = alg.plan_round(0, clients, np.random.default_rng(1))
-        assert plan.group_forward == (value or default)
+        assert plan.topology.server.forward == (value or default)
 
 
 @pytest.mark.parametrize("key", ["options.mergesfl.merge", "options.s2fl.group_forward"])

@@ -9,6 +9,7 @@ from conftest import tiny_config
 from splitfl.algorithms.state_estimation import FEATURE_LINKS
 from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 from splitfl.core.seeding import rng_for
+from splitfl.core.topology import ServerSpec, Star
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.round_step import measure as _measure
@@ -31,14 +32,14 @@ def test_feature_merging_gives_each_worker_its_own_mean_loss_gradient():
     ctx = _ctx()
     cut = ctx.cut_points[1]
     tasks = [ClientTask(0, cut, 0, 4, 1, 0.1), ClientTask(1, cut, 0, 12, 1, 0.3)]
-    merged = _run(ctx, RoundPlan(tasks, "per_step", "mean", "own", server_lr=0.1))
+    merged = _run(ctx, RoundPlan(tasks, topology=_star("own")))
     separate = [ClientTask(0, cut, 0, 4, 1, 0.1), ClientTask(1, cut, 1, 12, 1, 0.3)]
-    alone = _run(ctx, RoundPlan(separate, "per_step", "mean", "own", server_lr=0.1))
+    alone = _run(ctx, RoundPlan(separate, topology=_star("own")))
     for a, b in zip(merged.updates, alone.updates, strict=True):
         for key in a.state:
             assert torch.allclose(a.state[key], b.state[key], atol=1e-6), key
     # while the 'union' reading scales a worker's gradient by d_i / Σd (here 4/16 and 12/16)
-    union = _run(ctx, RoundPlan(tasks, "per_step", "mean", "union", server_lr=0.1))
+    union = _run(ctx, RoundPlan(tasks, topology=_star("union")))
     key = next(k for k in union.updates[0].state if k.endswith("weight"))
     init = ctx.model.state_dict()[key]
     step_union = union.updates[0].state[key] - init
@@ -56,7 +57,7 @@ def test_merged_top_model_step_is_one_step_on_the_concatenated_batch(executor):
     plan = alg.plan_round(0, alg.select_clients(0, rng_for(3, "s", 0)), rng_for(3, "p", 0))
     for t in plan.tasks:
         t.steps = 1
-    assert plan.group_forward == "concat" and len(set(t.batch_size for t in plan.tasks)) > 1
+    assert plan.topology.server.forward == "concat" and len(set(t.batch_size for t in plan.tasks)) > 1
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
     devices, servers = hand_concatenated_step(ctx, state, plan)
     ex = {
@@ -161,3 +162,7 @@ def test_eq17_bottom_models_weighted_by_batch_size():
     out = alg.aggregate(g, plan, RoundResult([update(0, 1.0), update(5, 2.0)], {0: top}))
     key = next(k for k in dev_keys if g[k].is_floating_point())
     assert torch.allclose(out[key], torch.full_like(g[key], (4 * 1.0 + 12 * 2.0) / 16))
+
+
+def _star(device_grad: str) -> Star:
+    return Star(server=ServerSpec(device_grad=device_grad, lr=0.1))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import splitfl
-from splitfl.core.plan import AuxSpec
+from splitfl.core.topology import AuxSpec
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.net.device.agent import DeviceAgent
 from splitfl.net.device.aux import aux_spec

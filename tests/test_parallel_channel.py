@@ -16,8 +16,9 @@ from torch import nn
 
 import splitfl
 from splitfl.algorithms.auxiliary import smashed_shape
-from splitfl.core.plan import AuxSpec, ClientUpdate
+from splitfl.core.plan import ClientUpdate
 from splitfl.core.seeding import rng_for
+from splitfl.core.topology import AuxSpec, Clusters, LocalLoss, ServerSpec
 from splitfl.executors import channel
 from splitfl.executors.channel import ChannelError, Init
 from splitfl.executors.fleet import group_runs
@@ -66,8 +67,9 @@ def _local_run(prep):
     spec = AuxSpec("linear", smashed_shape(ctx, cut), ctx.bundle.num_classes)
     head = linear_aux(spec.input_shape, spec.num_classes).to(torch.float64).state_dict()
     tasks = [dataclasses.replace(t, aux_state=dict(head)) for t in plan.tasks]
+    topology = Clusters(hosts={1: 4}, server=ServerSpec(lr=0.5))
     plan = dataclasses.replace(
-        plan, tasks=tasks, device_loss="local", hosts={1: 4}, server_lr=0.5, aux=spec
+        plan, tasks=tasks, topology=topology, device_update=LocalLoss(aux=spec)
     )
     first = plan.tasks[0]
     own = {k: v + 1 for k, v in ctx.model.state_dict().items() if int(k.split(".")[1]) < first.cut}
@@ -122,13 +124,14 @@ def test_setup_and_unit_round_trip(prep):
 def test_numpy_scalars_cross_as_python_numbers_of_the_same_value(prep):
     ctx = prep.ctx
     plan, run = _local_run(prep)
-    plan.order = [np.int64(c) for c in range(3)]
+    plan.topology = Clusters(hosts={np.int64(1): np.int64(4)}, server=plan.topology.server)
     first = run.tasks[0]
     run.tasks[0] = dataclasses.replace(first, lr=np.float64(0.1), upload_model=np.bool_(False))
     specs = channel.specs_of(ctx.model.state_dict())
     setup = channel.setup_message(ctx.model.state_dict(), plan, 1)
     _, got_plan, _ = channel.read_setup(decode(_bytes(setup)), specs)
-    assert got_plan.order == [0, 1, 2] and all(type(c) is int for c in got_plan.order)
+    hosts = got_plan.topology.hosts
+    assert hosts == {1: 4} and all(type(c) is int for c in [*hosts, *hosts.values()])
     msg = decode(_bytes(channel.unit_message(run)))
     task = channel.read_unit(msg, specs, ctx.bundle.num_classes)[1][0]
     assert (task.lr, task.upload_model) == (0.1, False) and type(task.lr) is float
@@ -284,8 +287,12 @@ def _tensor(msg, name: str, new) -> None:
 
 
 #: A ring as encoded (:mod:`splitfl.core.plan_codec`): a setup must not carry one.
-_RING = {"@type": "RingSpec", "order": [1], "lengths": {"1": 1}, "weights": {"1": 1.0},
-         "dynamic_lr": False}  # fmt: skip
+_RING = {"@type": "Ring", "spec": {"@type": "RingSpec", "order": [1], "lengths": {"1": 1},
+         "weights": {"1": 1.0}, "dynamic_lr": False}}  # fmt: skip
+
+
+def _topology(msg) -> dict:
+    return msg.fields["plan"]["topology"]
 
 
 @pytest.mark.parametrize(
@@ -296,9 +303,9 @@ _RING = {"@type": "RingSpec", "order": [1], "lengths": {"1": 1}, "weights": {"1"
         ("init", lambda m: m.fields["augment"].update(mean=["a"]), "'mean' must hold numbers"),
         ("data", lambda m: m.fields.update(clients=[1, 2]), "do not match the clients"),
         ("data", lambda m: _tensor(m, "y/1", lambda t: t[:-1]), "client 1: x"),
-        ("setup", lambda m: m.fields["plan"].update(order="1"), r"order: expected list\[int\]"),
-        ("setup", lambda m: m.fields["plan"].update(hosts={"a": 1}), "hosts: key 'a' is not"),
-        ("setup", lambda m: m.fields["plan"].update(ring=_RING), "has tasks or a ring"),
+        ("setup", lambda m: _topology(m).update(hosts="1"), r"hosts: expected dict\[int, int\]"),
+        ("setup", lambda m: _topology(m).update(hosts={"a": 1}), "hosts: key 'a' is not"),
+        ("setup", lambda m: m.fields["plan"].update(topology=_RING), "has tasks or a ring"),
         (
             "setup",
             lambda m: _tensor(m, "global/blocks.0.0.weight", lambda t: t[:1]),

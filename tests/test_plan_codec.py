@@ -15,10 +15,11 @@ import torch
 import splitfl.core.plan_codec as codec_module
 from splitfl.algorithms import ALGORITHMS
 from splitfl.core.framing import Message, WireError, decode, encode
-from splitfl.core.plan import ClientTask, RingSpec, RoundPlan
-from splitfl.core.plan_codec import MAX_CHARS, MAX_ITEMS, PLAN_TYPES, PlanCodecError
+from splitfl.core.plan import ClientTask, RoundPlan
+from splitfl.core.plan_codec import MAX_CHARS, MAX_ITEMS, OPEN_BASES, PLAN_TYPES, PlanCodecError
 from splitfl.core.plan_codec import decode as plan_decode
 from splitfl.core.plan_codec import encode as plan_encode
+from splitfl.core.topology import Clusters, Ring, RingSpec, ServerSpec, Star, Turns
 from splitfl.experiment import loop
 from splitfl.experiment.runner import run
 from splitfl.testing import config_for
@@ -26,7 +27,8 @@ from splitfl.testing import config_for
 
 def _reachable(root: type) -> list[type]:
     """Every dataclass reachable from ``root`` through its fields' type hints (all fields,
-    carried or not), in the order found."""
+    carried or not; a field hinted with an open base, :data:`OPEN_BASES`, reaches every
+    registered subclass), in the order found."""
     found, todo = [], [root]
     while todo:
         cls = todo.pop(0)
@@ -38,11 +40,27 @@ def _reachable(root: type) -> list[type]:
             hint = hints.pop()
             if dataclasses.is_dataclass(hint):
                 todo.append(hint)
+            if hint in OPEN_BASES:
+                todo.extend(_payloads(hint))
             hints.extend(a for a in typing.get_args(hint) if a is not Ellipsis)
     return found
 
 
+def _payloads(base: type) -> list[type]:
+    return [c for c in PLAN_TYPES if issubclass(c, base)]
+
+
 REACHABLE = _reachable(RoundPlan)
+#: Values for fields a payload checks on construction (a sample must be a valid payload, and
+#: unlike the field's default so that a field lost in transit shows).
+CHOICES = {
+    "group_loss": "sum",
+    "device_grad": "own",
+    "forward": "concat",
+    "mode": "sequential",
+    "upload_every": 4,
+    "upload_phase": 3,
+}
 
 
 def test_every_dataclass_a_plan_reaches_is_registered():
@@ -63,8 +81,13 @@ def _sample(hint, name: str, default, arm: int | None):
     """A value of ``hint`` unlike ``default`` (so a field lost in transit shows); ``arm``
     picks among a union's non-None arms (None: None wherever a hint allows it)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if name in CHOICES:
+        return CHOICES[name]
     if dataclasses.is_dataclass(hint):
         return _instance(hint, arm)
+    if hint in OPEN_BASES:
+        kinds = _payloads(hint)
+        return _instance(kinds[(arm or 0) % len(kinds)], arm)
     if origin in (typing.Union, types.UnionType):
         if arm is None and type(None) in args:
             return None
@@ -160,19 +183,23 @@ def test_every_payload_type_round_trips_exactly(cls, arm):
 def test_numpy_scalars_cross_as_the_python_numbers_of_their_values():
     ring = RingSpec([np.int64(2), np.int32(0)], {np.int64(2): np.int64(3)}, {2: np.float32(0.5)})
     task = ClientTask(np.int64(4), 2, lr=np.float64(0.1), upload_model=np.bool_(False))
-    got = _through_a_message(RoundPlan([task], ring=ring, server_lr=np.float64(0.2)), RoundPlan)
+    got = _through_a_message(RoundPlan([task], topology=Ring(spec=ring)), RoundPlan)
     _same(RoundPlan([ClientTask(4, 2, lr=0.1, upload_model=False)],
-                    ring=RingSpec([2, 0], {2: 3}, {2: 0.5}), server_lr=0.2), got)  # fmt: skip
+                    topology=Ring(spec=RingSpec([2, 0], {2: 3}, {2: 0.5}))), got)  # fmt: skip
+    star = Star(server=ServerSpec(lr=np.float64(0.2)))
+    got = _through_a_message(RoundPlan([], topology=star), RoundPlan)
+    assert type(got.topology.server.lr) is float and got.topology.server.lr == 0.2
 
 
 def test_a_value_its_hint_does_not_allow_is_not_encoded():
     for plan in (
         RoundPlan([ClientTask(1, 2, batch_size=16.0)]),
-        RoundPlan([], hosts={"a": 1}),
-        RoundPlan([], order=[True]),
+        RoundPlan([], topology=Clusters(hosts={"a": 1})),
+        RoundPlan([], topology=Turns(order=(True,), mode="sequential")),
         RoundPlan([ClientTask(1, 2, init_state={"w": 1.0})]),
     ):
-        with pytest.raises(TypeError, match=r"plan codec: RoundPlan\.(tasks\[0\]|hosts|order)"):
+        where = r"plan codec: RoundPlan\.(tasks\[0\]|topology\.hosts|topology\.order)"
+        with pytest.raises(TypeError, match=where):
             plan_encode(plan)
     with pytest.raises(TypeError, match="not a registered plan type"):
         plan_encode(Message("x"))
@@ -223,6 +250,20 @@ def _plan_value() -> tuple[dict, dict]:
     return value, tensors
 
 
+def _server(value: dict) -> dict:
+    return value["topology"]["server"]
+
+
+def _turns(value: dict, order) -> None:
+    server = _server(value)
+    value["topology"] = {"@type": "Turns", "order": order, "mode": "sequential", "chain": False}
+    value["topology"]["server"] = server
+
+
+def _clusters(value: dict, hosts) -> None:
+    value["topology"] = {"@type": "Clusters", "hosts": hosts, "server": _server(value)}
+
+
 def _deep(depth: int):
     value = 1
     for _ in range(depth):
@@ -238,19 +279,22 @@ def _deep(depth: int):
         (lambda v, t: v.pop("@type"), "no type tag '@type'"),
         (lambda v, t: v.update(extra=1), r"RoundPlan: unknown fields \['extra'\]"),
         (lambda v, t: v.update(info={}), r"unknown fields \['info'\]"),  # never carried
-        (lambda v, t: v.pop("server_mode"), r"RoundPlan: missing fields \['server_mode'\]"),
+        (lambda v, t: v.pop("topology"), r"RoundPlan: missing fields \['topology'\]"),
         (lambda v, t: v["tasks"][0].pop("lr"), r"RoundPlan\.tasks\[0\]: missing fields"),
-        (lambda v, t: v.update(server_mode=3), "server_mode: expected str, got int"),
-        (lambda v, t: v.update(server_lr="0.1"), "server_lr: expected float, got str"),
-        (lambda v, t: v.update(chain_devices=1), "chain_devices: expected bool, got int"),
+        (lambda v, t: _server(v).update(group_loss=3), "group_loss: expected str, got int"),
+        (lambda v, t: _server(v).update(lr="0.1"), r"server\.lr: expected float, got str"),
+        (lambda v, t: v["device_update"].update(upload_every=True), "expected int, got bool"),
+        (lambda v, t: _server(v).update(group_loss="median"), "group_loss must be one of"),
+        (lambda v, t: v["topology"].update({"@type": "AuxSpec"}), "expected Topology, got AuxSpec"),
+        (lambda v, t: v["device_update"].update({"@type": "Star"}), "expected DeviceUpdate, got"),
         (lambda v, t: v["tasks"][0].update(cut=True), r"tasks\[0\]\.cut: expected int, got bool"),
         (lambda v, t: v.update(round_idx=2**63), "round_idx: expected int"),
-        (lambda v, t: v.update(server_lr=math.inf), "server_lr: expected float, got float"),
-        (lambda v, t: v.update(order={"0": 1}), r"order: expected list\[int\], got object"),
-        (lambda v, t: v.update(hosts={"01": 1}), "hosts: key '01' is not an int"),
-        (lambda v, t: v.update(order=_deep(1000)), r"order\[0\]: expected int, got array"),
-        (lambda v, t: v.update(order=[0] * (MAX_ITEMS + 1)), f"{MAX_ITEMS + 1} items"),
-        (lambda v, t: v.update(group_loss="m" * (MAX_CHARS + 1)), "group_loss: expected str"),
+        (lambda v, t: _server(v).update(lr=math.inf), r"server\.lr: expected float, got float"),
+        (lambda v, t: _turns(v, {"0": 1}), r"order: expected tuple\[int, \.\.\.\], got object"),
+        (lambda v, t: _clusters(v, {"01": 1}), "hosts: key '01' is not an int"),
+        (lambda v, t: _turns(v, _deep(1000)), r"order\[0\]: expected int, got array"),
+        (lambda v, t: _turns(v, [0] * (MAX_ITEMS + 1)), f"{MAX_ITEMS + 1} items"),
+        (lambda v, t: _server(v).update(group_loss="m" * (MAX_CHARS + 1)), "expected str"),
         (
             lambda v, t: v["tasks"][0].update(aux_memory=[{"@tensor": 0}]),
             r"aux_memory: 1 items for tuple\[",
@@ -275,7 +319,7 @@ def test_hostile_plan_data_is_refused_in_one_line(edit, message):
 
 def test_a_header_nesting_deeper_than_the_framing_limit_never_reaches_the_codec():
     value, tensors = _plan_value()
-    value["order"] = _deep(40)
+    value["tasks"] = _deep(40)
     frame = encode(Message("setup", {"plan": value}, tensors))
     with pytest.raises(WireError, match="nests deeper"):
         decode(bytes(frame.tobytes()))

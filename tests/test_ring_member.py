@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from splitfl.core.plan import RingSpec
+from splitfl.core.topology import RingSpec
 from splitfl.executors.ring import RingMember, ring_batch_update
 from splitfl.models import build_model
 

@@ -12,8 +12,9 @@ import splitfl
 from conftest import tiny_config
 from splitfl.algorithms.ringsfl import largest_remainder, parse_ratios, propagation_lengths
 from splitfl.algorithms.vanilla_sl import shared_steps
-from splitfl.core.plan import RING_MEMBER_FAILED, RingSpec
+from splitfl.core.plan import RING_MEMBER_FAILED
 from splitfl.core.seeding import derive_seed
+from splitfl.core.topology import RingSpec
 from splitfl.executors import SequentialExecutor
 from splitfl.executors.common import client_batches
 from splitfl.executors.ring import block_rates, ring_batch_update, ring_update
@@ -134,7 +135,7 @@ def test_v2_moves_each_block_overlap_count_times_as_far_as_v1(executor):
             u.client: {k: state[k] - v for k, v in u.state.items()} for u in result.updates
         }
     counts = {0: [1, 2, 2, 1], 1: [1, 0, 1, 1], 2: [1, 1, 0, 1]}
-    assert plan.ring.overlap_counts(4) == counts
+    assert plan.topology.spec.overlap_counts(4) == counts
     for c, per_block in counts.items():
         for k, delta in moved["ringsfl"][c].items():
             count = per_block[block_index(k)]
@@ -296,17 +297,17 @@ def test_a_member_that_broke_the_ring_sits_out_and_the_ring_is_re_formed():
     prep = prepare(as_config(cfg))
     algo, rng = prep.algorithm, np.random.default_rng(0)
     full = algo.plan_round(0, algo.select_clients(0, rng), rng)
-    assert full.ring.order == [0, 1, 2, 3] and full.ring.lengths == algo.lengths
+    assert full.topology.spec.order == [0, 1, 2, 3] and full.topology.spec.lengths == algo.lengths
     failed = {1: f"{RING_MEMBER_FAILED}, ring round abandoned: device d1 lost: closed"}
     algo.lost(0, full, {**failed, 0: "ring round abandoned: client 1 failed: ..."})
     assert algo.select_clients(1, rng) == [0, 2, 3]  # 1 round out
     assert algo.select_clients(2, rng) == [0, 1, 2, 3]
     plan = algo.plan_round(1, [0, 2, 3], rng)
-    assert plan.ring.order == [0, 2, 3]
+    assert plan.topology.spec.order == [0, 2, 3]
     lengths = largest_remainder([4, 1, 1], 4)
-    assert plan.ring.lengths == dict(zip([0, 2, 3], lengths, strict=True))
+    assert plan.topology.spec.lengths == dict(zip([0, 2, 3], lengths, strict=True))
     sizes = prep.ctx.data_sizes[[0, 2, 3]] / prep.ctx.data_sizes[[0, 2, 3]].sum()
-    assert plan.ring.weights == pytest.approx(dict(zip([0, 2, 3], sizes, strict=True)))
+    assert plan.topology.spec.weights == pytest.approx(dict(zip([0, 2, 3], sizes, strict=True)))
     assert plan.tasks[0].lr == pytest.approx(3 * full.tasks[0].lr / 4)  # lr × N over 3
     algo.lost(2, full, failed)  # a second failure: 2 rounds out
     assert [algo.select_clients(r, rng) for r in (3, 4, 5)] == [[0, 2, 3]] * 2 + [[0, 1, 2, 3]]

@@ -66,11 +66,11 @@ def test_splitlora_round_equals_a_hand_written_two_client_loop():
     ctx, alg = prep.ctx, prep.algorithm
     clients = alg.select_clients(0, rng_for(3, "s", 0))
     plan = alg.plan_round(0, clients, rng_for(3, "p", 0))
-    assert plan.server_mode == "round_robin" and [t.steps for t in plan.tasks] == [3, 3]
-    assert plan.order == sorted(clients)
+    assert plan.topology.mode == "round_robin" and [t.steps for t in plan.tasks] == [3, 3]
+    assert list(plan.topology.order) == sorted(clients)
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
     result = SequentialExecutor().run_round(ctx, state, plan, round_seed=ROUND_SEED)
-    devices, server = _hand_round(ctx, plan.order, 2, 3, 0.05)
+    devices, server = _hand_round(ctx, list(plan.topology.order), 2, 3, 0.05)
     assert len(result.updates) == 2  # the loop below runs
     for u in result.updates:
         for k, v in devices[u.client].state_dict().items():
@@ -79,8 +79,8 @@ def test_splitlora_round_equals_a_hand_written_two_client_loop():
         assert torch.allclose(result.server_states[0][k], v, atol=1e-6), k
     # turns matter: the first client's second batch met the server the second client updated
     merged = alg.aggregate(state, plan, result)
-    for k, v in devices[plan.order[0]].state_dict().items():
-        mean = (v + devices[plan.order[1]].state_dict()[k]) / 2
+    for k, v in devices[list(plan.topology.order)[0]].state_dict().items():
+        mean = (v + devices[list(plan.topology.order)[1]].state_dict()[k]) / 2
         assert torch.allclose(merged[k], mean, atol=1e-6), k
 
 

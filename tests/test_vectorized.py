@@ -12,6 +12,7 @@ from splitfl.algorithms import ALGORITHMS
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientTask, RoundPlan
 from splitfl.core.seeding import derive_seed, rng_for
+from splitfl.core.topology import ServerSpec, Star
 from splitfl.executors import EXECUTORS, SequentialExecutor
 from splitfl.executors.rowstack import RowStack, chain_ema, sgd_rows
 from splitfl.executors.vectorized import VectorizedExecutor
@@ -134,9 +135,10 @@ def test_mixed_cuts_unequal_batches_and_steps_in_one_group(use_vmap, max_rows):
     combos = [("mean", "own", "separate"), ("sum", "union", "separate")]
     combos += [("mean", "own", "concat"), ("sum", "union", "concat")]
     for group_loss, device_grad, group_forward in combos:
-        plan = RoundPlan(
-            tasks, "per_step", group_loss, device_grad, server_lr=0.03, group_forward=group_forward
+        server = ServerSpec(
+            group_loss=group_loss, device_grad=device_grad, lr=0.03, forward=group_forward
         )
+        plan = RoundPlan(tasks, topology=Star(server=server))
         torch.manual_seed(0)
         ref = SequentialExecutor().run_round(ctx, state, plan, round_seed=7)
         torch.manual_seed(0)
@@ -225,7 +227,7 @@ def test_ring_with_batchnorm_equals_sequential(version, use_vmap):
     plan = alg.plan_round(
         0, alg.select_clients(0, np.random.default_rng(0)), np.random.default_rng(1)
     )
-    assert len(set(plan.ring.lengths.values())) > 1  # uneven: blocks shared by several starts
+    assert len(set(plan.topology.spec.lengths.values())) > 1  # uneven: blocks shared by several starts
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
     ref = SequentialExecutor().run_round(ctx, state, plan, round_seed=3)
     ex = VectorizedExecutor(use_vmap=use_vmap)

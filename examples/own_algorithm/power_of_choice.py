@@ -37,6 +37,7 @@ from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.core.plan import RoundPlan, RoundReport, RoundResult
+from splitfl.core.topology import Star
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class PowerOfChoice(Algorithm):
         """SplitFed V1: every client its own group (its own server-side copy)."""
         cut = self.ctx.resolve_cut(self.options.cut, self.name)
         tasks = [self.make_task(c, cut, group, round_idx) for group, c in enumerate(clients)]
-        return RoundPlan(tasks=tasks, server_mode="per_step")
+        return RoundPlan(tasks, topology=Star())
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         """Remember each participant's mean training loss of this round."""

@@ -74,8 +74,8 @@ def compute_only_reduction() -> float:
     samples = {t.client: ctx.round_samples(t.client, t.batch_size, t.steps) for t in plan.tasks}
     flops = {c: ctx.population.devices[c].flops for c in clients}
     load = dict.fromkeys(clients, 0.0)
-    for start in plan.ring.order:
-        for member, lo, hi in plan.ring.segments(start):
+    for start in plan.topology.spec.order:
+        for member, lo, hi in plan.topology.spec.segments(start):
             load[member] += samples[start] * prof.part_flops(lo, hi) / flops[member]
     fedavg = max(samples[c] * prof.part_flops(0, prof.num_blocks) / flops[c] for c in clients)
     return 1.0 - max(load.values()) / fedavg

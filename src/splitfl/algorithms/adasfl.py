@@ -33,6 +33,7 @@ from splitfl.algorithms.mergesfl.batch_sizes import regulate_batch_sizes
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientTask, RoundPlan, RoundReport
+from splitfl.core.topology import ServerSpec, Star
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,9 @@ class AdaSFL(Algorithm):
             for i, (c, d, t) in enumerate(zip(sel, batch, taus, strict=True))
         ]
         info = {"batch_sizes": batch.tolist(), "local_steps": taus.tolist()}
-        return RoundPlan(tasks, "per_step", "mean", "own", server_lr=lr, info=info)
+        return RoundPlan(
+            tasks, topology=Star(server=ServerSpec(device_grad="own", lr=lr)), info=info
+        )
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         self.state.observe(round_idx, plan, report)

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from splitfl.core.activations import aux_input
-from splitfl.core.plan import AuxSpec, ClientTask, RoundPlan
+from splitfl.core.plan import ClientTask, RoundPlan
 from splitfl.core.seeding import derive_seed
+from splitfl.core.topology import AuxSpec
 from splitfl.data.partition import batch_sizes
 from splitfl.extensions import build_aux
 from splitfl.models.aux import aux_flops

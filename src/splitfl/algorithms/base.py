@@ -24,6 +24,7 @@ import torch
 
 from splitfl.aggregation.layerwise import Rule, layerwise_aggregate
 from splitfl.core.plan import ClientTask, RoundPlan, RoundReport, RoundResult
+from splitfl.core.topology import Turns
 from splitfl.system.cost import ClientCost, round_times, share_server_link
 
 
@@ -120,7 +121,7 @@ class Algorithm:
         pop = self.ctx.population
         if not (self.ctx.config.devices.contention and pop.shared_server):
             return costs
-        return share_server_link(costs, pop.server, concurrent=not plan.chain_devices)
+        return share_server_link(costs, pop.server, concurrent=not chained(plan))
 
     def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
         """Round time and per-client waiting: participants work in parallel (max)."""
@@ -163,3 +164,8 @@ class Algorithm:
             steps=self.ctx.local_steps(client),
             lr=self.ctx.lr_at(round_idx),
         )
+
+
+def chained(plan: RoundPlan) -> bool:
+    """Whether ``plan``'s clients are one chain (vanilla SL): their transfers never overlap."""
+    return isinstance(plan.topology, Turns) and plan.topology.chain

@@ -48,6 +48,7 @@ from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientTask, RoundPlan, RoundResult
+from splitfl.core.topology import LocalLoss, Turns
 from splitfl.system.cost import AuxCharge
 
 SCHEDULES = ("interleaved", "sequential")
@@ -101,14 +102,13 @@ class CSEFSL(Algorithm):
             task.steps, task.aux_state = self.steps(c), self.aux
             tasks.append(task)
         h, interleaved = self.options.upload_every, self.options.schedule == "interleaved"
+        mode = "round_robin" if interleaved else "sequential"
         return RoundPlan(
             tasks,
-            "round_robin" if interleaved else "sequential",
-            order=sorted(clients),
-            device_loss="local",
-            aux=self.aux_model.spec,
-            upload_every=h,
-            upload_phase=h - 1 if interleaved else 0,
+            topology=Turns(order=tuple(sorted(clients)), mode=mode),
+            device_update=LocalLoss(
+                aux=self.aux_model.spec, upload_every=h, upload_phase=h - 1 if interleaved else 0
+            ),
         )
 
     def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):

@@ -45,7 +45,8 @@ import numpy as np
 from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost, smashed_shape
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.core.plan import AlignSpec, ClientTask, RoundPlan, RoundResult
+from splitfl.core.plan import ClientTask, RoundPlan, RoundResult
+from splitfl.core.topology import AlignSpec, Estimate, Turns
 from splitfl.system.cost import AuxCharge
 
 
@@ -107,12 +108,10 @@ class FSLSAGE(Algorithm):
             tasks.append(task)
         return RoundPlan(
             tasks,
-            "sequential",
-            order=sorted(clients),
-            device_loss="estimate",
-            aux=self.aux_model.spec,
-            upload_every=self.options.upload_every,
-            align=self.align,
+            topology=Turns(order=tuple(sorted(clients)), mode="sequential"),
+            device_update=Estimate(
+                aux=self.aux_model.spec, upload_every=self.options.upload_every, align=self.align
+            ),
             info={"aligned": align},
         )
 

@@ -54,6 +54,7 @@ from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientTask, RoundPlan, RoundResult
+from splitfl.core.topology import LocalLoss, ServerSpec, Star
 from splitfl.models.base import block_index
 from splitfl.system.cost import AuxCharge, ClientCost
 
@@ -116,14 +117,11 @@ class LocFedMixSL(Algorithm):
             )
             for c in clients
         ]
+        server = ServerSpec(lr=lr, mixup=self.options.mixup_alpha)
         return RoundPlan(
             tasks,
-            "per_step",
-            "mean",
-            server_lr=lr,
-            device_loss="local",
-            aux=self.aux_model.spec,
-            mixup_alpha=self.options.mixup_alpha,
+            topology=Star(server=server),
+            device_update=LocalLoss(aux=self.aux_model.spec),
             info={"aggregated": upload},
         )
 

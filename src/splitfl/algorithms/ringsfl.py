@@ -49,7 +49,8 @@ from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.core.benching import SitOut
-from splitfl.core.plan import RING_MEMBER_FAILED, ClientTask, RingSpec, RoundPlan
+from splitfl.core.plan import RING_MEMBER_FAILED, ClientTask, RoundPlan
+from splitfl.core.topology import Ring, RingSpec
 from splitfl.system.cost import FORWARD_SHARE, d2d_rate, ring_client_cost, round_times
 from splitfl.system.ring_schedule import FORWARD, LOSS, ring_makespan
 
@@ -214,11 +215,11 @@ class RingSFL(Algorithm):
         lengths = self.ring_lengths(order)
         ring = RingSpec(order, lengths, weights, self.options.version == "v2")
         info = {"prop_lens": [lengths[c] for c in order]}
-        return RoundPlan(tasks, ring=ring, info=info)
+        return RoundPlan(tasks, topology=Ring(spec=ring), info=info)
 
     def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
         """Each client's segments over the round (samples of every start that passes it)."""
-        ring = plan.ring
+        ring = plan.topology.spec
         done = {
             t.client: self.ctx.round_samples(t.client, t.batch_size, t.steps) for t in plan.tasks
         }
@@ -239,7 +240,7 @@ class RingSFL(Algorithm):
 
     def _neighbours(self, client: int, plan: RoundPlan, round_idx: int):
         """Profiles of ``client``, its successor and its predecessor in the round's ring."""
-        order, pop = plan.ring.order, self.ctx.population
+        order, pop = plan.topology.spec.order, self.ctx.population
         pos = order.index(client)
         return (
             pop.at(client, round_idx),
@@ -255,17 +256,17 @@ class RingSFL(Algorithm):
         plan, round_idx = self._round
         if self.options.pipeline == "ideal" or plan is None or not times:
             return round_times(times)
-        if set(times) != set(plan.ring.order):  # a ring that did not complete: no schedule
+        if set(times) != set(plan.topology.spec.order):  # a ring that did not complete: no schedule
             return round_times(times)
         tasks = {t.client: t for t in plan.tasks}
         busy = {c: self.client_cost(tasks[c], 0, round_idx, plan).time for c in times}
         scale = {c: times[c] / busy[c] if busy[c] > 0 else 1.0 for c in times}
         job_time, model_in, model_out = self._ring_jobs(plan, round_idx)
         finish = ring_makespan(
-            plan.ring.order,
+            plan.topology.spec.order,
             {c: t.steps for c, t in tasks.items()},
             lambda kind, start, hop: (
-                job_time(kind, start, hop) * scale[plan.ring.member(start, hop)]
+                job_time(kind, start, hop) * scale[plan.topology.spec.member(start, hop)]
             ),
             {c: model_in[c] * scale[c] for c in times},
             fixed_order=self.options.pipeline == "schedule",
@@ -278,7 +279,7 @@ class RingSFL(Algorithm):
         """(job time function, model download time, model upload time) on the round's
         profiles, with ``ring_client_cost``'s terms: segment compute (forward 1/3 of its
         FLOPs, backward 2/3) plus the message it sends, per mini-batch of the batch's owner."""
-        prof, ring = self.ctx.profile, plan.ring
+        prof, ring = self.ctx.profile, plan.topology.spec
         per = {
             t.client: self.ctx.round_samples(t.client, t.batch_size, t.steps) / max(t.steps, 1)
             for t in plan.tasks

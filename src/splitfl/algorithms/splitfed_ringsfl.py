@@ -37,6 +37,7 @@ import numpy as np
 
 from splitfl.algorithms.base import Algorithm
 from splitfl.core.plan import RoundPlan
+from splitfl.core.topology import ServerSpec, Star
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,5 @@ class SplitFedRingSFL(Algorithm):
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         """All clients in group 0 (one server model), trained every iteration together."""
         tasks = [self.make_task(c, self.cut, 0, round_idx) for c in clients]
-        return RoundPlan(
-            tasks,
-            server_mode="per_step",
-            group_loss="member_mean",
-            device_grad="own",
-            group_forward="separate",
-        )
+        server = ServerSpec(group_loss="member_mean", device_grad="own", forward="separate")
+        return RoundPlan(tasks, topology=Star(server=server))

@@ -19,6 +19,7 @@ import numpy as np
 
 from splitfl.algorithms.base import Algorithm
 from splitfl.core.plan import RoundPlan
+from splitfl.core.topology import Star
 
 
 @dataclass(frozen=True)
@@ -37,4 +38,4 @@ class SplitFedV1(Algorithm):
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         cut = self.ctx.resolve_cut(self.options.cut, "splitfed_v1")
         tasks = [self.make_task(c, cut, i, round_idx) for i, c in enumerate(clients)]
-        return RoundPlan(tasks=tasks, server_mode="per_step")
+        return RoundPlan(tasks, topology=Star())

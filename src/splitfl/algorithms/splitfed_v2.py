@@ -17,6 +17,7 @@ import numpy as np
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.splitfed_v1 import SplitFedOptions
 from splitfl.core.plan import RoundPlan
+from splitfl.core.topology import Turns
 
 
 class SplitFedV2(Algorithm):
@@ -29,4 +30,4 @@ class SplitFedV2(Algorithm):
         cut = self.ctx.resolve_cut(self.options.cut, "splitfed_v2")
         tasks = [self.make_task(c, cut, 0, round_idx) for c in clients]
         order = [int(c) for c in rng.permutation(clients)]
-        return RoundPlan(tasks=tasks, server_mode="sequential", order=order)
+        return RoundPlan(tasks, topology=Turns(order=tuple(order), mode="sequential"))

@@ -37,6 +37,7 @@ from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientTask, RoundPlan
+from splitfl.core.topology import Turns
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class SplitLoRA(Algorithm):
         order = sorted(int(c) for c in clients)
         batch, lr = self.ctx.config.train.batch_size, self.ctx.lr_at(round_idx)
         tasks = [ClientTask(c, cut, 0, batch, turns, lr) for c in order]
-        return RoundPlan(tasks=tasks, server_mode="round_robin", order=order)
+        return RoundPlan(tasks, topology=Turns(order=tuple(order), mode="round_robin"))
 
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
         """The code's ``fed_avg``: a plain mean of the device parts; the shared server model."""

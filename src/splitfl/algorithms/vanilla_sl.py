@@ -30,6 +30,7 @@ import numpy as np
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientTask, RoundPlan
+from splitfl.core.topology import Turns
 from splitfl.models.base import block_index
 
 #: ``round_steps`` values (see the module docstring).
@@ -74,9 +75,8 @@ class VanillaSL(Algorithm):
         if self.options.round_steps == "shared":
             self._share_steps(tasks, order)
         info = {"local_steps": [t.steps for t in tasks]}
-        return RoundPlan(
-            tasks, server_mode="sequential", order=order, chain_devices=True, info=info
-        )
+        topology = Turns(order=tuple(order), mode="sequential", chain=True)
+        return RoundPlan(tasks, topology=topology, info=info)
 
     @staticmethod
     def _share_steps(tasks: list[ClientTask], order: list[int]) -> None:
@@ -92,7 +92,7 @@ class VanillaSL(Algorithm):
         return total, {c: total - t for c, t in times.items()}
 
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
-        last = next(u for u in result.updates if u.client == plan.order[-1])
+        last = next(u for u in result.updates if u.client == plan.topology.order[-1])
         server = result.server_states[0]
         return {
             k: (last.state[k] if block_index(k) < last.cut else server[k]).clone()

@@ -10,61 +10,26 @@ and bytes); the experiment turns the work into simulated time and hands the algo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from splitfl.core.topology import (
+    AuxSpec,
+    DeviceUpdate,
+    Estimate,
+    LocalLoss,
+    Star,
+    Topology,
+)
+
 if TYPE_CHECKING:
     from splitfl.system.cost import ClientCost
 
-#: How the server trains a group's copy: ``per_step`` = every iteration, the losses of all
-#: active members are combined into one loss (S²FL Eq. 3; a group of one is SplitFed V1);
-#: ``sequential`` = members are served one after another, each for all its steps (SplitFed V2);
-#: ``round_robin`` = members take turns, one step each, in ``order`` (SplitLoRA's released code:
-#: each client's batch meets the server model its predecessor's batch just updated).
-SERVER_MODES = ("per_step", "sequential", "round_robin")
-#: How a ``per_step`` group's server part is run on its members' smashed data: ``concat`` =
-#: one forward/backward on the concatenation of the active members that share a cut point
-#: (MergeSFL Eq. 16's mixed feature sequence; S²FL's "larger batches"), so layers that couple
-#: samples (BatchNorm) see the merged batch; ``separate`` = one forward per member.
-GROUP_FORWARDS = ("concat", "separate")
-#: How devices update their part (:attr:`RoundPlan.device_loss`): ``server`` — with the
-#: activation gradient the server sends back; ``local`` — through the auxiliary model's loss
-#: on the device (LocFedMix-SL, CSE-FSL; the auxiliary model is trained with it); ``estimate``
-#: — with the auxiliary model's estimate of the server's cut-layer gradient, the gradient of
-#: its loss w.r.t. the smashed data (FSL-SAGE; the auxiliary model changes only when aligned).
-DEVICE_LOSSES = ("server", "local", "estimate")
 #: Field metadata of a plan field that stays with the process that made the plan: the plan's
 #: encoding (:mod:`splitfl.core.plan_codec`) leaves it out and the receiver has its default.
 NOT_CARRIED = {"carried": False}
-
-
-@dataclass(frozen=True)
-class AuxSpec:
-    """The auxiliary model of a plan, as data: ``model`` is a name registered in
-    :mod:`splitfl.models.aux` or an import path ``package.module:callable``; it maps a batch of
-    smashed data (``input_shape`` per sample) to ``num_classes`` logits."""
-
-    model: str
-    input_shape: tuple[int, ...]
-    num_classes: int
-
-
-@dataclass(frozen=True)
-class AlignSpec:
-    """FSL-SAGE's alignment (FSL-SAGE repo, ``models/aux_models/__init__.py``: ``refresh_data``
-    and ``GradScalarAuxiliaryModel.align``; defaults ``hydra_config/model/auxiliary/
-    base_auxiliary.yaml``): the server keeps each client's last ``memory`` uploaded smashed
-    samples; at an alignment it computes their true cut-layer gradients with its current model
-    and fits the client's auxiliary model to them for ``epochs`` epochs of Adam (``lr``) on the
-    summed squared error, in shuffled batches of ``batch_size``."""
-
-    epochs: int = 100
-    batch_size: int = 1000
-    lr: float = 1e-3
-    memory: int = 1000
 
 
 @dataclass
@@ -103,115 +68,58 @@ RING_MEMBER_FAILED = "ring member failed"
 
 
 @dataclass
-class RingSpec:
-    """RingSFL's ring for a round: client order, propagation lengths L_i (blocks), weights
-    a_i, and whether overlapping blocks use the dynamic learning rate (v2, Eq. 7)."""
-
-    order: list[int]
-    lengths: dict[int, int]
-    weights: dict[int, float]
-    dynamic_lr: bool = False
-
-    def segments(self, start: int) -> list[tuple[int, int, int]]:
-        """RingSFL Alg. 2 lines 2–6 for client ``start``'s batch: [(client, first block,
-        stop block), …] around the ring from ``start``."""
-        pos = list(self.order).index(start)
-        out, lo = [], 0
-        for k in range(len(self.order)):
-            client = self.order[(pos + k) % len(self.order)]
-            out.append((client, lo, lo + self.lengths[client]))
-            lo += self.lengths[client]
-        return out
-
-    def member(self, start: int, hop: int) -> int:
-        """Who runs hop ``hop`` of client ``start``'s batch (hop N, the loss: ``start``)."""
-        pos = list(self.order).index(start)
-        return self.order[(pos + hop) % len(self.order)]
-
-    def overlap_counts(
-        self, num_blocks: int, starts: Sequence[int] | None = None
-    ) -> dict[int, list[int]]:
-        """RingSFL Eq. (7)'s |U_j,(k)|: for every client j and block k, how many of the
-        ``starts`` clients' batches (default: all) pass through it."""
-        counts = {c: [0] * num_blocks for c in self.order}
-        for start in self.order if starts is None else starts:
-            for client, lo, hi in self.segments(start):
-                for k in range(lo, hi):
-                    counts[client][k] += 1
-        return counts
-
-
-@dataclass
 class RoundPlan:
-    """What the executor must run this round.
+    """What the executor must run this round: the tasks and, as typed data, the training
+    pattern (:mod:`splitfl.core.topology`).
 
     Attributes:
         tasks: One task per participant.
-        server_mode: One of :data:`SERVER_MODES`.
-        group_loss: ``mean`` (every sample of the group's union weighs the same), ``sum``
-            (sum of the members' own mean losses) — S²FL Eq. (3) — or ``member_mean`` (the
-            mean of the members' mean losses: the server's gradient is the sum of theirs
-            scaled 1/N, RingSFL's SplitFed baseline).
-        device_grad: ``union`` = each device receives ∂loss/∂fx_i of the group loss (Eq. 4 as
-            printed); ``own`` = rescaled to the gradient of its own mean loss.
-        order: Order in which ``sequential`` and ``round_robin`` modes serve clients.
-        server_lr: Learning rate of the server-side copies (default: the first task's).
-        device_loss: One of :data:`DEVICE_LOSSES`; with ``local``/``estimate`` no gradient is
-            sent back and ``aux`` names the auxiliary model.
-        aux: The auxiliary model (:class:`AuxSpec`) of ``local``/``estimate`` plans.
-        upload_every, upload_phase: Devices of an auxiliary plan send their smashed data to the
-            server only at steps ``s`` with ``s % upload_every == upload_phase`` (CSE-FSL's
-            upload period h); the server trains on each upload.
-        align: FSL-SAGE's alignment (:class:`AlignSpec`) for tasks with ``align`` set.
-        mixup_alpha: If set, the server also trains on mixup of the smashed data of random
-            pairs of a group's members (λ ~ Beta(α, α)), as LocFedMix-SL.
-        chain_devices: In ``sequential`` mode, each client starts from the device part the
-            previous client trained (vanilla split learning) instead of the global one.
-        ring: If set, the round is RingSFL's ring training (tasks hold full models).
+        topology: The round's training pattern (:class:`~splitfl.core.topology.Star`,
+            ``Turns``, ``Ring``, ``Clusters``, ``UShaped`` or a registered payload of one's
+            own); every runtime runs it through its family (:mod:`splitfl.topologies`).
+        device_update: How devices update their part: None = with the activation gradient the
+            server sends back; :class:`~splitfl.core.topology.LocalLoss` or
+            :class:`~splitfl.core.topology.Estimate` = from an auxiliary model, no gradient
+            sent back.
         info: Algorithm-specific facts logged with the round's metrics (the planner's own:
-            not carried to other processes, :data:`NOT_CARRIED`).
-        group_forward: One of :data:`GROUP_FORWARDS`. With ``concat``, members with different
-            cut points cannot share a server input: each cut point's members form their own
-            merged batch (one forward per distinct cut, in member order). The per-member
-            losses are slices of the merged output, so ``group_loss``/``device_grad`` apply
-            unchanged; without sample-coupling layers both choices compute the same.
+            not carried to other processes, :data:`NOT_CARRIED`; never read back by a runtime).
+        round_idx: The round this plan is for (set by the experiment after planning; executors
+            that emulate time-varying devices read it).
     """
 
     tasks: list[ClientTask]
-    server_mode: str = "per_step"
-    group_loss: str = "mean"
-    device_grad: str = "union"
-    order: list[int] = field(default_factory=list)
-    server_lr: float | None = None
-    device_loss: str = "server"
-    aux: AuxSpec | None = None
-    upload_every: int = 1
-    upload_phase: int = 0
-    align: AlignSpec | None = None
-    mixup_alpha: float | None = None
-    chain_devices: bool = False
-    ring: RingSpec | None = None
+    _: KW_ONLY
+    topology: Topology = field(default_factory=Star)
+    device_update: DeviceUpdate | None = None
     info: dict[str, Any] = field(default_factory=dict, metadata=NOT_CARRIED)
-    group_forward: str = "separate"
-    #: Where each group's server part runs, as data: group → the client whose *device* runs
-    #: it (ParallelSFL's top workers, which reach their members over device-to-device links).
-    #: Groups not named run on the parameter server. The arithmetic is the same wherever it
-    #: runs; the networked executor places the work accordingly.
-    hosts: dict[int, int] = field(default_factory=dict)
-    #: The round this plan is for (set by the experiment after planning; executors that
-    #: emulate time-varying devices read it).
     round_idx: int | None = None
 
+    @property
+    def aux(self) -> AuxSpec | None:
+        """The auxiliary model of an auxiliary device update (None without one)."""
+        return None if self.device_update is None else self.device_update.aux
+
+    @property
+    def device_loss(self) -> str:
+        """The device update rule's wire name: ``server``, ``local`` or ``estimate``."""
+        return DEVICE_LOSS_OF.get(type(self.device_update), "server")
+
     def uploads(self, step: int) -> bool:
-        """Whether step ``step``'s smashed data go to the server (every step but in auxiliary
-        plans with an upload period)."""
-        return step % self.upload_every == self.upload_phase
+        """Whether step ``step``'s smashed data go to the server (every step but under an
+        auxiliary update rule with an upload period)."""
+        return self.device_update is None or self.device_update.uploads(step)
 
     def groups(self) -> dict[int, list[ClientTask]]:
         out: dict[int, list[ClientTask]] = {}
         for task in self.tasks:
             out.setdefault(task.group, []).append(task)
         return out
+
+
+#: The wire name of each device update rule (what device processes are told).
+DEVICE_LOSS_OF: dict[type, str] = {LocalLoss: "local", Estimate: "estimate"}
+#: The device update rules, by wire name.
+DEVICE_LOSSES = ("server", "local", "estimate")
 
 
 @dataclass

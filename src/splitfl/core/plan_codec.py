@@ -39,12 +39,16 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from splitfl.core.plan import AlignSpec, AuxSpec, ClientTask, RingSpec, RoundPlan
+from splitfl.core.plan import ClientTask, RoundPlan
+from splitfl.core.topology import PAYLOADS, SPECS, DeviceUpdate, Topology
 
-#: The dataclasses a plan is made of, the only types :func:`decode` builds (the closed registry;
+#: The dataclasses a plan is made of, the only types :func:`decode` builds (the registry;
 #: ``tests/test_plan_codec.py`` finds every dataclass a :class:`RoundPlan` reaches through its
-#: type hints and fails on one missing here).
-PLAN_TYPES: tuple[type, ...] = (RoundPlan, ClientTask, RingSpec, AuxSpec, AlignSpec)
+#: type hints and fails on one missing here). A payload defined outside the tree joins it
+#: through :func:`register_plan_type` (:func:`splitfl.topologies.register` calls it).
+PLAN_TYPES: list[type] = [RoundPlan, ClientTask, *PAYLOADS, *SPECS]
+#: Bases a field may be hinted with: it then holds any registered subclass, by its tag.
+OPEN_BASES: tuple[type, ...] = (Topology, DeviceUpdate)
 #: Most items of one list, tuple or dict (a round's participants are far fewer).
 MAX_ITEMS = 1 << 16
 #: Longest string (mode names, an auxiliary model's import path).
@@ -69,6 +73,8 @@ def _node(hint: Any) -> Node:
         return (hint.__name__,)
     if hint is torch.Tensor:
         return ("tensor",)
+    if hint in OPEN_BASES:
+        return ("open", hint)
     if dataclasses.is_dataclass(hint):
         if hint not in PLAN_TYPES:
             raise TypeError(f"plan codec: dataclass {hint.__name__} is not in PLAN_TYPES")
@@ -107,10 +113,24 @@ def carried(cls: type) -> dict[str, Node]:
 _BY_TAG: dict[str, type] = {cls.__name__: cls for cls in PLAN_TYPES}
 
 
+def register_plan_type(cls: type) -> None:
+    """Let plans carry ``cls`` (a dataclass; a payload subclasses an :data:`OPEN_BASES` base).
+    Its tag is its class name, which must not name another registered type."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"plan codec: {cls.__name__} is not a dataclass")
+    known = _BY_TAG.get(cls.__name__)
+    if known is cls:
+        return
+    if known is not None:
+        raise TypeError(f"plan codec: the tag {cls.__name__!r} is taken by {known.__module__}")
+    PLAN_TYPES.append(cls)
+    _BY_TAG[cls.__name__] = cls
+
+
 def describe(node: Node) -> str:
     """The type a node stands for, as a hint reads."""
     kind, args = node[0], node[1:]
-    if kind == "class":
+    if kind in ("class", "open"):
         return args[0].__name__
     if kind == "union":
         return " | ".join(describe(a) for a in args)
@@ -211,6 +231,8 @@ class _Writer(_Walk):
                 return [self.step(v, a, f"{where}[{i}]") for i, v, a in _items(value, node)]
         if kind == "intdict" and isinstance(value, dict) and all(_number(k, "int") for k in value):
             return {str(int(k)): self.step(v, args[0], f"{where}[{k}]") for k, v in value.items()}
+        if kind == "open" and isinstance(value, args[0]) and type(value) in PLAN_TYPES:
+            kind, args = "class", (type(value),)
         if kind == "class" and type(value) is args[0]:
             out = {TAG: args[0].__name__}
             for name, field_node in carried(args[0]).items():
@@ -287,8 +309,8 @@ class _Reader(_Walk):
         kind, args = node[0], node[1:]
         if kind == "union":
             return self.union(value, args, where)
-        if kind == "class":
-            return self._object(value, args[0], where)
+        if kind in ("class", "open"):
+            return self._object(value, args[0], where, open_=kind == "open")
         if kind in ("tensor", "state"):
             return self._tensors(value, kind, where)
         if kind in ("list", "tuple", "fixed") and type(value) is list:
@@ -305,7 +327,7 @@ class _Reader(_Walk):
             return value
         raise PlanCodecError(f"{where}: expected {describe(node)}, got {_kind(value)}")
 
-    def _object(self, value: Any, cls: type, where: str) -> Any:
+    def _object(self, value: Any, cls: type, where: str, open_: bool = False) -> Any:
         if type(value) is not dict:
             raise PlanCodecError(f"{where}: expected {cls.__name__}, got {_kind(value)}")
         if type(value.get(TAG)) is not str:
@@ -313,6 +335,8 @@ class _Reader(_Walk):
         tag = value[TAG]
         if tag not in _BY_TAG:
             raise PlanCodecError(f"{where}: unknown type tag {tag[:40]!r}")
+        if open_ and issubclass(_BY_TAG[tag], cls):
+            cls = _BY_TAG[tag]
         if _BY_TAG[tag] is not cls:
             raise PlanCodecError(f"{where}: expected {cls.__name__}, got {tag}")
         fields, sent = carried(cls), value.keys() - {TAG}

@@ -34,7 +34,7 @@ from splitfl.core.activations import (
     leaves,
     tree_map,
 )
-from splitfl.core.plan import AlignSpec, AuxSpec
+from splitfl.core.topology import AlignSpec, AuxSpec
 from splitfl.extensions import build_aux
 from splitfl.models.aux import aux_flops
 from splitfl.training import loss_fn

@@ -34,7 +34,7 @@ class _BatchedRing:
     def __init__(
         self, runner: RowRunner, ctx, model: BlockModel, plan: RoundPlan, round_seed: int
     ) -> None:
-        self.runner, self.ring, self.tasks = runner, plan.ring, plan.tasks
+        self.runner, self.ring, self.tasks = runner, plan.topology.spec, plan.tasks
         self.n = n = model.num_blocks
         full = ModelPart(model, 0, n)
         base = full.state_dict()

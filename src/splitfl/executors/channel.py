@@ -40,6 +40,7 @@ from splitfl.core import plan_codec
 from splitfl.core.framing import DTYPES, Frame, Message, WireError, decode, encode, state_tensors
 from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan
 from splitfl.core.plan_codec import PlanCodecError
+from splitfl.core.topology import Ring
 from splitfl.data.transforms import Transforms
 from splitfl.executors.fleet import GroupRun, State
 from splitfl.models import block_index
@@ -251,7 +252,7 @@ def read_data(
 def setup_message(global_state: State, plan: RoundPlan, round_seed: int) -> Frame:
     """A round: the global model (``global/…``), the plan without its tasks (``plan``, its
     tensors ``plan/…``: :func:`~splitfl.core.plan_codec.encode`), the round seed."""
-    if plan.ring is not None:
+    if isinstance(plan.topology, Ring):
         raise ChannelError("a ring round is one coupled unit, never dealt")
     value, tensors = plan_codec.encode(dataclasses.replace(plan, tasks=[]))
     tensors = state_tensors("global", global_state) | state_tensors("plan", tensors)
@@ -264,7 +265,7 @@ def read_setup(msg: Message, specs: Specs) -> tuple[State, RoundPlan, int]:
     seed = field(msg.fields, "round_seed", "int", "setup")
     by = groups(msg)
     plan = plan_data(msg.fields.get("plan"), by.pop("plan", {}), RoundPlan, "setup.plan")
-    if plan.tasks or plan.ring is not None:
+    if plan.tasks or isinstance(plan.topology, Ring):
         raise ChannelError(
             "setup.plan: has tasks or a ring (units carry the tasks; a ring is never dealt)"
         )

@@ -24,6 +24,7 @@ import torch
 
 from splitfl.config import TrainConfig
 from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan
+from splitfl.core.topology import Turns
 from splitfl.executors.auxiliary import remember
 from splitfl.executors.pool import PartPool
 from splitfl.executors.roles import DeviceRole, Runtime, ServerRole, Smashed
@@ -200,7 +201,8 @@ def server_role(
         part = copy.deepcopy(ModelPart(model, start, n))
     else:
         part = pool.take(model, start, n, ModelPart(model, start, n).state_dict())
-    lr = plan.server_lr if plan.server_lr is not None else tasks[0].lr
+    spec = plan.topology.server
+    lr = spec.lr if spec.lr is not None else tasks[0].lr
     return ServerRole(part, lr, train, plan, runtime, gen)
 
 
@@ -218,12 +220,14 @@ def run_group(
     tally = {t.client: _Tally() for t in run.tasks}
     memory = {t.client: t.aux_memory for t in run.tasks}
     loop = _Loop(fleet, server, plan, tally, memory, run)
-    rank = {c: i for i, c in enumerate(plan.order)}
-    if plan.server_mode == "sequential":
+    topology = plan.topology
+    taking_turns = topology if isinstance(topology, Turns) else None
+    rank = {c: i for i, c in enumerate(taking_turns.order if taking_turns else ())}
+    if taking_turns is not None and taking_turns.mode == "sequential":
         previous: tuple[State, State | None] | None = None
         done: dict[int, tuple[State, State | None]] = {}
         for t in sorted(run.tasks, key=lambda t: rank.get(t.client, 0)):
-            part = previous[0] if plan.chain_devices and previous else run.parts[t.client]
+            part = previous[0] if taking_turns.chain and previous else run.parts[t.client]
             fleet.begin([t], {t.client: part}, run.aux)
             for step in range(t.steps):
                 loop.iteration([t], step)
@@ -234,7 +238,7 @@ def run_group(
         turns = sorted(run.tasks, key=lambda t: rank.get(t.client, 0))
         for step in range(max(t.steps for t in run.tasks)):
             active = [t for t in turns if step < t.steps]
-            if plan.server_mode == "round_robin":
+            if taking_turns is not None and taking_turns.mode == "round_robin":
                 for t in active:
                     loop.iteration([t], step)
             else:
@@ -249,7 +253,7 @@ def run_group(
 
 def _update(t: ClientTask, group: int, tally: _Tally, done, memory, plan: RoundPlan):
     """A member's :class:`ClientUpdate` (auxiliary plans: the samples uploaded, the memory)."""
-    aux_plan = plan.device_loss != "server"
+    aux_plan = plan.device_update is not None
     return ClientUpdate(
         client=t.client,
         cut=t.cut,
@@ -260,7 +264,7 @@ def _update(t: ClientTask, group: int, tally: _Tally, done, memory, plan: RoundP
         loss_sum=tally.loss_sum,
         aux_state=done[1],
         uploaded=tally.uploaded if aux_plan else None,
-        aux_memory=memory[t.client] if plan.align is not None else None,
+        aux_memory=memory[t.client] if aux_plan and plan.device_update.align else None,
     )
 
 
@@ -290,7 +294,7 @@ class _Loop:
         split = [t for t in tasks if t not in local]
         if not split:
             return
-        if self.plan.device_loss != "server":
+        if self.plan.device_update is not None:
             self.aux_iteration(split, step)
             return
         sent = self._forward(split, step)
@@ -350,9 +354,10 @@ class _Loop:
             tally.samples += len(s.labels)
             tally.uploaded += len(s.labels)
             tally.loss_sum += loss_sum
-            if self.plan.align is not None:
+            align = self.plan.device_update.align
+            if align is not None:
                 self.memory[s.client] = remember(
-                    self.memory[s.client], s.features, s.labels, self.plan.align.memory
+                    self.memory[s.client], s.features, s.labels, align.memory
                 )
         return sent
 

@@ -41,6 +41,7 @@ import torch
 from splitfl.config import ParallelConfig
 from splitfl.core.framing import Message
 from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
+from splitfl.core.topology import Ring
 from splitfl.executors import channel
 from splitfl.executors.common import NonFiniteLossError
 from splitfl.executors.fleet import GroupRun, State, group_runs
@@ -62,9 +63,10 @@ PIPELINE_BYTES = 64 * 1024
 
 def coupled(plan: RoundPlan) -> str:
     """Why ``plan``'s round is one coupled unit (it then runs in the driver), or ""."""
-    if plan.ring is not None:
+    if isinstance(plan.topology, Ring):
         return "a ring"
-    if plan.mixup_alpha:
+    server = plan.topology.server
+    if server is not None and server.mixup:
         return "mixup pairs drawn from one stream across groups"
     if plan.aux is not None:
         return "auxiliary models (any nn.Module, and FSL-SAGE's memory) are not dealt to workers"

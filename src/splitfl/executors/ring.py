@@ -29,7 +29,7 @@ from splitfl.core.activations import (
     leaves,
     tree_map,
 )
-from splitfl.core.plan import RingSpec
+from splitfl.core.topology import RingSpec
 from splitfl.models.base import BlockModel
 from splitfl.training import loss_fn
 

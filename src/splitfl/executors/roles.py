@@ -245,6 +245,7 @@ class ServerRole:
         gen: np.random.Generator,
     ):
         self.part, self.plan, self.runtime, self.gen = part, plan, runtime, gen
+        self.spec = plan.topology.server
         self.optimizer = local_optimizer(part, lr, train)
         self.loss, self.loss_name = loss_fn(train.loss), train.loss
 
@@ -265,21 +266,21 @@ class ServerRole:
         grads = true_gradients(forward, x, y, self.loss_name)
         aux = aux_module(plan.aux, aux_state, like)
         seed = int(self.gen.integers(2**31))
-        align_aux(aux, (x, y), grads, plan.align, self.loss_name, seed)
+        align_aux(aux, (x, y), grads, plan.device_update.align, self.loss_name, seed)
         return detached(aux.state_dict())
 
     def step(self, sent: list[Smashed]) -> list[tuple[torch.Tensor, float]]:
         """One server iteration on the members' smashed data: group loss (S²FL Eq. 3, plus
         mixup terms), one optimiser step; per member (activation gradient — S²FL Eq. 4, or
         rescaled to the member's own mean loss with ``device_grad: own`` — and loss sum)."""
-        plan = self.plan
+        spec = self.spec
         inputs = [as_server_input(s.features) for s in sent]
         losses = self._member_losses(sent, inputs)
         for s, loss_sum in zip(sent, losses, strict=True):
             check_finite(loss_sum, s.client)
         sizes = [len(s.labels) for s in sent]
-        loss = group_loss(losses, sizes, plan.group_loss)
-        if plan.mixup_alpha:
+        loss = group_loss(losses, sizes, spec.group_loss)
+        if spec.mixup:
             loss = self._with_mixup(loss, sent, sum(sizes))
         self.optimizer.zero_grad()
         loss.backward()
@@ -287,8 +288,8 @@ class ServerRole:
         out = []
         for fs, loss_sum, size in zip(inputs, losses, sizes, strict=True):
             grad = input_grad(fs)
-            if plan.device_grad == "own":
-                factor = own_grad_factor(size, sizes, plan.group_loss)
+            if spec.device_grad == "own":
+                factor = own_grad_factor(size, sizes, spec.group_loss)
                 grad = map_grad(lambda g, f=factor: g * f, grad)
             out.append((grad, loss_sum.item()))
         return out
@@ -298,14 +299,12 @@ class ServerRole:
         ``concat`` (MergeSFL Eq. 16, S²FL's merged batches): one forward per cut point on its
         members' concatenated smashed data (member order), the output sliced back per member;
         autograd slices the input gradient the same way."""
-        mode = self.plan.group_forward
+        mode = self.spec.forward
         if mode == "separate":
             return [
                 self.loss(self._forward(fs, s.cut), s.labels, reduction="sum")
                 for s, fs in zip(sent, inputs, strict=True)
             ]
-        if mode != "concat":
-            raise ValueError(f"group_forward must be concat or separate (got {mode!r})")
         by_cut: dict[int, list[int]] = {}
         for i, s in enumerate(sent):
             by_cut.setdefault(s.cut, []).append(i)
@@ -322,7 +321,7 @@ class ServerRole:
     def _with_mixup(self, loss: torch.Tensor, sent: list[Smashed], n: int) -> torch.Tensor:
         """LocFedMix-SL: the loss averaged with the mixup terms of random member pairs."""
         terms, mixed_n = [], 0
-        for fm, cut, ya, yb, lam in mix_pairs(sent, self.gen, self.plan.mixup_alpha):
+        for fm, cut, ya, yb, lam in mix_pairs(sent, self.gen, self.spec.mixup):
             out = self._forward(fm, cut)
             terms.append(
                 lam * self.loss(out, ya, reduction="sum")

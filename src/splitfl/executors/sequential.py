@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from splitfl.config import TrainConfig
-from splitfl.core.plan import AuxSpec, ClientTask, ClientUpdate, RoundPlan, RoundResult
+from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 from splitfl.core.seeding import derive_seed
+from splitfl.core.topology import AuxSpec, Ring
 from splitfl.executors.auxiliary import device_aux
 from splitfl.executors.common import check_finite, detached, round_batches
 from splitfl.executors.fleet import GroupRun, LocalFleet, State, group_runs, run_group, server_role
@@ -44,7 +45,7 @@ class SequentialExecutor:
         load_state(model, global_state)
         model.train()
         runtime = Runtime(self.device, self.precision, self.channels_last, ctx.augment)
-        if plan.ring is not None:
+        if isinstance(plan.topology, Ring):
             return self._run_ring(ctx, model, plan, round_seed, runtime)
         gen = np.random.default_rng(derive_seed(round_seed, "mix"))
         train, data = ctx.config.train, (ctx.bundle.train.x, ctx.bundle.train.y)
@@ -73,7 +74,7 @@ class SequentialExecutor:
 
     def _run_ring(self, ctx, model: BlockModel, plan: RoundPlan, round_seed: int, runtime):
         """RingSFL (Alg. 1–2): full local models, every client's batch around the ring."""
-        ring, n = plan.ring, model.num_blocks
+        ring, n = plan.topology.spec, model.num_blocks
         x, y = ctx.bundle.train.x, ctx.bundle.train.y
         roles: dict[int, DeviceRole] = {}
         for t in plan.tasks:

@@ -69,15 +69,16 @@ def split_step(round_: SplitRound, active: list[WorkerRow], step: int) -> None:
     sent = _device_forward(round_, active, step)
     if not sent:
         return
-    if plan.group_forward == "concat":
+    spec = plan.topology.server
+    if spec.forward == "concat":
         server_losses, bn_results = _server_concat(round_, sent)
     else:
         server_losses, bn_results = _server_separate(round_, sent)
     group_sizes = _server_backward(round_, sent, server_losses, bn_results)
     for (bucket, fx, fs, y), losses in zip(sent, server_losses, strict=True):
         grad = input_grad(fs)
-        if plan.device_grad == "own":
-            mode, size = plan.group_loss, y.shape[1]
+        if spec.device_grad == "own":
+            mode, size = spec.group_loss, y.shape[1]
             scale = [own_grad_factor(size, group_sizes[r.group_row], mode) for r in bucket]
             factor = torch.tensor(scale, device=y.device)
             grad = map_grad(lambda g, f=factor: g * expand_rows(f.to(g.dtype), g), grad)
@@ -121,7 +122,7 @@ def _server_backward(
         for i, r in enumerate(bucket):
             members.setdefault(r.group_row, []).append((losses[i], y.shape[1]))
     sizes = {g: [s for _, s in ms] for g, ms in members.items()}
-    mode = round_.plan.group_loss
+    mode = round_.plan.topology.server.group_loss
     total = [group_loss([ls for ls, _ in ms], sizes[g], mode) for g, ms in members.items()]
     torch.stack(total).sum().backward()
     _combine_server_buffers(round_.server_stack, bn_results, round_.member_order, round_.momenta)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
+from splitfl.core.topology import Ring
 from splitfl.models import block_index
 
 #: Mean training loss every client reports under ``executor: timing`` (no training happens);
@@ -47,7 +48,7 @@ class TimingExecutor:
     def run_round(self, ctx, global_state: State, plan: RoundPlan, round_seed: int) -> RoundResult:
         del round_seed  # nothing random is drawn
         n = ctx.num_blocks
-        if plan.ring is not None:
+        if isinstance(plan.topology, Ring):
             updates = [self._update(ctx, global_state, plan, t) for t in plan.tasks]
             return RoundResult(updates=updates, server_states={})
         updates, servers = [], {}

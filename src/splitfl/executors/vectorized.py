@@ -49,6 +49,7 @@ from torch import nn
 
 from splitfl.config import TrainConfig
 from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
+from splitfl.core.topology import Clusters, Ring, Star
 from splitfl.data.base import ArrayDataset
 from splitfl.data.lazy import is_lazy
 from splitfl.executors.batched_ring import run_batched_ring
@@ -100,10 +101,11 @@ class VectorizedExecutor:
             for m in model.modules()
             if isinstance(m, nn.modules.batchnorm._BatchNorm)
         )
-        if plan.ring is not None:
+        if isinstance(plan.topology, Ring):
             return ema_norms
-        split_plan = plan.server_mode == "per_step" and plan.device_loss == "server"
-        return split_plan and not plan.mixup_alpha and ema_norms
+        topology = plan.topology
+        split_plan = isinstance(topology, Star | Clusters) and plan.device_update is None
+        return split_plan and not topology.server.mixup and ema_norms
 
     def _train_data(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = ctx.bundle.train.x, ctx.bundle.train.y
@@ -135,7 +137,7 @@ class VectorizedExecutor:
             augment=ctx.augment,
             round_seed=round_seed,
         )
-        if plan.ring is not None:
+        if isinstance(plan.topology, Ring):
             return run_batched_ring(runner, ctx, model, plan, round_seed, self._train_data(ctx))
         round_ = self._start_round(ctx, model, plan, round_seed, runner)
         cfg = ctx.config.train
@@ -199,9 +201,8 @@ class VectorizedExecutor:
         server_lo = min(t.cut for g in split_groups for t in groups[g] if t.cut < n)
         server_part = ModelPart(model, server_lo, n)
         base = server_part.state_dict()
-        lrs = [
-            plan.server_lr if plan.server_lr is not None else groups[g][0].lr for g in split_groups
-        ]
+        spec = plan.topology.server
+        lrs = [spec.lr if spec.lr is not None else groups[g][0].lr for g in split_groups]
         stack = RowStack.from_states(server_part, [base] * len(split_groups), lrs, self.device)
         return stack, server_part
 

@@ -55,7 +55,8 @@ from splitfl.algorithms.mergesfl.finetune import load_solver
 from splitfl.algorithms.mergesfl.ingress import update_ingress
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
 from splitfl.config import ConfigError
-from splitfl.core.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport
+from splitfl.core.plan import ClientTask, RoundPlan, RoundReport
+from splitfl.core.topology import GROUP_FORWARDS, ServerSpec, Star
 
 #: Where B^h comes from (see the module docstring).
 BUDGETS = ("measured", "clients_per_round")
@@ -179,15 +180,8 @@ class MergeSFL(Algorithm):
         info["batch_sizes"] = [int(d) for d in batch]
         info["ingress_estimate"] = self.ingress_estimate
         info["budget"] = float(budget)
-        return RoundPlan(
-            tasks=tasks,
-            server_mode="per_step",
-            group_loss="mean",
-            device_grad="own",
-            server_lr=lr,
-            info=info,
-            group_forward=self.options.merge,
-        )
+        server = ServerSpec(device_grad="own", lr=lr, forward=self.options.merge)
+        return RoundPlan(tasks, topology=Star(server=server), info=info)
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         """Participants' measured μ̂, β̂ enter the moving averages; K_i and B^h are updated."""

@@ -65,6 +65,7 @@ from splitfl.algorithms.parallelsfl.problem import Cluster, ClusterInputs
 from splitfl.config import ConfigError
 from splitfl.core.benching import SitOut
 from splitfl.core.plan import ClientTask, RoundPlan, RoundReport
+from splitfl.core.topology import Clusters, ServerSpec
 from splitfl.system.cluster import ClusterLoad, ClusterTime, MemberLoad, cluster_times
 from splitfl.system.cost import ClientCost, Traffic, d2d_rate
 
@@ -255,8 +256,9 @@ class ParallelSFL(Algorithm):
         summary["tops"] = sorted(self.tops.values())
         summary["taus"] = [int(t) for t in taus if t > 0]
         # hosts: each cluster's top part runs on its top worker
+        server = ServerSpec(device_grad="own", lr=lr)
         return RoundPlan(
-            tasks, "per_step", "mean", "own", server_lr=lr, info=summary, hosts=dict(self.tops)
+            tasks, topology=Clusters(hosts=dict(self.tops), server=server), info=summary
         )
 
     def _clock_clusters(

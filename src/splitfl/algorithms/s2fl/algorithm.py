@@ -81,7 +81,8 @@ from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.s2fl.data_balance import balanced_groups, partition_cost
 from splitfl.algorithms.s2fl.lockstep import lockstep_finish, member_phases
 from splitfl.config import ConfigError
-from splitfl.core.plan import GROUP_FORWARDS, ClientTask, RoundPlan, RoundReport, RoundResult
+from splitfl.core.plan import ClientTask, RoundPlan, RoundReport, RoundResult
+from splitfl.core.topology import GROUP_FORWARDS, ServerSpec, Star
 from splitfl.system.cost import ClientCost, round_times, split_client_cost
 from splitfl.system.devices import DeviceProfile
 
@@ -288,14 +289,11 @@ class S2FL(Algorithm):
         else:
             groups, group_info = self.choose_groups(clients, rng)
         tasks = [self.make_task(c, cuts[c], groups[c], round_idx) for c in clients]
-        return RoundPlan(
-            tasks=tasks,
-            server_mode="per_step",
-            group_loss=self.options.group_loss,
-            device_grad=self.options.device_grad,
-            info={**split_info, **group_info},
-            group_forward=self.options.group_forward,
+        o = self.options
+        server = ServerSpec(
+            group_loss=o.group_loss, device_grad=o.device_grad, forward=o.group_forward
         )
+        return RoundPlan(tasks, topology=Star(server=server), info={**split_info, **group_info})
 
     def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
         """The shared cost model; remembered for pricing the group barrier in round_time."""
@@ -312,7 +310,7 @@ class S2FL(Algorithm):
         round_time, _ = round_times(times)
         plan, seen = self._round
         barrier = self.options.lockstep_barrier
-        if barrier and plan is not None and plan.server_mode == "per_step":
+        if barrier and plan is not None and isinstance(plan.topology, Star):
             for members in plan.groups().values():
                 phases = {
                     t.client: member_phases(

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from splitfl.config import ExperimentConfig
-from splitfl.core.plan import AuxSpec
+from splitfl.core.topology import AuxSpec
 from splitfl.executors.auxiliary import device_aux, returned_names
 from splitfl.models.aux import AUX_MODELS
 from splitfl.net.transport.wire import Message, WireError, all_finite, state_from

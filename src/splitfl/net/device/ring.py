@@ -26,7 +26,8 @@ import time
 import torch
 
 from splitfl.core.activations import batch_size, count_of, differentiable, leaves, pack, unpack
-from splitfl.core.plan import ClientTask, RingSpec
+from splitfl.core.plan import ClientTask
+from splitfl.core.topology import RingSpec
 from splitfl.executors.ring import RingMember
 from splitfl.executors.roles import DeviceRole
 from splitfl.net.device.emulation import FORWARD_SHARE, stretch, transfer

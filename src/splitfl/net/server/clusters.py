@@ -2,7 +2,7 @@
 
 The devices' side: :mod:`splitfl.net.device.clusters`.
 
-* :func:`run_cluster` — a group whose server part runs on a device (``RoundPlan.hosts``:
+* :func:`run_cluster` — a group whose server part runs on a device (``Clusters.hosts``:
   ParallelSFL's top worker, §3.3). The server sends the top worker the cluster's bottom and
   top parts and one-round tokens for its members, tells each member where to connect, and
   waits for ``hosted``: the Eq. (4) average of the bottom parts, the trained top part, each

@@ -26,6 +26,7 @@ from splitfl.config import ExperimentConfig
 from splitfl.core.allocator import keep_freed_memory
 from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.core.seeding import derive_seed
+from splitfl.core.topology import Clusters, Ring
 from splitfl.executors.auxiliary import spec_flops
 from splitfl.executors.fleet import GroupRun, group_runs, run_group, server_role
 from splitfl.executors.roles import Runtime
@@ -145,13 +146,14 @@ class NetworkedExecutor:
         self._deadline = round_deadline(net, float(np.median(known)) if known else None, began)
         start = time.perf_counter()
         on_server: list[int] = []  # the clients the server itself contacts (lateness)
-        if plan.ring is not None:
+        hosts = plan.topology.hosts if isinstance(plan.topology, Clusters) else {}
+        if isinstance(plan.topology, Ring):
             emulation = ring_emulation(ctx, plan, net.emulate_links) if net.emulate else None
             rnd.deadline, rnd.late_start_factor = self._deadline, net.round_deadline_factor
             updates, server_states = run_ring(rnd, plan, model, emulation), {}
-            self._late.record(r, plan.ring.order, rnd.late_starts)  # benched, work kept
+            self._late.record(r, plan.topology.spec.order, rnd.late_starts)  # benched, work kept
         else:
-            on_server = [t.client for t in plan.tasks if t.group not in plan.hosts]
+            on_server = [t.client for t in plan.tasks if t.group not in hosts]
             lost.update(self._late.benched(r, on_server))  # not contacted this round
             updates, server_states, moves = self._groups(ctx, model, plan, rnd)
             own = server_step(ctx, model, plan)
@@ -193,7 +195,7 @@ class NetworkedExecutor:
 
     def _groups(self, ctx, model: BlockModel, plan: RoundPlan, rnd: D2DRound):
         """Every group of a parameter-server plan, concurrently: on the server, or on the
-        device ``plan.hosts`` names (device-to-device,
+        device ``Clusters.hosts`` names (device-to-device,
         :func:`~splitfl.net.server.clusters.run_cluster`). Returns the updates, the server-side
         copies and each server-checked update's move from the part it was sent
         (:class:`~splitfl.net.trust.spread.RoundMoves`: the peer checks)."""
@@ -208,9 +210,11 @@ class NetworkedExecutor:
         if profiles is not None:
             server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
 
+        hosts = plan.topology.hosts if isinstance(plan.topology, Clusters) else {}
+
         def group(run: GroupRun):
-            if run.group in plan.hosts:
-                host = plan.hosts[run.group]
+            if run.group in hosts:
+                host = hosts[run.group]
                 emulation = cluster_emulation(ctx, plan, run, host, links) if emulate else None
                 return run_cluster(rnd, run, host, plan, model, expect, emulation)
             server = server_role(model, run.tasks, plan, ctx.config.train, self.runtime, gen)
@@ -232,7 +236,7 @@ class NetworkedExecutor:
             return run_group(fleet, timed, run, plan), None if server is None else server.state()
 
         runs = list(group_runs(ctx, model, plan))
-        if plan.mixup_alpha or len(runs) == 1:
+        if plan.topology.server.mixup or len(runs) == 1:
             done = [group(run) for run in runs]
         else:
             with ThreadPoolExecutor(max_workers=len(runs)) as pool:
@@ -280,7 +284,7 @@ def cluster_emulation(
 def ring_emulation(ctx, plan: RoundPlan, links: bool = True) -> RingEmulation:
     """The ring's profiles for the plan's round: FLOPS, server link rates and the D2D rates
     to each member's successor and predecessor (the cost model's ``ring_client_cost``)."""
-    r, order = plan.round_idx or 0, plan.ring.order
+    r, order = plan.round_idx or 0, plan.topology.spec.order
     members = {}
     for pos, c in enumerate(order):
         device = ctx.population.at(c, r)

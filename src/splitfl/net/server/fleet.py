@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import torch
 
 from splitfl.core.activations import leaves, names, pack, unpack
-from splitfl.core.plan import AuxSpec, ClientTask
+from splitfl.core.plan import ClientTask
+from splitfl.core.topology import AuxSpec
 from splitfl.executors.auxiliary import aux_module, returned_names
 from splitfl.executors.roles import ServerRole
 from splitfl.net.device.emulation import Profile, stretch

@@ -39,7 +39,8 @@ def run_ring(
     rnd: D2DRound, plan: RoundPlan, model: BlockModel, emulation: RingEmulation | None
 ) -> list[ClientUpdate]:
     """One ring round: every member's blended model, or none (round abandoned)."""
-    ring, order = plan.ring, plan.ring.order
+    ring = plan.topology.spec
+    order = ring.order
     links = {c: rnd.hub.link_of(c) for c in order}
     missing = [c for c in order if links[c] is None or not links[c].peer_address]
     if missing:

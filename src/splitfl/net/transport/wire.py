@@ -63,8 +63,9 @@ __all__ = [
 #: proved by challenge–response (:mod:`splitfl.net.transport.handshake`), never sent; 5: a RingSFL
 #: member acknowledges its ``ring`` command as it starts it (``ring_started``:
 #: :mod:`splitfl.net.server.ring`); 6: a hosted cluster's ``host`` command carries the group's
-#: whole plan (:mod:`splitfl.core.plan_codec`) instead of five of its fields
-PROTOCOL_VERSION = 6
+#: whole plan (:mod:`splitfl.core.plan_codec`) instead of five of its fields; 7: the plan's
+#: training pattern is a typed topology payload (:mod:`splitfl.core.topology`)
+PROTOCOL_VERSION = 7
 
 
 def all_finite(t: torch.Tensor) -> bool:
