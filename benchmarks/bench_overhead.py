@@ -76,9 +76,9 @@ def plain_rounds(rounds: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     from splitfl.core.seeding import derive_seed, rng_for
     from splitfl.data.base import load_dataset
     from splitfl.data.clients import client_partition
-    from splitfl.executors.common import client_batches
     from splitfl.experiment.runner import as_config
     from splitfl.models import build_model
+    from splitfl.roles.common import client_batches
 
     config = as_config({**CONFIG, "rounds": rounds})
     torch.set_num_threads(1)

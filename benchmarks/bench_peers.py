@@ -50,8 +50,8 @@ import splitfl
 from splitfl.core.seeding import derive_seed, rng_for
 from splitfl.data.base import load_dataset
 from splitfl.data.clients import client_partition
-from splitfl.executors.common import client_batches
 from splitfl.experiment.runner import as_config
+from splitfl.roles.common import client_batches
 
 HERE = Path(__file__).resolve().parent
 VENVS = HERE / ".venvs"

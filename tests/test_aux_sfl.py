@@ -20,13 +20,13 @@ from splitfl.core.plan import ClientTask
 from splitfl.core.seeding import derive_seed
 from splitfl.core.topology import AlignSpec, ServerSpec
 from splitfl.executors import SequentialExecutor
-from splitfl.executors.auxiliary import align_aux, estimate_gradient, remember, true_gradients
-from splitfl.executors.common import client_batches
 from splitfl.executors.parallel import ParallelExecutor
-from splitfl.executors.roles import DeviceRole, Runtime
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import BlockModel, ModelPart
+from splitfl.roles.auxiliary import align_aux, estimate_gradient, remember, true_gradients
+from splitfl.roles.common import client_batches
+from splitfl.roles.sides import DeviceRole, Runtime
 from splitfl.testing import config_for
 
 RT = Runtime(torch.device("cpu"))
@@ -240,7 +240,7 @@ def _copy(model):
 
 
 def _aux_holding(spec, state):
-    from splitfl.executors.auxiliary import aux_module
+    from splitfl.roles.auxiliary import aux_module
 
     return aux_module(spec, state, next(iter(state.values())))
 

@@ -13,11 +13,11 @@ from splitfl.algorithms.adasfl import local_frequencies
 from splitfl.algorithms.pyramidfl import dropout_ratios, normalise_stats, oort_utility
 from splitfl.cli.main import main
 from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundReport, RoundResult
-from splitfl.executors.roles import Smashed, mix_pairs
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.metrics.report import _cell_id, _label
 from splitfl.metrics.summary import comparison_table
 from splitfl.models.base import BlockModel, lowest_loss_state
+from splitfl.roles.sides import Smashed, mix_pairs
 from splitfl.system.cost import ClientCost, Traffic
 from splitfl.system.devices import draw_population
 from splitfl.system.jetson import MBPS, MODE_PERIOD, MODES

@@ -15,11 +15,11 @@ from splitfl.config import ConfigError
 from splitfl.core.plan import ClientTask, RoundPlan
 from splitfl.core.seeding import derive_seed
 from splitfl.core.topology import ServerSpec, Star
-from splitfl.executors.common import client_batches
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import ModelPart
+from splitfl.roles.common import client_batches
 
 SEED = 5
 SERVER_LR = 0.1

@@ -57,7 +57,9 @@ def test_merged_top_model_step_is_one_step_on_the_concatenated_batch(executor):
     plan = alg.plan_round(0, alg.select_clients(0, rng_for(3, "s", 0)), rng_for(3, "p", 0))
     for t in plan.tasks:
         t.steps = 1
-    assert plan.topology.server.forward == "concat" and len(set(t.batch_size for t in plan.tasks)) > 1
+    assert (
+        plan.topology.server.forward == "concat" and len(set(t.batch_size for t in plan.tasks)) > 1
+    )
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
     devices, servers = hand_concatenated_step(ctx, state, plan)
     ex = {

@@ -12,11 +12,11 @@ import torch
 
 from splitfl.core.seeding import _key, derive_seed, rng_for, seed_torch
 from splitfl.data.partition import _top_up, dirichlet
-from splitfl.executors.common import client_batches
-from splitfl.executors.pool import PartPool, load_state
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import BlockModel
+from splitfl.roles.common import client_batches
+from splitfl.roles.parts import PartPool, load_state
 from splitfl.testing import config_for
 from splitfl.training import make_optimizer
 

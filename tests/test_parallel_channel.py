@@ -21,13 +21,13 @@ from splitfl.core.seeding import rng_for
 from splitfl.core.topology import AuxSpec, Clusters, LocalLoss, ServerSpec
 from splitfl.executors import channel
 from splitfl.executors.channel import ChannelError, Init
-from splitfl.executors.fleet import group_runs
 from splitfl.executors.parallel import ParallelExecutor, partitions
 from splitfl.executors.pools import WorkerError
 from splitfl.executors.workers import UnitWorker, recv_message, send_message
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models.aux import linear_aux
 from splitfl.net.transport.wire import decode
+from splitfl.roles.fleet import group_runs
 from splitfl.testing import config_for
 
 EXECUTORS = Path(splitfl.__file__).parent / "executors"

@@ -16,13 +16,13 @@ from splitfl.config import ConfigError
 from splitfl.core.seeding import derive_seed, rng_for
 from splitfl.data.base import ArrayDataset, DatasetBundle, register_dataset
 from splitfl.executors import EXECUTORS, SequentialExecutor
-from splitfl.executors.common import client_batches, evaluate
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.checkpoint import identity_mismatch, run_identity
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.experiment.validation import validate_config
 from splitfl.models.base import lowest_loss_state
 from splitfl.net.server.testbed import Testbed
+from splitfl.roles.common import client_batches, evaluate
 from splitfl.testing import config_for
 from splitfl.training import loss_fn, score
 

@@ -1,4 +1,4 @@
-"""RingSFL's ring member (``executors/ring.py::RingMember``, Alg. 2 cut at segment boundaries):
+"""RingSFL's ring member (``topologies/ring/member.py::RingMember``, Alg. 2 cut at segments):
 whatever order the hops arrive in, a BatchUpdate step leaves every member's model exactly as
 :func:`ring_batch_update` (one autograd graph, batches in task order) leaves it."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from splitfl.core.topology import RingSpec
-from splitfl.executors.ring import RingMember, ring_batch_update
 from splitfl.models import build_model
+from splitfl.topologies.ring.member import RingMember, ring_batch_update
 
 # lengths 3:1:1 over cnn_digits' 5 blocks: block 2 of u_0's model is crossed by all three
 # batches (three gradients to add: float addition is not associative)

@@ -16,13 +16,13 @@ from splitfl.core.plan import RING_MEMBER_FAILED
 from splitfl.core.seeding import derive_seed
 from splitfl.core.topology import RingSpec
 from splitfl.executors import SequentialExecutor
-from splitfl.executors.common import client_batches
-from splitfl.executors.ring import block_rates, ring_batch_update, ring_update
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import ModelPart, block_index, build_model
 from splitfl.models.base import BlockModel
+from splitfl.roles.common import client_batches
 from splitfl.testing import config_for
+from splitfl.topologies.ring.member import block_rates, ring_batch_update, ring_update
 
 RING = {
     "model": "mlp",

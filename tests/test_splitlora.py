@@ -13,10 +13,10 @@ import torch.nn.functional as F
 import splitfl
 from splitfl.config import ConfigError
 from splitfl.core.seeding import derive_seed, rng_for
-from splitfl.executors.common import client_batches
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models.base import split
+from splitfl.roles.common import client_batches
 from splitfl.testing import config_for
 
 ROUND_SEED = 11

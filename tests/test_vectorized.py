@@ -227,7 +227,9 @@ def test_ring_with_batchnorm_equals_sequential(version, use_vmap):
     plan = alg.plan_round(
         0, alg.select_clients(0, np.random.default_rng(0)), np.random.default_rng(1)
     )
-    assert len(set(plan.topology.spec.lengths.values())) > 1  # uneven: blocks shared by several starts
+    assert (
+        len(set(plan.topology.spec.lengths.values())) > 1
+    )  # uneven: blocks shared by several starts
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}
     ref = SequentialExecutor().run_round(ctx, state, plan, round_seed=3)
     ex = VectorizedExecutor(use_vmap=use_vmap)

@@ -39,6 +39,7 @@ def catalog() -> dict[str, dict[str, str]]:
     algorithms = {
         name: (f"[proxy: {PROXIES[name]}] " if name in PROXIES else "")
         + cls.paper
+        + f" [topology: {cls.topology.__name__}]"
         + timing_note(cls)
         + parallel_note(cls)
         for name, cls in sorted(ALGORITHMS.items())

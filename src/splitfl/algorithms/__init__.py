@@ -24,6 +24,7 @@ from splitfl.algorithms.splitfed_ringsfl import SplitFedRingSFL
 from splitfl.algorithms.splitfed_v1 import SplitFedV1
 from splitfl.algorithms.splitfed_v2 import SplitFedV2
 from splitfl.algorithms.splitlora import SplitLoRA
+from splitfl.algorithms.ushaped_sl import UShapedSL
 from splitfl.algorithms.vanilla_sl import VanillaSL
 from splitfl.config import ConfigError, from_dict
 from splitfl.config.choices import unknown_choice
@@ -49,6 +50,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
         RingSFL,
         SplitFedRingSFL,
         VanillaSL,
+        UShapedSL,
     )
 }
 

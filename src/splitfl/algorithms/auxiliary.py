@@ -2,7 +2,7 @@
 FSL-SAGE): the auxiliary model of the run (:class:`AuxModel`: its spec, its initial state, its
 size and FLOPs) and the cost of an auxiliary task (:func:`aux_task_cost`).
 
-The executors run the auxiliary model (:mod:`splitfl.executors.auxiliary`, the device role);
+The executors run the auxiliary model (:mod:`splitfl.roles.auxiliary`, the device role);
 the algorithm decides whose auxiliary model a task starts from, where it is averaged and what
 crosses the network, and the shared cost model charges it: the auxiliary model's forward and
 backward on the device for every trained sample, its transfers, and — with an upload period —

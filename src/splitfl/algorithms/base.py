@@ -24,7 +24,7 @@ import torch
 
 from splitfl.aggregation.layerwise import Rule, layerwise_aggregate
 from splitfl.core.plan import ClientTask, RoundPlan, RoundReport, RoundResult
-from splitfl.core.topology import Turns
+from splitfl.core.topology import Star, Turns
 from splitfl.system.cost import ClientCost, round_times, share_server_link
 
 
@@ -62,6 +62,9 @@ class Algorithm:
     #: ``executor: networked``: "" when device processes can run the algorithm's plans, else
     #: why not, in one line (the validation refuses it).
     not_networked: ClassVar[str] = ""
+    #: The topology payload its plans use (:mod:`splitfl.core.topology`; its family in
+    #: :mod:`splitfl.topologies` runs and prices them); ``splitfl list`` names it.
+    topology: ClassVar[type] = Star
     #: Whether its plans cut the model (False: every client trains the whole model, cut =
     #: the number of blocks; such an algorithm runs a model without a usable cut point).
     splits_model: ClassVar[bool] = True

@@ -72,6 +72,7 @@ class CSEFSL(Algorithm):
     name = "cse_fsl"
     paper = "Mu & Shen, CSE-FSL (arXiv:2302.05599); authors' code HowDoIBlowUpTheMoon/ECSE-FL"
     Options = CSEFSLOptions
+    topology = Turns
     coupled_round = "one server model trained on every client's uploads"
 
     def __init__(self, options: CSEFSLOptions, ctx) -> None:

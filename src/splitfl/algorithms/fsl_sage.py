@@ -75,6 +75,7 @@ class FSLSAGE(Algorithm):
     name = "fsl_sage"
     paper = "Nair et al., FSL-SAGE (ICML 2025); code srijith1996/FSL-SAGE"
     Options = FSLSAGEOptions
+    topology = Turns
     coupled_round = "one server model trained on every client's uploads, in client order"
     training_signals = "aligns on the smashed data the server kept (uploads fill its memory)"
     timing_stand_in = (

@@ -7,8 +7,9 @@ Heterogeneity"): spec ``papers/ringsfl.md`` §3 (Alg. 1–2, Eq. 1–7).
   the devices' FLOPS, rounded to integers ≥ 1 summing to W by the largest-remainder rule
   (:func:`largest_remainder`), or explicit ratios ``prop_lens: "6:1:1:1:1"``
   rounded the same way. Aggregation weights a_i = D_i/ΣD.
-* Training: :func:`splitfl.executors.ring.ring_batch_update` (Alg. 2) every local step, plain SGD
-  (``train.momentum``/``weight_decay`` other than 0 are rejected, not ignored) with the
+* Training: :func:`splitfl.topologies.ring.member.ring_batch_update` (Alg. 2) every local
+  step, plain SGD (``train.momentum``/``weight_decay`` other than 0 are rejected, not ignored) with
+  the
   learning rate multiplied by N (``lr_compensation``, §3.4) so a round equals a FedAvg update
   (Eq. 6; tested). ``version: v2`` multiplies the rate of overlapping blocks by |U_i,(j)|
   (Eq. 7); the public code was not found to do this, the paper is followed.
@@ -146,6 +147,7 @@ class RingSFL(Algorithm):
     name = "ringsfl"
     paper = "Shen et al., RingSFL §3 (Alg. 1-2, Eq. 1-7)"
     Options = RingSFLOptions
+    topology = Ring
     coupled_round = "one ring: every batch crosses every device"
 
     def __init__(self, options: RingSFLOptions, ctx) -> None:

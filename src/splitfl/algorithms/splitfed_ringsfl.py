@@ -25,7 +25,7 @@ N is the number of clients still training in that iteration: all of them when ev
 runs the same number of steps (the RingSFL configs: equal shards; the authors' loop stops at
 the shortest client's data). The default cut is 2 (the authors' ``cut_point``: the device
 holds blocks 0–1); ``cut: null`` takes the model's last candidate cut. The plan is S²FL's
-per-step group (:func:`splitfl.executors.fleet.run_group`) with all clients in one group, so
+per-step group (:class:`splitfl.topologies.star.StarFamily`) with all clients in one group, so
 the sequential, vectorised and networked executors all run it.
 """
 

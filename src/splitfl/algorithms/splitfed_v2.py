@@ -24,6 +24,7 @@ class SplitFedV2(Algorithm):
     name = "splitfed_v2"
     paper = "Thapa et al. 2022 (SplitFed, SFLV2)"
     Options = SplitFedOptions
+    topology = Turns
     coupled_round = "one server copy serving the clients in turn"
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:

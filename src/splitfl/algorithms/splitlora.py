@@ -60,6 +60,7 @@ class SplitLoRA(Algorithm):
     name = "splitlora"
     paper = "Lin et al. 2024, SplitLoRA (released code FDU-INC/Split_LoRA, gpt2_ft_sfl.py)"
     Options = SplitLoRAOptions
+    topology = Turns
     coupled_round = "one server model serving the clients' batches in turn"
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:

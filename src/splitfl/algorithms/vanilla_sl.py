@@ -65,6 +65,7 @@ class VanillaSL(Algorithm):
     name = "vanilla_sl"
     paper = "Gupta & Raskar 2018; RingSFL §4.1.3 baseline"
     Options = VanillaSLOptions
+    topology = Turns
     aggregations = ("mean",)  # nothing is averaged: the model is the chain's last client's
     coupled_round = "one chain: each device starts from the previous one's part"
 

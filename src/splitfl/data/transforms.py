@@ -10,7 +10,7 @@ The YAML shape is a list; each item is a name or a one-key mapping::
 This is the papers' CIFAR recipe (``RandomCrop(32, padding=4)``, ``RandomHorizontalFlip()``,
 ``Normalize(mean, std)``; public-implementation facts). ``random_crop`` and ``hflip`` change
 **training batches only**, where a client's batch is drawn (:func:`augment_batch`, called by
-:meth:`splitfl.executors.roles.Runtime.batch` and
+:meth:`splitfl.roles.sides.Runtime.batch` and
 :meth:`splitfl.executors.rowstack.RowRunner.batch` — every executor and device process); their
 draws come from :func:`batch_seed` ``(round seed, client, step)``, never from execution order,
 so the sequential, vectorised and networked executors see identical batches. ``normalize``

@@ -13,12 +13,12 @@ algorithm or the experiment.
 
 from __future__ import annotations
 
-from splitfl.executors.common import PRECISIONS, NonFiniteLossError, evaluate
 from splitfl.executors.parallel import ParallelExecutor
 from splitfl.executors.pools import WorkersLostError
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.timing import TimingExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
+from splitfl.roles.common import PRECISIONS, NonFiniteLossError, evaluate
 
 #: ``executor`` values: the reference loop, the batched one (``executors/vectorized.py``), the
 #: clock alone, no training (``executors/timing.py``), and units on workers

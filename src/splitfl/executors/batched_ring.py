@@ -4,7 +4,7 @@ Every start's batch visits blocks 0…W−1 in order, block b on the model of wh
 segment covers it (Alg. 2), so block b of all starts is one vmap over the owners' rows; a
 client's block crossed by several starts collects the sum of their gradients and chains their
 BatchNorm updates, and v2 scales each block's rate by |U_j,(k)| (Eq. 3's overlap counts).
-Computes what :func:`~splitfl.executors.ring.ring_batch_update` computes client by client.
+Computes what :func:`~splitfl.topologies.ring.member.ring_batch_update` computes client by client.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 import torch
 
 from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
-from splitfl.executors.common import task_batches
-from splitfl.executors.ring import block_rates
 from splitfl.executors.rowstack import (
     RowRunner,
     RowStack,
@@ -26,6 +24,8 @@ from splitfl.executors.rowstack import (
     row_losses,
 )
 from splitfl.models import BlockModel, ModelPart, block_index
+from splitfl.roles.common import task_batches
+from splitfl.topologies.ring.member import block_rates
 
 
 class _BatchedRing:
@@ -101,7 +101,7 @@ class _BatchedRing:
         self.update(active)
 
     def update(self, active: list[WorkerRow]) -> None:
-        """Each block of each row by its rate (:func:`~splitfl.executors.ring.block_rates`:
+        """Each block of each row by its rate (:func:`~splitfl.topologies.ring.member.block_rates`:
         lr, v2 × |U_j,(k)|; 0 where no batch passed)."""
         ring, stack, lr = self.ring, self.stack, self.tasks[0].lr
         counts = ring.overlap_counts(self.n, [w.task.client for w in active])

@@ -42,8 +42,8 @@ from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan
 from splitfl.core.plan_codec import PlanCodecError
 from splitfl.core.topology import Ring
 from splitfl.data.transforms import Transforms
-from splitfl.executors.fleet import GroupRun, State
 from splitfl.models import block_index
+from splitfl.roles.fleet import GroupRun, State
 
 #: What a state's tensors must be: name → (shape, dtype).
 Specs = dict[str, tuple[tuple[int, ...], torch.dtype]]
@@ -323,7 +323,7 @@ def read_unit(
 
 
 def check_aux(state: State, num_classes: int, specs: Specs, where: str) -> State:
-    """An aux head's state (:func:`~splitfl.executors.common.aux_head`: a linear layer from
+    """An aux head's state (:func:`~splitfl.roles.common.aux_head`: a linear layer from
     the activation's elements to ``num_classes``, in the model's dtype)."""
     dtype = next(iter(specs.values()))[1]
     w = state.get("1.weight", torch.empty(0))

@@ -41,10 +41,7 @@ import torch
 from splitfl.config import ParallelConfig
 from splitfl.core.framing import Message
 from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
-from splitfl.core.topology import Ring
 from splitfl.executors import channel
-from splitfl.executors.common import NonFiniteLossError
-from splitfl.executors.fleet import GroupRun, State, group_runs
 from splitfl.executors.pools import (
     LocalPool,
     RayPool,
@@ -54,6 +51,9 @@ from splitfl.executors.pools import (
 )
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.workers import peak_rss
+from splitfl.roles.common import NonFiniteLossError
+from splitfl.roles.fleet import GroupRun, State
+from splitfl.topologies import family_of
 
 #: A unit's answer: its members' updates and its server copy's state.
 Trained = tuple[list[ClientUpdate], State | None]
@@ -62,17 +62,9 @@ PIPELINE_BYTES = 64 * 1024
 
 
 def coupled(plan: RoundPlan) -> str:
-    """Why ``plan``'s round is one coupled unit (it then runs in the driver), or ""."""
-    if isinstance(plan.topology, Ring):
-        return "a ring"
-    server = plan.topology.server
-    if server is not None and server.mixup:
-        return "mixup pairs drawn from one stream across groups"
-    if plan.aux is not None:
-        return "auxiliary models (any nn.Module, and FSL-SAGE's memory) are not dealt to workers"
-    if len(plan.groups()) < 2:
-        return "one group"
-    return ""
+    """Why ``plan``'s round is one coupled unit (it then runs in the driver), or "": its
+    topology family says (:meth:`~splitfl.topologies.base.Family.dealable`)."""
+    return family_of(plan).dealable(plan)
 
 
 class ParallelExecutor:
@@ -192,7 +184,7 @@ class ParallelExecutor:
             return result
         if self.pool is None:
             raise RuntimeError("ParallelExecutor.open() was not called")
-        runs = list(group_runs(ctx, ctx.model, plan))  # the round's torch draws, in order
+        runs = family_of(plan).units(ctx.model, plan)  # the round's torch draws, in order
         setup = channel.setup_message(global_state, plan, round_seed)
         count = next(self._rounds)
         self._expect = (channel.specs_of(global_state), ctx.num_blocks)

@@ -22,13 +22,13 @@ from torch.func import functional_call, vmap
 from splitfl.config import TrainConfig
 from splitfl.core.activations import row_of, stack_rows
 from splitfl.data.transforms import Transforms, augment_batch, batch_seed
-from splitfl.executors.common import (
+from splitfl.models import BlockModel, ModelPart
+from splitfl.roles.common import (
     NonFiniteLossError,
     at_least_fp32,
     precision_context,
     to_memory_format,
 )
-from splitfl.models import BlockModel, ModelPart
 from splitfl.training import loss_fn
 
 

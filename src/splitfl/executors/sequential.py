@@ -9,22 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-from splitfl.config import TrainConfig
-from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
+from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.core.seeding import derive_seed
-from splitfl.core.topology import AuxSpec, Ring
-from splitfl.executors.auxiliary import device_aux
-from splitfl.executors.common import check_finite, detached, round_batches
-from splitfl.executors.fleet import GroupRun, LocalFleet, State, group_runs, run_group, server_role
-from splitfl.executors.pool import PartPool, load_state
-from splitfl.executors.ring import ring_batch_update
-from splitfl.executors.roles import DeviceRole, Runtime
-from splitfl.models import BlockModel, ModelPart
+from splitfl.models import BlockModel
+from splitfl.roles.common import round_batches
+from splitfl.roles.parts import PartPool, load_state
+from splitfl.roles.sides import Runtime
+from splitfl.topologies import Family, UnitEnv, family_of
 
 
 class SequentialExecutor:
@@ -41,29 +37,24 @@ class SequentialExecutor:
     def run_round(
         self, ctx, global_state: dict[str, torch.Tensor], plan: RoundPlan, round_seed: int
     ) -> RoundResult:
+        """The plan's units, one after another, each run by its topology's family."""
         model = self._working_model(ctx)
         load_state(model, global_state)
         model.train()
         runtime = Runtime(self.device, self.precision, self.channels_last, ctx.augment)
-        if isinstance(plan.topology, Ring):
-            return self._run_ring(ctx, model, plan, round_seed, runtime)
-        gen = np.random.default_rng(derive_seed(round_seed, "mix"))
-        train, data = ctx.config.train, (ctx.bundle.train.x, ctx.bundle.train.y)
-        data_of = lambda c: (*data, ctx.client_indices[c])  # noqa: E731
-        batches = round_batches(plan.tasks, ctx.client_indices, round_seed)
-        make = device_maker(
-            model, train, data_of, round_seed, runtime, self.pool, plan.aux, batches
+        data = (ctx.bundle.train.x, ctx.bundle.train.y)
+        env = UnitEnv(
+            model=model,
+            plan=plan,
+            train=ctx.config.train,
+            runtime=runtime,
+            gen=np.random.default_rng(derive_seed(round_seed, "mix")),
+            round_seed=round_seed,
+            data_of=lambda c: (*data, ctx.client_indices[c]),
+            pool=self.pool,
+            batches=round_batches(plan.tasks, ctx.client_indices, round_seed),
         )
-        updates: list[ClientUpdate] = []
-        server_states: dict[int, dict[str, torch.Tensor]] = {}
-        for run in group_runs(ctx, model, plan):
-            done, server_state = run_unit(
-                model, run, plan, train, runtime, gen, make, round_seed, self.pool
-            )
-            updates += done
-            if server_state is not None:
-                server_states[run.group] = server_state
-        return RoundResult(updates=updates, server_states=server_states)
+        return run_units(family_of(plan), env)
 
     def _working_model(self, ctx) -> BlockModel:
         """This executor's copy of the run's model (made once; a round loads its weights)."""
@@ -72,54 +63,17 @@ class SequentialExecutor:
             self._model = working_model(ctx.model, self.device, self.channels_last)
         return self._model
 
-    def _run_ring(self, ctx, model: BlockModel, plan: RoundPlan, round_seed: int, runtime):
-        """RingSFL (Alg. 1–2): full local models, every client's batch around the ring."""
-        ring, n = plan.topology.spec, model.num_blocks
-        x, y = ctx.bundle.train.x, ctx.bundle.train.y
-        roles: dict[int, DeviceRole] = {}
-        for t in plan.tasks:
-            part = copy.deepcopy(ModelPart(model, 0, t.cut))
-            if t.init_state is not None:
-                part.load_state_dict(t.init_state)
-            data = (x, y, ctx.client_indices[t.client])
-            roles[t.client] = DeviceRole(t, part, None, ctx.config.train, data, round_seed, runtime)
-        # each client's local full model: its role's (copied) blocks, no second copy
-        models = {
-            c: BlockModel([role.part.blocks[str(i)] for i in range(n)], model.cut_points)
-            for c, role in roles.items()
-        }
-        tally = {c: [0, 0.0] for c in roles}
-        for step in range(max(t.steps for t in plan.tasks)):
-            active = [c for c, role in roles.items() if step < role.task.steps]
-            batches = {c: roles[c].batch(step) for c in active}
-            losses = ring_batch_update(
-                models,
-                ring.order,
-                ring.lengths,
-                batches,
-                ring.weights,
-                plan.tasks[0].lr,
-                ring.dynamic_lr,
-                ctx.config.train.loss,
-            )
-            for c, loss in losses.items():
-                check_finite(torch.tensor(loss), c)
-                size = len(batches[c][1])
-                tally[c][0] += size
-                tally[c][1] += loss * size
-        updates = [
-            ClientUpdate(
-                c,
-                n,
-                i,
-                tally[c][0],
-                role.task.steps,
-                detached(models[c].state_dict()),
-                tally[c][1],
-            )
-            for i, (c, role) in enumerate(roles.items())
-        ]
-        return RoundResult(updates=updates, server_states={})
+
+def run_units(family: Family, env: UnitEnv) -> RoundResult:
+    """Every unit of ``env.plan`` (:meth:`Family.units`) in order, each :func:`run_unit`."""
+    updates: list[ClientUpdate] = []
+    server_states: dict[int, dict[str, torch.Tensor]] = {}
+    for unit in family.units(env.model, env.plan):
+        done, server_state = run_unit(family, unit, env)
+        updates += done
+        if server_state is not None:
+            server_states[unit.group] = server_state
+    return RoundResult(updates=updates, server_states=server_states)
 
 
 def working_model(template: BlockModel, device: torch.device, channels_last: bool) -> BlockModel:
@@ -130,71 +84,16 @@ def working_model(template: BlockModel, device: torch.device, channels_last: boo
     return model.to(memory_format=torch.channels_last) if channels_last else model
 
 
-Data = tuple[torch.Tensor, torch.Tensor, np.ndarray]
-
-
-def device_maker(
-    model: BlockModel,
-    train: TrainConfig,
-    data_of: Callable[[int], Data],
-    round_seed: int,
-    runtime: Runtime,
-    pool: PartPool | None = None,
-    aux: AuxSpec | None = None,
-    batches: dict[int, list[torch.Tensor]] | None = None,
-) -> Callable[[ClientTask, State, State | None], DeviceRole]:
-    """What builds a client's :class:`DeviceRole` for a :class:`LocalFleet`: its device part
-    (a copy of ``model``'s blocks ``[0, cut)`` holding the part state; from ``pool`` if given),
-    auxiliary model (``aux`` holding the given state), samples (``data_of(client)``:
-    ``(x, y, indices)``) and mini-batches (``batches``, from
-    :func:`~splitfl.executors.common.round_batches`; else the role draws them)."""
-
-    def make(task: ClientTask, part_state: State, aux_state: State | None) -> DeviceRole:
-        if pool is None:
-            part = copy.deepcopy(ModelPart(model, 0, task.cut))
-            part.load_state_dict(part_state)
-        else:
-            part = pool.take(model, 0, task.cut, part_state)
-        module = None
-        if aux_state is not None:
-            module = device_aux(aux, aux_state)
-        drawn = None if batches is None else batches.get(task.client)
-        reused = None  # the pool's optimiser for this part (none with an auxiliary model)
-        if pool is not None and module is None:
-            reused = pool.optimizer(part, task.lr, train)
-        data = data_of(task.client)
-        return DeviceRole(task, part, module, train, data, round_seed, runtime, drawn, reused)
-
-    return make
-
-
-def run_unit(
-    model: BlockModel,
-    run: GroupRun,
-    plan: RoundPlan,
-    train: TrainConfig,
-    runtime: Runtime,
-    gen: np.random.Generator,
-    make: Callable[[ClientTask, State, State | None], DeviceRole],
-    round_seed: int,
-    pool: PartPool | None = None,
-) -> tuple[list[ClientUpdate], State | None]:
-    """One group of a round, the unit ``executor: parallel`` deals to its workers: its
-    members' updates and its server copy's state (None: nothing split). The group trains
-    under its own torch random stream (dropout masks), ``derive_seed(round_seed, "unit",
-    group)``, so what it computes does not depend on which groups ran before it. With
-    ``pool`` (the one ``make`` takes parts from), the parts go back to it and the returned
-    states are clones."""
-    with unit_stream(derive_seed(round_seed, "unit", run.group), runtime.device):
-        server = server_role(model, run.tasks, plan, train, runtime, gen, pool)
-        updates = run_group(LocalFleet(make, pool), server, run, plan)
-        if server is None:
-            return updates, None
-        if pool is None:
-            return updates, server.state()
-        state = pool.read(server.part)
-        pool.release(server.part)
-        return updates, state
+def run_unit(family: Family, unit, env: UnitEnv):
+    """One unit of a round, the unit ``executor: parallel`` deals to its workers: its
+    members' updates and its server copy's state (None: nothing split). A unit trains under
+    its own torch random stream (dropout masks), ``derive_seed(round_seed, "unit", group)``,
+    so what it computes does not depend on which units ran before it (a family with one
+    coupled unit, ``own_stream = False``, trains under the round's stream)."""
+    if not family.own_stream:
+        return family.run_unit(unit, env)
+    with unit_stream(derive_seed(env.round_seed, "unit", unit.group), env.runtime.device):
+        return family.run_unit(unit, env)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,6 @@ from splitfl.core.activations import (
     stack_rows,
 )
 from splitfl.core.plan import RoundPlan
-from splitfl.executors.roles import group_loss, own_grad_factor
 from splitfl.executors.rowstack import (
     RowRunner,
     RowStack,
@@ -35,6 +34,7 @@ from splitfl.executors.rowstack import (
     row_losses,
 )
 from splitfl.models import BlockModel, ModelPart
+from splitfl.roles.sides import group_loss, own_grad_factor
 from splitfl.training import loss_fn
 
 
@@ -113,7 +113,7 @@ def _device_forward(round_: SplitRound, active: list[WorkerRow], step: int) -> l
 def _server_backward(
     round_: SplitRound, sent: list, server_losses: list, bn_results: dict
 ) -> dict[int, list[int]]:
-    """Backward of every group's loss (:func:`~splitfl.executors.roles.group_loss` of the
+    """Backward of every group's loss (:func:`~splitfl.roles.sides.group_loss` of the
     plan's ``group_loss``), then the server rows' BatchNorm statistics. Returns each group's
     members' batch sizes this step."""
     members: dict[int, list] = {}

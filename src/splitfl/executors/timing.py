@@ -20,20 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
-from splitfl.core.topology import Ring
-from splitfl.models import block_index
+from splitfl.core.plan import RoundPlan, RoundResult
+from splitfl.topologies import STAND_IN_LOSS, family_of
 
-#: Mean training loss every client reports under ``executor: timing`` (no training happens);
-#: the metrics row records ``train_loss: null`` all the same.
-STAND_IN_LOSS = 1.0
+__all__ = ["STAND_IN_LOSS", "TimingExecutor"]
 
 State = dict[str, torch.Tensor]
-
-
-def _blocks(state: State, lo: int, hi: int) -> State:
-    """The entries of ``state`` (full-model keys) in blocks ``[lo, hi)``, not copied."""
-    return {k: v for k, v in state.items() if lo <= block_index(k) < hi}
 
 
 class TimingExecutor:
@@ -46,33 +38,10 @@ class TimingExecutor:
         del device, precision, channels_last  # nothing is computed
 
     def run_round(self, ctx, global_state: State, plan: RoundPlan, round_seed: int) -> RoundResult:
+        """The plan's topology family's untrained round (:meth:`Family.untrained`)."""
         del round_seed  # nothing random is drawn
-        n = ctx.num_blocks
-        if isinstance(plan.topology, Ring):
-            updates = [self._update(ctx, global_state, plan, t) for t in plan.tasks]
-            return RoundResult(updates=updates, server_states={})
-        updates, servers = [], {}
-        for group, tasks in plan.groups().items():  # the reference executor's order of updates
-            updates += [self._update(ctx, global_state, plan, t) for t in tasks]
-            cuts = [t.cut for t in tasks if t.cut < n]
-            if cuts:
-                servers[group] = _blocks(global_state, min(cuts), n)
-        return RoundResult(updates=updates, server_states=servers)
 
-    @staticmethod
-    def _update(ctx, global_state: State, plan: RoundPlan, task: ClientTask) -> ClientUpdate:
-        """The task's untrained update: its starting device part and (auxiliary plans) its
-        auxiliary model, the samples its ``steps`` mini-batches hold, the stand-in loss."""
-        start = task.init_state if task.init_state is not None else global_state
-        aux = task.aux_state if plan.aux is not None and task.cut < ctx.num_blocks else None
-        samples = ctx.round_samples(task.client, task.batch_size, task.steps)
-        return ClientUpdate(
-            client=task.client,
-            cut=task.cut,
-            group=task.group,
-            samples=samples,
-            steps=task.steps,
-            state=_blocks(start, 0, task.cut),
-            loss_sum=STAND_IN_LOSS * samples,
-            aux_state=aux,
-        )
+        def samples_of(task) -> int:
+            return ctx.round_samples(task.client, task.batch_size, task.steps)
+
+        return family_of(plan).untrained(plan, global_state, ctx.num_blocks, samples_of)

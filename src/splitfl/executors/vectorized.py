@@ -49,15 +49,16 @@ from torch import nn
 
 from splitfl.config import TrainConfig
 from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
-from splitfl.core.topology import Clusters, Ring, Star
+from splitfl.core.topology import Ring
 from splitfl.data.base import ArrayDataset
 from splitfl.data.lazy import is_lazy
 from splitfl.executors.batched_ring import run_batched_ring
-from splitfl.executors.common import task_batches
 from splitfl.executors.rowstack import RowRunner, RowStack, WorkerRow, bn_momenta, step_rows
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.split_step import SplitRound, split_step
 from splitfl.models import BlockModel, ModelPart, block_index
+from splitfl.roles.common import task_batches
+from splitfl.topologies import family_of
 
 
 class VectorizedExecutor:
@@ -101,11 +102,7 @@ class VectorizedExecutor:
             for m in model.modules()
             if isinstance(m, nn.modules.batchnorm._BatchNorm)
         )
-        if isinstance(plan.topology, Ring):
-            return ema_norms
-        topology = plan.topology
-        split_plan = isinstance(topology, Star | Clusters) and plan.device_update is None
-        return split_plan and not topology.server.mixup and ema_norms
+        return ema_norms and family_of(plan).batched(plan, model)
 
     def _train_data(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = ctx.bundle.train.x, ctx.bundle.train.y

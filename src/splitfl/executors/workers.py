@@ -5,8 +5,8 @@ and takes the training hyperparameters from it) and the data partitions of the c
 serves — and, per round, the global model (loaded into one working model) and the plan. It
 trains each unit (one group of the round) it is dealt with the same code as the sequential
 executor (:func:`~splitfl.executors.sequential.run_unit`: the
-:class:`~splitfl.executors.roles.DeviceRole` s and the group's
-:class:`~splitfl.executors.roles.ServerRole` of :mod:`splitfl.executors.roles`) and sends
+:class:`~splitfl.roles.sides.DeviceRole` s and the group's
+:class:`~splitfl.roles.sides.ServerRole` of :mod:`splitfl.roles.sides`) and sends
 back the members' updates and the server copy's state.
 
 Messages are lists of operations, each a :mod:`splitfl.executors.channel` message (a JSON
@@ -30,12 +30,13 @@ from splitfl.core.framing import Frame, Message
 from splitfl.core.seeding import derive_seed
 from splitfl.executors import channel
 from splitfl.executors.channel import ChannelError, Init
-from splitfl.executors.fleet import GroupRun, StartParts
-from splitfl.executors.pool import PartPool, load_state
-from splitfl.executors.roles import Runtime
-from splitfl.executors.sequential import device_maker, run_unit, working_model
+from splitfl.executors.sequential import run_unit, working_model
 from splitfl.extensions import build_model, import_config_modules
 from splitfl.models.registry import Split
+from splitfl.roles.fleet import GroupRun, StartParts
+from splitfl.roles.parts import PartPool, load_state
+from splitfl.roles.sides import Runtime
+from splitfl.topologies import UnitEnv, family_of
 
 #: Most frames in one message, and largest frame accepted from the other end of a socket.
 MAX_FRAMES, MAX_FRAME_BYTES = 64, 1 << 40
@@ -158,13 +159,21 @@ class UnitWorker:
         if missing:
             raise ChannelError(f"unit: no data for clients {missing[:5]}")
         model, plan, seed, rt = self.model, self.round["plan"], self.round["seed"], self.runtime
-        parts = {t.client: self.round["starts"].of(t) for t in tasks}
+        family = family_of(plan)
+        parts = {t.client: family.start_of(self.round["starts"], t, plan) for t in tasks}
         aux = {c: {k: v.to(rt.device) for k, v in s.items()} for c, s in aux.items()}
         run = GroupRun(group, tasks, parts, aux)
-        train = self.init.config.train
-        make = device_maker(model, train, self._data_of, seed, rt, self.pool, plan.aux)
-        gen = np.random.default_rng(derive_seed(seed, "mix"))  # never dealt: mixup is coupled
-        updates, server = run_unit(model, run, plan, train, rt, gen, make, seed, self.pool)
+        env = UnitEnv(
+            model=model,
+            plan=plan,
+            train=self.init.config.train,
+            runtime=rt,
+            gen=np.random.default_rng(derive_seed(seed, "mix")),  # never dealt: mixup is coupled
+            round_seed=seed,
+            data_of=self._data_of,
+            pool=self.pool,
+        )
+        updates, server = run_unit(family, run, env)
         seconds = time.perf_counter() - start
         return channel.trained_answer(updates, server, seconds, peak_rss())
 

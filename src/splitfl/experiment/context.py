@@ -99,7 +99,7 @@ class RunContext:
     @cached_property
     def augment(self) -> Transforms:
         """``data.transforms``: the random ones are applied to training batches where they
-        are drawn (:meth:`splitfl.executors.roles.Runtime.batch`)."""
+        are drawn (:meth:`splitfl.roles.sides.Runtime.batch`)."""
         return augmentation(self.config.data, self.bundle)
 
     @cached_property

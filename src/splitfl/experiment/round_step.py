@@ -19,11 +19,12 @@ from splitfl.config import ExperimentConfig
 from splitfl.core.plan import RoundPlan, RoundReport, RoundResult
 from splitfl.core.seeding import derive_seed, rng_for, seed_torch
 from splitfl.executors import NonFiniteLossError, evaluate
-from splitfl.executors.pool import load_state
 from splitfl.experiment.client_eval import client_keys, evaluate_clients
 from splitfl.experiment.context import RunContext
+from splitfl.roles.parts import load_state
 from splitfl.system import LINKS, ClientCost, SimClock, Traffic, jitter_factors
 from splitfl.system.cost import server_bytes
+from splitfl.topologies import family_of
 from splitfl.training import row_key, server_step
 
 if TYPE_CHECKING:
@@ -53,9 +54,13 @@ def measure(
     the round time. The executor's measured time and bytes, where it has them, are passed on
     to the report unchanged."""
     tasks = {t.client: t for t in plan.tasks}
-    train = {
-        u.client: algorithm.client_cost(tasks[u.client], u.samples, r, plan) for u in result.updates
-    }
+    family = family_of(plan)
+
+    def price(task, samples: int):
+        cost = family.price(algorithm.ctx, task, samples, r, plan)
+        return algorithm.client_cost(task, samples, r, plan) if cost is None else cost
+
+    train = {u.client: price(tasks[u.client], u.samples) for u in result.updates}
     idle = algorithm.idle_costs(plan, r)  # e.g. LocFedMix-SL's deferred uploads
     costs = algorithm.share_links({**train, **idle}, plan, r)
     samples = {u.client: u.samples for u in result.updates}

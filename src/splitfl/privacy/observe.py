@@ -2,8 +2,9 @@
 uploads to the server, turned into a gradient for the DLG attack (:mod:`splitfl.privacy.attack`).
 
 * FedAvg: client 0 uploads ``W' = W − lr·∇L(x_0)``, so ``(W − W')/lr`` is its exact gradient.
-* RingSFL: client 0 uploads a *blended* model (one :func:`~splitfl.executors.ring.ring_batch_update`
-  with ``a_i = 1/N``): each of its blocks was trained by whichever clients' batches passed through
+* RingSFL: client 0 uploads a *blended* model (one
+  :func:`~splitfl.topologies.ring.member.ring_batch_update` with ``a_i = 1/N``): each of its blocks
+  was trained by whichever clients' batches passed through
   it. The eavesdropper, not knowing the propagation lengths, takes ``(W − W_0')/(lr·a_0)`` as
   client 0's full gradient and runs the same attack.
 """
@@ -17,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from splitfl.executors.ring import ring_batch_update
 from splitfl.models.base import BlockModel
+from splitfl.topologies.ring.member import ring_batch_update
 
 
 def gradient_from_update(

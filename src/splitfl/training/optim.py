@@ -11,7 +11,7 @@
 
 Lifetime of the optimiser state: a device part's optimiser (and a group's server-side one) is
 built when its client's local round starts and dropped when it ends (a pooled working copy's,
-``executors/pool.py``, is kept and emptied instead: the same state), so SGD momentum buffers
+``roles/parts.py``, is kept and emptied instead: the same state), so SGD momentum buffers
 and Adam's moments and step count restart every round — the state of what is aggregated is
 the model alone (as the papers' FedAvg-style rounds, and what a resume reproduces exactly).
 """

@@ -110,6 +110,7 @@ class ParallelSFL(Algorithm):
     needs_class_labels = "clustering by label distributions (KL) needs class labels"
     paper = "Liao et al., ParallelSFL §3.3-4.5 (Alg. 1, Eq. 2-18)"
     Options = ParallelSFLOptions
+    topology = Clusters
 
     def __init__(self, options: ParallelSFLOptions, ctx) -> None:
         super().__init__(options, ctx)

@@ -5,7 +5,7 @@ host), receives the run's config, loads **only its own clients' samples** (its p
 dataset root, drawn exactly as the simulation draws it, or its own files with ``--data``:
 :meth:`ClientData.from_local`, announced at join by :mod:`splitfl.net.transport.announce`) and then
 answers the server's commands
-with :class:`~splitfl.executors.roles.DeviceRole` — the same code the in-process executor runs:
+with :class:`~splitfl.roles.sides.DeviceRole` — the same code the in-process executor runs:
 
 * ``begin`` (task, device part, auxiliary model, round seed) → ``ack``
 * ``forward`` (step) → ``forwarded`` (smashed data, labels)
@@ -41,7 +41,6 @@ from splitfl.data.clients import client_partition
 from splitfl.data.local import LocalData
 from splitfl.data.source import augmentation, normalized, transforms_of
 from splitfl.data.transforms import with_black
-from splitfl.executors.roles import DeviceRole, Runtime
 from splitfl.extensions import build_model, load_dataset
 from splitfl.models import ModelPart
 from splitfl.models.base import lowest_loss_state, moving_state
@@ -57,6 +56,7 @@ from splitfl.net.transport.wire import (
     state_from,
     state_tensors,
 )
+from splitfl.roles.sides import DeviceRole, Runtime
 
 
 @dataclass(frozen=True)

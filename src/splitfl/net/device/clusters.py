@@ -6,9 +6,9 @@ Three commands, each one whole session with one reply at its end:
 
 * ``host`` — this client is a ParallelSFL **top worker** (§3.3): it receives its cluster's
   bottom part and top part from the server, expects the members' links on its peer listener,
-  runs the cluster's split loop itself (:func:`~splitfl.executors.fleet.run_group` over a
+  runs the cluster's split loop itself (its topology family's schedule over a
   :class:`~splitfl.net.server.fleet.RemoteFleet` of its peers, the top part in a
-  :class:`~splitfl.executors.roles.ServerRole`: Eq. 2–3), averages the members' bottom parts
+  :class:`~splitfl.roles.sides.ServerRole`: Eq. 2–3), averages the members' bottom parts
   (Eq. 4) and replies ``hosted`` with the average, the top part and each member's tally and
   measured times.
 * ``join`` — this client is a **bottom worker**: it connects to its top worker's listener and
@@ -32,13 +32,14 @@ from splitfl.aggregation.robust import Rule, robust_average
 from splitfl.core import plan_codec
 from splitfl.core.plan import RoundPlan
 from splitfl.core.seeding import derive_seed
-from splitfl.executors.fleet import GroupRun, run_group, server_role
 from splitfl.net.device.emulation import Profile
 from splitfl.net.device.ring import ring_session
 from splitfl.net.server.fleet import Meter, RemoteFleet, TimedServer
 from splitfl.net.transport.wire import Message, state_from, state_tensors
 from splitfl.net.trust.checks import REFERENCE_SAMPLES, PeerHistory
 from splitfl.net.trust.expect import expect_for
+from splitfl.roles.fleet import GroupRun, server_role
+from splitfl.topologies import family_of
 
 
 def host_cluster(agent, c: int, msg: Message) -> Message:
@@ -103,7 +104,7 @@ def _run_cluster(agent, msg: Message):
         per_sample = float(f["server_flops_per_sample"])
         emulate = (lambda cut: per_sample, float(f["top_flops"]))
     run = GroupRun(f["group"], tasks, {t.client: bottom for t in tasks}, {})
-    updates = run_group(fleet, TimedServer(server, meters, emulate), run, plan)
+    updates = family_of(plan).schedule(fleet, TimedServer(server, meters, emulate), run, plan)
     history = PeerHistory(bounds.peer_update_factor)  # the round's alone: no earlier rounds
     outliers = fleet.moves.outliers(history, bounds.peer_spread_factor)  # as the server's
     lost.update(outliers)

@@ -4,7 +4,7 @@ The server sends every member the ring (order, propagation lengths L_i, weights 
 dynamic rate), the round's steps and the global model, plus two device-to-device links: the
 member *dials* its successor's peer listener (with a one-round token) and *accepts* its
 predecessor's. Activations travel forward (to the successor) and gradients backward (to the
-predecessor) as :class:`~splitfl.executors.ring.RingMember` hops; labels never leave their
+predecessor) as :class:`~splitfl.topologies.ring.member.RingMember` hops; labels never leave their
 client. A step ends when every active batch has come back through this member's segment; then
 the member updates (Eq. 5–7) and starts the next step (messages of a later step that arrive
 early wait). At the end it replies ``ring_done`` with its blended model and its tally.
@@ -28,8 +28,6 @@ import torch
 from splitfl.core.activations import batch_size, count_of, differentiable, leaves, pack, unpack
 from splitfl.core.plan import ClientTask
 from splitfl.core.topology import RingSpec
-from splitfl.executors.ring import RingMember
-from splitfl.executors.roles import DeviceRole
 from splitfl.net.device.emulation import FORWARD_SHARE, stretch, transfer
 from splitfl.net.server.fleet import Meter
 from splitfl.net.transport.hub import LOST
@@ -41,6 +39,8 @@ from splitfl.net.trust.ring_bounds import (
     gradient_problem,
     hop_scales,
 )
+from splitfl.roles.sides import DeviceRole
+from splitfl.topologies.ring.member import RingMember
 
 
 class RingBroken(RuntimeError):

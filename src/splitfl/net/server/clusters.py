@@ -34,7 +34,6 @@ import torch
 from splitfl.config import BoundsConfig
 from splitfl.core import plan_codec
 from splitfl.core.plan import ClientUpdate, RoundPlan
-from splitfl.executors.fleet import GroupRun
 from splitfl.models import BlockModel, ModelPart
 from splitfl.net.server.fleet import Meter
 from splitfl.net.transport.auth import new_token, token_hash
@@ -51,6 +50,7 @@ from splitfl.net.trust.checks import (
 from splitfl.net.trust.expect import Expect
 from splitfl.net.trust.reference import ServerStep, own_step
 from splitfl.net.trust.spread import RoundMoves
+from splitfl.roles.fleet import GroupRun
 
 State = dict[str, torch.Tensor]
 _seq = itertools.count(1 << 40)  # apart from RemoteFleet's sequence numbers

@@ -1,8 +1,8 @@
 """The networked executor: the server's side of a round over real device processes.
 
 ``executor: networked`` runs the same :class:`~splitfl.core.plan.RoundPlan` as the in-process
-executors, with the same :func:`~splitfl.executors.fleet.run_group` loop and
-:class:`~splitfl.executors.roles.ServerRole`, but each client's device part lives in a device
+executors, with the same schedule (its topology family's, :mod:`splitfl.topologies`) and
+:class:`~splitfl.roles.sides.ServerRole`, but each client's device part lives in a device
 process reached through the :class:`~splitfl.net.transport.hub.Hub`
 (:class:`~splitfl.net.server.fleet.RemoteFleet`). Groups run concurrently (one thread each; the
 server copies are independent), except with LocFedMix-SL's mixup, whose pairs are drawn from one
@@ -27,9 +27,6 @@ from splitfl.core.allocator import keep_freed_memory
 from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.core.seeding import derive_seed
 from splitfl.core.topology import Clusters, Ring
-from splitfl.executors.auxiliary import spec_flops
-from splitfl.executors.fleet import GroupRun, group_runs, run_group, server_role
-from splitfl.executors.roles import Runtime
 from splitfl.models import BlockModel
 from splitfl.net.device.emulation import Profile
 from splitfl.net.server.client_data import RemoteClientData
@@ -47,7 +44,11 @@ from splitfl.net.trust.checks import REFERENCE_SAMPLES, PeerHistory, PeerScale
 from splitfl.net.trust.expect import Expect, expect_for
 from splitfl.net.trust.reference import ServerStep, own_step
 from splitfl.net.trust.spread import RoundMoves
+from splitfl.roles.auxiliary import spec_flops
+from splitfl.roles.fleet import GroupRun, server_role
+from splitfl.roles.sides import Runtime
 from splitfl.system.cost import d2d_rate
+from splitfl.topologies import family_of
 
 
 class NetworkedExecutor:
@@ -211,6 +212,7 @@ class NetworkedExecutor:
             server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
 
         hosts = plan.topology.hosts if isinstance(plan.topology, Clusters) else {}
+        family = family_of(plan)
 
         def group(run: GroupRun):
             if run.group in hosts:
@@ -233,9 +235,10 @@ class NetworkedExecutor:
                 plan.aux,
                 plan.device_loss,
             )
-            return run_group(fleet, timed, run, plan), None if server is None else server.state()
+            updates = family.schedule(fleet, timed, run, plan)
+            return updates, None if server is None else server.state()
 
-        runs = list(group_runs(ctx, model, plan))
+        runs = family.units(model, plan)
         if plan.topology.server.mixup or len(runs) == 1:
             done = [group(run) for run in runs]
         else:

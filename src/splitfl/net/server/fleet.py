@@ -1,4 +1,4 @@
-"""The networked fleet: :class:`~splitfl.executors.fleet.Fleet` calls sent to device processes.
+"""The networked fleet: :class:`~splitfl.roles.fleet.Fleet` calls sent to device processes.
 
 Every call goes to all the devices it names first and then collects the replies, so devices
 compute in parallel. A reply that does not come within ``timeout_s`` (the device stalled), a
@@ -26,8 +26,6 @@ import torch
 from splitfl.core.activations import leaves, names, pack, unpack
 from splitfl.core.plan import ClientTask
 from splitfl.core.topology import AuxSpec
-from splitfl.executors.auxiliary import aux_module, returned_names
-from splitfl.executors.roles import ServerRole
 from splitfl.net.device.emulation import Profile, stretch
 from splitfl.net.transport.hub import LOST, DeviceLink, Hub
 from splitfl.net.transport.wire import Message, payload_bytes, state_from, state_tensors
@@ -43,6 +41,8 @@ from splitfl.net.trust.checks import (
 )
 from splitfl.net.trust.expect import Expect
 from splitfl.net.trust.spread import RoundMoves
+from splitfl.roles.auxiliary import aux_module, returned_names
+from splitfl.roles.sides import ServerRole
 
 State = dict[str, torch.Tensor]
 #: The drop reason of a client still working at the round deadline.
@@ -332,7 +332,7 @@ class RemoteFleet:
 
     def _check_part(self, c: int, part: State, aux: State) -> str | None:
         """The device part (and the auxiliary model's entries the device returns,
-        :func:`~splitfl.executors.auxiliary.returned_names`) against what was sent."""
+        :func:`~splitfl.roles.auxiliary.returned_names`) against what was sent."""
         task, (sent_part, sent_aux) = self.tasks[c], self.sent[c]
         bounds = self.expect.bounds
         problem = check_state(part, self.expect.part_specs[task.cut], sent_part, bounds, task.steps)

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
-from splitfl.executors.common import local_optimizer
 from splitfl.models import BlockModel, ModelPart
+from splitfl.roles.common import local_optimizer
 
 State = dict[str, torch.Tensor]
 
@@ -80,7 +80,7 @@ class PartPool:
 
 def cloned(state: State) -> State:
     """``state``'s tensors detached and copied to the CPU (a trained state that outlives its
-    part; :func:`~splitfl.executors.common.detached` without aliasing on the CPU)."""
+    part; :func:`~splitfl.roles.common.detached` without aliasing on the CPU)."""
     return {
         k: v.detach().clone() if v.device.type == "cpu" else v.detach().to("cpu")
         for k, v in state.items()

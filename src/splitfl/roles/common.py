@@ -66,7 +66,7 @@ def task_batches(indices: np.ndarray, task, round_seed: int) -> list[torch.Tenso
 
 
 def round_batches(tasks, client_indices, round_seed: int) -> dict[int, list[torch.Tensor]]:
-    """Each task's :func:`task_batches` (what its :class:`~splitfl.executors.roles.DeviceRole`
+    """Each task's :func:`task_batches` (what its :class:`~splitfl.roles.sides.DeviceRole`
     would draw), drawn for every client in one pass before training: torch's small ops run
     cache-warm one after another (~4 µs each) instead of one client's at a time between
     training steps (~15 µs each on a 2-core machine, ~0.4 ms of a 30 ms FedAvg round)."""

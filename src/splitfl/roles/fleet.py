@@ -1,11 +1,11 @@
 """The server's view of its devices (a *fleet*) and the per-group split loop that drives it.
 
-:func:`run_group` is the split-learning exchange of one group of a
+:class:`SplitLoop` is the split-learning exchange of one group of a
 :class:`~splitfl.core.plan.RoundPlan`, written once: every iteration the active members' devices
-forward (:meth:`Fleet.forward`), the group's :class:`~splitfl.executors.roles.ServerRole`
+forward (:meth:`Fleet.forward`), the group's :class:`~splitfl.roles.sides.ServerRole`
 steps on their smashed data, and the gradients go back (:meth:`Fleet.backward`). A fleet
 answers calls for several devices at once, so a networked fleet can ask them in parallel;
-:class:`LocalFleet` holds :class:`~splitfl.executors.roles.DeviceRole` objects in-process.
+:class:`LocalFleet` holds :class:`~splitfl.roles.sides.DeviceRole` objects in-process.
 
 A fleet may lose devices (a networked one: a process died or stalled): the calls return
 results only for the devices that answered and list the others in ``dropped``; the loop goes
@@ -24,11 +24,11 @@ import torch
 
 from splitfl.config import TrainConfig
 from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan
-from splitfl.core.topology import Turns
-from splitfl.executors.auxiliary import remember
-from splitfl.executors.pool import PartPool
-from splitfl.executors.roles import DeviceRole, Runtime, ServerRole, Smashed
+from splitfl.core.topology import AuxSpec
 from splitfl.models import BlockModel, ModelPart, block_index
+from splitfl.roles.auxiliary import device_aux, remember
+from splitfl.roles.parts import PartPool
+from splitfl.roles.sides import DeviceRole, Runtime, ServerRole, Smashed
 
 State = dict[str, torch.Tensor]
 
@@ -210,47 +210,6 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def run_group(
-    fleet: Fleet, server: ServerRole | None, run: GroupRun, plan: RoundPlan
-) -> list[ClientUpdate]:
-    """The split loop of one group (``per_step``: all members every iteration, S²FL Alg. 1;
-    ``sequential``: one member after another, SplitFed V2 / vanilla SL with
-    ``chain_devices``; ``round_robin``: one step of each member in turn, SplitLoRA); the
-    members' updates, lost devices left out."""
-    tally = {t.client: _Tally() for t in run.tasks}
-    memory = {t.client: t.aux_memory for t in run.tasks}
-    loop = _Loop(fleet, server, plan, tally, memory, run)
-    topology = plan.topology
-    taking_turns = topology if isinstance(topology, Turns) else None
-    rank = {c: i for i, c in enumerate(taking_turns.order if taking_turns else ())}
-    if taking_turns is not None and taking_turns.mode == "sequential":
-        previous: tuple[State, State | None] | None = None
-        done: dict[int, tuple[State, State | None]] = {}
-        for t in sorted(run.tasks, key=lambda t: rank.get(t.client, 0)):
-            part = previous[0] if taking_turns.chain and previous else run.parts[t.client]
-            fleet.begin([t], {t.client: part}, run.aux)
-            for step in range(t.steps):
-                loop.iteration([t], step)
-            done.update(fleet.finish([t.client]) if t.client not in fleet.dropped else {})
-            previous = done.get(t.client, previous)
-    else:
-        fleet.begin(run.tasks, run.parts, run.aux)
-        turns = sorted(run.tasks, key=lambda t: rank.get(t.client, 0))
-        for step in range(max(t.steps for t in run.tasks)):
-            active = [t for t in turns if step < t.steps]
-            if taking_turns is not None and taking_turns.mode == "round_robin":
-                for t in active:
-                    loop.iteration([t], step)
-            else:
-                loop.iteration(active, step)
-        done = fleet.finish([t.client for t in run.tasks if t.client not in fleet.dropped])
-    return [
-        _update(t, run.group, tally[t.client], done[t.client], memory, plan)
-        for t in run.tasks
-        if t.client in done
-    ]
-
-
 def _update(t: ClientTask, group: int, tally: _Tally, done, memory, plan: RoundPlan):
     """A member's :class:`ClientUpdate` (auxiliary plans: the samples uploaded, the memory)."""
     aux_plan = plan.device_update is not None
@@ -269,9 +228,10 @@ def _update(t: ClientTask, group: int, tally: _Tally, done, memory, plan: RoundP
 
 
 @dataclass
-class _Loop:
-    """One group's iterations: the fleet, the server copy, the tallies and (FSL-SAGE) the
-    server's memory of each member's uploads."""
+class SplitLoop:
+    """One group's split iterations, the step every split family's schedule is made of
+    (:mod:`splitfl.topologies.star`, :mod:`splitfl.topologies.turns`): the fleet, the server
+    copy, the tallies and (FSL-SAGE) the server's memory of each member's uploads."""
 
     fleet: Fleet
     server: ServerRole | None
@@ -279,6 +239,20 @@ class _Loop:
     tally: dict[int, _Tally]
     memory: dict[int, tuple[torch.Tensor, torch.Tensor] | None]
     run: GroupRun
+
+    @classmethod
+    def of(cls, fleet: Fleet, server: ServerRole | None, run: GroupRun, plan: RoundPlan):
+        tally = {t.client: _Tally() for t in run.tasks}
+        return cls(fleet, server, plan, tally, {t.client: t.aux_memory for t in run.tasks}, run)
+
+    def updates(self, done: dict[int, tuple[State, State | None]]) -> list[ClientUpdate]:
+        """The members' updates from what ``finish`` returned (lost devices left out)."""
+        run = self.run
+        return [
+            _update(t, run.group, self.tally[t.client], done[t.client], self.memory, self.plan)
+            for t in run.tasks
+            if t.client in done
+        ]
 
     def iteration(self, tasks: list[ClientTask], step: int) -> None:
         """One iteration of a group: whole-model members step locally; split members forward,
@@ -364,3 +338,41 @@ class _Loop:
     def _aligned(self, task: ClientTask) -> State:
         """The task's auxiliary model aligned by the server on the client's memory."""
         return self.server.align(task, self.run.aux[task.client], self.memory[task.client])
+
+
+Data = tuple[torch.Tensor, torch.Tensor, np.ndarray]
+
+
+def device_maker(
+    model: BlockModel,
+    train: TrainConfig,
+    data_of: Callable[[int], Data],
+    round_seed: int,
+    runtime: Runtime,
+    pool: PartPool | None = None,
+    aux: AuxSpec | None = None,
+    batches: dict[int, list[torch.Tensor]] | None = None,
+) -> Callable[[ClientTask, State, State | None], DeviceRole]:
+    """What builds a client's :class:`DeviceRole` for a :class:`LocalFleet`: its device part
+    (a copy of ``model``'s blocks ``[0, cut)`` holding the part state; from ``pool`` if given),
+    auxiliary model (``aux`` holding the given state), samples (``data_of(client)``:
+    ``(x, y, indices)``) and mini-batches (``batches``, from
+    :func:`~splitfl.roles.common.round_batches`; else the role draws them)."""
+
+    def make(task: ClientTask, part_state: State, aux_state: State | None) -> DeviceRole:
+        if pool is None:
+            part = copy.deepcopy(ModelPart(model, 0, task.cut))
+            part.load_state_dict(part_state)
+        else:
+            part = pool.take(model, 0, task.cut, part_state)
+        module = None
+        if aux_state is not None:
+            module = device_aux(aux, aux_state)
+        drawn = None if batches is None else batches.get(task.client)
+        reused = None  # the pool's optimiser for this part (none with an auxiliary model)
+        if pool is not None and module is None:
+            reused = pool.optimizer(part, task.lr, train)
+        data = data_of(task.client)
+        return DeviceRole(task, part, module, train, data, round_seed, runtime, drawn, reused)
+
+    return make

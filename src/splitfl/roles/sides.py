@@ -6,13 +6,13 @@ A split-learning iteration is an exchange between them (S²FL Alg. 1, MergeSFL A
   mini-batches and (``device_loss: local``/``estimate``) its auxiliary model. ``forward``
   sends smashed data and labels, ``backward`` applies the activation gradient that comes back;
   ``head_update`` steps on the auxiliary model's loss, ``estimate_update`` with its gradient
-  estimate (:mod:`splitfl.executors.auxiliary`).
+  estimate (:mod:`splitfl.roles.auxiliary`).
 * :class:`ServerRole` — one group's server-side copy: the group loss over its members' smashed
   data (S²FL Eq. 3; MergeSFL Eq. 16's merged batch), one optimiser step, each member's
   activation gradient (S²FL Eq. 4).
 
 Both are plain torch and know nothing of where the other runs: the sequential executor wires
-them in-process (:mod:`splitfl.executors.fleet`), the networked executor
+them in-process (:mod:`splitfl.roles.fleet`), the networked executor
 (:mod:`splitfl.net`) puts gRPC between them. The arithmetic is the same code in both.
 """
 
@@ -40,14 +40,14 @@ from splitfl.core.activations import (
 )
 from splitfl.core.plan import ClientTask, RoundPlan
 from splitfl.data.transforms import Transforms, augment_batch, batch_seed
-from splitfl.executors.auxiliary import (
+from splitfl.roles.auxiliary import (
     Memory,
     align_aux,
     aux_module,
     estimate_gradient,
     true_gradients,
 )
-from splitfl.executors.common import (
+from splitfl.roles.common import (
     at_least_fp32,
     check_finite,
     detached,
@@ -110,7 +110,7 @@ class DeviceRole:
     ):
         self.task, self.part, self.aux, self.runtime = task, part, aux, runtime
         self.x_all, self.y_all, indices = data
-        if batches is None:  # else drawn already (:func:`~splitfl.executors.common.round_batches`)
+        if batches is None:  # else drawn already (:func:`~splitfl.roles.common.round_batches`)
             batches = task_batches(indices, task, round_seed)
         self.batches = batches
         self.round_seed = round_seed
@@ -257,8 +257,8 @@ class ServerRole:
         """FSL-SAGE's alignment of ``task``'s client's auxiliary model (FSL-SAGE repo,
         ``src/algos/fsl_sage.py``: ``refresh_data()`` then ``align()`` at the client's first
         iteration of an alignment round): the cut-layer gradients of this server part's mean
-        loss over ``memory`` (:func:`~splitfl.executors.auxiliary.true_gradients`), then the
-        fit (:func:`~splitfl.executors.auxiliary.align_aux`); the aligned state (detached)."""
+        loss over ``memory`` (:func:`~splitfl.roles.auxiliary.true_gradients`), then the
+        fit (:func:`~splitfl.roles.auxiliary.align_aux`); the aligned state (detached)."""
         plan, like = self.plan, next(self.part.parameters())
         x = tree_map(lambda t: _like(t, like), memory[0])
         y = memory[1].to(like.device)
