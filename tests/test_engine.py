@@ -8,7 +8,6 @@ import torch
 
 import splitfl
 from conftest import tiny_config
-from splitfl.algorithms import ALGORITHMS, algorithm_names
 from splitfl.algorithms.s2fl import closest_to_median
 from splitfl.data.partition import batch_sizes
 from splitfl.executors import NonFiniteLossError
@@ -17,34 +16,11 @@ from splitfl.experiment.runner import as_config, prepare
 from splitfl.testing import config_for
 
 cfg_for = config_for
+# Every algorithm's determinism and checkpoint round trip: tests/conformance/test_algorithms.py.
 
 
 def _final_state(run_dir):
     return torch.load(run_dir / "model.pt", weights_only=True)
-
-
-@pytest.mark.parametrize("algorithm", algorithm_names())
-def test_every_algorithm_runs_deterministically(algorithm, tmp_path, sequential_run):
-    cfg = cfg_for(algorithm, rounds=3)
-    a = sequential_run(cfg)  # made once (the checkpoint round trip and timing tests read it)
-    b = splitfl.run(cfg, run_dir=tmp_path / "b")
-    drop = ("wall_time",)
-    rows_a = [{k: v for k, v in r.items() if k not in drop} for r in a.metrics]
-    rows_b = [{k: v for k, v in r.items() if k not in drop} for r in b.metrics]
-    assert rows_a == rows_b
-    times = [r["sim_time"] for r in a.metrics]
-    assert all(t2 > t1 for t1, t2 in zip(times, times[1:], strict=False))
-    assert a.metrics[-1]["test_acc"] is not None
-    for name in (
-        "config.yaml",
-        "data.json",
-        "clients.json",
-        "metrics.jsonl",
-        "summary.json",
-        "model.pt",
-        "checkpoints/last.pt",
-    ):
-        assert (a.run_dir / name).exists(), name
 
 
 def test_fedavg_equals_splitfed_v1(tmp_path):
@@ -147,18 +123,6 @@ def test_same_selection_and_devices_across_algorithms(tmp_path):
     b = splitfl.run(s2fl, run_dir=tmp_path / "b")
     assert [r["clients"] for r in a.metrics] == [r["clients"] for r in b.metrics]
     assert (a.run_dir / "clients.json").read_text() == (b.run_dir / "clients.json").read_text()
-
-
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_checkpoint_round_trip_for_every_algorithm(algorithm, tmp_path, sequential_run):
-    """Conformance: stopping after round 2 and resuming gives an uninterrupted 3-round run."""
-    full = sequential_run(cfg_for(algorithm, rounds=3))
-    part = splitfl.run(cfg_for(algorithm, rounds=2), run_dir=tmp_path / "p")
-    (part.run_dir / "config.yaml").write_text((full.run_dir / "config.yaml").read_text())
-    resumed = splitfl.resume(part.run_dir)
-    a, b = _final_state(full.run_dir), _final_state(resumed.run_dir)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert resumed.metrics[-1]["sim_time"] == full.metrics[-1]["sim_time"]
 
 
 def test_threads_limits_torch_and_blas_during_the_run_only(tmp_path, monkeypatch):

@@ -9,7 +9,6 @@ import torch
 import splitfl
 from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.aggregation.mean import weighted_average
-from splitfl.algorithms import ALGORITHMS
 from splitfl.algorithms.adasampling import AdaSampling, sampling_probabilities
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientUpdate
@@ -20,10 +19,7 @@ from splitfl.experiment.runner import as_config, prepare
 from splitfl.listing import catalog
 from splitfl.testing import config_for
 
-#: Algorithms whose control reads only the clock, the partition and sample counts.
-EXACT = [name for name, cls in sorted(ALGORITHMS.items()) if not cls.training_signals]
-#: Row fields that depend on training (or the wall clock), not on the plan and the clock.
-TRAINED = {"wall_time", "train_loss", "train_loss_median", "test_acc", "test_loss"}
+# Every algorithm's timing rows against its sequential rows: tests/conformance/.
 
 
 def strict_json(text: str) -> None:
@@ -34,24 +30,6 @@ def strict_json(text: str) -> None:
 
     for line in text.splitlines():
         json.loads(line, parse_constant=refuse)
-
-
-@pytest.mark.parametrize("algorithm", EXACT)
-def test_timing_rows_equal_sequential_rows(algorithm, tmp_path, sequential_run):
-    """Same plans, same clock: every metrics field but the trained ones is identical."""
-    ref = sequential_run(config_for(algorithm, rounds=3))
-    timing = config_for(algorithm, rounds=3, executor="timing", **{"output.plots": True})
-    got = splitfl.run(timing, run_dir=tmp_path / "t")
-    plan_only = {"plan_clusters"} if algorithm == "ifca" else set()  # chosen by trained losses
-    for a, b in zip(ref.metrics, got.metrics, strict=True):
-        assert a.keys() == b.keys()
-        for key in a.keys() - TRAINED - plan_only:
-            assert a[key] == b[key], key
-        assert (b["test_acc"], b["test_loss"], b["train_loss"]) == (None, None, None)
-    assert got.summary["final_acc"] is None and got.summary["best_acc"] is None
-    strict_json((got.run_dir / "metrics.jsonl").read_text())
-    strict_json((got.run_dir / "summary.json").read_text().replace("\n", " "))
-    assert not (got.run_dir / "accuracy.png").exists()
 
 
 def test_timing_update_counts_what_sequential_trains():
