@@ -55,17 +55,13 @@ F64_ATOL = 1e-12
 #: clustering and S²FL's grouping by data balance alone put 3 participants in one group.
 #: Default 3 of 6; RingSFL 4 of 4 (``config_for``).
 FLEETS = {"parallelsfl": (12, 6), "s2fl+B": (12, 6)}
+
+
 #: MergeSFL's batch regulation gives a merged group's members unequal batches; the
 #: vectorised executor then scales their activation gradients (``device_grad: own``) by
 #: sum(sizes)/size rounded to float32 (``executors/split_step.py``: ``torch.tensor(scale)``
 #: takes the default dtype), the sequential executor by the Python float: in float64 the
 #: final models differ by 7e-10 (train_loss by 1.6e-9) instead of ~1e-16.
-FP32_SCALE = (
-    "vectorized mergesfl: device_grad 'own' factor sum(sizes)/size built as a float32 tensor "
-    "(split_step.py), off by ~3e-8 relative for unequal batches: 7e-10 on the float64 model"
-)
-
-
 def cls_of(name: str):
     return resolve_algorithm(name, {})[0]
 
@@ -273,17 +269,7 @@ def test_parallel_run_equals_sequential_run(algorithm, float64_runs, warm_pool, 
         assert set(why) <= {"", "one group"} and not all(why), why
 
 
-@pytest.mark.parametrize(
-    "algorithm",
-    [
-        pytest.param(
-            a, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=FP32_SCALE)
-        )
-        if a == "mergesfl"
-        else a
-        for a in ALL
-    ],
-)
+@pytest.mark.parametrize("algorithm", ALL)
 def test_vectorized_run_equals_sequential_run(algorithm, float64_runs, monkeypatch):
     """``executor: vectorized`` forced to batch (vmap; on CPU its default is the reference
     loop): close in float64 (:data:`F64_ATOL`), its plans and clock identical. Rounds it

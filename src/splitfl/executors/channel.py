@@ -363,11 +363,12 @@ def read_error(msg: Message) -> tuple[str, str, str]:
 
 
 def read_trained(
-    msg: Message, run: GroupRun, specs: Specs, num_blocks: int
+    msg: Message, run: GroupRun, specs: Specs, server_blocks: tuple[int, int] | None
 ) -> tuple[list[ClientUpdate], State | None, float]:
     """A unit's answer, checked against the unit: one update per task in task order, each
     part shaped as the part it started from, an aux head as sent, the server copy as the
-    global model's blocks from the group's lowest cut."""
+    global model's blocks ``server_blocks`` (the unit's family says which:
+    :meth:`~splitfl.topologies.base.Family.server_blocks`; None: no server copy)."""
     rows = field(msg.fields, "updates", "list", "trained")
     seconds = field(msg.fields, "seconds", "number", "trained")
     if len(rows) != len(run.tasks):
@@ -386,13 +387,14 @@ def read_trained(
         if t.client in run.aux:
             aux = check_like(by.pop(f"aux:{i}", {}), specs_of(run.aux[t.client]), where)
         updates.append(ClientUpdate(**f, state=part, aux_state=aux))
-    cuts = [t.cut for t in run.tasks if t.cut < num_blocks]
-    if field(msg.fields, "server", "bool", "trained") != bool(cuts):
-        raise ChannelError(f"trained: a server copy {'expected' if cuts else 'unexpected'}")
+    if field(msg.fields, "server", "bool", "trained") != (server_blocks is not None):
+        expected = "expected" if server_blocks is not None else "unexpected"
+        raise ChannelError(f"trained: a server copy {expected}")
     server = None
-    if cuts:
-        above = {k: s for k, s in specs.items() if block_index(k) >= min(cuts)}
-        server = check_like(by.pop("server", {}), above, "trained: server copy")
+    if server_blocks is not None:
+        lo, hi = server_blocks
+        held = {k: s for k, s in specs.items() if lo <= block_index(k) < hi}
+        server = check_like(by.pop("server", {}), held, "trained: server copy")
     no_more(by, "trained")
     return updates, server, seconds
 

@@ -187,7 +187,7 @@ class ParallelExecutor:
         runs = family_of(plan).units(ctx.model, plan)  # the round's torch draws, in order
         setup = channel.setup_message(global_state, plan, round_seed)
         count = next(self._rounds)
-        self._expect = (channel.specs_of(global_state), ctx.num_blocks)
+        self._expect = (channel.specs_of(global_state), ctx.num_blocks, plan)
         answers = self._deal(ctx, runs, setup, count if plan.round_idx is None else plan.round_idx)
         updates: list[ClientUpdate] = []
         server_states: dict[int, dict[str, torch.Tensor]] = {}
@@ -286,7 +286,9 @@ class ParallelExecutor:
     def _trained(self, w: int, answer: Message, run: GroupRun, answers: dict, i: int):
         """Store a unit's answer (checked against ``run``); the error if it is malformed."""
         try:
-            updates, server_state, seconds = channel.read_trained(answer, run, *self._expect)
+            specs, n, plan = self._expect
+            blocks = family_of(plan).server_blocks(run.tasks, plan, n)
+            updates, server_state, seconds = channel.read_trained(answer, run, specs, blocks)
         except channel.ChannelError as err:
             return WorkerError(f"{self.pool.describe(w)} answered unit {run.group}: {err}")
         answers[i] = (updates, server_state)

@@ -80,7 +80,9 @@ def split_step(round_: SplitRound, active: list[WorkerRow], step: int) -> None:
         if spec.device_grad == "own":
             mode, size = spec.group_loss, y.shape[1]
             scale = [own_grad_factor(size, group_sizes[r.group_row], mode) for r in bucket]
-            factor = torch.tensor(scale, device=y.device)
+            # float64: the sequential executor's Python-float factor, cast to the gradient's
+            # dtype below (a float32 tensor here rounded it ~3e-8 off in float64 runs)
+            factor = torch.tensor(scale, dtype=torch.float64, device=y.device)
             grad = map_grad(lambda g, f=factor: g * expand_rows(f.to(g.dtype), g), grad)
         backward(fx, grad)
         account(bucket, losses.detach(), y.shape[1])

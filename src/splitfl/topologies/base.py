@@ -105,6 +105,16 @@ class Family:
         del plan
         return starts.of(task)
 
+    def server_blocks(
+        self, tasks: list[ClientTask], plan: RoundPlan, num_blocks: int
+    ) -> tuple[int, int] | None:
+        """The blocks ``[lo, hi)`` a unit's server copy holds (None: no server copy); a
+        parallel worker's answer is checked against it. Default: from the unit's lowest cut to
+        the end (a star group's server part)."""
+        del plan
+        cuts = [t.cut for t in tasks if t.cut < num_blocks]
+        return (min(cuts), num_blocks) if cuts else None
+
     def run_unit(self, unit: Any, env: UnitEnv) -> tuple[list[ClientUpdate], State | None]:
         """One unit trained: its members' updates and its server copy's state (None: none)."""
         raise NotImplementedError(f"{type(self).__name__} defines no run_unit")

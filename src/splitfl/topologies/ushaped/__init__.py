@@ -45,6 +45,10 @@ class UShapedFamily(Family):
         start = task.init_state or starts.full
         return {k: v for k, v in start.items() if device_keys(k, task.cut, tail)}
 
+    def server_blocks(self, tasks, plan, num_blocks):
+        """The middle: ``[cut, tail)`` of the group's (one) cut and tail."""
+        return (tasks[0].cut, tail_of(plan, tasks[0])) if tasks else None
+
     def units(self, model, plan):
         check_cuts(plan, model.num_blocks)
         starts = StartParts(model)
