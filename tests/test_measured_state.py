@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 
 from conftest import tiny_config
-from splitfl.algorithms.s2fl import S2FL, S2FLOptions, lockstep_finish
+from splitfl.algorithms.s2fl import lockstep_finish
 from splitfl.core.plan import ClientTask, RoundPlan, RoundReport
+from splitfl.core.topology import Star
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.system.cost import ClientCost, Traffic
 from splitfl.system.devices import DeviceProfile, Population, draw_population, with_variation
+from splitfl.topologies.star import STAR
 
 
 def _cost(**traffic_and_times) -> ClientCost:
@@ -114,8 +116,9 @@ def test_lockstep_finish_by_hand():
     }
 
 
-def _barrier_case(options):
-    """Members with 3 and 1 steps in one group (busy 5 s and 8 s) and the S2FL pricing them."""
+def _barrier_case(barrier: bool, groups=(0, 0)):
+    """Members with 3 and 1 steps (busy 5 s and 8 s), their costs, and the star family's
+    round time for them (``Star.barrier``: S²FL's ``lockstep_barrier``)."""
     costs = {
         # pre = 4·100/400 = 1, post = 1, per-sample work 5 - 2 = 3 over [16, 16, 16]
         0: _cost(
@@ -129,35 +132,33 @@ def _barrier_case(options):
         # pre = post = 2, one step of 4
         1: _cost(model_down=100, model_up=100, comm_time=4.0, device_time=4.0, server_time=0.0),
     }
-    ctx = SimpleNamespace(
-        data_sizes=np.array([48, 16]),
-        task_cost=lambda task, samples, r, loss: costs[task.client],
-    )
-    alg = S2FL(options, ctx)
-    plan = RoundPlan([ClientTask(0, 1, 0, 16, 3), ClientTask(1, 1, 0, 16, 1)])
-    for task, samples in zip(plan.tasks, (48, 16), strict=True):
-        alg.client_cost(task, samples, 0, plan)
-    return alg
+    view = SimpleNamespace(data_sizes=np.array([48, 16]))
+    tasks = [ClientTask(0, 1, groups[0], 16, 3), ClientTask(1, 1, groups[1], 16, 1)]
+    plan = RoundPlan(tasks, topology=Star(barrier=barrier))
+    return STAR.round_time(view, plan, 0, costs, {0: 48, 1: 16}, {0: 5.0, 1: 8.0})
 
 
 def test_s2fl_round_time_is_eq1_of_the_slowest_participant_by_default():
     """§3.1: a device's round is Eq. (1)'s T; the round ends with the last upload."""
-    alg = _barrier_case(S2FLOptions())
-    round_time, waits = alg.round_time({0: 5.0, 1: 8.0})
+    round_time, waits = _barrier_case(False)
     assert round_time == 8.0 and waits == {0: 3.0, 1: 0.0}
 
 
 def test_s2fl_round_time_charges_the_group_barrier_when_asked():
     """``lockstep_barrier: true``: the round lasts 9 s, not max(5, 8)."""
-    alg = _barrier_case(S2FLOptions(lockstep_barrier=True))
-    round_time, waits = alg.round_time({0: 5.0, 1: 8.0})
+    round_time, waits = _barrier_case(True)
     assert round_time == pytest.approx(9.0)
     assert waits == pytest.approx({0: 4.0, 1: 1.0})
     # in separate groups (SplitFed V1) there is no barrier
-    solo = RoundPlan([ClientTask(0, 1, 0, 16, 3), ClientTask(1, 1, 1, 16, 1)])
-    for task, samples in zip(solo.tasks, (48, 16), strict=True):
-        alg.client_cost(task, samples, 0, solo)
-    assert alg.round_time({0: 5.0, 1: 8.0})[0] == 8.0
+    assert _barrier_case(True, groups=(0, 1))[0] == 8.0
+
+
+def test_s2fl_plans_carry_the_barrier_option():
+    for barrier in (False, True):
+        cfg = tiny_config(algorithm="s2fl", **{"options.s2fl.lockstep_barrier": barrier})
+        alg = prepare(as_config(cfg)).algorithm
+        rng = np.random.default_rng(0)
+        assert alg.plan_round(0, alg.select_clients(0, rng), rng).topology.barrier is barrier
 
 
 def test_pyramidfl_and_adasampling_unmeasured_times_ignore_profiles():

@@ -12,6 +12,8 @@ from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundReport, 
 from splitfl.core.seeding import rng_for
 from splitfl.experiment.round_step import measure
 from splitfl.experiment.runner import as_config, prepare
+from splitfl.topologies import family_of
+from splitfl.topologies.clusters import ClustersFamily
 
 FAST = {"options.parallelsfl.tau": 3, "devices.preset": "jetson80", "data.num_clients": 20}
 
@@ -84,11 +86,10 @@ def _planned(alg, round_idx: int = 0) -> RoundPlan:
 
 
 def _clock_costs(alg, plan, r: int = 0) -> dict:
+    """What the clock charges: the clusters family's price of the plan."""
     ctx = alg.ctx
-    return {
-        t.client: alg.client_cost(t, ctx.round_samples(t.client, t.batch_size, t.steps), r, plan)
-        for t in plan.tasks
-    }
+    samples = {t.client: ctx.round_samples(t.client, t.batch_size, t.steps) for t in plan.tasks}
+    return family_of(plan).price(ctx, plan, samples, r)
 
 
 @pytest.mark.parametrize("beta_c", ["full", "upload"])
@@ -100,7 +101,7 @@ def test_planner_predicts_the_time_the_clock_charges(contention, beta_c):
     groups = sorted(plan.groups().items())
     clusters = [(alg.tops[g], [t.client for t in tasks]) for g, tasks in groups]
     t_co, beta_planned = alg.planned_times(clusters)
-    costs, clock = _clock_costs(alg, plan), alg._clock_clusters(plan, 0)
+    costs, clock = _clock_costs(alg, plan), ClustersFamily.clock(alg.ctx, plan, 0)
     full = alg.ctx.profile.total_bytes
     for (g, tasks), t, b in zip(groups, t_co, beta_planned, strict=True):
         ct = clock[g][0]
@@ -121,7 +122,7 @@ def test_clustering_times_clusters_as_the_clock_does():
     """Alg. 1's waiting (Eq. 11) and times are the clock's, not Eq. (9) as printed."""
     alg = prepare(as_config(tiny_config(algorithm="parallelsfl", **EXACT))).algorithm
     plan = _planned(alg)
-    clock = alg._clock_clusters(plan, 0)
+    clock = ClustersFamily.clock(alg.ctx, plan, 0)
     times = {g: np.array(clock[g][0].member_iteration) for g in plan.groups()}
     waits = [t.max() - t.mean() for t in times.values()]
     assert plan.info["mean_waiting"] == pytest.approx(np.mean(waits), rel=1e-9)

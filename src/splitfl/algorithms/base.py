@@ -25,7 +25,7 @@ import torch
 from splitfl.aggregation.layerwise import Rule, layerwise_aggregate
 from splitfl.core.plan import ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.core.topology import Star, Turns
-from splitfl.system.cost import ClientCost, round_times, share_server_link
+from splitfl.system.cost import ClientCost
 
 
 class Algorithm:
@@ -109,26 +109,9 @@ class Algorithm:
         """Transfers of clients that do not train this round but must send something (e.g.
         LocFedMix-SL's earlier clients uploading their device parts at an aggregation round);
         charged as traffic, they share the server link with the participants' transfers
-        (:meth:`share_links` sees both), and their time bounds the round. Default: none."""
+        (the family's ``share_links`` sees both), and their time bounds the round. Default: none."""
         del plan, round_idx
         return {}
-
-    def share_links(
-        self, costs: dict[int, ClientCost], plan: RoundPlan, round_idx: int
-    ) -> dict[int, ClientCost]:
-        """The round's costs with the server link shared by the participants' transfers
-        (``devices.contention``, resolved per preset when the run is prepared;
-        :func:`~splitfl.system.cost.share_server_link`); transfers of
-        a plan that chains its clients (vanilla SL) never overlap. Override where the topology
-        accounts for sharing itself."""
-        pop = self.ctx.population
-        if not (self.ctx.config.devices.contention and pop.shared_server):
-            return costs
-        return share_server_link(costs, pop.server, concurrent=not chained(plan))
-
-    def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
-        """Round time and per-client waiting: participants work in parallel (max)."""
-        return round_times(times)
 
     def aggregate(
         self, global_state: dict[str, torch.Tensor], plan: RoundPlan, result: RoundResult

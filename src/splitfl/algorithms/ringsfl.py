@@ -52,8 +52,6 @@ from splitfl.config import ConfigError
 from splitfl.core.benching import SitOut
 from splitfl.core.plan import RING_MEMBER_FAILED, ClientTask, RoundPlan
 from splitfl.core.topology import Ring, RingSpec
-from splitfl.system.cost import FORWARD_SHARE, d2d_rate, ring_client_cost, round_times
-from splitfl.system.ring_schedule import FORWARD, LOSS, ring_makespan
 
 
 def largest_remainder(shares: Sequence[float], total: int) -> list[int]:
@@ -175,7 +173,6 @@ class RingSFL(Algorithm):
         except ValueError as err:
             raise ConfigError("options.ringsfl.prop_lens", str(err)) from err
         self.lengths = {c: int(length) for c, length in enumerate(lengths)}
-        self._round: tuple[RoundPlan | None, int] = (None, 0)
         #: members that broke a ring round, sitting out (failures are never forgiven)
         self.sit_out = SitOut(self.options.exclude_rounds)
 
@@ -217,98 +214,7 @@ class RingSFL(Algorithm):
         lengths = self.ring_lengths(order)
         ring = RingSpec(order, lengths, weights, self.options.version == "v2")
         info = {"prop_lens": [lengths[c] for c in order]}
-        return RoundPlan(tasks, topology=Ring(spec=ring), info=info)
-
-    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
-        """Each client's segments over the round (samples of every start that passes it)."""
-        ring = plan.topology.spec
-        done = {
-            t.client: self.ctx.round_samples(t.client, t.batch_size, t.steps) for t in plan.tasks
-        }
-        steps = {t.client: t.steps for t in plan.tasks}
-        work, messages = [], 0
-        for start in ring.order:
-            for client, lo, hi in ring.segments(start):
-                if client == task.client:
-                    work.append((lo, hi, done[start], start == client))
-                    # per step: the output forward, the input gradient back, own: logits grad
-                    messages += steps[start] * (1 + (lo > 0) + (start == client))
-        self._round = (plan, round_idx)
-        device, nxt, prv = self._neighbours(task.client, plan, round_idx)
-        latency = self.ctx.config.devices.exchange_latency_s
-        return ring_client_cost(
-            self.ctx.profile, work, device, nxt, prv, messages=messages, exchange_latency=latency
-        )
-
-    def _neighbours(self, client: int, plan: RoundPlan, round_idx: int):
-        """Profiles of ``client``, its successor and its predecessor in the round's ring."""
-        order, pop = plan.topology.spec.order, self.ctx.population
-        pos = order.index(client)
-        return (
-            pop.at(client, round_idx),
-            pop.at(order[(pos + 1) % len(order)], round_idx),
-            pop.at(order[pos - 1], round_idx),
-        )
-
-    def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
-        """``pipeline: schedule``/``arrival``: the ring's makespan (model download, the steps
-        as :func:`~splitfl.system.ring_schedule.ring_makespan` schedules them, model upload),
-        each member's job times scaled by its jitter; waiting = round − own busy time.
-        ``ideal``: the slowest member's busy time (§3.3)."""
-        plan, round_idx = self._round
-        if self.options.pipeline == "ideal" or plan is None or not times:
-            return round_times(times)
-        if set(times) != set(plan.topology.spec.order):  # a ring that did not complete: no schedule
-            return round_times(times)
-        tasks = {t.client: t for t in plan.tasks}
-        busy = {c: self.client_cost(tasks[c], 0, round_idx, plan).time for c in times}
-        scale = {c: times[c] / busy[c] if busy[c] > 0 else 1.0 for c in times}
-        job_time, model_in, model_out = self._ring_jobs(plan, round_idx)
-        finish = ring_makespan(
-            plan.topology.spec.order,
-            {c: t.steps for c, t in tasks.items()},
-            lambda kind, start, hop: (
-                job_time(kind, start, hop) * scale[plan.topology.spec.member(start, hop)]
-            ),
-            {c: model_in[c] * scale[c] for c in times},
-            fixed_order=self.options.pipeline == "schedule",
-        )
-        end = {c: finish[c] + model_out[c] * scale[c] for c in times}
-        total = max(end.values())
-        return total, {c: max(total - t, 0.0) for c, t in times.items()}
-
-    def _ring_jobs(self, plan: RoundPlan, round_idx: int):
-        """(job time function, model download time, model upload time) on the round's
-        profiles, with ``ring_client_cost``'s terms: segment compute (forward 1/3 of its
-        FLOPs, backward 2/3) plus the message it sends, per mini-batch of the batch's owner."""
-        prof, ring = self.ctx.profile, plan.topology.spec
-        per = {
-            t.client: self.ctx.round_samples(t.client, t.batch_size, t.steps) / max(t.steps, 1)
-            for t in plan.tasks
-        }
-        peers = {c: self._neighbours(c, plan, round_idx) for c in ring.order}
-        n = prof.num_blocks
-        latency = self.ctx.config.devices.exchange_latency_s  # per message sent
-
-        def job_time(kind: str, start: int, hop: int) -> float:
-            if kind == LOSS:
-                device, _, prv = peers[start]
-                return per[start] * prof.blocks[n - 1].out_bytes / d2d_rate(device, prv) + latency
-            member, lo, hi = ring.segments(start)[hop]
-            device, nxt, prv = peers[member]
-            flops = per[start] * prof.part_flops(lo, hi) / device.flops
-            if kind == FORWARD:
-                send = per[start] * prof.blocks[hi - 1].out_bytes / d2d_rate(device, nxt)
-                return FORWARD_SHARE * flops + send + latency
-            if not lo:
-                return (1 - FORWARD_SHARE) * flops
-            send = per[start] * prof.blocks[lo - 1].out_bytes / d2d_rate(device, prv)
-            return (1 - FORWARD_SHARE) * flops + send + latency
-
-        model = prof.total_bytes
-        down = {c: model / peers[c][0].downlink + latency for c in ring.order}
-        up = {c: model / peers[c][0].uplink + latency for c in ring.order}
-        return job_time, down, up
+        return RoundPlan(tasks, topology=Ring(spec=ring, pipeline=self.options.pipeline), info=info)
 
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
         """Eq. (5): plain average of the blended models."""

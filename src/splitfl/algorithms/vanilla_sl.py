@@ -87,11 +87,6 @@ class VanillaSL(Algorithm):
         for task in tasks:
             task.steps = steps[task.client]
 
-    def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
-        """Sequential clients: the round lasts the sum; each waits for all the others."""
-        total = sum(times.values())
-        return total, {c: total - t for c, t in times.items()}
-
     def aggregate(self, global_state, plan: RoundPlan, result) -> dict:
         last = next(u for u in result.updates if u.client == plan.topology.order[-1])
         server = result.server_states[0]

@@ -35,6 +35,8 @@ DEVICE_GRADS = ("union", "own")
 #: ``ServerSpec.forward``: one server forward per member, or one per cut point on the
 #: concatenated smashed data (MergeSFL Eq. 16).
 GROUP_FORWARDS = ("separate", "concat")
+#: ``Ring.pipeline``: how the clock times a ring round (RingSFL §3.3, or the makespan).
+RING_PIPELINES = ("ideal", "schedule", "arrival")
 #: ``Turns.mode``: members served one after another for all their steps (SplitFed V2), or one
 #: step each in turn (SplitLoRA's released code).
 TURN_MODES = ("sequential", "round_robin")
@@ -119,9 +121,12 @@ class Topology:
 @dataclass(frozen=True, kw_only=True)
 class Star(Topology):
     """Every member of a group talks to the group's server copy at every step (SplitFed V1,
-    S²FL Alg. 1; a whole-model task, cut = all blocks, trains on its device alone)."""
+    S²FL Alg. 1; a whole-model task, cut = all blocks, trains on its device alone).
+    ``barrier``: the clock holds each group's members in lock-step, every iteration waiting
+    for the group's slowest member (S²FL's ``lockstep_barrier``, a sensitivity beyond Eq. 1)."""
 
     server: ServerSpec = field(default_factory=ServerSpec)
+    barrier: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,9 +191,15 @@ class RingSpec:
 @dataclass(frozen=True, kw_only=True)
 class Ring(Topology):
     """RingSFL (Alg. 1–2): every client's batch goes around the ring of devices, each running
-    its propagation length of blocks; no server copy (tasks hold full models)."""
+    its propagation length of blocks; no server copy (tasks hold full models). ``pipeline``:
+    the round time on the clock — ``ideal`` (§3.3: the most loaded member's busy time),
+    ``schedule`` or ``arrival`` (the ring's makespan with jobs in a fixed or arrival order)."""
 
     spec: RingSpec
+    pipeline: str = "ideal"
+
+    def __post_init__(self) -> None:
+        _one_of("Ring", "pipeline", self.pipeline, RING_PIPELINES)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -54,16 +54,13 @@ def measure(
     the round time. The executor's measured time and bytes, where it has them, are passed on
     to the report unchanged."""
     tasks = {t.client: t for t in plan.tasks}
-    family = family_of(plan)
-
-    def price(task, samples: int):
-        cost = family.price(algorithm.ctx, task, samples, r, plan)
-        return algorithm.client_cost(task, samples, r, plan) if cost is None else cost
-
-    train = {u.client: price(tasks[u.client], u.samples) for u in result.updates}
-    idle = algorithm.idle_costs(plan, r)  # e.g. LocFedMix-SL's deferred uploads
-    costs = algorithm.share_links({**train, **idle}, plan, r)
+    family, view = family_of(plan), algorithm.ctx
     samples = {u.client: u.samples for u in result.updates}
+    train = family.price(view, plan, samples, r)  # the topology's price, else each task's
+    if train is None:
+        train = {c: algorithm.client_cost(tasks[c], n, r, plan) for c, n in samples.items()}
+    idle = algorithm.idle_costs(plan, r)  # e.g. LocFedMix-SL's deferred uploads
+    costs = family.share_links(view, {**train, **idle}, plan, r)
     losses = {u.client: u.loss_sum / max(u.loss_samples, 1) for u in result.updates}
     sigma = config.devices.jitter  # no draw (and no generator to build) without jitter
     rng = rng_for(config.seed, "jitter", r) if sigma > 0 else None
@@ -77,7 +74,7 @@ def measure(
         round_time = result.measured_round_time or 0.0
         waits = {c: max(round_time - times[c], 0.0) for c in train}
     else:
-        round_time, all_waits = algorithm.round_time(times)
+        round_time, all_waits = family.round_time(view, plan, r, train, samples, times)
         waits = {c: all_waits[c] for c in train}
     report = RoundReport(times, costs, jitter, samples, losses, round_time)
     report.measured_time, report.measured_bytes = result.measured_time, result.measured_bytes

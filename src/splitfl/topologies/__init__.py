@@ -3,8 +3,9 @@
 A plan's topology payload (:mod:`splitfl.core.topology`) names the pattern; its family here
 runs and prices it on every runtime (:mod:`.base`: the contract). The tree's families:
 
-* :mod:`.star` — :class:`~splitfl.core.topology.Star` and ``Clusters`` (every member meets
-  its group's server copy at every step);
+* :mod:`.star` — :class:`~splitfl.core.topology.Star` (every member meets its group's
+  server copy at every step); :mod:`.clusters` — ``Clusters`` (star groups hosted on
+  devices, ParallelSFL);
 * :mod:`.turns` — ``Turns`` (members take turns: sequential, chained, round robin);
 * :mod:`.ring` — ``Ring`` (RingSFL's ring of devices);
 * :mod:`.ushaped` — ``UShaped`` (U-shaped split learning: labels stay on the device).
@@ -14,7 +15,7 @@ A family of one's own registers with :func:`register` (how-to: ``docs/how-to/add
 
 from __future__ import annotations
 
-from splitfl.topologies import ring, star, turns, ushaped
+from splitfl.topologies import clusters, ring, star, turns, ushaped
 from splitfl.topologies.base import (
     FAMILIES,
     STAND_IN_LOSS,
@@ -33,6 +34,7 @@ __all__ = [
     "UnitEnv",
     "family_of",
     "register",
+    "clusters",
     "ring",
     "star",
     "turns",

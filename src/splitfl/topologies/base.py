@@ -13,8 +13,10 @@ once per round, by the payload's type (:func:`family_of`), and asks it:
   (``executor: timing``);
 * :meth:`Family.batched` — whether ``executor: vectorized`` has a batched twin for the plan
   (else it runs the reference, the sequential schedule);
-* :meth:`Family.price` — each participant's cost on the simulated clock (None: the shared
-  cost model of star rounds, S²FL Eq. 1).
+* the clock's side: :meth:`Family.price` (every participant's cost; None: each task's cost in
+  the algorithm's cost model, S²FL Eq. 1 with its task-level charges), :meth:`Family.share_links`
+  (the server link shared by concurrent transfers) and :meth:`Family.round_time` (the round
+  time and each participant's waiting).
 
 Families register with :func:`register` (the tree's own in :mod:`splitfl.topologies`; a
 user's from outside the tree the same way), which also lets the plan codec carry the payload
@@ -33,6 +35,7 @@ import torch
 from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
 from splitfl.core.plan_codec import register_plan_type
 from splitfl.core.topology import Topology
+from splitfl.system.cost import round_times, share_server_link
 
 State = dict[str, torch.Tensor]
 #: Mean training loss every client reports under ``executor: timing`` (no training happens);
@@ -68,6 +71,9 @@ class PriceView(Protocol):
     population: Any  # splitfl.system.devices.Population
     config: Any  # splitfl.config.ExperimentConfig
     num_blocks: int
+    data_sizes: Any  # sequence of |D_i|
+
+    def round_samples(self, client: int, batch_size: int, steps: int) -> int: ...
 
 
 class Family:
@@ -127,11 +133,43 @@ class Family:
         ``samples_of(task)`` its mini-batches hold, :data:`STAND_IN_LOSS` per sample."""
         raise NotImplementedError(f"{type(self).__name__} defines no untrained round")
 
-    def price(self, view: PriceView, task: ClientTask, samples: int, r: int, plan: RoundPlan):
-        """The task's :class:`~splitfl.system.cost.ClientCost`, or None for the shared cost
-        model (the algorithm's, S²FL Eq. 1)."""
-        del view, task, samples, r, plan
+    def price(
+        self, view: PriceView, plan: RoundPlan, samples: dict[int, int], r: int
+    ) -> dict[int, Any] | None:
+        """Every completed client's :class:`~splitfl.system.cost.ClientCost` (``samples``: what
+        each trained), priced for the whole round at once; None: each task's cost in the
+        algorithm's cost model (``Algorithm.client_cost``, S²FL Eq. 1)."""
+        del view, plan, samples, r
         return None
+
+    def share_links(self, view: PriceView, costs: dict, plan: RoundPlan, r: int) -> dict:
+        """The round's costs with the server link shared by concurrent transfers
+        (``devices.contention``, resolved per preset: :func:`~splitfl.system.cost.
+        share_server_link`); a family whose price accounts for sharing returns ``costs``."""
+        del r
+        pop = view.population
+        if not (view.config.devices.contention and pop.shared_server):
+            return costs
+        return share_server_link(costs, pop.server, concurrent=self.concurrent(plan))
+
+    def concurrent(self, plan: RoundPlan) -> bool:
+        """Whether the participants' transfers overlap in time (False: one after another)."""
+        del plan
+        return True
+
+    def round_time(
+        self,
+        view: PriceView,
+        plan: RoundPlan,
+        r: int,
+        priced: dict,
+        samples: dict[int, int],
+        times: dict[int, float],
+    ) -> tuple[float, dict[int, float]]:
+        """Round time and each participant's waiting from their ``times`` (after jitter;
+        ``priced``: their costs before link sharing). Default: in parallel, the slowest."""
+        del view, plan, r, priced, samples
+        return round_times(times)
 
 
 #: The registered families, by payload type.

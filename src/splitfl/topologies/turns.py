@@ -43,5 +43,17 @@ class TurnsFamily(SplitFamily):
             previous = done.get(t.client, previous)
         return loop.updates(done)
 
+    def concurrent(self, plan: RoundPlan) -> bool:
+        """A chain's transfers (vanilla SL) never overlap."""
+        return not plan.topology.chain
+
+    def round_time(self, view, plan, r, priced, samples, times):
+        """A chain (vanilla SL) is sequential: the round lasts the sum of its members' times,
+        each waiting for all the others; other turns run their devices in parallel (max)."""
+        if not plan.topology.chain:
+            return super().round_time(view, plan, r, priced, samples, times)
+        total = sum(times.values())
+        return total, {c: total - t for c, t in times.items()}
+
 
 TURNS = register(TurnsFamily())

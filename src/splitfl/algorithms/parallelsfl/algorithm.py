@@ -66,8 +66,8 @@ from splitfl.config import ConfigError
 from splitfl.core.benching import SitOut
 from splitfl.core.plan import ClientTask, RoundPlan, RoundReport
 from splitfl.core.topology import Clusters, ServerSpec
-from splitfl.system.cluster import ClusterLoad, ClusterTime, MemberLoad, cluster_times
-from splitfl.system.cost import ClientCost, Traffic, d2d_rate
+from splitfl.system.cluster import ClusterLoad, cluster_times
+from splitfl.system.cost import d2d_rate
 
 #: Eq. (15)'s ``β_c`` in the τ_c rule: ``upload`` = the top worker's upload of the submodels to
 #: the PS (as printed); ``full`` = all model traffic the clock charges (PS download, bottom
@@ -128,8 +128,6 @@ class ParallelSFL(Algorithm):
         self.tops_out = SitOut(1)
         self.members: dict[int, int] = {}
         self._inputs: ClusterInputs | None = None  # the round's Alg. 1 inputs
-        self._clock_cache: tuple[tuple[int, int], dict[int, tuple[ClusterTime, ClusterLoad]]]
-        self._clock_cache = ((-1, 0), {})
 
     # -- per-iteration sizes ---------------------------------------------------------------------
     def bytes_per_iteration(self) -> float:
@@ -261,85 +259,6 @@ class ParallelSFL(Algorithm):
         return RoundPlan(
             tasks, topology=Clusters(hosts=dict(self.tops), server=server), info=summary
         )
-
-    def _clock_clusters(
-        self, plan: RoundPlan, round_idx: int
-    ) -> dict[int, tuple[ClusterTime, ClusterLoad]]:
-        """The clock's view: every cluster of the plan on the true profiles of the round."""
-        if self._clock_cache[0] == (round_idx, id(plan)):
-            return self._clock_cache[1]
-        pop, prof = self.ctx.population, self.ctx.profile
-        q, label = prof.activation_bytes(self.cut), self.ctx.config.devices.label_bytes
-        groups = sorted(plan.groups().items())
-        loads = []
-        for g, tasks in groups:
-            top = pop.at(self.tops[g], round_idx)
-            members = []
-            for t in tasks:
-                dev = pop.at(t.client, round_idx)
-                per = self.ctx.round_samples(t.client, t.batch_size, t.steps) / t.steps
-                members.append(
-                    MemberLoad(
-                        per * prof.device_flops(self.cut) / dev.flops,
-                        per * prof.server_flops(self.cut) / top.flops,
-                        d2d_rate(dev, top),
-                        per * (q + label),
-                        per * q,
-                        prof.device_bytes(self.cut),
-                    )
-                )
-            loads.append(
-                ClusterLoad(
-                    tuple(members), d2d_rate(top, top), top.uplink, top.downlink, prof.total_bytes
-                )
-            )
-        times = cluster_times(loads, self._server(), self.ctx.config.devices.contention)
-        out = {g: (ct, load) for (g, _), ct, load in zip(groups, times, loads, strict=True)}
-        self._clock_cache = ((round_idx, id(plan)), out)
-        return out
-
-    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
-        """A bottom worker's round on :func:`~splitfl.system.cluster.cluster_times`: its own
-        time is ``τ_c·t_i + β_c`` (Eq. 9, 15); the PS model traffic is split equally among the
-        members in the accounting; the top worker's compute for its batches is ``server_*``
-        (its queueing included in ``server_time``) and its energy ``helper_energy``."""
-        ct, load = self._clock_clusters(plan, round_idx)[task.group]
-        k = [t.client for t in plan.groups()[task.group]].index(task.client)
-        m, rate, t_i = load.members[k], ct.d2d_rates[k], ct.member_iteration[k]
-        steps, prof = task.steps, self.ctx.profile
-        transfer = (m.up_bytes + m.down_bytes) / rate
-        top = self.ctx.population.at(self.tops[task.group], round_idx)
-        n_c, full = len(load.members), prof.total_bytes
-        traffic = Traffic(
-            model_down=full / n_c,
-            model_up=full / n_c,
-            d2d_model=2 * m.model_bytes,
-            d2d_activations=steps * m.up_bytes,
-            d2d_gradients=steps * m.down_bytes,
-        )
-        # what the worker and its top worker record of the round (the controller's only view)
-        extra = {
-            "steps": float(steps),
-            "top_compute": steps * m.top_compute,
-            "d2d_time": steps * transfer,  # smashed data and gradients over the D2D link
-            "ps_down_time": ct.model_times[0],  # top worker: full model from the PS
-            "ps_up_time": ct.model_times[2],  # top worker: full model to the PS
-            "cluster_time": ct.round_time(steps),
-        }
-        return ClientCost(
-            traffic=traffic,
-            device_flops=samples * prof.device_flops(self.cut),
-            server_flops=samples * prof.server_flops(self.cut),
-            comm_time=steps * transfer + ct.beta_c,
-            device_time=steps * m.compute,
-            server_time=steps * (t_i - m.compute - transfer),
-            extra=extra,
-            helper_energy=steps * m.top_compute * top.power,
-        )
-
-    def share_links(self, costs, plan: RoundPlan, round_idx: int):
-        """Sharing is part of the cluster model already (top radio and server link)."""
-        return costs
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         """Record what each bottom worker measured (its compute time; the rate of its smashed

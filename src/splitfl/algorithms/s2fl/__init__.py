@@ -7,6 +7,6 @@ from splitfl.algorithms.s2fl.algorithm import (
     S2FLOptions,
     closest_to_median,
 )
-from splitfl.algorithms.s2fl.lockstep import lockstep_finish
+from splitfl.topologies.lockstep import lockstep_finish
 
 __all__ = ["S2FL", "S2FLOptions", "closest_to_median", "lockstep_finish"]

@@ -79,11 +79,10 @@ import numpy as np
 
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.s2fl.data_balance import balanced_groups, partition_cost
-from splitfl.algorithms.s2fl.lockstep import lockstep_finish, member_phases
 from splitfl.config import ConfigError
-from splitfl.core.plan import ClientTask, RoundPlan, RoundReport, RoundResult
+from splitfl.core.plan import RoundPlan, RoundReport, RoundResult
 from splitfl.core.topology import GROUP_FORWARDS, ServerSpec, Star
-from splitfl.system.cost import ClientCost, round_times, split_client_cost
+from splitfl.system.cost import ClientCost, split_client_cost
 from splitfl.system.devices import DeviceProfile
 
 
@@ -181,10 +180,6 @@ class S2FL(Algorithm):
         self.time_table: dict[int, dict[int, list[float]]] = {}
         # measured[device] = {"sum": cost_observation summed, "last": the latest one}
         self.measured: dict[int, dict[str, list[float]]] = {}
-        self._round: tuple[RoundPlan | None, dict[int, tuple[ClientTask, ClientCost, int]]] = (
-            None,
-            {},
-        )
         # the round's selected devices while every device takes part in a warm-up round
         self._selected: list[int] | None = None
 
@@ -293,35 +288,8 @@ class S2FL(Algorithm):
         server = ServerSpec(
             group_loss=o.group_loss, device_grad=o.device_grad, forward=o.group_forward
         )
-        return RoundPlan(tasks, topology=Star(server=server), info={**split_info, **group_info})
-
-    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
-        """The shared cost model; remembered for pricing the group barrier in round_time."""
-        cost = super().client_cost(task, samples, round_idx, plan)
-        if self._round[0] is not plan:
-            self._round = (plan, {})
-        self._round[1][task.client] = (task, cost, samples)
-        return cost
-
-    def round_time(self, times: dict[int, float]) -> tuple[float, dict[int, float]]:
-        """Round time: the slowest participant's Eq. (1) time, or with ``lockstep_barrier``
-        each group's lock-step barrier (:func:`lockstep_finish`); a member's waiting time is
-        the round time minus its own busy time."""
-        round_time, _ = round_times(times)
-        plan, seen = self._round
-        barrier = self.options.lockstep_barrier
-        if barrier and plan is not None and isinstance(plan.topology, Star):
-            for members in plan.groups().values():
-                phases = {
-                    t.client: member_phases(
-                        *seen[t.client], int(self.ctx.data_sizes[t.client]), times[t.client]
-                    )
-                    for t in members
-                    if t.client in seen and t.client in times
-                }
-                if len(phases) > 1:
-                    round_time = max(round_time, *lockstep_finish(phases).values())
-        return round_time, {c: round_time - t for c, t in times.items()}
+        topology = Star(server=server, barrier=o.lockstep_barrier)
+        return RoundPlan(tasks, topology=topology, info={**split_info, **group_info})
 
     def aggregate(self, global_state: dict, plan: RoundPlan, result: RoundResult) -> dict:
         """Algorithm 1 over the round's devices — in a ``time_only`` warm-up round, over the

@@ -16,6 +16,7 @@ from splitfl.models import BlockModel, ModelPart
 from splitfl.roles.common import check_finite, detached
 from splitfl.roles.sides import DeviceRole
 from splitfl.topologies.base import STAND_IN_LOSS, Family, State, UnitEnv, register
+from splitfl.topologies.ring.clock import member_costs, ring_round_time
 from splitfl.topologies.ring.member import ring_batch_update
 from splitfl.topologies.split import blocks
 
@@ -86,6 +87,14 @@ class RingFamily(Family):
             for i, (c, role) in enumerate(roles.items())
         ]
         return updates, None
+
+    def price(self, view, plan, samples, r):
+        """Each completed member's segments over the round (:mod:`.clock`)."""
+        costs = member_costs(view, plan, r)
+        return {c: costs[c] for c in samples}
+
+    def round_time(self, view, plan, r, priced, samples, times):
+        return ring_round_time(view, plan, r, times)
 
     def untrained(self, plan, global_state, num_blocks, samples_of) -> RoundResult:
         updates = []

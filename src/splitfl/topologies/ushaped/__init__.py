@@ -90,7 +90,13 @@ class UShapedFamily(Family):
             servers[group] = {k: v for k, v in global_state.items() if lo <= block_index(k) < hi}
         return RoundResult(updates=updates, server_states=servers)
 
-    def price(self, view: PriceView, task, samples, r, plan):
+    def price(self, view: PriceView, plan, samples, r):
+        """Each completed client's U-shaped Eq. (1) cost (:mod:`.price`)."""
+        tasks = {t.client: t for t in plan.tasks}
+        return {c: self._cost(view, tasks[c], n, r, plan) for c, n in samples.items()}
+
+    @staticmethod
+    def _cost(view, task, samples, r, plan):
         latency = view.config.devices.exchange_latency_s
         batches = math.ceil(samples / task.batch_size) if latency else 0
         exchanges = 2 * batches + int(task.download_model) + int(task.upload_model)

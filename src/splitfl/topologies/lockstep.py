@@ -1,5 +1,5 @@
 """S²FL's lock-step groups on the clock (``options.s2fl.lockstep_barrier: true``, a
-sensitivity beyond Eq. (1); :mod:`splitfl.algorithms.s2fl.algorithm`): a member's reported time
+sensitivity beyond Eq. (1); the star family's ``Star(barrier=True)``): a member's reported time
 split into phases, and each member's finish behind its group's per-iteration barrier."""
 
 from __future__ import annotations
