@@ -15,6 +15,8 @@ with :class:`~splitfl.roles.sides.DeviceRole` — the same code the in-process e
 * ``local_step`` (step) → ``local_done`` (loss sum, samples)
 * ``finish`` → ``finished`` (trained device part and what of the auxiliary model goes back)
 * ``identify`` (K models, sample positions; own data only) → ``identified`` (IFCA's cluster)
+* a family's own commands (:data:`EXTRA_COMMANDS`): U-shaped split learning's ``u_begin``,
+  ``u_forward``, ``u_head``, ``u_finish`` (:mod:`splitfl.net.device.ushaped`)
 
 Every reply carries ``compute_s``: device compute since the previous reply. The server never
 sends code or pickles: commands are JSON fields plus raw tensors
@@ -27,6 +29,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -194,6 +197,22 @@ COMMANDS = (
 )
 
 
+@dataclass(frozen=True)
+class Command:
+    """A command a topology's device side adds (:data:`EXTRA_COMMANDS`): ``handler(agent,
+    client, message)`` → the reply (None: no reply), answered as :data:`COMMANDS` are (timed
+    into ``compute_s``, refused with an ``error`` reply); ``begins``: it may come before
+    ``begin`` (it puts the client's round state in ``agent.roles``), else it needs one there."""
+
+    handler: Callable
+    begins: bool = False
+
+
+#: Commands beyond :data:`COMMANDS`, by name, filled by a family's device module
+#: (:mod:`splitfl.net.device.ushaped`, imported with this package).
+EXTRA_COMMANDS: dict[str, Command] = {}
+
+
 class DeviceAgent(AuxCommands):
     """Answers the server's commands for this device's clients."""
 
@@ -277,15 +296,20 @@ class DeviceAgent(AuxCommands):
             reply.fields.update(client=c, seq=msg.fields.get("seq"), compute_s=0.0)
             self.aborts.pop(msg.fields.get("seq"), None)
             return reply
-        if msg.type not in COMMANDS:
+        extra = None if msg.type in COMMANDS else EXTRA_COMMANDS.get(msg.type)
+        if msg.type not in COMMANDS and extra is None:
             raise CommandError(f"unknown command {msg.type[:40]!r}")
-        if msg.type not in ("begin", "identify") and c not in self.roles:  # identify: stateless
+        begins = msg.type in ("begin", "identify") or (extra is not None and extra.begins)
+        if not begins and c not in self.roles:  # identify: stateless
             earlier = self.refusals.get(c)
             raise CommandError(
                 f"{msg.type!r} before 'begin'" + (f" ({earlier})" if earlier else "")
             )
         t0 = time.perf_counter()
-        reply = getattr(self, f"_on_{msg.type}")(c, msg)
+        if extra is not None:
+            reply = extra.handler(self, c, msg)
+        else:
+            reply = getattr(self, f"_on_{msg.type}")(c, msg)
         self._stretch(c, msg.type, t0)
         self.pending[c] = self.pending.get(c, 0.0) + time.perf_counter() - t0
         if reply is None:

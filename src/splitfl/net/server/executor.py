@@ -29,6 +29,7 @@ from splitfl.core.seeding import derive_seed
 from splitfl.core.topology import Clusters, Ring
 from splitfl.models import BlockModel
 from splitfl.net.device.emulation import Profile
+from splitfl.net.server import ushaped  # noqa: F401  (registers its NETWORKED_GROUPS runner)
 from splitfl.net.server.client_data import RemoteClientData
 from splitfl.net.server.clusters import (
     ClusterEmulation,
@@ -37,6 +38,7 @@ from splitfl.net.server.clusters import (
     run_cluster,
 )
 from splitfl.net.server.fleet import LATE, Meter, RemoteFleet, TimedServer
+from splitfl.net.server.groups import NETWORKED_GROUPS, NetRound
 from splitfl.net.server.lateness import LateClients
 from splitfl.net.server.ring import RingEmulation, run_ring
 from splitfl.net.server.session import NetworkSession
@@ -199,7 +201,9 @@ class NetworkedExecutor:
         device ``Clusters.hosts`` names (device-to-device,
         :func:`~splitfl.net.server.clusters.run_cluster`). Returns the updates, the server-side
         copies and each server-checked update's move from the part it was sent
-        (:class:`~splitfl.net.trust.spread.RoundMoves`: the peer checks)."""
+        (:class:`~splitfl.net.trust.spread.RoundMoves`: the peer checks). A payload with a
+        round runner in :data:`~splitfl.net.server.groups.NETWORKED_GROUPS` (U-shaped split
+        learning) runs its groups with it instead."""
         expect = expectations(ctx, model, plan)
         gen = np.random.default_rng(derive_seed(rnd.round_seed, "mix"))
         emulate = self.config.network.emulate
@@ -214,14 +218,8 @@ class NetworkedExecutor:
         hosts = plan.topology.hosts if isinstance(plan.topology, Clusters) else {}
         family = family_of(plan)
 
-        def group(run: GroupRun):
-            if run.group in hosts:
-                host = hosts[run.group]
-                emulation = cluster_emulation(ctx, plan, run, host, links) if emulate else None
-                return run_cluster(rnd, run, host, plan, model, expect, emulation)
-            server = server_role(model, run.tasks, plan, ctx.config.train, self.runtime, gen)
-            timed = None if server is None else TimedServer(server, rnd.meters, server_emulation)
-            fleet = RemoteFleet(
+        def fleet_of(cls=RemoteFleet, **extra) -> RemoteFleet:
+            return cls(
                 rnd.hub,
                 rnd.round_seed,
                 rnd.timeout_s,
@@ -234,12 +232,29 @@ class NetworkedExecutor:
                 peers,
                 plan.aux,
                 plan.device_loss,
+                **extra,
             )
-            updates = family.schedule(fleet, timed, run, plan)
+
+        # a payload with its own networked groups (NETWORKED_GROUPS, net/server/groups.py)
+        runner, own = NETWORKED_GROUPS.get(type(plan.topology)), None
+        if runner is not None:
+            own = runner(NetRound(ctx, model, plan, self.runtime, rnd.meters, fleet_of, emulate))
+
+        def group(run: GroupRun):
+            if own is not None:
+                return own(run)
+            if run.group in hosts:
+                host = hosts[run.group]
+                emulation = cluster_emulation(ctx, plan, run, host, links) if emulate else None
+                return run_cluster(rnd, run, host, plan, model, expect, emulation)
+            server = server_role(model, run.tasks, plan, ctx.config.train, self.runtime, gen)
+            timed = None if server is None else TimedServer(server, rnd.meters, server_emulation)
+            updates = family.schedule(fleet_of(), timed, run, plan)
             return updates, None if server is None else server.state()
 
         runs = family.units(model, plan)
-        if plan.topology.server.mixup or len(runs) == 1:
+        spec = plan.topology.server
+        if (spec is not None and spec.mixup) or len(runs) == 1:
             done = [group(run) for run in runs]
         else:
             with ThreadPoolExecutor(max_workers=len(runs)) as pool:

@@ -48,17 +48,19 @@ class UDevice:
 
     def head_step(self, out: Activation) -> tuple[Gradient, float, int]:
         """The head on the middle's output: the loss (``train.loss``, mean over the batch) on
-        the device's own labels, one step of the head; (∂loss/∂out, loss sum, samples)."""
+        the device's own labels, one step of the head; (∂loss/∂out, loss sum, samples). Once
+        per forward (a second call is refused)."""
         if self._y is None:
             raise ValueError("no forward awaits the head")
+        y, self._y = self._y, None
         received = as_server_input(out)
         logits = self.front.runtime.forward(self.head, received, start=self.tail)
-        loss = self.loss(logits, self._y)
+        loss = self.loss(logits, y)
         check_finite(loss, self.task.client)
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        size = len(self._y)
+        size = len(y)
         return input_grad(received), loss.item() * size, size
 
     def backward(self, grad: Gradient) -> None:
