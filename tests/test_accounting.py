@@ -10,6 +10,7 @@ from splitfl.core.plan import ClientUpdate, RoundResult
 from splitfl.experiment.round_step import measure
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.testing import config_for
+from splitfl.topologies import family_of
 
 # cnn_digits device part at the last candidate cut (blocks 0-2): conv weights and biases and
 # BatchNorm weights/biases 192 + 4704 + 18624 = 23520, BN running stats 2·(16+32+64) = 224,
@@ -94,7 +95,7 @@ def test_idle_uploads_share_the_server_link_with_the_participants():
         **{"devices.preset": "homogeneous", "devices.contention": True}
     )
     report, waits = measure(config, alg, plan, result, 1)
-    alone = alg.idle_costs(plan, 1)
+    alone = family_of(plan).idle(alg.ctx, plan, 1)
     for c in (0, 1, 2):
         cost = report.costs[c]
         assert cost.extra["server_in_rate"] == pytest.approx(1e7 / 6, rel=1e-12)

@@ -70,6 +70,22 @@ def test_executors_import_no_algorithm_and_no_experiment():
     assert _offenders("executors", forbidden) == []
 
 
+def test_algorithms_read_only_the_federation_view():
+    """What an algorithm reads of its run context (every ``ctx.<name>`` in algorithms/) is a
+    member of the typed view it is given (``FederationView``), and the run context has them."""
+    import re
+
+    from splitfl.algorithms.view import VIEW_MEMBERS
+    from splitfl.experiment.runner import as_config, prepare
+
+    read = set()
+    for path in (SRC / "algorithms").rglob("*.py"):
+        read |= set(re.findall(r"\bctx\.([a-z_]+)", path.read_text()))
+    assert read and read - VIEW_MEMBERS == set()
+    ctx = prepare(as_config(tiny_config(algorithm="fedavg"))).ctx
+    assert [m for m in sorted(VIEW_MEMBERS) if not hasattr(ctx, m)] == []
+
+
 def test_roles_import_no_topology_runtime_algorithm_or_experiment():
     """roles/ (what every pattern shares) knows no pattern, no runtime and no algorithm."""
     forbidden = (

@@ -28,6 +28,7 @@ from splitfl.roles.auxiliary import align_aux, estimate_gradient, remember, true
 from splitfl.roles.common import client_batches
 from splitfl.roles.sides import DeviceRole, Runtime
 from splitfl.testing import config_for
+from splitfl.topologies.split import split_task_cost
 
 RT = Runtime(torch.device("cpu"))
 SGD = TrainConfig(lr=0.5)
@@ -256,7 +257,7 @@ def test_upload_period_sends_every_hth_batch_and_no_gradients(tmp_path):
     for u in res.updates:
         assert u.uploaded == sum(len(b) for b in _batches(ctx, u, 7)[1::2])
         task = next(t for t in plan.tasks if t.client == u.client)
-        cost = alg.client_cost(task, u.samples, 0, plan)
+        cost = split_task_cost(ctx, task, u.samples, 0, plan)
         assert cost.traffic.gradients_down == 0
         assert cost.traffic.activations_up == u.uploaded * ctx.profile.activation_bytes(task.cut)
         aux_bytes = alg.aux_model.bytes
@@ -317,7 +318,7 @@ def test_fsl_sage_aligns_on_the_servers_memory_and_keeps_it():
         assert len(y) == len(x) == 20  # align_memory: the last 20 uploaded samples
         assert any(not torch.equal(u.aux_state[k], alg.aux_model.initial[k]) for k in u.aux_state)
         task = next(t for t in plan.tasks if t.client == u.client)
-        cost = alg.client_cost(task, u.samples, 0, plan)
+        cost = split_task_cost(ctx, task, u.samples, 0, plan)
         assert cost.traffic.model_down == ctx.profile.device_bytes(task.cut) + alg.aux_model.bytes
     alg.aggregate(ctx.model.state_dict(), plan, res)
     nxt = alg.plan_round(1, [u.client for u in res.updates], np.random.default_rng(2))

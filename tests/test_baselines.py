@@ -21,6 +21,7 @@ from splitfl.roles.sides import Smashed, mix_pairs
 from splitfl.system.cost import ClientCost, Traffic
 from splitfl.system.devices import draw_population
 from splitfl.system.jetson import MBPS, MODE_PERIOD, MODES
+from splitfl.topologies.split import split_task_cost
 
 
 def test_adasfl_local_frequencies_fill_the_fastest_workers_round():
@@ -207,7 +208,8 @@ def test_ifca_charges_k_downloads_and_k_forwards_on_the_device(client, estimated
     task = ClientTask(client, ctx.num_blocks, batch_size=16, steps=2)
     plan = RoundPlan([task])
     base = ctx.task_cost(task, 32, 0, plan.device_loss)
-    cost = algo.client_cost(task, 32, 0, plan)
+    task.charge = algo.identity_charge(client)  # what plan_round attaches
+    cost = split_task_cost(ctx, task, 32, 0, plan)
     device, prof = ctx.population.at(client, 0), ctx.profile
     forwards = 3 * estimated * prof.total_flops / 3
     assert cost.device_flops - base.device_flops == pytest.approx(forwards)
@@ -298,3 +300,25 @@ def test_listed_baselines_are_those_the_papers_compare_against():
     assert "MergeSFL/ParallelSFL" not in ALGORITHMS["adasfl"].paper
     assert "ParallelSFL" not in ALGORITHMS["fedavg"].paper
     assert "MergeSFL" in ALGORITHMS["fedavg"].paper
+
+
+def test_ifca_aggregates_a_round_that_lost_a_client():
+    """A networked round that dropped a client hands ``aggregate`` the plan restricted to the
+    clients that completed (``round_step``); IFCA's cluster choice is keyed by client, so the
+    others' models are averaged into their clusters (the choice used to be a list aligned with
+    the full plan's tasks: a length mismatch)."""
+    import dataclasses
+
+    from splitfl.core.plan import RoundResult
+
+    prep = prepare(as_config(tiny_config(algorithm="ifca", **{"options.ifca.num_clusters": 2})))
+    algo, ctx = prep.algorithm, prep.ctx
+    rng = np.random.default_rng(0)
+    plan = algo.plan_round(0, algo.select_clients(0, rng), rng)
+    state = ctx.model.state_dict()
+    done = dataclasses.replace(plan, tasks=plan.tasks[1:])
+    moved = {k: v + 1.0 if v.is_floating_point() else v for k, v in state.items()}
+    updates = [ClientUpdate(t.client, t.cut, t.group, 16, 1, moved, 0.0) for t in done.tasks]
+    out = algo.aggregate(state, done, RoundResult(updates, {}))
+    assert set(out) == set(state)
+    assert sum(algo.chosen_count) == len(done.tasks)

@@ -60,6 +60,7 @@ CHOICES = {
     "mode": "sequential",
     "upload_every": 4,
     "upload_phase": 3,
+    "pipeline": "schedule",
 }
 
 
@@ -73,7 +74,7 @@ def test_every_dataclass_a_plan_reaches_is_registered():
 def test_only_the_planners_own_info_stays_behind():
     left = [f"{c.__name__}.{f.name}" for c in PLAN_TYPES for f in dataclasses.fields(c)
             if not f.metadata.get("carried", True)]  # fmt: skip
-    assert left == ["RoundPlan.info"]
+    assert left == ["RoundPlan.info", "RoundPlan.control"]
 
 
 # ------------------------------------------------------------------ one sample of each type

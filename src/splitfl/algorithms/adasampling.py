@@ -58,6 +58,13 @@ def sampling_probabilities(p: np.ndarray, g: np.ndarray, t: np.ndarray, floor: f
     return q / q.sum()
 
 
+@dataclass(frozen=True)
+class Draws:
+    """How often each participant was drawn this round (the unbiased aggregation's K_i)."""
+
+    counts: dict[int, int]
+
+
 class AdaSampling(Algorithm):
     name = "adasampling"
     paper = "Luo et al., AdaSampling (INFOCOM 2022); baseline in ParallelSFL §5"
@@ -93,7 +100,8 @@ class AdaSampling(Algorithm):
         full = self.ctx.num_blocks
         tasks = [self.make_task(c, full, i, round_idx) for i, c in enumerate(clients)]
         counts = {c: self.draws.count(c) for c in clients}
-        return RoundPlan(tasks, info={"draws": counts, "q": {c: float(self.q[c]) for c in clients}})
+        info = {"draws": counts, "q": {c: float(self.q[c]) for c in clients}}
+        return RoundPlan(tasks, info=info, control=Draws(counts))
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
         for task in plan.tasks:
@@ -109,7 +117,7 @@ class AdaSampling(Algorithm):
             states = [u.state for u in result.updates]
             scales = clip_scales(global_state, states, self.aggregation)
         for u, scale in zip(result.updates, scales, strict=True):
-            coef = plan.info["draws"][u.client] * p[u.client] / (k * self.q[u.client])
+            coef = plan.control.counts[u.client] * p[u.client] / (k * self.q[u.client])
             sq = 0.0
             for n, t in global_state.items():
                 if u.state[n] is t:  # untouched (executor: timing): adds nothing

@@ -1,6 +1,7 @@
 """What auxiliary-model algorithms share on the algorithm side (LocFedMix-SL, CSE-FSL,
 FSL-SAGE): the auxiliary model of the run (:class:`AuxModel`: its spec, its initial state, its
-size and FLOPs) and the cost of an auxiliary task (:func:`aux_task_cost`).
+size and FLOPs); each task's auxiliary work reaches the clock as data
+(:class:`~splitfl.core.plan.Charge`, priced by :func:`splitfl.topologies.split.split_task_cost`).
 
 The executors run the auxiliary model (:mod:`splitfl.roles.auxiliary`, the device role);
 the algorithm decides whose auxiliary model a task starts from, where it is averaged and what
@@ -17,15 +18,12 @@ from dataclasses import dataclass
 import torch
 
 from splitfl.core.activations import aux_input
-from splitfl.core.plan import ClientTask, RoundPlan
 from splitfl.core.seeding import derive_seed
 from splitfl.core.topology import AuxSpec
-from splitfl.data.partition import batch_sizes
 from splitfl.extensions import build_aux
 from splitfl.models.aux import aux_flops
 from splitfl.models.base import ModelPart
 from splitfl.models.profile import BYTES_PER_ELEMENT
-from splitfl.system.cost import AuxCharge, ClientCost
 
 State = dict[str, torch.Tensor]
 
@@ -73,27 +71,3 @@ def _smashed(ctx, cut: int):
     x = torch.zeros(1, *ctx.bundle.input_shape, dtype=dtype)
     with torch.no_grad():
         return part(x)
-
-
-def uploaded_samples(ctx, task: ClientTask, plan: RoundPlan) -> int:
-    """Samples of ``task``'s mini-batches at upload steps (``plan.uploads``)."""
-    sizes = batch_sizes(int(ctx.data_sizes[task.client]), task.batch_size, task.steps)
-    return sum(b for step, b in enumerate(sizes) if plan.uploads(step))
-
-
-def aux_task_cost(
-    ctx,
-    task: ClientTask,
-    samples: int,
-    round_idx: int,
-    plan: RoundPlan,
-    aux: AuxModel,
-    charge: AuxCharge,
-) -> ClientCost:
-    """The shared cost model (:func:`~splitfl.system.cost.split_client_cost`) of an auxiliary
-    task: ``samples`` trained through the device part and the auxiliary model, the uploaded
-    ones' smashed data and server compute, no gradients down, plus ``charge`` (the
-    auxiliary model's transfers and server-side FLOPs this round)."""
-    charge = AuxCharge(aux.flops, charge.bytes_down, charge.bytes_up, charge.server_flops)
-    uploaded = uploaded_samples(ctx, task, plan)
-    return ctx.task_cost(task, samples, round_idx, "local", uploaded=uploaded, aux=charge)

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from splitfl.aggregation.layerwise import Rule, layerwise_aggregate
+from splitfl.algorithms.view import FederationView
 from splitfl.core.plan import ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.core.topology import Star, Turns
-from splitfl.system.cost import ClientCost
 
 
 class Algorithm:
@@ -76,11 +76,12 @@ class Algorithm:
         del options
         return cls.not_networked
 
-    def __init__(self, options: Any, ctx: Any):
-        """``ctx``: the run's :class:`~splitfl.experiment.context.RunContext` (handed in by the
-        experiment; algorithms never import it)."""
+    def __init__(self, options: Any, ctx: FederationView):
+        """``ctx``: what the algorithm reads of the run (:class:`~splitfl.algorithms.view.
+        FederationView`; the experiment hands in its run context, which algorithms never
+        import)."""
         self.options = options
-        self.ctx = ctx
+        self.ctx: FederationView = ctx
 
     # -- hooks -------------------------------------------------------------------------------
     def select_clients(self, round_idx: int, rng: np.random.Generator) -> list[int]:
@@ -99,19 +100,6 @@ class Algorithm:
     def lost(self, round_idx: int, plan: RoundPlan, dropped: dict[int, str]) -> None:
         """Called every round with the clients the round lost and why (networked runs: a
         device gone, stalled or rejected; empty otherwise), before :meth:`observe`."""
-
-    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
-        """The shared cost model applied to a task (override where the topology differs,
-        e.g. clusters with top workers)."""
-        return self.ctx.task_cost(task, samples, round_idx, plan.device_loss)
-
-    def idle_costs(self, plan: RoundPlan, round_idx: int) -> dict[int, ClientCost]:
-        """Transfers of clients that do not train this round but must send something (e.g.
-        LocFedMix-SL's earlier clients uploading their device parts at an aggregation round);
-        charged as traffic, they share the server link with the participants' transfers
-        (the family's ``share_links`` sees both), and their time bounds the round. Default: none."""
-        del plan, round_idx
-        return {}
 
     def aggregate(
         self, global_state: dict[str, torch.Tensor], plan: RoundPlan, result: RoundResult

@@ -44,12 +44,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.aggregation.layerwise import robust_average
-from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost
+from splitfl.algorithms.auxiliary import AuxModel
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.core.plan import ClientTask, RoundPlan, RoundResult
+from splitfl.core.plan import Charge, RoundPlan, RoundResult
 from splitfl.core.topology import LocalLoss, Turns
-from splitfl.system.cost import AuxCharge
 
 SCHEDULES = ("interleaved", "sequential")
 
@@ -101,6 +100,9 @@ class CSEFSL(Algorithm):
         for c in clients:
             task = self.make_task(c, self.cut, 0, round_idx)
             task.steps, task.aux_state = self.steps(c), self.aux
+            # the auxiliary model's device FLOPs; it travels down and up with the device part
+            size = self.aux_model.bytes
+            task.charge = Charge(aux_flops=self.aux_model.flops, aux_down=size, aux_up=size)
             tasks.append(task)
         h, interleaved = self.options.upload_every, self.options.schedule == "interleaved"
         mode = "round_robin" if interleaved else "sequential"
@@ -111,13 +113,6 @@ class CSEFSL(Algorithm):
                 aux=self.aux_model.spec, upload_every=h, upload_phase=h - 1 if interleaved else 0
             ),
         )
-
-    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
-        """Eq. (1) with the auxiliary model's device FLOPs, the uploads of every h-th batch,
-        no gradients, and the auxiliary model down and up with the device part."""
-        size = self.aux_model.bytes
-        charge = AuxCharge(bytes_down=size, bytes_up=size)
-        return aux_task_cost(self.ctx, task, samples, round_idx, plan, self.aux_model, charge)
 
     def aggregate(self, global_state, plan: RoundPlan, result: RoundResult) -> dict:
         """Device parts and the server model as every SFL round (data-size weights); the

@@ -42,12 +42,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost, smashed_shape
+from splitfl.algorithms.auxiliary import AuxModel, smashed_shape
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.core.plan import ClientTask, RoundPlan, RoundResult
+from splitfl.core.plan import Charge, ClientTask, RoundPlan, RoundResult
 from splitfl.core.topology import AlignSpec, Estimate, Turns
-from splitfl.system.cost import AuxCharge
 
 
 @dataclass(frozen=True)
@@ -106,6 +105,7 @@ class FSLSAGE(Algorithm):
             task = self.make_task(c, self.cut, 0, round_idx)
             task.aux_state = self.aux.get(c, self.aux_model.initial)
             task.align, task.aux_memory = align, self.memory.get(c)
+            task.charge = self.aux_charge(task)
             tasks.append(task)
         return RoundPlan(
             tasks,
@@ -116,21 +116,21 @@ class FSLSAGE(Algorithm):
             info={"aligned": align},
         )
 
-    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
-        """Eq. (1) with the auxiliary model's device FLOPs (its gradient estimate), uploads of
-        every h-th batch, no gradients; at an alignment, the aligned auxiliary model's download
-        and the server's work: the true gradients of the memory (forward + backward of the
-        server part) and ``align_epochs`` passes of the fit (a second-order step: counted as
-        twice the auxiliary model's forward + backward per sample)."""
-        charge = AuxCharge()
-        if task.align:
-            n = self._memory_after_first_upload(task)
-            prof = self.ctx.profile
-            fit = self.options.align_epochs * n * 2 * self.aux_model.flops
-            charge = AuxCharge(
-                bytes_down=self.aux_model.bytes, server_flops=n * prof.server_flops(task.cut) + fit
-            )
-        return aux_task_cost(self.ctx, task, samples, round_idx, plan, self.aux_model, charge)
+    def aux_charge(self, task: ClientTask) -> Charge:
+        """Beyond Eq. (1)'s split round (uploads of every h-th batch, no gradients): the
+        auxiliary model's device FLOPs (its gradient estimate); at an alignment, the aligned
+        auxiliary model's download and the server's work: the true gradients of the memory
+        (forward + backward of the server part) and ``align_epochs`` passes of the fit (a
+        second-order step: counted as twice the auxiliary model's forward + backward per
+        sample)."""
+        if not task.align:
+            return Charge(aux_flops=self.aux_model.flops)
+        n = self._memory_after_first_upload(task)
+        fit = self.options.align_epochs * n * 2 * self.aux_model.flops
+        server = n * self.ctx.profile.server_flops(task.cut) + fit
+        return Charge(
+            aux_flops=self.aux_model.flops, aux_down=self.aux_model.bytes, server_flops=server
+        )
 
     def _memory_after_first_upload(self, task: ClientTask) -> int:
         held = 0 if task.aux_memory is None else len(task.aux_memory[1])

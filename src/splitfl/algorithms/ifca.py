@@ -38,7 +38,7 @@ import torch
 from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.core.plan import ClientTask, RoundPlan, RoundResult
+from splitfl.core.plan import Charge, RoundPlan, RoundResult
 from splitfl.core.seeding import derive_seed
 from splitfl.models.base import lowest_loss_state
 from splitfl.system.cost import FORWARD_SHARE
@@ -54,6 +54,13 @@ class IFCAOptions:
             raise ConfigError("options.ifca.num_clusters", "must be >= 1")
         if self.estimate_samples < 1:
             raise ConfigError("options.ifca.estimate_samples", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class ClusterChoice:
+    """The round's cluster identity of each participant (client → model index)."""
+
+    of: dict[int, int]
 
 
 class IFCA(Algorithm):
@@ -124,33 +131,26 @@ class IFCA(Algorithm):
         tasks = [self.make_task(c, full, i, round_idx) for i, c in enumerate(clients)]
         for task, k in zip(tasks, clusters, strict=True):
             task.init_state = self.models[k]
-        return RoundPlan(tasks, info={"clusters": clusters})
+            task.charge = self.identity_charge(task.client)
+        chosen = ClusterChoice({c: int(k) for c, k in zip(clients, clusters, strict=True)})
+        return RoundPlan(tasks, info={"clusters": clusters}, control=chosen)
 
-    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
-        """The shared cost model plus IFCA's identity estimate on the device: (K−1) extra
+    def identity_charge(self, client: int) -> Charge:
+        """IFCA's identity estimate on the device, beyond the shared cost model: (K−1) extra
         full-model downloads (each one more exchange with ``devices.exchange_latency_s``) and
         K forward passes of the whole model over :meth:`estimate_size` samples."""
-        cost = super().client_cost(task, samples, round_idx, plan)
-        device = self.ctx.population.at(task.client, round_idx)
-        k = self.options.num_clusters
-        extra = (k - 1) * self.ctx.profile.total_bytes
-        cost.traffic.model_down += extra
-        cost.comm_time += extra / device.downlink
-        cost.comm_time += (k - 1) * self.ctx.config.devices.exchange_latency_s
-        per_sample = FORWARD_SHARE * self.ctx.profile.total_flops
-        flops = k * self.estimate_size(task.client) * per_sample
-        cost.device_flops += flops
-        cost.device_time += flops / device.flops
-        return cost
+        k, prof = self.options.num_clusters, self.ctx.profile
+        per_sample = FORWARD_SHARE * prof.total_flops
+        return Charge(
+            extra_down=(k - 1) * prof.total_bytes,
+            extra_exchanges=k - 1,
+            extra_device_flops=k * self.estimate_size(client) * per_sample,
+        )
 
     def aggregate(self, global_state, plan: RoundPlan, result: RoundResult) -> dict:
         by_client = {u.client: u for u in result.updates}
         for k in range(self.options.num_clusters):
-            members = [
-                by_client[t.client]
-                for t, kk in zip(plan.tasks, plan.info["clusters"], strict=True)
-                if kk == k
-            ]
+            members = [by_client[t.client] for t in plan.tasks if plan.control.of[t.client] == k]
             if members:
                 weights = {u.client: float(self.ctx.data_sizes[u.client]) for u in members}
                 self.models[k] = layerwise_aggregate(

@@ -16,7 +16,7 @@ implements the three mechanisms the paper's title and the citing papers name:
   that have not trained since the last aggregation download the global part, and parts are
   uploaded only in aggregation rounds — by every client whose part is averaged: the round's
   participants at the end of their training, and the earlier rounds' clients (idle this
-  round) in parallel with it (:meth:`LocFedMixSL.idle_costs`; their upload time bounds the
+  round) in parallel with it (``RoundPlan.idle``, priced by the family; their upload time bounds the
   round like a participant's).
 * **Mix** — the server keeps one top model and trains it every iteration on all received
   smashed data plus mixup of the smashed data of random client pairs (λ ~ Beta(α, α),
@@ -50,13 +50,12 @@ import numpy as np
 import torch
 
 from splitfl.aggregation.layerwise import layerwise_aggregate, robust_average
-from splitfl.algorithms.auxiliary import AuxModel, aux_task_cost
+from splitfl.algorithms.auxiliary import AuxModel
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
-from splitfl.core.plan import ClientTask, RoundPlan, RoundResult
+from splitfl.core.plan import Charge, ClientTask, IdleUpload, RoundPlan, RoundResult
 from splitfl.core.topology import LocalLoss, ServerSpec, Star
 from splitfl.models.base import block_index
-from splitfl.system.cost import AuxCharge, ClientCost
 
 
 @dataclass(frozen=True)
@@ -74,6 +73,13 @@ class LocFedMixOptions:
             raise ConfigError("options.locfedmix_sl.aggregate_every", "must be >= 1")
         if not 0 < self.mixup_alpha <= 100:
             raise ConfigError("options.locfedmix_sl.mixup_alpha", "must be in (0, 100]")
+
+
+@dataclass(frozen=True)
+class AggregationRound:
+    """Whether this round's device parts are uploaded and averaged (every ``aggregate_every``)."""
+
+    aggregated: bool
 
 
 class LocFedMixSL(Algorithm):
@@ -114,48 +120,31 @@ class LocFedMixSL(Algorithm):
                 aux_state=self.local_aux.get(c, self.global_aux),
                 download_model=c not in self.local,
                 upload_model=upload,
+                # the auxiliary model's device FLOPs; it travels with the device part
+                charge=Charge(
+                    aux_flops=self.aux_model.flops,
+                    aux_down=self.aux_model.bytes if c not in self.local else 0.0,
+                    aux_up=self.aux_model.bytes if upload else 0.0,
+                ),
             )
             for c in clients
         ]
+        # at an aggregation round, every client of the local table that is not a participant
+        # uploads its device part and auxiliary model (upload only)
+        idle = {
+            c: IdleUpload(self.cut, aux_up=self.aux_model.bytes)
+            for c in sorted(self.local)
+            if upload and c not in set(clients)
+        }
         server = ServerSpec(lr=lr, mixup=self.options.mixup_alpha)
         return RoundPlan(
             tasks,
             topology=Star(server=server),
             device_update=LocalLoss(aux=self.aux_model.spec),
+            idle=idle,
             info={"aggregated": upload},
+            control=AggregationRound(upload),
         )
-
-    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
-        """Eq. (1) with the auxiliary model's device FLOPs; it travels with the device part."""
-        size = self.aux_model.bytes
-        charge = AuxCharge(
-            bytes_down=size if task.download_model else 0.0,
-            bytes_up=size if task.upload_model else 0.0,
-        )
-        return aux_task_cost(self.ctx, task, samples, round_idx, plan, self.aux_model, charge)
-
-    def idle_costs(self, plan: RoundPlan, round_idx: int) -> dict[int, ClientCost]:
-        """At an aggregation round, the device-part (and auxiliary-model) upload of every client
-        in the local table that is not a participant (upload only: no compute, download,
-        activations)."""
-        if not plan.info["aggregated"]:
-            return {}
-        training = {t.client for t in plan.tasks}
-        charge = AuxCharge(bytes_up=self.aux_model.bytes)
-        return {
-            c: self.ctx.client_cost(
-                c,
-                self.cut,
-                0,
-                round_idx,
-                model_down=False,
-                model_up=True,
-                gradients=False,
-                aux=charge,
-            )
-            for c in sorted(self.local)
-            if c not in training
-        }
 
     def aggregate(self, global_state, plan: RoundPlan, result: RoundResult) -> dict:
         """Top model: the server's copy. Device parts: kept per client; FedAvg-ed (with the
@@ -166,7 +155,7 @@ class LocFedMixSL(Algorithm):
         weights = {u.client: float(self.ctx.data_sizes[u.client]) for u in result.updates}
         rule = self.aggregation
         new = layerwise_aggregate(global_state, result.updates, result.server_states, weights, rule)
-        if not plan.info["aggregated"]:
+        if not plan.control.aggregated:
             return {
                 k: (global_state[k] if block_index(k) < self.cut else v) for k, v in new.items()
             }

@@ -46,9 +46,8 @@ from splitfl.aggregation.layerwise import robust_average
 from splitfl.algorithms.base import Algorithm
 from splitfl.algorithms.estimates import fill_unmeasured, update_table
 from splitfl.config import ConfigError
-from splitfl.core.plan import ClientTask, RoundPlan, RoundReport, RoundResult
+from splitfl.core.plan import Charge, ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.models.profile import BYTES_PER_ELEMENT
-from splitfl.system.cost import ClientCost
 
 
 @dataclass(frozen=True)
@@ -195,6 +194,10 @@ class PyramidFL(Algorithm):
             low, high = task.steps * o.min_factor, task.steps * o.max_factor
             task.steps = max(1, int(round(min(max(wanted, low), high))))
         ratios = self.draw_dropout(tasks, rng)
+        for task in tasks:  # the dropped tensors' upload bytes and time are not spent
+            saved = sum(self.param_bytes[k] for k in self.dropped.get(task.client, ()))
+            if saved:
+                task.charge = Charge(extra_up=-saved)
         info = {"local_steps": [t.steps for t in tasks], "deadline": deadline}
         if o.dropout:
             info["dropout_ratio"] = ratios
@@ -212,15 +215,6 @@ class PyramidFL(Algorithm):
             draws = rng.random(len(keys))
             self.dropped[task.client] = {k for k, u in zip(keys, draws, strict=True) if u < ratio}
         return ratios
-
-    def client_cost(self, task: ClientTask, samples: int, round_idx: int, plan: RoundPlan):
-        """The shared cost model, less the dropped tensors' upload bytes and time."""
-        cost: ClientCost = super().client_cost(task, samples, round_idx, plan)
-        saved = sum(self.param_bytes[k] for k in self.dropped.get(task.client, ()))
-        if saved:
-            cost.traffic.model_up -= saved
-            cost.comm_time -= saved / self.ctx.population.at(task.client, round_idx).uplink
-        return cost
 
     def aggregate(self, global_state, plan: RoundPlan, result: RoundResult) -> dict:
         """FedAvg; a dropped tensor is averaged over the clients that uploaded it."""

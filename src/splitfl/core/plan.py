@@ -32,6 +32,38 @@ if TYPE_CHECKING:
 NOT_CARRIED = {"carried": False}
 
 
+@dataclass(frozen=True)
+class Charge:
+    """What a task costs beyond its split round, as data the clock adds (the topology family's
+    price, :mod:`splitfl.topologies.split`). Inside Eq. (1), with an auxiliary update rule:
+    ``aux_flops`` (the auxiliary model's forward + backward per trained sample, on the
+    device), ``aux_down``/``aux_up`` (its bytes, with the device part's) and ``server_flops``
+    (the server's extra work for the client: FSL-SAGE's alignment). After Eq. (1), in this
+    order: ``extra_down`` bytes more downloaded (IFCA's K−1 more models), ``extra_up`` bytes
+    more uploaded (negative: tensors not sent, PyramidFL's dropout), ``extra_exchanges``
+    message exchanges (each ``devices.exchange_latency_s``), ``extra_device_flops`` on the
+    device (IFCA's K forward passes)."""
+
+    aux_flops: float = 0.0
+    aux_down: float = 0.0
+    aux_up: float = 0.0
+    server_flops: float = 0.0
+    extra_down: float = 0.0
+    extra_up: float = 0.0
+    extra_exchanges: int = 0
+    extra_device_flops: float = 0.0
+
+
+@dataclass(frozen=True)
+class IdleUpload:
+    """A non-participant's upload this round (LocFedMix-SL's earlier clients sending their
+    device parts at an aggregation round): its device part at ``cut`` and ``aux_up`` bytes of
+    auxiliary model; priced as traffic on the clock, sharing the server link with the round."""
+
+    cut: int
+    aux_up: float = 0.0
+
+
 @dataclass
 class ClientTask:
     """One participant's work in a round.
@@ -58,6 +90,8 @@ class ClientTask:
     upload_model: bool = True
     align: bool = False
     aux_memory: tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor] | None = None
+    #: What the task costs beyond its split round (:class:`Charge`; None: nothing more).
+    charge: Charge | None = None
 
 
 #: The drop reason of the RingSFL member whose failure abandoned a networked ring round (its
@@ -82,7 +116,11 @@ class RoundPlan:
             :class:`~splitfl.core.topology.Estimate` = from an auxiliary model, no gradient
             sent back.
         info: Algorithm-specific facts logged with the round's metrics (the planner's own:
-            not carried to other processes, :data:`NOT_CARRIED`; never read back by a runtime).
+            not carried to other processes, :data:`NOT_CARRIED`); logged only, never read back.
+        control: What the planning algorithm needs back in its own ``observe``/``aggregate``
+            (a frozen dataclass of its own, e.g. IFCA's cluster choice; keyed by client, so it
+            holds for the plan restricted to the clients that completed); not carried, not
+            logged, never read by a runtime.
         round_idx: The round this plan is for (set by the experiment after planning; executors
             that emulate time-varying devices read it).
     """
@@ -91,7 +129,10 @@ class RoundPlan:
     _: KW_ONLY
     topology: Topology = field(default_factory=Star)
     device_update: DeviceUpdate | None = None
+    #: Non-participants' uploads this round (:class:`IdleUpload`), priced with the round.
+    idle: dict[int, IdleUpload] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict, metadata=NOT_CARRIED)
+    control: Any = field(default=None, metadata=NOT_CARRIED)
     round_idx: int | None = None
 
     @property

@@ -47,19 +47,17 @@ class LoopState:
 def measure(
     config: ExperimentConfig, algorithm: Algorithm, plan: RoundPlan, result: RoundResult, r: int
 ) -> tuple[RoundReport, dict[int, float]]:
-    """The simulated clock's view of a round: each client's cost (shared cost model or the
-    algorithm's topology), seeded jitter, round time and waiting times (of the participants).
-    Non-participants' transfers (:meth:`~splitfl.algorithms.base.Algorithm.idle_costs`) run
+    """The simulated clock's view of a round: each client's cost (the plan's topology family's
+    price: the shared cost model with each task's charge, a ring's segments, a cluster's
+    times), seeded jitter, round time and waiting times (of the participants).
+    Non-participants' transfers (``RoundPlan.idle``, priced by the family) run
     in parallel with the round: they share the server link with the participants' and bound
     the round time. The executor's measured time and bytes, where it has them, are passed on
     to the report unchanged."""
-    tasks = {t.client: t for t in plan.tasks}
     family, view = family_of(plan), algorithm.ctx
     samples = {u.client: u.samples for u in result.updates}
-    train = family.price(view, plan, samples, r)  # the topology's price, else each task's
-    if train is None:
-        train = {c: algorithm.client_cost(tasks[c], n, r, plan) for c, n in samples.items()}
-    idle = algorithm.idle_costs(plan, r)  # e.g. LocFedMix-SL's deferred uploads
+    train = family.price(view, plan, samples, r)
+    idle = family.idle(view, plan, r)  # e.g. LocFedMix-SL's deferred uploads
     costs = family.share_links(view, {**train, **idle}, plan, r)
     losses = {u.client: u.loss_sum / max(u.loss_samples, 1) for u in result.updates}
     sigma = config.devices.jitter  # no draw (and no generator to build) without jitter

@@ -75,6 +75,10 @@ class PriceView(Protocol):
 
     def round_samples(self, client: int, batch_size: int, steps: int) -> int: ...
 
+    def task_cost(self, task: ClientTask, samples: int, r: int, device_loss: str, **extra): ...
+
+    def client_cost(self, client: int, cut: int, samples: int, r: int, **flags): ...
+
 
 class Family:
     """A training pattern's schedule, units and price (subclass per payload type)."""
@@ -135,12 +139,16 @@ class Family:
 
     def price(
         self, view: PriceView, plan: RoundPlan, samples: dict[int, int], r: int
-    ) -> dict[int, Any] | None:
+    ) -> dict[int, Any]:
         """Every completed client's :class:`~splitfl.system.cost.ClientCost` (``samples``: what
-        each trained), priced for the whole round at once; None: each task's cost in the
-        algorithm's cost model (``Algorithm.client_cost``, S²FL Eq. 1)."""
-        del view, plan, samples, r
-        return None
+        each trained), priced for the whole round at once."""
+        raise NotImplementedError(f"{type(self).__name__} defines no price")
+
+    def idle(self, view: PriceView, plan: RoundPlan, r: int) -> dict:
+        """Non-participants' transfers this round (``RoundPlan.idle``), priced: they share the
+        server link with the participants' and bound the round time. Default: none."""
+        del view, plan, r
+        return {}
 
     def share_links(self, view: PriceView, costs: dict, plan: RoundPlan, r: int) -> dict:
         """The round's costs with the server link shared by concurrent transfers

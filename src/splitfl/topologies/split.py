@@ -10,11 +10,16 @@ worker call the same schedule over their remote fleets.
 
 from __future__ import annotations
 
-from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan, RoundResult
+from splitfl.core.plan import Charge, ClientTask, ClientUpdate, RoundPlan, RoundResult
+from splitfl.data.partition import batch_sizes
 from splitfl.models import block_index
 from splitfl.roles.fleet import Fleet, GroupRun, LocalFleet, device_maker, group_runs, server_role
 from splitfl.roles.sides import ServerRole
+from splitfl.system.cost import AuxCharge, ClientCost
 from splitfl.topologies.base import STAND_IN_LOSS, Family, State, UnitEnv
+
+#: A task without costs beyond its split round.
+NO_CHARGE = Charge()
 
 
 class SplitFamily(Family):
@@ -66,6 +71,28 @@ class SplitFamily(Family):
         env.pool.release(server.part)
         return updates, state
 
+    def price(self, view, plan: RoundPlan, samples: dict[int, int], r: int) -> dict:
+        """Each completed task's split round (S²FL Eq. 1, :func:`split_task_cost`)."""
+        tasks = {t.client: t for t in plan.tasks}
+        return {c: split_task_cost(view, tasks[c], n, r, plan) for c, n in samples.items()}
+
+    def idle(self, view, plan: RoundPlan, r: int) -> dict:
+        """The plan's non-participant uploads (:class:`~splitfl.core.plan.IdleUpload`):
+        upload only, no compute, download or activations."""
+        return {
+            c: view.client_cost(
+                c,
+                up.cut,
+                0,
+                r,
+                model_down=False,
+                model_up=True,
+                gradients=False,
+                aux=AuxCharge(bytes_up=up.aux_up),
+            )
+            for c, up in plan.idle.items()
+        }
+
     def untrained(self, plan, global_state, num_blocks, samples_of) -> RoundResult:
         updates, servers = [], {}
         for group, tasks in plan.groups().items():  # the reference executor's order of updates
@@ -74,6 +101,46 @@ class SplitFamily(Family):
             if cuts:
                 servers[group] = blocks(global_state, min(cuts), num_blocks)
         return RoundResult(updates=updates, server_states=servers)
+
+
+def split_task_cost(view, task: ClientTask, samples: int, r: int, plan: RoundPlan) -> ClientCost:
+    """A task's split round on the shared cost model (``view.task_cost``: S²FL Eq. 1 on the
+    client's round profile): with the server's gradient, or — with an auxiliary update rule —
+    with the auxiliary model's work (:class:`~splitfl.core.plan.Charge`'s ``aux_*`` and
+    ``server_flops``), the smashed data of the upload steps only and no gradient back; then
+    the charge's extras after Eq. (1) (:func:`with_extras`)."""
+    charge = task.charge or NO_CHARGE
+    if plan.device_update is None:
+        cost = view.task_cost(task, samples, r, "server")
+    else:
+        aux = AuxCharge(charge.aux_flops, charge.aux_down, charge.aux_up, charge.server_flops)
+        uploaded = uploaded_samples(view, task, plan)
+        cost = view.task_cost(task, samples, r, "local", uploaded=uploaded, aux=aux)
+    return with_extras(cost, charge, view.population.at(task.client, r), view)
+
+
+def uploaded_samples(view, task: ClientTask, plan: RoundPlan) -> int:
+    """Samples of ``task``'s mini-batches at upload steps (``plan.uploads``)."""
+    sizes = batch_sizes(int(view.data_sizes[task.client]), task.batch_size, task.steps)
+    return sum(b for step, b in enumerate(sizes) if plan.uploads(step))
+
+
+def with_extras(cost: ClientCost, charge: Charge, device, view) -> ClientCost:
+    """``cost`` with the charge's after-Eq. (1) extras, in order (in place): bytes down and
+    up on the client's own link, exchanges at ``devices.exchange_latency_s`` each, device
+    FLOPs at its speed."""
+    if charge.extra_down:
+        cost.traffic.model_down += charge.extra_down
+        cost.comm_time += charge.extra_down / device.downlink
+    if charge.extra_up:
+        cost.traffic.model_up += charge.extra_up
+        cost.comm_time += charge.extra_up / device.uplink
+    if charge.extra_exchanges:
+        cost.comm_time += charge.extra_exchanges * view.config.devices.exchange_latency_s
+    if charge.extra_device_flops:
+        cost.device_flops += charge.extra_device_flops
+        cost.device_time += charge.extra_device_flops / device.flops
+    return cost
 
 
 def blocks(state: State, lo: int, hi: int) -> State:

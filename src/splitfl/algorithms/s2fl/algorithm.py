@@ -168,6 +168,13 @@ def cost_observation(cost: ClientCost, jitter: float) -> list[float]:
     ]
 
 
+@dataclass(frozen=True)
+class WarmupAggregation:
+    """A ``time_only`` warm-up round: the selected devices, the only ones aggregated."""
+
+    clients: tuple[int, ...]
+
+
 class S2FL(Algorithm):
     name = "s2fl"
     needs_class_labels = "data-balance grouping (Eq. 2) needs class labels"
@@ -289,14 +296,18 @@ class S2FL(Algorithm):
             group_loss=o.group_loss, device_grad=o.device_grad, forward=o.group_forward
         )
         topology = Star(server=server, barrier=o.lockstep_barrier)
-        return RoundPlan(tasks, topology=topology, info={**split_info, **group_info})
+        keep = group_info.get("warmup_aggregated")
+        control = None if keep is None else WarmupAggregation(tuple(keep))
+        return RoundPlan(
+            tasks, topology=topology, info={**split_info, **group_info}, control=control
+        )
 
     def aggregate(self, global_state: dict, plan: RoundPlan, result: RoundResult) -> dict:
         """Algorithm 1 over the round's devices — in a ``time_only`` warm-up round, over the
         selected ones only (the others were timed, see the module docstring)."""
-        keep = plan.info.get("warmup_aggregated")
-        if keep is not None:
-            kept = [u for u in result.updates if u.client in set(keep)]
+        if plan.control is not None:
+            keep = set(plan.control.clients)
+            kept = [u for u in result.updates if u.client in keep]
             result = dataclasses.replace(result, updates=kept)
         return super().aggregate(global_state, plan, result)
 
