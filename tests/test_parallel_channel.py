@@ -108,7 +108,7 @@ def test_setup_and_unit_round_trip(prep):
     got_state, got_plan, seed = channel.read_setup(msg, specs)
     assert seed == 2**62 + 3 and _same(got_state, state)
     # the whole plan but its tasks (they come with the units) and info (the driver's own)
-    assert got_plan == dataclasses.replace(plan, tasks=[], info={})
+    assert got_plan == dataclasses.replace(plan, tasks=[], info={}, control=None)  # not carried
     msg = channel.read(_bytes(channel.unit_message(run)), ("unit",))
     group, tasks, aux = channel.read_unit(msg, specs, ctx.bundle.num_classes)
     assert group == run.group and len(aux) == len(run.tasks) > 1
@@ -288,8 +288,8 @@ def _tensor(msg, name: str, new) -> None:
 
 
 #: A ring as encoded (:mod:`splitfl.core.plan_codec`): a setup must not carry one.
-_RING = {"@type": "Ring", "spec": {"@type": "RingSpec", "order": [1], "lengths": {"1": 1},
-         "weights": {"1": 1.0}, "dynamic_lr": False}}  # fmt: skip
+_RING = {"@type": "Ring", "pipeline": "ideal", "spec": {"@type": "RingSpec", "order": [1],
+         "lengths": {"1": 1}, "weights": {"1": 1.0}, "dynamic_lr": False}}  # fmt: skip
 
 
 def _topology(msg) -> dict:
