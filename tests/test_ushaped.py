@@ -116,9 +116,11 @@ def test_timing_rows_are_the_trained_rows_on_the_clock(tmp_path):
     trained = splitfl.run(cfg, run_dir=tmp_path / "s")
     timed = splitfl.run({**cfg, "executor": "timing"}, run_dir=tmp_path / "t")
     for a, b in zip(trained.metrics, timed.metrics, strict=True):
-        for key in ("round_time", "bytes_up", "bytes_down", "client_times"):
-            if key in a:
-                assert a[key] == b[key], key
+        keys = ["round_time", "client_times", "bytes_model_down", "bytes_model_up"]
+        keys += ["bytes_activations_up", "bytes_gradients_down", "bytes_labels_up"]
+        for key in keys:
+            assert a[key] == b[key], key
+        assert a["bytes_labels_up"] == 0 and a["bytes_activations_up"] > 0
     assert trained.metrics[-1]["test_acc"] > 0.3  # it learns: 3 of 10 digits after 2 rounds
 
 
