@@ -39,7 +39,7 @@ import yaml
 from splitfl.config.schema import NetworkConfig
 from splitfl.core.plan import ClientTask
 from splitfl.experiment.runner import as_config
-from splitfl.net.server.fleet import Expect, Meter, RemoteFleet
+from splitfl.net.server.remote_fleet import Expect, Meter, RemoteFleet
 from splitfl.net.server.testbed import Testbed
 from splitfl.net.transport.auth import TokenBook
 from splitfl.net.transport.hub import Hub, HubSettings

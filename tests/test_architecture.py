@@ -146,8 +146,8 @@ def test_network_layer_imports_no_algorithm_and_no_experiment():
 #: (``RemoteFleet``, ``TimedServer``, ``Meter``), and a RingSFL member measures itself with
 #: the server's ``Meter``.
 DEVICE_USES_SERVER = {
-    "net/device/clusters.py imports splitfl.net.server.fleet",
-    "net/device/ring.py imports splitfl.net.server.fleet",
+    "net/device/clusters.py imports splitfl.net.server.remote_fleet",
+    "net/device/ring.py imports splitfl.net.server.remote_fleet",
 }
 
 
@@ -177,7 +177,7 @@ def test_device_process_needs_no_plotting_sweeps_or_experiment():
         "'splitfl.algorithms', 'splitfl.metrics', 'splitfl.sweeps'))]\n"
         "assert not bad, bad\n"
         "server = {m for m in sys.modules if m.startswith('splitfl.net.server')}\n"
-        "assert server <= {'splitfl.net.server', 'splitfl.net.server.fleet'}, server\n"
+        "assert server <= {'splitfl.net.server', 'splitfl.net.server.remote_fleet'}, server\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

@@ -24,8 +24,8 @@ from splitfl.experiment.round_step import lower_median
 from splitfl.metrics.summary import comparison_table, is_ok, run_warnings, summarize
 from splitfl.net.device.agent import DeviceAgent
 from splitfl.net.server.clusters import D2DRound, Hosted, reject_outlying_tops
-from splitfl.net.server.fleet import LATE
 from splitfl.net.server.lateness import LateClients
+from splitfl.net.server.remote_fleet import LATE
 from splitfl.net.server.testbed import Testbed
 from splitfl.net.transport.announce import capped_counts, scaled_histogram
 from splitfl.net.trust.checks import PeerHistory, PeerScale, peer_outliers

@@ -16,7 +16,7 @@ from splitfl.net.device import ring as ring_device
 from splitfl.net.device.agent import DeviceAgent
 from splitfl.net.server import lateness
 from splitfl.net.server.clusters import D2DRound
-from splitfl.net.server.fleet import Meter
+from splitfl.net.server.remote_fleet import Meter
 from splitfl.net.server.ring import (
     RingEmulation,
     _acknowledged,

@@ -10,8 +10,8 @@ import pytest
 import splitfl
 from splitfl.config import ConfigError
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.system.ring_schedule import BACKWARD, FORWARD, LOSS, ring_makespan
 from splitfl.testing import config_for
+from splitfl.topologies.ring.schedule import BACKWARD, FORWARD, LOSS, ring_makespan
 
 
 def _times(per_member: dict[int, dict[str, float]], order):

@@ -26,7 +26,7 @@ Heterogeneity"): spec ``papers/ringsfl.md`` §3 (Alg. 1–2, Eq. 1–7).
 * Round time (``pipeline``): ``ideal`` (default) — the §3.3 analysis, the most loaded
   member's busy time (segments pipelined without a gap: "the computation time consumed by the
   straggler", Problem (1), plus its ring hops and model transfers); ``schedule`` — the
-  makespan of the ring's steps (:func:`splitfl.system.ring_schedule.ring_makespan`: each hop
+  makespan of the ring's steps (:func:`splitfl.topologies.ring.schedule.ring_makespan`: each hop
   waits for its input, a member starts a step when its previous one is done, and runs a
   step's jobs in a fixed order, so a faster link never lengthens a round); ``arrival`` — the
   same with each member serving jobs in arrival order, as the networked member does (the
@@ -34,7 +34,7 @@ Heterogeneity"): spec ``papers/ringsfl.md`` §3 (Alg. 1–2, Eq. 1–7).
   ResNet-18 took 15,927 s per round at 45 Mb/s and 14,313 s at 42). Measured on emulated
   devices the ideal model under-predicted rounds 1.5–4×; the members' busy times are the
   same in all three. ``schedule`` was the default before issue 32 (item 4).
-* Time and energy: :func:`splitfl.system.cost.ring_client_cost` per client (its segments'
+* Time and energy: :func:`splitfl.topologies.ring.clock.ring_client_cost` per client (its segments'
   compute at its FLOPS, ring hops over D2D links, model download/upload); energy = busy
   compute time × power (preset ``ringsfl_testbed``: PC 65 W, Raspberry Pi 6.4 W).
 """

@@ -180,53 +180,6 @@ def d2d_rate(a: DeviceProfile, b: DeviceProfile) -> float:
     return min(rates)
 
 
-def ring_client_cost(
-    profile: ModelProfile,
-    work: list[tuple[int, int, int, bool]],
-    device: DeviceProfile,
-    next_device: DeviceProfile,
-    prev_device: DeviceProfile,
-    messages: int = 0,
-    exchange_latency: float = 0.0,
-) -> ClientCost:
-    """Cost of one RingSFL client in a round (``papers/ringsfl.md`` §3.3, Alg. 2).
-
-    ``work`` lists the client's segments over the round as (first block, stop block, samples,
-    own batch): it computes forward+backward of blocks [first, stop) for ``samples`` samples
-    (p_i·M·N/C_i per mini-batch step in the paper's notation), sends the segment's output
-    forward to the next client, sends the gradient of the segment's input back to the previous
-    client (unless first == 0), and — for its own batches — sends the gradient of the logits
-    back to the client that computed them. The full model is downloaded from and uploaded to
-    the server once per round. The ring hops use the device-to-device rate of the link.
-    With ``exchange_latency`` (``devices.exchange_latency_s``, default 0) each of the
-    ``messages`` the client sends on the ring and each of its two model transfers costs that
-    much more (as :func:`split_client_cost`'s per-exchange term).
-    """
-    n = profile.num_blocks
-    flops = sum(samples * profile.part_flops(lo, hi) for lo, hi, samples, _ in work)
-    forward = sum(samples * profile.blocks[hi - 1].out_bytes for lo, hi, samples, _ in work)
-    backward = sum(samples * profile.blocks[lo - 1].grad_bytes for lo, hi, samples, _ in work if lo)
-    backward += sum(
-        samples * profile.blocks[n - 1].grad_bytes for _, _, samples, own in work if own
-    )
-    model = profile.total_bytes
-    traffic = Traffic(
-        model_down=model, model_up=model, d2d_activations=forward, d2d_gradients=backward
-    )
-    comm = model / device.downlink + model / device.uplink
-    comm += forward / d2d_rate(device, next_device) + backward / d2d_rate(device, prev_device)
-    comm += (messages + 2) * exchange_latency
-    return ClientCost(
-        traffic=traffic,
-        device_flops=flops,
-        server_flops=0.0,
-        comm_time=comm,
-        device_time=flops / device.flops,
-        server_time=0.0,
-        server_link=(device.uplink, device.downlink),
-    )
-
-
 def round_times(client_times: dict[int, float]) -> tuple[float, dict[int, float]]:
     """Round time (max over participants) and each participant's waiting time (round − own)."""
     if not client_times:

@@ -7,7 +7,7 @@ Three commands, each one whole session with one reply at its end:
 * ``host`` — this client is a ParallelSFL **top worker** (§3.3): it receives its cluster's
   bottom part and top part from the server, expects the members' links on its peer listener,
   runs the cluster's split loop itself (its topology family's schedule over a
-  :class:`~splitfl.net.server.fleet.RemoteFleet` of its peers, the top part in a
+  :class:`~splitfl.net.server.remote_fleet.RemoteFleet` of its peers, the top part in a
   :class:`~splitfl.roles.sides.ServerRole`: Eq. 2–3), averages the members' bottom parts
   (Eq. 4) and replies ``hosted`` with the average, the top part and each member's tally and
   measured times.
@@ -34,7 +34,7 @@ from splitfl.core.plan import RoundPlan
 from splitfl.core.seeding import derive_seed
 from splitfl.net.device.emulation import Profile
 from splitfl.net.device.ring import ring_session
-from splitfl.net.server.fleet import Meter, RemoteFleet, TimedServer
+from splitfl.net.server.remote_fleet import Meter, RemoteFleet, TimedServer
 from splitfl.net.transport.wire import Message, state_from, state_tensors
 from splitfl.net.trust.checks import REFERENCE_SAMPLES, PeerHistory
 from splitfl.net.trust.expect import expect_for

@@ -29,7 +29,7 @@ from splitfl.core.activations import batch_size, count_of, differentiable, leave
 from splitfl.core.plan import ClientTask
 from splitfl.core.topology import RingSpec
 from splitfl.net.device.emulation import FORWARD_SHARE, stretch, transfer
-from splitfl.net.server.fleet import Meter
+from splitfl.net.server.remote_fleet import Meter
 from splitfl.net.transport.hub import LOST
 from splitfl.net.transport.peer import PeerChannel, PeerError, dial
 from splitfl.net.transport.wire import Message, all_finite, payload_bytes, state_from, state_tensors

@@ -35,7 +35,7 @@ from splitfl.config import BoundsConfig
 from splitfl.core import plan_codec
 from splitfl.core.plan import ClientUpdate, RoundPlan
 from splitfl.models import BlockModel, ModelPart
-from splitfl.net.server.fleet import Meter
+from splitfl.net.server.remote_fleet import Meter
 from splitfl.net.transport.auth import new_token, token_hash
 from splitfl.net.transport.hub import LOST, DeviceLink, Hub
 from splitfl.net.transport.wire import Message, payload_bytes, state_from, state_tensors

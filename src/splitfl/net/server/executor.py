@@ -4,11 +4,11 @@
 executors, with the same schedule (its topology family's, :mod:`splitfl.topologies`) and
 :class:`~splitfl.roles.sides.ServerRole`, but each client's device part lives in a device
 process reached through the :class:`~splitfl.net.transport.hub.Hub`
-(:class:`~splitfl.net.server.fleet.RemoteFleet`). Groups run concurrently (one thread each; the
-server copies are independent), except with LocFedMix-SL's mixup, whose pairs are drawn from one
-per-round stream in group order. The result carries what was measured
-(:class:`~splitfl.net.server.fleet.Meter` per client, the round's wall time) and the clients that
-were lost, with the reason.
+(:class:`~splitfl.net.server.remote_fleet.RemoteFleet`). Groups run concurrently (one thread
+each; the server copies are independent), except with LocFedMix-SL's mixup, whose pairs are
+drawn from one per-round stream in group order. The result carries what was measured
+(:class:`~splitfl.net.server.remote_fleet.Meter` per client, the round's wall time) and the
+clients that were lost, with the reason.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from splitfl.net.server.clusters import (
     reject_outlying_tops,
     run_cluster,
 )
-from splitfl.net.server.fleet import LATE, Meter, RemoteFleet, TimedServer
 from splitfl.net.server.groups import NETWORKED_GROUPS, NetRound
 from splitfl.net.server.lateness import LateClients
+from splitfl.net.server.remote_fleet import LATE, Meter, RemoteFleet, TimedServer
 from splitfl.net.server.ring import RingEmulation, run_ring
 from splitfl.net.server.session import NetworkSession
 from splitfl.net.trust.checks import REFERENCE_SAMPLES, PeerHistory, PeerScale

@@ -1,5 +1,5 @@
 """The networked server's door for a topology whose groups are not the split families'
-(server copy + :class:`~splitfl.net.server.fleet.RemoteFleet` + ``family.schedule``).
+(server copy + :class:`~splitfl.net.server.remote_fleet.RemoteFleet` + ``family.schedule``).
 
 :data:`NETWORKED_GROUPS` maps a topology payload type to a *round runner*: called once per
 round, before any group starts (in the executor's thread: what it measures with torch's
@@ -24,7 +24,7 @@ NETWORKED_GROUPS: dict[type, Callable[[NetRound], Callable]] = {}
 @dataclass
 class NetRound:
     """What a round runner gets: the run context, the round's model (global weights
-    loaded), plan and runtime, each client's :class:`~splitfl.net.server.fleet.Meter`,
+    loaded), plan and runtime, each client's :class:`~splitfl.net.server.remote_fleet.Meter`,
     ``fleet(cls=RemoteFleet, **extra)`` (a new fleet of the round for one group, ``cls`` a
     subclass taking ``extra``) and whether the run emulates device profiles."""
 

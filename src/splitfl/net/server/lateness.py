@@ -13,11 +13,11 @@ The record lives in the server process (a resumed run starts a new one).
 from __future__ import annotations
 
 from splitfl.core.benching import SitOut
-from splitfl.net.server.fleet import LATE
+from splitfl.net.server.remote_fleet import LATE
 
 #: the drop reasons that count as late: the round deadline, or a command unanswered for
-#: ``timeout_s`` (:meth:`~splitfl.net.server.fleet.RemoteFleet._await`; a drip just past the timeout
-#: looks like a silent link)
+#: ``timeout_s`` (:meth:`~splitfl.net.server.remote_fleet.RemoteFleet._await`; a drip just past
+#: the timeout looks like a silent link)
 #: A RingSFL member slow to start the ring (:func:`~splitfl.net.server.ring.late_starts`).
 LATE_START = "late to start"
 LATE_REASONS = (LATE, "no reply within", LATE_START)

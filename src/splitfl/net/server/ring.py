@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from splitfl.core.plan import RING_MEMBER_FAILED, ClientUpdate, RoundPlan
 from splitfl.models import BlockModel
 from splitfl.net.server.clusters import D2DRound, send_command
-from splitfl.net.server.fleet import LATE, Meter
 from splitfl.net.server.lateness import LATE_START
+from splitfl.net.server.remote_fleet import LATE, Meter
 from splitfl.net.transport.auth import new_token, token_hash
 from splitfl.net.transport.hub import LOST, DeviceLink
 from splitfl.net.transport.wire import Message, payload_bytes, state_from, state_tensors

@@ -2,7 +2,7 @@
 :func:`~splitfl.topologies.ushaped.schedule.run_group` over device processes.
 
 :class:`RemoteUFleet` is the :class:`~splitfl.topologies.ushaped.schedule.UFleet` over
-:class:`~splitfl.net.server.fleet.RemoteFleet`'s transport, drops and meters; the device side
+:class:`~splitfl.net.server.remote_fleet.RemoteFleet`'s transport, drops and meters; the device side
 is :mod:`splitfl.net.device.ushaped`. Commands (no label ever travels):
 
 * ``u_begin`` (task fields, ``tail``, the front's and head's tensors ``part.*``) → ``ack``;
@@ -19,7 +19,7 @@ is :mod:`splitfl.net.device.ushaped`. Commands (no label ever travels):
 On the meters (the cost model's links, :mod:`splitfl.topologies.ushaped.price`): the smashed
 data and the head gradient are ``activations_up``, the middle's output and the front's
 gradient ``gradients_down``; ``labels_up`` stays 0. The middle's time is charged to every
-member it served, as :class:`~splitfl.net.server.fleet.TimedServer` charges a server step.
+member it served, as :class:`~splitfl.net.server.remote_fleet.TimedServer` charges a server step.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from splitfl.core.activations import (
     unpack,
 )
 from splitfl.core.topology import UShaped
-from splitfl.net.server.fleet import RemoteFleet
 from splitfl.net.server.groups import NETWORKED_GROUPS, NetRound
+from splitfl.net.server.remote_fleet import RemoteFleet
 from splitfl.net.transport.wire import Message, all_finite, payload_bytes, state_from, state_tensors
 from splitfl.net.trust.checks import REFERENCE_SAMPLES, check_state, loss_problem, state_specs
 from splitfl.net.trust.ring_bounds import HopScale, gradient_problem, hop_scales
@@ -161,7 +161,7 @@ class RemoteUFleet(RemoteFleet):
 class TimedMiddle:
     """A group's :class:`~splitfl.topologies.ushaped.roles.Middle` whose forward and
     backward time is charged to every member they served (as
-    :class:`~splitfl.net.server.fleet.TimedServer` charges a server step)."""
+    :class:`~splitfl.net.server.remote_fleet.TimedServer` charges a server step)."""
 
     def __init__(self, middle, meters):
         self.middle, self.meters = middle, meters
