@@ -139,20 +139,9 @@ def test_every_algorithm_runs_deterministically(algorithm, tmp_path, sequential_
 #: AdaSampling's ``plan_draws`` and ``plan_q`` are keyed by int client ids in the rows
 #: ``splitfl.run`` returns, by strings in ``metrics.jsonl`` (JSON keys), so a resumed run's
 #: ``metrics`` (its first rows read back from the file) differ from an uninterrupted run's.
-ROW_KEYS = "AdaSampling's plan info is keyed by int client ids: not the rows metrics.jsonl holds"
 
 
-@pytest.mark.parametrize(
-    "algorithm",
-    [
-        pytest.param(
-            a, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=ROW_KEYS)
-        )
-        if a == "adasampling"
-        else a
-        for a in ALL
-    ],
-)
+@pytest.mark.parametrize("algorithm", ALL)
 def test_returned_rows_are_the_recorded_rows(algorithm, sequential_run):
     """``RunResult.metrics`` holds what ``metrics.jsonl`` holds (a resume returns rows read
     back from it), wall clock included."""

@@ -80,7 +80,7 @@ class Recorder:
         except ValueError:
             row = finite_json(row, f"round {row.get('round')}")
             line = json.dumps(row, allow_nan=False) + "\n"
-        self.rows.append(row)
+        self.rows.append(json.loads(line))  # what metrics.jsonl holds (string keys, nulls)
         self.lines.append(line)
         append_text(self.run_dir / "metrics.jsonl", line)
 

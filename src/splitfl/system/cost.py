@@ -157,10 +157,27 @@ def split_client_cost(
         gradients_down=sent * profile.gradient_bytes(cut) if gradients else 0.0,
         labels_up=sent * label_bytes if split else 0.0,
     )
-    up = traffic.model_up + traffic.activations_up + traffic.labels_up
-    down = traffic.model_down + traffic.gradients_down
     device_flops = samples * (profile.device_flops(cut) + aux.flops_per_sample)
     server_flops = sent * profile.server_flops(cut) + aux.server_flops
+    return timed_cost(
+        traffic, device_flops, server_flops, device, server, exchanges, exchange_latency
+    )
+
+
+def timed_cost(
+    traffic: Traffic,
+    device_flops: float,
+    server_flops: float,
+    device: DeviceProfile,
+    server: DeviceProfile,
+    exchanges: int = 0,
+    exchange_latency: float = 0.0,
+) -> ClientCost:
+    """Eq. (1)'s time of a round between a client and the server: its bytes up (model,
+    activations, labels) at its uplink and down (model, gradients) at its downlink, plus
+    ``exchanges`` × ``exchange_latency``; its FLOPs at its speed, the server's at the server's."""
+    up = traffic.model_up + traffic.activations_up + traffic.labels_up
+    down = traffic.model_down + traffic.gradients_down
     return ClientCost(
         traffic=traffic,
         device_flops=device_flops,

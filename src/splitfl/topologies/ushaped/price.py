@@ -19,7 +19,7 @@ On the metrics' links, ``activations_up`` holds everything the device sends per 
 
 from __future__ import annotations
 
-from splitfl.system.cost import ClientCost, Traffic
+from splitfl.system.cost import ClientCost, Traffic, timed_cost
 
 
 def ushaped_client_cost(
@@ -48,16 +48,8 @@ def ushaped_client_cost(
         activations_up=samples * per_up,
         gradients_down=samples * per_down,
     )
-    up = traffic.model_up + traffic.activations_up
-    down = traffic.model_down + traffic.gradients_down
     device_flops = samples * (profile.part_flops(0, cut) + profile.part_flops(tail, n))
     server_flops = samples * profile.part_flops(cut, tail)
-    return ClientCost(
-        traffic=traffic,
-        device_flops=device_flops,
-        server_flops=server_flops,
-        comm_time=up / device.uplink + down / device.downlink + exchanges * exchange_latency,
-        device_time=device_flops / device.flops,
-        server_time=server_flops / server.flops,
-        server_link=(device.uplink, device.downlink),
+    return timed_cost(
+        traffic, device_flops, server_flops, device, server, exchanges, exchange_latency
     )
