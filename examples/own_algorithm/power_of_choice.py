@@ -16,10 +16,12 @@ uses (see README "Your own algorithm"):
 
 * ``Options``: a frozen dataclass; ``options.power_of_choice.*`` in the config fills it, and a
   bad value raises ``ConfigError(field, message)`` — one line, exit 2 before the run starts;
+  subclassing ``SplitOptions`` gives it the shared ``cut`` option, resolved when the algorithm
+  is built (null: the model's default cut), so ``self.options.cut`` is a checked block index;
 * ``select_clients`` / ``plan_round`` / ``observe`` / ``aggregate``: the round's hooks;
-* ``self.ctx``: the run's context (``config``, ``num_clients``, ``data_sizes``,
-  ``resolve_cut``); ``self.make_task`` builds a client's task with the run's batch size,
-  learning rate and local steps;
+* ``self.ctx``: what the algorithm reads of the run (``FederationView``: ``config``,
+  ``num_clients``, ``data_sizes``, …); ``self.make_task`` builds a client's task with the
+  run's batch size, learning rate and local steps;
 * ``state_dict`` / ``load_state_dict``: what a checkpoint keeps (numbers, strings, lists,
   dicts, tensors), so ``splitfl run --resume`` continues exactly.
 """
@@ -34,19 +36,19 @@ import torch
 
 import splitfl
 from splitfl.aggregation.layerwise import layerwise_aggregate
-from splitfl.algorithms.base import Algorithm
+from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.config import ConfigError
 from splitfl.core.plan import RoundPlan, RoundReport, RoundResult
 from splitfl.core.topology import Star
 
 
 @dataclass(frozen=True)
-class PowerOfChoiceOptions:
+class PowerOfChoiceOptions(SplitOptions):
     """``d``: candidates drawn per round (null: twice ``train.clients_per_round``, the
-    paper's d = 2m); ``cut``: where the model is split (null: the model's default cut)."""
+    paper's d = 2m); ``cut`` (from ``SplitOptions``): where the model is split (null: the
+    model's default cut)."""
 
     d: int | None = None
-    cut: int | None = None
 
     def __post_init__(self):
         if self.d is not None and (not isinstance(self.d, int) or self.d < 1):
@@ -82,7 +84,7 @@ class PowerOfChoice(Algorithm):
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         """SplitFed V1: every client its own group (its own server-side copy)."""
-        cut = self.ctx.resolve_cut(self.options.cut, self.name)
+        cut = self.options.cut  # resolved when the algorithm was built
         tasks = [self.make_task(c, cut, group, round_idx) for group, c in enumerate(clients)]
         return RoundPlan(tasks, topology=Star())
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.aggregation.layerwise import layerwise_aggregate
-from splitfl.algorithms.base import Algorithm
+from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.algorithms.mergesfl.batch_sizes import regulate_batch_sizes
 from splitfl.algorithms.state_estimation import WorkerStateEstimator
 from splitfl.config import ConfigError
@@ -37,7 +37,7 @@ from splitfl.core.topology import ServerSpec, Star
 
 
 @dataclass(frozen=True)
-class AdaSFLOptions:
+class AdaSFLOptions(SplitOptions):
     cut: int | None = None
     tau: int = 30
     tau_min: int = 1
@@ -69,7 +69,7 @@ class AdaSFL(Algorithm):
 
     def __init__(self, options: AdaSFLOptions, ctx) -> None:
         super().__init__(options, ctx)
-        self.state = WorkerStateEstimator(ctx, ctx.resolve_cut(options.cut, self.name), options.ema)
+        self.state = WorkerStateEstimator(ctx, self.options.cut, options.ema)
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         mu, beta = self.state.estimates(round_idx)

@@ -17,6 +17,8 @@ algorithm
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,6 +28,16 @@ from splitfl.aggregation.layerwise import Rule, layerwise_aggregate
 from splitfl.algorithms.view import FederationView
 from splitfl.core.plan import ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.core.topology import Star, Turns
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    """The options of an algorithm that splits the model at one cut: ``cut``, a block index
+    (null: the model's default cut — its paper's split, else its last candidate). Resolved once,
+    when the algorithm is built (:meth:`Algorithm.__init__`): the algorithm's ``options.cut``
+    is then always a checked block index."""
+
+    cut: int | None = None
 
 
 class Algorithm:
@@ -80,6 +92,8 @@ class Algorithm:
         """``ctx``: what the algorithm reads of the run (:class:`~splitfl.algorithms.view.
         FederationView`; the experiment hands in its run context, which algorithms never
         import)."""
+        if isinstance(options, SplitOptions):  # the one place a cut option is resolved
+            options = dataclasses.replace(options, cut=ctx.resolve_cut(options.cut, self.name))
         self.options = options
         self.ctx: FederationView = ctx
 

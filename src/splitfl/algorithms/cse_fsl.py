@@ -45,7 +45,7 @@ import numpy as np
 
 from splitfl.aggregation.layerwise import robust_average
 from splitfl.algorithms.auxiliary import AuxModel
-from splitfl.algorithms.base import Algorithm
+from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.config import ConfigError
 from splitfl.core.plan import Charge, RoundPlan, RoundResult
 from splitfl.core.topology import LocalLoss, Turns
@@ -54,7 +54,7 @@ SCHEDULES = ("interleaved", "sequential")
 
 
 @dataclass(frozen=True)
-class CSEFSLOptions:
+class CSEFSLOptions(SplitOptions):
     cut: int | None = None
     upload_every: int = 5
     schedule: str = "interleaved"
@@ -76,7 +76,7 @@ class CSEFSL(Algorithm):
 
     def __init__(self, options: CSEFSLOptions, ctx) -> None:
         super().__init__(options, ctx)
-        self.cut = ctx.resolve_cut(options.cut, self.name)
+        self.cut = self.options.cut
         self.aux_model = AuxModel.of(ctx, options.aux_model, self.cut, "options.cse_fsl.aux_model")
         self.aux = self.aux_model.initial  # the averaged auxiliary model every client gets
         for c in range(ctx.num_clients):  # refused before the run starts, not in its round

@@ -43,14 +43,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.algorithms.auxiliary import AuxModel, smashed_shape
-from splitfl.algorithms.base import Algorithm
+from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.config import ConfigError
 from splitfl.core.plan import Charge, ClientTask, RoundPlan, RoundResult
 from splitfl.core.topology import AlignSpec, Estimate, Turns
 
 
 @dataclass(frozen=True)
-class FSLSAGEOptions:
+class FSLSAGEOptions(SplitOptions):
     cut: int | None = None
     upload_every: int = 5
     align_every: int = 10
@@ -84,7 +84,7 @@ class FSLSAGE(Algorithm):
 
     def __init__(self, options: FSLSAGEOptions, ctx) -> None:
         super().__init__(options, ctx)
-        self.cut = ctx.resolve_cut(options.cut, self.name)
+        self.cut = self.options.cut
         name = options.aux_model
         if name is None:
             name = "resnet_stage" if len(smashed_shape(ctx, self.cut)) == 3 else "linear"

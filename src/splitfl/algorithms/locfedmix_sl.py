@@ -51,7 +51,7 @@ import torch
 
 from splitfl.aggregation.layerwise import layerwise_aggregate, robust_average
 from splitfl.algorithms.auxiliary import AuxModel
-from splitfl.algorithms.base import Algorithm
+from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.config import ConfigError
 from splitfl.core.plan import Charge, ClientTask, IdleUpload, RoundPlan, RoundResult
 from splitfl.core.topology import LocalLoss, ServerSpec, Star
@@ -59,7 +59,7 @@ from splitfl.models.base import block_index
 
 
 @dataclass(frozen=True)
-class LocFedMixOptions:
+class LocFedMixOptions(SplitOptions):
     cut: int | None = None
     tau: int = 30
     aggregate_every: int = 2
@@ -94,7 +94,7 @@ class LocFedMixSL(Algorithm):
 
     def __init__(self, options: LocFedMixOptions, ctx) -> None:
         super().__init__(options, ctx)
-        self.cut = ctx.resolve_cut(options.cut, self.name)
+        self.cut = self.options.cut
         self.local: dict[int, dict[str, torch.Tensor]] = {}  # device parts since last FedAvg
         self.local_aux: dict[int, dict[str, torch.Tensor]] = {}
         field = "options.locfedmix_sl.aux_model"

@@ -35,13 +35,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.base import Algorithm
+from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.core.plan import RoundPlan
 from splitfl.core.topology import ServerSpec, Star
 
 
 @dataclass(frozen=True)
-class SplitFedRingOptions:
+class SplitFedRingOptions(SplitOptions):
     """``cut``: block index where the model is split (default 2, the authors' ``cut_point``);
     null = the model's last candidate cut."""
 
@@ -59,7 +59,7 @@ class SplitFedRingSFL(Algorithm):
 
     def __init__(self, options: SplitFedRingOptions, ctx) -> None:
         super().__init__(options, ctx)
-        self.cut = ctx.resolve_cut(options.cut, self.name)
+        self.cut = self.options.cut
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         """All clients in group 0 (one server model), trained every iteration together."""

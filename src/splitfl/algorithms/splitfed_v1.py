@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.base import Algorithm
+from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.core.plan import RoundPlan
 from splitfl.core.topology import Star
 
 
 @dataclass(frozen=True)
-class SplitFedOptions:
+class SplitFedOptions(SplitOptions):
     """``cut``: block index where the model is split; null = the model's default cut (its
     paper's split, else its last candidate)."""
 
@@ -36,6 +36,6 @@ class SplitFedV1(Algorithm):
     Options = SplitFedOptions
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
-        cut = self.ctx.resolve_cut(self.options.cut, "splitfed_v1")
+        cut = self.options.cut
         tasks = [self.make_task(c, cut, i, round_idx) for i, c in enumerate(clients)]
         return RoundPlan(tasks, topology=Star())

@@ -28,7 +28,7 @@ class SplitFedV2(Algorithm):
     coupled_round = "one server copy serving the clients in turn"
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
-        cut = self.ctx.resolve_cut(self.options.cut, "splitfed_v2")
+        cut = self.options.cut
         tasks = [self.make_task(c, cut, 0, round_idx) for c in clients]
         order = [int(c) for c in rng.permutation(clients)]
         return RoundPlan(tasks, topology=Turns(order=tuple(order), mode="sequential"))

@@ -34,14 +34,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.aggregation.layerwise import layerwise_aggregate
-from splitfl.algorithms.base import Algorithm
+from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientTask, RoundPlan
 from splitfl.core.topology import Turns
 
 
 @dataclass(frozen=True)
-class SplitLoRAOptions:
+class SplitLoRAOptions(SplitOptions):
     """``cut``: the device's blocks (null: the model's default cut, 3 for a Hugging Face
     model: embeddings + 3 transformer blocks, the code's); ``aggregate_step``: training steps
     over all clients between two averagings (the code's 100)."""
@@ -66,7 +66,7 @@ class SplitLoRA(Algorithm):
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
         """Every selected client in one group, ``aggregate_step // N`` turns each, in id
         order."""
-        cut = self.ctx.resolve_cut(self.options.cut, self.name)
+        cut = self.options.cut
         turns = max(1, self.options.aggregate_step // max(len(clients), 1))
         order = sorted(int(c) for c in clients)
         batch, lr = self.ctx.config.train.batch_size, self.ctx.lr_at(round_idx)

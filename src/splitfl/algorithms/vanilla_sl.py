@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.base import Algorithm
+from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.config import ConfigError
 from splitfl.core.plan import ClientTask, RoundPlan
 from splitfl.core.topology import Turns
@@ -38,7 +38,7 @@ ROUND_STEPS = ("per_client", "shared")
 
 
 @dataclass(frozen=True)
-class VanillaSLOptions:
+class VanillaSLOptions(SplitOptions):
     """``cut``: block index of the split (null = the model's default cut: its paper's split,
     else its last candidate);
     ``round_steps``: ``per_client`` or ``shared`` (RingSFL §4.1.3)."""
@@ -70,7 +70,7 @@ class VanillaSL(Algorithm):
     coupled_round = "one chain: each device starts from the previous one's part"
 
     def plan_round(self, round_idx: int, clients: list[int], rng: np.random.Generator) -> RoundPlan:
-        cut = self.ctx.resolve_cut(self.options.cut, self.name)
+        cut = self.options.cut
         tasks = [self.make_task(c, cut, 0, round_idx) for c in clients]
         order = [int(c) for c in rng.permutation(clients)]
         if self.options.round_steps == "shared":

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.aggregation.layerwise import layerwise_aggregate
-from splitfl.algorithms.base import Algorithm
+from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.algorithms.mergesfl.arrangement import arrange_workers
 from splitfl.algorithms.mergesfl.finetune import load_solver
 from splitfl.algorithms.mergesfl.ingress import update_ingress
@@ -65,7 +65,7 @@ BUDGET_TIMES = ("own_link", "shared")
 
 
 @dataclass(frozen=True)
-class MergeSFLOptions:
+class MergeSFLOptions(SplitOptions):
     cut: int | None = None
     tau: int = 30
     ema: float = 0.8
@@ -126,7 +126,7 @@ class MergeSFL(Algorithm):
 
     @property
     def cut(self) -> int:
-        return self.ctx.resolve_cut(self.options.cut, self.name)
+        return self.options.cut
 
     def budget(self, mu: np.ndarray, beta: np.ndarray) -> float:
         """Eq. (10)'s B^h in bytes per iteration (see the module docstring)."""

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.aggregation.layerwise import layerwise_aggregate
-from splitfl.algorithms.base import Algorithm
+from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.algorithms.estimates import moving_average
 from splitfl.algorithms.parallelsfl.clustering import load_kmeans
 from splitfl.algorithms.parallelsfl.frequency import round_waiting
@@ -76,7 +76,7 @@ BETA_C = ("upload", "full")
 
 
 @dataclass(frozen=True)
-class ParallelSFLOptions:
+class ParallelSFLOptions(SplitOptions):
     cut: int | None = None
     tau: int = 30
     lam: float = 0.5
@@ -115,7 +115,7 @@ class ParallelSFL(Algorithm):
     def __init__(self, options: ParallelSFLOptions, ctx) -> None:
         super().__init__(options, ctx)
         load_kmeans()  # before the run's thread limits (same numbers in every process)
-        self.cut = ctx.resolve_cut(options.cut, self.name)
+        self.cut = self.options.cut
         self.mu_b: np.ndarray | None = None
         self.mu_p: np.ndarray | None = None
         self.beta: np.ndarray | None = None
