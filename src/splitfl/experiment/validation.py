@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from splitfl.algorithms import algorithm_names, resolve_algorithm
 from splitfl.config import ConfigError, DataConfig, ExperimentConfig, validate
@@ -101,7 +102,7 @@ def check_device_options(config: ExperimentConfig) -> None:
         )
 
 
-def check_recipe(config: ExperimentConfig) -> None:
+def check_recipe(config: ExperimentConfig, cls: type) -> None:
     """``train.loss``, ``train.optimizer`` and ``eval.metrics`` exist and fit each other, the
     executor, the partition and the algorithm (a task without class labels — ``mse``,
     ``bce_logits`` — cannot be dealt by label or grouped by label distributions)."""
@@ -109,7 +110,7 @@ def check_recipe(config: ExperimentConfig) -> None:
     _choice(t.loss, list(LOSSES), "train.loss")
     _choice(t.optimizer, list(OPTIMIZERS), "train.optimizer")
     if t.loss != "cross_entropy":
-        _check_class_labels(config)
+        _check_class_labels(config, cls)
     for name in e.metrics:
         problem = metric_problem(name, t.loss)
         if problem:
@@ -118,10 +119,9 @@ def check_recipe(config: ExperimentConfig) -> None:
         raise ConfigError("eval.target_accuracy", "needs accuracy in eval.metrics; use null")
 
 
-def _check_class_labels(config: ExperimentConfig) -> None:
+def _check_class_labels(config: ExperimentConfig, cls: type) -> None:
     """A loss without class labels: the algorithm must not need them, nor the partition."""
     loss = config.train.loss
-    cls = resolve_algorithm(config.algorithm, config.options)[0]
     if cls.needs_class_labels:
         raise ConfigError(
             "train.loss", f"{config.algorithm}'s {cls.needs_class_labels}; use cross_entropy"
@@ -196,21 +196,22 @@ def resolve_config(config: ExperimentConfig) -> ExperimentConfig:
     return config.replace(devices=dataclasses.replace(d, contention=contention))
 
 
-def check_options(config: ExperimentConfig) -> None:
+def check_options(config: ExperimentConfig) -> tuple[type, Any]:
     """Every algorithm's options under ``options:`` (selected or not), then the selected
-    algorithm's (alias presets included)."""
+    algorithm's (alias presets included): the selected algorithm's class and options, resolved
+    once for the checks that follow."""
     for name in config.options:
         _choice(name, algorithm_names(), f"options.{name}")
-        resolve_algorithm(name, config.options)
-    resolve_algorithm(config.algorithm, config.options)
+        if name != config.algorithm:
+            resolve_algorithm(name, config.options)
+    return resolve_algorithm(config.algorithm, config.options)
 
 
-def check_timing(config: ExperimentConfig) -> None:
+def check_timing(config: ExperimentConfig, cls: type) -> None:
     """``executor: timing`` trains nothing: an algorithm whose control reads training signals
     needs a declared stand-in (``Algorithm.timing_stand_in``), else a one-line refusal."""
     if config.executor != "timing":
         return
-    cls = resolve_algorithm(config.algorithm, config.options)[0]
     if cls.training_signals and not cls.timing_stand_in:
         raise ConfigError(
             "executor",
@@ -219,12 +220,11 @@ def check_timing(config: ExperimentConfig) -> None:
         )
 
 
-def check_networked(config: ExperimentConfig) -> None:
+def check_networked(config: ExperimentConfig, cls: type, options: Any) -> None:
     """``executor: networked`` runs the algorithm's plans on device processes
     (``Algorithm.networked_problem`` says why not), else a one-line refusal."""
     if config.executor != "networked":
         return
-    cls, options = resolve_algorithm(config.algorithm, config.options)
     why = cls.networked_problem(options)
     if why:
         raise ConfigError(
@@ -232,10 +232,9 @@ def check_networked(config: ExperimentConfig) -> None:
         )
 
 
-def check_aggregation(config: ExperimentConfig) -> None:
+def check_aggregation(config: ExperimentConfig, cls: type) -> None:
     """``train.aggregation`` is one the algorithm's aggregation supports
     (``Algorithm.aggregations``), else a one-line refusal."""
-    cls = resolve_algorithm(config.algorithm, config.options)[0]
     if config.train.aggregation not in cls.aggregations:
         raise ConfigError(
             "train.aggregation",
@@ -244,14 +243,13 @@ def check_aggregation(config: ExperimentConfig) -> None:
         )
 
 
-def check_server_optimizer(config: ExperimentConfig) -> None:
+def check_server_optimizer(config: ExperimentConfig, cls: type) -> None:
     """``train.server_optimizer.name`` exists and the algorithm aggregates into the one global
     model every client starts from (``Algorithm.no_server_optimizer`` says why not)."""
     name = config.train.server_optimizer.name
     _choice(name, list(SERVER_OPTIMIZERS), "train.server_optimizer.name")
     if name == "none":
         return
-    cls = resolve_algorithm(config.algorithm, config.options)[0]
     if cls.no_server_optimizer:
         raise ConfigError(
             "train.server_optimizer",
@@ -265,13 +263,18 @@ def validate_config(config: ExperimentConfig, config_dir: str | Path | None = No
     :class:`~splitfl.config.ConfigError`."""
     check_registries(config, config_dir)
     validate(config)
-    check_options(config)
+    check_algorithm(config)
+
+
+def check_algorithm(config: ExperimentConfig) -> None:
+    """The checks that need the algorithm (resolved once) and the registries' values."""
+    cls, options = check_options(config)
     check_device_options(config)
-    check_timing(config)
-    check_networked(config)
-    check_recipe(config)
-    check_aggregation(config)
-    check_server_optimizer(config)
+    check_timing(config, cls)
+    check_networked(config, cls, options)
+    check_recipe(config, cls)
+    check_aggregation(config, cls)
+    check_server_optimizer(config, cls)
 
 
 def with_imports(config: ExperimentConfig, imports: list[str] | None) -> ExperimentConfig:
@@ -291,11 +294,5 @@ def load_config(
     (:func:`validate_config`)."""
     config = with_imports(read_config(path, overrides), imports)
     check_registries(config, Path(path).resolve().parent if path is not None else None)
-    check_options(config)
-    check_device_options(config)
-    check_timing(config)
-    check_networked(config)
-    check_recipe(config)
-    check_aggregation(config)
-    check_server_optimizer(config)
+    check_algorithm(config)
     return config
