@@ -88,8 +88,10 @@ def test_power_of_choice_keeps_the_highest_loss_candidates_by_hand():
         config=SimpleNamespace(train=SimpleNamespace(clients_per_round=2)),
         num_clients=6,
         data_sizes=sizes,
+        resolve_cut=lambda cut, name: 2 if cut is None else cut,  # the view's cut resolution
     )
     algo = poc.PowerOfChoice(poc.PowerOfChoiceOptions(d=3), ctx)
+    assert algo.options.cut == 2  # resolved when the algorithm was built
     rng = np.random.default_rng(0)
     first = algo.select_clients(1, rng)  # all unseen: two of the drawable clients
     assert len(first) == 2 and set(first) <= {1, 3, 4}
