@@ -24,7 +24,7 @@ from splitfl.executors.parallel import ParallelExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.models import BlockModel, ModelPart
-from splitfl.roles.auxiliary import align_aux, estimate_gradient, remember, true_gradients
+from splitfl.roles.aux_numerics import align_aux, estimate_gradient, remember, true_gradients
 from splitfl.roles.common import client_batches
 from splitfl.roles.sides import DeviceRole, Runtime
 from splitfl.testing import config_for
@@ -241,7 +241,7 @@ def _copy(model):
 
 
 def _aux_holding(spec, state):
-    from splitfl.roles.auxiliary import aux_module
+    from splitfl.roles.aux_numerics import aux_module
 
     return aux_module(spec, state, next(iter(state.values())))
 

@@ -13,7 +13,7 @@ import splitfl
 from splitfl.core.topology import AuxSpec
 from splitfl.experiment.runner import as_config, prepare
 from splitfl.net.device.agent import DeviceAgent
-from splitfl.net.device.aux import aux_spec
+from splitfl.net.device.aux_commands import aux_spec
 from splitfl.net.server.executor import NetworkedExecutor, emulated_profiles
 from splitfl.net.transport.wire import WireError, state_tensors
 from splitfl.testing import config_for

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import splitfl
-from splitfl.algorithms.auxiliary import smashed_shape
+from splitfl.algorithms.aux_model import smashed_shape
 from splitfl.core.plan import ClientUpdate
 from splitfl.core.seeding import rng_for
 from splitfl.core.topology import AuxSpec, Clusters, LocalLoss, ServerSpec
@@ -25,7 +25,7 @@ from splitfl.executors.parallel import ParallelExecutor, partitions
 from splitfl.executors.pools import WorkerError
 from splitfl.executors.workers import UnitWorker, recv_message, send_message
 from splitfl.experiment.runner import as_config, prepare
-from splitfl.models.aux import linear_aux
+from splitfl.models.aux_heads import linear_aux
 from splitfl.net.transport.wire import decode
 from splitfl.roles.fleet import group_runs
 from splitfl.testing import config_for

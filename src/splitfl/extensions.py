@@ -45,7 +45,7 @@ from splitfl.core.usercode import error_line, user_code
 from splitfl.data.base import DatasetBundle, DatasetError, dataset_names
 from splitfl.data.source import from_object, read_dataset
 from splitfl.models import profile as profiles
-from splitfl.models.aux import AUX_MODELS, aux_names
+from splitfl.models.aux_heads import AUX_MODELS, aux_names
 from splitfl.models.base import BlockModel
 from splitfl.models.hf import check_hf_spec, hf_block_model, is_hf_spec
 from splitfl.models.registry import (
@@ -283,7 +283,7 @@ def build_model(
 def build_aux(
     spec: str, input_shape: tuple[int, ...], num_classes: int, field: str = "aux_model"
 ) -> torch.nn.Module:
-    """The auxiliary model ``spec`` names (:data:`~splitfl.models.aux.AUX_MODELS` or an import
+    """The auxiliary model ``spec`` names (:data:`~splitfl.models.aux_heads.AUX_MODELS` or an import
     path, called with ``input_shape``/``num_classes`` where its signature takes them) for smashed
     data of ``input_shape`` per sample; a wrong name or a builder that returns no ``nn.Module``
     is a one-line ConfigError on ``field``."""

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitfl.aggregation.layerwise import robust_average
-from splitfl.algorithms.auxiliary import AuxModel
+from splitfl.algorithms.aux_model import AuxModel
 from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.config import ConfigError
 from splitfl.core.plan import Charge, RoundPlan, RoundResult

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from splitfl.algorithms.auxiliary import AuxModel, smashed_shape
+from splitfl.algorithms.aux_model import AuxModel, smashed_shape
 from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.config import ConfigError
 from splitfl.core.plan import Charge, ClientTask, RoundPlan, RoundResult

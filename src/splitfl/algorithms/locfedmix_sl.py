@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from splitfl.aggregation.layerwise import layerwise_aggregate, robust_average
-from splitfl.algorithms.auxiliary import AuxModel
+from splitfl.algorithms.aux_model import AuxModel
 from splitfl.algorithms.base import Algorithm, SplitOptions
 from splitfl.config import ConfigError
 from splitfl.core.plan import Charge, ClientTask, IdleUpload, RoundPlan, RoundResult

@@ -59,8 +59,8 @@ def _positive(owner: str, name: str, value: Any, *, optional: bool = False, zero
 @dataclass(frozen=True)
 class AuxSpec:
     """The auxiliary model of a plan, as data: ``model`` is a name registered in
-    :mod:`splitfl.models.aux` or an import path ``package.module:callable``; it maps a batch of
-    smashed data (``input_shape`` per sample) to ``num_classes`` logits."""
+    :mod:`splitfl.models.aux_heads` or an import path ``package.module:callable``; it maps a
+    batch of smashed data (``input_shape`` per sample) to ``num_classes`` logits."""
 
     model: str
     input_shape: tuple[int, ...]

@@ -26,7 +26,7 @@ from splitfl.config import TrainConfig
 from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan
 from splitfl.core.topology import AuxSpec
 from splitfl.models import BlockModel, ModelPart, block_index
-from splitfl.roles.auxiliary import device_aux, remember
+from splitfl.roles.aux_numerics import device_aux, remember
 from splitfl.roles.parts import PartPool
 from splitfl.roles.sides import DeviceRole, Runtime, ServerRole, Smashed
 

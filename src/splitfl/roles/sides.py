@@ -6,7 +6,7 @@ A split-learning iteration is an exchange between them (S²FL Alg. 1, MergeSFL A
   mini-batches and (``device_loss: local``/``estimate``) its auxiliary model. ``forward``
   sends smashed data and labels, ``backward`` applies the activation gradient that comes back;
   ``head_update`` steps on the auxiliary model's loss, ``estimate_update`` with its gradient
-  estimate (:mod:`splitfl.roles.auxiliary`).
+  estimate (:mod:`splitfl.roles.aux_numerics`).
 * :class:`ServerRole` — one group's server-side copy: the group loss over its members' smashed
   data (S²FL Eq. 3; MergeSFL Eq. 16's merged batch), one optimiser step, each member's
   activation gradient (S²FL Eq. 4).
@@ -40,7 +40,7 @@ from splitfl.core.activations import (
 )
 from splitfl.core.plan import ClientTask, RoundPlan
 from splitfl.data.transforms import Transforms, augment_batch, batch_seed
-from splitfl.roles.auxiliary import (
+from splitfl.roles.aux_numerics import (
     Memory,
     align_aux,
     aux_module,
@@ -257,8 +257,8 @@ class ServerRole:
         """FSL-SAGE's alignment of ``task``'s client's auxiliary model (FSL-SAGE repo,
         ``src/algos/fsl_sage.py``: ``refresh_data()`` then ``align()`` at the client's first
         iteration of an alignment round): the cut-layer gradients of this server part's mean
-        loss over ``memory`` (:func:`~splitfl.roles.auxiliary.true_gradients`), then the
-        fit (:func:`~splitfl.roles.auxiliary.align_aux`); the aligned state (detached)."""
+        loss over ``memory`` (:func:`~splitfl.roles.aux_numerics.true_gradients`), then the
+        fit (:func:`~splitfl.roles.aux_numerics.align_aux`); the aligned state (detached)."""
         plan, like = self.plan, next(self.part.parameters())
         x = tree_map(lambda t: _like(t, like), memory[0])
         y = memory[1].to(like.device)

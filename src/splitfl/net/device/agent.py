@@ -11,7 +11,7 @@ with :class:`~splitfl.roles.sides.DeviceRole` — the same code the in-process e
 * ``forward`` (step) → ``forwarded`` (smashed data, labels)
 * ``backward`` (activation gradient) and ``head_update`` → no reply (the next reply follows)
 * ``aux_step``, ``estimate_update``, ``load_aux``: the auxiliary model's commands
-  (:mod:`splitfl.net.device.aux`)
+  (:mod:`splitfl.net.device.aux_commands`)
 * ``local_step`` (step) → ``local_done`` (loss sum, samples)
 * ``finish`` → ``finished`` (trained device part and what of the auxiliary model goes back)
 * ``identify`` (K models, sample positions; own data only) → ``identified`` (IFCA's cluster)
@@ -48,7 +48,7 @@ from splitfl.extensions import build_model, load_dataset
 from splitfl.models import ModelPart
 from splitfl.models.base import lowest_loss_state, moving_state
 from splitfl.models.registry import Split
-from splitfl.net.device.aux import AuxCommands, step_of
+from splitfl.net.device.aux_commands import AuxCommands, step_of
 from splitfl.net.device.emulation import FORWARD_SHARE, Profile, stretch, transfer
 from splitfl.net.transport.announce import build_announcement, data_mismatch
 from splitfl.net.transport.peer import PeerEndpoint
@@ -184,7 +184,7 @@ _COMPUTE_SHARE = {
     "local_step": 1.0,
 }
 #: Commands a device answers (``aux_step``, ``estimate_update``, ``load_aux``:
-#: :class:`~splitfl.net.device.aux.AuxCommands`).
+#: :class:`~splitfl.net.device.aux_commands.AuxCommands`).
 COMMANDS = (
     "begin",
     "forward",

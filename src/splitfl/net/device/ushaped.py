@@ -25,7 +25,7 @@ from splitfl.core.plan import ClientTask
 from splitfl.core.seeding import derive_seed, seed_torch
 from splitfl.models import ModelPart
 from splitfl.net.device.agent import EXTRA_COMMANDS, Command, CommandError, _check_begin
-from splitfl.net.device.aux import step_of
+from splitfl.net.device.aux_commands import step_of
 from splitfl.net.transport.wire import Message, all_finite, state_from, state_tensors
 from splitfl.roles.sides import DeviceRole
 from splitfl.topologies.ushaped.roles import UDevice

@@ -46,7 +46,7 @@ from splitfl.net.trust.checks import REFERENCE_SAMPLES, PeerHistory, PeerScale
 from splitfl.net.trust.expect import Expect, expect_for
 from splitfl.net.trust.reference import ServerStep, own_step
 from splitfl.net.trust.spread import RoundMoves
-from splitfl.roles.auxiliary import spec_flops
+from splitfl.roles.aux_numerics import spec_flops
 from splitfl.roles.fleet import GroupRun, server_role
 from splitfl.roles.sides import Runtime
 from splitfl.system.cost import d2d_rate

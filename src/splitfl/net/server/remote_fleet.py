@@ -41,7 +41,7 @@ from splitfl.net.trust.checks import (
 )
 from splitfl.net.trust.expect import Expect
 from splitfl.net.trust.spread import RoundMoves
-from splitfl.roles.auxiliary import aux_module, returned_names
+from splitfl.roles.aux_numerics import aux_module, returned_names
 from splitfl.roles.sides import ServerRole
 
 State = dict[str, torch.Tensor]
@@ -332,7 +332,7 @@ class RemoteFleet:
 
     def _check_part(self, c: int, part: State, aux: State) -> str | None:
         """The device part (and the auxiliary model's entries the device returns,
-        :func:`~splitfl.roles.auxiliary.returned_names`) against what was sent."""
+        :func:`~splitfl.roles.aux_numerics.returned_names`) against what was sent."""
         task, (sent_part, sent_aux) = self.tasks[c], self.sent[c]
         bounds = self.expect.bounds
         problem = check_state(part, self.expect.part_specs[task.cut], sent_part, bounds, task.steps)

@@ -3,7 +3,7 @@ FSL-SAGE): the auxiliary model of the run (:class:`AuxModel`: its spec, its init
 size and FLOPs); each task's auxiliary work reaches the clock as data
 (:class:`~splitfl.core.plan.Charge`, priced by :func:`splitfl.topologies.split.split_task_cost`).
 
-The executors run the auxiliary model (:mod:`splitfl.roles.auxiliary`, the device role);
+The executors run the auxiliary model (:mod:`splitfl.roles.aux_numerics`, the device role);
 the algorithm decides whose auxiliary model a task starts from, where it is averaged and what
 crosses the network, and the shared cost model charges it: the auxiliary model's forward and
 backward on the device for every trained sample, its transfers, and — with an upload period —
@@ -21,7 +21,7 @@ from splitfl.core.activations import aux_input
 from splitfl.core.seeding import derive_seed
 from splitfl.core.topology import AuxSpec
 from splitfl.extensions import build_aux
-from splitfl.models.aux import aux_flops
+from splitfl.models.aux_heads import aux_flops
 from splitfl.models.base import ModelPart
 from splitfl.models.profile import BYTES_PER_ELEMENT
 

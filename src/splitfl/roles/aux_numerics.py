@@ -36,7 +36,7 @@ from splitfl.core.activations import (
 )
 from splitfl.core.topology import AlignSpec, AuxSpec
 from splitfl.extensions import build_aux
-from splitfl.models.aux import aux_flops
+from splitfl.models.aux_heads import aux_flops
 from splitfl.training import loss_fn
 
 State = dict[str, torch.Tensor]
@@ -57,7 +57,7 @@ def aux_module(spec: AuxSpec, state: State, like: torch.Tensor | None = None) ->
 
 def spec_flops(spec: AuxSpec, dtype: torch.dtype) -> float:
     """Forward + backward FLOPs per sample of the auxiliary model ``spec`` builds
-    (:func:`~splitfl.models.aux.aux_flops`, as the cost model charges them), built under a
+    (:func:`~splitfl.models.aux_heads.aux_flops`, as the cost model charges them), built under a
     forked torch random stream."""
     with torch.random.fork_rng(devices=[]):
         module = build_aux(spec.model, spec.input_shape, spec.num_classes).to(dtype)

@@ -4,7 +4,7 @@ The auxiliary model lives on the device: ``begin`` names it (``aux`` field: the 
 smashed data's per-sample shape, the classes, and how the device updates — ``local``: steps
 it on its own loss; ``estimate``: steps the part with its gradient estimate) and carries its
 state (``aux.*`` tensors); the device builds it with
-:func:`~splitfl.roles.auxiliary.device_aux`, as the in-process executors do, and the
+:func:`~splitfl.roles.aux_numerics.device_aux`, as the in-process executors do, and the
 arithmetic is :class:`~splitfl.roles.sides.DeviceRole`'s. Commands (:class:`AuxCommands`):
 
 * ``aux_step`` (step) → ``aux_done`` (samples): a batch off the upload period — forward and
@@ -14,7 +14,7 @@ arithmetic is :class:`~splitfl.roles.sides.DeviceRole`'s. Commands (:class:`AuxC
 * ``load_aux`` (``aux.*``) → no reply: FSL-SAGE's aligned auxiliary model from the server.
 
 At ``finish`` the device returns what of its auxiliary model the server needs
-(:func:`~splitfl.roles.auxiliary.returned_names`). The server's config names every import
+(:func:`~splitfl.roles.aux_numerics.returned_names`). The server's config names every import
 path the device may build an auxiliary model from (``options.<algorithm>.aux_model``); any
 other name but a built-in one is refused, as is a state that is not finite or does not fit.
 """
@@ -26,9 +26,9 @@ from torch import nn
 
 from splitfl.config import ExperimentConfig
 from splitfl.core.topology import AuxSpec
-from splitfl.models.aux import AUX_MODELS
+from splitfl.models.aux_heads import AUX_MODELS
 from splitfl.net.transport.wire import Message, WireError, all_finite, state_from
-from splitfl.roles.auxiliary import device_aux, returned_names
+from splitfl.roles.aux_numerics import device_aux, returned_names
 
 State = dict[str, torch.Tensor]
 #: How a device of an auxiliary plan updates (``begin``'s ``aux.loss``).
