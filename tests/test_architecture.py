@@ -116,6 +116,31 @@ def test_every_payload_has_a_family_and_every_algorithm_names_a_registered_paylo
     } == {}
 
 
+def test_a_family_that_leaves_part_of_the_contract_undefined_cannot_be_built():
+    from splitfl.core.topology import Star
+    from splitfl.topologies.base import Family
+    from splitfl.topologies.split import SplitFamily
+
+    class NoSchedule(SplitFamily):
+        payload = Star
+
+    class NoPrice(Family):
+        payload = Star
+
+        def units(self, model, plan):
+            return []
+
+        def run_unit(self, unit, env):
+            return [], None
+
+        def untrained(self, plan, global_state, num_blocks, samples_of):
+            return None
+
+    for cls, missing in ((NoSchedule, "schedule"), (NoPrice, "price")):
+        with pytest.raises(TypeError, match=missing):
+            cls()
+
+
 def test_no_runtime_branches_on_a_topology_payload_but_its_batched_twin():
     """Runtimes dispatch on the family, not on payload types: ``isinstance(plan.topology, X)``
     appears in runtimes only where listed (the vectorised ring twin; the networked ring and

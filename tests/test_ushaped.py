@@ -48,6 +48,7 @@ def test_a_ushaped_round_is_splitfed_v1s_round_at_the_same_cut():
     _, star = _round(prep, lambda p: dataclasses.replace(p, topology=Star()))
     tail = prep.algorithm.tail
     assert {t.cut for t in plan.tasks} == {1} and tail == 3 and len(plan.tasks) == 6
+    assert len(ushaped.updates) == 6  # the loop below compares every client
     for u, s in zip(ushaped.updates, star.updates, strict=True):
         assert (u.client, u.samples) == (s.client, s.samples) and u.samples > 0
         assert {block_index(k) for k in u.state} == {0, 3, 4}  # front and head
@@ -74,6 +75,7 @@ def test_a_shared_middle_trains_one_copy_on_the_mean_loss_of_all_members():
     _, single = _round(prep, lambda p: alone)
     per_client = prepare(as_config(config_for("ushaped_sl")), dtype=torch.float64)
     _, theirs = _round(per_client, lambda p: alone)
+    assert single.server_states[0]  # the loop below compares the middle's tensors
     for k, v in single.server_states[0].items():
         assert torch.equal(v, theirs.server_states[0][k])
 
@@ -115,6 +117,7 @@ def test_timing_rows_are_the_trained_rows_on_the_clock(tmp_path):
     cfg = config_for("ushaped_sl", rounds=2)
     trained = splitfl.run(cfg, run_dir=tmp_path / "s")
     timed = splitfl.run({**cfg, "executor": "timing"}, run_dir=tmp_path / "t")
+    assert len(trained.metrics) == 2
     for a, b in zip(trained.metrics, timed.metrics, strict=True):
         keys = ["round_time", "client_times", "bytes_model_down", "bytes_model_up"]
         keys += ["bytes_activations_up", "bytes_gradients_down", "bytes_labels_up"]

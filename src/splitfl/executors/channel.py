@@ -24,6 +24,9 @@ own type hints when read).
 Worker → driver: ``ok`` (``pid`` after ``init``), ``trained`` (a unit's updates, its server
 copy's state and the seconds it took) or ``error`` (the exception's type, message and
 traceback); each carries the worker's ``peak_rss``.
+
+Over 400 lines as one concept: the channel's message format, each builder next to the reader
+that checks it, so that what is sent and what is accepted are read side by side.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ to worker processes and devices.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -80,8 +81,9 @@ class PriceView(Protocol):
     def client_cost(self, client: int, cut: int, samples: int, r: int, **flags): ...
 
 
-class Family:
-    """A training pattern's schedule, units and price (subclass per payload type)."""
+class Family(ABC):
+    """A training pattern's schedule, units and price (subclass per payload type; a family
+    that leaves an abstract method undefined cannot be built, so it never reaches a runtime)."""
 
     #: The payload type this family runs (a :class:`~splitfl.core.topology.Topology`).
     payload: ClassVar[type] = Topology
@@ -103,9 +105,9 @@ class Family:
         del plan, model
         return False
 
+    @abstractmethod
     def units(self, model: Any, plan: RoundPlan) -> list[Any]:
         """The round's units (a :class:`~splitfl.roles.fleet.GroupRun` per group)."""
-        raise NotImplementedError(f"{type(self).__name__} defines no units")
 
     def start_of(self, starts: Any, task: ClientTask, plan: RoundPlan) -> State:
         """Where ``task``'s device state starts (``starts``: a
@@ -125,24 +127,24 @@ class Family:
         cuts = [t.cut for t in tasks if t.cut < num_blocks]
         return (min(cuts), num_blocks) if cuts else None
 
+    @abstractmethod
     def run_unit(self, unit: Any, env: UnitEnv) -> tuple[list[ClientUpdate], State | None]:
         """One unit trained: its members' updates and its server copy's state (None: none)."""
-        raise NotImplementedError(f"{type(self).__name__} defines no run_unit")
 
+    @abstractmethod
     def untrained(
         self, plan: RoundPlan, global_state: State, num_blocks: int, samples_of
     ) -> RoundResult:
         """``executor: timing``: what a trained round hands back, untrained: each task's
         starting state, each group's server part of ``global_state``, the samples
         ``samples_of(task)`` its mini-batches hold, :data:`STAND_IN_LOSS` per sample."""
-        raise NotImplementedError(f"{type(self).__name__} defines no untrained round")
 
+    @abstractmethod
     def price(
         self, view: PriceView, plan: RoundPlan, samples: dict[int, int], r: int
     ) -> dict[int, Any]:
         """Every completed client's :class:`~splitfl.system.cost.ClientCost` (``samples``: what
         each trained), priced for the whole round at once."""
-        raise NotImplementedError(f"{type(self).__name__} defines no price")
 
     def idle(self, view: PriceView, plan: RoundPlan, r: int) -> dict:
         """Non-participants' transfers this round (``RoundPlan.idle``), priced: they share the

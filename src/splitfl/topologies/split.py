@@ -10,6 +10,8 @@ worker call the same schedule over their remote fleets.
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 from splitfl.core.plan import Charge, ClientTask, ClientUpdate, RoundPlan, RoundResult
 from splitfl.data.partition import batch_sizes
 from splitfl.models import block_index
@@ -25,11 +27,11 @@ NO_CHARGE = Charge()
 class SplitFamily(Family):
     """A pattern of groups, each with one server copy its members train against."""
 
+    @abstractmethod
     def schedule(
         self, fleet: Fleet, server: ServerRole | None, run: GroupRun, plan: RoundPlan
     ) -> list[ClientUpdate]:
         """One group's iterations over ``fleet`` and ``server``: its members' updates."""
-        raise NotImplementedError(f"{type(self).__name__} defines no schedule")
 
     def dealable(self, plan: RoundPlan) -> str:
         server = plan.topology.server

@@ -22,6 +22,11 @@ Every reply carries ``compute_s``: device compute since the previous reply. The 
 sends code or pickles: commands are JSON fields plus raw tensors
 (:mod:`splitfl.net.transport.wire`). Imports stop at config, data, models and the executor roles: no
 matplotlib, scipy, Ray. If the connection drops, the process reconnects with exponential backoff.
+
+Over 400 lines as one concept: the device's command table — each command's handler with the
+check of what the server sent for it, and the one dispatch (timing, refusals, ``compute_s``)
+they all go through; the auxiliary, ring, cluster and U-shaped commands live in their own
+modules and register into it.
 """
 
 from __future__ import annotations

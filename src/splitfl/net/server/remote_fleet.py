@@ -125,14 +125,7 @@ class RemoteFleet:
         for t in tasks:
             self.tasks[t.client] = t
             self.sent[t.client] = (parts[t.client], aux.get(t.client))
-            fields = {
-                "cut": t.cut,
-                "group": t.group,
-                "batch_size": t.batch_size,
-                "steps": t.steps,
-                "lr": t.lr,
-                "round_seed": self.round_seed,
-            }
+            fields = self.task_fields(t)
             if self.profiles is not None:
                 fields["emulate"] = self.profiles[t.client].to_fields()
             moving = self.expect.part_specs[t.cut]  # the frozen base stays on the device
@@ -142,6 +135,17 @@ class RemoteFleet:
             tensors = {**state_tensors("part", part), **state_tensors("aux", aux.get(t.client))}
             requests[t.client] = (Message("begin", fields, tensors), "model_down")
         self._call(requests, "ack")
+
+    def task_fields(self, t: ClientTask) -> dict:
+        """What a device is told of its task when the round begins."""
+        return {
+            "cut": t.cut,
+            "group": t.group,
+            "batch_size": t.batch_size,
+            "steps": t.steps,
+            "lr": t.lr,
+            "round_seed": self.round_seed,
+        }
 
     def forward(self, steps):
         requests = {c: (Message("forward", {"step": s}), None) for c, s in steps.items()}

@@ -61,15 +61,7 @@ class RemoteUFleet(RemoteFleet):
         for t in tasks:
             self.tasks[t.client] = t
             self.sent[t.client] = (parts[t.client], None)
-            fields = {
-                "cut": t.cut,
-                "tail": self.tails[t.client],
-                "group": t.group,
-                "batch_size": t.batch_size,
-                "steps": t.steps,
-                "lr": t.lr,
-                "round_seed": self.round_seed,
-            }
+            fields = {**self.task_fields(t), "tail": self.tails[t.client]}
             tensors = state_tensors("part", parts[t.client])
             requests[t.client] = (Message("u_begin", fields, tensors), "model_down")
         self._call(requests, "ack")
