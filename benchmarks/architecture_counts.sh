@@ -13,7 +13,7 @@ S=src/splitfl
 count() { printf '%s\t%s\n' "$1" "$2"; }
 count "$(python3 -c "import ast,dataclasses;t=ast.parse(open('$S/core/plan.py' if __import__('os').path.exists('$S/core/plan.py') else '$S/plan.py').read());c=[n for n in t.body if isinstance(n,ast.ClassDef) and n.name=='RoundPlan'][0];print(sum(1 for n in c.body if isinstance(n,ast.AnnAssign) and getattr(n.target,'id','_')!='_'))")" "RoundPlan fields"
 count "$( (grep -rnoE "plan\.(server_mode|group_loss|device_grad|order|server_lr|device_loss|aux|upload_every|upload_phase|align|mixup_alpha|chain_devices|ring|group_forward|hosts|round_idx|uploads)\b" $S/executors $S/net || true) | wc -l)" "plan-flag reads in executors/ and net/ (the review's regex; after: plan.aux/device_loss are properties of device_update, round_idx and uploads stay)"
-count "$( (grep -rnoE "isinstance\(plan\.topology" $S/executors $S/net || true) | wc -l)" "payload type tests in executors/ and net/ (the rest dispatch through topologies.family_of)"
+count "$( (grep -rnoE "isinstance\([a-z_.]*topology" $S/executors $S/net || true) | wc -l)" "payload type tests in executors/ and net/ (the rest dispatch through topologies.family_of)"
 count "$( (grep -rnoE "family_of\(" $S/executors $S/net $S/experiment || true) | wc -l)" "family dispatches in the runtimes and the round step"
 count "$( (grep -rnE "def (client_cost|round_time|share_links|idle_costs)\(" $S/algorithms || true) | grep -v base.py | wc -l)" "cost-hook overrides in algorithms"
 count "$( (grep -rno 'ctx\.[a-z_]*' $S/algorithms || true) | wc -l)" "ctx reads in algorithms"

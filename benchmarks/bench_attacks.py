@@ -18,7 +18,7 @@ The link-break case cuts every device's link (a relay that swallows bytes) for l
 the network timeout, after each device has been connected longer than its ``retry_s``, and
 counts devices whose client is still dropped in the last round or whose thread ended before
 the server's bye. Lock-out and replay (issue 35, items 7–8) are tests, not counted here:
-``tests/test_net_auth.py``.
+``tests/net/test_net_auth.py``.
 
 Run: ``python benchmarks/bench_attacks.py`` (about 10 minutes on 2 cores), results in
 ``benchmarks/results/attacks-<date>.json``; ``--only NAME`` runs the cases whose name
@@ -99,6 +99,33 @@ class BoostedPart(_Tampering):
     how = "boost"
 
 
+class Negated(DeviceAgent):
+    """Sends ``sent − factor × (its honest move)`` after its first ``honest`` replies (issue
+    51's colluders: inside every norm bound; honest-then-attack passed the spread check)."""
+
+    factor, honest = 6.0, 0
+
+    def _on_begin(self, c, msg):
+        self.given = {k: t.clone() for k, t in msg.tensors.items() if k.startswith("part/")}
+        return super()._on_begin(c, msg)
+
+    def _on_finish(self, c, msg):
+        reply = super()._on_finish(c, msg)
+        self.replies = getattr(self, "replies", 0) + 1
+        if self.replies <= type(self).honest:
+            return reply
+        for name, t in reply.tensors.items():
+            if t.is_floating_point() and name in self.given:
+                sent = self.given[name]
+                reply.tensors[name] = sent - type(self).factor * (t - sent)
+        return reply
+
+
+def negated(factor: float, honest: int = 0) -> type:
+    """A :class:`Negated` colluder of this ``factor``, honest for its first ``honest`` replies."""
+    return type(f"Negated{factor:g}h{honest}", (Negated,), {"factor": factor, "honest": honest})
+
+
 class RogueTop(DeviceAgent):
     """As a ParallelSFL top worker, reports its cluster's top part sign-flipped."""
 
@@ -163,6 +190,20 @@ def cases() -> list[Case]:
         Case("slow-drip", "splitfed_v1", SlowDrip),
         Case("loud-loss", "fedavg", LoudLoss),
     ]
+    return out + collusion_cases()
+
+
+def collusion_cases() -> list[Case]:
+    """Issue 51: colluders sending ``sent − k × (their honest move)`` under the networked
+    default (10/20/30 % of ten at k = 6, 30 % at k = 3 and 9), the same honest for their first
+    3 replies, one of a round of two, and one device reporting maximal losses."""
+    fl = {"network.bounds.min_cosine": 0.0}  # FLTrust's rule: off by default (false positives)
+    out = [Case(f"colluders-{n}0pct-x6", "fedavg", negated(6.0), fl, insiders=n) for n in (1, 2, 3)]
+    out += [Case(f"colluders-30pct-x{k:g}", "fedavg", negated(k), fl, insiders=3) for k in (3, 9)]
+    out += [
+        Case("colluders-30pct-x6-late", "fedavg", negated(6.0, honest=3), fl, insiders=3),
+        Case("colluder-round-of-2-x6", "fedavg", negated(6.0), fl, devices=2),
+    ]
     return out
 
 
@@ -217,6 +258,9 @@ def outcome(status: str, rows: list[dict], wall_s: float) -> dict[str, Any]:
     return {
         "status": status,
         "final_acc": accs[-1] if accs else None,
+        "accs": [round(a, 4) for a in accs],
+        # the largest reported training loss (a liar's reports must not move it)
+        "train_loss_max": max((r["train_loss"] for r in rows if r.get("train_loss")), default=None),
         "median_round_s": statistics.median(round_s[1:] or round_s) if rows else None,
         "round_s": [round(t, 2) for t in round_s],
         "rounds_insider_dropped": caught,

@@ -38,10 +38,10 @@ import torch
 
 from splitfl.config import resolve_device, set_dotted
 from splitfl.core.seeding import derive_seed, rng_for
-from splitfl.executors import make_executor
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment.round_step import measure as clock_measure
 from splitfl.experiment.runner import as_config, prepare
+from splitfl.experiment.runtimes import build_runtime
 
 #: name → (algorithm, model, registered clients, clients per round, batch, extra overrides)
 WORKLOADS: dict[str, tuple[str, str, int, int, int, dict]] = {
@@ -102,7 +102,7 @@ def measure(name: str, executor: str, args) -> dict:
     prep = prepare(cfg)
     ctx, algorithm = prep.ctx, prep.algorithm
     device = resolve_device(cfg.device)
-    ex = make_executor(cfg.executor, device, cfg.precision, cfg.channels_last)
+    ex = build_runtime(cfg, device)
     if mode:
         ex = VectorizedExecutor(device, cfg.precision, cfg.channels_last, use_vmap=mode == "vmap")
     state = {k: v.clone() for k, v in ctx.model.state_dict().items()}

@@ -28,9 +28,10 @@ import torch
 from peer_workload import LR, ROUNDS, WARM, build_model, read_workload
 from plain_loop import evaluate, train_round
 
-from splitfl.experiment.loop import build_executor, start_state, thread_limits
+from splitfl.experiment.loop import start_state, thread_limits
 from splitfl.experiment.round_step import play_round
 from splitfl.experiment.runner import as_config, prepare
+from splitfl.experiment.runtimes import build_runtime
 from splitfl.training import import_optimizers
 
 
@@ -39,7 +40,7 @@ def paired_rounds(folder: Path, run_dir: Path, repeats: int) -> tuple[list[float
     w = read_workload(folder)
     run_dir.mkdir(parents=True, exist_ok=True)
     prep = prepare(as_config(peer_splitfl.config(folder, str(run_dir))))
-    executor = build_executor(prep.config, "cpu")
+    executor = build_runtime(prep.config, "cpu")
     st, rec = start_state(prep, None, prep.ctx.model, run_dir, True)
     model = build_model()
     local, state = copy.deepcopy(model), {k: v.clone() for k, v in model.state_dict().items()}

@@ -82,13 +82,13 @@ def measure(algorithm: str, executor: str, workers: int, run_dir: str, args) -> 
     """One run in this (fresh) process; the executor's counters are read off the instance
     the loop builds."""
     built = []
-    original = loop.build_executor
+    original = loop.build_runtime
 
     def capture(*a, **k):
         built.append(original(*a, **k))
         return built[-1]
 
-    loop.build_executor = capture
+    loop.build_runtime = capture
     res = splitfl.run(config(algorithm, executor, workers, args), run_dir=run_dir)
     walls = [r["wall_time"] for r in res.metrics]
     rounds = [b - a for a, b in zip([0.0, *walls], walls, strict=False)]

@@ -62,8 +62,11 @@ def ray_instance():
     tests that run on a Ray instance this process started (starting one takes seconds, and
     its warm workers serve the next test); shut down at the end of the session."""
     ray = pytest.importorskip("ray")
+    from splitfl.ray_cluster import init_ray
+
     src = str(Path(splitfl.__file__).resolve().parents[1])
-    ray.init(
+    init_ray(
+        ray,
         num_cpus=3,
         include_dashboard=False,
         log_to_driver=False,
@@ -85,3 +88,19 @@ def pytest_collection_modifyitems(items):
 
 
 __all__ = ["tiny_config"]
+
+
+def force_batching(monkeypatch, use_vmap: bool) -> None:
+    """Make ``executor: vectorized`` batch its clients (one vmap, or row by row) instead of
+    running its CPU default, the reference loop: its entry in the one runtime registry is
+    replaced for the test."""
+    import dataclasses
+
+    from splitfl.executors.vectorized import VectorizedExecutor
+    from splitfl.experiment.runtimes import RUNTIMES
+
+    def build(config, device):  # noqa: ANN001
+        return VectorizedExecutor(device, config.precision, config.channels_last, use_vmap=use_vmap)
+
+    runtime = dataclasses.replace(RUNTIMES["vectorized"], build=build)
+    monkeypatch.setitem(RUNTIMES, "vectorized", runtime)

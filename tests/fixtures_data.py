@@ -328,3 +328,29 @@ def write_qnli(dir: Path, n_train: int = 20, n_test: int = 8, seed: int = 0) -> 
     test = ["index\tquestion\tsentence"] + [f"{i}\tWhy?\tBecause." for i in range(3)]
     (folder / "test.tsv").write_text("\n".join(test) + "\n", encoding="utf-8")
     return out
+
+
+# -- image folders (``data.format: image_folder``) ---------------------------------------------
+def _png(path, arr: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from PIL import Image
+
+    Image.fromarray(arr).save(path)
+
+
+def write_images(folder, counts: dict[str, int], seed: int = 0, size=(6, 6)) -> dict:
+    """``folder/<class>/<i>.png`` RGB images; returns {class: [arrays]}."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, list] = {}
+    for c, n in counts.items():
+        for i in range(n):
+            arr = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+            _png(folder / c / f"{i:03d}.png", arr)
+            out.setdefault(c, []).append(arr)
+    return out
+
+
+def image_folder(root, per_class: int = 6) -> dict:
+    train = write_images(root / "train", {"dog": per_class, "cat": per_class})
+    write_images(root / "test", {"cat": 2, "dog": 2}, seed=1)
+    return train

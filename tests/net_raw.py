@@ -38,6 +38,7 @@ class RawStream:
         self.nonces: list[str] = []
         self.reader: threading.Thread | None = None
         self.token, self.fields, self.answer = "", {}, True
+        self.details = ""  # the status details of the end, set before its code is queued
 
     def send(self, message: Message) -> None:
         for chunk in chunks(encode(message), 1 << 16):
@@ -75,8 +76,8 @@ class RawStream:
                     continue
                 self.got.put(msg.type)
         except grpc.RpcError as err:
+            self.details = err.details()  # before the code: a reader of the code reads it next
             self.got.put(err.code())
-            self.details = err.details()
             return
         self.got.put("ended")
 

@@ -1,4 +1,4 @@
-"""Models that the parallel workers of ``tests/test_parallel.py`` build by name too
+"""Models that the parallel workers of ``tests/executors/test_parallel.py`` build by name too
 (``model: parallel_models:cnn_digits_dropout``, this folder in ``import_dirs``): the workers
 build the run's model from the config, never from an object sent to them."""
 

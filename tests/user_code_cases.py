@@ -1,4 +1,5 @@
-"""A researcher's broken code (issue 35.12/13), imported by ``tests/test_user_code_errors.py``
+"""A researcher's broken code (issue 35.12/13), imported by
+``tests/config/test_user_code_errors.py``
 under the name ``badcode35``: dataset builders, models and Datasets that fail in every way
 the issue lists. Each must be refused in one line naming it."""
 

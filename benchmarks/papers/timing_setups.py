@@ -14,6 +14,19 @@ from typing import Any
 
 MBPS = 1e6 / 8  # bytes/s per Mb/s
 
+#: The variant of IMAGE-100 at the size MergeSFL's printed model sizes imply (issue 50 item 4).
+IMAGE100_144 = {"data.dataset": "image100_144"}
+#: LocFedMix-SL as the MergeSFL and ParallelSFL papers describe the baseline they ran: the PS
+#: "sends the corresponding gradients back to the workers in sequence" (MergeSFL §II-B); the
+#: local loss alone is a row of its own (``LOCFEDMIX_LOCAL``; issue 50 item 2).
+LOCFEDMIX_CITED = {"device_update": "local+server"}
+LOCFEDMIX_LOCAL = {
+    "locfedmix_sl (local loss only)": (
+        "locfedmix_sl",
+        {"options.locfedmix_sl.device_update": "local"},
+    )
+}
+
 
 @dataclass
 class Setup:
@@ -105,11 +118,19 @@ S2FL = Setup(
         "a=0.5": {"data.alpha": 0.5},
         "a=1.0": {"data.alpha": 1.0},
         "IID": {"data.partition": "iid"},
+        # issue 50 item 9: §5.1's server rate 1e7 B/s shared by the round's transfers (a
+        # reading: Eq. (1) charges each device its own R)
+        "a=0.5, server 1e7 B/s shared": {"data.alpha": 0.5, "devices.contention": True},
     },
     reference="s2fl",
     warmup=3,
     extra={
         "s2fl (warm-up: selected only)": ("s2fl", {"options.s2fl.warmup_all_devices": False}),
+        # issue 50 item 3: every device's warm-up update aggregated (the default: timed only)
+        "s2fl (warmup_training: aggregate)": (
+            "s2fl",
+            {"options.s2fl.warmup_training": "aggregate"},
+        ),
         # a sensitivity: Eq. (1) has no per-iteration group barrier (issue 32 item 3)
         "s2fl (lock-step barrier)": ("s2fl", {"options.s2fl.lockstep_barrier": True}),
         # a sensitivity: Table 1's devices are static; the S²FL configs used 0.3 until issue 32
@@ -156,10 +177,14 @@ MERGESFL = Setup(
     name="mergesfl-alexnet",
     title="MergeSFL Fig. 6(c)/8(c): AlexNet, CIFAR-10, 80 Jetson workers, IID",
     base=_jetson_alexnet(
-        {"mergesfl": {"tau": 30, "cut": 5}, "locfedmix_sl": {"tau": 30, "cut": 5}},
+        {
+            "mergesfl": {"tau": 30, "cut": 5},
+            "locfedmix_sl": {"tau": 30, "cut": 5, **LOCFEDMIX_CITED},
+        },
     ),
     algorithms=["mergesfl", "pyramidfl", "locfedmix_sl", "fedavg"],
     reference="mergesfl",
+    extra=LOCFEDMIX_LOCAL,
     notes=[
         "PyramidFL selects by training loss: under `executor: timing` every loss is 1.0 "
         "(utility ∝ |D_i|, `splitfl list`).",
@@ -184,7 +209,7 @@ PARALLELSFL = Setup(
         {
             "parallelsfl": {"tau": 30, "cut": 5},
             "adasfl": {"tau": 30, "cut": 5},
-            "locfedmix_sl": {"tau": 30, "cut": 5},
+            "locfedmix_sl": {"tau": 30, "cut": 5, **LOCFEDMIX_CITED},
             # the cluster choice does not change time or traffic; fewer samples, faster
             "ifca": {"estimate_samples": 2},
         },
@@ -199,6 +224,7 @@ PARALLELSFL = Setup(
         "ifca",
     ],
     reference="parallelsfl",
+    extra=LOCFEDMIX_LOCAL,
     notes=[
         "AdaSampling samples by gradient norms: under `executor: timing` G_i = 1 for every "
         "client, q_i ∝ p_i/√t_i (`splitfl list`). IFCA's cluster choice (by the untrained "
@@ -261,6 +287,7 @@ def _jetson_workload(model: str, dataset: str, samples: int, cut: int, tau: int,
     split = {"tau": tau, "cut": cut}
     names = ("mergesfl", "locfedmix_sl", "parallelsfl", "adasfl")
     options = {name: dict(split) for name in names} | {"ifca": {"estimate_samples": 2}}
+    options["locfedmix_sl"] |= LOCFEDMIX_CITED
     return _jetson(model, dataset, samples, options, rounds=40, local_steps=tau, **train)
 
 
@@ -286,7 +313,10 @@ _PARALLELSFL_BASELINES = ["parallelsfl", "adasfl", "adasampling", "locfedmix_sl"
 _IMAGE100_NOTE = (
     "IMAGE-100 = `image100`: shape only (3×64×64, 100 classes, MergeSFL §V-A); 128,117 "
     "training samples = 100/1,000 of ImageNet's 1,281,167 (an estimate: neither paper gives "
-    "the size). `vgg16_image100` at 64×64 is 161 MB; the papers print 321 MB for their VGG16."
+    'the size). `vgg16_image100` at 64×64 is 161 MB (153.8 MiB); the papers print "about '
+    '321MB" for their VGG16, bottom model "about 56MB" and features "3MB" at batch 64: '
+    "the sizes at 3×144×144 (`image100_144`, the authors' code: 321.8 MiB, 56.2 MiB, 3.3 MB), "
+    "the variant the paper's 1.74–4.14× is judged on (issue 50 item 4)."
 )
 
 #: Issue 32 item 9: the papers' other workloads, timed per round (their to-target figures need
@@ -303,10 +333,21 @@ MERGESFL_MORE = Setup(
         "CNN-H / HAR": {},
         "CNN-S / Speech": _mergesfl_workload("cnn_s", "speech_commands", 85_511, 4, 30),
         "VGG-16 / IMAGE-100": _mergesfl_workload("vgg16_image100", "image100", 128_117, 13, 40),
+        "VGG-16 / IMAGE-100 at 144×144": {
+            **_mergesfl_workload("vgg16_image100", "image100", 128_117, 13, 40),
+            **IMAGE100_144,
+        },
     },
     reference="mergesfl",
     notes=[_IMAGE100_NOTE, "Speech Commands = `speech_commands` shape (1×16000, 35 classes)."],
 )
+
+_PARALLELSFL_VGG = {
+    "model": "vgg16_image100",
+    "data.dataset": "image100",
+    "data.train_samples": 128_117,
+    **{f"options.{a}.cut": 13 for a in ("parallelsfl", "adasfl", "locfedmix_sl")},
+}
 
 #: ParallelSFL §5.1: CNN/Speech (split at the 4th layer) and VGG16/IMAGE-100 (13th); τ = 30
 #: (splitfl's default: the paper gives none); "we separately split the CNN, AlexNet, VGG16, and
@@ -318,12 +359,8 @@ PARALLELSFL_MORE = Setup(
     algorithms=_PARALLELSFL_BASELINES,
     variants={
         "CNN / Speech": {},
-        "VGG-16 / IMAGE-100": {
-            "model": "vgg16_image100",
-            "data.dataset": "image100",
-            "data.train_samples": 128_117,
-            **{f"options.{a}.cut": 13 for a in ("parallelsfl", "adasfl", "locfedmix_sl")},
-        },
+        "VGG-16 / IMAGE-100": _PARALLELSFL_VGG,
+        "VGG-16 / IMAGE-100 at 144×144": {**_PARALLELSFL_VGG, **IMAGE100_144},
     },
     reference="parallelsfl",
     notes=[_IMAGE100_NOTE],
@@ -344,7 +381,7 @@ PARALLELSFL_ROBERTA = Setup(
         {
             "parallelsfl": {"tau": 30, "cut": 3},
             "adasfl": {"tau": 30, "cut": 3},
-            "locfedmix_sl": {"tau": 30, "cut": 3},
+            "locfedmix_sl": {"tau": 30, "cut": 3, **LOCFEDMIX_CITED},
             "ifca": {"estimate_samples": 2},
         },
         rounds=10,
@@ -403,7 +440,7 @@ JETSON_SENSITIVITY = Setup(
         **_jetson_alexnet(
             {
                 "mergesfl": {"tau": 30, "cut": 5},
-                "locfedmix_sl": {"tau": 30, "cut": 5},
+                "locfedmix_sl": {"tau": 30, "cut": 5, **LOCFEDMIX_CITED},
                 "parallelsfl": {"tau": 30, "cut": 5},
                 "adasfl": {"tau": 30, "cut": 5},
             }
@@ -421,8 +458,12 @@ JETSON_SENSITIVITY = Setup(
         "ρ = 0 (independent redraws)": {"devices.bandwidth_correlation": 0.0},
         "ρ = 0.5": {"devices.bandwidth_correlation": 0.5},
         "ρ = 1 (held for the run)": {"devices.bandwidth_correlation": 1.0},
+        # issue 50 item 1: the workers' absolute speeds (MergeSFL Table II prints peaks only)
+        "device FLOP/s ×0.25": {"devices.flops_scale": 0.25},
+        "device FLOP/s ×4": {"devices.flops_scale": 4.0},
     },
     extra={
+        **LOCFEDMIX_LOCAL,
         "mergesfl (budget time on the shared link)": (
             "mergesfl",
             {"options.mergesfl.budget_time": "shared"},

@@ -48,6 +48,8 @@ from splitfl.models import profile as profiles
 from splitfl.models.aux_heads import AUX_MODELS, aux_names
 from splitfl.models.base import BlockModel
 from splitfl.models.hf import check_hf_spec, hf_block_model, is_hf_spec
+from splitfl.models.hf_stack import Unsplittable
+from splitfl.models.lora_targets import is_target_error, target_problem
 from splitfl.models.registry import (
     NO_SPLIT,
     ModelContractError,
@@ -261,23 +263,37 @@ def build_model(
     split: Split = NO_SPLIT,
     lora: Any = None,
     what: str | None = None,
+    hf: Any = None,
 ) -> BlockModel:
     """The model ``spec`` names (registered or an import path), for ``input_shape`` and
     ``num_classes``, an ``nn.Module`` cut where ``split`` says, a Hugging Face model with
-    ``lora`` adapters (``train.lora``) where given. A broken builder contract, and any
+    ``lora`` adapters (``train.lora``) where given, built as ``hf`` (the ``hf`` section)
+    says. A model that cannot be split, a broken builder contract, and any
     exception of the builder, is a one-line ConfigError on ``model`` starting with ``what``
     (default ``spec``)."""
     try:
         if is_hf_spec(spec):
-            return hf_block_model(spec, num_classes, lora)
+            return _hf_model(spec, num_classes, lora, hf)
         if not is_import_path(spec):
             build = functools.partial(build_registered_model, spec)
         else:
             build = functools.partial(make_model, resolve_callable(spec, "model"), spec)
         with user_code(what or spec, functools.partial(ConfigError, "model"), ONE_LINE):
             return build(input_shape, num_classes, split)
-    except ModelContractError as err:
+    except (ModelContractError, Unsplittable) as err:
         raise ConfigError("model", str(err)) from None
+
+
+def _hf_model(spec: str, num_classes: int, lora: Any, hf: Any = None) -> BlockModel:
+    """:func:`~splitfl.models.hf.hf_block_model`; LoRA target modules that match none of
+    the model's modules are a one-line ConfigError listing its module names."""
+    try:
+        return hf_block_model(spec, num_classes, lora, hf)
+    except ValueError as err:
+        if lora is None or not is_target_error(err):
+            raise
+        problem = target_problem(spec, num_classes, lora.target_modules)
+    raise ConfigError("train.lora.target_modules", problem)
 
 
 def build_aux(
@@ -307,9 +323,12 @@ def profile_model(
     num_classes: int,
     split: Split = NO_SPLIT,
     lora: Any = None,
+    hf: Any = None,
 ):
     """The per-block cost profile of ``spec`` (cached), measured as for built-ins."""
-    build = build_model if lora is None else functools.partial(build_model, lora=lora)
+    build = build_model
+    if lora is not None or hf is not None:
+        build = functools.partial(build_model, lora=lora, hf=hf)
     return profiles.profile_model(spec, input_shape, num_classes, build=build, split=split)
 
 

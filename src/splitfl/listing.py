@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from splitfl.algorithms import ALGORITHMS, ALIASES
 from splitfl.data.base import DATASETS, dataset_names
+from splitfl.experiment.runtimes import RUNTIMES
 from splitfl.extensions import load_plugins
 from splitfl.models.registry import MODELS, model_names
 from splitfl.proxies import PROXIES
@@ -55,15 +56,5 @@ def catalog() -> dict[str, dict[str, str]]:
         "datasets": {name: DATASETS[name].description for name in dataset_names()},
         "device_presets": presets,
         "compositions": {name: ":".join(map(str, w)) for name, w in COMPOSITIONS.items()},
-        "executors": {
-            "sequential": "reference loop: one client after another (the papers' own code)",
-            "vectorized": "clients batched as rows of stacked parameters (vmap on GPUs; the "
-            "reference loop on CPU unless forced); same results",
-            "networked": "a server process and device processes over gRPC (splitfl server / "
-            "device / launch); parameter-server algorithms; measured time and bytes",
-            "timing": "no training: the clock prices each round's plan (time, traffic, "
-            "waiting) at any model size in seconds; no accuracy",
-            "parallel": "a round's groups dealt to persistent workers (processes or Ray actors; "
-            "parallel: {workers, backend, ...}); same results as sequential",
-        },
+        "executors": {name: runtime.description for name, runtime in RUNTIMES.items()},
     }

@@ -13,6 +13,7 @@ import socket
 from typing import Any
 
 from splitfl.config import ConfigError, check_ray_address
+from splitfl.core.extras import install_extra
 
 
 class RayJoinError(ConfigError):
@@ -26,7 +27,7 @@ def import_ray(field: str = "--backend", instead: str = "--backend local") -> An
         import ray
     except ImportError:
         raise ConfigError(
-            field, f"ray is not installed: pip install 'splitfl[ray]', or use {instead}"
+            field, f"ray is not installed: {install_extra('ray', 'ray>=2.9')}, or use {instead}"
         ) from None
     return ray
 
@@ -52,13 +53,28 @@ def join_ray(
     if runtime_env:
         kwargs["runtime_env"] = runtime_env
     try:
-        ray.init(**kwargs)
+        init_ray(ray, **kwargs)
     except (ConnectionError, ValueError) as err:
         if not address:
             raise
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise RayJoinError(field, f"cannot join the Ray cluster at {address}: {first}") from None
     return True
+
+
+#: Seconds a local Ray start waits for its GCS server to bind its port. Ray's default is
+#: 30 s (120 s with the rocksdb backend; ``ray/_private/node.py``, overridable by
+#: ``RAY_gcs_server_port_wait_time_s``); on a busy 2-core machine the GCS has taken longer
+#: (splitfl's CI, 2026-12-02: ``Timed out waiting for file .../gcs_server_port_...``), so
+#: splitfl waits 120 s unless the user set the variable.
+GCS_PORT_WAIT_S = 120
+
+
+def init_ray(ray: Any, **kwargs: Any) -> None:
+    """``ray.init(**kwargs)``, giving a local GCS server :data:`GCS_PORT_WAIT_S` seconds to
+    come up unless ``RAY_gcs_server_port_wait_time_s`` is already set."""
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(GCS_PORT_WAIT_S))
+    ray.init(**kwargs)
 
 
 def reachable(address: str, field: str, timeout_s: float = 5.0) -> None:

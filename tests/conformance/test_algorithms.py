@@ -18,7 +18,7 @@ algorithm is checked by every test here without an edit. For each, on its tinies
 
 Algorithm-specific behaviour stays in the algorithm's own test file; the executors' round by
 round equivalence on harder settings (momentum, weight decay, dropout) in
-``tests/test_vectorized.py`` and ``tests/test_parallel.py``.
+``tests/executors/test_vectorized.py`` and ``tests/executors/test_parallel.py``.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ import pytest
 import torch
 
 import splitfl
+from conftest import force_batching
 from splitfl.algorithms import ALIASES, resolve_algorithm
-from splitfl.executors import EXECUTORS, ParallelExecutor
+from splitfl.executors import ParallelExecutor
 from splitfl.executors.parallel import coupled
 from splitfl.executors.pools import LocalPool
-from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.experiment import loop, runner
 from splitfl.testing import config_for
 
@@ -186,10 +186,10 @@ def float64_runs(tmp_path_factory):
             built.append(build(cfg, device) if build else real_build(cfg, device))
             return built[-1]
 
-        real_build = loop.build_executor
+        real_build = loop.build_runtime
         with monkeypatch.context() as m:
             m.setattr(runner, "prepare", functools.partial(runner.prepare, dtype=torch.float64))
-            m.setattr(loop, "build_executor", build_executor)
+            m.setattr(loop, "build_runtime", build_executor)
             result = splitfl.run(config, run_dir=tmp_path_factory.mktemp("f64") / "run")
         (executor,) = built
         assert next(iter(final_state(result).values())).dtype == torch.float64
@@ -206,7 +206,7 @@ def warm_pool():
     seconds (a Python and torch import per worker), which 27 runs cannot afford; each run
     still sends its workers the whole start (``init``, which rebuilds the model, and every
     partition) as a fresh pool gets it, and a fresh pool's own start is tested in
-    ``tests/test_parallel.py``."""
+    ``tests/executors/test_parallel.py``."""
     pool = LocalPool(2, threads=1, timeout_s=120)
     yield pool
     pool.close()
@@ -265,7 +265,7 @@ def test_vectorized_run_equals_sequential_run(algorithm, float64_runs, monkeypat
     cannot batch (documented: sequential server, mixup pairs) run on the reference executor;
     a run of those only is bit-identical."""
     ref, _ = float64_runs(conform_config(algorithm), monkeypatch)
-    monkeypatch.setitem(EXECUTORS, "vectorized", lambda *a: VectorizedExecutor(*a, use_vmap=True))
+    force_batching(monkeypatch, use_vmap=True)
     got, ex = float64_runs(conform_config(algorithm, executor="vectorized"), monkeypatch, None)
     a, b = final_state(ref), final_state(got)
     assert a.keys() == b.keys()
@@ -319,7 +319,8 @@ def test_timing_charges_what_sequential_charges(algorithm, tmp_path, sequential_
     strict_json((got.run_dir / "summary.json").read_text().replace("\n", " "))
     assert not (got.run_dir / "accuracy.png").exists()
     if cls.training_signals:
-        assert cls.timing_stand_in  # else ``executor: timing`` refuses it (tests/test_timing.py)
+        # else ``executor: timing`` refuses it (tests/system/test_timing.py)
+        assert cls.timing_stand_in
         return
     ref = sequential_run(conform_config(algorithm))
     for a, b in zip(ref.metrics, got.metrics, strict=True):

@@ -9,7 +9,7 @@ FedAvg; with groups of one it is SplitFed V1 (server copies averaged with the sa
 BatchNorm buffers (running mean/var) are aggregated exactly like parameters, with the same
 weights; the integer ``num_batches_tracked`` counter is averaged and rounded. A layer whose
 every copy is the global model's own tensor (nothing trained it: ``executor: timing``) is
-that tensor, copied without the arithmetic.
+that tensor itself, without the arithmetic or a copy.
 """
 
 from __future__ import annotations
@@ -67,9 +67,11 @@ def layerwise_aggregate(
     for key, current in global_state.items():
         sources = picked[key]
         # no copy changed (executor: timing; frozen weights, e.g. a LoRA model's base): the
-        # average of equal values is that value, without a float64 pass over the tensor
+        # average of equal values is that value, without a float64 pass over the tensor, and
+        # the global model's own tensor, not a copy (nothing writes a global tensor in place:
+        # parts, evaluation and checkpoints copy out of it)
         if all(s is current or torch.equal(s, current) for s in sources):
-            out[key] = current.clone()
+            out[key] = current
             continue
         w = [float(weights[u.client]) for u in updates]
         if sum(w) == 0:

@@ -3,38 +3,13 @@ arXiv:2302.05599, 2023) as its authors' code runs it (HowDoIBlowUpTheMoon/ECSE-F
 ``src/cse_fsl_main.py``), with the schedule of FSL-SAGE's re-implementation
 (srijith1996/FSL-SAGE, ``src/algos/cse_fsl.py``) as an option.
 
-Each client trains its device part with a *local* loss through an auxiliary model on its
-smashed data (``device_loss: local``; ECSE-FL: ``local_output = auxiliary_model(local_smashed_
-data)``, ``NLLLoss``, ``auxiliary_optimizer.step()``, ``splitting_output.backward(gradient)``),
-so no gradient is ever downloaded. Smashed data go to the server only every ``upload_every``
-(h) batches; the **single** server model takes one step on each upload (no server copies).
-After the round the device parts and the auxiliary models are averaged with data-size
-weights and sent back to every client (ECSE-FL: ``factor = dataset_size / total``; both codes
-count ``2 × calculate_load`` for the client model and for the auxiliary model per client).
+Each client trains its device part on a local loss through an auxiliary model
+(``device_loss: local``), so no gradient is downloaded; smashed data go to the single server
+model every ``upload_every`` (h) batches, in the turns ``schedule`` sets; after the round the
+device parts and auxiliary models are averaged with data-size weights.
 
-Choices the paper leaves open, as the code makes them (option: source):
-
-* ``schedule: interleaved`` (default, ECSE-FL): clients take turns of h batches each (client 0
-  batches 0..h−1, client 1 batches 0..h−1, …, client 0 batches h..2h−1, …); the upload is the
-  turn's *last* batch (``cur_client_index == max_batch - 1``), so the server meets the clients'
-  uploads in client order; batches beyond the last whole turn are not trained (``while
-  max_batch <= batch_max_round``). ``sequential`` (FSL-SAGE's ``cse_fsl.py``): each client
-  runs all its batches in turn, uploading at batches 0, h, 2h, … (``local_iter %
-  server_update_interval == 0``).
-* ``upload_every`` (h) default 5: FSL-SAGE's ``hydra_config/algorithm/cse_fsl.yaml``
-  (``server_update_interval: 5``) and ECSE-FL's module comment (batches 0–4); ECSE-FL's
-  argparse default ``-batch_round`` is 1.
-* ``aux_model`` default ``linear``: ECSE-FL's CIFAR-10 auxiliary (``Auxiliary_model_cifar``:
-  one linear layer on the flattened smashed data, ``log_softmax``); FSL-SAGE's CSE-FSL uses its
-  ResNet auxiliary (``resnet_stage``) with ResNet models.
-* Optimisers: ECSE-FL uses SGD with one learning rate for the client, auxiliary and server
-  models; here the device part and the auxiliary model share one ``train.optimizer`` (a fresh
-  one each round, as every splitfl algorithm), the server copy another.
-
-Not reproduced: ECSE-FL's ``comm_load`` adds smashed-data bytes to model megabytes
-(``calculate_load`` returns MB there); splitfl counts bytes throughout. ECSE-FL's
-``init_all(normal(0, 0.05))`` initialisation of all three models: splitfl's models keep their
-own initialisation.
+Where each choice comes from (option: source), and what is not reproduced:
+``docs/explanation/readings/cse_fsl.md``.
 """
 
 from __future__ import annotations
@@ -79,13 +54,39 @@ class CSEFSL(Algorithm):
         self.cut = self.options.cut
         self.aux_model = AuxModel.of(ctx, options.aux_model, self.cut, "options.cse_fsl.aux_model")
         self.aux = self.aux_model.initial  # the averaged auxiliary model every client gets
+        self.h, self.adapted = self.options.upload_every, ""
+        self._fit_turn(ctx)
         for c in range(ctx.num_clients):  # refused before the run starts, not in its round
             self.steps(c)
+
+    def _fit_turn(self, ctx) -> None:
+        """The default turn of h = 5 batches where some client has fewer batches per round
+        (the quickstart's small clients): the interleaved schedule's turns are whole
+        (ECSE-FL), so h becomes the fewest batches any client has, said in a ``note:``
+        line; an ``upload_every`` the config sets is kept (and refused in :meth:`steps`)."""
+        given = {
+            **ctx.config.options.get(self.name, {}),
+            **ctx.config.options.get(ctx.config.algorithm, {}),
+        }
+        if self.options.schedule != "interleaved" or "upload_every" in given:
+            return
+        fewest = min((ctx.local_steps(c) for c in range(ctx.num_clients)), default=0)
+        if 1 <= fewest < self.h:
+            self.adapted = (
+                f"options.cse_fsl.upload_every: {self.h} → {fewest}, the fewest batches a "
+                "client has per round (a turn of the interleaved schedule is whole; set "
+                f"upload_every to keep {self.h})"
+            )
+            self.h = fewest
+
+    def notes(self) -> list[str]:
+        """The turn length adapted to the clients' batches (:meth:`_fit_turn`), if it was."""
+        return [self.adapted] if self.adapted else []
 
     def steps(self, client: int) -> int:
         """Batches per round: one epoch (``train.local_epochs``/``local_steps``); in the
         interleaved schedule only whole turns of h (ECSE-FL)."""
-        steps, h = self.ctx.local_steps(client), self.options.upload_every
+        steps, h = self.ctx.local_steps(client), self.h
         if self.options.schedule == "sequential":
             return steps
         if steps < h:
@@ -104,7 +105,7 @@ class CSEFSL(Algorithm):
             size = self.aux_model.bytes
             task.charge = Charge(aux_flops=self.aux_model.flops, aux_down=size, aux_up=size)
             tasks.append(task)
-        h, interleaved = self.options.upload_every, self.options.schedule == "interleaved"
+        h, interleaved = self.h, self.options.schedule == "interleaved"
         mode = "round_robin" if interleaved else "sequential"
         return RoundPlan(
             tasks,

@@ -50,9 +50,26 @@ def fill_unmeasured(
 ) -> np.ndarray:
     """Estimates with ``None`` (never measured) replaced by ``summary`` (the median unless
     given) of the measured ones, or by ``default`` when nothing has been measured yet."""
-    known = [v for v in values if v is not None]
-    fill = float(summary(known)) if known else default
+    fill = fill_value(values, default, summary)
     return np.array([fill if v is None else v for v in values], dtype=float)
+
+
+def fill_value(
+    values: list[float | None],
+    default: float = 1.0,
+    summary: Callable[[list[float]], Any] = np.median,
+) -> float:
+    """What :func:`fill_unmeasured` puts where a value is ``None``."""
+    known = [v for v in values if v is not None]
+    return float(summary(known)) if known else default
+
+
+def estimate_of(values: list[float | None], index: int, default: float = 1.0) -> float:
+    """``fill_unmeasured(values, default)[index]`` without filling every entry: O(1) for a
+    measured one, one scan for a never-measured one (issue 54: a per-client call that
+    filled the whole table made a round O(clients x participants))."""
+    value = values[index]
+    return float(value) if value is not None else fill_value(values, default)
 
 
 def kl_divergence(p: np.ndarray, q: np.ndarray, eps: float = 1e-12) -> float:

@@ -2,38 +2,15 @@
 Activation Gradient Estimation", ICML 2025) as its code runs it (srijith1996/FSL-SAGE,
 ``src/algos/fsl_sage.py``; defaults from ``src/hydra_config/``).
 
-Each client's auxiliary model *estimates the server's cut-layer gradient*: the device part
-steps with ĝ = ∂ℓ(aux(fx), y)/∂fx (``device_loss: estimate``; ``GradScalarAuxiliaryModel.
-forward``), so devices never wait for or download gradients. Every ``upload_every`` batches
-(``server_update_interval: 5``; uploads at local iterations 0, h, 2h, …) the smashed data go
-to the **single** server model, which steps on them and keeps them in the client's memory
-(the last ``align_memory`` = 1000 samples; ``add_datapoint``). Every ``align_every`` rounds
-(``align_interval: 10``; rounds 0, 10, 20, …, ``t % align_interval == 0``), at the client's
-first iteration and after that iteration's server step, the server computes the true
-cut-layer gradients of its loss over the client's memory (``refresh_data``) and fits the
-client's auxiliary model to them (``align``: ``align_epochs: 100`` epochs of Adam, lr 1e-3,
-batches of ``align_batch_size: 1000``, summed squared error), and sends the aligned model to
-the client (``comm_load += calculate_load(auxiliary_model)``). Clients run one after another
-(one epoch each; ``client.epoch: 1``); device parts are averaged with data-size weights each
-round (``aggregate_clients``: 2 × the client model per client); auxiliary models stay per
-client and are never averaged (FSL-SAGE has no auxiliary aggregation).
+Each client's auxiliary model estimates the server's cut-layer gradient, and the device part
+steps on that estimate (``device_loss: estimate``); every ``upload_every`` batches the single
+server model steps on the smashed data and keeps them in the client's memory; every
+``align_every`` rounds the auxiliary model is fitted to the true cut-layer gradients over that
+memory (:func:`splitfl.roles.aux_numerics.align_aux`). Device parts are averaged with
+data-size weights; auxiliary models stay per client.
 
-Relation to SplitFed V1: with an auxiliary model that fits the server part perfectly (on a
-linear model: the same weights) and a server that does not move, the device updates are
-SplitFed V1's (tested); in general they are not, because the auxiliary model stays fixed
-between alignments while the server steps at every upload, an alignment fits the server after
-that iteration's step, and SplitFed V1 steps per-client server copies where FSL-SAGE steps one.
-
-Options beyond the code: ``aux_model`` (default: ``resnet_stage`` — ``model/auxiliary/
-resnet18.yaml``'s ResNet layer3 auxiliary — for [C, H, W] smashed data, ``linear``
-otherwise, splitfl's choice for models the repository has no auxiliary for). Where several
-tensors cross the cut (a graph-split model's activation and skip connection; the repository
-has only one), the auxiliary model reads them flattened and concatenated
-(:func:`~splitfl.core.activations.aux_input`), ĝ and the true gradients are per tensor, the
-alignment error is summed over them, and the server's memory keeps all of them. Differences
-kept on purpose: splitfl's optimisers are fresh each round (the repository keeps Adam's
-moments across rounds, for clients, server and auxiliary models); the code's CSE-FSL
-warm start (``warm_start``, off by default) is not offered.
+How each part of the code is read, the relation to SplitFed V1, and the differences kept on
+purpose: ``docs/explanation/readings/fsl_sage.md``.
 """
 
 from __future__ import annotations

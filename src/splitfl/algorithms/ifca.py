@@ -2,29 +2,13 @@
 2020) — baseline of ParallelSFL §5: clustered FL where each client picks the cluster model
 with the lowest loss on its own data.
 
-* ``num_clusters`` cluster models, initialised from different seeds.
-* Each round the selected clients download every cluster model, estimate their loss on up to
-  ``estimate_samples`` of their own training samples (seeded), choose the argmin (cluster
-  identity estimation) and train that model with local SGD (the "model averaging" variant).
-* The server averages each cluster's returned models (|D_i| weights); clusters no one chose
-  keep their model.
-* Evaluation on the central test set uses the cluster model chosen by the most clients so
-  far (IFCA evaluates per test client with labels; the central test set has no clients —
-  stated choice).
-* Cost (Ghosh et al. Alg. 1: the server broadcasts all K models, each client evaluates them on
-  its own data): the whole model on the device, with ``num_clusters`` models downloaded per
-  client and, on its device, K forward passes of the whole model over the estimate's samples
-  (:data:`~splitfl.system.cost.FORWARD_SHARE` of the per-sample forward+backward FLOPs each).
-* Where the identity is computed: :meth:`IFCA.estimate_cluster` hands the K models and the
-  client's own samples (:meth:`IFCA.client_samples`, nothing else of the data set) to
-  :func:`~splitfl.models.base.lowest_loss_state`, a function a device process can run. It
-  runs in the server process at planning time, except when the devices hold their own data
-  (``data.source: devices``): then the K models and the samples' positions go to the
-  client's device, which runs the same function on its own samples and answers the index
-  (:mod:`splitfl.net.server.client_data`); the clock charges it as above.
+Each round the selected clients download every cluster model, choose the one with the lowest
+loss on their own samples (:meth:`IFCA.estimate_cluster`, Alg. 1's cluster identity
+estimation) and train it; the server averages each cluster's returned models.
 
 Marked **proxy** (``splitfl.proxies``): the central-test-set evaluation with the most
-chosen cluster model is not IFCA's per-client evaluation.
+chosen cluster model is not IFCA's per-client evaluation. The choices, the cost and where the
+identity is computed: ``docs/explanation/readings/ifca.md``.
 """
 
 from __future__ import annotations

@@ -2,44 +2,15 @@
 Scalability, Convergence, and Latency in Split Learning", WWW 2022) — baseline of MergeSFL
 §V and ParallelSFL §5.
 
-No official code exists and third-party implementations disagree (public facts), so splitfl
-implements the three mechanisms the paper's title and the citing papers name:
+No official code exists; splitfl implements the three mechanisms the title and the citing
+papers name: **Localize** (a local loss through an auxiliary head on the device), **Federate**
+(device parts FedAvg-ed every ``aggregate_every`` rounds, MergeSFL §V), **Mix** (one server
+top model trained on all smashed data plus mixup of client pairs, ``mixup_alpha``). Fixed
+batch size and ``tau``; clients selected uniformly at random.
 
-* **Localize** — each client trains its device part with a *local loss*: an auxiliary head
-  (flatten + linear classifier on the smashed data) on the device, as in local-learning
-  methods (the paper uses an InfoPro-style regulariser through an auxiliary network; the plain
-  cross-entropy head is a stated simplification). Devices do not wait for, or download,
-  activation gradients (``device_update: local``); ``local+server`` is not offered.
-* **Federate** — device parts (and auxiliary heads) are FedAvg-ed (|D_i| weights) only every
-  ``aggregate_every`` rounds ("reduce the aggregation frequency of bottom models to save
-  traffic", MergeSFL §V); in between, clients keep their own device parts, so only clients
-  that have not trained since the last aggregation download the global part, and parts are
-  uploaded only in aggregation rounds — by every client whose part is averaged: the round's
-  participants at the end of their training, and the earlier rounds' clients (idle this
-  round) in parallel with it (``RoundPlan.idle``, priced by the family; their upload time bounds the
-  round like a participant's).
-* **Mix** — the server keeps one top model and trains it every iteration on all received
-  smashed data plus mixup of the smashed data of random client pairs (λ ~ Beta(α, α),
-  ``mixup_alpha``).
-
-Fixed batch size (``train.batch_size``) and fixed local iterations (``tau``) for every client;
-clients are selected uniformly at random.
-
-Marked **proxy** (``splitfl.proxies``): the local loss is a cross-entropy auxiliary model
-(linear by default, any ``aux_model``), not the paper's InfoPro-style auxiliary network.
-
-Where each choice comes from (the paper's full text was not available; only its title,
-abstract and public summaries — the MIT Media Lab project page, the authors' lab blog — and
-the citing papers): the three mechanisms and their order (local loss, lower-segment averaging
-after back-propagation, smashed-data mixup of client pairs, manifold-mixup style) from the
-title and the summaries; the local loss "maximises the mutual information between the raw
-and the smashed data" through an auxiliary network, with reference to InfoPro (summaries) —
-InfoPro's loss adds a reconstruction term of the input, which needs the raw input and a
-decoder on the device and weights the summaries do not give, so splitfl keeps its
-classification term only (its choice, hence the proxy label); FedAvg of the lower segments
-every ``aggregate_every`` rounds from MergeSFL §V; λ ~ Beta(α, α) and the pairing of random
-clients with equal cuts are mixup's usual form, and the fixed batch size, ``tau`` and uniform
-selection are splitfl's choices.
+Marked **proxy** (``splitfl.proxies``): the local loss is a cross-entropy auxiliary model, not
+the paper's InfoPro-style auxiliary network. Where each choice comes from:
+``docs/explanation/readings/locfedmix_sl.md``.
 """
 
 from __future__ import annotations
@@ -57,6 +28,9 @@ from splitfl.core.plan import Charge, ClientTask, IdleUpload, RoundPlan, RoundRe
 from splitfl.core.topology import LocalLoss, ServerSpec, Star
 from splitfl.models.base import block_index
 
+#: ``options.locfedmix_sl.device_update``'s values (:class:`LocFedMixOptions`).
+DEVICE_UPDATES = ("local", "local+server")
+
 
 @dataclass(frozen=True)
 class LocFedMixOptions(SplitOptions):
@@ -65,6 +39,14 @@ class LocFedMixOptions(SplitOptions):
     aggregate_every: int = 2
     mixup_alpha: float = 1.0
     aux_model: str = "linear"
+    #: ``local``: the device steps on its auxiliary loss only, no gradient comes back (the
+    #: title's "Localize"; splitfl's default); ``local+server``: the PS also
+    #: sends each batch's activation gradient back and the device steps on both — MergeSFL
+    #: §II-B: "the PS directly applies the features of each worker to complete the
+    #: forward/backward propagation of the top model, and sends the corresponding gradients
+    #: back to the workers in sequence"; ParallelSFL §2: it maintains "all the benefits of
+    #: SplitFed and LocSplitFed" (issue 50 item 2).
+    device_update: str = "local"
 
     def __post_init__(self) -> None:
         if self.tau < 1:
@@ -73,6 +55,12 @@ class LocFedMixOptions(SplitOptions):
             raise ConfigError("options.locfedmix_sl.aggregate_every", "must be >= 1")
         if not 0 < self.mixup_alpha <= 100:
             raise ConfigError("options.locfedmix_sl.mixup_alpha", "must be in (0, 100]")
+        if self.device_update not in DEVICE_UPDATES:
+            raise ConfigError(
+                "options.locfedmix_sl.device_update",
+                f"must be one of {', '.join(DEVICE_UPDATES)} "
+                f"(got {str(self.device_update)[:40]!r})",
+            )
 
 
 @dataclass(frozen=True)
@@ -140,7 +128,10 @@ class LocFedMixSL(Algorithm):
         return RoundPlan(
             tasks,
             topology=Star(server=server),
-            device_update=LocalLoss(aux=self.aux_model.spec),
+            device_update=LocalLoss(
+                aux=self.aux_model.spec,
+                server_gradient=self.options.device_update == "local+server",
+            ),
             idle=idle,
             info={"aggregated": upload},
             control=AggregationRound(upload),

@@ -1,38 +1,14 @@
 """PyramidFL (Li et al., MobiCom 2022): fine-grained client selection for FL — baseline of
 MergeSFL §V. The whole model trains on each device (as FedAvg).
 
-The PyramidFL paper's text is not in this repository; splitfl follows its released code
-(``liecn/PyramidFL``: ``oort/oort.py``, ``training/param_server.py``, ``training/learner.py``)
-and MergeSFL §V's description:
+The paper's text is not in this repository; splitfl follows its released code
+(``liecn/PyramidFL``) and MergeSFL §V's description: Oort's selection
+(:func:`oort_utility`, :func:`normalise_stats`), local steps per client so that each finishes
+by the round's median expected time, partial-model dropout by rank (:func:`dropout_ratios`),
+FedAvg with |D_i| weights.
 
-* **Selection** (Oort, which PyramidFL builds on): a client's statistical utility is
-  ``|D_i| · L_i`` with ``L_i`` its mean training loss when last selected (Oort uses
-  ``|B_i|·sqrt(mean loss²)``; the executor reports the mean loss), *min-max normalised* over
-  the explored clients after clipping at the ``clip_bound`` quantile (``oort.py get_norm``:
-  min × 0.999, range from the unclipped max, ≥ 1e-4), plus the staleness bonus
-  ``sqrt(0.1·ln(h) / h_i)`` (h_i = round of last selection) — on the normalised scale the
-  bonus is of the same order as the utility (unnormalised it is inert next to |D_i|·L_i of
-  order 10²–10³); its system utility multiplies by ``(T / t_i)^alpha`` when its expected
-  round time t_i exceeds the preferred duration T (the ``pacer_percentile`` of the expected
-  times of explored clients). A fraction ε of the slots (``explore`` decaying by
-  ``explore_decay`` per round, floor ``explore_min``) goes to never-selected clients at
-  random; the rest to the highest utilities.
-* **Fine-grained local work:** faster clients run more local iterations and slower ones less,
-  so that each finishes by ``T_h``, the median expected time of the round's selected clients:
-  ``steps_i = clip(round((T_h − m_i) / c_i), steps·min_factor, steps·max_factor)``. A client's
-  expected round time is ``t_i = m_i + c_i · steps`` with ``m_i`` its model transfers (download
-  and upload, once a round whatever the steps) and ``c_i`` its compute time per local step,
-  both moving averages of measured values (the released code's slack-based rule differs in
-  form; stated simplification). With ``m_i = 0`` this is ``steps · T_h / t_i``.
-* **Partial-model dropout** (``dropout``; ``param_server.py prune_client_tasks`` and
-  ``learner.py``): the selected client ranked r-th (0 = highest statistical utility, never
-  measured clients last) drops each parameter tensor of its update with probability
-  ``dropout_low + r·(dropout_high − dropout_low)/K`` (K = clients per round; defaults 0.1/0.6
-  as the released code), drawn from the round's seeded plan stream. A dropped tensor is not
-  uploaded (the upload bytes and time shrink; buffers are always sent) and is averaged over
-  the clients that did upload it (|D_i| weights; kept from the global model if none did) —
-  the released code adds a zero update instead, which shrinks the step; stated choice.
-* Aggregation: FedAvg, |D_i|-weighted.
+How each part of the code is read, and the stated simplifications:
+``docs/explanation/readings/pyramidfl.md``.
 """
 
 from __future__ import annotations
@@ -44,7 +20,7 @@ import numpy as np
 
 from splitfl.aggregation.layerwise import robust_average
 from splitfl.algorithms.base import Algorithm
-from splitfl.algorithms.estimates import fill_unmeasured, update_table
+from splitfl.algorithms.estimates import estimate_of, update_table
 from splitfl.config import ConfigError
 from splitfl.core.plan import Charge, ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.models.profile import BYTES_PER_ELEMENT
@@ -147,8 +123,8 @@ class PyramidFL(Algorithm):
         """(compute time per step ``c_i``, model-transfer time per round ``m_i``) as measured;
         never measured: the medians of the measured ones (1.0 and 0.0 before any
         measurement) — no device profile is read."""
-        per_step = float(fill_unmeasured(self.time_per_step)[client])
-        transfer = float(fill_unmeasured(self.transfer_time, default=0.0)[client])
+        per_step = estimate_of(self.time_per_step, client)
+        transfer = estimate_of(self.transfer_time, client, default=0.0)
         return per_step, transfer
 
     def expected_time(self, client: int, steps: int, round_idx: int) -> float:

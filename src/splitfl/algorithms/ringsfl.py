@@ -1,42 +1,17 @@
 """RingSFL (Shen et al., "RingSFL: An Adaptive Split Federated Learning Towards Taming Client
 Heterogeneity"): spec ``papers/ringsfl.md`` §3 (Alg. 1–2, Eq. 1–7).
 
-* Every client takes part each round; they form a ring in ``order`` (client ids separated by
-  commas; default by id).
-* Propagation lengths (in model *blocks*, e.g. ResNet-18 = 10): Eq. (3) L_i = C_i/ΣC·W from
-  the devices' FLOPS, rounded to integers ≥ 1 summing to W by the largest-remainder rule
-  (:func:`largest_remainder`), or explicit ratios ``prop_lens: "6:1:1:1:1"``
-  rounded the same way. Aggregation weights a_i = D_i/ΣD.
-* Training: :func:`splitfl.topologies.ring.member.ring_batch_update` (Alg. 2) every local
-  step, plain SGD (``train.momentum``/``weight_decay`` other than 0 are rejected, not ignored) with
-  the
-  learning rate multiplied by N (``lr_compensation``, §3.4) so a round equals a FedAvg update
-  (Eq. 6; tested). ``version: v2`` multiplies the rate of overlapping blocks by |U_i,(j)|
-  (Eq. 7); the public code was not found to do this, the paper is followed.
+* Propagation lengths, Eq. (3), rounded by :func:`largest_remainder` (or ``prop_lens``);
+  aggregation weights a_i = D_i/ΣD.
+* Training: :func:`splitfl.topologies.ring.member.ring_batch_update` (Alg. 2), the rate × N
+  (§3.4, Eq. 6); ``version: v2`` scales overlapping blocks by |U_i,(j)| (Eq. 7).
 * Server aggregation: plain average of the blended models (Eq. 5).
-* A lost member (networked runs; not in the paper, which assumes every client stays, §3.1):
-  a round whose ring a member broke (device lost or silent, a hop or report of it rejected;
-  :data:`~splitfl.core.plan.RING_MEMBER_FAILED`) is abandoned, as Alg. 2 needs every member in
-  every step; that member sits out the next ``exclude_rounds`` rounds (doubling with each
-  further failure) and every round its device is not connected (``ctx.reachable``), and the
-  ring is formed over the others as the paper forms it over its clients: Eq. (3) lengths
-  from their FLOPS (or ``prop_lens`` ratios), a_i over their data, the rate × their number.
-  From the next round, not within the round: a ring re-formed mid-round would re-split the
-  model while the members hold half-accumulated gradients of the old split.
-* Round time (``pipeline``): ``ideal`` (default) — the §3.3 analysis, the most loaded
-  member's busy time (segments pipelined without a gap: "the computation time consumed by the
-  straggler", Problem (1), plus its ring hops and model transfers); ``schedule`` — the
-  makespan of the ring's steps (:func:`splitfl.topologies.ring.schedule.ring_makespan`: each hop
-  waits for its input, a member starts a step when its previous one is done, and runs a
-  step's jobs in a fixed order, so a faster link never lengthens a round); ``arrival`` — the
-  same with each member serving jobs in arrival order, as the networked member does (the
-  model the clock validation measured, ``benchmarks/README.md``; not monotone in link rates:
-  ResNet-18 took 15,927 s per round at 45 Mb/s and 14,313 s at 42). Measured on emulated
-  devices the ideal model under-predicted rounds 1.5–4×; the members' busy times are the
-  same in all three. ``schedule`` was the default before issue 32 (item 4).
-* Time and energy: :func:`splitfl.topologies.ring.clock.ring_client_cost` per client (its segments'
-  compute at its FLOPS, ring hops over D2D links, model download/upload); energy = busy
-  compute time × power (preset ``ringsfl_testbed``: PC 65 W, Raspberry Pi 6.4 W).
+* Round time (``pipeline``): ``ideal`` (§3.3, default), ``schedule``
+  (:func:`splitfl.topologies.ring.schedule.ring_makespan`), ``arrival``; cost per client:
+  :func:`splitfl.topologies.ring.clock.ring_client_cost`.
+
+How each sentence of the paper is read, and why (a lost member, the three round-time models):
+``docs/explanation/readings/ringsfl.md``.
 """
 
 from __future__ import annotations
@@ -160,8 +135,9 @@ class RingSFL(Algorithm):
                 raise ConfigError("options.ringsfl.order", "client ids like 0,2,1") from err
             if sorted(self.order) != list(range(n)):
                 raise ConfigError("options.ringsfl.order", f"a permutation of 0..{n - 1}")
-        if n > w:
-            raise ConfigError("data.num_clients", f"RingSFL needs <= {w} clients (model blocks)")
+        #: members of a round's ring: every client (§3.1), or — with more clients than model
+        #: blocks, each member needing one — ``w`` of them drawn every round (said in a note)
+        self.ring_size = min(n, w)
         check_plain_sgd(ctx.config.train)
         try:
             if options.prop_lens is not None:
@@ -169,7 +145,8 @@ class RingSFL(Algorithm):
                 self.shares = [float(p) for p in options.prop_lens.split(":")]
             else:
                 self.shares = [d.flops for d in ctx.population.devices]
-            lengths = propagation_lengths(self.shares, w)
+            # a ring smaller than the federation: each round's lengths over its members
+            lengths = propagation_lengths(self.shares, w) if n <= w else []
         except ValueError as err:
             raise ConfigError("options.ringsfl.prop_lens", str(err)) from err
         self.lengths = {c: int(length) for c, length in enumerate(lengths)}
@@ -184,7 +161,21 @@ class RingSFL(Algorithm):
         reachable = getattr(self.ctx, "reachable", None)
         live = reachable() if callable(reachable) else set(everyone)
         members = [c for c in everyone if c in live and not self.sit_out.out(c, round_idx)]
-        return members if len(members) >= 2 else everyone
+        members = members if len(members) >= 2 else everyone
+        if len(members) > self.ring_size:  # more clients than blocks: a seeded draw
+            members = sorted(int(c) for c in rng.choice(members, self.ring_size, replace=False))
+        return members
+
+    def notes(self) -> list[str]:
+        """A ring smaller than the federation (more clients than model blocks), if it is."""
+        n, w = self.ctx.num_clients, self.ring_size
+        if n <= w:
+            return []
+        return [
+            f"ringsfl: {n} clients but {w} model blocks (one per ring member): each round's "
+            f"ring is {w} clients drawn at random (RingSFL §3.1 rings all clients; use "
+            f"data.num_clients <= {w} for that)"
+        ]
 
     def lost(self, round_idx: int, plan: RoundPlan, dropped: dict[int, str]) -> None:
         """A member that broke the ring sits out ``exclude_rounds`` × 2^(failures − 1) rounds."""

@@ -2,29 +2,13 @@
 Language Models", 2024), as the authors' released code runs it (``FDU-INC/Split_LoRA``,
 ``SplitLoRA/examples/src/gpt2_ft_sfl.py``; the paper is not in ``../shared/papers``).
 
-* **One shared server model, clients in turn per batch.** The clients take turns, one
-  mini-batch each: client i's forward to the cut, the server's forward, loss and step on that
-  batch, then client i's backward and step; the next client's batch meets the server model the
-  previous batch just updated (``server_mode: round_robin``, in ``order``: the clients in id
-  order, as the code's ``for i in range(num_clients)``).
-* **Client-side LoRA averaged every** ``aggregate_step`` **training steps** (100 in the code,
-  counted over all clients' steps): a round here is ``aggregate_step`` steps, each client
-  taking ``aggregate_step // N`` turns (at least one), after which the device parts are
-  averaged with equal weights (the code's ``fed_avg``: a plain mean). Only the LoRA tensors
-  change under ``train.lora`` (the base is frozen), so the mean of the device parts is the
-  code's mean of ``lora_A``/``lora_B``; the server model is the shared one.
-* **Cut** after transformer block 3 (the code's ``block=3``): a Hugging Face model's default
-  cut (:mod:`splitfl.models.hf`), or ``cut: 3``.
+One shared server model; the clients take turns, one mini-batch each; every
+``aggregate_step`` training steps (a round) the device parts are averaged with equal weights;
+cut after transformer block 3 (:mod:`splitfl.models.hf`). Time: each client's time is S²FL
+Eq. (1), with no queueing delay for the turns (as SplitFed V2).
 
-Differences from the code, stated: the code's optimisers (Adam, a linear schedule on the
-server's) keep their state for the whole run, splitfl's for one round (``train.optimizer``);
-the code collects each client's LoRA state at its *last forward* before the aggregation step,
-i.e. before that step's update (an off-by-one of the snapshot), while this averages the
-states after every client's last update; the code hard-codes 3 clients, here any
-``train.clients_per_round``.
-
-Time: each client's time is S²FL Eq. (1); the server's turn-taking is not added as queueing
-delay (as SplitFed V2).
+How the code is read, and the differences from it, stated:
+``docs/explanation/readings/splitlora.md``.
 """
 
 from __future__ import annotations

@@ -27,12 +27,28 @@ from splitfl.extensions import add_import_flag
 from splitfl.listing import catalog
 from splitfl.metrics.report import report
 from splitfl.metrics.summary import comparison_table
+from splitfl.models.crossing import RawInputWarning
 from splitfl.privacy.cli import add_privacy_parser
 from splitfl.sweeps import sweep
 
+#: ok
+EXIT_OK = 0
+#: sweep: some trials failed or diverged (the others ran)
 EXIT_TRIALS_FAILED = 1
+#: bad input: config value, data file, damaged checkpoint or one of another config, a
+#: run/sweep directory held by another process (``pid`` named) or holding a different sweep, a
+#: Ray address that is malformed or does not answer, a sweep trial larger than the Ray
+#: cluster, ``executor: parallel`` workers lost more than ``parallel.max_retries`` times
+#: (checkpoint kept; ``--resume`` continues); an OS error (``error: <path>: <reason>``: disk
+#: full, read-only, name too long, ...)
 EXIT_BAD_INPUT = 2
+#: diverged: NaN/inf loss or exploding loss; ``summary.json`` status ``diverged at round k:
+#: ...``
 EXIT_DIVERGED = 3
+#: interrupted (Ctrl-C or SIGTERM); ``summary.json`` status ``interrupted at round k``; the
+#: checkpoint holds every finished round (an interrupt in the middle of a round checkpoints
+#: the rounds before it, whatever ``checkpoint_every``); ``splitfl run --resume DIR``
+#: continues exactly
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 
 
@@ -231,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line_data_warnings() -> None:
-    """Show :class:`~splitfl.data.base.DatasetWarning` as one ``warning: ...`` line (like the
+    """Show :class:`~splitfl.data.base.DatasetWarning` and
+    :class:`~splitfl.models.crossing.RawInputWarning` as one ``warning: ...`` line (like the
     ``error: ...`` lines); other warnings keep Python's format."""
 
     shown = warnings.showwarning
@@ -239,7 +256,7 @@ def _one_line_data_warnings() -> None:
         return
 
     def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
-        if issubclass(category, DatasetWarning):
+        if issubclass(category, DatasetWarning | RawInputWarning):
             print(f"warning: {message}", file=sys.stderr)
         else:
             shown(message, category, filename, lineno, file, line)

@@ -112,7 +112,9 @@ def cmd_token(args: argparse.Namespace) -> int:
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
-    with open(args.tokens, "a") as f:
+    # a credential (README: whoever reads it connects as any device): created mode 600
+    fd = os.open(args.tokens, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as f:
         f.write(f"{args.name}:{token_hash(token)}{bind}\n")
     print(f"token for {args.name}: {out} (copy it to the device); hash added to {args.tokens}")
     return 0

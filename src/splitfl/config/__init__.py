@@ -1,6 +1,6 @@
 """Experiment configuration: frozen dataclasses as the schema, YAML files, ``key=value`` overrides.
 
-Everything is checked by :func:`validate` before any work starts; a bad value raises
+Everything is checked by :func:`check_fields` before any work starts; a bad value raises
 :class:`ConfigError`, whose message is one line naming the field and what is allowed.
 Integers must fit in 64 bits and floats must be finite; each float field has an allowed range
 (:data:`FLOAT_RANGES`). YAML text (files and override values) is refused with one line before
@@ -10,16 +10,16 @@ expanded (an alias bomb); syntax errors and non-UTF-8 files are one-line errors 
 
 The package: :mod:`~splitfl.config.schema` (the dataclasses; ``network:``'s in
 :mod:`~splitfl.config.network`), :mod:`~splitfl.config.parse` (YAML, overrides),
-:mod:`~splitfl.config.checks` (:func:`validate`; the float ranges in
+:mod:`~splitfl.config.checks` (:func:`check_fields`; the float ranges in
 :mod:`~splitfl.config.ranges`). It imports no registry.
 """
 
 from splitfl.config.checks import (
     MAX_THREADS,
     SEED_LIMIT,
+    check_fields,
     check_ray_address,
     resolve_device,
-    validate,
 )
 from splitfl.config.network import COMPRESSIONS, BoundsConfig
 from splitfl.config.parse import (
@@ -45,9 +45,11 @@ from splitfl.config.schema import (
     TRACKERS,
     ConfigError,
     DataConfig,
+    DefenceConfig,
     DevicesConfig,
     EvalConfig,
     ExperimentConfig,
+    HfConfig,
     LoraConfig,
     NetworkConfig,
     OutputConfig,
@@ -78,6 +80,8 @@ __all__ = [
     "DevicesConfig",
     "EvalConfig",
     "ExperimentConfig",
+    "HfConfig",
+    "DefenceConfig",
     "LoraConfig",
     "NetworkConfig",
     "OutputConfig",
@@ -99,5 +103,5 @@ __all__ = [
     "read_yaml_mapping",
     "resolve_device",
     "set_dotted",
-    "validate",
+    "check_fields",
 ]

@@ -1,4 +1,4 @@
-"""Static checks of a config (:func:`validate`): ranges of every float (:data:`FLOAT_RANGES`),
+"""Static checks of a config (:func:`check_fields`): ranges of every float (:data:`FLOAT_RANGES`),
 counts, devices, trackers and the network section; no registry is consulted here."""
 
 from __future__ import annotations
@@ -13,17 +13,21 @@ from typing import Any
 import torch
 
 from splitfl.config.choices import unknown_choice
-from splitfl.config.network import COMPRESSIONS
+from splitfl.config.network import COMPRESSIONS, TRUSTS
 from splitfl.config.ranges import FLOAT_RANGES
 from splitfl.config.schema import (
     AGGREGATIONS,
+    ATTN_IMPLEMENTATIONS,
     CLOCKS,
+    DROP_LAST,
     EVAL_ON,
     PARALLEL_BACKENDS,
+    TIED_WEIGHTS,
     TRACKERS,
     ConfigError,
     ExperimentConfig,
 )
+from splitfl.core.extras import install_extra
 
 
 def _check(ok: bool, path: str, message: str) -> None:
@@ -100,7 +104,7 @@ def _validate_tracking(tracking: list[str]) -> None:
         _check(
             _installed(package),
             "output.tracking",
-            f"{name!r} needs the {package} package: pip install 'splitfl[{name}]'",
+            f"{name!r} needs the {package} package: {install_extra(name, package)}",
         )
 
 
@@ -108,11 +112,11 @@ def _validate_tracking(tracking: list[str]) -> None:
 MAX_TRAIN_SAMPLES = 10**8
 
 
-def validate(config: ExperimentConfig) -> None:
+def check_fields(config: ExperimentConfig) -> None:
     """Static checks of every field that needs no registry (ranges, counts, devices, trackers).
     Names that live in registries (algorithm and its options, model, dataset, partition,
     executor, device preset) are checked one layer up, by
-    :func:`splitfl.experiment.validation.validate_config`; data-dependent checks (more clients
+    :func:`splitfl.experiment.validation.check_config`; data-dependent checks (more clients
     than samples, cut points of the model) in
     :func:`splitfl.experiment.context.build_context` before the run directory is created."""
     _check_device(config.device)
@@ -141,6 +145,8 @@ def validate(config: ExperimentConfig) -> None:
         "only with executor: timing (training reads the dataset's images); use null",
     )
     _choice(d.source, ["partition", "devices"], "data.source")
+    _choice(config.hf.attn_implementation, list(ATTN_IMPLEMENTATIONS), "hf.attn_implementation")
+    _choice(config.hf.tied_weights, list(TIED_WEIGHTS), "hf.tied_weights")
     _check(
         d.source == "partition" or config.executor == "networked",
         "data.source",
@@ -195,6 +201,11 @@ def validate(config: ExperimentConfig) -> None:
         f"must be in [1, train.explode_factor={f}], or 0/null to disable (got {r})",
     )
     _choice(t.aggregation, list(AGGREGATIONS), "train.aggregation")
+    _check(
+        t.drop_last in DROP_LAST,  # a bool or a string (the schema's coercion)
+        "train.drop_last",
+        f"one of false, true, single, auto (got {t.drop_last!r})",
+    )
     if t.lora is not None:
         _validate_lora(t.lora)
     e = config.eval
@@ -313,6 +324,7 @@ def _validate_network(config: ExperimentConfig) -> None:
     )
     n = config.network
     _choice(n.compression, list(COMPRESSIONS), "network.compression")
+    _choice(n.trust, list(TRUSTS), "network.trust")
     _check(n.devices >= 0, "network.devices", f"must be >= 0 (got {n.devices})")
     _check(  # a slice of the test set: more than this is an evaluation, not a yardstick
         0 <= n.bounds.reference_samples <= 4096,

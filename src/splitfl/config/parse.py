@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from splitfl.config.checks import validate
+from splitfl.config.checks import check_fields
 from splitfl.config.choices import did_you_mean
 from splitfl.config.schema import (
     ConfigError,
@@ -71,10 +71,14 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], path)
+        if len(inner) == 1:
+            return _coerce(value, inner[0], path)
+        return _coerce_any(value, inner, path)
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             value = config_fields(value)
+        if isinstance(value, str) and "name" in {f.name for f in dataclasses.fields(tp)}:
+            value = {"name": value}  # `train.server_optimizer=fedadam`: the name alone
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a mapping, got {_short(value)}")
         return from_dict(tp, value, f"{path}.")
@@ -102,6 +106,17 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(path, f"expected a string, got {_short(value)}")
         return str(value)
     raise ConfigError(path, f"unsupported type {_type_name(tp)}")
+
+
+def _coerce_any(value: Any, types_: list[Any], path: str) -> Any:
+    """``value`` as the first of ``types_`` it fits (``bool | str``: ``true`` or ``auto``)."""
+    for tp in types_:
+        try:
+            return _coerce(value, tp, path)
+        except ConfigError:
+            continue
+    names = " or ".join(_type_name(tp) for tp in types_)
+    raise ConfigError(path, f"expected {names}, got {_short(value)}")
 
 
 #: Integers must fit in a signed 64-bit integer (numpy, torch and seeds need that).
@@ -141,6 +156,8 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     kwargs = {}
     for key, value in data.items():
         path = f"{prefix}{key}"
+        if isinstance(key, bool):  # a mapping from yaml.safe_load: `on:` read as True
+            raise ConfigError(path, boolean_key(key))
         if key not in names:
             hint = did_you_mean(key, names)
             raise ConfigError(path, f"unknown field{hint}; allowed: {', '.join(names)}")
@@ -177,9 +194,22 @@ def _yaml_problem(err: Exception) -> str:
     return " ".join(f"{problem}{where}".split())[:200]
 
 
+def boolean_key(key: Any) -> str:
+    """Why a boolean mapping key is refused, in one line (YAML 1.1's quirk named).
+    :func:`load_yaml` keeps an unquoted key ``on``/``off``/``yes``/``no`` as the word written
+    (``on`` is ``eval.on``); ``true``/``false`` keys, and ``True`` keys of a mapping that
+    ``yaml.safe_load`` read, are refused with this line."""
+    return (
+        f"boolean key {key!r}: YAML 1.1 reads an unquoted on/off/yes/no/true/false as a "
+        "boolean (yaml.safe_load gives eval: {on: both} as {True: both}); quote the key, "
+        "e.g. 'on': both"
+    )
+
+
 def _yaml_loader() -> type:
     """The SafeLoader subclass of :func:`load_yaml` (YAML 1.2-style ints and floats)."""
     int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+    bool_tag = "tag:yaml.org,2002:bool"
 
     class Loader(yaml.SafeLoader):
         def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -189,6 +219,13 @@ def _yaml_loader() -> type:
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
+                if key_node.tag == bool_tag and key_node.style is None:
+                    if key_node.value.lower() not in ("true", "false"):  # on, off, yes, no
+                        key_node.tag = "tag:yaml.org,2002:str"  # the key as written
+                    else:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, boolean_key(key_node.value), key_node.start_mark
+                        )
                 key = self.construct_object(key_node, deep=deep)
                 if not isinstance(key, Hashable):
                     continue  # refused by SafeLoader itself
@@ -304,12 +341,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None):
     """Read a YAML config (or defaults when ``path`` is None), apply overrides, run the static
-    checks (:func:`validate`); registry names are checked by
+    checks (:func:`check_fields`); registry names are checked by
     :func:`splitfl.experiment.validation.load_config`."""
     data = read_yaml_mapping(path) if path is not None else {}
     data = apply_overrides(data, overrides or [])
     config = from_dict(ExperimentConfig, data)
-    validate(config)
+    check_fields(config)
     return config
 
 

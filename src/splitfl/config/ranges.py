@@ -1,5 +1,5 @@
 """Allowed intervals of the config's float fields (:data:`FLOAT_RANGES`, checked by
-:func:`splitfl.config.checks.validate`)."""
+:func:`splitfl.config.checks.check_fields`)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "devices.exchange_latency_s": Range(0, 10),
     "devices.server_rate": Range(0, 1e15, lo_open=True),
     "devices.bandwidth_correlation": Range(0, 1),
+    "devices.flops_scale": Range(0, 1e6, lo_open=True),
     "train.lr": Range(0, 1e9, lo_open=True),
     "train.lr_decay": Range(0, 1, lo_open=True),
     "train.lr_min": Range(0, 1e9),
@@ -58,6 +59,9 @@ FLOAT_RANGES: dict[str, Range] = {
     "train.server_optimizer.beta1": Range(0, 1, hi_open=True),
     "train.server_optimizer.beta2": Range(0, 1, hi_open=True),
     "train.server_optimizer.tau": Range(0, 1, lo_open=True),
+    "train.defence.nopeek": Range(0, 1e6),
+    "train.defence.noise_std": Range(0, 1e6),
+    "train.defence.noise_clip": Range(0, 1e9, lo_open=True),
     "train.explode_recovery": Range(0, 1e30),
     "eval.target_accuracy": Range(0, 1, lo_open=True),
     "eval.client_holdout": Range(0, 1, lo_open=True, hi_open=True),
@@ -79,6 +83,8 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.bounds.activation_rms_factor": Range(1, 1e6),
     "network.bounds.activation_rms_abs": Range(0, 1e6),
     "network.bounds.peer_samples_factor": Range(1, 1e9),
+    "network.bounds.min_cosine": Range(-1, 1),
+    "network.bounds.peer_loss_factor": Range(1, 1e9),
     "train.clip_norm": Range(0, 1e30, lo_open=True),
     "train.comm_budget_mb": Range(0, 1e30, lo_open=True),
     "train.trim_fraction": Range(0, 0.5, hi_open=True),

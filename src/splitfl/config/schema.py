@@ -1,4 +1,9 @@
-"""The config schema: frozen dataclasses, one per section, and :class:`ConfigError`."""
+"""The config schema: frozen dataclasses, one per section, and :class:`ConfigError`.
+
+Over 400 lines because the schema is one piece: each section's dataclass carries its fields'
+documentation (the generated reference, ``docs/reference/config.md``, is read from it); the
+``network`` section lives in :mod:`splitfl.config.network`, its checks in ``checks.py`` and
+``ranges.py``."""
 
 from __future__ import annotations
 
@@ -37,7 +42,9 @@ class DataConfig:
     null = lazy above 1 GiB.
     ``transforms``: ``random_crop: P``, ``hflip``, ``normalize: {mean, std}``
     (``splitfl.data.transforms``). ``partition: folders``: each ``root/clients/<id>`` is
-    one client."""
+    one client. A relative ``root`` is looked for as ``imports:`` are: in the current
+    directory, then in the config file's folder (there, it is recorded as that absolute path).
+    """
 
     dataset: str = "digits"
     root: str | None = None
@@ -114,6 +121,11 @@ class DevicesConfig:
     #: it every round (``jetson80``: AR(1), see ``splitfl.system.jetson``); null = the
     #: preset's (0.9, an assumption); 0 = independent redraws.
     bandwidth_correlation: float | None = None
+    #: Every device's FLOP/s multiplied by this (not the server's), in every round: 1 = the
+    #: preset's. A sensitivity for presets whose absolute speeds no paper prints (``jetson80``:
+    #: MergeSFL Table II gives peak figures only; ``ringsfl_testbed``: CPU names only), and
+    #: what ``benchmarks/papers/mergesfl/calibrate_speeds.py`` fits (issue 50 item 1).
+    flops_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,27 @@ class ServerOptimizerConfig:
     beta1: float = 0.9
     beta2: float = 0.99
     tau: float = 1e-3
+
+
+@dataclass(frozen=True)
+class DefenceConfig:
+    """``train.defence``: privacy defences applied on the device, to what it sends the server
+    (:mod:`splitfl.roles.defences`). Every value at its default is off (the run is the same,
+    bit for bit, as without the section).
+
+    ``nopeek`` is the weight α of the distance-correlation term ``α·DCor(X, Z)`` between a
+    mini-batch's inputs and the smashed data it sends, added to the device's loss (NoPeek,
+    Vepakomma et al., "NoPeek: Information leakage reduction to share activations in
+    distributed deep learning", ICDMW 2020, §3; 0: off). ``noise_std`` is the standard
+    deviation σ of Gaussian noise added to each smashed-data element before it leaves the
+    device (0: off), after each sample's smashed data is clipped to L2 norm ``noise_clip``
+    (null: no clipping, and then no privacy accounting: the sensitivity is unbounded); with a
+    clip, :func:`splitfl.roles.defences.gaussian_epsilon` gives the (ε, δ) of the Gaussian
+    mechanism (Mironov, "Rényi differential privacy", CSF 2017, Props. 3 and 7)."""
+
+    nopeek: float = 0.0
+    noise_std: float = 0.0
+    noise_clip: float | None = None
 
 
 @dataclass(frozen=True)
@@ -206,6 +239,23 @@ class TrainConfig:
     #: (1024**2) >= cfg.comm_threshold_mb: break``), for every algorithm; ``summary.json``'s
     #: status says so (``comm budget reached: ...``) and the run counts as finished.
     comm_budget_mb: float | None = None
+    #: The last mini-batch of an epoch when a client's samples do not divide by the batch
+    #: size (:func:`splitfl.data.partition.epoch_batch_sizes`): ``false`` keeps it (PyTorch
+    #: ``DataLoader``'s default, ``drop_last=False``), ``true`` drops it (``drop_last=True``:
+    #: "drop the last incomplete batch, if the dataset size is not divisible by the batch
+    #: size", torch.utils.data docs), ``single`` drops it only when it holds one sample, and
+    #: ``auto`` (default) is ``single`` for a model with BatchNorm layers and ``false``
+    #: otherwise, resolved before the run starts (``config.yaml`` records which). Why: in
+    #: training mode BatchNorm normalises by the batch's own statistics, which one sample does
+    #: not have (``torch.nn.functional.batch_norm`` raises "Expected more than 1 value per
+    #: channel when training" where a channel holds one value, and a one-sample batch pulls
+    #: the running statistics towards a single sample elsewhere); dropping one sample per
+    #: epoch costs little, dropping every incomplete batch (timm's training loader) costs up
+    #: to a batch per client per epoch, much of a small federated client's data. A client
+    #: with fewer samples than a batch keeps its one batch whatever the setting.
+    drop_last: bool | str = "auto"
+    #: Privacy defences on the device (default all off), see DefenceConfig.
+    defence: DefenceConfig = field(default_factory=DefenceConfig)
 
 
 @dataclass(frozen=True)
@@ -255,6 +305,9 @@ class OutputConfig:
 CLOCKS = ("simulated", "measured")
 #: ``train.aggregation`` values (``splitfl.aggregation.robust``).
 AGGREGATIONS = ("mean", "clip_mean", "median", "trimmed_mean")
+#: ``train.drop_last`` values (TrainConfig.drop_last); ``auto`` is resolved to one of the
+#: others before a run (:func:`splitfl.experiment.context.build_context`).
+DROP_LAST = (False, True, "single", "auto")
 #: ``eval.on`` values: who evaluates the global model (the server's test set, the clients'
 #: held-out splits, both).
 EVAL_ON = ("server", "clients", "both")
@@ -294,6 +347,31 @@ class SplitConfig:
     cut: str | None = None
 
 
+#: ``hf.attn_implementation`` values: transformers' attention implementations.
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+#: ``hf.tied_weights`` values (:mod:`splitfl.models.hf_stack`).
+TIED_WEIGHTS = ("copy", "frozen")
+
+
+@dataclass(frozen=True)
+class HfConfig:
+    """How a Hugging Face model (``model: hf:``/``hf-config:``) is built and split.
+
+    ``attn_implementation``: ``sdpa`` (default: ``torch.nn.functional.scaled_dot_product_attention``
+    where the model supports it, eager where it does not, e.g. DeBERTa-v2) or ``eager``
+    (transformers' reference matmul-softmax attention). ``tied_weights``: a tensor the split
+    puts on both sides of a cut (GPT-2's and Gemma's output head is their input embedding;
+    ALBERT's one layer group runs at every depth): ``copy`` (default, what the SplitLoRA code
+    does, FDU-INC/Split_LoRA ``examples/NLG/src/splitmodel.py``: the server holds its own copy
+    of the embedding as its head, which trains on its own in full fine-tuning and stays
+    frozen, so equal, under LoRA) or ``frozen`` (one tensor, frozen on both sides: the model
+    stays tied, but that tensor does not train; DeBERTa's relative-position embeddings, which
+    every layer is handed, are then frozen too, so it splits in full fine-tuning)."""
+
+    attn_implementation: str = "sdpa"
+    tied_weights: str = "copy"
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
     """One experiment. ``options`` maps an algorithm name to its options (see ``splitfl list``).
@@ -326,6 +404,7 @@ class ExperimentConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
+    hf: HfConfig = field(default_factory=HfConfig)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Python modules imported before the config is checked (they register models, datasets
     #: and algorithms), found on PYTHONPATH, in the current directory and in the config

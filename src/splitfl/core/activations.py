@@ -58,14 +58,17 @@ def map_grad(fn: Callable[[torch.Tensor], torch.Tensor], grad: Gradient) -> Grad
     return rebuild(grad, [g if g is None else fn(g) for g in leaves(grad)])
 
 
-def backward(out: Activation, grad: Gradient) -> None:
+def backward(out: Activation, grad: Gradient, penalty: torch.Tensor | None = None) -> None:
     """Back-propagate ``grad`` from the device's ``out`` (its floating tensors that have a
-    graph; the rest carry no gradient)."""
+    graph; the rest carry no gradient), and with it the device's own scalar ``penalty`` (a
+    defence's loss term, one backward pass for both)."""
     pairs = [
         (t, g)
         for t, g in zip(leaves(out), leaves(grad), strict=True)
         if g is not None and t.requires_grad
     ]
+    if penalty is not None and penalty.requires_grad:
+        pairs.append((penalty, torch.ones_like(penalty)))
     if pairs:
         torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
 

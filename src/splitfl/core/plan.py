@@ -143,7 +143,10 @@ class RoundPlan:
     @property
     def device_loss(self) -> str:
         """The device update rule's wire name: ``server``, ``local`` or ``estimate``."""
-        return DEVICE_LOSS_OF.get(type(self.device_update), "server")
+        update = self.device_update
+        if isinstance(update, LocalLoss) and update.server_gradient:
+            return LOCAL_AND_SERVER
+        return DEVICE_LOSS_OF.get(type(update), "server")
 
     def uploads(self, step: int) -> bool:
         """Whether step ``step``'s smashed data go to the server (every step but under an
@@ -160,7 +163,11 @@ class RoundPlan:
 #: The wire name of each device update rule (what device processes are told).
 DEVICE_LOSS_OF: dict[type, str] = {LocalLoss: "local", Estimate: "estimate"}
 #: The device update rules, by wire name.
-DEVICE_LOSSES = ("server", "local", "estimate")
+DEVICE_LOSSES = ("server", "local", "estimate", "local+server")
+#: A local loss whose device also receives (and steps with) the server's activation gradient.
+LOCAL_AND_SERVER = "local+server"
+#: The rules with an auxiliary model on the device (what a device's ``begin`` may name).
+AUX_LOSSES = ("local", "estimate", LOCAL_AND_SERVER)
 
 
 @dataclass

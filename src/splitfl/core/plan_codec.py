@@ -43,9 +43,9 @@ from splitfl.core.plan import Charge, ClientTask, IdleUpload, RoundPlan
 from splitfl.core.topology import PAYLOADS, SPECS, DeviceUpdate, Topology
 
 #: The dataclasses a plan is made of, the only types :func:`decode` builds (the registry;
-#: ``tests/test_plan_codec.py`` finds every dataclass a :class:`RoundPlan` reaches through its
-#: type hints and fails on one missing here). A payload defined outside the tree joins it
-#: through :func:`register_plan_type` (:func:`splitfl.topologies.register` calls it).
+#: ``tests/executors/test_plan_codec.py`` finds every dataclass a :class:`RoundPlan` reaches
+#: through its type hints and fails on one missing here). A payload defined outside the tree
+#: joins it through :func:`register_plan_type` (:func:`splitfl.topologies.register` calls it).
 PLAN_TYPES: list[type] = [RoundPlan, ClientTask, Charge, IdleUpload, *PAYLOADS, *SPECS]
 #: Bases a field may be hinted with: it then holds any registered subclass, by its tag.
 OPEN_BASES: tuple[type, ...] = (Topology, DeviceUpdate)

@@ -37,7 +37,7 @@ def _seed_sequence_words(entropy: list[int]) -> tuple[int, int]:
     ``bit_generator.pyx``, after M. E. O'Neill's ``seed_seq_fe``: each int split into 32-bit
     words, little end first; a pool of 4 words hashed in, mixed pairwise, the remaining words
     mixed into every pool word; two output words hashed out). Checked against numpy by
-    ``tests/test_overhead.py::test_derived_seeds_equal_the_array_reference``."""
+    ``tests/executors/test_overhead.py::test_derived_seeds_equal_the_array_reference``."""
     words: list[int] = []
     for value in entropy:
         words += [0] if value == 0 else _words32(value)

@@ -257,14 +257,20 @@ class DeviceUpdate:
 class LocalLoss(DeviceUpdate):
     """Devices step on their auxiliary model's loss (CSE-FSL, LocFedMix-SL; the auxiliary
     model trains with it); smashed data reach the server at steps ``s`` with ``s %
-    upload_every == upload_phase`` and no gradient comes back."""
+    upload_every == upload_phase`` and no gradient comes back — unless ``server_gradient``:
+    then, at an upload step, the server's activation gradient comes back too and the device
+    steps on the sum of both (LocFedMix-SL's ``device_update: local+server``; wire name
+    ``local+server``)."""
 
     aux: AuxSpec
     upload_every: int = 1
     upload_phase: int = 0
+    server_gradient: bool = False
 
     def __post_init__(self) -> None:
         self._check()
+        if not isinstance(self.server_gradient, bool):
+            raise ValueError("LocalLoss.server_gradient must be a bool")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,7 +3,9 @@
 Accepted objects (what ``data.dataset: pkg.mod:callable`` may return, or a registered
 loader):
 
-* a :class:`~splitfl.data.base.DatasetBundle` (labels of any integer dtype are cast to int64);
+* a :class:`~splitfl.data.base.DatasetBundle` (labels of any integer dtype are cast to int64;
+  splits that are map-style torch ``Dataset`` s rather than ``ArrayDataset`` s are read as a
+  ``(train, test)`` pair is, below, keeping the bundle's other fields);
 * a ``(train, test)`` pair of map-style torch ``Dataset`` s whose items are ``(x, y)``: ``x``
   a tensor, an array or a PIL image (scaled to ``[0, 1]``, channels first), ``y`` an integer
   (a whole-number float counts as one; a fractional one is refused), or numbers read as
@@ -21,14 +23,22 @@ loader):
   come from the items; a few spread over the dataset (the last included: a ``len()`` larger
   than the items), whose labels must agree with a ``targets`` attribute, when they come from
   one; none at load for a dataset that declares ``input_shape`` (each when a batch reads it);
+* a ``torch.utils.data.TensorDataset`` pair (its own ``__getitem__``, CPU tensors) is taken
+  whole: its tensors are the split (float32 inputs without a copy), no item is read, and the
+  result is the item-by-item read's (issue 54). Any other map-style dataset is read once
+  (inputs into one preallocated tensor, labels in the same pass) unless it is kept lazy;
 * a Hugging Face ``datasets.DatasetDict`` with ``train`` and ``test`` splits, or a pair of
   ``datasets.Dataset`` s (columns as in :mod:`splitfl.data.formats.hf`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+
 import numpy as np
 import torch
+from torch.utils.data import TensorDataset
 
 from splitfl.core.usercode import user_code
 from splitfl.data.base import (
@@ -39,7 +49,7 @@ from splitfl.data.base import (
     cast_labels,
 )
 from splitfl.data.formats import ContainerOptions, _hf_bundle
-from splitfl.data.lazy import LazyInputs, finish_inputs
+from splitfl.data.lazy import LazyInputs, finish_inputs, want_lazy
 
 #: Items of a user's dataset read at load to check them against the rest (spread over it).
 SPOT_CHECKS = 8
@@ -70,7 +80,36 @@ def _item(ds, i: int, name: str, split: str) -> tuple:
         raise DatasetFileError(
             f"{name}: {split} item {i} must be (x, y), got {type(item).__name__}"
         )
+    several = _several_inputs(item[0])
+    if several:
+        raise DatasetFileError(
+            f"{name}: {split} item {i}'s input is {several}; splitfl feeds a model one input "
+            "tensor per sample (models with several inputs are not supported): concatenate "
+            "them into one tensor in __getitem__ (e.g. torch.cat([img.flatten(), meta])) and "
+            "split it again at the start of forward"
+        )
     return item[0], item[1]
+
+
+def _several_inputs(x: object) -> str | None:
+    """What ``x`` holds when it is several inputs — a mapping, or a tuple/list with a tensor,
+    an array or a PIL image among its entries (``(img, meta)``, ``{"ids": .., "mask": ..}``)
+    — else None (a tuple of numbers is one vector, as before)."""
+
+    def kind(v: object) -> str:
+        if isinstance(v, torch.Tensor | np.ndarray):
+            return str(list(v.shape))
+        return "image" if hasattr(v, "getbands") else type(v).__name__
+
+    if isinstance(x, Mapping):
+        parts = ", ".join(f"{k}: {kind(v)}" for k, v in x.items())
+        return f"a mapping of {len(x)} entries ({parts})"
+    tensors = (torch.Tensor, np.ndarray, Mapping, tuple, list)
+    if isinstance(x, tuple | list) and any(
+        isinstance(v, tensors) or hasattr(v, "getbands") for v in x
+    ):
+        return f"a {type(x).__name__} of {len(x)} inputs ({', '.join(kind(v) for v in x)})"
+    return None
 
 
 def _checked(x: object, i: int, name: str, split: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -102,10 +141,18 @@ def _label(y: object, i: int, name: str, split: str) -> np.ndarray:
 
 def _read_labels(ds, name: str, split: str, shape: tuple[int, ...]) -> list[np.ndarray]:
     """Every item's label, read item by item (each input checked against ``shape``)."""
+    return _read_items(ds, name, split, shape)
+
+
+def _read_items(ds, name: str, split: str, shape, into: torch.Tensor | None = None) -> list:  # noqa: ANN001
+    """Every item's label, item by item, its input checked against ``shape`` and, with
+    ``into``, stored in row ``i`` of it; each label of item 0's shape."""
     labels = []
     for i in range(len(ds)):
         x, y = _item(ds, i, name, split)
-        _checked(x, i, name, split, shape)
+        x = _checked(x, i, name, split, shape)
+        if into is not None:
+            into[i] = x
         labels.append(_label(y, i, name, split))
         if labels[i].shape != labels[0].shape:
             raise DatasetFileError(
@@ -135,8 +182,7 @@ def _torch_labels(ds, name: str, split: str, values: bool, shape) -> np.ndarray:
     (their inputs checked against ``shape``). Labels from an attribute are checked against a
     few items (:func:`_spot_check`) unless the dataset declares ``input_shape``: its items
     are then read only when a batch needs them (and checked then)."""
-    given = getattr(ds, "targets", None)
-    given = getattr(ds, "labels", None) if given is None else given
+    given = _given_labels(ds)
     if given is None:
         return _as_labels(_read_labels(ds, name, split, shape), len(ds), name, split, values)
     y = _as_labels(given, len(ds), name, split, values)
@@ -163,6 +209,9 @@ def _spot_check(ds, name: str, split: str, shape, y: np.ndarray) -> None:  # noq
 def _torch_split(ds, name: str, split: str, lazy: bool | None, values: bool) -> ArrayDataset:
     if len(ds) == 0:
         raise DatasetFileError(f"{name}: {split} dataset holds no samples")
+    held = _held_tensors(ds)
+    if held is not None:
+        return _from_held(*held, name, split, lazy, values)
     shape, dtype = getattr(ds, "input_shape", None), getattr(ds, "input_dtype", torch.float32)
     if shape is None:  # read from the first item (a device then reads one sample not its own)
         first = _as_tensor(_item(ds, 0, name, split)[0])
@@ -170,14 +219,81 @@ def _torch_split(ds, name: str, split: str, lazy: bool | None, values: bool) -> 
     shape = tuple(shape)
 
     def read(idx: np.ndarray) -> torch.Tensor:
-        items = [
-            _checked(_item(ds, int(i), name, split)[0], int(i), name, split, shape) for i in idx
-        ]
-        return torch.stack([x.to(dtype) for x in items])
+        out = torch.empty((len(idx), *shape), dtype=dtype)
+        for row, i in enumerate(idx.tolist()):
+            out[row] = _checked(_item(ds, i, name, split)[0], i, name, split, shape)
+        return out
 
+    given = _given_labels(ds)
+    if given is None and not want_lazy(lazy, len(ds), shape):  # one pass: inputs and labels
+        x, labels = _read_all(ds, name, split, shape, dtype)
+        return ArrayDataset(x, torch.from_numpy(_as_labels(labels, len(ds), name, split, values)))
     y = _torch_labels(ds, name, split, values, shape)
     x = finish_inputs(LazyInputs(read, len(ds), shape, dtype), lazy)
     return ArrayDataset(x, torch.from_numpy(y))
+
+
+def _read_all(ds, name: str, split: str, shape, dtype) -> tuple[torch.Tensor, list]:  # noqa: ANN001
+    """Every item's input (into one preallocated tensor: no list of samples and a stack, which
+    held the data twice) and label, in one pass, each checked as :func:`_read_labels` does."""
+    x = torch.empty((len(ds), *shape), dtype=dtype)
+    return x, _read_items(ds, name, split, shape, into=x)
+
+
+#: Label dtypes a :class:`torch.utils.data.TensorDataset` is taken whole with (numpy has them).
+_HELD_LABEL_DTYPES = (
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+)
+
+
+def _held_tensors(ds) -> tuple[torch.Tensor, torch.Tensor] | None:  # noqa: ANN001
+    """The ``(inputs, labels)`` tensors of a ``TensorDataset`` whose items are exactly their
+    rows — its own ``__getitem__``, CPU tensors, real or integer inputs, labels of a dtype
+    numpy holds, no ``targets``/``labels``/``input_shape`` attribute — else None (read item by
+    item). Such a dataset is taken without a pass over its items (issue 54)."""
+    if not isinstance(ds, TensorDataset) or type(ds).__getitem__ is not TensorDataset.__getitem__:
+        return None
+    if any(getattr(ds, a, None) is not None for a in ("targets", "labels", "input_shape")):
+        return None
+    if len(ds.tensors) < 2:
+        return None
+    x, y = ds.tensors[0], ds.tensors[1]
+    if x.device.type != "cpu" or y.device.type != "cpu" or x.is_complex() or x.dim() < 1:
+        return None
+    return (x, y) if y.dtype in _HELD_LABEL_DTYPES else None
+
+
+def _from_held(
+    x: torch.Tensor, y: torch.Tensor, name: str, split: str, lazy: bool | None, values: bool
+) -> ArrayDataset:
+    """A ``TensorDataset``'s tensors as the split the item-by-item read gives: integer inputs
+    as int64, others as float32 (the user's tensor itself where it already is one), labels by
+    :func:`_as_labels`; kept behind :class:`LazyInputs` where ``lazy`` says so."""
+    integer = not x.is_floating_point() and x.dtype != torch.bool
+    inputs = (x.long() if integer else x.float()).contiguous()
+    labels = torch.from_numpy(_as_labels(y.numpy(), len(inputs), name, split, values))
+    shape = tuple(inputs.shape[1:])
+    if not want_lazy(lazy, len(inputs), shape):
+        return ArrayDataset(inputs, labels)
+
+    def read(idx: np.ndarray) -> torch.Tensor:
+        return inputs[torch.from_numpy(idx)]
+
+    return ArrayDataset(LazyInputs(read, len(inputs), shape, inputs.dtype), labels)
+
+
+def _given_labels(ds) -> object | None:  # noqa: ANN001
+    """A dataset's ``targets`` (else ``labels``) attribute, None without one."""
+    given = getattr(ds, "targets", None)
+    return getattr(ds, "labels", None) if given is None else given
 
 
 def _from_torch(train, test, name: str, o: ContainerOptions) -> DatasetBundle:
@@ -195,9 +311,12 @@ def bundle_from(obj: object, name: str, lazy: bool | None = None, **options) -> 
     """``obj`` (see the module docstring) as a :class:`DatasetBundle` named ``name``;
     ``options``: ``label_column``, ``image_size`` for Hugging Face data. Raises a one-line
     :class:`DatasetError` for anything else."""
-    if isinstance(obj, DatasetBundle):
-        return cast_labels(obj)
     opts = ContainerOptions(lazy=lazy, **options)
+    if isinstance(obj, DatasetBundle):
+        if not all(isinstance(s, ArrayDataset) for s in (obj.train, obj.test)):
+            read = _from_torch(obj.train, obj.test, name, opts)  # torch Datasets inside
+            obj = dataclasses.replace(obj, train=read.train, test=read.test)
+        return cast_labels(obj)
     if _is_hf(obj) and hasattr(obj, "keys"):
         if not {"train", "test"} <= set(obj.keys()):
             raise DatasetError(f"{name}: a DatasetDict needs splits train and test")

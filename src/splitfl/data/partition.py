@@ -31,21 +31,28 @@ Schemes (see :func:`partition_indices`):
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from splitfl.data.grouping import (
+    RankedSet,
+    check_min_sizes,
+    grouped,
+    grouped_checked,
+    split_sizes,
+)
+
 MAX_DIRICHLET_ATTEMPTS = 1000
 
 
 def _finish(parts: list[np.ndarray], min_samples: int, scheme: str) -> list[np.ndarray]:
+    """``parts`` sorted, as int64, after the ``min_samples`` check (schemes that build their
+    parts one by one; the others group all samples at once, :func:`grouped`)."""
     out = [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
-    small = [i for i, p in enumerate(out) if len(p) < min_samples]
-    if small:
-        raise ValueError(
-            f"{scheme} partition: {len(small)} client(s) got fewer than {min_samples} samples"
-        )
+    check_min_sizes(np.array([len(p) for p in out], dtype=np.int64), min_samples, scheme)
     return out
 
 
@@ -65,7 +72,9 @@ def iid(
     """Random near-equal split (sizes differ by at most one)."""
     n = len(labels)
     _check_sizes(n, num_clients, min_samples, "iid")
-    return _finish(np.array_split(rng.permutation(n), num_clients), min_samples, "iid")
+    perm = rng.permutation(n)
+    owner = np.repeat(np.arange(num_clients), split_sizes(n, num_clients))
+    return grouped_checked(perm, owner, num_clients, min_samples, "iid")
 
 
 def dirichlet(
@@ -89,7 +98,7 @@ def dirichlet(
     for _ in range(MAX_DIRICHLET_ATTEMPTS):
         draw = _dirichlet_draw(by_class, num_clients, rng, alpha, cap, len(labels))
         if draw.held.min() >= min_samples:
-            return _finish(draw.parts(), min_samples, "dirichlet")
+            return grouped_checked(*draw.owners(), num_clients, min_samples, "dirichlet")
     return _finish(_top_up(draw.parts(), min_samples, rng), min_samples, "dirichlet")
 
 
@@ -101,10 +110,21 @@ class _Draw:
     classes: list[tuple[np.ndarray, np.ndarray]]
     held: np.ndarray
 
+    def owners(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every sample (class by class, each in its shuffled order) and the client its class's
+        cuts deal it to: position ``t`` of a class goes to the client ``k`` with
+        ``cuts[k-1] <= t < cuts[k]`` (the chunks ``np.split(idx, cuts)`` gives; cuts ascend)."""
+        if not self.classes:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        values = np.concatenate([idx for idx, _ in self.classes])
+        owner = np.concatenate(
+            [np.searchsorted(cuts, np.arange(len(idx)), side="right") for idx, cuts in self.classes]
+        )
+        return values, owner
+
     def parts(self) -> list[np.ndarray]:
         """Each client's indices: its chunk of every class, in class order."""
-        chunks = [np.split(idx, cuts) for idx, cuts in self.classes]
-        return [np.concatenate([c[client] for c in chunks]) for client in range(len(self.held))]
+        return grouped(*self.owners(), len(self.held), keep_order=True)
 
 
 def _dirichlet_draw(
@@ -136,22 +156,53 @@ def _dirichlet_draw(
 
 
 def _top_up(parts: list[np.ndarray], min_samples: int, rng: np.random.Generator) -> list:
-    """Last resort when no Dirichlet draw gave every client ``min_samples``: move random
-    samples from the currently largest client to each short client (documented deviation
-    from the pure draw; it only runs when :data:`MAX_DIRICHLET_ATTEMPTS` draws failed)."""
+    """Last resort when no Dirichlet draw gave every client ``min_samples``: each short client
+    in turn takes the last sample of the currently largest client (the lowest id among equals),
+    one at a time, every part shuffled first (documented deviation from the pure draw; it only
+    runs when :data:`MAX_DIRICHLET_ATTEMPTS` draws failed). The largest client comes from a
+    heap of ``(-size, id)`` (stale entries skipped), O(log N) per moved sample instead of a
+    scan of every client."""
     parts = [rng.permutation(p) for p in parts]
+    sizes = [len(p) for p in parts]
+    kept = list(sizes)  # how much of each shuffled part is still its own (a prefix)
+    received: dict[int, list[int]] = {}  # samples a client took, in the order it took them
+    heap = [(-size, k) for k, size in enumerate(sizes)]
+    heapq.heapify(heap)
     for client in range(len(parts)):
-        while len(parts[client]) < min_samples:
-            donor = int(np.argmax([len(p) for p in parts]))
-            parts[client] = np.append(parts[client], parts[donor][-1])
-            parts[donor] = parts[donor][:-1]
-    return parts
+        while sizes[client] < min_samples:
+            donor = _largest(heap, sizes)
+            got = received.get(donor)
+            if got:  # a client that took samples gives back its last one first
+                sample = got.pop()
+            else:
+                kept[donor] -= 1
+                sample = int(parts[donor][kept[donor]])
+            received.setdefault(client, []).append(sample)
+            sizes[donor] -= 1
+            sizes[client] += 1
+            heapq.heappush(heap, (-sizes[donor], donor))
+            heapq.heappush(heap, (-sizes[client], client))
+    return [
+        np.concatenate([parts[k][: kept[k]], np.asarray(received.get(k, []), dtype=np.int64)])
+        for k in range(len(parts))
+    ]
+
+
+def _largest(heap: list[tuple[int, int]], sizes: list[int]) -> int:
+    """The client of the largest size, the lowest id among equals (``np.argmax``), from a heap
+    whose entries may be stale (a size since changed: dropped)."""
+    while -heap[0][0] != sizes[heap[0][1]]:
+        heapq.heappop(heap)
+    return heap[0][1]
 
 
 def _dedupe_shards(
     assign: np.ndarray, shard_label: np.ndarray, rng: np.random.Generator
 ) -> np.ndarray:
-    """Swap shards between clients until no client holds two shards of one class (if possible)."""
+    """Swap shards between clients until no client holds two shards of one class (if possible).
+
+    Each try picks the ``r``-th (ascending) client still holding a duplicate, ``r`` drawn by
+    ``rng``; the clients with duplicates are kept in a :class:`RankedSet` (O(log N) a pick)."""
     num_clients, k = assign.shape
     if k > len(np.unique(shard_label)):
         return assign
@@ -160,11 +211,12 @@ def _dedupe_shards(
     def is_bad(c: int) -> bool:
         return len(np.unique(labs[c])) < k
 
-    bad = {c for c in range(num_clients) if is_bad(c)}
+    row_sorted = np.sort(labs, axis=1)
+    bad = RankedSet(num_clients, np.flatnonzero((np.diff(row_sorted, axis=1) == 0).any(axis=1)))
     for _ in range(50 * num_clients * k):
-        if not bad:
+        if not len(bad):
             break
-        a = sorted(bad)[rng.integers(len(bad))]
+        a = bad.kth(int(rng.integers(len(bad))))
         _, first = np.unique(labs[a], return_index=True)
         pa = int(np.setdiff1d(np.arange(k), first)[0])  # a duplicated position
         b, pb = int(rng.integers(num_clients)), int(rng.integers(k))
@@ -172,8 +224,8 @@ def _dedupe_shards(
             continue
         assign[[a, b], [pa, pb]] = assign[[b, a], [pb, pa]]
         labs[[a, b], [pa, pb]] = labs[[b, a], [pb, pa]]
-        bad -= {a, b}
-        bad |= {c for c in (a, b) if is_bad(c)}
+        for c in (a, b):
+            bad.set(c, is_bad(c))
     return assign
 
 
@@ -195,13 +247,27 @@ def shards(
     _check_sizes(len(labels), num_clients, min_samples, "shards")
     perm = rng.permutation(len(labels))
     order = perm[np.argsort(labels[perm], kind="stable")]  # by label, random within a class
-    pieces = np.array_split(order, num_shards)
-    shard_label = np.array([np.bincount(labels[p]).argmax() for p in pieces])
+    shard_of = np.repeat(np.arange(num_shards), split_sizes(len(order), num_shards))
+    shard_label = _shard_modes(shard_of, labels[order], num_shards)
     assign = rng.permutation(num_shards).reshape(num_clients, k)
     assign = _dedupe_shards(assign, shard_label, rng)
-    return _finish(
-        [np.concatenate([pieces[s] for s in row]) for row in assign], min_samples, "shards"
-    )
+    client_of_shard = np.empty(num_shards, dtype=np.int64)
+    client_of_shard[assign.reshape(-1)] = np.repeat(np.arange(num_clients), k)
+    return grouped_checked(order, client_of_shard[shard_of], num_clients, min_samples, "shards")
+
+
+def _shard_modes(shard_of: np.ndarray, labels: np.ndarray, num_shards: int) -> np.ndarray:
+    """Each shard's most frequent label, the smallest among equals (``bincount().argmax()``
+    per shard), from one sort of the ``(shard, label)`` pairs."""
+    labels = np.asarray(labels, dtype=np.int64)
+    width = int(labels.max()) + 1 if len(labels) else 1
+    keys, counts = np.unique(shard_of * width + labels, return_counts=True)
+    shard, label = np.divmod(keys, width)
+    best = np.lexsort((label, -counts, shard))  # by shard, the most frequent first, then label
+    first = best[np.r_[True, np.diff(shard[best]) != 0]]
+    modes = np.zeros(num_shards, dtype=np.int64)
+    modes[shard[first]] = label[first]
+    return modes
 
 
 def natural(
@@ -224,7 +290,17 @@ def natural(
             f"writers have >= {min_samples} samples"
         )
     chosen = np.sort(rng.choice(eligible, size=num_clients, replace=False))
-    return _finish([np.flatnonzero(writers == w) for w in chosen], min_samples, "natural")
+    return _writers_parts(writers, chosen, min_samples, "natural")
+
+
+def _writers_parts(
+    writers: np.ndarray, chosen: np.ndarray, min_samples: int, scheme: str
+) -> list[np.ndarray]:
+    """Client ``k``'s samples: those of writer ``chosen[k]`` (``chosen`` ascending, unique),
+    ascending — ``np.flatnonzero(writers == w)`` for every ``w`` in one sort, O(n log n)."""
+    slot = np.searchsorted(chosen, writers)
+    mine = (slot < len(chosen)) & (chosen[np.minimum(slot, len(chosen) - 1)] == writers)
+    return grouped_checked(np.flatnonzero(mine), slot[mine], len(chosen), min_samples, scheme)
 
 
 def folders(writers: np.ndarray, num_clients: int, min_samples: int = 1) -> list[np.ndarray]:
@@ -237,7 +313,7 @@ def folders(writers: np.ndarray, num_clients: int, min_samples: int = 1) -> list
             f"folders partition: the data has {count} client folders but num_clients is "
             f"{num_clients}; set data.num_clients: {count}"
         )
-    return _finish([np.flatnonzero(writers == k) for k in range(count)], min_samples, "folders")
+    return _writers_parts(writers, np.arange(count), min_samples, "folders")
 
 
 PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
@@ -298,21 +374,40 @@ def partition_indices(
 
 
 def label_histograms(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
-    """Per-client label counts, int64 ``[len(parts), num_classes]``."""
+    """Per-client label counts, int64 ``[len(parts), num_classes]`` (labels outside
+    ``0..num_classes-1`` are not counted): one ``bincount`` over every client's samples."""
     labels = np.asarray(labels, dtype=np.int64)
     if not parts:
         return np.zeros((0, num_classes), dtype=np.int64)
-    return np.stack(
-        [
-            np.bincount(labels[np.asarray(p, dtype=np.int64)], minlength=num_classes)[:num_classes]
-            for p in parts
-        ]
-    ).astype(np.int64)
+    sizes = np.array([len(p) for p in parts], dtype=np.int64)
+    taken = labels[np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])]
+    client = np.repeat(np.arange(len(parts)), sizes)
+    counted = taken < num_classes
+    flat = np.bincount(
+        client[counted] * num_classes + taken[counted], minlength=len(parts) * num_classes
+    )
+    return flat.reshape(len(parts), num_classes).astype(np.int64)
 
 
-def batch_sizes(num_samples: int, batch_size: int, steps: int) -> list[int]:
-    """Sizes of ``steps`` consecutive mini-batches cycling over epochs of ``num_samples``."""
-    per_epoch = [batch_size] * (num_samples // batch_size)
-    if num_samples % batch_size:
-        per_epoch.append(num_samples % batch_size)
+def epoch_batch_sizes(
+    num_samples: int, batch_size: int, drop_last: bool | str = False
+) -> list[int]:
+    """Sizes of one epoch's mini-batches of ``num_samples`` under ``train.drop_last``
+    (resolved: ``False`` keeps the incomplete last batch, ``True`` drops it, ``"single"``
+    drops it when it holds one sample; ``"auto"`` unresolved counts as ``False``). An epoch
+    without a full batch keeps its one batch: a client trains on something."""
+    full, rest = divmod(num_samples, batch_size)
+    sizes = [batch_size] * full
+    dropped = full > 0 and (drop_last is True or (drop_last == "single" and rest == 1))
+    if rest and not dropped:
+        sizes.append(rest)
+    return sizes
+
+
+def batch_sizes(
+    num_samples: int, batch_size: int, steps: int, drop_last: bool | str = False
+) -> list[int]:
+    """Sizes of ``steps`` consecutive mini-batches cycling over epochs of ``num_samples``
+    (:func:`epoch_batch_sizes`)."""
+    per_epoch = epoch_batch_sizes(num_samples, batch_size, drop_last)
     return [per_epoch[i % len(per_epoch)] for i in range(steps)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from splitfl.core.extras import install_extra
 from splitfl.data.base import DatasetNotFoundError
 from splitfl.training.losses import IGNORE
 
@@ -18,7 +19,7 @@ def load_tokenizer(tokenizer_dir: str, name: str):
         from transformers import AutoTokenizer
     except ImportError:
         raise DatasetNotFoundError(
-            f"{name}: tokenising text needs the Hugging Face extra: pip install -e '.[hf]'"
+            f"{name}: tokenising text needs the Hugging Face extra: {install_extra('hf')}"
         ) from None
     try:
         tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)

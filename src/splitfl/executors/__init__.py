@@ -8,7 +8,8 @@ prices the round (time, traffic, waiting) in seconds at any model size.
 :class:`ParallelExecutor` deals a round's independent units (its groups) to worker processes or
 Ray actors and returns what the sequential executor returns, bit for bit. Executors
 import the round contract (:mod:`splitfl.core.plan`), the models and the system layer, never an
-algorithm or the experiment.
+algorithm or the experiment. The one table of every ``executor`` value, the networked one
+included, is :data:`splitfl.experiment.runtimes.RUNTIMES`.
 """
 
 from __future__ import annotations
@@ -20,26 +21,7 @@ from splitfl.executors.timing import TimingExecutor
 from splitfl.executors.vectorized import VectorizedExecutor
 from splitfl.roles.common import PRECISIONS, NonFiniteLossError, evaluate
 
-#: ``executor`` values: the reference loop, the batched one (``executors/vectorized.py``), the
-#: clock alone, no training (``executors/timing.py``), and units on workers
-#: (``executors/parallel.py``; the experiment passes it the config's ``parallel`` section).
-EXECUTORS = {
-    "sequential": SequentialExecutor,
-    "vectorized": VectorizedExecutor,
-    "timing": TimingExecutor,
-    "parallel": ParallelExecutor,
-}
-
-
-def make_executor(
-    name: str, device: str = "cpu", precision: str = "fp32", channels_last: bool = False
-):
-    """The executor named by the config's ``executor`` on ``device``."""
-    return EXECUTORS[name](device, precision, channels_last)
-
-
 __all__ = [
-    "EXECUTORS",
     "PRECISIONS",
     "NonFiniteLossError",
     "ParallelExecutor",
@@ -48,5 +30,4 @@ __all__ = [
     "VectorizedExecutor",
     "WorkersLostError",
     "evaluate",
-    "make_executor",
 ]

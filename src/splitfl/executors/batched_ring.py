@@ -55,7 +55,9 @@ class _BatchedRing:
                 n,
                 i,
                 i,
-                task_batches(ctx.client_indices[t.client], t, round_seed),
+                task_batches(
+                    ctx.client_indices[t.client], t, round_seed, ctx.config.train.drop_last
+                ),
             )
             for i, t in enumerate(self.tasks)
         ]

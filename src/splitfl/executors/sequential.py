@@ -41,6 +41,7 @@ class SequentialExecutor:
         model = self._working_model(ctx)
         load_state(model, global_state)
         model.train()
+        self.pool.reference = global_state  # nothing writes it in place (PartPool.read)
         runtime = Runtime(self.device, self.precision, self.channels_last, ctx.augment)
         data = (ctx.bundle.train.x, ctx.bundle.train.y)
         env = UnitEnv(
@@ -52,7 +53,9 @@ class SequentialExecutor:
             round_seed=round_seed,
             data_of=lambda c: (*data, ctx.client_indices[c]),
             pool=self.pool,
-            batches=round_batches(plan.tasks, ctx.client_indices, round_seed),
+            batches=round_batches(
+                plan.tasks, ctx.client_indices, round_seed, ctx.config.train.drop_last
+            ),
         )
         return run_units(family_of(plan), env)
 

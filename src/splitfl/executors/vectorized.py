@@ -30,7 +30,9 @@ It computes exactly what :class:`~splitfl.executors.sequential.SequentialExecuto
 
 Plans that are sequential by definition run on the reference executor: ``server_mode:
 sequential`` (SplitFed V2, vanilla SL — each client's step depends on the previous client's
-update) and LocFedMix-SL's mixup pairs (``mixup_alpha``). ``fallbacks`` counts them.
+update), LocFedMix-SL's mixup pairs (``mixup_alpha``) and rounds with a device-side privacy
+defence (``train.defence``: its noise and NoPeek term live in the reference executor's device
+role, :mod:`splitfl.roles.defences`, not in the row stacks). ``fallbacks`` counts them.
 
 Memory scales with the round's participants: only their rows are stacked; the other
 registered clients hold nothing but their data indices and algorithm state. One iteration of
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -49,7 +52,7 @@ from torch import nn
 
 from splitfl.config import TrainConfig
 from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
-from splitfl.core.topology import Ring
+from splitfl.core.topology import Ring, Star
 from splitfl.data.base import ArrayDataset
 from splitfl.data.lazy import is_lazy
 from splitfl.executors.batched_ring import run_batched_ring
@@ -58,6 +61,7 @@ from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.split_step import SplitRound, split_step
 from splitfl.models import BlockModel, ModelPart, block_index
 from splitfl.roles.common import task_batches
+from splitfl.roles.defences import is_active
 from splitfl.topologies import family_of
 
 
@@ -102,7 +106,8 @@ class VectorizedExecutor:
             for m in model.modules()
             if isinstance(m, nn.modules.batchnorm._BatchNorm)
         )
-        return ema_norms and family_of(plan).batched(plan, model)
+        twin = type(plan.topology) in BATCHED_TWINS
+        return ema_norms and twin and family_of(plan).batched(plan, model)
 
     def _train_data(self, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = ctx.bundle.train.x, ctx.bundle.train.y
@@ -116,7 +121,7 @@ class VectorizedExecutor:
     ) -> RoundResult:
         if self.mode == "reference":
             return self.reference.run_round(ctx, global_state, plan, round_seed)
-        if not self.batchable(plan, ctx.model):
+        if not self.batchable(plan, ctx.model) or is_active(ctx.config.train.defence):
             self.fallbacks += 1
             return self.reference.run_round(ctx, global_state, plan, round_seed)
         if is_lazy(ctx.bundle.train.x):
@@ -134,8 +139,14 @@ class VectorizedExecutor:
             augment=ctx.augment,
             round_seed=round_seed,
         )
-        if isinstance(plan.topology, Ring):
-            return run_batched_ring(runner, ctx, model, plan, round_seed, self._train_data(ctx))
+        twin = BATCHED_TWINS[type(plan.topology)]
+        return twin(self, runner, ctx, model, plan, round_seed)
+
+    def _split_round(
+        self, runner: RowRunner, ctx, model: BlockModel, plan: RoundPlan, round_seed: int
+    ) -> RoundResult:
+        """A split round batched: each local step's clients as rows
+        (:func:`~splitfl.executors.split_step.split_step`), then the optimiser step."""
         round_ = self._start_round(ctx, model, plan, round_seed, runner)
         cfg = ctx.config.train
         for step in range(max(t.steps for t in plan.tasks)):
@@ -169,7 +180,8 @@ class VectorizedExecutor:
                 part, states, [t.lr for t in tasks], self.device
             )
             for i, t in enumerate(tasks):
-                batches = task_batches(ctx.client_indices[t.client], t, round_seed)
+                drop = ctx.config.train.drop_last
+                batches = task_batches(ctx.client_indices[t.client], t, round_seed, drop)
                 rows[t.client] = WorkerRow(t, cut, i, group_row.get(t.group, -1), batches)
         server_stack, server_part = self._server_stack(model, plan, groups, split_groups)
         momenta = bn_momenta(server_part) if server_part is not None else {}
@@ -283,3 +295,17 @@ def participants_only(ctx, plan: RoundPlan):
         indices[c] = np.searchsorted(held, ctx.client_indices[c])
     bundle = dataclasses.replace(ctx.bundle, train=subset)
     return dataclasses.replace(ctx, bundle=bundle, client_indices=indices)
+
+
+def _ring_round(executor: VectorizedExecutor, runner: RowRunner, ctx, model, plan, round_seed):
+    data = executor._train_data(ctx)
+    return run_batched_ring(runner, ctx, model, plan, round_seed, data)
+
+
+#: Topology payload type → its batched twin, ``twin(executor, runner, ctx, model, plan,
+#: round_seed) -> RoundResult``: the one lookup by which this executor runs a batched round
+#: (the family's ``batched`` says whether a plan qualifies). A new family's twin is one entry.
+BATCHED_TWINS: dict[type, Callable[..., RoundResult]] = {
+    Star: VectorizedExecutor._split_round,
+    Ring: _ring_round,
+}

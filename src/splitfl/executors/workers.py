@@ -124,7 +124,7 @@ class UnitWorker:
         import_config_modules(init.config)
         c = init.config
         built = build_model(
-            c.model, init.input_shape, init.num_classes, Split.of(c.split), c.train.lora
+            c.model, init.input_shape, init.num_classes, Split.of(c.split), c.train.lora, hf=c.hf
         )
         if repr(built) != init.architecture:
             raise ChannelError(differs(repr(built), init.architecture, init.config.model))

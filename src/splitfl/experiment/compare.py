@@ -54,6 +54,16 @@ def _names(algorithms: Any) -> list[str]:
     return [str(a) for a in algorithms]
 
 
+def partition_label(data) -> str:  # noqa: ANN001 - a DataConfig
+    """The partition with its parameter: ``dirichlet α=0.5`` (``p=…`` where given), ``shards
+    (2 classes per client)``, else the scheme's name."""
+    if data.partition == "dirichlet":
+        return f"dirichlet p={data.p:g}" if data.p is not None else f"dirichlet α={data.alpha:g}"
+    if data.partition == "shards":
+        return f"shards ({data.classes_per_client} classes per client)"
+    return data.partition
+
+
 def compare(
     config: ExperimentConfig | str | Path | dict,
     algorithms: list[str],
@@ -90,7 +100,7 @@ def compare(
     table = comparison_table(summaries)
     write_atomic(folder / "comparison.md", table + "\n")
     write_atomic(folder / "summary.json", json.dumps(summaries, indent=2))
-    title = f"{base.data.dataset} / {base.model} / {base.data.partition}"
+    title = f"{base.data.dataset} / {base.model} / {partition_label(base.data)}"
     plot_accuracy({a: r.metrics for a, r in runs.items()}, folder / "accuracy.png", title)
     plot_loss({a: r.metrics for a, r in runs.items()}, folder / "loss.png", title)
     plot_waiting(summaries, folder / "waiting.png")

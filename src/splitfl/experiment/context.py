@@ -5,6 +5,8 @@ it for the loop, the round step and the device data."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
@@ -19,7 +21,7 @@ from splitfl.data import DatasetBundle
 from splitfl.data.base import ArrayDataset, DatasetWarning, labels_only, unseen_test_labels
 from splitfl.data.clients import client_partition, holdout_split
 from splitfl.data.local import load_test
-from splitfl.data.partition import batch_sizes, label_histograms
+from splitfl.data.partition import batch_sizes, epoch_batch_sizes, label_histograms
 from splitfl.data.source import (
     augmentation,
     container_options,
@@ -32,9 +34,11 @@ from splitfl.experiment.model_check import checked_model
 from splitfl.experiment.validation import resolve_config
 from splitfl.extensions import load_dataset, profile_model
 from splitfl.models import BlockModel, ModelProfile
+from splitfl.models.profile import BYTES_PER_ELEMENT
 from splitfl.models.registry import Split
+from splitfl.roles.defences import defence_flops_per_sample, is_active
 from splitfl.system import ClientCost, Population, draw_population, split_client_cost
-from splitfl.system.devices import with_variation
+from splitfl.system.devices import with_flops_scale, with_variation
 from splitfl.training import target_problem
 
 if TYPE_CHECKING:
@@ -112,7 +116,7 @@ class RunContext:
         if t.local_steps is not None:
             return t.local_steps
         b = batch_size or t.batch_size
-        return t.local_epochs * -(-int(self.data_sizes[client]) // b)
+        return t.local_epochs * len(epoch_batch_sizes(int(self.data_sizes[client]), b, t.drop_last))
 
     def lr_at(self, round_idx: int) -> float:
         """Learning rate of round ``round_idx``: ``max(lr_min, lr * lr_decay**round)``."""
@@ -120,7 +124,8 @@ class RunContext:
         return max(t.lr_min, t.lr * t.lr_decay**round_idx)
 
     def round_samples(self, client: int, batch_size: int, steps: int) -> int:
-        return sum(batch_sizes(int(self.data_sizes[client]), batch_size, steps))
+        n, drop = int(self.data_sizes[client]), self.config.train.drop_last
+        return sum(batch_sizes(n, batch_size, steps, drop))
 
     def client_cost(
         self,
@@ -144,17 +149,34 @@ class RunContext:
             sent = flags.get("uploaded")
             exchanges = -(-(samples if sent is None else sent) // b) if cut < self.num_blocks else 0
             exchanges += int(flags.get("model_down", True)) + int(flags.get("model_up", True))
-        return split_client_cost(
+        device = self.population.at(client, round_idx)
+        cost = split_client_cost(
             self.profile,
             cut,
             samples,
-            self.population.at(client, round_idx),
+            device,
             self.population.server,
             self.config.devices.label_bytes,
             exchanges=exchanges,
             exchange_latency=latency,
             **flags,
         )
+        if cut < self.num_blocks and is_active(self.config.train.defence):
+            self.charge_defence(cost, cut, samples, batch_size, device)
+        return cost
+
+    def charge_defence(self, cost: ClientCost, cut: int, samples: int, batch_size, device):
+        """``train.defence``'s device FLOPs for ``samples`` samples at ``cut`` (the U-shaped
+        family's price calls it too) (:func:`~splitfl.roles.defences.
+        defence_flops_per_sample`) added to ``cost`` at the device's speed (no bytes)."""
+        per_sample = defence_flops_per_sample(
+            self.config.train.defence,
+            math.prod(self.bundle.input_shape),
+            self.profile.gradient_bytes(cut) // BYTES_PER_ELEMENT,
+            batch_size or self.config.train.batch_size,
+        )
+        cost.device_flops += samples * per_sample
+        cost.device_time += samples * per_sample / device.flops
 
     def task_cost(
         self, task, samples: int, round_idx: int, device_loss: str, **extra
@@ -170,7 +192,7 @@ class RunContext:
             task.batch_size,
             model_down=task.download_model,
             model_up=task.upload_model,
-            gradients=device_loss == "server",
+            gradients=device_loss in ("server", "local+server"),
             **extra,
         )
 
@@ -230,6 +252,23 @@ def _check_label_range(config: ExperimentConfig, bundle: DatasetBundle, outputs:
             raise ConfigError("train.loss", f"{loss} {problem} ({config.data.dataset})")
 
 
+def _warn_extra_outputs(config: ExperimentConfig, bundle: DatasetBundle, outputs: int) -> None:
+    """A one-line :class:`DatasetWarning` when a classifier has more outputs than the data has
+    classes (a 10-way head on 3 classes trains, its extra logits never a target): often a
+    builder that ignores ``num_classes``."""
+    if config.train.loss != "cross_entropy" or config.data.targets == "values":
+        return
+    if outputs > bundle.num_classes:
+        warnings.warn(
+            DatasetWarning(
+                f"model {config.model} has {outputs} outputs but {config.data.dataset} has "
+                f"{bundle.num_classes} classes: outputs {bundle.num_classes}..{outputs - 1} "
+                "are never a label (does the model's builder use num_classes?)"
+            ),
+            stacklevel=2,
+        )
+
+
 def _warn_unseen_labels(config: ExperimentConfig, bundle: DatasetBundle) -> None:
     """A one-line :class:`DatasetWarning` when test labels never occur in training (a typo'd
     class folder, a split by time): the class count includes them, no client can learn them."""
@@ -281,6 +320,16 @@ def test_only(config: ExperimentConfig) -> DatasetBundle:
     return DatasetBundle(d.dataset, empty, test, classes, tuple(test.x.shape[1:]), black)
 
 
+def resolve_drop_last(config: ExperimentConfig, model: torch.nn.Module) -> ExperimentConfig:
+    """``train.drop_last: auto`` → ``single`` when ``model`` has BatchNorm layers (never a
+    batch of one through them, :class:`~splitfl.config.TrainConfig`), else ``false``."""
+    if config.train.drop_last != "auto":
+        return config
+    norms = torch.nn.modules.batchnorm._BatchNorm  # BatchNorm1d/2d/3d, their lazy and sync kin
+    drop = "single" if any(isinstance(m, norms) for m in model.modules()) else False
+    return config.replace(train=dataclasses.replace(config.train, drop_last=drop))
+
+
 def build_context(config: ExperimentConfig) -> RunContext:
     """Load data, partition it, draw devices, build the model and its profile. The context
     holds ``config`` resolved (:func:`~splitfl.experiment.validation.resolve_config`).
@@ -315,10 +364,13 @@ def build_context(config: ExperimentConfig) -> RunContext:
         config.devices.bandwidth_correlation,
     )
     v = config.devices
+    population = with_flops_scale(population, v.flops_scale)
     population = with_variation(population, v.variation, v.variation_period, config.seed)
     torch.manual_seed(config.seed)
     model, logits = checked_model(config, bundle)
+    config = resolve_drop_last(config, model)
     _check_label_range(config, bundle, int(logits.shape[-1]))
+    _warn_extra_outputs(config, bundle, int(logits.shape[-1]))
     _warn_unseen_labels(config, bundle)
     profile = profile_model(
         config.model,
@@ -326,5 +378,6 @@ def build_context(config: ExperimentConfig) -> RunContext:
         bundle.num_classes,
         Split.of(config.split),
         config.train.lora,
+        config.hf,
     )
     return RunContext(config, bundle, parts, hist, population, model, profile, holdout_indices=held)

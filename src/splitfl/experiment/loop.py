@@ -22,20 +22,17 @@ from threadpoolctl import threadpool_limits
 
 from splitfl.config import ConfigError, ExperimentConfig, resolve_device
 from splitfl.core.atomic import error_line
-from splitfl.executors import (
-    NonFiniteLossError,
-    ParallelExecutor,
-    WorkersLostError,
-    make_executor,
-)
+from splitfl.executors import NonFiniteLossError, WorkersLostError
 from splitfl.experiment.device_data import adopt_device_data, write_devices
 from splitfl.experiment.guards import RunInterrupted, check_explosion, sigterm_as_interrupt
+from splitfl.experiment.model_errors import ModelRoundError, model_round_error
 from splitfl.experiment.progress import round_figures, round_progress
 from splitfl.experiment.recorder import Recorder
 from splitfl.experiment.round_step import LoopState, evaluate_state, play_round, trains
+from splitfl.experiment.runtimes import RUNTIMES, build_runtime
 from splitfl.metrics.summary import BUDGET_STATUS
 from splitfl.models.base import moving_state, user_state_dict
-from splitfl.net.server.executor import NetworkedExecutor
+from splitfl.models.hf_export import exported_state
 from splitfl.system import SimClock, Traffic
 from splitfl.training import import_optimizers
 
@@ -96,15 +93,6 @@ def start_state(
     return st, rec
 
 
-def build_executor(config: ExperimentConfig, device: str):
-    """The config's executor: in-process (``executors/``) or over the network (``net/``)."""
-    if config.executor == "networked":
-        return NetworkedExecutor(config, device)
-    if config.executor == "parallel":
-        return ParallelExecutor(device, config.precision, config.channels_last, config.parallel)
-    return make_executor(config.executor, device, config.precision, config.channels_last)
-
-
 @contextlib.contextmanager
 def executor_session(executor, ctx, run_dir: Path) -> Iterator[None]:
     """Open the executor for the run (a networked one starts listening and waits for its
@@ -139,11 +127,11 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
     """
     config = prep.config
     device = resolve_device(config.device)
-    executor = build_executor(config, device)
+    executor = build_runtime(config, device)
     with thread_limits(config.threads), executor_session(executor, prep.ctx, run_dir):
         adopt_device_data(prep, executor, run_dir, resuming=start is not None)
         config = prep.config  # adopted from the devices' data where they hold it
-        if config.executor in ("sequential", "vectorized"):  # they train in this process
+        if RUNTIMES[config.executor].trains_here:
             import_optimizers()
         eval_model = prep.ctx.model if device == "cpu" else copy.deepcopy(prep.ctx.model).to(device)
         st, rec = start_state(prep, start, eval_model, run_dir, trains(executor))
@@ -152,7 +140,8 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
         try:
             with sigterm_as_interrupt():
                 ended = _play_rounds(prep, executor, st, rec, eval_model, bar, start is None)
-                rec.finish(ended, user_state_dict(prep.ctx.model, st.global_state))
+                state = user_state_dict(prep.ctx.model, st.global_state)
+                rec.finish(ended, exported_state(prep.ctx.model, state, run_dir))
         except NonFiniteLossError as err:
             status = f"diverged at round {len(rec.rows) + (not rec.consistent)}: {err}"
             raise NonFiniteLossError(
@@ -166,6 +155,12 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
             status = f"stopped at round {len(rec.rows)}: {err}"
             line = f"stopped at round {len(rec.rows)} of {config.rounds}: {err}"
             raise WorkersLostError(_kept(line, prep, st, rec, run_dir)) from None
+        except ModelRoundError as err:  # the user's model raised (one line)
+            status = f"stopped at round {len(rec.rows) + 1}: {err}"
+            if err.rounds_done == 0:  # nothing trained: the runner removes the directory
+                raise
+            kept = _kept(err.message, prep, st, rec, run_dir)
+            raise ModelRoundError(kept, err.rounds_done) from None
         except Exception as err:  # an OS error (a full disk), a lost network, a bug
             status = f"stopped at round {len(rec.rows)}: {error_line(err)}"
             raise
@@ -200,7 +195,15 @@ def _play_rounds(prep: Prepared, executor, st, rec: Recorder, eval_model, bar, f
     rec.open_trackers()
     for r in bar:
         rec.consistent = False
-        row = play_round(prep, executor, st, r, eval_model, t0)
+        try:
+            row = play_round(prep, executor, st, r, eval_model, t0)
+        except (ConfigError, NonFiniteLossError, WorkersLostError, OSError):
+            raise  # splitfl's own one-line errors, and the disk's
+        except Exception as err:  # the user's model raised: one line (else as it is)
+            line = model_round_error(err, prep.ctx.model, r)
+            if line is None:
+                raise
+            raise ModelRoundError(line, len(rec.rows)) from None
         rec.record(row)
         write_devices(config, executor, rec.run_dir, rec.rows)  # with the devices' own data
         rec.consistent = True  # model, algorithm, clock and rows all after round r + 1

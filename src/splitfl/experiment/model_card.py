@@ -4,7 +4,7 @@ and the source — a quoted sentence with its section, a file of the authors' co
 "assumption:" with the reason (issue 32 item 10).
 
 ``splitfl validate`` prints the card; ``docs/model-cards.md`` is :func:`cards_markdown`
-(``splitfl list --model-cards``; a test keeps it in sync); ``tests/test_model_cards.py``
+(``splitfl list --model-cards``; a test keeps it in sync); ``tests/models/test_model_cards.py``
 checks, decision by decision, that every paper preset's default is the paper's model. A new
 realism option adds its row here, defaults to the paper's model on paper presets, and ships a
 sensitivity table.
@@ -68,6 +68,13 @@ def _common(config: ExperimentConfig, paper_eq: str) -> list[Decision]:
             f"{paper_eq}: bytes / rate only",
         ),
         Decision(
+            "every device's FLOP/s times",
+            "devices.flops_scale",
+            v.flops_scale,
+            1.0,
+            "1 = the preset's speeds; a sensitivity (issue 50 item 1)",
+        ),
+        Decision(
             "extra log-normal variation of speeds and rates",
             "devices.variation",
             v.variation,
@@ -86,7 +93,7 @@ def _s2fl_table1(config: ExperimentConfig) -> list[Decision]:
             "devices.contention",
             resolve_contention(v.preset, v.contention),
             False,
-            f"{eq1} (each device at its own rate R)",
+            f"{eq1} (each device at its own rate R); shared at §5.1's server rate: the next row",
         ),
         Decision(
             "device FLOP/s and rates (High/Mid/Low)",
@@ -95,7 +102,25 @@ def _s2fl_table1(config: ExperimentConfig) -> list[Decision]:
             ((2e10, 1e10, 5e9), (5e6, 2e6, 1e6)),
             "S²FL Table 1",
         ),
-        Decision("server FLOP/s", "-", S2FL_SERVER.flops, 5e10, "S²FL Table 1 (server 5e10 FLOPS)"),
+        Decision(
+            "server FLOP/s",
+            "-",
+            S2FL_SERVER.flops,
+            5e10,
+            'S²FL §5.1: "We assume that the server has ultra-high computing resources, its FLOPS '
+            'is set to 5 × 10^10"',
+        ),
+        Decision(
+            "server transfer rate (B/s, each way)",
+            "devices.server_rate",
+            S2FL_SERVER.uplink if v.server_rate is None else v.server_rate,
+            1e7,
+            'S²FL §5.1: "and the transfer rate is set to 1 × 10^7"; reading: Eq. (1) charges '
+            "each device its own R, so the rate bounds nothing unless the link is shared "
+            "(`devices.contention: true`, or setting `devices.server_rate`); shared as printed, "
+            "SFL ÷ S²FL per round on Table 3's setup falls from 2.17× to 1.59× (both reported "
+            "by benchmarks/papers/timing_tables.py)",
+        ),
         Decision(
             "device power (W)",
             "-",
@@ -120,9 +145,11 @@ def _jetson80(config: ExperimentConfig) -> list[Decision]:
             "PS link shared by the round's uploads",
             "devices.contention",
             resolve_contention(v.preset, v.contention),
-            True,
-            'MergeSFL §IV-A, Eq. (10): "the available ingress bandwidth B^h of the PS is usually '
-            "limited\"; ParallelSFL Eq. (8) bounds a top worker's ingress",
+            NONE,
+            'reading: MergeSFL §IV-A, Eq. (10): "the available ingress bandwidth B^h of the PS is '
+            "usually limited\"; ParallelSFL Eq. (8) bounds a top worker's ingress; neither says "
+            "how the time of concurrent transfers is shared (unshared: the jetson-sensitivity "
+            "table's row)",
         ),
         Decision(
             "PS link rate (Mb/s, each way)",
@@ -160,6 +187,25 @@ def _jetson80(config: ExperimentConfig) -> list[Decision]:
             "ladders between are an assumption",
         ),
         Decision(
+            "worker FLOP/s, fastest mode (TX2 / NX / AGX), before devices.flops_scale",
+            "-",
+            tuple(max(jetson.MODES[k]) for k in ("TX2", "NX", "AGX")),
+            NONE,
+            'assumption: MergeSFL Table II prints peaks only ("Jetson TX2 1.33 TFLOPs", "Jetson '
+            'NX 21 TOPs", "Jetson AGX 32 TOPs"); the level is checked against §II\'s one time '
+            'pair ("SFL-BR only takes 5,943s ... SFL-T takes 10,585s"), '
+            "benchmarks/papers/mergesfl/calibrate_speeds.py, and swept ×0.25 / ×1 / ×4",
+        ),
+        Decision(
+            "a worker's D2D rate (Mb/s)",
+            "devices.d2d_rate",
+            "its WiFi rate" if v.d2d_rate is None else v.d2d_rate / jetson.MBPS,
+            NONE,
+            "assumption: ParallelSFL's bottom workers reach their top worker over the same "
+            "WiFi; §5.1 gives no D2D figure, so a worker's D2D rate is its own bandwidth "
+            "that round (splitfl.system.jetson)",
+        ),
+        Decision(
             "rounds between random mode changes",
             "-",
             jetson.MODE_PERIOD,
@@ -178,8 +224,11 @@ def _ringsfl_testbed(config: ExperimentConfig) -> list[Decision]:
             "server link shared",
             "devices.contention",
             resolve_contention(v.preset, v.contention),
-            False,
-            "RingSFL §4.1.1: every device has its own 135 Mb/s link (§3.3 charges no sharing)",
+            NONE,
+            'reading: §4.1.1 measures "D2D TCP rates of 135 Mbps" per link and §4.2.3 keeps "the '
+            'communication rates between the client and the server ... fixed at 135 Mbps"; '
+            "whether the laptop server's link is shared by the five clients is not said (§3.3 "
+            "charges no sharing)",
         ),
         Decision(
             "client-server rate (Mb/s)",
@@ -196,6 +245,22 @@ def _ringsfl_testbed(config: ExperimentConfig) -> list[Decision]:
             NONE,
             "assumption: the paper names the CPUs only; these two numbers set the FL "
             "crossover D2D rate (benchmarks/papers/ringsfl/crossover.py)",
+        ),
+        Decision(
+            "server FLOP/s",
+            "-",
+            RINGSFL_PC.flops,
+            NONE,
+            'assumption: "A laptop is utilized as a parameter server" (§4.1.1), no figure; the '
+            "PC's speed stands in (aggregation only: the ring trains on the clients)",
+        ),
+        Decision(
+            "D2D rate (Mb/s)",
+            "devices.d2d_rate",
+            RINGSFL_PC.d2d * 8 / 1e6 if v.d2d_rate is None else v.d2d_rate * 8 / 1e6,
+            135.0,
+            'RingSFL §4.1.1: "allowing D2D TCP rates of 135 Mbps"; §4.2.3 sweeps 135, 40, 15, '
+            "10 and 5 Mbps",
         ),
         Decision(
             "PC / Raspberry Pi power (W)",
@@ -246,8 +311,21 @@ def _algorithm_rows(config: ExperimentConfig) -> list[Decision]:
                 "warm-up runs every device on each cut",
                 "options.s2fl.warmup_all_devices",
                 options.warmup_all_devices,
-                True,
-                "S²FL §3.1 (the time table of every device)",
+                NONE,
+                'reading: §3.1 "sends W_c to all the devices and turns on a timer"; it conflicts '
+                "with Table 3: the 3 warm-up rounds on 100 devices move 13,453 MB, more than "
+                "S²FL's whole run to 50 % / 60 % at α 0.5 (5,142 / 9,826 MB); with the selected "
+                "devices only, 1,363 MB. The traffic claims are reported under both readings "
+                "(benchmarks/papers/timing_tables.py)",
+            ),
+            Decision(
+                "the other devices' warm-up updates",
+                "options.s2fl.warmup_training",
+                options.warmup_training,
+                NONE,
+                "reading: §3.1 times the other devices (the client time table) and says nothing "
+                "of aggregating them; Algorithm 1 aggregates the x selected devices (time_only: "
+                "timed and charged, updates discarded; aggregate: all merged)",
             ),
         ]
     elif name == "ringsfl":
@@ -280,6 +358,20 @@ def _algorithm_rows(config: ExperimentConfig) -> list[Decision]:
                 "(§IV-A)",
             ),
         ]
+    elif name == "locfedmix_sl":
+        rows.append(
+            Decision(
+                "the PS sends activation gradients back",
+                "options.locfedmix_sl.device_update",
+                options.device_update,
+                NONE,
+                'reading: no LocFedMix-SL code; MergeSFL §II-B describes it as "the PS ... sends '
+                'the corresponding gradients back to the workers in sequence" and ParallelSFL §2 '
+                'as keeping "all the benefits of SplitFed and LocSplitFed": the MergeSFL and '
+                "ParallelSFL timing setups use local+server for that reason and report local "
+                "(the title's local loss alone, the default here) as a row of its own",
+            )
+        )
     elif name == "parallelsfl":
         rows.append(
             Decision(
@@ -323,6 +415,8 @@ def card_table(card: list[Decision]) -> str:
 
 #: The paper algorithms whose round time or budget is a decision of their own.
 PAPER_ALGORITHMS = ("s2fl", "ringsfl", "mergesfl", "parallelsfl")
+#: The baselines with a clock decision of their own (the papers' reading of them).
+BASELINE_ALGORITHMS = ("locfedmix_sl",)
 
 
 def cards_markdown() -> str:
@@ -333,7 +427,8 @@ def cards_markdown() -> str:
     for preset in PRESETS:
         config = read_config(None, [f"devices.preset={preset}"])
         out += ["", f"## Preset `{preset}`", "", card_table(PRESET_CARDS[preset](config))]
-    for name in PAPER_ALGORITHMS:
+    for name in PAPER_ALGORITHMS + BASELINE_ALGORITHMS:
         rows = _algorithm_rows(read_config(None, [f"algorithm={name}"]))
-        out += ["", f"## Algorithm `{name}`", "", card_table(rows)]
+        kind = "Algorithm" if name in PAPER_ALGORITHMS else "Baseline"
+        out += ["", f"## {kind} `{name}`", "", card_table(rows)]
     return "\n".join(out) + "\n"

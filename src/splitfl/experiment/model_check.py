@@ -11,6 +11,7 @@ loss's dtype: int64, float64 or float16 outputs are refused) and finite before a
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -19,6 +20,7 @@ from splitfl.core.usercode import user_code
 from splitfl.data import DatasetBundle
 from splitfl.extensions import ONE_LINE, build_model
 from splitfl.models import BlockModel
+from splitfl.models.crossing import RawInputWarning, input_name, what_crosses
 from splitfl.models.registry import Split
 
 #: The batch sizes the model's forward is checked at (fewer where the data has fewer).
@@ -40,6 +42,7 @@ def checked_model(
         Split.of(config.split),
         config.train.lora,
         what,
+        config.hf,
     )
     samples = (bundle.train if len(bundle.train) else bundle.test).x
     results = []
@@ -101,3 +104,19 @@ def check_splittable(config: ExperimentConfig, model: BlockModel, algorithm: typ
             f"block without parameters, e.g. a bare Flatten, trains nothing on the device); "
             f"{config.algorithm} splits the model (fedavg trains it whole)",
         )
+
+
+def crossing_lines(config: ExperimentConfig, model: BlockModel, bundle: DatasetBundle) -> list[str]:
+    """What the device sends at each cut point for one batch of the first ``train.batch_size``
+    training samples (:func:`~splitfl.models.crossing.what_crosses`): one line per cut point
+    naming every tensor with its shape and dtype. A raw input crossing (the input, a slice of
+    it) is a one-line :class:`~splitfl.models.crossing.RawInputWarning` per tensor."""
+    samples = (bundle.train if len(bundle.train) else bundle.test).x
+    batch = samples[: min(config.train.batch_size, len(samples))]
+    with user_code(config.model, functools.partial(ConfigError, "model"), ONE_LINE):
+        crossings = what_crosses(model, batch)
+    name = input_name(model)
+    for c in crossings:
+        for line in c.warnings(name):
+            warnings.warn(line, RawInputWarning, stacklevel=2)
+    return [c.line() for c in crossings]

@@ -125,6 +125,13 @@ def write_version(run_dir: Path) -> dict[str, Any]:
     return record
 
 
+#: How ``data.json``'s ``class_names`` are ordered.
+_CLASS_ORDER = (
+    "label k is class_names[k]: image folders' sub-folder names and string labels (CSV, TSV, "
+    "JSONL) sorted as Python sorts strings"
+)
+
+
 def write_data_record(ctx, path: Path) -> None:
     """``data.json``: what the model was trained on and takes — the dataset, the per-sample
     input shape and dtype, the classes (their names where the data names them: an image
@@ -137,6 +144,7 @@ def write_data_record(ctx, path: Path) -> None:
         "input_dtype": str(bundle.test.x.dtype).removeprefix("torch."),
         "num_classes": int(bundle.num_classes),
         "class_names": None if bundle.class_names is None else list(bundle.class_names),
+        "class_order": None if bundle.class_names is None else _CLASS_ORDER,
         "model": ctx.config.model,
         "cut_points": list(model.cut_names) or list(model.cut_points),
         "parameter_names": "user" if model.origin != "blocks" else "blocks.<i>.<name>",

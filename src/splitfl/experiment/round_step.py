@@ -141,6 +141,29 @@ def lower_median(values: list[float]) -> float | None:
     return sorted(values)[(len(values) - 1) // 2]
 
 
+def loss_fields(config, result: RoundResult, losses: dict[int, float]) -> dict[str, Any]:
+    """A round's training-loss fields: ``train_loss`` (null when no client completed the
+    round: nothing was trained), ``train_loss_median``, the lower median of the clients' mean
+    losses (what the explosion check reads: one device's reports cannot move it;
+    ``guards.check_explosion``). Networked with ``network.trust: untrusted`` every reported
+    figure is a device's word: ``train_loss`` is that lower median too, the weighted mean is
+    ``train_loss_mean``, and ``train_loss_outliers`` lists the clients whose mean loss is above
+    ``network.bounds.peer_loss_factor`` × the lower median (issue 51: one device reporting
+    maximal losses read 1282 in every round's mean, honest ≈ 0.2)."""
+    median = lower_median(list(losses.values()))
+    mean = result.train_loss if result.updates else None
+    if config.executor != "networked" or config.network.trust == "trusted":
+        return {"train_loss": mean, "train_loss_median": median}
+    top = None if median is None else config.network.bounds.peer_loss_factor * median
+    outliers = sorted(c for c, v in losses.items() if top is not None and v > top)
+    return {
+        "train_loss": median if result.updates else None,
+        "train_loss_median": median,
+        "train_loss_mean": mean,
+        "train_loss_outliers": outliers,
+    }
+
+
 def round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r: int) -> dict:
     """Per-round metrics (test accuracy is filled in by the caller when evaluated). Energy:
     busy device compute time × power per client (jitter applied), plus helpers' compute
@@ -152,11 +175,7 @@ def round_row(ctx, plan, result, report: RoundReport, waits, traffic: Traffic, r
     helpers = sum(c.helper_energy for c in report.costs.values())
     return {
         "round_time": report.round_time,
-        # null when no client completed the round (every one dropped): nothing was trained
-        "train_loss": result.train_loss if result.updates else None,
-        # the lower median of the clients' mean losses: what the explosion check reads (one
-        # device's reports cannot move it; guards.check_explosion)
-        "train_loss_median": lower_median(list(report.losses.values())),
+        **loss_fields(ctx.config, result, report.losses),
         "test_acc": None,
         "test_loss": None,
         "avg_waiting": sum(waits.values()) / len(waits) if waits else 0.0,
@@ -196,10 +215,11 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     if result.updates:
         algorithm.observe(r, done, report)
         aggregated = algorithm.aggregate(st.global_state, done, result)
+        before = st.global_state
         st.global_state, st.server_opt = server_step(
             config.train.server_optimizer, st.global_state, aggregated, st.server_opt
         )
-        check_finite_state(st.global_state)
+        check_finite_state(st.global_state, before)
     st.clock.advance(report.round_time)
     traffic = Traffic()
     for cost in report.costs.values():
@@ -234,12 +254,18 @@ def evaluation_row(ctx: RunContext, eval_model, state: dict[str, torch.Tensor]) 
     return row
 
 
-def check_finite_state(state: dict[str, torch.Tensor]) -> None:
+def check_finite_state(
+    state: dict[str, torch.Tensor], before: dict[str, torch.Tensor] | None = None
+) -> None:
     """A NaN in the aggregated model ends the run as diverged (exit code 3) instead of being
     trained, evaluated and saved as ``ok``. An infinity alone (a BatchNorm variance that
     overflowed while the losses stay finite) is left to the explosion check
-    (``train.explode_*``), which judges the losses."""
+    (``train.explode_*``), which judges the losses. A tensor that is ``before``'s own (the
+    round left it unchanged: a LoRA model's frozen base) was checked when it became global."""
+    before = before or {}
     for name, t in state.items():
+        if before.get(name) is t:
+            continue
         if t.is_floating_point() and bool(torch.isnan(t).any()):
             raise NonFiniteLossError(f"NaN in the aggregated model ({name})")
 

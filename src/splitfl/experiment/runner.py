@@ -31,6 +31,7 @@ from splitfl.config import (
     ConfigError,
     ExperimentConfig,
     apply_overrides,
+    check_overrides,
     config_fields,
     dump_config,
     from_dict,
@@ -49,9 +50,10 @@ from splitfl.experiment.device_data import write_clients
 from splitfl.experiment.fingerprint import check_fingerprint
 from splitfl.experiment.loop import run_loop
 from splitfl.experiment.model_card import card_table, model_card
-from splitfl.experiment.model_check import check_splittable
+from splitfl.experiment.model_check import check_splittable, crossing_lines
+from splitfl.experiment.model_errors import ModelRoundError
 from splitfl.experiment.provenance import write_data_record, write_version
-from splitfl.experiment.validation import load_config, validate_config, with_imports
+from splitfl.experiment.validation import check_config, load_config, with_imports
 from splitfl.extensions import import_user_modules, reject_objects
 from splitfl.models.base import moving_state
 from splitfl.net.server.session import StartError
@@ -116,13 +118,37 @@ def validate(
     summary = (
         f"ok: {cfg.algorithm} on {cfg.data.dataset} ({train}, {_outputs(ctx)}, "
         f"{ctx.num_clients} clients), model {cfg.model} ({ctx.num_blocks} blocks, "
-        f"cut points {list(ctx.cut_points)}, default {ctx.model.default_cut}), devices "
+        f"cut points {_cuts(ctx)}), devices "
         f"{cfg.devices.preset} (server link {shared}: "
         f"devices.contention={str(cfg.devices.contention).lower()}), {cfg.rounds} rounds"
     )
-    notes = "".join(f"\nnote: {line}" for line in prepared.algorithm.notes())
+    notes = "".join(f"\nnote: {line}" for line in [*_model_notes(ctx), *prepared.algorithm.notes()])
+    crossing = "".join(f"\n{line}" for line in crossing_lines(cfg, ctx.model, ctx.bundle))
     card = card_table(model_card(cfg))
-    return f"{summary}{notes}\n\nThe clock's decisions (docs/model-cards.md):\n\n{card}"
+    return f"{summary}{crossing}{notes}\n\nThe clock's decisions (docs/model-cards.md):\n\n{card}"
+
+
+def _model_notes(ctx: RunContext) -> list[str]:
+    """What crosses each cut of a Hugging Face model, and its attention implementation."""
+    crossing = getattr(ctx.model, "crossing", None)
+    if crossing is None:
+        return []
+    return [
+        f"model: {ctx.model.attention} attention; at every cut the device sends {crossing}; "
+        "the server sends back the gradient of the hidden states"
+    ]
+
+
+def _cuts(ctx: RunContext) -> str:
+    """The cut points as block indices, with the user's module paths where the model was cut
+    by them (``split.cut_points``, :mod:`splitfl.models.graph`): ``[1 (layer1), 2 (layer2)],
+    default 2 (layer2)``."""
+    names = dict(zip(ctx.cut_points, getattr(ctx.model, "cut_names", ()), strict=False))
+    named = lambda c: f"{c} ({names[c]})" if c in names else str(c)  # noqa: E731
+    if not names:
+        return f"{list(ctx.cut_points)}, default {ctx.model.default_cut}"
+    listed = ", ".join(named(c) for c in ctx.cut_points)
+    return f"[{listed}], default {named(ctx.model.default_cut)}"
 
 
 def _outputs(ctx: RunContext) -> str:
@@ -243,13 +269,17 @@ def run(
         if not (path / "checkpoints" / "last.pt").exists():
             _remove_unstarted(path, created)
         raise
+    except ModelRoundError as err:  # the model raised in round 1: no run to keep
+        if err.rounds_done == 0:
+            _remove_unstarted(path, created)
+        raise
 
 
 def with_address(overrides: list[str] | None, address: str | None) -> list[str]:
     """``overrides`` and, where ``address`` is given (``--address``), ``parallel.address``
     set to it (quoted: an address is never read as a YAML number)."""
     extra = [f"parallel.address={json.dumps(address)}"] if address is not None else []
-    return [*(overrides or []), *extra]
+    return [*check_overrides(overrides or []), *extra]  # a lone string: one line
 
 
 def _remove_unstarted(path: Path, created: bool) -> None:
@@ -341,6 +371,6 @@ def as_config(
         reject_objects(config)
         cfg = from_dict(ExperimentConfig, apply_overrides(config, overrides or []))
         cfg = with_imports(cfg, imports)
-        validate_config(cfg)
+        check_config(cfg)
         return cfg
     return load_config(config, overrides, imports)

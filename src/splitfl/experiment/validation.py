@@ -1,4 +1,4 @@
-"""Whole-config validation: the schema's static checks (:func:`splitfl.config.validate`)
+"""Whole-config validation: the schema's static checks (:func:`splitfl.config.check_fields`)
 plus every name that lives in a registry — one layer above the config, so that
 :mod:`splitfl.config` imports no registry."""
 
@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from splitfl.algorithms import algorithm_names, resolve_algorithm
-from splitfl.config import ConfigError, DataConfig, ExperimentConfig, validate
+from splitfl.config import ConfigError, DataConfig, ExperimentConfig, check_fields
 from splitfl.config import load_config as read_config
 from splitfl.config.choices import unknown_choice
 from splitfl.data import PARTITIONERS, dataset_names
 from splitfl.data.base import VERIFY_MODES
 from splitfl.data.formats import CLIENT_FORMATS, FORMATS
 from splitfl.data.transforms import TransformError, parse_transforms
-from splitfl.executors import EXECUTORS, PRECISIONS
+from splitfl.executors import PRECISIONS
+from splitfl.experiment.runtimes import RUNTIMES
 from splitfl.extensions import check_dataset, check_model, fill_import_dirs, import_config_modules
 from splitfl.models.hf import hf_folder, is_hf_spec
 from splitfl.system.devices import COMPOSITIONS, PRESETS, VARYING_BANDWIDTH, resolve_contention
@@ -45,7 +46,7 @@ def check_registries(config: ExperimentConfig, config_dir: str | Path | None = N
     import_config_modules(config, config_dir)
     _choice(config.algorithm, algorithm_names(), "algorithm")
     check_model(config.model)
-    _choice(config.executor, [*sorted(EXECUTORS), "networked"], "executor")
+    _choice(config.executor, sorted(RUNTIMES), "executor")
     _choice(config.precision, list(PRECISIONS), "precision")
     check_data_source(config)
     _choice(config.data.partition, sorted(PARTITIONERS), "data.partition")
@@ -257,12 +258,12 @@ def check_server_optimizer(config: ExperimentConfig, cls: type) -> None:
         )
 
 
-def validate_config(config: ExperimentConfig, config_dir: str | Path | None = None) -> None:
+def check_config(config: ExperimentConfig, config_dir: str | Path | None = None) -> None:
     """Static checks of every field and every registry name (``splitfl validate`` without
     the data), after importing the config's modules (searching ``config_dir`` too). Raises
     :class:`~splitfl.config.ConfigError`."""
     check_registries(config, config_dir)
-    validate(config)
+    check_fields(config)
     check_algorithm(config)
 
 
@@ -291,8 +292,24 @@ def load_config(
 ):
     """Read a YAML config (or defaults when ``path`` is None), apply overrides, add the
     ``imports`` given, import them (searching the file's folder too), validate all of it
-    (:func:`validate_config`)."""
+    (:func:`check_config`)."""
     config = with_imports(read_config(path, overrides), imports)
-    check_registries(config, Path(path).resolve().parent if path is not None else None)
+    folder = Path(path).resolve().parent if path is not None else None
+    config = with_data_root(config, folder)
+    check_registries(config, folder)
     check_algorithm(config)
     return config
+
+
+def with_data_root(config: ExperimentConfig, config_dir: Path | None) -> ExperimentConfig:
+    """A relative ``data.root`` is looked for where ``imports:`` are: the current directory
+    first, then the config file's folder (``config_dir``); found only there, it becomes that
+    absolute path (``config.yaml`` records it), else it stays as given (relative to the
+    current directory, where a missing dataset is then reported)."""
+    root = config.data.root
+    if root is None or config_dir is None or Path(root).is_absolute() or Path(root).exists():
+        return config
+    beside = config_dir / root
+    if not beside.exists():
+        return config
+    return config.replace(data=dataclasses.replace(config.data, root=str(beside)))

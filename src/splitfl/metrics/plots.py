@@ -1,4 +1,4 @@
-"""PNG plots: accuracy vs round and vs simulated time, for one run or several."""
+"""PNG plots: accuracy vs round and vs simulated time, for one run or several; loss; bars."""
 
 from __future__ import annotations
 
@@ -37,26 +37,50 @@ def plot_accuracy(
     scale: float = 100.0,
 ) -> Path:
     """Two panels — test accuracy (or the metrics-row ``key``, times ``scale``, as ``label``)
-    vs round and vs simulated time — one line per run."""
+    vs round and vs simulated time — one line per run, in colour ``C<k>`` (the k-th run's, as
+    :func:`plot_waiting`'s bars), with a ± std band where rows hold ``<key>_std`` (a
+    report's mean over seeds); a run whose line is another's per round says so in its
+    legend entry (it hides under that line)."""
     many = len(runs) > 6  # legend beside the panels, and line styles beyond 10 colours
     plt = _pyplot()
     fig, (ax_round, ax_time) = plt.subplots(1, 2, figsize=(14 if many else 11, 4))
     styles = ("-", "--", ":", "-.")
     plotted = False  # runs without evaluations (executor: timing) draw no line
+    drawn: dict[tuple, str] = {}  # each line's points → the first run that drew them
     for k, (name, rows) in enumerate(runs.items()):
         evals = [r for r in rows if r.get(key) is not None]
         if not evals:
             continue
         plotted = True
         acc = [scale * r[key] for r in evals]
-        style = {"label": name, "linestyle": styles[(k // 10) % len(styles)]}
+        points = tuple((r["round"], a) for r, a in zip(evals, acc, strict=True))
+        same = drawn.setdefault(points, name)
+        shown = name if same == name else f"{name} (= {same} every round: lines coincide)"
+        style = {"label": shown, "linestyle": styles[(k // 10) % len(styles)], "color": _colour(k)}
         ax_round.plot([r["round"] for r in evals], acc, **style)
         ax_time.plot([r["sim_time"] for r in evals], acc, **style)
+        _band(ax_round, evals, key, scale, _colour(k))
     round_axis(ax_round)
     ax_time.set_xlabel("simulated time (s)")
     for ax in (ax_round, ax_time):
         ax.set_ylabel(label)
     return _finish(fig, (ax_round, ax_time), path, title, plotted, many)
+
+
+def _colour(k: int) -> str:
+    """The k-th run's colour: matplotlib's default cycle, ``C0``..``C9``."""
+    return f"C{k % 10}"
+
+
+def _band(ax: Any, evals: list[dict[str, Any]], key: str, scale: float, colour: str) -> None:
+    """Mean ± std of ``key`` per round where the rows hold ``<key>_std`` (over seeds)."""
+    rows = [r for r in evals if r.get(f"{key}_std") is not None]
+    if rows:
+        mean = [scale * r[key] for r in rows]
+        std = [scale * r[f"{key}_std"] for r in rows]
+        lo = [m - s for m, s in zip(mean, std, strict=True)]
+        hi = [m + s for m, s in zip(mean, std, strict=True)]
+        ax.fill_between([r["round"] for r in rows], lo, hi, color=colour, alpha=0.2, lw=0)
 
 
 def round_axis(ax: Any) -> None:
@@ -109,9 +133,10 @@ def plot_bars(
     path: Path,
     ylabel: str,
     errors: dict[str, float | None] | None = None,
-    color: str = "tab:orange",
+    color: str | list[str] = "tab:orange",
 ) -> Path:
-    """Bar chart, one bar per name (``None`` → 0), optional error bars (e.g. std over seeds)."""
+    """Bar chart, one bar per name (``None`` → 0), optional error bars (e.g. std over seeds);
+    ``color`` one for all bars or one per bar."""
     names = list(values)
     heights = [values[n] or 0.0 for n in names]
     yerr = [(errors or {}).get(n) or 0.0 for n in names] if errors else None
@@ -132,6 +157,8 @@ def plot_waiting(
     path: Path,
     errors: dict[str, float | None] | None = None,
 ) -> Path:
-    """Bar chart of average waiting time per algorithm (or per cell, with std error bars)."""
+    """Bar chart of average waiting time per algorithm (or per cell, with std error bars),
+    each bar in its run's line colour of :func:`plot_accuracy` (runs in the same order)."""
     values = {n: s["avg_waiting"] for n, s in summaries.items()}
-    return plot_bars(values, path, "avg waiting time per round (s)", errors)
+    colours = [_colour(k) for k in range(len(values))]
+    return plot_bars(values, path, "avg waiting time per round (s)", errors, colours)

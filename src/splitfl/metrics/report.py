@@ -129,7 +129,8 @@ def _cell_id(key: str, value: Any) -> str:
 
 
 def _mean_curve(runs: list[RunRecord]) -> list[dict[str, Any]]:
-    """Mean test accuracy and simulated time per evaluated round (rounds all runs share)."""
+    """Mean test accuracy (and its std over the runs) and simulated time per evaluated round
+    (rounds all runs share)."""
     evals = [{r["round"]: r for r in run.rows if r.get("test_acc") is not None} for run in runs]
     rounds = sorted(set.intersection(*(set(e) for e in evals))) if evals else []
     return [
@@ -137,6 +138,11 @@ def _mean_curve(runs: list[RunRecord]) -> list[dict[str, Any]]:
             "round": k,
             "sim_time": statistics.fmean(e[k]["sim_time"] for e in evals),
             "test_acc": statistics.fmean(e[k]["test_acc"] for e in evals),
+            # the band plotted around the mean (sample std, ddof = 1, as the tables'); none
+            # for one seed
+            "test_acc_std": (
+                statistics.stdev(e[k]["test_acc"] for e in evals) if len(evals) >= 2 else None
+            ),
         }
         for k in rounds
     ]

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from splitfl.config import ConfigError, ExperimentConfig, flatten, load_yaml
+from splitfl.metrics.records import read_bytes, read_metrics, read_record
 from splitfl.metrics.summary import BUDGET_STATUS as BUDGET
-from splitfl.metrics.summary import check_target, is_ok, read_bytes, read_metrics, read_record
+from splitfl.metrics.summary import check_target, is_ok
 
 SWEEP_INDEX = "trials.json"
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 from splitfl.config import ConfigError
@@ -84,11 +82,17 @@ def checked_status(rows: list[dict[str, Any]], status: str, planned: int | None)
     return status
 
 
+#: How a finished run's status begins when its test accuracy collapsed (:func:`run_warnings`):
+#: never ``ok`` (issue 51: colluders wrecked runs that said ``ok (...)``).
+DEGRADED = "degraded"
+
+
 def is_ok(status: str) -> bool:
     """Whether a summary's status is a finished run's: ``ok``, possibly with what went wrong
     on the way in brackets (``ok (clients 4, 5 without a connected device in 9 of 14
-    rounds)``: :func:`network_warnings`)."""
-    return status == "ok" or status.startswith("ok (")
+    rounds)``: :func:`network_warnings`), or ``degraded (...)``: finished, its accuracy
+    collapsed (:data:`DEGRADED`)."""
+    return status == "ok" or status.startswith(("ok (", f"{DEGRADED} ("))
 
 
 def network_warnings(rows: list[dict[str, Any]]) -> list[str]:
@@ -139,7 +143,7 @@ def _late_members(row: dict[str, Any]) -> list[str]:
 ABSENT = ("device not connected", "lost:")
 RING_ABANDONED = "ring round abandoned"
 #: how an executor event says a ring member was late to start (``splitfl.net.server.lateness``'s
-#: ``LATE_START``; ``tests/test_ring_late_start.py`` checks the two agree)
+#: ``LATE_START``; ``tests/net/test_ring_late_start.py`` checks the two agree)
 LATE = "late to start"
 
 
@@ -154,6 +158,8 @@ def _absent(why: str) -> bool:
 #: A finished run whose final test accuracy is below this share of its best (reached at
 #: this accuracy or more) says so (:func:`run_warnings`): a run that trained and then broke.
 COLLAPSE_SHARE, COLLAPSE_FROM = 0.5, 0.3
+#: How that warning begins.
+COLLAPSED = "test accuracy collapsed"
 
 
 def run_warnings(rows: list[dict[str, Any]]) -> list[str]:
@@ -169,7 +175,7 @@ def run_warnings(rows: list[dict[str, Any]]) -> list[str]:
         final = evals[-1][1]
         if best >= COLLAPSE_FROM and final < COLLAPSE_SHARE * best:
             out.append(
-                f"test accuracy collapsed: {100 * final:.1f}% at the end, "
+                f"{COLLAPSED}: {100 * final:.1f}% at the end, "
                 f"{100 * best:.1f}% at round {best_round}"
             )
     out += network_warnings(rows)
@@ -217,7 +223,8 @@ def summarize(
     last = rows[-1] if rows else {}
     status, warnings = checked_status(rows, status, planned), run_warnings(rows)
     if status == "ok" and warnings:
-        status = f"ok ({'; '.join(warnings)})"
+        collapsed = any(w.startswith(COLLAPSED) for w in warnings)
+        status = f"{DEGRADED if collapsed else 'ok'} ({'; '.join(warnings)})"
     return {
         "status": status,
         "warnings": warnings,
@@ -255,49 +262,6 @@ def final_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
             elif key.startswith("clients_") and value is not None:  # eval.on: clients, both
                 out[f"final_{key}"] = value
     return out
-
-
-def read_bytes(path: Path) -> bytes:
-    """The bytes of ``path``; a file that cannot be read (a directory, no permission) is a
-    one-line :class:`~splitfl.config.ConfigError` naming it."""
-    try:
-        return path.read_bytes()
-    except OSError as err:
-        raise ConfigError(str(path), f"unreadable ({err.strerror or err})") from None
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl`` (none if it is missing); a damaged line is a one-line
-    :class:`~splitfl.config.ConfigError` naming the file and line."""
-    if not path.exists():
-        return []
-    rows = []
-    for i, line in enumerate(read_bytes(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:  # not JSON, or not UTF-8
-            row = None
-        if not isinstance(row, dict):
-            raise ConfigError(str(path), f"line {i} is not a JSON metrics row (damaged file?)")
-        rows.append(row)
-    return rows
-
-
-def read_record(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path`` (``summary.json``, ``error.json``), None if there is no
-    such file; an unreadable, damaged or non-object file is a one-line
-    :class:`~splitfl.config.ConfigError` naming it."""
-    if not path.exists() and not path.is_symlink():
-        return None
-    try:
-        value = json.loads(read_bytes(path))
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise ConfigError(str(path), "not a JSON object (truncated or damaged file?)")
-    return value
 
 
 ENERGY_UNITS = (("MJ", 1e6), ("kJ", 1e3), ("J", 1.0))

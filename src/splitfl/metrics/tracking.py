@@ -2,8 +2,8 @@
 
 Off by default (``output.tracking: []``). The run directory (``metrics.jsonl``) stays the
 source of truth; trackers receive a copy of each round's metrics row. The packages are
-extras (``pip install 'splitfl[tensorboard]'``, ``'splitfl[mlflow]'``); config validation
-rejects a tracker whose package is missing before any work starts.
+extras ``tensorboard`` and ``mlflow`` (from a checkout: ``pip install -e '.[mlflow]'``); config
+validation rejects a tracker whose package is missing before any work starts.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 use: about a second of start-up for a command that only needs a model's profile. The mode here
 runs the same algorithm — skip metadata queries, decompose an operator that has no formula
 where it can, otherwise run it and add its formula's count — so its totals are identical
-(``tests/test_models.py`` compares both on every model of the zoo). It does not track modules
+(``tests/models/test_models.py`` compares both on every model of the zoo). It does not track modules
 (only the total is needed) and does not count higher-order operators (compiled regions,
 ``cond``), which the profiled models do not use.
 """

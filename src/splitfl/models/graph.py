@@ -1,6 +1,6 @@
 """Any ``nn.Module`` as a :class:`~splitfl.models.base.BlockModel`, split by ``torch.fx``.
 
-``torch.fx.symbolic_trace`` records the module's own ``forward`` (residual additions, a
+``torch.fx`` records the module's own ``forward`` (residual additions, a
 ``torch.flatten`` between children, skips) as a graph whose nodes keep the calls of
 ``torch.nn`` modules and name the module each node ran in (``nn_module_stack``). A *cut* names
 a module by its path (``layer2``: after it, the usual "cut layer" of split learning — the
@@ -14,45 +14,53 @@ holds the user's own modules (shared, not copied) under their own paths, so the 
 Why ``torch.fx`` and not ``torch.distributed.pipelining`` / ``torch.export``: exported
 stages bake in the mode they were traced in (BatchNorm kept batch statistics after
 ``.eval()``), while fx keeps module calls, so ``train()``/``eval()``, dropout and BatchNorm
-behave as in the user's model. ``torch.fx.passes.split_module`` lifts every parameter read by
-``get_attr`` into the parent module and passes it to the pieces as an input — a parameter
-would then cross the cut — so the pieces are built here with fx's own ``Graph.node_copy``,
-each reading its parameters itself.
+behave as in the user's model. The forward is traced by :mod:`splitfl.models.tracing`: a
+submodule fx cannot trace (shape arithmetic such as ``int(C / g)``) runs whole as one call,
+and a forward that reads ``self.training`` outside module calls (drop-connect under ``if
+self.training``) gives one graph per mode, cut at the same places, each piece then a
+:class:`~splitfl.models.tracing.ModeGraphModule` running the graph of its mode.
+``torch.fx.passes.split_module`` lifts every parameter read by ``get_attr`` into the parent
+module and passes it to the pieces as an input — a parameter would then cross the cut — so
+the pieces are built here with fx's own ``Graph.node_copy``, each reading its parameters
+itself.
 
 What crosses a cut is every value made before it and used after it (a skip connection, an
 attention mask, the input itself where the model reads it later): one tensor, or a tuple of
 tensors (:mod:`splitfl.core.activations`). Each must be a tensor whose first dimension is the
-batch (checked by running the graph at two batch sizes); a module whose parameters are used
-on both sides (tied weights), a non-tensor value crossing (``x.size(0)``) or a forward that
-fx cannot trace is one line naming the reason (:class:`GraphSplitError`).
+batch (checked by running the graph at two batch sizes) and, for a model with one graph per
+mode, the same values in both; a module whose parameters are used on both sides (tied
+weights), a non-tensor value crossing (``x.size(0)``), values crossing that differ between the
+modes or a forward of the model's own that fx cannot trace (a branch on a tensor's value) is
+one line naming the reason (:class:`GraphSplitError`).
+
+One concept over 400 lines: cutting one traced forward into pieces — where a cut falls, what
+crosses it, whether it may be a split point (shapes at two batch sizes, in each mode) and the
+pieces' graphs and state — each step reading the same node order and the others' results.
 """
 
 from __future__ import annotations
 
-import inspect
 import operator
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx, nn
 
 from splitfl.models.base import BlockModel
+from splitfl.models.tracing import GraphSplitError, ModeGraphModule, trace_modes
 
 #: symbolic_trace patches torch.nn.Module.__call__ process-wide while it runs, so a forward in
 #: another thread would be recorded (or return a Proxy). One graph model is built at a time
 #: per process, and a builder's trace is kept (:data:`_TRACES`): a process traces each model
 #: once (devices in threads of one process, as the tests run them, reuse the server's trace).
 _TRACING = threading.Lock()
-#: (builder, input shape, classes) → (traced graph without its module, input dtype, shapes)
-_TRACES: dict[object, tuple[fx.Graph, torch.dtype, dict]] = {}
+#: (builder, input shape, classes) → its :class:`_Trace` (graphs that hold no module)
+_TRACES: dict[object, _Trace] = {}
 PROBE_BATCHES = (2, 3)  # batch sizes the cut values are checked at (dim 0 must follow them)
 CLONES_INPUTS = "splitfl_clones_inputs"  # GraphModule.meta key read by models.base.run_block
-
-
-class GraphSplitError(ValueError):
-    """A model cannot be traced or cut where asked; ``str(err)`` is one line."""
 
 
 @dataclass(frozen=True)
@@ -75,35 +83,6 @@ class Cut:
         return self.path if self.side == "after" else f"{self.side}:{self.path}"
 
 
-def trace(module: nn.Module, where: str) -> fx.GraphModule:
-    """``module``'s forward as an fx graph (arguments after the first with a default are
-    fixed to it). A forward whose graph depends on ``self.training`` outside module calls
-    (``F.dropout(x, training=self.training)``) is refused: its traced pieces would keep the
-    mode they were traced in."""
-    params = list(inspect.signature(module.forward).parameters.values())
-    fixed = {p.name: p.default for p in params[1:] if p.default is not p.empty}
-    was_training = module.training
-    codes = []
-    try:
-        for mode in (True, False):
-            module.train(mode)
-            graph = fx.symbolic_trace(module, concrete_args=fixed or None)
-            codes.append(graph.code)
-    except Exception as err:  # fx raises many kinds; each is a reason the model cannot be cut
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise GraphSplitError(f"{where} cannot be traced by torch.fx: {first}") from None
-    finally:
-        module.train(was_training)
-    if codes[0] != codes[1]:
-        raise GraphSplitError(
-            f"{where}'s forward reads self.training outside module calls (e.g. F.dropout("
-            "training=self.training)); use nn.Dropout / nn.BatchNorm modules so the split "
-            "parts follow train() and eval()"
-        )
-    graph.train(was_training)
-    return graph
-
-
 def _owners(node: fx.Node) -> list[str]:
     """The module paths ``node`` ran in, outermost first."""
     stack = list((node.meta.get("nn_module_stack") or {}).keys())
@@ -120,7 +99,12 @@ def cut_position(nodes: Sequence[fx.Node], cut: Cut, where: str) -> int:
     """Index of the last node on the device side of ``cut``."""
     hits = [i for i, n in enumerate(nodes) if n.op != "get_attr" and _inside(n, cut.path)]
     if not hits:
-        raise GraphSplitError(f"{where}: cut {str(cut)!r}: no module {cut.path!r} runs in forward")
+        calls = [n.target for n in nodes if n.op == "call_module"]
+        whole = next((t for t in calls if cut.path.startswith(f"{t}.")), None)
+        inside = f" (it is inside {whole!r}, which runs whole)" if whole else ""
+        raise GraphSplitError(
+            f"{where}: cut {str(cut)!r}: no module {cut.path!r} runs in forward{inside}"
+        )
     return hits[-1] if cut.side == "after" else hits[0] - 1
 
 
@@ -153,8 +137,9 @@ def _probe(graph: fx.GraphModule, input_shape: tuple[int, ...], where: str):
     if len(placeholders) != 1:
         names = ", ".join(n.name for n in placeholders)
         raise GraphSplitError(
-            f"{where}'s forward takes {len(placeholders)} inputs ({names}); "
-            "splitfl feeds it one input tensor"
+            f"{where}'s forward takes {len(placeholders)} inputs ({names}); splitfl feeds it "
+            "one input tensor per sample (models with several inputs are not supported): let "
+            "the dataset concatenate them into one tensor and forward split it again"
         )
     floats = [p.dtype for p in graph.parameters() if p.is_floating_point()]
     errors = []
@@ -226,9 +211,9 @@ def _past_unpacking(nodes, position: int) -> int:
     return position
 
 
-def partition(root: nn.Module, graph: fx.Graph, positions: Sequence[int]) -> list[fx.GraphModule]:
-    """The pieces of ``graph`` between consecutive cut ``positions`` as GraphModules over
-    ``root``'s own modules and parameters (each piece reads the parameters it uses)."""
+def partition(graph: fx.Graph, positions: Sequence[int]) -> list[fx.Graph]:
+    """The pieces of ``graph`` between consecutive cut ``positions``, as graphs (each piece
+    reads the parameters it uses)."""
     nodes = [n for n in graph.nodes if n.op != "output"]
     result = next(n for n in graph.nodes if n.op == "output").args[0]
     bounds = [-1, *positions, len(nodes) - 1]
@@ -239,11 +224,16 @@ def partition(root: nn.Module, graph: fx.Graph, positions: Sequence[int]) -> lis
             [n for n in nodes if n.op == "placeholder"] if j == 0 else crossing(nodes, bounds[j])
         )
         outputs = crossing(nodes, stop) if j < len(bounds) - 2 else None
-        pieces.append(_piece(root, nodes[start : stop + 1], inputs, outputs, result))
+        pieces.append(_piece(nodes[start : stop + 1], inputs, outputs, result))
     return pieces
 
 
-def _piece(root, span, inputs, outputs, result) -> fx.GraphModule:
+def _piece(
+    span: Sequence[fx.Node],
+    inputs: Sequence[fx.Node],
+    outputs: Sequence[fx.Node] | None,
+    result: Any,
+) -> fx.Graph:
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {n: g.placeholder(n.name) for n in inputs}
 
@@ -259,8 +249,14 @@ def _piece(root, span, inputs, outputs, result) -> fx.GraphModule:
         g.output(fx.node.map_arg(result, lookup))
     else:
         g.output(lookup(outputs[0]) if len(outputs) == 1 else tuple(lookup(o) for o in outputs))
-    piece = fx.GraphModule(root, g)
-    piece.meta[CLONES_INPUTS] = _mutates_inputs(g, root)  # meta survives copy.deepcopy
+    return g
+
+
+def piece_module(root: nn.Module, graphs: Sequence[fx.Graph]) -> fx.GraphModule:
+    """A piece over ``root``'s own modules and parameters: a GraphModule of its one graph,
+    or a :class:`~splitfl.models.tracing.ModeGraphModule` of its train and eval graphs."""
+    piece = fx.GraphModule(root, graphs[0]) if len(graphs) == 1 else ModeGraphModule(root, *graphs)
+    piece.meta[CLONES_INPUTS] = any(_mutates_inputs(g, root) for g in graphs)  # survives deepcopy
     return piece
 
 
@@ -277,6 +273,39 @@ def _mutates_inputs(g: fx.Graph, root: nn.Module) -> bool:
         if n.kwargs.get("inplace") or (name.endswith("_") and not name.startswith("_")):
             return True
     return False
+
+
+def _keep_unused(root: nn.Module, pieces: Sequence[Sequence[fx.Graph]]) -> None:
+    """Give each tensor of ``root``'s ``state_dict`` that no piece reads (a module made in
+    ``__init__`` but not called by forward, as EfficientNet's unused expansion conv) to the
+    piece that reads the next one in that order (else the previous one): the pieces hold the
+    user's whole state, so ``model.pt`` loads into the user's class strictly."""
+    state = root.state_dict(keep_vars=True)
+    reader: dict[int, int] = {}  # id(tensor) → the first piece that reads it
+    for i, graphs in enumerate(pieces):
+        for n in (n for g in graphs for n in g.nodes):
+            if n.op == "call_module":
+                for t in root.get_submodule(n.target).state_dict(keep_vars=True).values():
+                    reader.setdefault(id(t), i)
+            elif n.op == "get_attr":
+                reader.setdefault(id(operator.attrgetter(n.target)(root)), i)
+    owners = [reader.get(id(t)) for t in state.values()]
+    for j, key in enumerate(state):
+        if owners[j] is not None or not _is_attribute(root, key):
+            continue  # read by a piece, or a key a module's own state-dict hook makes
+        later = [o for o in owners[j + 1 :] if o is not None]
+        earlier = [o for o in owners[:j] if o is not None]
+        for g in pieces[later[0] if later else earlier[-1] if earlier else 0]:
+            with g.inserting_before(next(n for n in g.nodes if n.op == "output")):
+                g.get_attr(key)
+
+
+def _is_attribute(root: nn.Module, path: str) -> bool:
+    try:
+        operator.attrgetter(path)(root)
+    except AttributeError:
+        return False
+    return True
 
 
 def _tied(pieces: Sequence[fx.GraphModule], names: Sequence[str]) -> str | None:
@@ -305,38 +334,79 @@ def graph_block_model(
     ``key``: what determines ``module``'s structure (its builder and the builder's
     arguments); a key traced before in this process reuses that trace."""
     with _TRACING:
-        graph, dtype, shapes = _traced(module, tuple(input_shape), where, key)
-        return _cut_model(module, graph, dtype, shapes, where, cut_points, cut)
+        traced = _traced(module, tuple(input_shape), where, key)
+        return _cut_model(module, traced, where, cut_points, cut)
 
 
-def _traced(module: nn.Module, input_shape: tuple[int, ...], where: str, key: object):
-    """The traced graph of ``module`` (a copy that holds no module), its input dtype and node
-    shapes; from :data:`_TRACES` when ``key`` was traced before in this process."""
+@dataclass(frozen=True)
+class _Trace:
+    """A traced forward: its graph per mode (train, then eval where it differs; graphs that
+    hold no module), the input dtype and, per graph, each node's shape per probe batch."""
+
+    graphs: tuple[fx.Graph, ...]
+    dtype: torch.dtype
+    shapes: tuple[dict[fx.Node, list], ...]
+
+    def modes(self) -> list[list[fx.Node]]:
+        return [[n for n in g.nodes if n.op != "output"] for g in self.graphs]
+
+
+def _traced(module: nn.Module, input_shape: tuple[int, ...], where: str, key: object) -> _Trace:
+    """The trace of ``module``; from :data:`_TRACES` when ``key`` was traced before in this
+    process."""
     if key is not None and key in _TRACES:
         return _TRACES[key]
-    traced = trace(module, where)
-    dtype, shapes = _probe(traced, input_shape, where)
-    graph, copies = fx.Graph(), {}
-    graph.output(graph.graph_copy(traced.graph, copies))
-    result = graph, dtype, {copies[n]: s for n, s in shapes.items() if n in copies}
+    graphs, dtype, shapes = [], None, []
+    for traced in trace_modes(module, where):
+        probed_dtype, probed = _probe(traced, input_shape, where)
+        dtype = dtype or probed_dtype
+        graph, copies = fx.Graph(), {}
+        graph.output(graph.graph_copy(traced.graph, copies))
+        graphs.append(graph)
+        shapes.append({copies[n]: s for n, s in probed.items() if n in copies})
+    result = _Trace(tuple(graphs), dtype, tuple(shapes))
     if key is not None:
         _TRACES[key] = result
     return result
 
 
-def _cut_model(module, graph: fx.Graph, dtype, shapes, where, cut_points, cut) -> BlockModel:
-    """:func:`graph_block_model` on a traced ``graph`` of ``module``."""
-    nodes = [n for n in graph.nodes if n.op != "output"]
+def _reason_in_modes(
+    modes: Sequence[Sequence[fx.Node]],
+    positions: Sequence[int],
+    shapes: Sequence[dict[fx.Node, list]],
+) -> str | None:
+    """Why a cut at ``positions`` (one per mode's nodes) is not a split point, or None: a
+    reason in either mode, or values crossing it that differ between the modes."""
+    for nodes, position, seen in zip(modes, positions, shapes, strict=True):
+        reason = _reason(nodes, position, seen)
+        if reason:
+            return reason
+    if len(modes) == 1:
+        return None
+    sent = [
+        [(_owners(n), seen[n]) for n in crossing(nodes, p)]
+        for nodes, p, seen in zip(modes, positions, shapes, strict=True)
+    ]
+    if sent[0] != sent[1]:
+        return (
+            f"what crosses it differs between train mode ({len(sent[0])} values) and eval "
+            f"mode ({len(sent[1])})"
+        )
+    return None
 
-    def position(c: Cut) -> int:
-        return _past_unpacking(nodes, cut_position(nodes, c, where))
 
-    if cut_points:
-        cuts = [Cut.parse(c) for c in cut_points]
-    else:
-        cuts = [
-            c for c in top_level_cuts(module, nodes) if _reason(nodes, position(c), shapes) is None
-        ]
+def _chosen_cuts(
+    module: nn.Module,
+    modes: Sequence[Sequence[fx.Node]],
+    where: str,
+    cut_points: Sequence[str] | None,
+    cut: str | None,
+    reason: Callable[[Cut], str | None],
+) -> tuple[list[Cut], Cut | None]:
+    """The cuts asked for (or found: the top-level children a split is allowed after) and the
+    default cut; each checked with ``reason``."""
+    found = [] if cut_points else [(c, reason(c)) for c in top_level_cuts(module, modes[0])]
+    cuts = [Cut.parse(c) for c in cut_points] if cut_points else [c for c, r in found if not r]
     default = Cut.parse(cut) if cut else None
     if default is not None and default not in cuts:
         if cut_points:
@@ -344,24 +414,52 @@ def _cut_model(module, graph: fx.Graph, dtype, shapes, where, cut_points, cut) -
                 f"{where}: cut {cut!r} is not one of cut_points {list(cut_points)}"
             )
         cuts.append(default)
+    if not cuts and found:  # the first child's reason, for a model none of whose children do
+        raise GraphSplitError(
+            f"{where}: no top-level child is a split point (after {str(found[0][0])!r}: "
+            f"{found[0][1]})"
+        )
     for c in cuts:
-        reason = _reason(nodes, position(c), shapes)
-        if reason:
-            raise GraphSplitError(f"{where}: cut {str(c)!r} is not a split point: {reason}")
-    cuts.sort(key=position)
-    positions = [position(c) for c in cuts]
-    if len(set(positions)) != len(positions) or not positions:
+        why = reason(c)
+        if why:
+            raise GraphSplitError(f"{where}: cut {str(c)!r} is not a split point: {why}")
+    return cuts, default
+
+
+def _cut_model(
+    module: nn.Module,
+    traced: _Trace,
+    where: str,
+    cut_points: Sequence[str] | None,
+    cut: str | None,
+) -> BlockModel:
+    """:func:`graph_block_model` on the ``traced`` graphs of ``module``."""
+    modes = traced.modes()
+
+    def positions(c: Cut) -> list[int]:  # where ``c`` falls in each mode's nodes
+        return [_past_unpacking(nodes, cut_position(nodes, c, where)) for nodes in modes]
+
+    def reason(c: Cut) -> str | None:
+        return _reason_in_modes(modes, positions(c), traced.shapes)
+
+    cuts, default = _chosen_cuts(module, modes, where, cut_points, cut, reason)
+    cuts.sort(key=positions)
+    per_mode = [list(ps) for ps in zip(*map(positions, cuts), strict=True)]
+    if not cuts or any(ps != sorted(set(ps)) for ps in per_mode):
         raise GraphSplitError(
             f"{where}: cut points {[str(c) for c in cuts] or '(none found)'} must name "
             "distinct places in forward (at least one)"
         )
     names = [str(c) for c in cuts]
-    pieces = partition(module, graph, positions)
+    split = [partition(g, ps) for g, ps in zip(traced.graphs, per_mode, strict=True)]
+    per_piece = list(zip(*split, strict=True))
+    _keep_unused(module, per_piece)
+    pieces = [piece_module(module, graphs) for graphs in per_piece]
     tied = _tied(pieces, names)
     if tied:
         raise GraphSplitError(f"{where}: {tied}")
     default_index = names.index(str(default)) + 1 if default is not None else None
     model = BlockModel(pieces, range(1, len(pieces)), where, default_cut=default_index)
-    model.cut_names, model.input_dtype, model.origin = tuple(names), dtype, "graph"
+    model.cut_names, model.input_dtype, model.origin = tuple(names), traced.dtype, "graph"
     model.train(module.training)
     return model

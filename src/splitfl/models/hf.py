@@ -3,43 +3,41 @@ weights, ``from_pretrained`` from a local folder or the Hugging Face cache, neve
 run time) and ``model: hf-config:<folder or config.json>`` (the architecture with random
 weights, for tests and timing).
 
-The model is cut in transformer layers, as the papers do (ParallelSFL §5: RoBERTa "split at the
-3rd layer"; SplitLoRA: GPT-2 after block 3): block 0 is the embeddings and the first layer,
-block k the (k+1)-th layer, the last block the final norm and the task head, so ``cut: 3`` puts
-the embeddings and three layers on the device. The tensors that cross a cut are the hidden
-states and the ``[B, T]`` attention mask (the padding); every layer block rebuilds the 4-D
-additive mask it needs from it (bidirectional for encoders, causal for decoders), and decoders'
-layers recompute their position ids (right padding) and, for Llama, the rotary embeddings.
-Labels stay with the server. Inputs are ``[B, 2, T]`` int64: token ids and attention mask.
+Every architecture is cut by one mechanism (:mod:`splitfl.models.hf_stack`): between the layers
+of its layer stack, as the papers do (ParallelSFL §5: RoBERTa "split at the 3rd layer";
+SplitLoRA: GPT-2 after block 3). Block 0 is the prelude (embeddings, masks, position tensors)
+and the first layer call, block k the (k+1)-th layer call, the last block the tail (final norm,
+pooling, task head), so ``cut: 3`` puts the embeddings and three layers on the device. Inputs
+are ``[B, 2, T]`` int64 (token ids and attention mask) for text, ``[B, C, H, W]`` pixels for
+image classifiers (at the config's ``image_size``). Labels stay with the server.
 
-Why by layers and not by graph: ``torch.fx`` cannot trace transformers 5's models ("co_varnames
-is too small") and transformers 5 dropped its own fx tracer; ``torch.export`` bakes the
-train/eval mode into the graph. The layer modules are the user's own modules, called as the
-model's ``forward`` calls them; ``tests/test_hf_models.py`` checks that device ∘ server equals
-the original model in float64, in train and eval mode, with padding, for each family.
-
-Families (``config.model_type``): ``bert``, ``roberta`` (sequence classification),
-``gpt2``, ``llama`` (causal language modelling, or sequence classification on the last
-non-padding token). GPT-2 ties its output head to its input embedding; a split cannot share a
-tensor across the cut, so the server's head starts as a copy (with LoRA both stay frozen).
+Tasks (from the folder's ``architectures``): causal language modelling (``...ForCausalLM``,
+``...LMHeadModel``), image classification (``...ForImageClassification``), else sequence
+classification. Encoder–decoder models (T5, BART) are refused: their decoder reads the
+encoder's output at every layer, so no one stack can be cut.
 """
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from splitfl.core.extras import install_extra
 from splitfl.models.base import BlockModel
+from splitfl.models.hf_stack import Unsplittable, split_stack
 
 #: ``model:`` prefixes: pre-trained weights, or a config with random weights.
 PRETRAINED, FROM_CONFIG = "hf:", "hf-config:"
 #: The tasks a Hugging Face model is built for (``train.loss``: causal_lm is the language one).
-TASKS = ("sequence_classification", "causal_lm")
-MISSING = "model: hf: needs the Hugging Face extra: pip install -e '.[hf]' (transformers, peft)"
+TASKS = ("sequence_classification", "causal_lm", "image_classification")
+
+
+def missing_hf() -> str:
+    """The one line for a missing ``transformers``/``peft``: the install hint from where
+    splitfl was installed (a checkout's ``pip install -e '.[hf]'``, a wheel's extras)."""
+    return f"model: hf: needs the Hugging Face extra: {install_extra('hf')} (transformers, peft)"
 
 
 def is_hf_spec(spec: str) -> bool:
@@ -50,161 +48,8 @@ def _transformers():
     try:
         import transformers
     except ImportError as err:  # one line naming the extra
-        raise ImportError(MISSING) from err
+        raise ImportError(missing_hf()) from err
     return transformers
-
-
-def additive_mask(mask: torch.Tensor, dtype: torch.dtype, causal: bool) -> torch.Tensor:
-    """``[B, 1, 1, T]`` (bidirectional) or ``[B, 1, T, T]`` (causal) additive mask from the
-    ``[B, T]`` padding mask: 0 where attention is allowed, the dtype's minimum elsewhere."""
-    allowed = mask[:, None, None, :].bool()
-    if causal:
-        t = mask.shape[-1]
-        allowed = allowed & torch.ones(t, t, dtype=torch.bool, device=mask.device).tril()
-    zero = torch.zeros((), dtype=dtype, device=mask.device)
-    return zero.masked_fill(~allowed, torch.finfo(dtype).min).expand(allowed.shape).contiguous()
-
-
-@dataclass(frozen=True)
-class Family:
-    """Where a model type keeps its parts (attribute paths from the task model)."""
-
-    base: str  # the base model's attribute on the task model
-    causal: bool
-
-
-FAMILIES = {
-    "bert": Family("bert", False),
-    "roberta": Family("roberta", False),
-    "gpt2": Family("transformer", True),
-    "llama": Family("model", True),
-}
-
-
-def _layer_output(out) -> torch.Tensor:
-    return out[0] if isinstance(out, tuple) else out
-
-
-class Embed(nn.Module):
-    """Token (and position) embeddings, then the first layer's input: ``(hidden, mask)``."""
-
-    def __init__(self, model: nn.Module, family: str):
-        super().__init__()
-        base = getattr(model, FAMILIES[family].base)
-        self.family = family
-        if family in ("bert", "roberta"):
-            self.embeddings = base.embeddings
-        elif family == "gpt2":
-            self.wte, self.wpe, self.drop = base.wte, base.wpe, base.drop
-        else:
-            self.embed_tokens = base.embed_tokens
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, mask = x[:, 0], x[:, 1]
-        if self.family in ("bert", "roberta"):
-            return self.embeddings(input_ids=ids), mask
-        if self.family == "gpt2":
-            positions = torch.arange(ids.shape[1], device=ids.device)[None]
-            return self.drop(self.wte(ids) + self.wpe(positions)), mask
-        return self.embed_tokens(ids), mask
-
-
-class Layer(nn.Module):
-    """One transformer layer on ``(hidden, mask)``; the mask passes through."""
-
-    def __init__(self, layer: nn.Module, family: str, rotary: nn.Module | None = None):
-        super().__init__()
-        self.layer, self.family = layer, family
-        self.causal = FAMILIES[family].causal
-        self.rotary = rotary
-
-    def forward(
-        self, hidden: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        attn = additive_mask(mask, hidden.dtype, self.causal)
-        if self.family == "llama":
-            b, t = mask.shape
-            positions = torch.arange(t, device=mask.device)[None].expand(b, t)
-            rope = self.rotary(hidden, positions)
-            out = self.layer(
-                hidden, attention_mask=attn, position_embeddings=rope, position_ids=positions
-            )
-        else:
-            out = self.layer(hidden, attention_mask=attn)
-        return _layer_output(out), mask
-
-
-class Head(nn.Module):
-    """Final norm and task head: logits ``[B, C]`` (classification) or ``[B, T, V]``."""
-
-    def __init__(self, model: nn.Module, family: str, task: str):
-        super().__init__()
-        base = getattr(model, FAMILIES[family].base)
-        self.family, self.task = family, task
-        self.norm = {"gpt2": getattr(base, "ln_f", None), "llama": getattr(base, "norm", None)}.get(
-            family
-        )
-        if family == "bert":
-            self.pooler, self.dropout = base.pooler, model.dropout
-        if family in ("bert", "roberta"):
-            self.classifier = model.classifier
-        elif task == "causal_lm":
-            self.lm_head = _untied(model.lm_head)
-        else:
-            self.score = model.score
-
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self.family == "bert":
-            return self.classifier(self.dropout(self.pooler(hidden)))
-        if self.family == "roberta":
-            return self.classifier(hidden)
-        hidden = self.norm(hidden)
-        if self.task == "causal_lm":
-            return self.lm_head(hidden)
-        logits = self.score(hidden)  # the last non-padding token's (right padding)
-        last = mask.long().sum(1).clamp(min=1) - 1
-        return logits[torch.arange(logits.shape[0], device=logits.device), last]
-
-
-class First(nn.Module):
-    """Block 0: the embeddings, then the first layer."""
-
-    def __init__(self, embed: Embed, layer: Layer):
-        super().__init__()
-        self.embed, self.layer = embed, layer
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.layer(*self.embed(x))
-
-
-def _untied(head: nn.Linear) -> nn.Linear:
-    """A copy of ``head`` whose weight is its own tensor (GPT-2 ties it to the input
-    embedding; see the module docstring)."""
-    out = copy.deepcopy(head)
-    out.weight = nn.Parameter(head.weight.detach().clone(), head.weight.requires_grad)
-    return out
-
-
-def split_blocks(model: nn.Module, task: str) -> list[nn.Module]:
-    """The model as ``[embeddings + layer 0, layer 1, ..., layer L-1, norm + head]``."""
-    family = model.config.model_type
-    if family not in FAMILIES:
-        raise ValueError(
-            f"model type {family!r} is not supported (supported: {', '.join(FAMILIES)})"
-        )
-    base = getattr(model, FAMILIES[family].base)
-    if family in ("bert", "roberta"):
-        layers = list(base.encoder.layer)
-    elif family == "gpt2":
-        layers = list(base.h)
-    else:
-        layers = list(base.layers)
-    rotary = getattr(base, "rotary_emb", None)
-    wrapped = [
-        Layer(layer, family, copy.deepcopy(rotary) if rotary is not None else None)
-        for layer in layers
-    ]
-    return [First(Embed(model, family), wrapped[0]), *wrapped[1:], Head(model, family, task)]
 
 
 def hf_folder(spec: str) -> str:
@@ -228,96 +73,188 @@ def hf_config(spec: str):
 
 
 def task_of(config) -> str:
-    """``causal_lm`` for a model saved as a causal LM (``architectures`` ``...ForCausalLM``
-    or ``...LMHeadModel``), else ``sequence_classification``."""
+    """The task the folder's ``architectures`` name (module docstring)."""
     names = getattr(config, "architectures", None) or []
-    causal = any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in names)
-    return "causal_lm" if causal else "sequence_classification"
+    if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in names):
+        return "causal_lm"
+    if any(n.endswith("ForImageClassification") for n in names):
+        return "image_classification"
+    return "sequence_classification"
+
+
+def _auto_class(config, task: str):
+    """The transformers Auto class of ``task`` and the model class it builds for ``config``;
+    a one-line ``ValueError`` naming why where there is none, or it cannot be split."""
+    tf = _transformers()
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"model type {config.model_type!r} is an encoder-decoder model: its decoder reads "
+            "the encoder's output at every layer, so no one layer stack can be cut"
+        )
+    auto = {
+        "causal_lm": tf.AutoModelForCausalLM,
+        "image_classification": tf.AutoModelForImageClassification,
+    }.get(task, tf.AutoModelForSequenceClassification)
+    try:
+        cls = auto._model_mapping[type(config)]
+    except KeyError:
+        raise ValueError(
+            f"model type {config.model_type!r} has no {auto.__name__} in transformers "
+            f"{tf.__version__} (the {task} task)"
+        ) from None
+    return auto, cls[0] if isinstance(cls, tuple) else cls
 
 
 def check_hf_spec(spec: str) -> None:
-    """The extra is installed, the config is there and its model type is supported."""
+    """The extra is installed, the config is there and transformers builds its task model."""
     config = hf_config(spec)
-    if config.model_type not in FAMILIES:
-        raise ValueError(
-            f"{spec}: model type {config.model_type!r} is not supported "
-            f"(supported: {', '.join(FAMILIES)})"
-        )
+    try:
+        _auto_class(config, task_of(config))
+    except ValueError as err:
+        raise ValueError(f"{spec}: {err}") from None
 
 
-def load_hf_model(spec: str, num_classes: int) -> tuple[nn.Module, str]:
-    """The task model ``spec`` names and its task (module docstring), eager attention."""
-    tf = _transformers()
+def attention_of(cls, wanted: str) -> str:
+    """``wanted`` (``hf.attn_implementation``), or ``eager`` where the model class has no
+    SDPA attention."""
+    return wanted if wanted == "eager" or getattr(cls, "_supports_sdpa", False) else "eager"
+
+
+def load_hf_model(spec: str, num_classes: int, attention: str = "sdpa") -> tuple[nn.Module, str]:
+    """The task model ``spec`` names and its task (module docstring), with ``attention``
+    (:func:`attention_of`) and no key/value cache."""
     config = hf_config(spec)
     task = task_of(config)
-    auto = tf.AutoModelForCausalLM if task == "causal_lm" else tf.AutoModelForSequenceClassification
-    config._attn_implementation = "eager"
+    auto, cls = _auto_class(config, task)
+    config.use_cache = False
     if task != "causal_lm":
         config.num_labels = num_classes
+    attn = attention_of(cls, attention)
     if spec.startswith(FROM_CONFIG):
-        return auto.from_config(config), task
-    return auto.from_pretrained(hf_folder(spec), config=config, local_files_only=True), task
+        return auto.from_config(config, attn_implementation=attn), task
+    model = auto.from_pretrained(
+        hf_folder(spec),
+        config=config,
+        local_files_only=True,
+        attn_implementation=attn,
+        ignore_mismatched_sizes=task != "causal_lm",  # a new head for the data's classes
+    )
+    return model, task
 
 
-def with_lora(model: nn.Module, task: str, lora) -> nn.Module:
-    """``model`` with ``peft`` LoRA adapters injected (``lora``: a ``train.lora`` section):
-    the base weights frozen, the adapters and (for classification) the task head trainable.
-    Returns the injected model itself (``get_peft_model(...).base_model.model``), whose
-    modules :func:`split_blocks` cuts as usual."""
+def lora_config(task: str, lora):
+    """peft's ``LoraConfig`` of a ``train.lora`` section for ``task``."""
     try:
         import peft
     except ImportError as err:
-        raise ImportError(MISSING) from err
-    task_type = peft.TaskType.CAUSAL_LM if task == "causal_lm" else peft.TaskType.SEQ_CLS
-    config = peft.LoraConfig(
+        raise ImportError(missing_hf()) from err
+    targets = lora.target_modules
+    return peft.LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=lora.target_modules,
-        task_type=task_type,
+        target_modules="all-linear" if targets == ["all-linear"] else targets,  # peft's word
+        task_type=_peft_task(task),
+        modules_to_save=_image_head(task),
     )
-    return peft.get_peft_model(model, config).base_model.model
 
 
-def hf_block_model(spec: str, num_classes: int, lora=None) -> BlockModel:
-    """``spec`` as a :class:`BlockModel` cut between layers (cut points 1..L), with LoRA
-    adapters where ``lora`` (``train.lora``) is given (:func:`with_lora`)."""
-    model, task = load_hf_model(spec, num_classes)
+def _peft_task(task: str):
+    """peft's task type: its sequence-classification wrapper calls the model with
+    ``input_ids``/``attention_mask`` keywords, which an image classifier passes down to its
+    layers (Swin's attention then gets ``attention_mask`` twice), so an image classifier has
+    none, as in peft's image-classification guide (the head saved by ``modules_to_save``)."""
+    import peft
+
+    return {
+        "causal_lm": peft.TaskType.CAUSAL_LM,
+        "image_classification": None,
+    }.get(task, peft.TaskType.SEQ_CLS)
+
+
+def _image_head(task: str) -> list[str] | None:
+    """An image classifier's new head trains too (peft names no head without a task type)."""
+    return ["classifier"] if task == "image_classification" else None
+
+
+def with_lora(model: nn.Module, task: str, lora):
+    """``model`` with ``peft`` LoRA adapters injected (``lora``: a ``train.lora`` section):
+    the base weights frozen, the adapters and (for classification) the task head trainable.
+    Returns the peft model; its ``base_model.model`` is the injected model itself, cut as
+    usual."""
+    import peft
+
+    return peft.get_peft_model(model, lora_config(task, lora))
+
+
+def probe_inputs(model: nn.Module, kind: str) -> dict:
+    """A tiny batch for :func:`~splitfl.models.hf_stack.probe`: two 4-token rows, the second
+    padded at its end (text), or one image of the config's size."""
+    config = model.config
+    dtype = next(model.parameters()).dtype
+    if kind == "pixels":
+        size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
+        return {"pixel_values": torch.zeros(1, config.num_channels, size, size, dtype=dtype)}
+    ids = (torch.arange(1, 9).reshape(2, 4) % config.vocab_size).long()
+    mask = torch.ones(2, 4, dtype=torch.long)
+    mask[1, 3] = 0
+    ids[1, 3] = config.pad_token_id if config.pad_token_id is not None else 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def hf_block_model(spec: str, num_classes: int, lora=None, hf=None) -> BlockModel:
+    """``spec`` as a :class:`BlockModel` cut between layer calls (cut points 1..L), with
+    LoRA adapters where ``lora`` (``train.lora``) is given (:func:`with_lora`); ``hf`` is the
+    ``hf`` config section (attention implementation, tied weights; defaults when None)."""
+    attention = hf.attn_implementation if hf is not None else "sdpa"
+    tied = hf.tied_weights if hf is not None else "copy"
+    model, task = load_hf_model(spec, num_classes, attention)
+    peft_model = None
     if lora is not None:
-        model = with_lora(model, task, lora)
-    blocks = split_blocks(model, task)
+        peft_model = with_lora(model, task, lora)
+        model = peft_model.base_model.model
+    kind = "pixels" if model.main_input_name == "pixel_values" else "text"
+    try:
+        blocks, prefixes, plan = split_stack(model, probe_inputs(model, kind), kind, tied)
+    except Unsplittable as err:
+        raise Unsplittable(f"{spec}: cannot be split: {err}") from None
     layers = len(blocks) - 1
     out = BlockModel(blocks, range(1, layers + 1), name=spec, default_cut=min(3, layers))
-    out.input_dtype = torch.int64
+    out.input_dtype = torch.int64 if kind == "text" else torch.float32
     out.origin = "hf"
     out.task = task
+    out.attention = model.config._attn_implementation
+    out.crossing = _crossing(plan)
     #: the base weights stay on every device (LoRA): only trainable tensors are model traffic
     out.frozen_base = lora is not None
-    out.user_names = _original_names(model, out)
+    out.user_names = _user_names(out, prefixes)
+    out.__dict__["peft_model"] = peft_model  # not a submodule: for the adapter's export
     return out
 
 
-def _original_names(model: nn.Module, blocks: BlockModel) -> dict[str, str]:
-    """``blocks.<i>...`` key -> the task model's own state-dict key (the same tensor); the
-    server's untied head keeps the name ``lm_head.*`` (``model.pt`` loads into the original
-    model with ``load_state_dict``)."""
-    original: dict[int, list[str]] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        original.setdefault(id(tensor), []).append(name)
-    names = {}
-    for key, tensor in blocks.state_dict(keep_vars=True).items():
-        if id(tensor) in original:  # a tied tensor has several names: the one ending like key
-            names[key] = max(original[id(tensor)], key=lambda n: _common_suffix(n, key))
-        elif ".lm_head." in key:
-            names[key] = "lm_head." + key.rpartition(".lm_head.")[2]
+def _crossing(plan) -> str:
+    """What crosses every cut, in words (``splitfl validate`` lists it)."""
+    if plan.inputs == "pixels":
+        return "the hidden states (float)"
+    ids = ", the token ids [T] int64 (the model's tail pools its last non-padding token)"
+    return "the hidden states [T, H] (float), the padding mask [T] int64" + (
+        ids if plan.carry_ids else ""
+    )
+
+
+def _user_names(model: BlockModel, prefixes: dict[int, dict[str, str]]) -> dict[str, str]:
+    """``blocks.<i>...`` key -> the task model's own state-dict key. A layer run at several
+    depths under ``tied_weights: copy`` (ALBERT) has one copy per depth: the second and later
+    are named ``<layer>@<depth>.…`` (the model's class has no place for them)."""
+    names: dict[str, str] = {}
+    taken: dict[str, int] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        _, i, rest = key.split(".", 2)
+        for prefix, own in prefixes.get(int(i), {}).items():
+            if rest.startswith(prefix):
+                name = own + rest[len(prefix) :]
+                if taken.setdefault(name, id(tensor)) != id(tensor):
+                    name = f"{own[:-1]}@{i}.{rest[len(prefix) :]}"
+                names[key] = name
+                break
     return names
-
-
-def _common_suffix(a: str, b: str) -> int:
-    """How many trailing dotted components ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(reversed(a.split(".")), reversed(b.split(".")), strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -9,4 +9,12 @@ gradients over gRPC. The subpackages say which process runs a file:
 * :mod:`~splitfl.net.device` — the device process (``splitfl device``): the agent and its links.
 
 Importing this package imports nothing else: a device process loads only what it needs.
+It keeps gRPC's C-core logging off the console (``GRPC_VERBOSITY=NONE`` before gRPC is
+imported, unless the user set ``GRPC_VERBOSITY``): a device dialling with the wrong
+certificate would print dozens of C-core lines a second, while splitfl says what is wrong
+in one line; ``GRPC_VERBOSITY=ERROR`` (or ``DEBUG``) brings them back.
 """
+
+import os
+
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")

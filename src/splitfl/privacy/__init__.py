@@ -1,32 +1,58 @@
-"""Privacy of split training: RingSFL's eavesdropper leakage probability (Eq. 8, Fig. 5) and a
-Deep-Leakage-from-Gradients attack on FedAvg vs RingSFL uploads (§4.2.5, Eq. 9, Fig. 15–16)."""
+"""Privacy of split training: RingSFL's eavesdropper leakage probability (Eq. 8, Fig. 5), a
+Deep-Leakage-from-Gradients attack on FedAvg vs RingSFL uploads (§4.2.5, Eq. 9, Fig. 15–16),
+and an honest-but-curious server's attacks on what crosses the cut: UnSplit and the inverse
+network on smashed data (:mod:`~splitfl.privacy.reconstruct`), label inference on cut-layer
+gradients (:mod:`~splitfl.privacy.labels`), scored by :mod:`~splitfl.privacy.metrics`."""
 
 from splitfl.privacy.attack import DLGResult, cosine_similarity, dlg_attack, infer_label
 from splitfl.privacy.experiment import AttackConfig, load_attack_config, run_attack
+from splitfl.privacy.labels import direction_scores, label_leak_auc, norm_scores
 from splitfl.privacy.leakage import leakage_curve, leakage_probability, plot_leakage_curve
+from splitfl.privacy.metrics import mse, psnr, reconstruction_scores, roc_auc, ssim
 from splitfl.privacy.observe import (
     gradient_from_update,
     observe_fedavg,
     observe_ringsfl,
     true_gradient,
 )
+from splitfl.privacy.on_run import RunAttack, attack_run
+from splitfl.privacy.reconstruct import (
+    Reconstruction,
+    invert,
+    train_inverse_network,
+    unsplit_attack,
+)
 from splitfl.privacy.results import plot_attack, write_results
 
 __all__ = [
     "AttackConfig",
     "DLGResult",
+    "Reconstruction",
+    "RunAttack",
+    "attack_run",
     "cosine_similarity",
+    "direction_scores",
     "dlg_attack",
     "gradient_from_update",
     "infer_label",
+    "invert",
+    "label_leak_auc",
     "leakage_curve",
     "leakage_probability",
     "load_attack_config",
+    "mse",
+    "norm_scores",
     "observe_fedavg",
     "observe_ringsfl",
     "plot_attack",
     "plot_leakage_curve",
+    "psnr",
+    "reconstruction_scores",
+    "roc_auc",
     "run_attack",
+    "ssim",
+    "train_inverse_network",
     "true_gradient",
+    "unsplit_attack",
     "write_results",
 ]

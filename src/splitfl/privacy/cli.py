@@ -1,4 +1,5 @@
-"""``splitfl privacy leakage|attack``: RingSFL Eq. (8)/Fig. 5 and the DLG attack of §4.2.5.
+"""``splitfl privacy leakage|attack|reconstruct|labels``: RingSFL Eq. (8)/Fig. 5, the DLG attack
+of §4.2.5, and a curious server's attacks on a finished run (:mod:`splitfl.privacy.on_run`).
 
 Wire into :func:`splitfl.cli.main.build_parser` with ``add_privacy_parser(sub)``. Bad values
 raise :class:`~splitfl.config.ConfigError` (``main`` prints one line and exits 2).
@@ -14,7 +15,8 @@ from pathlib import Path
 from splitfl.config import ConfigError
 from splitfl.privacy.experiment import load_attack_config, run_attack
 from splitfl.privacy.leakage import leakage_curve, leakage_probability, plot_leakage_curve
-from splitfl.privacy.results import write_results
+from splitfl.privacy.on_run import RunAttack, attack_run
+from splitfl.privacy.results import plot_reconstruction, results_to_json, write_results
 
 FIG5_E = (0.1, 0.2, 0.4, 0.6)
 
@@ -83,10 +85,66 @@ def cmd_attack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spec(args: argparse.Namespace, attack: str) -> RunAttack:
+    """The :class:`RunAttack` of a ``reconstruct``/``labels`` command line."""
+    fields = {
+        k: v
+        for k, v in vars(args).items()
+        if k in RunAttack.__dataclass_fields__ and v is not None and k != "attack"
+    }
+    return RunAttack(attack=attack, **fields)
+
+
+def _write_run_attack(result: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    scores = {k: v for k, v in result.items() if k not in ("true_x", "reconstruction")}
+    path = out / "results.json"
+    path.write_text(json.dumps(results_to_json(scores), indent=1, allow_nan=False))
+    return path
+
+
+def cmd_reconstruct(args: argparse.Namespace) -> int:
+    """UnSplit or the inverse network on a run's victim client; results.json and grid.png."""
+    result = attack_run(_spec(args, args.attack))
+    out = Path(args.out or Path(args.run_dir) / "privacy")
+    json_path = _write_run_attack(result, out)
+    grid = plot_reconstruction(result["true_x"], result["reconstruction"], out / "grid.png")
+    print(
+        f"{args.attack} on client {result['client']} (cut {result['cut']}, "
+        f"{result['samples']} samples): MSE {result['mse']:.4g}  PSNR {result['psnr']:.2f} dB  "
+        f"SSIM {result['ssim']:.3f}"
+    )
+    print(f"results: {json_path}, {grid}")
+    return 0
+
+
+def cmd_labels(args: argparse.Namespace) -> int:
+    """Li et al.'s label inference on a U-shaped run's head gradients; results.json."""
+    result = attack_run(_spec(args, "labels"))
+    json_path = _write_run_attack(result, Path(args.out or Path(args.run_dir) / "privacy"))
+    print(
+        f"label inference on client {result['client']} (cut {result['cut']}, tail "
+        f"{result['tail']}, {result['samples']} samples, {result['positives']} of class "
+        f"{args.positive}): AUC norm {result['auc_norm']:.3f}  direction "
+        f"{result['auc_direction']:.3f}"
+    )
+    print(f"results: {json_path}")
+    return 0
+
+
+def _victim_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's folder (model.pt)")
+    p.add_argument("--client", type=int, help="victim client (default: last round's first)")
+    p.add_argument("--samples", type=int, help="victim's training samples attacked (16)")
+    p.add_argument("--cut", type=int, help="cut point (default: the client's last cut)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: RUN_DIR/privacy)")
+
+
 def add_privacy_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``privacy leakage`` and ``privacy attack`` to a ``add_subparsers()`` object."""
     parser = subparsers.add_parser(
-        "privacy", help="RingSFL privacy: leakage probability (Eq. 8), DLG attack (Fig. 15-16)"
+        "privacy",
+        help="privacy: RingSFL leakage (Eq. 8), DLG, server attacks on a run's cut",
     )
     sub = parser.add_subparsers(dest="privacy_command", required=True)
     p = sub.add_parser("leakage", help="eavesdropper leakage probability P_i (Eq. 8, Fig. 5)")
@@ -100,4 +158,18 @@ def add_privacy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("args", nargs="*", metavar="CONFIG [key=value ...]")
     p.add_argument("--out", metavar="DIR", help="output folder (default: the config's out)")
     p.set_defaults(fn=cmd_attack)
+    p = sub.add_parser(
+        "reconstruct", help="UnSplit / inverse network on a run's smashed data (server attack)"
+    )
+    _victim_flags(p)
+    p.add_argument("--attack", choices=("unsplit", "inverse"), default="unsplit")
+    p.add_argument("--iterations", type=int, help="UnSplit's Adam steps (300)")
+    p.add_argument("--lr", type=float, help="UnSplit's Adam learning rate (0.05)")
+    p.add_argument("--epochs", type=int, help="inverse network's training epochs (20)")
+    p.add_argument("--aux-samples", type=int, help="server's test samples it trains on (1024)")
+    p.set_defaults(fn=cmd_reconstruct)
+    p = sub.add_parser("labels", help="label inference on a U-shaped run's head gradients")
+    _victim_flags(p)
+    p.add_argument("--positive", type=int, default=1, help="the class scored (default 1)")
+    p.set_defaults(fn=cmd_labels)
     return parser

@@ -83,3 +83,27 @@ def plot_attack(results: dict, path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_reconstruction(true_x: torch.Tensor, reconstruction: torch.Tensor, path) -> Path:
+    """An image grid: the true inputs (top row) above their reconstructions (bottom row),
+    at most 16 columns, each image min–max scaled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = min(16, len(true_x))
+    fig, axes = plt.subplots(2, n, figsize=(1.1 * n + 0.6, 2.6), squeeze=False)
+    for row, (title, images) in enumerate((("true", true_x), ("attack", reconstruction))):
+        for k in range(n):
+            ax = axes[row][k]
+            ax.imshow(_display(torch.as_tensor(images[k])), cmap="gray")
+            ax.axis("off")
+        axes[row][0].set_title(title, fontsize=8, loc="left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

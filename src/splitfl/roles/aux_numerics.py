@@ -141,6 +141,6 @@ def returned_names(aux: nn.Module, device_loss: str) -> set[str]:
     servers average it), else (``estimate``, FSL-SAGE) only its buffers — BatchNorm's running
     statistics and counter change with every forward in train mode on the device, while its
     parameters change only by the server's alignment, which the server already holds."""
-    if device_loss == "local":
+    if device_loss in ("local", "local+server"):
         return set(aux.state_dict())
     return set(aux.state_dict()) - {name for name, _ in aux.named_parameters()}

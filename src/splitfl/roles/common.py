@@ -17,6 +17,7 @@ from torch import nn
 from splitfl.config import TrainConfig
 from splitfl.core.activations import Activation, tree_map
 from splitfl.core.seeding import derive_seed
+from splitfl.data.partition import epoch_batch_sizes
 from splitfl.models import BlockModel
 from splitfl.training import loss_fn, make_optimizer, score
 
@@ -46,31 +47,40 @@ def local_optimizer(module: nn.Module, lr: float, train: TrainConfig) -> torch.o
 
 
 def client_batches(
-    indices: np.ndarray, batch_size: int, steps: int, seed: int
+    indices: np.ndarray, batch_size: int, steps: int, seed: int, drop_last: bool | str = False
 ) -> list[torch.Tensor]:
-    """``steps`` mini-batches of sample indices, reshuffled every epoch (seeded)."""
+    """``steps`` mini-batches of sample indices, reshuffled every epoch (seeded); an epoch's
+    last batch is dropped where ``train.drop_last`` says so
+    (:func:`~splitfl.data.partition.epoch_batch_sizes`: the same sizes the clock prices)."""
     gen = torch.Generator().manual_seed(seed)
     pool = torch.as_tensor(indices, dtype=torch.long)
+    kept = len(epoch_batch_sizes(len(pool), batch_size, drop_last))
     out: list[torch.Tensor] = []
     while len(out) < steps:
         perm = pool[torch.randperm(len(pool), generator=gen)]
-        out.extend(perm.split(batch_size))
+        out.extend(perm.split(batch_size)[:kept])
     return out[:steps]
 
 
-def task_batches(indices: np.ndarray, task, round_seed: int) -> list[torch.Tensor]:
+def task_batches(
+    indices: np.ndarray, task, round_seed: int, drop_last: bool | str = False
+) -> list[torch.Tensor]:
     """A task's mini-batches of the round: :func:`client_batches` of the client's sample
     ``indices`` seeded by ``derive_seed(round_seed, client)``, the same in every executor."""
     seed = derive_seed(round_seed, task.client)
-    return client_batches(indices, task.batch_size, task.steps, seed)
+    return client_batches(indices, task.batch_size, task.steps, seed, drop_last)
 
 
-def round_batches(tasks, client_indices, round_seed: int) -> dict[int, list[torch.Tensor]]:
+def round_batches(
+    tasks, client_indices, round_seed: int, drop_last: bool | str = False
+) -> dict[int, list[torch.Tensor]]:
     """Each task's :func:`task_batches` (what its :class:`~splitfl.roles.sides.DeviceRole`
     would draw), drawn for every client in one pass before training: torch's small ops run
     cache-warm one after another (~4 µs each) instead of one client's at a time between
     training steps (~15 µs each on a 2-core machine, ~0.4 ms of a 30 ms FedAvg round)."""
-    return {t.client: task_batches(client_indices[t.client], t, round_seed) for t in tasks}
+    return {
+        t.client: task_batches(client_indices[t.client], t, round_seed, drop_last) for t in tasks
+    }
 
 
 #: ``precision`` values: fp32, or bf16 autocast of the forward passes (losses in fp32).

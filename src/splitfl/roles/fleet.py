@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from splitfl.config import TrainConfig
-from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan
+from splitfl.core.plan import LOCAL_AND_SERVER, ClientTask, ClientUpdate, RoundPlan
 from splitfl.core.topology import AuxSpec
 from splitfl.models import BlockModel, ModelPart, block_index
 from splitfl.roles.aux_numerics import device_aux, remember
@@ -49,6 +49,10 @@ class Fleet(Protocol):
 
     def head_update(self, clients: list[int]) -> None:
         """``device_loss: local``: each client steps on its auxiliary model's loss."""
+
+    def local_server_update(self, grads: dict[int, torch.Tensor]) -> None:
+        """``device_loss: local+server``: each client steps on its auxiliary model's loss plus
+        its activation gradient ``grads[client]``."""
 
     def estimate_update(self, clients: list[int]) -> None:
         """``device_loss: estimate``: each client steps with its auxiliary model's gradient
@@ -97,6 +101,10 @@ class LocalFleet:
     def head_update(self, clients):
         for c in clients:
             self.roles[c].head_update()
+
+    def local_server_update(self, grads):
+        for c, grad in grads.items():
+            self.roles[c].local_server_update(grad)
 
     def estimate_update(self, clients):
         for c in clients:
@@ -297,9 +305,10 @@ class SplitLoop:
         ``refresh_data``/``align`` when ``t % align_interval == 0 and local_iter == 0``), and
         downloaded; then every device steps on its auxiliary model."""
         plan, fleet = self.plan, self.fleet
-        uploading = plan.uploads(step)
+        uploading, grads = plan.uploads(step), {}
         if uploading:
-            clients = [s.client for s in self._upload(tasks, step)]
+            grads = self._upload(tasks, step)
+            clients = list(grads)
         else:
             clients = [t.client for t in tasks]
         aligning = [
@@ -310,20 +319,26 @@ class SplitLoop:
         if aligning:
             fleet.load_aux({t.client: self._aligned(t) for t in aligning})
         clients = [c for c in clients if c not in fleet.dropped]
-        if uploading:
+        if uploading and plan.device_loss == LOCAL_AND_SERVER:
+            fleet.local_server_update({c: grads[c] for c in clients})
+        elif uploading:
             update = fleet.head_update if plan.device_loss == "local" else fleet.estimate_update
             update(clients)
+        if uploading:
             return
         for c, samples in fleet.aux_step({c: step for c in clients}, plan.device_loss).items():
             self.tally[c].samples += samples
 
-    def _upload(self, tasks: list[ClientTask], step: int) -> list[Smashed]:
+    def _upload(self, tasks: list[ClientTask], step: int) -> dict[int, torch.Tensor]:
         """An upload step: the members' smashed data (those that answered), the server's step
-        on them, and (alignment) the server's memory of them."""
+        on them, and (alignment) the server's memory of them; the activation gradient of each
+        member that answered (only ``local+server`` sends it back)."""
         sent = self._forward(tasks, step)
         if not sent:
-            return sent
-        for s, (_, loss_sum) in zip(sent, self.server.step(sent), strict=True):
+            return {}
+        grads = {}
+        for s, (grad, loss_sum) in zip(sent, self.server.step(sent), strict=True):
+            grads[s.client] = grad
             tally = self.tally[s.client]
             tally.samples += len(s.labels)
             tally.uploaded += len(s.labels)
@@ -333,7 +348,7 @@ class SplitLoop:
                 self.memory[s.client] = remember(
                     self.memory[s.client], s.features, s.labels, align.memory
                 )
-        return sent
+        return grads
 
     def _aligned(self, task: ClientTask) -> State:
         """The task's auxiliary model aligned by the server on the client's memory."""

@@ -36,6 +36,8 @@ class PartPool:
         self._free: dict[tuple[int, int], list[ModelPart]] = {}
         self._views: dict[int, StateView] = {}  # by id() of a part this pool made
         self._optimizers: dict[int, tuple[tuple, torch.optim.Optimizer]] = {}
+        #: the round's global state, set by the executor (None: every read copies)
+        self.reference: State | None = None
 
     def take(self, model: BlockModel, start: int, stop: int, state: State) -> ModelPart:
         """A copy of ``model``'s blocks ``[start, stop)`` holding ``state`` (its own tensors,
@@ -70,8 +72,9 @@ class PartPool:
         return optimizer
 
     def read(self, part: ModelPart) -> State:
-        """The state of ``part`` (one this pool handed out) as :func:`cloned` copies."""
-        return self._views[id(part)].read()
+        """The state of ``part`` (one this pool handed out) as :func:`cloned` copies, but for
+        frozen parameters equal to :attr:`reference`'s (:meth:`StateView.read`)."""
+        return self._views[id(part)].read(self.reference)
 
     def release(self, part: ModelPart) -> None:
         """Give ``part`` back; nothing may use it (or tensors of its ``state_dict``) after."""
@@ -128,11 +131,28 @@ class StateView:
             for k, t in mine.items():
                 t.copy_(state[k])
 
-    def read(self) -> State:
-        """``cloned(module.state_dict())``."""
+    def read(self, reference: State | None = None) -> State:
+        """``cloned(module.state_dict())``; with ``reference`` (a state nothing writes in
+        place: the round's global model), a frozen parameter equal to its tensor there is read
+        as that tensor, not a copy (a LoRA model's base: one comparison instead of a copy, and
+        aggregation then finds it unchanged by identity)."""
         if self.tensors is None:
             return cloned(self.module.state_dict())
-        return cloned(self.tensors)
+        out = cloned({k: t for k, t in self.tensors.items() if not _same(t, reference, k)})
+        return {k: out[k] if k in out else reference[k] for k in self.tensors}
+
+
+def _same(t: torch.Tensor, reference: State | None, key: str) -> bool:
+    """Whether ``t`` is a frozen parameter equal to ``reference[key]`` (same shape, dtype and
+    device)."""
+    if reference is None or not isinstance(t, nn.Parameter) or t.requires_grad:
+        return False
+    r = reference.get(key)
+    return (
+        isinstance(r, torch.Tensor)
+        and (r.shape, r.dtype, r.device) == (t.shape, t.dtype, t.device)
+        and torch.equal(t, r)
+    )
 
 
 def plain_state(module: nn.Module) -> bool:

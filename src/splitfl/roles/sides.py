@@ -57,6 +57,7 @@ from splitfl.roles.common import (
     task_batches,
     to_memory_format,
 )
+from splitfl.roles.defences import device_defence
 from splitfl.training import loss_fn
 
 
@@ -111,7 +112,7 @@ class DeviceRole:
         self.task, self.part, self.aux, self.runtime = task, part, aux, runtime
         self.x_all, self.y_all, indices = data
         if batches is None:  # else drawn already (:func:`~splitfl.roles.common.round_batches`)
-            batches = task_batches(indices, task, round_seed)
+            batches = task_batches(indices, task, round_seed, train.drop_last)
         self.batches = batches
         self.round_seed = round_seed
         trainable = part if aux is None else nn.ModuleList([part, aux])
@@ -119,6 +120,7 @@ class DeviceRole:
             optimizer = local_optimizer(trainable, task.lr, train)
         self.optimizer = optimizer
         self.loss, self.loss_name = loss_fn(train.loss), train.loss
+        self.defence = device_defence(train.defence, task.client, round_seed)
         self._fx: torch.Tensor | None = None
         self._y: torch.Tensor | None = None
 
@@ -131,10 +133,18 @@ class DeviceRole:
 
     def forward(self, step: int) -> tuple[Activation, torch.Tensor]:
         """Smashed data of mini-batch ``step`` (detached; the graph is kept) and its labels:
-        one tensor, or a tuple where several cross the cut."""
+        one tensor, or a tuple where several cross the cut; with ``train.defence``, what the
+        defences let leave the device (:mod:`splitfl.roles.defences`)."""
         x, y = self.batch(step)
-        self._fx, self._y = self.runtime.forward(self.part, x), y
+        fx = self.runtime.forward(self.part, x)
+        if self.defence is not None:
+            fx = self.defence.protect(x, fx, step)
+        self._fx, self._y = fx, y
         return tree_map(torch.Tensor.detach, self._fx), y
+
+    def _penalty(self) -> torch.Tensor | None:
+        """A defence's loss term for the last forward (NoPeek), None without one."""
+        return None if self.defence is None else self.defence.penalty()
 
     def pending_output(self) -> Activation:
         """The smashed data of the last ``forward`` awaiting its gradient (ValueError if
@@ -146,7 +156,7 @@ class DeviceRole:
     def backward(self, grad: Gradient) -> None:
         """Back-propagate the returned activation gradient and step (S²FL Eq. 4's device side)."""
         self.optimizer.zero_grad()
-        backward(self._fx, grad)
+        backward(self._fx, grad, self._penalty())
         self.optimizer.step()
         self._fx = None
 
@@ -154,7 +164,22 @@ class DeviceRole:
         """``device_loss: local``: one step of the part and the auxiliary model on the
         auxiliary model's loss on the last smashed data (CSE-FSL, LocFedMix-SL)."""
         loss = self.loss(self.runtime.forward(self.aux, aux_input(self._fx)), self._y)
-        self._step(loss)
+        penalty = self._penalty()
+        self._step(loss if penalty is None else loss + penalty)
+        self._fx = None
+
+    def local_server_update(self, grad: Gradient) -> None:
+        """``device_loss: local+server``: one step of the part and the auxiliary model on the
+        auxiliary model's loss plus the server's activation gradient on the same smashed data
+        (the gradients add: ∂ℓ_aux/∂θ + (∂fx/∂θ)ᵀ g). LocFedMix-SL "maintain[s] all the
+        benefits of SplitFed and LocSplitFed" (ParallelSFL §2), whose PS "sends the
+        corresponding gradients back to the workers in sequence" (MergeSFL §II-B)."""
+        loss = self.loss(self.runtime.forward(self.aux, aux_input(self._fx)), self._y)
+        check_finite(loss, self.task.client)
+        self.optimizer.zero_grad()
+        loss.backward(retain_graph=True)
+        backward(self._fx, grad)
+        self.optimizer.step()
         self._fx = None
 
     def estimate_update(self) -> None:
@@ -164,14 +189,15 @@ class DeviceRole:
         part; the auxiliary model is not stepped (only alignment changes its weights)."""
         grad = estimate_gradient(self.aux, self._fx, self._y, self.loss_name, self.runtime.forward)
         self.optimizer.zero_grad()
-        backward(self._fx, grad)
+        backward(self._fx, grad, self._penalty())
         self.optimizer.step()
         self._fx = None
 
     def aux_update(self, device_loss: str) -> None:
         """The auxiliary plan's device update on the last smashed data: :meth:`head_update`
-        (``device_loss: local``) or :meth:`estimate_update` (``estimate``)."""
-        if device_loss == "local":
+        (``device_loss: local``; ``local+server`` off the upload period, where no gradient
+        comes back) or :meth:`estimate_update` (``estimate``)."""
+        if device_loss in ("local", "local+server"):
             self.head_update()
         elif device_loss == "estimate":
             self.estimate_update()

@@ -5,6 +5,7 @@ and one ``<trial>/`` run directory per trial; the checks made before anything ru
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,16 @@ def same_config(run_dir: Path, config: ExperimentConfig) -> bool:
     directory holds its config resolved); a damaged ``config.yaml`` is a one-line ConfigError
     naming it."""
     data = read_config(run_dir / "config.yaml")
-    return data is None or resolve_config(from_dict(ExperimentConfig, data)) == resolve_config(
-        config
-    )
+    if data is None:
+        return True
+    stored, wanted = resolve_config(from_dict(ExperimentConfig, data)), resolve_config(config)
+    if wanted.train.drop_last == "auto" and stored.train.drop_last in (False, "single"):
+        # what auto became for the model (the run's context resolves it: a directory holds
+        # the result), so a rerun of the same sweep finds its own trials
+        wanted = wanted.replace(
+            train=dataclasses.replace(wanted.train, drop_last=stored.train.drop_last)
+        )
+    return stored == wanted
 
 
 def check_data(trials: list[Trial], folder: Path | None = None) -> list[Trial]:

@@ -165,7 +165,8 @@ def sweep(
         backend: How trials run: ``ray`` (default) or ``local`` (one trial after another, same
             outputs). Not the training engine (the config field ``executor``).
         address: Ray cluster address (``auto``, ``ray://host:10001``); default: local.
-        gpus_per_trial, cpus_per_trial: Ray resources per trial (fractions allowed).
+        gpus_per_trial: Ray GPUs per trial (fractions allowed).
+        cpus_per_trial: Ray CPUs per trial (fractions allowed).
         keep_going: Record invalid trials as failed and run the others, instead of stopping
             before anything runs.
         overrides: ``key=value`` overrides for every trial, after the sweep file's own.

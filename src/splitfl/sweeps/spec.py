@@ -41,7 +41,7 @@ from splitfl.config import (
     set_dotted,
 )
 from splitfl.experiment.compare import safe_name
-from splitfl.experiment.validation import validate_config
+from splitfl.experiment.validation import check_config
 from splitfl.extensions import fill_import_dirs
 
 SWEEP_FIELDS = ("name", "base", "base_source", "overrides", "axes", "out_dir")
@@ -232,7 +232,7 @@ def trial_config(spec: SweepSpec, values: dict[str, Any]) -> ExperimentConfig:
     for key, value in values.items():
         set_dotted(data, key.split("."), copy.deepcopy(value))
     config = from_dict(ExperimentConfig, data)
-    validate_config(config, Path(spec.base_source).parent if spec.base_source else None)
+    check_config(config, Path(spec.base_source).parent if spec.base_source else None)
     return fill_import_dirs(config)  # Ray workers and resumes find the modules there too
 
 

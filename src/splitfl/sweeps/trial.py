@@ -18,9 +18,10 @@ from splitfl.config import ConfigError, ExperimentConfig, from_dict
 from splitfl.core.atomic import error_line, write_atomic
 from splitfl.executors import NonFiniteLossError
 from splitfl.experiment import runner  # looked up per call (tests replace runner.run)
+from splitfl.metrics.records import read_record
 from splitfl.metrics.rundirs import read_rows
 from splitfl.metrics.summary import BUDGET_STATUS as BUDGET
-from splitfl.metrics.summary import is_ok, read_record
+from splitfl.metrics.summary import is_ok
 
 FINAL = ("done", "diverged")  # not rerun on resume (a diverged trial diverges again)
 

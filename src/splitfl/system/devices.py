@@ -128,6 +128,30 @@ class VariedSchedule:
         )
 
 
+@dataclass(frozen=True)
+class ScaledFlops:
+    """A schedule whose profiles' FLOP/s are multiplied by ``scale`` (``devices.flops_scale``)."""
+
+    schedule: DeviceSchedule
+    scale: float
+
+    def __call__(self, client: int, round_idx: int) -> DeviceProfile:
+        dev = self.schedule(client, round_idx)
+        return replace(dev, flops=dev.flops * self.scale)
+
+
+def with_flops_scale(population: Population, scale: float) -> Population:
+    """``population`` with every device's FLOP/s (in every round) times ``scale``; the server's
+    unchanged (unchanged population when ``scale`` is 1)."""
+    if not scale > 0:
+        raise ValueError(f"flops scale must be > 0 (got {scale})")
+    if scale == 1.0:
+        return population
+    devices = tuple(replace(d, flops=d.flops * scale) for d in population.devices)
+    schedule = None if population.schedule is None else ScaledFlops(population.schedule, scale)
+    return replace(population, devices=devices, schedule=schedule)
+
+
 def with_variation(population: Population, sigma: float, period: int, seed: int) -> Population:
     """``population`` with :class:`VariedSchedule` applied (unchanged when ``sigma`` is 0)."""
     if sigma <= 0:

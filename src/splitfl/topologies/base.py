@@ -80,6 +80,8 @@ class PriceView(Protocol):
 
     def client_cost(self, client: int, cut: int, samples: int, r: int, **flags): ...
 
+    def charge_defence(self, cost, cut: int, samples: int, batch_size, device) -> None: ...
+
 
 class Family(ABC):
     """A training pattern's schedule, units and price (subclass per payload type; a family

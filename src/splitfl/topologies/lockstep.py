@@ -30,7 +30,12 @@ def lockstep_finish(members: dict[int, Phases]) -> dict[int, float]:
 
 
 def member_phases(
-    task: ClientTask, cost: ClientCost, samples: int, data_size: int, measured: float
+    task: ClientTask,
+    cost: ClientCost,
+    samples: int,
+    data_size: int,
+    measured: float,
+    drop_last: bool | str = False,
 ) -> Phases:
     """Split a member's reported time into download, per-iteration work and upload.
 
@@ -44,6 +49,6 @@ def member_phases(
     post = cost.comm_time * traffic.model_up / total if total > 0 else 0.0
     work = cost.time - pre - post
     scale = measured / cost.time if cost.time > 0 else 1.0
-    sizes = batch_sizes(data_size, task.batch_size, task.steps)
+    sizes = batch_sizes(data_size, task.batch_size, task.steps, drop_last)
     its = [scale * work * b / max(samples, 1) for b in sizes]
     return scale * pre, its, scale * post

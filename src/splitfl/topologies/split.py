@@ -117,13 +117,15 @@ def split_task_cost(view, task: ClientTask, samples: int, r: int, plan: RoundPla
     else:
         aux = AuxCharge(charge.aux_flops, charge.aux_down, charge.aux_up, charge.server_flops)
         uploaded = uploaded_samples(view, task, plan)
-        cost = view.task_cost(task, samples, r, "local", uploaded=uploaded, aux=aux)
+        loss = plan.device_loss  # local+server: the gradients of the uploaded steps come back
+        cost = view.task_cost(task, samples, r, loss, uploaded=uploaded, aux=aux)
     return with_extras(cost, charge, view.population.at(task.client, r), view)
 
 
 def uploaded_samples(view, task: ClientTask, plan: RoundPlan) -> int:
     """Samples of ``task``'s mini-batches at upload steps (``plan.uploads``)."""
-    sizes = batch_sizes(int(view.data_sizes[task.client]), task.batch_size, task.steps)
+    n, drop = int(view.data_sizes[task.client]), view.config.train.drop_last
+    sizes = batch_sizes(n, task.batch_size, task.steps, drop)
     return sum(b for step, b in enumerate(sizes) if plan.uploads(step))
 
 

@@ -46,6 +46,7 @@ class StarFamily(SplitFamily):
                         samples[t.client],
                         int(view.data_sizes[t.client]),
                         times[t.client],
+                        view.config.train.drop_last,
                     )
                     for t in members
                     if t.client in priced and t.client in times

@@ -1,45 +1,16 @@
 """MergeSFL (Liao et al., "MergeSFL: Split Federated Learning with Feature Merging and Batch
 Size Regulation"): spec ``papers/mergesfl.md`` §IV (Alg. 1, Eq. 5–17).
 
-* **State estimation (§IV-A, Eq. 5–6):** :class:`~splitfl.algorithms.state_estimation.
-  WorkerStateEstimator` (moving averages, ``ema`` = 0.8, of per-sample computing time μ and
-  transmission time β measured on the clock in the worker's own rounds; shared with AdaSFL).
-* **PS ingress budget B^h (§IV-A, Eq. 10):** :mod:`~splitfl.algorithms.mergesfl.ingress` —
-  the moving average (``ema``) of the PS's achieved ingress rate in the earlier rounds, from the
-  round reports (the clock shares the PS link among the concurrent uploads where
-  ``devices.contention`` is on). Eq. (10) compares bytes per *iteration*, so the budget in
-  bytes is B^h × the fastest worker's iteration time at the maximum batch,
-  min_i D·(μ_i+β⁰_i) (Eq. 7), with β⁰ the transmission time over the worker's *own* link:
-  the time an iteration takes when the PS link is not the bottleneck, which is what Eq. (10)
-  is there to ensure ("to prevent the PS from becoming a bottleneck", §IV-A). With the β
-  measured on the shared link (``budget_time: shared``, the earlier reading, a sensitivity)
-  the budget grows with the contention it should prevent (a tighter link stretches the
-  iteration and admits more bytes), and Eq. (10) stopped binding (issue 32: ~42 of 80
-  workers at every PS rate).
-  Before anything has been measured (round 0) the budget is the feature bytes of
-  ``train.clients_per_round`` workers at the maximum batch — the prior, which reads no link
-  rate; ``budget: clients_per_round`` keeps that budget in every round (so that comparisons
-  with baselines that select ``clients_per_round`` workers use the same feature ingress).
-* **Worker arrangement (Alg. 1):** :mod:`splitfl.algorithms.mergesfl.arrangement` (Eq. 9 batch
-  regulation with D = ``train.batch_size``, workers whose Eq. 9 batch is 0 not selectable,
-  Eq. 13 priorities, GA on KL(Φ_h‖Φ_0) under Eq. 10, SLSQP fine-tuning to KL ≤ ``epsilon``
-  with minimal Eq. 14, one common scale factor to the budget with the largest batch ≤ D,
-  sizes rounded once to the nearest integer, workers scaled below one sample dropped).
-* **Training (§IV-B):** worker learning rate ∝ batch size (η_i = η·d_i/D, Eq. 15); feature
-  merging — every iteration the selected workers' activations are concatenated into one batch
-  for one top-model step on the mean loss over the merged batch (Eq. 16), and each worker gets
-  back its gradient slice rescaled to the gradient of its own mean loss (as the released code
-  does, ×Σd/d_i); τ = ``tau`` iterations per round; bottom models aggregated with weights ∝ d_i
-  (Eq. 17). ``merge: concat`` (default) runs the top model once on the concatenated features
-  (``RoundPlan.group_forward``), so its BatchNorm layers normalise the mixed batch; ``separate``
-  runs it on each worker's features and sums the losses (same step without BatchNorm). The
-  loss is the mean over the merged batch — Eq. (16)'s ∇̃F_p of the mixed sequence, the released
-  code's ``CrossEntropyLoss()`` on the concatenation — and the ×Σd/d_i slice rescale makes each
-  worker's gradient that of its own mean loss, i.e. what it would get in plain SFL.
-* **Ablations (§V-D):** ``mergesfl-w/o-FM`` — no merging: the PS runs the top model separately
-  on each worker's features (one top-model copy per worker, averaged with Eq. 17 weights);
-  ``mergesfl-w/o-BR`` — every selected worker uses the same batch size, the average of the
-  regulated sizes.
+* State estimation (§IV-A, Eq. 5–6):
+  :class:`~splitfl.algorithms.state_estimation.WorkerStateEstimator`.
+* PS ingress budget B^h (§IV-A, Eq. 10): :mod:`~splitfl.algorithms.mergesfl.ingress`;
+  ``budget_time``, ``budget`` choose how it is turned into bytes.
+* Worker arrangement (Alg. 1, Eq. 9, 13, 14): :mod:`splitfl.algorithms.mergesfl.arrangement`.
+* Training (§IV-B): η_i = η·d_i/D (Eq. 15), feature merging (Eq. 16, ``merge``), bottom
+  models aggregated ∝ d_i (Eq. 17).
+* Ablations (§V-D): ``mergesfl-w/o-FM``, ``mergesfl-w/o-BR``.
+
+How each sentence of the paper is read, and why: ``docs/explanation/readings/mergesfl.md``.
 """
 
 from __future__ import annotations

@@ -1,51 +1,19 @@
 """ParallelSFL (Liao et al., "ParallelSFL: A Novel Split Federated Learning Framework Tackling
 Heterogeneity Issues"): spec ``papers/parallelsfl.md`` §3.3–4.5 (Alg. 1, Eq. 2–18).
 
-Every worker takes part each round, in clusters: each cluster has one *top worker* holding the
-top submodel (its own data do not train) and N_c bottom workers that exchange smashed data and
-gradients with it every iteration over device-to-device links (Eq. 2–3: bottom workers step
-on their own mean loss; the top model steps on the mean over its members — the executor's
-merged group step with equal batch sizes). After τ_c iterations the top worker averages the
-bottom submodels (Eq. 4) and sends bottom + top to the PS, which aggregates the spliced models
-with weights N_c·τ_c (Eq. 18). With per-worker weights τ_c in
-:func:`~splitfl.aggregation.layerwise.layerwise_aggregate`, the bottom blocks get exactly
-Eq. (4) followed by Eq. (18) and each cluster's top copy gets weight N_c·τ_c.
+Every worker takes part each round, in clusters of one top worker and N_c bottom workers
+(Eq. 2–3); the top worker averages the bottom submodels (Eq. 4) and the PS aggregates the
+spliced models with weights N_c·τ_c (Eq. 18, via
+:func:`~splitfl.aggregation.layerwise.layerwise_aggregate`).
 
-* **State monitoring (§4.2, Eq. 6–7):** moving averages (``ema``) of each worker's bottom
-  iteration time μ_b (μ_p = μ_b × the model's fixed top/bottom FLOP ratio, "we only monitor
-  μ_b"), pairwise transmission times β_ij (per-iteration bytes over the slower of the two D2D
-  radios), each worker's D2D radio and PS link rates. Every estimate comes from what the clock
-  reported for the last round (``RoundReport.costs``, with its jitter): a bottom worker's
-  measured compute time and the rate of its smashed data and gradients (bytes over measured
-  time); its top worker's compute and the rates of its model download and upload; the radios
-  follow from the measured D2D rates as :mod:`.monitoring` states (a rate that sharing may
-  have held back only raises a radio's estimate). A worker keeps its last values until it
-  reports again. Before anything is reported (round 0) the PS starts from the workers'
-  announced profiles of round 0 (the state collection, "measured by iperf3", that precedes
-  training) — the prior of every worker not yet measured.
-* **Eq. (8) budget:** the paper gives no value of B_i or b ("the bandwidth occupied by each
-  worker at each iteration"). Read as rates: B_i = worker i's estimated D2D radio (its ingress),
-  b = the bytes a bottom worker sends per iteration, D·(q + label bytes), over a reference
-  iteration time t_ref; so N_c ≤ B_top·t_ref·``ingress_scale``/b. t_ref is ``ingress_time``
-  (seconds), or, when null (default), the median over workers of μ_b + mean_j β_ij (the
-  estimated bottom side of one iteration).
-* **Clustering (Alg. 1):** :mod:`splitfl.algorithms.parallelsfl.planner` (K-means on
-  label-distribution vectors with K = ``k`` or N/5, greedy top/bottom assignment under
-  Eq. 8/10, swap fine-tuning of Σ U_c with ``lam``). Its times (Eq. 9–11) are those of the
-  clock's cluster model on the estimates (:class:`~.problem.ClusterInputs`), so Alg. 1
-  optimises the time the clock charges.
-* **τ_c (Eq. 15–17) and the clock:** one cluster time model,
-  :func:`splitfl.system.cluster.cluster_times` (FIFO top worker, members sharing the top
-  worker's D2D radio, top workers sharing the server link, model traffic β_c), evaluated on the
-  estimates by the planner and on the true profiles by the clock. Eq. (15)'s β_c in the τ_c
-  rule is ``beta_c``: ``upload`` (default, as printed: "the communication time for the top
-  worker ... transmitting the submodels to the PS") or ``full`` (the PS download and the
-  bottom parts' D2D distribution and collection too, all of which the clock charges). The
-  Eq. (16) cluster waiting is logged as planned (``plan_cluster_waiting``) and as charged
-  (``plan_cluster_waiting_clock``). The top worker's compute energy is charged to its
-  members' costs.
-* **Ablations (§5.4):** ``parallelsfl-WC`` (fixed τ for every cluster) and ``parallelsfl-R``
-  (random clusters and top workers, fixed τ).
+* State monitoring (§4.2, Eq. 6–7): measured estimates, :mod:`.monitoring`.
+* Eq. (8) budget: N_c ≤ B_top·t_ref·``ingress_scale``/b (``ingress_time``).
+* Clustering (Alg. 1, Eq. 8–14): :mod:`splitfl.algorithms.parallelsfl.planner`.
+* τ_c (Eq. 15–17) on the clock's cluster model, :func:`splitfl.system.cluster.cluster_times`;
+  ``beta_c`` chooses Eq. (15)'s β_c.
+* Ablations (§5.4): ``parallelsfl-WC``, ``parallelsfl-R``.
+
+How each sentence of the paper is read, and why: ``docs/explanation/readings/parallelsfl.md``.
 """
 
 from __future__ import annotations

@@ -1,41 +1,11 @@
 """ParallelSFL §4.3 clustering problem of one round: its inputs (:class:`ClusterInputs`) and
 the cluster measures of Eq. (8)-(14).
 
-Per round the PS knows, for N workers: label distributions ``V`` ([N, M], rows sum to 1),
-bottom-model compute time per iteration ``mu_b[i]``, top-model compute time per iteration
-on worker i for ONE bottom worker's batch ``mu_p[i]``, the symmetric matrix ``beta[i, j]`` of
-per-iteration transmission times (smashed data + gradients of one iteration between i and j
-over their link alone; the diagonal is never used), ingress bandwidths ``B[i]`` (bytes per
-iteration time unit), ``b``, the bytes one bottom worker sends per iteration, ``down_bytes``,
-the gradient bytes it receives, and optionally ``radio[i]``, each worker's D2D radio (B/s),
-which a top worker's members share. Eq. (6)/(7) (moving averages of the measured times) are
-:func:`~splitfl.algorithms.estimates.moving_average`, shared with MergeSFL.
-
-**One time model.** A cluster's per-iteration times are those of the clock:
-:func:`splitfl.system.cluster.iteration_times` on :meth:`ClusterInputs.member_loads` (member i
-computes ``μ_b,i``, sends ``b`` bytes at its link rate ``(b + down_bytes)/β_i,top``, or at its
-max-min fair share of ``radio[top]`` where radios are given, the top worker serves the batches
-first come first served, ``μ_p,top`` each, and the gradients come back at the same rate). Where
-batches do not queue and no radio is shared this is Eq. (9) as printed,
-``t_i = μ_b,i + β_i,top + μ_p,top``; Eq. (10)-(11), the greedy's "slowest worker" and the
-utility are all evaluated on it, so Alg. 1 optimises the time the clock then charges.
-
-Readings of the paper where it is silent or ambiguous (see ``reference/spec-gaps.md``):
-
-* KL direction: Eq. (13) defines ``KL(Φ_c ‖ Φ_0)`` while Alg. 1 line 9 prints
-  ``KL(Φ_0 ‖ Φ_c)``. Eq. (13)'s direction is used everywhere (greedy, utility, reports), so
-  the greedy optimises the same quantity as Eq. (14). It is also finite when a small cluster
-  misses some classes, whereas ``KL(Φ_0 ‖ Φ_c)`` is infinite there, which would make the first
-  greedy picks indistinguishable.
-* Normalisation of Eq. (14) (:func:`utility_scales`): ``W_c`` is divided by ``w_scale``, the
-  mean Eq. (9) iteration time over all ordered (bottom i, top j ≠ i) pairs (the time of a
-  one-member cluster), which makes it dimensionless; ``KL`` is divided by
-  ``kl_scale = max_i KL(V_i ‖ Φ_0)``, the KL of the worst single worker — by convexity of KL
-  every cluster's ``KL(Φ_c ‖ Φ_0)`` is at most that, so the KL term lies in [0, 1]. A zero
-  scale (identical workers) is replaced by 1.
-* Eq. (8) is read as ``N_c·b ≤ B_top``; Eq. (10), ``N_c·μ_p,top ≤ max_i(μ_b,i + β_i,c)``, with
-  ``β_i,c`` member i's transfer time at its rate in the cluster (shared where radios are given).
-
+A cluster's per-iteration times are the clock's (:func:`splitfl.system.cluster.iteration_times`
+on :meth:`ClusterInputs.member_loads`); without queueing or a shared radio this is Eq. (9),
+``t_i = μ_b,i + β_i,top + μ_p,top``. KL is Eq. (13)'s ``KL(Φ_c ‖ Φ_0)``; Eq. (14)'s terms are
+normalised by :func:`utility_scales`. The inputs, and how the paper's silent or ambiguous
+points (KL direction, Eq. 8, 10, 14) are read: ``docs/explanation/readings/parallelsfl.md``.
 Top workers' own data do not train (their labels are not in Φ_c); the caller handles that.
 No torch here: every function takes numpy arrays.
 """

@@ -2,69 +2,14 @@
 Federated Learning"): adaptive sliding model split + data balance-based training + layer-wise
 aggregation. Spec: ``papers/s2fl.md`` §3 (Algorithms 1–2, Eq. 1–4), defaults from §5.
 
-* **Adaptive sliding split (§3.1).** The model has K candidate cut points (``Wc1 < … < WcK``).
-  Warm-up: in round r < K every device uses cut point r; ``warmup_all_devices`` (default, as §3.1
-  says: the Fed Server "sends Wc to all the devices") makes every device take part in the warm-up
-  rounds, so each one has measured every cut; off, only the round's selected devices do.
-  ``warmup_training``: what becomes of the other devices' warm-up work. §3.1 has the Fed Server
-  send Wc "to all the devices", turn on a timer and record each device's time in the client time
-  table — it times them — and says nothing of aggregating what they upload, while Algorithm 1
-  aggregates the selected devices' parts weighted by |D_1|, …, |D_x|. Reading: ``time_only``
-  (default) — the x devices drawn as in any round train, are grouped and are aggregated as usual;
-  the other N−x run the same round at the same cut, grouped among themselves (so they never touch
-  the selected devices' server copies), and are charged on the clock (round time, traffic, energy)
-  and entered in the time table, but their updates are discarded, so S²FL's model sees the same
-  amount of data per round as the baselines'. ``aggregate`` — every device's update is aggregated.
-  The *client time table* records each device's measured round time per cut (what the simulated
-  clock reported for it, incl. jitter and time-varying devices), as the mean of its observations
-  (``time_table_update: mean``) or the latest (``last``). Afterwards the x selected devices' x·K
-  entries give a median, and each device gets the cut whose entry is closest to it. An entry the
-  device never measured is Eq. (1) with the device's *measured* compute speed, transfer rate and
-  server speed (:func:`measured_device`: its measured FLOPs / compute time, bytes / transfer time,
-  server FLOPs / server time over its observations, or the latest), i.e. its measured cuts scaled
-  by FLOPs and bytes; a device never measured at all gets, per cut, the median of the measured
-  devices' entries — never the device profile.
-* **Round time: Eq. (1), the slowest participant** (default, ``lockstep_barrier: false``).
-  §3.1 defines a device's round as Eq. (1)'s T ("a complete training iteration starts with the
-  Fed Server sending W_c to the device and ends when the Fed Server receives the uploaded W_c
-  from the device") and picks cuts "so that the time T spent on a training round is similar
-  between devices"; the round lasts until the last upload: the max of the participants' T.
-* **Lock-step groups** (``lockstep_barrier: true``, a sensitivity: a modelling choice beyond
-  Eq. (1)). A group's server copy takes one step per iteration on its members'
-  combined loss, so iteration k of the group ends when every member that still has a k-th
-  step has delivered it; a member's next step starts when the gradients of the group step
-  come back. :func:`lockstep_finish` prices this barrier on the clock: members' transfers and
-  compute are split into model download, per-iteration work (∝ batch size) and model upload
-  (from the clock's report for each member), and the round lasts until the last member's
-  upload. With equal step counts and batch sizes this equals the slowest member's own time;
-  when step counts differ (e.g. one local epoch over different data sizes) the barrier adds
-  time. A member's reported time stays its own busy time, so the barrier counts as waiting.
-  (Jitter scales each member's phases as a whole.)
-* **Data balance grouping (§3.2).** The round's devices are split into ``ceil(x/group_size)``
-  groups of near-equal size minimising Σ Eq. (2) (exact when small, else swap heuristic — see
-  :mod:`splitfl.algorithms.s2fl.data_balance`). One server-side copy per group is trained every
-  iteration on the combined loss of its members (Eq. 3): ``group_loss: mean`` (every sample of
-  the union weighs the same, default) or ``sum``. Each device receives the gradient of its own
-  mean loss (``device_grad: own``, default) or, literally, dfx_i = ∂loss/∂fx_i of the group's
-  mean loss (``union``). With the mean over the union the literal reading scales device i's
-  gradient by |B_i|/Σ|B_G| — for groups of 5, a 5× smaller device learning rate than SplitFed
-  V1 — and was measured to hurt badly (MNIST/LeNet-5, α = 0.5, 60 rounds: 66.2 % with
-  ``union`` vs 88.8 % with ``own``; benchmarks/papers/s2fl/README.md). Reading ∪ as the *sum*
-  of the members' mean losses (``group_loss: sum``) also gives each device its own-mean
-  gradient, so ``own`` matches Eq. 4 under that reading of Eq. 3.
-* **Group forward (``group_forward``).** ``concat`` (default): every iteration the server part
-  runs once on the concatenation of the smashed data of a group's members that share a cut
-  point; ``separate``: once per member. Reading: the abstract's "combining features uploaded by
-  devices with different data distributions to generate multiple larger batches with a uniform
-  distribution for back-propagation" (and the introduction's "each server-side model portion is
-  trained by more IID features") describes one larger batch per group; Alg. 2 lines 13–17
-  (y_i = W_s(fx_i), loss_i, loss = ∪ loss_i) are the same computation written per member, since
-  the logits y_i and losses loss_i are slices of the merged batch's — the two differ only in
-  layers that couple samples (BatchNorm), where only ``concat`` gives the "larger batch with a
-  uniform distribution". Members at different cut points cannot share a server input (their
-  smashed data have different shapes): each cut point's members form their own merged batch.
-* **Aggregation (§3.3, Algorithm 1):** :func:`splitfl.aggregation.layerwise.layerwise_aggregate`.
+* Adaptive sliding split (§3.1, Eq. 1): warm-up over the K cut points, the client time table,
+  the cut closest to the median (:func:`closest_to_median`, :meth:`S2FL.choose_cuts`), unmeasured
+  entries from measured speeds (:func:`measured_device`).
+* Round time: Eq. (1), the slowest participant; ``lockstep_barrier`` prices the groups' barrier.
+* Data balance grouping (§3.2, Eq. 2–4): :mod:`splitfl.algorithms.s2fl.data_balance`.
+* Aggregation (§3.3, Algorithm 1): :func:`splitfl.aggregation.layerwise.layerwise_aggregate`.
 
+How each sentence of the paper is read, and why: ``docs/explanation/readings/s2fl.md``.
 Ablations (§5.4): ``s2fl+R`` (neither mechanism: every device on WcK, one server copy per
 device = SFL), ``s2fl+B`` (grouping only), ``s2fl+M`` (sliding split only), ``s2fl+MB`` (both).
 """

@@ -162,13 +162,16 @@ def _csv(root: Path, name: str, o: ContainerOptions) -> DatasetBundle:
     parts = [arrays.read_csv(f, name, o.label_column) for f in files]
     test_x, test_raw = arrays.read_csv(test_file, name, o.label_column)
     raw = [v for _, r in parts for v in r]
-    y, test_y, classes = arrays.encode_labels(raw, test_raw, name, (files[0], test_file), o.values)
+    labels = arrays.encode_labels(raw, test_raw, name, (files[0], test_file), o.values)
+    y, test_y, classes, names = labels
     widths = {x.shape[1] for x, _ in parts} | {test_x.shape[1]}
     if len(widths) > 1:
         raise arrays.file_error(name, test_file, f"feature counts differ: {sorted(widths)}")
     writers = _writers([len(r) for _, r in parts]) if o.clients else None
     train = _split(torch.cat([x for x, _ in parts]), y, writers)
-    return _bundle(name, train, _split(test_x, test_y), classes)
+    bundle = _bundle(name, train, _split(test_x, test_y), classes)
+    bundle.class_names = names
+    return bundle
 
 
 def _text_label(o: ContainerOptions) -> str | None:
@@ -193,7 +196,10 @@ def _hf_bundle(name: str, splits: tuple, where: tuple, o: ContainerOptions) -> D
     for ds, at in zip(splits, where, strict=True):
         y, classes = hf.hf_labels(ds, o.label_column, name, at, o.values)
         out.append(_split(hf.hf_inputs(ds, o.label_column, name, at, o.image_size, o.lazy), y))
-    return _bundle(name, out[0], out[1], classes)
+    bundle = _bundle(name, out[0], out[1], classes)
+    names = getattr(splits[0].features[o.label_column], "names", None)  # a ClassLabel's
+    bundle.class_names = tuple(names) if names else None
+    return bundle
 
 
 def load_container(fmt: str, root: str | Path, name: str, options: ContainerOptions):

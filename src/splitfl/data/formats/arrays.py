@@ -189,13 +189,14 @@ def parse_values(raw: list[str], name: str, path: Path) -> np.ndarray:
 
 def encode_labels(
     train: list[str], test: list[str], name: str, paths: tuple[Path, Path], values: bool = False
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """String labels → ``(train ints, test ints, num_classes)``: integers as they are when
-    every label is a whole number (``3`` and ``3.0`` alike; a fractional one is an error),
-    else sorted class names of the training split. ``values``: numbers as float32 targets
+) -> tuple[np.ndarray, np.ndarray, int, tuple[str, ...] | None]:
+    """String labels → ``(train ints, test ints, num_classes, class names)``: integers as
+    they are when every label is a whole number (``3`` and ``3.0`` alike; a fractional one is
+    an error; no names), else the training split's class names sorted (as Python sorts
+    strings: label ``k`` is the ``k``-th name). ``values``: numbers as float32 targets
     (:func:`parse_values`), and 1 target per sample."""
     if values:
-        return parse_values(train, name, paths[0]), parse_values(test, name, paths[1]), 1
+        return parse_values(train, name, paths[0]), parse_values(test, name, paths[1]), 1, None
     ints = [_whole_numbers(s, name, p) for s, p in zip((train, test), paths, strict=True)]
     if any(i is None for i in ints):
         classes = sorted(set(train))
@@ -210,10 +211,11 @@ def encode_labels(
             np.array([index[v] for v in train], dtype=np.int64),
             np.array([index[v] for v in test], dtype=np.int64),
             len(classes),
+            tuple(classes),
         )
     for arr, path in zip(ints, paths, strict=True):
         as_labels(arr, name, path, len(arr))
-    return ints[0], ints[1], int(max(ints[0].max(), ints[1].max())) + 1
+    return ints[0], ints[1], int(max(ints[0].max(), ints[1].max())) + 1, None
 
 
 def _whole_numbers(raw: list[str], name: str, path: Path) -> np.ndarray | None:

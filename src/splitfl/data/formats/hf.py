@@ -7,9 +7,9 @@ Columns: the label column (``data.label_column``, default ``label``; a ``ClassLa
 the number of classes) and the inputs — every other column: one ``Image`` column (decoded as
 the image folder does, :class:`~splitfl.data.formats.images.ImageDecoder`), one array column
 (``[*input_shape]`` per row), or several numeric scalar columns (a feature vector, in column
-order). Needs the optional ``datasets`` package (``pip install 'splitfl[hf]'``). Inputs are
-read through :class:`~splitfl.data.lazy.LazyInputs` (Arrow tables are memory-mapped), kept lazy
-or read at once per ``data.lazy``.
+order). Needs the optional ``datasets`` package (the ``hf`` extra; from a checkout
+``pip install -e '.[hf]'``). Inputs are read through :class:`~splitfl.data.lazy.LazyInputs`
+(Arrow tables are memory-mapped), kept lazy or read at once per ``data.lazy``.
 """
 
 from __future__ import annotations

@@ -112,11 +112,14 @@ def tokenized_bundle(
     (train_texts, train_raw), (test_texts, test_raw) = splits
     tok = load_tokenizer(tokenizer, name)
     x, test_x = tokenize(train_texts, tok, max_length), tokenize(test_texts, tok, max_length)
+    names = None
     if next_token:
         y, test_y, classes = next_tokens(x), next_tokens(test_x), len(tok)
     else:
         ys = encode_labels(train_raw, test_raw, name, where)
         y, test_y = (torch.from_numpy(np.asarray(v, dtype=np.int64)) for v in ys[:2])
-        classes = ys[2]
+        classes, names = ys[2], ys[3]
     train, test = ArrayDataset(x, y), ArrayDataset(test_x, test_y)
-    return DatasetBundle(name, train, test, classes, (2, max_length))
+    bundle = DatasetBundle(name, train, test, classes, (2, max_length))
+    bundle.class_names = names
+    return bundle

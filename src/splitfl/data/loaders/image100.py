@@ -35,6 +35,22 @@ def load_image100(root: Path | None = None) -> DatasetBundle:
     )
 
 
+@register_dataset(
+    "image100_144",
+    "IMAGE-100 at 3x144x144 (the MergeSFL authors' code), shape only, 100 classes, for "
+    "executor: timing",
+    needs_root=False,
+    shape=DatasetShape((3, 144, 144), 100),
+)
+def load_image100_144(root: Path | None = None) -> DatasetBundle:
+    """IMAGE-100 at the size MergeSFL's printed figures imply (issue 50 item 4): "VGG16 ...
+    about 321MB ... bottom model and the features/gradients (with batch size of 64)
+    separately are about 56MB and 3MB" (§V-A) are ``vgg16_image100`` at 3×144×144 (84.3M
+    parameters = 321.8 MiB, the 13 convs 56.2 MiB, 512×5×5 floats × 64 = 3.3 MB), the
+    released code's setting; at 64×64 the model is 153.8 MiB. Shape only, as ``image100``."""
+    return load_image100(root)
+
+
 #: Tokens per QNLI pair in the timing setup: 128, the common GLUE fine-tuning length (the
 #: ParallelSFL paper gives none).
 QNLI_TOKENS = 128

@@ -79,6 +79,9 @@ class DeviceOptions:
     credentials: grpc.ChannelCredentials | None = None
     max_message_bytes: int = 256 << 20
     retry_s: float = 60.0
+    #: how long a device that has joined a run (been welcomed) redials a server it lost:
+    #: the run may resume (``splitfl server --resume``) after a restart that takes minutes
+    resume_wait_s: float = 6 * 3600.0
     compression: str = "none"
     #: where this device accepts device-to-device links (RingSFL, ParallelSFL); None = none
     peer_listen: str | None = "127.0.0.1:0"
@@ -211,6 +214,10 @@ class Command:
 
     handler: Callable
     begins: bool = False
+    #: under ``network.emulate``, ``flops(agent, client, profile)`` → the per-sample FLOPs
+    #: the command computes (its compute is stretched to them at the profile's FLOPS, as a
+    #: split command's share of its part's); None: it computes nothing emulated
+    flops: Callable | None = None
 
 
 #: Commands beyond :data:`COMMANDS`, by name, filled by a family's device module
@@ -232,6 +239,7 @@ class DeviceAgent(AuxCommands):
             data.num_classes,
             Split.of(config.split),
             config.train.lora,
+            hf=config.hf,
         )
         self.runtime = Runtime(torch.device("cpu"), augment=data.augment)
         self.roles: dict[int, DeviceRole] = {}
@@ -324,11 +332,16 @@ class DeviceAgent(AuxCommands):
 
     def _stretch(self, c: int, kind: str, started: float) -> None:
         profile = self.profiles.get(c)
-        share = _COMPUTE_SHARE.get(kind)
-        if profile is None or share is None or c not in self.roles:
+        if profile is None or c not in self.roles:
             return
-        samples = self.last_batch.get(c, 0)
-        stretch(started, samples, share * profile.flops_per_sample, profile.flops)
+        extra = None if kind in COMMANDS else EXTRA_COMMANDS.get(kind)
+        if extra is not None:
+            per_sample = None if extra.flops is None else extra.flops(self, c, profile)
+        else:
+            share = _COMPUTE_SHARE.get(kind)
+            per_sample = None if share is None else share * profile.flops_per_sample
+        if per_sample is not None:
+            stretch(started, self.last_batch.get(c, 0), per_sample, profile.flops)
 
     def link(self, c, kind: str, nbytes: int) -> None:
         """Hold a message for its emulated transfer on client ``c``'s link."""
@@ -369,7 +382,12 @@ class DeviceAgent(AuxCommands):
                 raise CommandError(f"gradient does not fit the smashed data {shapes}")
             if wanted and not all_finite(g):
                 raise CommandError("non-finite gradient")
-        role.backward(grad)
+        if self.aux_losses.get(c) == "local+server":
+            role.local_server_update(grad)
+        elif c in self.aux_losses:
+            raise CommandError(f"'backward' in a round whose device update is {self.aux_losses[c]}")
+        else:
+            role.backward(grad)
 
     def _on_head_update(self, c: int, msg: Message) -> None:
         role = self.roles[c]

@@ -25,14 +25,13 @@ import torch
 from torch import nn
 
 from splitfl.config import ExperimentConfig
+from splitfl.core.plan import AUX_LOSSES  # how a device of an auxiliary plan updates
 from splitfl.core.topology import AuxSpec
 from splitfl.models.aux_heads import AUX_MODELS
 from splitfl.net.transport.wire import Message, WireError, all_finite, state_from
 from splitfl.roles.aux_numerics import device_aux, returned_names
 
 State = dict[str, torch.Tensor]
-#: How a device of an auxiliary plan updates (``begin``'s ``aux.loss``).
-AUX_LOSSES = ("local", "estimate")
 #: Most dimensions and largest dimension of the smashed data's per-sample shape.
 _MOST_DIMS, _MOST_SIZE = 8, 1 << 24
 

@@ -12,17 +12,17 @@ server relays to the peers that dial it; each link uses a one-round token from t
 
 Only this module, the config, data and model code and the executor roles are imported: the
 device needs torch, numpy, PyYAML and grpcio, not matplotlib, scipy, scikit-learn or Ray.
-Exit codes: 0 after the server said bye, 1 when the server stayed unreachable (or kept
-refusing for a transient reason: clients still held, server full, throttled) for
-``--retry-s`` seconds, 2 when refused for good (token, protocol version, clients not bound to
-the token, its name held by another live process, its link replaced by another connection,
-a server certificate that fails verification — expired, or not signed by ``--ca-cert``), when
-only one of it and the server speaks TLS, given bad flags (``--server`` without a port),
-lacking the package its data format needs (Pillow for image folders, ``datasets`` for
-hf/parquet: the line names the extra), or lacking a module the run imports (the welcome's
-config names them in ``imports`` and in ``model:``/``data.dataset:`` import paths; install
-them, or put them on ``PYTHONPATH``, in the current directory, or name them with
-``--import``).
+Exit codes: 0 after the server said bye, 1 when the server stayed unreachable (or kept refusing for
+a transient reason: clients still held, server full, throttled) for ``--retry-s`` seconds before the
+device joined a run, or ``--resume-wait-s`` seconds (default 6 h) after it did (its run may resume),
+2 when refused for good (token, protocol version, clients not bound to the token, its name held by
+another live process, its link replaced by another connection, a server certificate that fails
+verification — expired, or not signed by ``--ca-cert``), when only one of it and the server speaks
+TLS, given bad flags (``--server`` without a port), lacking the package its data format needs
+(Pillow for image folders, ``datasets`` for hf/parquet: the line names the extra), or lacking a
+module the run imports (the welcome's config names them in ``imports`` and in
+``model:``/``data.dataset:`` import paths; install them, or put them on ``PYTHONPATH``, in the
+current directory, or name them with ``--import``).
 """
 
 from __future__ import annotations
@@ -73,7 +73,19 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default="",
         help="client ids to host, comma-separated (default: the server assigns)",
     )
-    p.add_argument("--retry-s", type=float, default=300.0, help="give up after this long offline")
+    p.add_argument(
+        "--retry-s",
+        type=float,
+        default=300.0,
+        help="before joining a run: give up after this long without the server",
+    )
+    p.add_argument(
+        "--resume-wait-s",
+        type=float,
+        default=6 * 3600.0,
+        help="after joining a run: keep redialling a lost server this long, so a run that "
+        "resumes (splitfl server --resume) finds its devices (default 6 h)",
+    )
     p.add_argument("--max-message-mb", type=float, default=256.0, help="largest message accepted")
     p.add_argument("--compression", choices=("none", "gzip"), default="none")
     p.add_argument(
@@ -104,6 +116,10 @@ def options_from(args: argparse.Namespace) -> DeviceOptions:
         raise ValueError(
             f"--client-id: expected comma-separated integers, got {args.client_id!r}"
         ) from None
+    for flag in ("retry_s", "resume_wait_s"):
+        if not getattr(args, flag) >= 0:
+            name = "--" + flag.replace("_", "-")
+            raise ValueError(f"{name}: must be >= 0 (got {getattr(args, flag)})")
     if not args.keepalive_s >= 0:
         raise ValueError(f"--keepalive-s: must be >= 0 (got {args.keepalive_s})")
     return DeviceOptions(
@@ -115,6 +131,7 @@ def options_from(args: argparse.Namespace) -> DeviceOptions:
         credentials=channel_credentials(args.ca_cert) if args.ca_cert else None,
         max_message_bytes=int(args.max_message_mb * 2**20),
         retry_s=args.retry_s,
+        resume_wait_s=args.resume_wait_s,
         compression=args.compression,
         peer_listen=None if args.peer_listen == "none" else args.peer_listen,
         peer_address=args.peer_address,

@@ -25,7 +25,11 @@ from dataclasses import dataclass
 
 from splitfl.system.cost import FORWARD_SHARE
 
-__all__ = ["FORWARD_SHARE", "Profile", "stretch", "transfer"]
+__all__ = ["FORWARD_SHARE", "UNSHAPED", "Profile", "stretch", "transfer"]
+
+#: The link rate sent when links are not emulated (``network.emulate_links: false``): a
+#: transfer held for bytes / 1e18 s is no hold at all.
+UNSHAPED = 1e18
 
 
 @dataclass(frozen=True)

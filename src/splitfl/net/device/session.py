@@ -32,7 +32,7 @@ from splitfl.extensions import device_imports
 from splitfl.net.device.agent import ClientData, DeviceAgent, DeviceOptions, Refused
 from splitfl.net.device.clusters import host_cluster, ring_member
 from splitfl.net.device.refusals import Duplicate, certificate_refused, tls_mismatch
-from splitfl.net.device.workers import ClientWorkers, Contact, Silence
+from splitfl.net.device.workers import ClientWorkers, Contact, Outage, Silence
 from splitfl.net.transport.announce import effective_epsilon
 from splitfl.net.transport.guard import Audit
 from splitfl.net.transport.handshake import answer
@@ -139,6 +139,7 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
     """Sessions with the server until its bye; between them, redial with backoff until
     ``retry_s`` has passed since the server was last heard (:class:`Contact`)."""
     delay, contact = 0.5, Contact()
+    outage = Outage(opts, log, contact)
     agent: DeviceAgent | None = None
     duplicate = Duplicate(opts.duplicate_wait_s)
     while True:
@@ -167,13 +168,14 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
             if mismatch:
                 log(f"splitfl device {opts.name}: error: {mismatch}")
                 return 2
-            log(f"splitfl device {opts.name}: connection: {err.code().name} {err.details()}")
+            outage.failed(f"connection: {err.code().name} {err.details()}")
         except WireError as err:
             log(f"splitfl device {opts.name}: bad message from the server: {err}")
         except OSError as err:
-            log(f"splitfl device {opts.name}: connection: {err}")
-        if time.monotonic() > contact.at + opts.retry_s:
-            log(f"splitfl device {opts.name}: no server for {opts.retry_s:g} s, giving up")
+            outage.failed(f"connection: {err}")
+        limit = outage.limit()
+        if time.monotonic() > contact.at + limit:
+            log(f"splitfl device {opts.name}: no server for {limit:g} s, giving up")
             return 1
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
@@ -294,6 +296,7 @@ def _read_commands(
             if not isinstance(size, int) or not 1 <= size <= opts.max_message_bytes:
                 raise WireError(f"bad chunk size {size!r} in welcome")
             chunking["bytes"], chunking["welcomed"] = size, True
+            silence.contact.joined = True
             if not to_peer and (agent is None or sorted(agent.data.samples) != sorted(clients)):
                 agent = _new_agent(opts, msg.fields, clients, agent_cls, local, outbox)
                 agent.peer, agent.options, agent.sessions = peer, opts, SESSION_HANDLERS

@@ -1,6 +1,8 @@
 """A connected device's per-session machinery: the hosted clients' worker threads
 (:class:`ClientWorkers`: a client's commands in order, clients concurrently) and the keepalive
-watchdog (:class:`Silence`: a silent server link is cancelled so the device redials). Split
+watchdog (:class:`Silence`: a silent server link is cancelled so the device redials), and
+between sessions when the server was last heard (:class:`Contact`) and what the device says
+while it is not (:class:`Outage`). Split
 from :mod:`splitfl.net.device.session`, which dials, says hello and reads the server's
 messages."""
 
@@ -10,7 +12,7 @@ import queue
 import threading
 import time
 
-from splitfl.net.device.agent import DeviceAgent
+from splitfl.net.device.agent import EXTRA_COMMANDS, DeviceAgent, DeviceOptions
 from splitfl.net.device.emulation import Profile
 from splitfl.net.transport.wire import Message, WireError, encode
 
@@ -22,6 +24,46 @@ class Contact:
 
     def __init__(self) -> None:
         self.at = time.monotonic()
+        #: the server welcomed this device once: it is part of a run, which may resume
+        #: (``--resume-wait-s`` then bounds the redialling instead of ``--retry-s``)
+        self.joined = False
+
+
+#: Seconds between two lines of one outage (the first failed dial is always said).
+OUTAGE_LOG_S = 60.0
+
+
+class Outage:
+    """What a device says while its server is unreachable: the first failed dial of an outage
+    in full, then one line per :data:`OUTAGE_LOG_S` (not one per attempt) saying how long and
+    until when it keeps redialling; ``--retry-s`` bounds an outage before the device joined a
+    run, ``--resume-wait-s`` after (the run may resume: issue 51 item 5)."""
+
+    def __init__(self, opts: DeviceOptions, log, contact: Contact):
+        self.opts, self.log, self.contact = opts, log, contact
+        self.said_at: float | None = None  # the last line's time (None: no outage yet)
+        self.heard = contact.at
+
+    def limit(self) -> float:
+        """Seconds without the server before the device gives up."""
+        return self.opts.resume_wait_s if self.contact.joined else self.opts.retry_s
+
+    def failed(self, what: str) -> None:
+        now, name = time.monotonic(), self.opts.name
+        if self.contact.at != self.heard:  # heard since: a new outage
+            self.said_at, self.heard = None, self.contact.at
+        if self.said_at is None:
+            self.log(f"splitfl device {name}: {what}")
+        elif now - self.said_at >= OUTAGE_LOG_S:
+            limit = self.limit()
+            flag = "--resume-wait-s" if self.contact.joined else "--retry-s"
+            self.log(
+                f"splitfl device {name}: no server for {now - self.contact.at:.0f} s ({what}); "
+                f"redialling until {limit:g} s without one ({flag})"
+            )
+        else:
+            return
+        self.said_at = now
 
 
 class Silence:
@@ -111,7 +153,8 @@ class ClientWorkers:
 
     def _serve(self, agent: DeviceAgent, client: int, msg: Message, nbytes: int) -> None:
         """Run one command and queue its reply (emulated transfers held on the way)."""
-        if msg.type in ("begin", "ring"):
+        extra = EXTRA_COMMANDS.get(msg.type)
+        if msg.type in ("begin", "ring") or (extra is not None and extra.begins):
             agent.profiles[client] = Profile.from_fields(msg.fields.get("emulate") or {})
         agent.link(client, "down", nbytes)  # emulated download, before use
         reply = agent.handle(msg)

@@ -20,6 +20,10 @@ The devices' side: :mod:`splitfl.net.device.clusters`.
 
 Everything a device reports is checked (tensor names, shapes, dtypes, finite values; counts
 and times in range) before the algorithm sees it.
+
+Over 400 lines as one concept, the hosted cluster's round on the server's end: the command
+that hands a top worker its cluster, the checks of its ``hosted`` report and the holding of
+the round's top workers against each other all read the same report.
 """
 
 from __future__ import annotations
@@ -34,7 +38,10 @@ import torch
 from splitfl.config import BoundsConfig
 from splitfl.core import plan_codec
 from splitfl.core.plan import ClientUpdate, RoundPlan
+from splitfl.core.topology import Clusters
 from splitfl.models import BlockModel, ModelPart
+from splitfl.net.device.emulation import UNSHAPED, Profile
+from splitfl.net.server.groups import NETWORKED_GROUPS, Groups, NetRound
 from splitfl.net.server.remote_fleet import Meter
 from splitfl.net.transport.auth import new_token, token_hash
 from splitfl.net.transport.hub import LOST, DeviceLink, Hub
@@ -47,10 +54,12 @@ from splitfl.net.trust.checks import (
     loss_problem,
     state_specs,
 )
+from splitfl.net.trust.direction import direction_outliers
 from splitfl.net.trust.expect import Expect
 from splitfl.net.trust.reference import ServerStep, own_step
 from splitfl.net.trust.spread import RoundMoves
 from splitfl.roles.fleet import GroupRun
+from splitfl.system.cost import d2d_rate
 
 State = dict[str, torch.Tensor]
 _seq = itertools.count(1 << 40)  # apart from RemoteFleet's sequence numbers
@@ -231,6 +240,7 @@ def reject_outlying_tops(
     server_states: dict[int, State],
     history: dict[str, PeerHistory],
     reference: ServerStep | None = None,
+    direction: bool = False,
 ) -> list[ClientUpdate]:
     """The peer check across top workers, the server's rule for client updates
     (:class:`~splitfl.net.trust.checks.PeerHistory`: the round's median with 3 or more
@@ -246,13 +256,19 @@ def reject_outlying_tops(
     average it computed (the updates of its members, returned without them): both came from
     the one untrusted device, and the members trained against its top part. Each member is
     recorded as dropped with a reason that names the top worker (``top worker <w>: ...``, so
-    ParallelSFL does not elect it next round)."""
+    ParallelSFL does not elect it next round). With ``direction`` (``network.trust:
+    untrusted``), a top part or bottom average pointing against the round's median move (3 or
+    more clusters) is rejected too (:mod:`splitfl.net.trust.direction`)."""
     hosted = rnd.hosted
     top_names = [k for g in hosted for k in server_states.get(g, {})]
     bottom_names = [k for u in updates if u.group in hosted for k in u.state]
     own = own_step(reference, top_names), own_step(reference, bottom_names)
     factor = rnd.bounds.peer_spread_factor
     spread = {kind: rnd.moves[kind].spread_outliers(factor, kind) for kind in rnd.moves}
+    if direction:  # 3 or more clusters only: an honest top part's cosine with the server's
+        # own step was -0.04 (the graph-split run of the tests), none to tell it by
+        for kind, moves in rnd.moves.items():
+            spread[kind] |= direction_outliers(moves.delta, None, rnd.bounds.min_cosine, kind)
     top = {g: h.top for g, h in hosted.items()}
     tops = history["top part"].outliers(top, "top part", own[0], spread["top part"])
     bottom = {g: h.bottom for g, h in hosted.items()}
@@ -352,3 +368,42 @@ def _check_hosted(reply: Message, tasks, expect: Expect, sent: tuple[State, Stat
         if problem:
             return f"bottom part: {problem}"
     return average, server_state, report
+
+
+def cluster_emulation(
+    ctx, plan: RoundPlan, run: GroupRun, host: int, links: bool = True
+) -> ClusterEmulation:
+    """A hosted group's profiles for the plan's round: members compute at their FLOPS and
+    reach the top worker at the D2D rate of the pair (both directions); the top worker
+    computes the top part at its FLOPS."""
+    r = plan.round_idx or 0
+    top = ctx.population.at(host, r)
+    members = {}
+    for t in run.tasks:
+        device = ctx.population.at(t.client, r)
+        rate = d2d_rate(device, top) if links else UNSHAPED
+        members[t.client] = Profile(device.flops, rate, rate, ctx.profile.device_flops(t.cut))
+    cut = run.tasks[0].cut
+    return ClusterEmulation(
+        {c: p.to_fields() for c, p in members.items()}, top.flops, ctx.profile.server_flops(cut)
+    )
+
+
+def clusters_round(at: NetRound) -> Groups:
+    """The group runner of :class:`~splitfl.core.topology.Clusters` plans
+    (:data:`~splitfl.net.server.groups.NETWORKED_GROUPS`): a group ``Clusters.hosts`` names
+    runs on its top worker (:func:`run_cluster`), any other on the server as a split family's."""
+    hosts, plan = at.plan.topology.hosts, at.plan
+
+    def group(run: GroupRun):
+        if run.group not in hosts:
+            return at.split_group(run)
+        host = hosts[run.group]
+        emulation = cluster_emulation(at.ctx, plan, run, host, at.links) if at.emulate else None
+        return run_cluster(at.d2d, run, host, plan, at.model, at.expect, emulation)
+
+    relayed = frozenset(t.client for t in plan.tasks if t.group in hosts)
+    return Groups(group, relayed)
+
+
+NETWORKED_GROUPS[Clusters] = clusters_round

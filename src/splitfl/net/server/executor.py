@@ -26,30 +26,22 @@ from splitfl.config import ExperimentConfig
 from splitfl.core.allocator import keep_freed_memory
 from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.core.seeding import derive_seed
-from splitfl.core.topology import Clusters, Ring
 from splitfl.models import BlockModel
-from splitfl.net.device.emulation import Profile
-from splitfl.net.server import ushaped  # noqa: F401  (registers its NETWORKED_GROUPS runner)
+from splitfl.net.device.emulation import UNSHAPED, Profile
+from splitfl.net.server import ring, ushaped  # noqa: F401  (they register their runners)
 from splitfl.net.server.client_data import RemoteClientData
-from splitfl.net.server.clusters import (
-    ClusterEmulation,
-    D2DRound,
-    reject_outlying_tops,
-    run_cluster,
-)
-from splitfl.net.server.groups import NETWORKED_GROUPS, NetRound
+from splitfl.net.server.clusters import D2DRound, reject_outlying_tops
+from splitfl.net.server.groups import NETWORKED_GROUPS, NETWORKED_ROUNDS, Groups, NetRound
 from splitfl.net.server.lateness import LateClients
 from splitfl.net.server.remote_fleet import LATE, Meter, RemoteFleet, TimedServer
-from splitfl.net.server.ring import RingEmulation, run_ring
 from splitfl.net.server.session import NetworkSession
 from splitfl.net.trust.checks import REFERENCE_SAMPLES, PeerHistory, PeerScale
 from splitfl.net.trust.expect import Expect, expect_for
-from splitfl.net.trust.reference import ServerStep, own_step
+from splitfl.net.trust.reference import server_step
 from splitfl.net.trust.spread import RoundMoves
 from splitfl.roles.aux_numerics import spec_flops
 from splitfl.roles.fleet import GroupRun, server_role
 from splitfl.roles.sides import Runtime
-from splitfl.system.cost import d2d_rate
 from splitfl.topologies import family_of
 
 
@@ -148,25 +140,24 @@ class NetworkedExecutor:
         known = [self._client_s[t.client] for t in plan.tasks if t.client in self._client_s]
         self._deadline = round_deadline(net, float(np.median(known)) if known else None, began)
         start = time.perf_counter()
+        emulate, links = net.emulate, net.emulate_links
+        at = NetRound(ctx, model, plan, self.runtime, meters, emulate, links, rnd)
+        whole = NETWORKED_ROUNDS.get(type(plan.topology))
         on_server: list[int] = []  # the clients the server itself contacts (lateness)
-        hosts = plan.topology.hosts if isinstance(plan.topology, Clusters) else {}
-        if isinstance(plan.topology, Ring):
-            emulation = ring_emulation(ctx, plan, net.emulate_links) if net.emulate else None
+        if whole is not None:  # the members run the round (the ring)
             rnd.deadline, rnd.late_start_factor = self._deadline, net.round_deadline_factor
-            updates, server_states = run_ring(rnd, plan, model, emulation), {}
-            self._late.record(r, plan.topology.spec.order, rnd.late_starts)  # benched, work kept
+            done = whole(at)
+            updates, server_states = done.updates, done.server_states
+            self._late.record(r, *done.late)  # benched, work kept
         else:
-            on_server = [t.client for t in plan.tasks if t.group not in hosts]
+            moves = self._equip(at)
+            runner = NETWORKED_GROUPS.get(type(plan.topology))
+            groups = Groups(at.split_group) if runner is None else runner(at)
+            on_server = [t.client for t in plan.tasks if t.client not in groups.relayed]
             lost.update(self._late.benched(r, on_server))  # not contacted this round
-            updates, server_states, moves = self._groups(ctx, model, plan, rnd)
-            own = server_step(ctx, model, plan)
-            updates = reject_outlying_tops(rnd, updates, server_states, self._updates, own)
-            checked = moves.distance
-            names = own_step(own, [k for u in updates if u.client in checked for k in u.state])
-            history, factor = self._updates["model update"], net.bounds.peer_spread_factor
-            outliers = moves.outliers(history, factor, reference=names)
-            updates = [u for u in updates if u.client not in outliers]
-            lost.update(outliers)
+            updates, server_states = run_groups(family_of(plan), model, plan, groups)
+            if net.trust != "trusted":  # a lab fleet: the magnitude checks only
+                updates = self._peer_checked(ctx, model, plan, rnd, moves, updates, server_states)
         wall = time.perf_counter() - start
         for c, m in meters.items():  # the next deadlines: when these clients finished
             if m.finished_at and c not in lost:
@@ -187,6 +178,21 @@ class NetworkedExecutor:
             events=[f"ring member {c} {why}" for c, why in rnd.late_starts.items()],
         )
 
+    def _peer_checked(self, ctx, model, plan, rnd, moves: RoundMoves, updates, server_states):
+        """The round's updates but those the checks against peers and against the server's
+        own step reject (ParallelSFL's top workers, then each update: the spread, the
+        direction — FLTrust's cosine, :mod:`splitfl.net.trust.direction` — and the norm),
+        which are recorded in ``rnd.lost`` with their reasons."""
+        own, b = server_step(ctx, model, plan), self.config.network.bounds
+        updates = reject_outlying_tops(rnd, updates, server_states, self._updates, own, True)
+        history, names = self._updates["model update"], None if own is None else own.distance
+        toward = None if own is None else own.move
+        outliers = moves.outliers(
+            history, b.peer_spread_factor, reference=names, toward=toward, min_cosine=b.min_cosine
+        )
+        rnd.lost.update(outliers)
+        return [u for u in updates if u.client not in outliers]
+
     def _aux_flops(self, plan: RoundPlan, model: BlockModel) -> float:
         """Per-sample FLOPs of the plan's auxiliary model (0 without one), measured once per
         auxiliary model: the emulation charges them on the device, as the cost model does."""
@@ -196,26 +202,20 @@ class NetworkedExecutor:
             self._aux_cost[plan.aux] = spec_flops(plan.aux, next(model.parameters()).dtype)
         return self._aux_cost[plan.aux]
 
-    def _groups(self, ctx, model: BlockModel, plan: RoundPlan, rnd: D2DRound):
-        """Every group of a parameter-server plan, concurrently: on the server, or on the
-        device ``Clusters.hosts`` names (device-to-device,
-        :func:`~splitfl.net.server.clusters.run_cluster`). Returns the updates, the server-side
-        copies and each server-checked update's move from the part it was sent
-        (:class:`~splitfl.net.trust.spread.RoundMoves`: the peer checks). A payload with a
-        round runner in :data:`~splitfl.net.server.groups.NETWORKED_GROUPS` (U-shaped split
-        learning) runs its groups with it instead."""
+    def _equip(self, at: NetRound) -> RoundMoves:
+        """Give ``at`` what group runners use: ``fleet`` (a new :class:`RemoteFleet` of the
+        round), ``expect`` and ``split_group`` (a group on the server, its family's schedule
+        over a fleet). Returns the round's :class:`~splitfl.net.trust.spread.RoundMoves`: each
+        server-checked update's move from the part it was sent (the peer checks)."""
+        ctx, model, plan, rnd = at.ctx, at.model, at.plan, at.d2d
         expect = expectations(ctx, model, plan)
         gen = np.random.default_rng(derive_seed(rnd.round_seed, "mix"))
-        emulate = self.config.network.emulate
-        links = self.config.network.emulate_links
         profiles = None
-        if emulate:
-            profiles = emulated_profiles(ctx, plan, links, self._aux_flops(plan, model))
+        if at.emulate:
+            profiles = emulated_profiles(ctx, plan, at.links, self._aux_flops(plan, model))
         server_emulation, moves, peers = None, RoundMoves(), self._peers
         if profiles is not None:
             server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
-
-        hosts = plan.topology.hosts if isinstance(plan.topology, Clusters) else {}
         family = family_of(plan)
 
         def fleet_of(cls=RemoteFleet, **extra) -> RemoteFleet:
@@ -235,37 +235,32 @@ class NetworkedExecutor:
                 **extra,
             )
 
-        # a payload with its own networked groups (NETWORKED_GROUPS, net/server/groups.py)
-        runner, own = NETWORKED_GROUPS.get(type(plan.topology)), None
-        if runner is not None:
-            own = runner(NetRound(ctx, model, plan, self.runtime, rnd.meters, fleet_of, emulate))
-
-        def group(run: GroupRun):
-            if own is not None:
-                return own(run)
-            if run.group in hosts:
-                host = hosts[run.group]
-                emulation = cluster_emulation(ctx, plan, run, host, links) if emulate else None
-                return run_cluster(rnd, run, host, plan, model, expect, emulation)
+        def split_group(run: GroupRun):
             server = server_role(model, run.tasks, plan, ctx.config.train, self.runtime, gen)
             timed = None if server is None else TimedServer(server, rnd.meters, server_emulation)
             updates = family.schedule(fleet_of(), timed, run, plan)
             return updates, None if server is None else server.state()
 
-        runs = family.units(model, plan)
-        spec = plan.topology.server
-        if (spec is not None and spec.mixup) or len(runs) == 1:
-            done = [group(run) for run in runs]
-        else:
-            with ThreadPoolExecutor(max_workers=len(runs)) as pool:
-                done = list(pool.map(group, runs))
-        updates: list[ClientUpdate] = [u for group_updates, _ in done for u in group_updates]
-        server_states = {
-            run.group: state
-            for run, (_, state) in zip(runs, done, strict=True)
-            if state is not None
-        }
-        return updates, server_states, moves
+        at.fleet, at.expect, at.split_group = fleet_of, expect, split_group
+        return moves
+
+
+def run_groups(family, model: BlockModel, plan: RoundPlan, groups: Groups):
+    """Every group of the plan (``family.units``) through ``groups.run``, concurrently (one
+    thread each), except with LocFedMix-SL's mixup, whose pairs come from one per-round stream
+    in group order. Returns the updates and the server states (group → state)."""
+    runs = family.units(model, plan)
+    spec = plan.topology.server
+    if (spec is not None and spec.mixup) or len(runs) == 1:
+        done = [groups.run(run) for run in runs]
+    else:
+        with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+            done = list(pool.map(groups.run, runs))
+    updates: list[ClientUpdate] = [u for group_updates, _ in done for u in group_updates]
+    server_states = {
+        run.group: state for run, (_, state) in zip(runs, done, strict=True) if state is not None
+    }
+    return updates, server_states
 
 
 def round_deadline(net, median_client_s: float | None, began: float) -> float | None:
@@ -278,48 +273,6 @@ def round_deadline(net, median_client_s: float | None, began: float) -> float | 
     if not net.round_deadline_factor or median_client_s is None:
         return None
     return began + max(net.round_deadline_factor * median_client_s, net.round_deadline_min_s)
-
-
-def cluster_emulation(
-    ctx, plan: RoundPlan, run: GroupRun, host: int, links: bool = True
-) -> ClusterEmulation:
-    """A hosted group's profiles for the plan's round: members compute at their FLOPS and
-    reach the top worker at the D2D rate of the pair (both directions); the top worker
-    computes the top part at its FLOPS."""
-    r = plan.round_idx or 0
-    top = ctx.population.at(host, r)
-    members = {}
-    for t in run.tasks:
-        device = ctx.population.at(t.client, r)
-        rate = d2d_rate(device, top) if links else UNSHAPED
-        members[t.client] = Profile(device.flops, rate, rate, ctx.profile.device_flops(t.cut))
-    cut = run.tasks[0].cut
-    return ClusterEmulation(
-        {c: p.to_fields() for c, p in members.items()}, top.flops, ctx.profile.server_flops(cut)
-    )
-
-
-def ring_emulation(ctx, plan: RoundPlan, links: bool = True) -> RingEmulation:
-    """The ring's profiles for the plan's round: FLOPS, server link rates and the D2D rates
-    to each member's successor and predecessor (the cost model's ``ring_client_cost``)."""
-    r, order = plan.round_idx or 0, plan.topology.spec.order
-    members = {}
-    for pos, c in enumerate(order):
-        device = ctx.population.at(c, r)
-        nxt = ctx.population.at(order[(pos + 1) % len(order)], r)
-        prv = ctx.population.at(order[pos - 1], r)
-        up, down = (device.uplink, device.downlink) if links else (UNSHAPED, UNSHAPED)
-        fields = Profile(device.flops, up, down, 0.0).to_fields()
-        if links:
-            fields |= {"d2d_next": d2d_rate(device, nxt), "d2d_prev": d2d_rate(device, prv)}
-        members[c] = fields
-    blocks = [ctx.profile.part_flops(k, k + 1) for k in range(ctx.profile.num_blocks)]
-    return RingEmulation(members, blocks)
-
-
-#: The link rate sent when links are not emulated (``network.emulate_links: false``): a
-#: transfer held for bytes / 1e18 s is no hold at all.
-UNSHAPED = 1e18
 
 
 def emulated_profiles(
@@ -346,18 +299,6 @@ def expectations(ctx, model: BlockModel, plan: RoundPlan) -> Expect:
     test = ctx.bundle.test  # the server may hold no training data (data.source: devices)
     sample, bounds = test.x[:REFERENCE_SAMPLES], ctx.config.network.bounds
     return expect_for(model, sample, ctx.bundle.num_classes, cuts, test.y[:1], bounds)
-
-
-def server_step(ctx, model: BlockModel, plan: RoundPlan) -> ServerStep | None:
-    """The server's own step on its first ``network.bounds.reference_samples`` test samples
-    (:mod:`splitfl.net.trust.reference`; None with 0 or no tasks), at the round's learning rate and
-    local steps (its most): trained only if a peer check has no median to use."""
-    n = ctx.config.network.bounds.reference_samples
-    if not n or not plan.tasks:
-        return None
-    test = ctx.bundle.test
-    steps = max(t.steps for t in plan.tasks)
-    return ServerStep(model, (test.x[:n], test.y[:n]), ctx.config.train, plan.tasks[0].lr, steps)
 
 
 def measured_fields(m: Meter, wall: float) -> dict[str, float]:

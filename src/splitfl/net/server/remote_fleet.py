@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from splitfl.core.activations import leaves, names, pack, unpack
-from splitfl.core.plan import ClientTask
+from splitfl.core.plan import AUX_LOSSES, ClientTask
 from splitfl.core.topology import AuxSpec
 from splitfl.net.device.emulation import Profile, stretch
 from splitfl.net.transport.hub import LOST, DeviceLink, Hub
@@ -167,6 +167,11 @@ class RemoteFleet:
     def backward(self, grads):
         for c, grad in grads.items():
             self._post(c, Message("backward", {}, pack("grad", grad)), "gradients_down")
+
+    def local_server_update(self, grads):
+        """The gradients down as ``backward``: the device's ``begin`` named the mode
+        (``local+server``), so it adds its auxiliary loss."""
+        self.backward(grads)
 
     def head_update(self, clients):
         for c in clients:
@@ -324,7 +329,7 @@ class RemoteFleet:
 
     def _aux_fields(self) -> dict:
         """``begin``'s ``aux`` field: the auxiliary model the device builds and how it updates."""
-        if self.aux is None or self.device_loss not in ("local", "estimate"):
+        if self.aux is None or self.device_loss not in AUX_LOSSES:
             raise ValueError("an auxiliary model sent without an auxiliary plan")
         spec = self.aux
         return {

@@ -15,14 +15,27 @@ import time
 from dataclasses import dataclass
 
 from splitfl.core.plan import RING_MEMBER_FAILED, ClientUpdate, RoundPlan
+from splitfl.core.topology import Ring
 from splitfl.models import BlockModel
+from splitfl.net.device.emulation import UNSHAPED, Profile
 from splitfl.net.server.clusters import D2DRound, send_command
+from splitfl.net.server.groups import NETWORKED_ROUNDS, NetRound, WholeRound
 from splitfl.net.server.lateness import LATE_START
 from splitfl.net.server.remote_fleet import LATE, Meter
 from splitfl.net.transport.auth import new_token, token_hash
 from splitfl.net.transport.hub import LOST, DeviceLink
 from splitfl.net.transport.wire import Message, payload_bytes, state_from, state_tensors
-from splitfl.net.trust.checks import MAX_BYTES, bounded, check_state, loss_problem, state_specs
+from splitfl.net.trust.checks import (
+    MAX_BYTES,
+    PeerHistory,
+    bounded,
+    check_state,
+    loss_problem,
+    state_specs,
+)
+from splitfl.net.trust.reference import ServerStep, server_step
+from splitfl.net.trust.spread import RoundMoves
+from splitfl.system.cost import d2d_rate
 
 
 @dataclass(frozen=True)
@@ -36,9 +49,15 @@ class RingEmulation:
 
 
 def run_ring(
-    rnd: D2DRound, plan: RoundPlan, model: BlockModel, emulation: RingEmulation | None
+    rnd: D2DRound,
+    plan: RoundPlan,
+    model: BlockModel,
+    emulation: RingEmulation | None,
+    reference: ServerStep | None | bool = None,
 ) -> list[ClientUpdate]:
-    """One ring round: every member's blended model, or none (round abandoned)."""
+    """One ring round: every member's blended model, or none (round abandoned). Each
+    member's model is held against the others' and the server's own step (``reference``,
+    :func:`peer_faults`; ``False``: not, ``network.trust: trusted``)."""
     ring = plan.topology.spec
     order = ring.order
     links = {c: rnd.hub.link_of(c) for c in order}
@@ -84,6 +103,8 @@ def run_ring(
     replies, faults, cause = _collect(rnd, links, sent, max(t.steps for t in plan.tasks), started)
     if not faults and cause is None:
         faults = _check(replies, model, tasks, rnd.bounds, began)
+    if not faults and cause is None and reference is not False:
+        faults = peer_faults(replies, model, tasks, rnd.bounds, reference)
     late = late_starts(start_latency(sent, started, emulation), rnd.late_start_factor)
     if not faults and cause is not None:
         faults = late  # a failure naming no member (the deadline's abort): the late starter
@@ -280,6 +301,32 @@ def _check(replies, model: BlockModel, tasks, bounds, began: dict[int, float]) -
     return faults
 
 
+def peer_faults(
+    replies, model: BlockModel, tasks, bounds, reference: ServerStep | None
+) -> dict[int, str]:
+    """The members whose uploaded model is out of line with the others' (issue 51: one
+    member uploading ``global − 9.9 ‖global‖ · unit(update)``, inside the model-relative
+    bound, left the run at chance for every round), with why: each member's move from the
+    global model per local step is held against the ring's as a star round's updates are
+    (:meth:`~splitfl.net.trust.spread.RoundMoves.outliers`: the spread and the norm against
+    the members' median, 3 or more; fewer: the server's own step, ``reference``) and its
+    direction (``network.bounds.min_cosine``: the members' median move, 3 or more). The
+    round is then abandoned naming them, as for a rejected report. The norm history is the
+    round's own (a ring round is the only update of its round)."""
+    sent, moves = model.state_dict(), RoundMoves()
+    for c, (reply, _, _) in replies.items():
+        moves.add(c, state_from("model", reply.tensors), sent, tasks[c].steps)
+    found = moves.outliers(
+        PeerHistory(bounds.peer_update_factor),
+        bounds.peer_spread_factor,
+        "ring model",
+        None if reference is None else reference.distance,
+        None,  # a ring of 2: no direction (the server's step misjudged honest parts)
+        bounds.min_cosine,
+    )
+    return dict(sorted(found.items()))
+
+
 def _meter(meter: Meter, reply: Message, rtt: float, up: int, down: int, down_payload) -> None:
     """Compute and ring hops as the member measured them; the model's trip to and from the
     server = round trip − the session, split by bytes."""
@@ -315,3 +362,35 @@ def _unknown(cause: str | None) -> str:
     """The reason of a round whose failure names no member (the first report, which comes
     from a member that saw it: not blamed)."""
     return f"no member named as at fault (first report: {cause})"
+
+
+def ring_emulation(ctx, plan: RoundPlan, links: bool = True) -> RingEmulation:
+    """The ring's profiles for the plan's round: FLOPS, server link rates and the D2D rates
+    to each member's successor and predecessor (the cost model's ``ring_client_cost``)."""
+    r, order = plan.round_idx or 0, plan.topology.spec.order
+    members = {}
+    for pos, c in enumerate(order):
+        device = ctx.population.at(c, r)
+        nxt = ctx.population.at(order[(pos + 1) % len(order)], r)
+        prv = ctx.population.at(order[pos - 1], r)
+        up, down = (device.uplink, device.downlink) if links else (UNSHAPED, UNSHAPED)
+        fields = Profile(device.flops, up, down, 0.0).to_fields()
+        if links:
+            fields |= {"d2d_next": d2d_rate(device, nxt), "d2d_prev": d2d_rate(device, prv)}
+        members[c] = fields
+    blocks = [ctx.profile.part_flops(k, k + 1) for k in range(ctx.profile.num_blocks)]
+    return RingEmulation(members, blocks)
+
+
+def ring_round(at: NetRound) -> WholeRound:
+    """The whole-round runner of :class:`~splitfl.core.topology.Ring` plans
+    (:data:`~splitfl.net.server.groups.NETWORKED_ROUNDS`): :func:`run_ring`; the members slow
+    to start are recorded for lateness (benched, their work kept)."""
+    emulation = ring_emulation(at.ctx, at.plan, at.links) if at.emulate else None
+    trusted = at.ctx.config.network.trust == "trusted"
+    reference = False if trusted else server_step(at.ctx, at.model, at.plan)
+    updates = run_ring(at.d2d, at.plan, at.model, emulation, reference)
+    return WholeRound(updates, {}, (list(at.plan.topology.spec.order), at.d2d.late_starts))
+
+
+NETWORKED_ROUNDS[Ring] = ring_round

@@ -43,6 +43,19 @@ def deal_block(num_clients: int, need: int, bound: dict[str, frozenset[int]], na
     return max(1, math.ceil((num_clients - len(taken)) / max(1, need - len(bound))))
 
 
+#: Audit events the server's console shows too (one line each): a device's link dropped, and
+#: a device back after one (its join is counted by "waiting for devices k/n").
+CONSOLE_EVENTS = ("dropped", "reconnected")
+
+
+def console_line(line: str) -> None:
+    """An audit line (``<UTC time> <event> peer=<address> <detail>``) of
+    :data:`CONSOLE_EVENTS` on stderr, as ``splitfl server: <event> ...``."""
+    _, event, rest = (line.split(" ", 2) + ["", ""])[:3]
+    if event in CONSOLE_EVENTS:
+        print(f"splitfl server: device {event}: {rest}", file=sys.stderr, flush=True)
+
+
 class StartError(ConfigError):
     """The server side could not start: listen address, TLS files, tokens, too few devices
     or announcements in time (a one-line error, exit 2). A fresh run removes the run
@@ -121,7 +134,7 @@ class NetworkSession:
         welcome["block"] = deal_block(self.num_clients, need, book.bound, len(book.hashes))
         if self.data is not None:
             welcome["data"] = self.data
-        audit = Audit(self.run_dir / "audit.log")
+        audit = Audit(self.run_dir / "audit.log", sink=console_line)
         self.hub = Hub(hub_settings(n, len(book.hashes)), book, self.num_clients, welcome, audit)
         host = n.listen.rpartition(":")[0]
         try:

@@ -38,7 +38,10 @@ from splitfl.core.activations import (
     unpack,
 )
 from splitfl.core.topology import UShaped
-from splitfl.net.server.groups import NETWORKED_GROUPS, NetRound
+from splitfl.models import ModelPart
+from splitfl.models.base import moving_state
+from splitfl.net.device.emulation import FORWARD_SHARE, stretch
+from splitfl.net.server.groups import NETWORKED_GROUPS, Groups, NetRound
 from splitfl.net.server.remote_fleet import RemoteFleet
 from splitfl.net.transport.wire import Message, all_finite, payload_bytes, state_from, state_tensors
 from splitfl.net.trust.checks import REFERENCE_SAMPLES, check_state, loss_problem, state_specs
@@ -52,17 +55,33 @@ class RemoteUFleet(RemoteFleet):
     own loss-gradient RMS at each tensor entering the tail block, on ``reference_rows``
     reference samples (:func:`~splitfl.net.trust.ring_bounds.hop_scales`)."""
 
-    def __init__(self, *args, tails: dict[int, int], scale: HopScale, reference_rows: int, **kw):
+    def __init__(
+        self,
+        *args,
+        tails: dict[int, int],
+        scale: HopScale,
+        reference_rows: int,
+        head_flops: dict[int, float],
+        moving: dict[int, set[str]],
+        **kw,
+    ):
         super().__init__(*args, **kw)
         self.tails, self.scale, self.reference_rows = tails, scale, reference_rows
+        self.head_flops, self.moving = head_flops, moving
+        self.full: dict[int, dict] = {}  # what each device's front and head started from
 
     def begin(self, tasks, parts):
         requests = {}
         for t in tasks:
             self.tasks[t.client] = t
-            self.sent[t.client] = (parts[t.client], None)
+            self.full[t.client] = parts[t.client]
+            moving = self.moving[t.client]  # a LoRA model's frozen base stays on the device
+            self.sent[t.client] = ({k: v for k, v in parts[t.client].items() if k in moving}, None)
             fields = {**self.task_fields(t), "tail": self.tails[t.client]}
-            tensors = state_tensors("part", parts[t.client])
+            if self.profiles is not None:  # emulated: the front's profile, the head's FLOPs
+                fields["emulate"] = self.profiles[t.client].to_fields()
+                fields["head_flops"] = self.head_flops[t.client]
+            tensors = state_tensors("part", self.sent[t.client][0])
             requests[t.client] = (Message("u_begin", fields, tensors), "model_down")
         self._call(requests, "ack")
 
@@ -116,7 +135,8 @@ class RemoteUFleet(RemoteFleet):
                 continue
             self.meters[c].count("model_up", payload_bytes(msg))
             self.moves.add(c, state, sent, max(task.steps, 1))
-            out[c] = state
+            frozen = {k: v for k, v in self.full[c].items() if k not in state}
+            out[c] = {**frozen, **state}
         return out
 
     def _stand_in(self, fx) -> torch.Tensor:
@@ -153,22 +173,35 @@ class RemoteUFleet(RemoteFleet):
 class TimedMiddle:
     """A group's :class:`~splitfl.topologies.ushaped.roles.Middle` whose forward and
     backward time is charged to every member they served (as
-    :class:`~splitfl.net.server.remote_fleet.TimedServer` charges a server step)."""
+    :class:`~splitfl.net.server.remote_fleet.TimedServer` charges a server step); with
+    ``emulate`` (each client's per-sample middle FLOPs, the server's FLOPS) the forward is
+    stretched to ``Σ samples × FORWARD_SHARE × FLOPs / Comp_s`` and the backward to the rest
+    (S²FL Eq. 1's ``F_s / Comp_s``, the middle's blocks ``[cut, tail)``)."""
 
-    def __init__(self, middle, meters):
-        self.middle, self.meters = middle, meters
+    def __init__(self, middle, meters, emulate: tuple[dict[int, float], float] | None = None):
+        self.middle, self.meters, self.emulate = middle, meters, emulate
+        self._samples: dict[int, int] = {}
 
     def forward(self, sent):
         start = time.perf_counter()
         out = self.middle.forward(sent)
+        self._samples = {s.client: s.samples for s in sent}
+        self._hold(start, list(self._samples), FORWARD_SHARE)
         self._charge([s.client for s in sent], start)
         return out
 
     def backward(self, grads):
         start = time.perf_counter()
         back = self.middle.backward(grads)
+        self._hold(start, list(grads), 1 - FORWARD_SHARE)
         self._charge(list(grads), start)
         return back
+
+    def _hold(self, start: float, clients: list[int], share: float) -> None:
+        if self.emulate is not None:
+            per_client, flops = self.emulate
+            work = sum(self._samples.get(c, 0) * share * per_client[c] for c in clients)
+            stretch(start, 1, work, flops)
 
     def state(self):
         return self.middle.state()
@@ -179,25 +212,45 @@ class TimedMiddle:
             self.meters[c].server_s += spent
 
 
-def ushaped_round(net: NetRound):
+def ushaped_round(net: NetRound) -> Groups:
     """The round runner of U-shaped plans (:data:`~splitfl.net.server.groups.NETWORKED_GROUPS`):
     the server's own gradient scale at the tail, measured once, then one group at a time
     ``run_group(RemoteUFleet, TimedMiddle, run)``."""
-    if net.emulate:
-        raise ValueError("network.emulate: U-shaped plans are not emulated yet (devices' heads)")
     plan, model, train = net.plan, net.model, net.ctx.config.train
     test, where = net.ctx.bundle.test, next(model.parameters()).device
     x, y = test.x[:REFERENCE_SAMPLES].to(where), test.y[:REFERENCE_SAMPLES].to(where)
     scales = hop_scales(model, x, y, loss_fn(train.loss))
     tails = {t.client: tail_of(plan, t) for t in plan.tasks}
+    profile, n = net.ctx.profile, model.num_blocks
+    head = {t.client: profile.part_flops(tails[t.client], n) for t in plan.tasks}
+    mid = {t.client: profile.part_flops(t.cut, tails[t.client]) for t in plan.tasks}
+    emulate = (mid, net.ctx.population.server.flops) if net.emulate else None
+    moving = {t.client: _moving_keys(model, t.cut, tails[t.client]) for t in plan.tasks}
 
     def group(run):
         tail = tails[run.tasks[0].client]
-        fleet = net.fleet(RemoteUFleet, tails=tails, scale=scales[tail], reference_rows=len(y))
-        middle = TimedMiddle(middle_of(model, run, plan, train, net.runtime), net.meters)
+        scale, rows = scales[tail], len(y)
+        fleet = net.fleet(
+            RemoteUFleet,
+            tails=tails,
+            scale=scale,
+            reference_rows=rows,
+            head_flops=head,
+            moving=moving,
+        )
+        middle = middle_of(model, run, plan, train, net.runtime)
+        middle = TimedMiddle(middle, net.meters, emulate)
         return run_group(fleet, middle, run), middle.state()
 
-    return group
+    return Groups(group)
+
+
+def _moving_keys(model, cut: int, tail: int) -> set[str]:
+    """The front's and head's tensors that travel: all but a LoRA model's frozen base
+    (:func:`~splitfl.models.base.moving_state`)."""
+    n = model.num_blocks
+    front, head = ModelPart(model, 0, cut), ModelPart(model, tail, n)
+    return set(moving_state(front, model)) | set(moving_state(head, model))
 
 
 def _bytes(x) -> int:

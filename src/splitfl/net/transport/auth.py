@@ -206,4 +206,10 @@ def server_credentials(cert: str | Path, key: str | Path) -> grpc.ServerCredenti
 def channel_credentials(ca_cert: str | Path | None) -> grpc.ChannelCredentials:
     """TLS credentials of a device: trust ``ca_cert`` (PEM) or the system's roots."""
     roots = None if ca_cert is None else _read_bytes(ca_cert, "CA certificate")
+    if roots is not None and b"CERTIFICATE-----" not in roots:  # before gRPC dials with it
+        held = "a private key" if b"PRIVATE KEY-----" in roots else "no PEM certificate"
+        raise AuthSetupError(
+            f"--ca-cert {ca_cert} holds {held}: give the server's certificate (the .pem "
+            "`splitfl certs` wrote, or your CA's), never its key"
+        )
     return grpc.ssl_channel_credentials(root_certificates=roots)

@@ -1,6 +1,6 @@
 """A self-signed TLS certificate for a splitfl server (``splitfl certs``), for test beds and
 labs; use your organisation's CA where there is one. Needs the ``cryptography`` package
-(``pip install 'splitfl[net]'``)."""
+(the ``net`` extra, :func:`~splitfl.core.extras.install_extra`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from splitfl.config import ConfigError
+from splitfl.core.extras import install_extra
 
 
 def _crypto():
@@ -23,7 +24,8 @@ def _crypto():
         )
     except ImportError:
         raise ConfigError(
-            "certs", "needs the cryptography package: pip install 'splitfl[net]'"
+            "certs",
+            f"needs the cryptography package: {install_extra('net', 'cryptography>=41')}",
         ) from None
 
 

@@ -48,8 +48,19 @@ class ServerStep:
         self.model, self.train, self.lr, self.steps = model, train, lr, max(int(steps), 1)
         self._moved: dict[str, torch.Tensor] | None = None
 
+    def move(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        """How far the server's own steps moved each parameter of ``names`` (float64; the
+        direction check's ``g_0``, :mod:`splitfl.net.trust.direction`: FLTrust compares
+        gradient steps, so buffers — BatchNorm's running statistics, which move toward each
+        side's own data — are left out; an honest top part's cosine was −0.04 with them on
+        the graph-split ParallelSFL run of the tests)."""
+        moved, sent = self._trained(), self.model.state_dict()
+        params = {k for k, _ in self.model.named_parameters()}
+        return {k: moved[k].double() - sent[k].double() for k in names if k in params}
+
     def distance(self, names: Iterable[str]) -> float:
-        """Distance per step of the tensors ``names`` after the server's own steps."""
+        """Distance per step of the tensors ``names`` after the server's own steps (buffers
+        too: the norm checks measure every floating tensor)."""
         moved, sent = self._trained(), self.model.state_dict()
         total = 0.0
         for k in names:
@@ -84,3 +95,16 @@ def own_step(reference: ServerStep | None, names: Iterable[str]) -> Callable[[],
     if reference is None or not wanted:
         return None
     return lambda: reference.distance(wanted)
+
+
+def server_step(ctx, model: BlockModel, plan) -> ServerStep | None:
+    """The server's own step on its first ``network.bounds.reference_samples`` test samples
+    (:class:`ServerStep`; None with 0 or no tasks), at the round's learning rate and
+    local steps (its most): trained only when a check asks (the direction check, or a peer
+    check with no median to use)."""
+    n = ctx.config.network.bounds.reference_samples
+    if not n or not plan.tasks:
+        return None
+    test = ctx.bundle.test
+    steps = max(t.steps for t in plan.tasks)
+    return ServerStep(model, (test.x[:n], test.y[:n]), ctx.config.train, plan.tasks[0].lr, steps)

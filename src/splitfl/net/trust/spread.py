@@ -17,21 +17,22 @@ distances:
 each one a typical update of room). Robust centres and distances from them are the
 Byzantine-robust literature's tool (coordinate-wise median: Yin et al. ICML 2018; distance
 from a robust centre: Karimireddy et al., "Learning from History for Byzantine Robust
-Optimization", ICML 2021); the rule and its factor are splitfl's choice (README, "Hostile
-devices"). Measured on the attack benchmark (two colluders of ten): honest ``s_c`` within
-1.7 × ``s̃`` in round 1 and 3.3 × over 6 rounds, the colluders' 17–26 × in round 1.
+Optimization", ICML 2021); the rule and its factor are splitfl's choice
+(docs/explanation/trust-model.md, "Hostile devices"). Measured on the attack benchmark (two
+colluders of ten): honest ``s_c`` within 1.7 × ``s̃`` in round 1 and 3.3 × over 6 rounds, the
+colluders' 17–26 × in round 1.
 """
 
 from __future__ import annotations
 
-import collections
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
 from splitfl.net.trust.checks import PeerHistory, State, update_distance
+from splitfl.net.trust.direction import Toward, direction_outliers, median_move, same_tensors
 
 
 class RoundMoves:
@@ -57,7 +58,7 @@ class RoundMoves:
         length from the coordinate-wise median move (module docstring), with their reasons;
         checked among the keys that sent the same tensors, 3 or more of them."""
         found: dict[int, str] = {}
-        for keys in _same_tensors(self.delta).values():
+        for keys in same_tensors(self.delta).values():
             if len(keys) < 3:
                 continue
             spread = spread_from_centre([self.delta[k] for k in keys])
@@ -80,31 +81,38 @@ class RoundMoves:
         history: PeerHistory,
         spread_factor: float,
         what: str = "model update",
-        reference: Callable[[], float] | None = None,
+        reference: Callable[[Iterable[str]], float] | None = None,
+        toward: Toward | None = None,
+        min_cosine: float | None = None,
     ) -> dict[int, str]:
-        """Both peer checks, as every checking place runs them: the spread
-        (:meth:`spread_outliers`), then the norm (``history``,
-        :class:`~splitfl.net.trust.checks.PeerHistory`, which does not record what the spread
-        rejected); where both reject, the norm's reason."""
-        spread = self.spread_outliers(spread_factor, what)
-        return spread | history.outliers(self.distance, what, reference, spread)
+        """The peer checks, as every checking place runs them: the spread
+        (:meth:`spread_outliers`), the direction (with ``min_cosine``; ``toward``: the server's
+        own step, :func:`~splitfl.net.trust.direction.direction_outliers`), then the norm
+        (``history``, :class:`~splitfl.net.trust.checks.PeerHistory`, which does not record
+        what the others rejected; ``reference``: the server's own step per local step over
+        some tensors); where several reject, the last one's reason. Each check compares like
+        with like: updates of the same tensors (S²FL's clients train different cuts, whose
+        parts' norms differ in kind: issue 51, an honest client dropped at 13.4× a median of
+        other cuts' parts)."""
+        found = self.spread_outliers(spread_factor, what)
+        if min_cosine is not None:  # the direction check is on (network.trust: untrusted)
+            found |= direction_outliers(self.delta, toward, min_cosine, what)
+        norm: dict[int, str] = {}
+        for keys in same_tensors(self.delta).values():
+            names = list(self.delta[keys[0]])
+            own = None if reference is None else (lambda names=names: reference(names))
+            group = {k: self.distance[k] for k in keys}
+            norm |= history.outliers(group, what, own, found)
+        return found | norm
 
 
 def spread_from_centre(deltas: list[State]) -> list[float]:
-    """Each move's L2 distance from the coordinate-wise median of ``deltas`` (the lower
-    median for an even count, as ``torch.median``), in order."""
+    """Each move's L2 distance from the coordinate-wise median of ``deltas``
+    (:func:`~splitfl.net.trust.direction.median_move`), in order."""
+    centre = median_move(deltas)
     squares = [0.0] * len(deltas)
-    for name in deltas[0]:
+    for name, mid in centre.items():
         stack = torch.stack([d[name] for d in deltas])
-        centre = stack.median(dim=0).values
-        per_key = (stack - centre).reshape(len(deltas), -1).double().pow(2).sum(1)
+        per_key = (stack - mid).reshape(len(deltas), -1).double().pow(2).sum(1)
         squares = [s + v for s, v in zip(squares, per_key.tolist(), strict=True)]
     return [math.sqrt(s) for s in squares]
-
-
-def _same_tensors(deltas: dict[int, State]) -> dict[tuple, list[int]]:
-    """Keys grouped by the tensors (names and shapes) they sent, in key order."""
-    groups: dict[tuple, list[int]] = collections.defaultdict(list)
-    for key in sorted(deltas):
-        groups[tuple((k, tuple(t.shape)) for k, t in sorted(deltas[key].items()))].append(key)
-    return groups

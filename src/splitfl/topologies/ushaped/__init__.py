@@ -14,6 +14,7 @@ import math
 from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.core.topology import UShaped
 from splitfl.models import block_index
+from splitfl.roles.defences import is_active
 from splitfl.roles.fleet import GroupRun, StartParts
 from splitfl.roles.sides import DeviceRole
 from splitfl.topologies.base import STAND_IN_LOSS, Family, PriceView, UnitEnv, register
@@ -100,18 +101,22 @@ class UShapedFamily(Family):
         latency = view.config.devices.exchange_latency_s
         batches = math.ceil(samples / task.batch_size) if latency else 0
         exchanges = 2 * batches + int(task.download_model) + int(task.upload_model)
-        return ushaped_client_cost(
+        device = view.population.at(task.client, r)
+        cost = ushaped_client_cost(
             view.profile,
             task.cut,
             tail_of(plan, task),
             samples,
-            view.population.at(task.client, r),
+            device,
             view.population.server,
             model_down=task.download_model,
             model_up=task.upload_model,
             exchanges=exchanges if latency else 0,
             exchange_latency=latency,
         )
+        if is_active(view.config.train.defence):  # the front's smashed data are defended
+            view.charge_defence(cost, task.cut, samples, task.batch_size, device)
+        return cost
 
 
 FAMILY = register(UShapedFamily())

@@ -1,0 +1,240 @@
+"""How splitfl's cost grows with the data and the federation (issue 54).
+
+Measurements, each in a fresh process (peak RSS is the process's own) and, for a before/after
+ratio, interleaved: the tree under test is ``--src`` (default: this checkout's ``src``), so the
+same script measures an older commit exported with ``git archive``.
+
+* ``prep``: ``splitfl.experiment.runner.prepare`` (read the data, partition it, build the
+  model and the algorithm) on a generated in-memory ``TensorDataset`` pair of ``n`` items of
+  1x8x8 float32 (labels 0..9; test split 1,000), SplitFed V1 on a 64-input MLP, IID among
+  ``clients`` clients. Reports seconds and peak RSS above the process with the data built.
+* ``rounds``: ``splitfl.run`` of an algorithm with ``clients`` clients of 4 samples each,
+  ``--per-round`` of them a round: the median round time after the first, and peak RSS.
+* ``partition``: one partitioner (``iid``, ``dirichlet``, ``shards``, ``natural``,
+  ``folders``) of ``n`` labels among ``clients`` clients, seconds.
+
+    python benchmarks/bench_scale.py prep --sizes 10000 100000 1000000
+    python benchmarks/bench_scale.py partition --n 1000000 --clients 100 10000 1000000
+    python benchmarks/bench_scale.py prep --sizes 100000 --src /tmp/old/src   # the old code
+    python benchmarks/bench_scale.py rounds --clients 100 10000 100000 --algorithms splitfed_v1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+INPUT_SHAPE = (1, 8, 8)
+
+
+def generated_pair():
+    """The ``data.dataset`` of ``prep``: ``BENCH_SCALE_N`` training items (env), 1,000 test."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    n = int(os.environ["BENCH_SCALE_N"])
+    gen = torch.Generator().manual_seed(0)
+
+    def split(size: int) -> TensorDataset:
+        x = torch.rand(size, *INPUT_SHAPE, generator=gen)
+        return TensorDataset(x, torch.randint(0, 10, (size,), generator=gen))
+
+    return split(n), split(1000)
+
+
+def _cpu_s() -> float:
+    """This process's CPU seconds (user + system): less bent than wall time by other load."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def one_prep(n: int, clients: int) -> dict:
+    """``prepare`` once (this process): seconds and peak RSS above the data's own."""
+    from splitfl.experiment.runner import as_config, prepare
+    from splitfl.testing import tiny_config
+
+    os.environ["BENCH_SCALE_N"] = str(n)
+    sys.path.insert(0, str(HERE))
+    import bench_scale
+
+    held = bench_scale.generated_pair()  # built (and counted) before the clock starts
+    bench_scale.generated_pair = lambda: held
+    config = tiny_config(
+        algorithm="splitfed_v1",
+        model="mlp",
+        **{
+            "data.dataset": "bench_scale:generated_pair",
+            "data.partition": "iid",
+            "data.num_clients": clients,
+            "data.min_samples": 1,
+            "train.clients_per_round": min(10, clients),
+        },
+    )
+    config["import_dirs"] = [str(HERE)]
+    before, cpu = _peak_mib(), _cpu_s()
+    start = time.perf_counter()
+    if os.environ.get("BENCH_SCALE_PROFILE"):  # --profile: the top functions, on stderr
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.runcall(prepare, as_config(config))
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(8)
+    else:
+        prepare(as_config(config))
+    seconds = time.perf_counter() - start
+    data_mib = n * (4 * 64 + 8) / 2**20
+    return {
+        "n": n,
+        "clients": clients,
+        "seconds": seconds,
+        "cpu_s": _cpu_s() - cpu,
+        "data_mib": data_mib,
+        "peak_above_data_mib": _peak_mib() - before,
+        "peak_mib": _peak_mib(),
+    }
+
+
+def one_rounds(algorithm: str, clients: int, per_round: int, rounds: int = 4) -> dict:
+    """``rounds`` rounds of ``algorithm`` with ``clients`` clients of 4 samples each (IID),
+    ``per_round`` of them a round: the median time of a round after the first (the
+    ``wall_time`` column's steps), and the peak RSS."""
+    import tempfile
+
+    import splitfl
+    from splitfl.testing import tiny_config
+
+    n = 4 * clients
+    os.environ["BENCH_SCALE_N"] = str(n)
+    changes = {
+        "algorithm": algorithm,
+        "model": "mlp",
+        "rounds": rounds,
+        "data.dataset": "bench_scale:generated_pair",
+        "data.partition": "iid",
+        "data.num_clients": clients,
+        "data.min_samples": 1,
+        "train.clients_per_round": per_round,
+        "import_dirs": [str(HERE)],
+    }
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        result = splitfl.run(tiny_config(**changes), run_dir=Path(folder) / "run")
+        total = time.perf_counter() - start
+        rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
+    walls = [r["wall_time"] for r in rows]
+    steps = sorted(b - a for a, b in zip(walls, walls[1:], strict=False))
+    return {
+        "algorithm": algorithm,
+        "clients": clients,
+        "per_round": per_round,
+        "n": n,
+        "round_s": steps[len(steps) // 2],
+        "run_s": total,
+        "peak_mib": _peak_mib(),
+    }
+
+
+def one_partition(scheme: str, n: int, clients: int) -> dict:
+    import numpy as np
+
+    from splitfl.data.partition import partition_indices
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 10, size=n)
+    writers = np.arange(n) % clients
+    start, cpu = time.perf_counter(), _cpu_s()
+    parts = partition_indices(
+        scheme,
+        labels,
+        clients,
+        np.random.default_rng(1),
+        alpha=0.5,
+        classes_per_client=2,
+        writers=writers,
+        min_samples=1,
+    )
+    seconds = time.perf_counter() - start
+    assert sum(len(p) for p in parts) == n
+    cpu = _cpu_s() - cpu
+    return {"scheme": scheme, "n": n, "clients": clients, "seconds": seconds, "cpu_s": cpu}
+
+
+def _spawn(src: str, args: list[str], timeout: float) -> dict:
+    env = {**os.environ, "PYTHONPATH": src}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "_one", *args]
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"args": args, "timed_out_s": timeout}
+    if out.returncode:
+        return {"args": args, "error": out.stderr.strip().splitlines()[-1:]}
+    if os.environ.get("BENCH_SCALE_PROFILE"):
+        print(out.stderr, file=sys.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=["prep", "partition", "rounds", "_one"])
+    parser.add_argument("--algorithms", nargs="+", default=["splitfed_v1"])
+    parser.add_argument("--per-round", type=int, nargs="+", default=[10])
+    parser.add_argument("rest", nargs="*")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--clients", type=int, nargs="+", default=[100, 10_000, 1_000_000])
+    parser.add_argument(
+        "--schemes", nargs="+", default=["iid", "dirichlet", "shards", "natural", "folders"]
+    )
+    parser.add_argument(
+        "--src",
+        nargs="+",
+        default=[str(HERE.parent / "src")],
+        help="trees to measure, interleaved (e.g. the old code's src)",
+    )
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--profile", action="store_true", help="prep: cProfile's top, stderr")
+    a = parser.parse_args(argv)
+    if a.profile:
+        os.environ["BENCH_SCALE_PROFILE"] = "1"
+    if a.what == "_one":
+        kind, *values = a.rest
+        if kind == "prep":
+            row = one_prep(*map(int, values))
+        elif kind == "rounds":
+            row = one_rounds(values[0], int(values[1]), int(values[2]))
+        else:
+            row = one_partition(values[0], int(values[1]), int(values[2]))
+        print(json.dumps(row))
+        return
+    if a.what == "prep":
+        jobs = [["prep", str(n), str(a.clients[0])] for n in a.sizes]
+    elif a.what == "rounds":
+        jobs = [
+            ["rounds", alg, str(c), str(k)]
+            for alg in a.algorithms
+            for k in a.per_round
+            for c in a.clients
+            if k <= c
+        ]
+    else:
+        jobs = [["partition", s, str(a.n), str(c)] for s in a.schemes for c in a.clients]
+    for job in jobs:
+        for src in a.src:  # interleaved: each tree right after the other
+            row = _spawn(src, job, a.timeout)
+            print(json.dumps({"src": src, **row}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

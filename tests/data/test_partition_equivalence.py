@@ -1,0 +1,132 @@
+"""The vectorised partitioners (issue 54) give exactly the parts the item-by-item ones gave
+(``tests/partition_reference.py``, the code before): same seeds, same samples, same order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import partition_reference as before
+from splitfl.data import partition
+from splitfl.data.grouping import RankedSet
+
+
+def _labels(n: int, classes: int, seed: int, skew: bool = False) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if skew:  # unbalanced classes, one of them rare
+        p = np.linspace(1.0, 8.0, classes)
+        return rng.choice(classes, size=n, p=p / p.sum())
+    return rng.integers(classes, size=n)
+
+
+def _same(new: list[np.ndarray], old: list[np.ndarray]) -> None:
+    assert len(new) == len(old)
+    for a, b in zip(new, old, strict=True):
+        assert a.dtype == np.int64 and b.dtype == np.int64
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+@pytest.mark.parametrize(("n", "clients"), [(1000, 10), (997, 33), (50, 50)])
+def test_iid_equals_the_reference(seed, n, clients):
+    labels = _labels(n, 10, seed)
+    new = partition.iid(labels, clients, np.random.default_rng(seed))
+    _same(new, before.iid(labels, clients, np.random.default_rng(seed)))
+
+
+@pytest.mark.parametrize("seed", [0, 3, 11])
+@pytest.mark.parametrize(
+    ("alpha", "cap", "minimum"), [(0.5, False, 1), (0.1, True, 2), (5.0, False, 4)]
+)
+def test_dirichlet_equals_the_reference(seed, alpha, cap, minimum):
+    labels = _labels(2000, 10, seed, skew=True)
+    kw = {"alpha": alpha, "cap": cap, "min_samples": minimum}
+    new = partition.dirichlet(labels, 40, np.random.default_rng(seed), **kw)
+    _same(new, before.dirichlet(labels, 40, np.random.default_rng(seed), **kw))
+
+
+@pytest.mark.parametrize("seed", [0, 5, 9])
+@pytest.mark.parametrize("minimum", [3, 5])
+def test_dirichlet_top_up_equals_the_reference(monkeypatch, seed, minimum):
+    """Tiny alpha and one attempt: the last-resort top-up runs (donors that took samples
+    themselves included: every client ends near ``min_samples``)."""
+    monkeypatch.setattr(partition, "MAX_DIRICHLET_ATTEMPTS", 1)
+    monkeypatch.setattr(before, "MAX_DIRICHLET_ATTEMPTS", 1)
+    labels = _labels(30 * minimum + 7, 5, seed)
+    kw = {"alpha": 0.01, "min_samples": minimum}
+    new = partition.dirichlet(labels, 30, np.random.default_rng(seed), **kw)
+    old = before.dirichlet(labels, 30, np.random.default_rng(seed), **kw)
+    _same(new, old)
+    assert min(len(p) for p in new) >= minimum
+
+
+def test_top_up_donors_that_received_give_back_their_last_sample_first():
+    """A hand case: client 0 is short and takes client 2's last sample; client 1 is short
+    while client 0 is now the largest of equals (size 3, lowest id) and gives back what it
+    took — the reference's arrays end the same way."""
+    parts = [np.array([0, 1]), np.array([2]), np.array([3, 4, 5])]
+    new = partition._top_up([p.copy() for p in parts], 3, np.random.default_rng(0))
+    old = before._top_up([p.copy() for p in parts], 3, np.random.default_rng(0))
+    _same([np.sort(p) for p in new], [np.sort(p) for p in old])
+
+
+@pytest.mark.parametrize("seed", [0, 2, 4])
+@pytest.mark.parametrize(("clients", "k", "classes"), [(20, 2, 10), (50, 3, 10), (30, 3, 6)])
+def test_shards_equal_the_reference(seed, clients, k, classes):
+    labels = _labels(1200 + seed, classes, seed, skew=True)
+    kw = {"classes_per_client": k}
+    new = partition.shards(labels, clients, np.random.default_rng(seed), **kw)
+    _same(new, before.shards(labels, clients, np.random.default_rng(seed), **kw))
+
+
+@pytest.mark.parametrize("seed", [0, 6])
+def test_natural_and_folders_equal_the_reference(seed):
+    rng = np.random.default_rng(seed)
+    writers = rng.integers(0, 60, size=3000) * 7  # sparse writer ids
+    labels = _labels(3000, 10, seed)
+    kw = {"writers": writers, "min_samples": 30}
+    new = partition.natural(labels, 25, np.random.default_rng(seed), **kw)
+    _same(new, before.natural(labels, 25, np.random.default_rng(seed), **kw))
+    folders = np.unique(writers, return_inverse=True)[1]
+    _same(partition.folders(folders, 60), before.folders(folders, 60))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_label_histograms_equal_the_reference(seed):
+    labels = _labels(500, 7, seed)
+    parts = partition.dirichlet(labels, 12, np.random.default_rng(seed), alpha=0.3)
+    np.testing.assert_array_equal(
+        partition.label_histograms(labels, parts, 7), before.label_histograms(labels, parts, 7)
+    )
+    np.testing.assert_array_equal(  # fewer classes counted than the labels hold
+        partition.label_histograms(labels, parts, 5), before.label_histograms(labels, parts, 5)
+    )
+
+
+def test_ranked_set_picks_the_rth_smallest_member():
+    members = np.array([3, 4, 9, 15])
+    ranked = RankedSet(17, members)
+    assert [ranked.kth(r) for r in range(4)] == [3, 4, 9, 15]
+    ranked.set(4, False)
+    ranked.set(0, True)
+    ranked.set(16, True)
+    assert len(ranked) == 5
+    assert [ranked.kth(r) for r in range(5)] == [0, 3, 9, 15, 16]
+
+
+def test_partitioning_many_clients_scales_with_the_samples():
+    """200,000 clients of 2 samples each: the reference's per-client passes are O(n·N) (and
+    its top-up O(N²)); the vectorised ones finish this in well under a second."""
+    labels = _labels(400_000, 10, 0)
+    parts = partition.iid(labels, 200_000, np.random.default_rng(0))
+    assert len(parts) == 200_000 and sum(len(p) for p in parts) == 400_000
+    writers = np.arange(400_000) // 2
+    assert len(partition.folders(writers, 200_000)) == 200_000
+
+
+def test_a_shards_label_is_its_most_frequent_the_smaller_among_equals():
+    """``np.bincount(labels).argmax()`` per shard: shard 0 holds 1, 1, 2, 2 (a tie: 1),
+    shard 1 holds 0, 3, 3 (3), shard 2 holds 4 alone."""
+    shard_of = np.array([0, 0, 0, 0, 1, 1, 1, 2])
+    labels = np.array([1, 1, 2, 2, 0, 3, 3, 4])
+    assert partition._shard_modes(shard_of, labels, 3).tolist() == [1, 3, 4]

@@ -1,0 +1,107 @@
+"""The direction check (``network.trust: untrusted``, ``network.bounds.min_cosine``,
+:mod:`splitfl.net.trust.direction`): an update at an obtuse angle to the server's own step is
+dropped (FLTrust's ReLU-clipped trust score, Cao et al. NDSS 2021). Issue 51: three colluders
+of ten sending ``sent − 6 × (their honest move)`` passed the magnitude and spread checks in
+some rounds and wrecked the default ``mean``; in a round of two clients an honest client was
+dropped instead. Loopback gRPC, devices in threads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_hostile_insiders import _Boosted
+from test_networked import _final, _networked, _rows
+
+import splitfl
+from splitfl.net.server.testbed import Testbed
+from splitfl.net.trust.direction import cosine, direction_outliers
+from splitfl.testing import config_for
+
+
+def test_cosine_and_the_direction_check_by_hand():
+    """Moves of ``w`` (2, 1), (1, 0.5), (0, 1) and (−3, −1): their coordinate-wise (lower)
+    median is (0, 0.5); cosines with it 1/√5 = 0.447, 0.447, 1 and −1/√10 = −0.316: the last
+    is dropped. Two moves of ``v`` (another cut's part: compared like with like) have no
+    median of their own and are held to the server's step (1, 0) on ``v``: (−1, 0.5) has
+    cosine −0.894, dropped; (0, 3) cosine 0, kept at the default 0 (FLTrust's ReLU gives it
+    weight 0, not a negative one), dropped at 0.1. A zero move has no direction."""
+    step = {"v": torch.tensor([1.0, 0.0])}
+    assert cosine({"v": torch.tensor([2.0, 1.0])}, step) == pytest.approx(2 / 5**0.5)
+    assert cosine({"v": torch.zeros(2)}, step) is None
+    w = {0: [2.0, 1.0], 1: [1.0, 0.5], 2: [0.0, 1.0], 3: [-3.0, -1.0]}
+    moves = {c: {"w": torch.tensor(m)} for c, m in w.items()}
+    moves |= {7: {"v": torch.tensor([-1.0, 0.5])}, 8: {"v": torch.tensor([0.0, 3.0])}}
+    toward = lambda names: {k: step[k] for k in names if k in step}  # noqa: E731
+    out = direction_outliers(moves, toward, 0.0)
+    assert sorted(out) == [3, 7]
+    assert out[3] == (
+        "rejected model update: cosine -0.316 with the round's median move, below 0 "
+        "(network.bounds.min_cosine; FLTrust's trust score)"
+    )
+    assert out[7].startswith("rejected model update: cosine -0.894 with the server's own step")
+    assert sorted(direction_outliers(moves, toward, 0.1)) == [3, 7, 8]
+    assert direction_outliers({7: moves[7]}, None, 0.0) == {}  # no reference: not checked
+
+
+class _Negated(_Boosted):
+    """Sends ``sent − 6 × (its honest move)`` (issue 51's colluders: inside every norm
+    bound the old checks had)."""
+
+    factor = -6.0
+
+
+def _run(tmp_path, clients: int, colluders: int, rounds: int, **changes):
+    names = [f"d{i}" for i in range(clients)]
+    bed = Testbed.create(tmp_path / "bed", names)
+    threads = [bed.device(n, [i], _Negated if i < colluders else None) for i, n in enumerate(names)]
+    net = bed.server_overrides(min_devices=clients)
+    sized = {"data.num_clients": clients, "train.clients_per_round": clients}
+    sized["network.bounds.min_cosine"] = 0.0  # FLTrust's rule (off by default)
+    cfg = config_for("fedavg", rounds=rounds, **{**sized, **changes, **net})
+    result = splitfl.run(cfg, run_dir=tmp_path / "run")
+    for t in threads:
+        t.join(30)
+    lines = (result.run_dir / "metrics.jsonl").read_text().splitlines()
+    return result, [json.loads(line) for line in lines if line]
+
+
+def test_three_colluders_of_ten_are_dropped_in_every_round(tmp_path):
+    """Untrusted with FLTrust's ``min_cosine: 0``: the three colluders are dropped in every
+    round by their cosine with the server's step, no honest client is, and the run's status
+    says what was dropped. (The old code: the spread check missed them in some rounds.)"""
+    result, rows = _run(tmp_path, 10, 3, rounds=3)
+    assert [row["dropped_clients"] for row in rows] == [[0, 1, 2]] * 3
+    for row in rows[1:]:  # in round 1 the spread check may catch them first
+        assert all("rejected model update: cosine" in row["dropped_reasons"][c] for c in "012")
+    assert result.summary["status"].startswith("ok (9 client updates dropped in 3 of 3 rounds")
+
+
+def test_in_a_round_of_two_the_colluder_is_dropped_not_the_honest_client(tmp_path):
+    """Two clients, one negating (no peer median: the old code held both to the server's
+    step by norm and, on issue 51's run, dropped the honest one)."""
+    _, rows = _run(tmp_path, 2, 1, rounds=2)
+    assert [row["dropped_clients"] for row in rows] == [[0], [0]]
+
+
+def test_trusted_fleets_get_the_simulation_exactly(tmp_path, sequential_run):
+    """``network.trust: trusted``: the sequential run's final model and its (weighted mean)
+    ``train_loss`` in every round; the untrusted default: the same model in an honest run
+    (nothing dropped), ``train_loss`` the clients' lower median."""
+    seq = sequential_run(config_for("fedavg", rounds=2))
+    seq_rows = [json.loads(x) for x in (seq.run_dir / "metrics.jsonl").read_text().splitlines()]
+    trusted, _ = _networked(tmp_path / "t", "fedavg", rounds=2, **{"network.trust": "trusted"})
+    untrusted, _ = _networked(tmp_path / "u", "fedavg", rounds=2)
+    for run in (trusted, untrusted):
+        a, b = _final(run), _final(seq)
+        assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-5
+    t_rows, u_rows = _rows(trusted), _rows(untrusted)
+    assert [r["train_loss"] for r in t_rows] == pytest.approx(
+        [r["train_loss"] for r in seq_rows], abs=1e-5
+    )
+    assert "train_loss_mean" not in t_rows[0]
+    for u, s in zip(u_rows, seq_rows, strict=True):
+        assert u["dropped_clients"] == [] and u["train_loss_outliers"] == []
+        assert u["train_loss"] == u["train_loss_median"]
+        assert u["train_loss_mean"] == pytest.approx(s["train_loss"], abs=1e-5)
