@@ -56,35 +56,50 @@ def sequential_run(tmp_path_factory):
     return run
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_instance():
     """One local Ray instance with 3 CPUs, its workers importing this splitfl, shared by the
     tests that run on a Ray instance this process started (starting one takes seconds, and
-    its warm workers serve the next test); shut down at the end of the session."""
+    its warm workers serve the next test): started by the first such test, shut down after
+    the last one of the run of them (:func:`pytest_runtest_teardown`)."""
     ray = pytest.importorskip("ray")
-    from splitfl.ray_cluster import init_ray
+    if not ray.is_initialized():
+        from splitfl.ray_cluster import init_ray
 
-    src = str(Path(splitfl.__file__).resolve().parents[1])
-    init_ray(
-        ray,
-        num_cpus=3,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": src}},
-    )
-    yield ray
-    ray.shutdown()
+        src = str(Path(splitfl.__file__).resolve().parents[1])
+        init_ray(
+            ray,
+            num_cpus=3,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": src}},
+        )
+    return ray
+
+
+def _on_ray(item) -> bool:
+    return item is not None and "ray_instance" in getattr(item, "fixturenames", ())
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test of a run of :func:`ray_instance` tests, its Ray instance stops:
+    the tests after it run with no Ray started in this process, as they would alone."""
+    if _on_ray(item) and not _on_ray(nextitem):
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 def pytest_collection_modifyitems(items):
-    """The tests on :func:`ray_instance` run last (each group in its collected order): every
-    other test runs with no Ray started in this process, as it would alone. Under xdist's
-    ``--dist loadgroup`` (pyproject's addopts) they share one worker, so the session starts
-    one Ray instance, not one per worker."""
+    """The tests on :func:`ray_instance` run first (each group in its collected order), as
+    one xdist group (``--dist loadgroup``, pyproject's addopts): one worker starts one Ray
+    instance and runs them while the other works through the rest; last, they held one
+    worker at the end of the suite while the other sat idle."""
     for item in items:
-        if "ray_instance" in getattr(item, "fixturenames", ()):
+        if _on_ray(item):
             item.add_marker(pytest.mark.xdist_group("ray"))
-    items.sort(key=lambda item: "ray_instance" in getattr(item, "fixturenames", ()))
+    items.sort(key=lambda item: not _on_ray(item))
 
 
 __all__ = ["tiny_config"]

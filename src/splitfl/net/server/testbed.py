@@ -73,12 +73,16 @@ class Testbed:
     def device(
         self, name: str, clients: list[int], agent_cls: type | None = None, **opts: Any
     ) -> DeviceThread:
+        retry_s = opts.pop("retry_s", 30.0)
         options = DeviceOptions(
             server=f"{opts.pop('host', '127.0.0.1')}:{self.port}",
             name=name,
             token=opts.pop("token", self.tokens.get(name, "")),
             clients=tuple(clients),
-            retry_s=opts.pop("retry_s", 30.0),
+            retry_s=retry_s,
+            # a test bed's server does not come back after its run: a device it dropped or
+            # said bye to gives up after retry_s, not DeviceOptions' hours-long resume wait
+            resume_wait_s=opts.pop("resume_wait_s", retry_s),
             **opts,
         )
         return start_in_thread(options, agent_cls)
