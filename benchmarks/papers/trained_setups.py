@@ -235,6 +235,7 @@ PARALLELSFL = Claim(
         "options.parallelsfl.tau": 30,
         "options.parallelsfl.cut": 5,
         "options.adasfl.tau": 30,
+        "options.adasfl.tau_max": 60,  # 2τ, as the CPU config's 10 / 20
         "options.adasfl.cut": 5,
         "options.locfedmix_sl.tau": 30,
         "options.locfedmix_sl.cut": 5,

@@ -1,0 +1,95 @@
+"""The trained reproductions of the papers' headline claims (issue 50 item 7;
+``benchmarks/papers/trained.py``): time to target on a hand-made metrics series, the pair
+ratios and verdict words by hand, every variant's config valid, and the tiny mode runs and
+resumes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from splitfl.experiment.runner import as_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "papers"))
+from trained import (  # noqa: E402
+    DIRECTION,
+    FAILS,
+    HOLDS,
+    UNREACHED,
+    config_for,
+    main,
+    pair_rows,
+    time_to_target,
+    verdict,
+)
+from trained_setups import CLAIMS, MODES  # noqa: E402
+
+
+def _rows(accs, dt=10.0, mb=5.0):
+    """Rounds 1.. with ``accs`` (None: no evaluation), ``dt`` s and ``mb`` MB per round."""
+    return [
+        {"round": k, "sim_time": dt * k, "traffic_total_cum": mb * k * 1e6, "test_acc": a}
+        for k, a in enumerate(accs, 1)
+    ]
+
+
+def test_time_to_target_is_the_first_evaluated_round_reaching_it():
+    rows = _rows([0.5, None, 0.79, None, 0.80, 0.95, 0.7])
+    assert time_to_target(rows, 0.8) == {"round": 5, "time": 50.0, "mb": 25.0}
+    assert time_to_target(rows, 0.9) == {"round": 6, "time": 60.0, "mb": 30.0}
+    assert time_to_target(rows, 0.5) == {"round": 1, "time": 10.0, "mb": 5.0}
+    assert time_to_target(rows, 0.96) is None  # never reached, though later rows exist
+
+
+def test_pair_ratios_are_baseline_over_method_per_seed_by_hand():
+    claim = CLAIMS["s2fl"]  # s2fl against splitfed_v1: 3.54× time, 2.57× traffic
+    runs = {
+        ("s2fl", 0): {"rows": _rows([0.5, 0.9], dt=10.0, mb=4.0)},  # round 2: 20 s, 8 MB
+        ("splitfed_v1", 0): {"rows": _rows([0.5, 0.6, 0.9], dt=30.0, mb=10.0)},  # 90 s, 30 MB
+        ("s2fl", 1): {"rows": _rows([0.9], dt=10.0, mb=4.0)},  # 10 s, 4 MB
+        ("splitfed_v1", 1): {"rows": _rows([0.95], dt=20.0, mb=12.0)},  # 20 s, 12 MB
+    }
+    (pair,) = pair_rows(claim, runs, 0.9, [0, 1])
+    assert pair["time_ratio"] == pytest.approx([4.5, 2.0])
+    assert pair["traffic_ratio"] == pytest.approx([3.75, 3.0])
+    # time: mean 3.25 < 3.54 but > 1; traffic: mean 3.375 ≥ 2.57, both seeds
+    assert pair["time_verdict"] == f"{DIRECTION} (1 of 2 seeds ≥ 3.54×)"
+    assert pair["traffic_verdict"] == f"{HOLDS} (2 of 2 seeds ≥ 2.57×)"
+    runs[("splitfed_v1", 1)] = {"rows": _rows([0.5])}
+    (pair,) = pair_rows(claim, runs, 0.9, [0, 1])
+    assert pair["time_ratio"][1] is None and pair["time_verdict"] == UNREACHED
+
+
+def test_verdict_words():
+    assert verdict([0.5, 0.9], 2.0).startswith(FAILS)
+    assert verdict([2.0, 2.2], 2.0) == f"{HOLDS} (2 of 2 seeds ≥ 2.00×)"
+    assert verdict([1.2, None], 2.0) == UNREACHED
+    assert verdict([1.2], None) == "reported (no figure)"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", sorted(CLAIMS))
+def test_every_variant_is_a_valid_config(name, mode):
+    claim = CLAIMS[name]
+    for algorithm in claim.algorithms:
+        cfg = config_for(claim, mode, algorithm, 0, None)
+        if mode == "full":
+            assert cfg["device"] == "cuda" and cfg["data"]["dataset"] == "cifar10"
+            cfg["device"] = "cpu"  # no GPU here: the rest is checked as written
+        as_config(cfg)
+    assert claim.targets[mode] and claim.quote
+
+
+def test_the_tiny_mode_runs_and_resumes(tmp_path, capsys):
+    assert main(["--mode", "tiny", "--only", "s2fl", "--seeds", "0", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    block = summary["claims"]["s2fl"]["targets"]["0.2"]
+    assert set(block["cells"]) == {"s2fl", "splitfed_v1"}
+    assert block["pairs"][0]["baseline"] == "splitfed_v1"
+    assert "### S²FL" in (tmp_path / "summary.md").read_text()
+    capsys.readouterr()
+    main(["--mode", "tiny", "--only", "s2fl", "--seeds", "0", "--out", str(tmp_path)])
+    assert capsys.readouterr().out.count("done before") == 2
