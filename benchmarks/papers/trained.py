@@ -13,7 +13,9 @@ and a verdict against the printed figure (:func:`verdict`).
 
 Each finished run is one JSON file under ``--out`` (default
 ``benchmarks/results/trained-<mode>/``); a rerun skips those (resume), prints one progress
-line per run, then writes ``summary.json`` and ``summary.md`` there.
+line per run, then writes ``summary.json`` and ``summary.md`` there. Several processes may
+work on one grid at once (each run is claimed by a ``.running`` file while it trains); the
+summary needs every run, so start ``--summary-only`` once all have finished.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 
 import splitfl
 from splitfl.config import read_yaml_mapping, set_dotted
-from splitfl.metrics.summary import to_target
+from splitfl.metrics.summary import target_for, to_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trained_setups import CLAIMS, COMMON, HERE, MODES, TINY, Claim  # noqa: E402
@@ -108,10 +110,19 @@ def run_grid(
         if path.exists():
             print(f"{tag}: done before", flush=True)
             continue
+        lock = path.with_suffix(".running")
+        try:  # several processes may share one grid: each run is claimed by one
+            lock.open("x").close()
+        except FileExistsError:
+            print(f"{tag}: running in another process (else delete {lock.name})", flush=True)
+            continue
         cfg = config_for(claim, mode, algorithm, seed, data_root)
-        result = run_one(cfg) | {"config": cfg}
+        try:
+            result = run_one(cfg) | {"config": cfg}
+            path.write_text(json.dumps(result, allow_nan=False) + "\n")
+        finally:
+            lock.unlink()
         last = result["rows"][-1]
-        path.write_text(json.dumps(result, allow_nan=False) + "\n")
         print(
             f"{tag}: {result['wall_s']:.0f} s wall, acc {last['test_acc']:.4f}, "
             f"sim {last['sim_time']:.0f} s, {last['traffic_total_cum'] / 1e6:.0f} MB",
@@ -145,6 +156,20 @@ def pair_rows(claim: Claim, runs: dict[tuple[str, int], dict], target: float, se
     return out
 
 
+def resolve_targets(spec: Sequence[float | str], runs: Sequence[list[dict]]) -> list[float]:
+    """The claim's targets: numbers as given; ``auto`` = splitfl's common-target rule
+    (:func:`~splitfl.metrics.summary.target_for`: ``DEFAULT_TARGET_FRACTION`` = 0.95 of the
+    lowest best test accuracy over every run of the claim, all methods and seeds, rounded
+    down to 0.5 %), a level every run reaches, as the papers read their curves."""
+    bests = [max(r["test_acc"] for r in rows if r["test_acc"] is not None) for rows in runs]
+    out = []
+    for target in spec:
+        value = target_for(bests, None) if target == "auto" else target
+        if value is not None and value not in out:
+            out.append(float(value))
+    return out
+
+
 def cell_stats(rows: list[dict], target: float) -> dict[str, Any]:
     """One run at ``target``: its time, traffic and round (None: not reached), final acc."""
     hit = time_to_target(rows, target)
@@ -163,7 +188,7 @@ def summarise(claims: Sequence[Claim], mode: str, seeds: Sequence[int], out: Pat
             for s in seeds
         }
         entry: dict[str, Any] = {"quote": claim.quote, "where": claim.where, "targets": {}}
-        for target in claim.targets[mode]:
+        for target in resolve_targets(claim.targets[mode], [r["rows"] for r in runs.values()]):
             cells = {
                 a: [cell_stats(runs[(a, s)]["rows"], target) for s in seeds]
                 for a in claim.algorithms

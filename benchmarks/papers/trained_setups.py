@@ -61,8 +61,9 @@ class Claim:
     cpu: dict[str, Any]
     full: dict[str, Any]
     tiny: dict[str, Any] = field(default_factory=dict)
-    #: test accuracies (fractions) to report time and traffic to; the first is the verdict's
-    targets: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    #: per mode, the test accuracies (fractions) to report time and traffic to; ``auto``: 95 %
+    #: of the lowest best accuracy of the claim's runs (``trained.resolve_targets``)
+    targets: dict[str, tuple[float | str, ...]] = field(default_factory=dict)
     target_reason: str = ""
     narrowed: list[str] = field(default_factory=list)
     #: algorithm name -> the label of its row (e.g. the cited LocFedMix-SL reading)
@@ -107,11 +108,11 @@ S2FL = Claim(
         "train.lr": 0.01,
     },
     tiny={"data.num_clients": 10, "train.clients_per_round": 4},
-    targets={"cpu": (0.85, 0.90), "full": (0.60, 0.50), "tiny": (0.2,)},
+    targets={"cpu": ("auto", 0.80), "full": (0.60, 0.50), "tiny": (0.2,)},
     target_reason=(
-        "Table 3 takes targets every method reaches, about 10 points under the final "
-        "accuracies (60 % and 50 % at a = 0.5); here 85 % and 90 %, under the ~93 % the "
-        "methods reach in 40 rounds"
+        "Table 3 takes two targets every method reaches, under the final accuracies (60 % "
+        "and 50 % at a = 0.5); here `auto` (95 % of the lowest best accuracy of all runs, "
+        "splitfl's common-target rule) and 80 %"
     ),
     narrowed=[
         "LeNet-5 / MNIST for VGG-16 / CIFAR-10 (cuts 3/6/9 of 12 blocks; SFL = cut 9)",
@@ -145,11 +146,10 @@ RINGSFL = Claim(
         "train.lr": 0.1,
     },
     tiny={"train.local_steps": 2},
-    targets={"cpu": (0.90, 0.95), "full": (0.80, 0.70), "tiny": (0.2,)},
+    targets={"cpu": ("auto", 0.80), "full": (0.80, 0.70), "tiny": (0.2,)},
     target_reason=(
-        "Fig. 13 times training to convergence; the simulation tables (Table 3) put LeNet-5 "
-        "on MNIST at 98.7-99.1 % after 100 rounds: here 90 % and 95 %, which every method "
-        "passes within 20 short rounds"
+        "Fig. 13 times training to convergence (an accuracy both reach); here `auto` (95 % "
+        "of the lowest best accuracy of all runs) and 80 %"
     ),
     narrowed=[
         "LeNet-5 / MNIST (the paper's simulation workload, Table 3) for the prototype's "
@@ -196,11 +196,11 @@ MERGESFL = Claim(
         "options.mergesfl.cut": None,
         "options.locfedmix_sl.cut": None,
     },
-    targets={"cpu": (0.85, 0.90), "full": (0.70, 0.60), "tiny": (0.2,)},
+    targets={"cpu": ("auto", 0.80), "full": (0.70, 0.60), "tiny": (0.2,)},
     target_reason=(
-        "Fig. 6 reads completion time at an accuracy every approach reaches (\"all the "
+        'Fig. 6 reads completion time at an accuracy every approach reaches ("all the '
         'approaches achieve the similar test accuracy eventually", e.g. 87 % on HAR); here '
-        "85 % and 90 %, under every method's 40-round accuracy"
+        "`auto` (95 % of the lowest best accuracy of all runs) and 80 %"
     ),
     narrowed=[
         "LeNet-5 / MNIST (80 workers, IID) for VGG16 / IMAGE-100 (neither IMAGE-100 nor "
@@ -248,10 +248,10 @@ PARALLELSFL = Claim(
         "options.adasfl.cut": None,
         "options.locfedmix_sl.cut": None,
     },
-    targets={"cpu": (0.85, 0.90), "full": (0.81, 0.70), "tiny": (0.2,)},
+    targets={"cpu": ("auto", 0.80), "full": (0.81, 0.70), "tiny": (0.2,)},
     target_reason=(
         "Fig. 4/6 read time and traffic at an accuracy all methods reach (Fig. 6(b): 81 % "
-        "for AlexNet); here 85 % and 90 %"
+        "for AlexNet); here `auto` (95 % of the lowest best accuracy of all runs) and 80 %"
     ),
     narrowed=[
         "LeNet-5 / MNIST (80 workers, IID) for AlexNet / CIFAR-10; τ = 10, D = 32; 20 rounds "

@@ -22,6 +22,7 @@ from trained import (  # noqa: E402
     config_for,
     main,
     pair_rows,
+    resolve_targets,
     time_to_target,
     verdict,
 )
@@ -63,6 +64,13 @@ def test_pair_ratios_are_baseline_over_method_per_seed_by_hand():
     assert pair["time_ratio"][1] is None and pair["time_verdict"] == UNREACHED
 
 
+def test_auto_target_is_95_percent_of_the_lowest_best_rounded_down_to_half_a_percent():
+    runs = [_rows([0.5, 0.93, 0.9]), _rows([None, 0.97]), _rows([0.8, 0.91])]
+    # lowest best 0.91; 0.95 × 0.91 = 0.8645 → 86.0 % (0.5 % steps, rounded down)
+    assert resolve_targets(["auto", 0.9], runs) == pytest.approx([0.86, 0.9])
+    assert resolve_targets([0.86, "auto"], runs) == pytest.approx([0.86])  # no duplicate
+
+
 def test_verdict_words():
     assert verdict([0.5, 0.9], 2.0).startswith(FAILS)
     assert verdict([2.0, 2.2], 2.0) == f"{HOLDS} (2 of 2 seeds ≥ 2.00×)"
@@ -93,3 +101,4 @@ def test_the_tiny_mode_runs_and_resumes(tmp_path, capsys):
     capsys.readouterr()
     main(["--mode", "tiny", "--only", "s2fl", "--seeds", "0", "--out", str(tmp_path)])
     assert capsys.readouterr().out.count("done before") == 2
+    assert not list(tmp_path.glob("*.running"))  # every claim released
