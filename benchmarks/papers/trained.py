@@ -32,6 +32,7 @@ from typing import Any
 
 import splitfl
 from splitfl.config import read_yaml_mapping, set_dotted
+from splitfl.config.parse import flatten
 from splitfl.metrics.summary import target_for, to_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -103,7 +104,13 @@ def run_grid(
 ) -> None:
     """Every (claim, seed, algorithm) run not yet in ``out``, one JSON file each."""
     out.mkdir(parents=True, exist_ok=True)
-    cells = [(c, s, a) for c in claims for s in seeds for a in c.algorithms]
+    cells = [
+        (c, s, a)
+        for c in claims
+        for s in seeds
+        for a in c.algorithms
+        if a not in c.reuse.get(mode, {})
+    ]
     for k, (claim, seed, algorithm) in enumerate(cells, 1):
         path = out / f"{claim.name}-{algorithm}-s{seed}.json"
         tag = f"[{k}/{len(cells)}] {claim.name} {algorithm} seed {seed}"
@@ -128,6 +135,30 @@ def run_grid(
             f"sim {last['sim_time']:.0f} s, {last['traffic_total_cum'] / 1e6:.0f} MB",
             flush=True,
         )
+
+
+def differing_fields(mine: dict[str, Any], theirs: dict[str, Any]) -> set[str]:
+    """Dotted fields where two configs differ, leaving out ``options`` of algorithms other
+    than the one both run (they are never read)."""
+    a, b = flatten(mine), flatten(theirs)
+    used = f"options.{mine['algorithm']}."
+    keys = {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
+    return {k for k in keys if not k.startswith("options.") or k.startswith(used)}
+
+
+def load_run(claim: Claim, mode: str, algorithm: str, seed: int, out: Path) -> dict:
+    """One run's record; a run reused from another claim (``Claim.reuse``) is that claim's
+    run cut to this claim's rounds, after checking the configs differ in ``rounds`` only (a
+    run's first rounds do not depend on how many follow)."""
+    other = claim.reuse.get(mode, {}).get(algorithm)
+    if other is None:
+        return json.loads((out / f"{claim.name}-{algorithm}-s{seed}.json").read_text())
+    record = json.loads((out / f"{other}-{algorithm}-s{seed}.json").read_text())
+    mine = config_for(claim, mode, algorithm, seed, record["config"]["data"].get("root"))
+    diff = differing_fields(mine, record["config"])
+    if diff - {"rounds"} or mine["rounds"] > record["config"]["rounds"]:
+        raise ValueError(f"{claim.name}/{algorithm} cannot reuse {other}'s run: {sorted(diff)}")
+    return {**record, "rows": record["rows"][: mine["rounds"]], "reused_from": other}
 
 
 def pair_rows(claim: Claim, runs: dict[tuple[str, int], dict], target: float, seeds) -> list:
@@ -182,11 +213,7 @@ def summarise(claims: Sequence[Claim], mode: str, seeds: Sequence[int], out: Pat
     times/traffic to the target; per pair the ratios and verdicts."""
     summary: dict[str, Any] = {"mode": mode, "seeds": list(seeds), "claims": {}}
     for claim in claims:
-        runs = {
-            (a, s): json.loads((out / f"{claim.name}-{a}-s{s}.json").read_text())
-            for a in claim.algorithms
-            for s in seeds
-        }
+        runs = {(a, s): load_run(claim, mode, a, s, out) for a in claim.algorithms for s in seeds}
         entry: dict[str, Any] = {"quote": claim.quote, "where": claim.where, "targets": {}}
         for target in resolve_targets(claim.targets[mode], [r["rows"] for r in runs.values()]):
             cells = {

@@ -68,6 +68,9 @@ class Claim:
     narrowed: list[str] = field(default_factory=list)
     #: algorithm name -> the label of its row (e.g. the cited LocFedMix-SL reading)
     labels: dict[str, str] = field(default_factory=dict)
+    #: per mode, algorithm -> another claim whose run of it has this claim's config but for
+    #: more rounds: its first ``rounds`` rows are this run (``trained.load_run`` checks it)
+    reuse: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def algorithms(self) -> list[str]:
@@ -258,6 +261,9 @@ PARALLELSFL = Claim(
         "(ParallelSFL trains every worker each round, 8× the baselines' samples)",
     ],
     labels={"locfedmix_sl": "LocFedMix-SL (local+server)"},
+    # the MergeSFL claim's LocFedMix-SL run is this one's for 40 rounds (same data, devices,
+    # training and options): its first 20 rows, not a second run
+    reuse={"cpu": {"locfedmix_sl": "mergesfl"}, "tiny": {"locfedmix_sl": "mergesfl"}},
 )
 
 CLAIMS = {c.name: c for c in (S2FL, RINGSFL, MERGESFL, PARALLELSFL)}

@@ -20,6 +20,7 @@ from trained import (  # noqa: E402
     HOLDS,
     UNREACHED,
     config_for,
+    load_run,
     main,
     pair_rows,
     resolve_targets,
@@ -102,3 +103,20 @@ def test_the_tiny_mode_runs_and_resumes(tmp_path, capsys):
     main(["--mode", "tiny", "--only", "s2fl", "--seeds", "0", "--out", str(tmp_path)])
     assert capsys.readouterr().out.count("done before") == 2
     assert not list(tmp_path.glob("*.running"))  # every claim released
+
+
+def test_a_reused_run_is_the_longer_runs_first_rounds_and_only_that(tmp_path):
+    """ParallelSFL's LocFedMix-SL run is MergeSFL's (same config, 40 rounds against 20)."""
+    claim = CLAIMS["parallelsfl"]
+    theirs = config_for(CLAIMS["mergesfl"], "cpu", "locfedmix_sl", 1, None)
+    assert (
+        theirs["rounds"] == 40 and config_for(claim, "cpu", "locfedmix_sl", 1, None)["rounds"] == 20
+    )
+    record = {"rows": _rows([0.1 * (k % 10) for k in range(40)]), "config": theirs}
+    (tmp_path / "mergesfl-locfedmix_sl-s1.json").write_text(json.dumps(record))
+    run = load_run(claim, "cpu", "locfedmix_sl", 1, tmp_path)
+    assert run["rows"] == record["rows"][:20] and run["reused_from"] == "mergesfl"
+    record["config"]["train"]["lr"] = 0.05  # any other difference: not the same run
+    (tmp_path / "mergesfl-locfedmix_sl-s1.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="cannot reuse"):
+        load_run(claim, "cpu", "locfedmix_sl", 1, tmp_path)
