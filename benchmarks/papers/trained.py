@@ -14,7 +14,7 @@ and a verdict against the printed figure (:func:`verdict`).
 Each finished run is one JSON file under ``--out`` (default
 ``benchmarks/results/trained-<mode>/``); a rerun skips those (resume), prints one progress
 line per run, then writes ``summary.json`` and ``summary.md`` there. Several processes may
-work on one grid at once (each run is claimed by a ``.running`` file while it trains); the
+work on one grid at once (each run is claimed by a ``.lock`` file while it trains); the
 summary needs every run, so start ``--summary-only`` once all have finished.
 """
 
@@ -117,7 +117,7 @@ def run_grid(
         if path.exists():
             print(f"{tag}: done before", flush=True)
             continue
-        lock = path.with_suffix(".running")
+        lock = path.with_suffix(".lock")
         try:  # several processes may share one grid: each run is claimed by one
             lock.open("x").close()
         except FileExistsError:
@@ -146,18 +146,22 @@ def differing_fields(mine: dict[str, Any], theirs: dict[str, Any]) -> set[str]:
     return {k for k in keys if not k.startswith("options.") or k.startswith(used)}
 
 
-def load_run(claim: Claim, mode: str, algorithm: str, seed: int, out: Path) -> dict:
-    """One run's record; a run reused from another claim (``Claim.reuse``) is that claim's
-    run cut to this claim's rounds, after checking the configs differ in ``rounds`` only (a
-    run's first rounds do not depend on how many follow)."""
-    other = claim.reuse.get(mode, {}).get(algorithm)
-    if other is None:
-        return json.loads((out / f"{claim.name}-{algorithm}-s{seed}.json").read_text())
-    record = json.loads((out / f"{other}-{algorithm}-s{seed}.json").read_text())
+def load_run(claim: Claim, mode: str, algorithm: str, seed: int, out: Path) -> dict | None:
+    """One run's record (None: not run); a run reused from another claim (``Claim.reuse``),
+    or run for more rounds than the claim now has, is cut to the claim's rounds, after
+    checking the configs differ in ``rounds`` only (a run's first rounds do not depend on
+    how many follow)."""
+    other = claim.reuse.get(mode, {}).get(algorithm, claim.name)
+    path = out / f"{other}-{algorithm}-s{seed}.json"
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
     mine = config_for(claim, mode, algorithm, seed, record["config"]["data"].get("root"))
     diff = differing_fields(mine, record["config"])
     if diff - {"rounds"} or mine["rounds"] > record["config"]["rounds"]:
         raise ValueError(f"{claim.name}/{algorithm} cannot reuse {other}'s run: {sorted(diff)}")
+    if other == claim.name:  # a longer run of this config (the grid was shortened)
+        return {**record, "rows": record["rows"][: mine["rounds"]]}
     return {**record, "rows": record["rows"][: mine["rounds"]], "reused_from": other}
 
 
@@ -167,8 +171,11 @@ def pair_rows(claim: Claim, runs: dict[tuple[str, int], dict], target: float, se
     for base, (p_time, p_mb) in claim.figures.items():
         t_ratio, mb_ratio = [], []
         for seed in seeds:
-            a = time_to_target(runs[(claim.method, seed)]["rows"], target)
-            b = time_to_target(runs[(base, seed)]["rows"], target)
+            ra, rb = runs[(claim.method, seed)], runs[(base, seed)]
+            if ra is None or rb is None:  # not run: this seed is left out of the pair
+                continue
+            a = time_to_target(ra["rows"], target)
+            b = time_to_target(rb["rows"], target)
             ok = a is not None and b is not None
             t_ratio.append(b["time"] / a["time"] if ok else None)
             mb_ratio.append(b["mb"] / a["mb"] if ok else None)
@@ -215,9 +222,11 @@ def summarise(claims: Sequence[Claim], mode: str, seeds: Sequence[int], out: Pat
     for claim in claims:
         runs = {(a, s): load_run(claim, mode, a, s, out) for a in claim.algorithms for s in seeds}
         entry: dict[str, Any] = {"quote": claim.quote, "where": claim.where, "targets": {}}
-        for target in resolve_targets(claim.targets[mode], [r["rows"] for r in runs.values()]):
+        done = [r["rows"] for r in runs.values() if r is not None]
+        entry["not_run"] = [f"{a} seed {s}" for (a, s), r in runs.items() if r is None]
+        for target in resolve_targets(claim.targets[mode], done):
             cells = {
-                a: [cell_stats(runs[(a, s)]["rows"], target) for s in seeds]
+                a: [cell_stats(runs[(a, s)]["rows"], target) for s in seeds if runs[(a, s)]]
                 for a in claim.algorithms
             }
             entry["targets"][str(target)] = {
@@ -245,6 +254,9 @@ def markdown(summary: dict[str, Any]) -> str:
     for name, entry in summary["claims"].items():
         claim = CLAIMS[name]
         lines += [f"### {claim.paper}: {entry['where']}", "", f"> {entry['quote']}", ""]
+        lines += [f"Narrowed: {'; '.join(claim.narrowed)}.", ""]
+        if entry["not_run"]:
+            lines += [f"Not run (CPU budget): {', '.join(entry['not_run'])}.", ""]
         for target, block in entry["targets"].items():
             lines += [f"Target {100 * float(target):g} %:", ""]
             lines += ["| algorithm | time to target (s) | traffic to target (MB) | round | "]

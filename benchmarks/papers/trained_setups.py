@@ -139,7 +139,7 @@ RINGSFL = Claim(
     method="ringsfl",
     figures={"fedavg": (1 / (1 - 0.616), None)},
     base="ringsfl/mnist_lenet5.yaml",
-    cpu={"rounds": 20, "train.lr": 0.05},
+    cpu={"rounds": 12, "train.lr": 0.05},
     full={
         **_cifar_full(model="resnet18", rounds=100),
         "executor": "vectorized",
@@ -157,7 +157,7 @@ RINGSFL = Claim(
     narrowed=[
         "LeNet-5 / MNIST (the paper's simulation workload, Table 3) for the prototype's "
         "ResNet-18 / CIFAR-10",
-        "40 local steps of batch 64 per round (the paper: 2 local epochs), 20 rounds, lr 0.05; "
+        "40 local steps of batch 64 per round (the paper: 2 local epochs), 12 rounds, lr 0.05; "
         "lengths 8:1:1:1:1 (the repository's RingSFL configs; the prototype: 4:3:1:1:1)",
     ],
     labels={"fedavg": "vanilla FL (fedavg)"},
@@ -181,7 +181,7 @@ MERGESFL = Claim(
         "fedavg": (4.14, None),
     },
     base="mergesfl/mnist_lenet5_jetson80.yaml",
-    cpu={"data.p": 0, "rounds": 40, **LOCFEDMIX_CITED},
+    cpu={"data.p": 0, "rounds": 30, **LOCFEDMIX_CITED},
     full={
         **_cifar_full(model="alexnet", rounds=250),
         "data.p": 0,
@@ -207,7 +207,7 @@ MERGESFL = Claim(
     ),
     narrowed=[
         "LeNet-5 / MNIST (80 workers, IID) for VGG16 / IMAGE-100 (neither IMAGE-100 nor "
-        "full CIFAR-10 is here); τ = 10, D = 32; 40 rounds (the paper: 250)",
+        "full CIFAR-10 is here); τ = 10, D = 32; 30 rounds (the paper: 250)",
     ],
     labels={"locfedmix_sl": "LocFedMix-SL (local+server)"},
 )
@@ -261,7 +261,7 @@ PARALLELSFL = Claim(
         "(ParallelSFL trains every worker each round, 8× the baselines' samples)",
     ],
     labels={"locfedmix_sl": "LocFedMix-SL (local+server)"},
-    # the MergeSFL claim's LocFedMix-SL run is this one's for 40 rounds (same data, devices,
+    # the MergeSFL claim's LocFedMix-SL run is this one's for 30 rounds (same data, devices,
     # training and options): its first 20 rows, not a second run
     reuse={"cpu": {"locfedmix_sl": "mergesfl"}, "tiny": {"locfedmix_sl": "mergesfl"}},
 )

@@ -102,17 +102,17 @@ def test_the_tiny_mode_runs_and_resumes(tmp_path, capsys):
     capsys.readouterr()
     main(["--mode", "tiny", "--only", "s2fl", "--seeds", "0", "--out", str(tmp_path)])
     assert capsys.readouterr().out.count("done before") == 2
-    assert not list(tmp_path.glob("*.running"))  # every claim released
+    assert not list(tmp_path.glob("*.lock"))  # every claim released
 
 
 def test_a_reused_run_is_the_longer_runs_first_rounds_and_only_that(tmp_path):
-    """ParallelSFL's LocFedMix-SL run is MergeSFL's (same config, 40 rounds against 20)."""
+    """ParallelSFL's LocFedMix-SL run is MergeSFL's (same config, 30 rounds against 20)."""
     claim = CLAIMS["parallelsfl"]
     theirs = config_for(CLAIMS["mergesfl"], "cpu", "locfedmix_sl", 1, None)
     assert (
-        theirs["rounds"] == 40 and config_for(claim, "cpu", "locfedmix_sl", 1, None)["rounds"] == 20
+        theirs["rounds"] == 30 and config_for(claim, "cpu", "locfedmix_sl", 1, None)["rounds"] == 20
     )
-    record = {"rows": _rows([0.1 * (k % 10) for k in range(40)]), "config": theirs}
+    record = {"rows": _rows([0.1 * (k % 10) for k in range(30)]), "config": theirs}
     (tmp_path / "mergesfl-locfedmix_sl-s1.json").write_text(json.dumps(record))
     run = load_run(claim, "cpu", "locfedmix_sl", 1, tmp_path)
     assert run["rows"] == record["rows"][:20] and run["reused_from"] == "mergesfl"
@@ -120,3 +120,15 @@ def test_a_reused_run_is_the_longer_runs_first_rounds_and_only_that(tmp_path):
     (tmp_path / "mergesfl-locfedmix_sl-s1.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match="cannot reuse"):
         load_run(claim, "cpu", "locfedmix_sl", 1, tmp_path)
+
+
+def test_a_run_longer_than_its_claim_is_cut_and_a_missing_run_is_none(tmp_path):
+    """A grid shortened after some runs finished: a longer run of the same config is cut to
+    the claim's rounds (its first rounds are the shorter run's); a run not made is None."""
+    claim = CLAIMS["ringsfl"]
+    cfg = config_for(claim, "cpu", "fedavg", 0, None)
+    longer = {**cfg, "rounds": cfg["rounds"] + 8}
+    record = {"rows": _rows([0.5] * longer["rounds"]), "config": longer}
+    (tmp_path / "ringsfl-fedavg-s0.json").write_text(json.dumps(record))
+    assert load_run(claim, "cpu", "fedavg", 0, tmp_path)["rows"] == record["rows"][: cfg["rounds"]]
+    assert load_run(claim, "cpu", "fedavg", 1, tmp_path) is None
