@@ -243,6 +243,7 @@ def pm(values: Sequence[float | None], digits: int = 1, suffix: str = "") -> str
     if not have:
         return "not reached"
     m, s = mean_std(have)
+    digits += 2 if 0 < abs(m) < 0.1 else 0  # small ratios keep two significant digits
     text = f"{m:,.{digits}f} ± {s:,.{digits}f}{suffix}"
     return text if len(have) == len(values) else f"{text} ({len(have)} of {len(values)})"
 
@@ -304,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or HERE.parent / "results" / f"trained-{args.mode}"
     if not args.summary_only:
         run_grid(claims, args.mode, seeds, out, args.data_root)
+    out.mkdir(parents=True, exist_ok=True)
     summary = summarise(claims, args.mode, seeds, out)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
     (out / "summary.md").write_text(markdown(summary))
