@@ -21,6 +21,7 @@ summary needs every run, so start ``--summary-only`` once all have finished.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -50,7 +51,8 @@ def config_for(claim: Claim, mode: str, algorithm: str, seed: int, data_root: st
     over: dict[str, Any] = {}
     for layer in layers[mode]:
         over |= layer
-    over |= COMMON | {"algorithm": algorithm, "seed": seed}
+    algorithm, reading = claim.readings.get(algorithm, (algorithm, {}))
+    over |= COMMON | reading | {"algorithm": algorithm, "seed": seed}
     if data_root is not None and mode != "tiny":
         over["data.root"] = data_root
     for key, value in over.items():
@@ -166,12 +168,13 @@ def load_run(claim: Claim, mode: str, algorithm: str, seed: int, out: Path) -> d
 
 
 def pair_rows(claim: Claim, runs: dict[tuple[str, int], dict], target: float, seeds) -> list:
-    """Per baseline: per-seed time and traffic ratios (B / A) to ``target`` and verdicts."""
+    """Per method (and reading) and baseline: per-seed time and traffic ratios (B / A) to
+    ``target`` and verdicts."""
     out = []
-    for base, (p_time, p_mb) in claim.figures.items():
+    for method, (base, (p_time, p_mb)) in itertools.product(claim.methods, claim.figures.items()):
         t_ratio, mb_ratio = [], []
         for seed in seeds:
-            ra, rb = runs[(claim.method, seed)], runs[(base, seed)]
+            ra, rb = runs[(method, seed)], runs[(base, seed)]
             if ra is None or rb is None:  # not run: this seed is left out of the pair
                 continue
             a = time_to_target(ra["rows"], target)
@@ -181,6 +184,7 @@ def pair_rows(claim: Claim, runs: dict[tuple[str, int], dict], target: float, se
             mb_ratio.append(b["mb"] / a["mb"] if ok else None)
         out.append(
             {
+                "method": method,
                 "baseline": base,
                 "target": target,
                 "time_ratio": t_ratio,
@@ -278,7 +282,8 @@ def markdown(summary: dict[str, Any]) -> str:
             for p in block["pairs"]:
                 fig = lambda v: "-" if v is None else f"{v:.2f}×"  # noqa: E731
                 lines.append(
-                    f"| {claim.labels.get(p['baseline'], p['baseline'])} / {claim.method} "
+                    f"| {claim.labels.get(p['baseline'], p['baseline'])} / "
+                    f"{claim.labels.get(p['method'], p['method'])} "
                     f"| {fig(p['paper_time'])} | {pm(p['time_ratio'], 2, '×')} "
                     f"| {p['time_verdict']} | {fig(p['paper_traffic'])} "
                     f"| {pm(p['traffic_ratio'], 2, '×')} | {p['traffic_verdict']} |"
