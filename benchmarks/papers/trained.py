@@ -80,7 +80,9 @@ def verdict(ratios: Sequence[float | None], paper: float | None) -> str:
     has no ratio (a run missed the target), else ``holds`` where the mean ≥ the figure,
     ``direction only`` where 1 < mean < figure, ``fails`` where the mean ≤ 1; with how many
     seeds are on the claim's side."""
-    if not ratios or any(r is None for r in ratios):
+    if not ratios:
+        return "not run"
+    if any(r is None for r in ratios):
         return UNREACHED
     mean = statistics.fmean(ratios)
     if paper is None:
@@ -243,6 +245,8 @@ def summarise(claims: Sequence[Claim], mode: str, seeds: Sequence[int], out: Pat
 
 def pm(values: Sequence[float | None], digits: int = 1, suffix: str = "") -> str:
     """``mean ± std`` over the seeds that have a value; ``-`` (n of m) when some have none."""
+    if not values:
+        return "not run"
     have = [v for v in values if v is not None]
     if not have:
         return "not reached"
@@ -252,10 +256,41 @@ def pm(values: Sequence[float | None], digits: int = 1, suffix: str = "") -> str
     return text if len(have) == len(values) else f"{text} ({len(have)} of {len(values)})"
 
 
+def headline_table(summary: dict[str, Any]) -> list[str]:
+    """One row per claim and pair at each claim's first target: the paper's and our ratios
+    (B / A, mean ± std over seeds), the verdicts and the rounds each side needed."""
+    lines = [
+        "| paper | pair (B / A) | target | rounds to target A / B | time: paper | ours "
+        "| verdict | traffic: paper | ours | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    fig = lambda v: "-" if v is None else f"{v:.2f}×"  # noqa: E731
+    for name, entry in summary["claims"].items():
+        claim = CLAIMS[name]
+        if not entry["targets"]:
+            continue
+        target, block = next(iter(entry["targets"].items()))
+        for p in block["pairs"]:
+            rounds = [
+                pm([c["hit"] and c["hit"]["round"] for c in block["cells"][a]])
+                for a in (p["method"], p["baseline"])
+            ]
+            lines.append(
+                f"| {claim.paper} | {claim.labels.get(p['baseline'], p['baseline'])} / "
+                f"{claim.labels.get(p['method'], p['method'])} | {100 * float(target):g} % "
+                f"| {rounds[0]} / {rounds[1]} | {fig(p['paper_time'])} "
+                f"| {pm(p['time_ratio'], 2, '×')} | {p['time_verdict']} "
+                f"| {fig(p['paper_traffic'])} | {pm(p['traffic_ratio'], 2, '×')} "
+                f"| {p['traffic_verdict']} |"
+            )
+    return lines
+
+
 def markdown(summary: dict[str, Any]) -> str:
     """The tables: per claim and target, time/traffic to the target per algorithm, then the
     pairs' ratios (mean ± std over seeds) against the paper's figures, with the verdicts."""
     lines = [f"Mode `{summary['mode']}`, seeds {summary['seeds']}.", ""]
+    lines += [*headline_table(summary), ""]
     for name, entry in summary["claims"].items():
         claim = CLAIMS[name]
         lines += [f"### {claim.paper}: {entry['where']}", "", f"> {entry['quote']}", ""]
