@@ -109,13 +109,13 @@ def test_the_tiny_mode_runs_and_resumes(tmp_path, capsys):
 
 
 def test_a_reused_run_is_the_longer_runs_first_rounds_and_only_that(tmp_path):
-    """ParallelSFL's LocFedMix-SL run is MergeSFL's (same config, 30 rounds against 20)."""
+    """ParallelSFL's LocFedMix-SL run is MergeSFL's (same config, 40 rounds against 20)."""
     claim = CLAIMS["parallelsfl"]
     theirs = config_for(CLAIMS["mergesfl"], "cpu", "locfedmix_sl", 1, None)
     assert (
         theirs["rounds"] == 30 and config_for(claim, "cpu", "locfedmix_sl", 1, None)["rounds"] == 20
     )
-    record = {"rows": _rows([0.1 * (k % 10) for k in range(30)]), "config": theirs}
+    record = {"rows": _rows([0.1 * (k % 10) for k in range(40)]), "config": theirs}
     (tmp_path / "mergesfl-locfedmix_sl-s1.json").write_text(json.dumps(record))
     run = load_run(claim, "cpu", "locfedmix_sl", 1, tmp_path)
     assert run["rows"] == record["rows"][:20] and run["reused_from"] == "mergesfl"
