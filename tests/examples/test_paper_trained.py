@@ -113,7 +113,7 @@ def test_a_reused_run_is_the_longer_runs_first_rounds_and_only_that(tmp_path):
     claim = CLAIMS["parallelsfl"]
     theirs = config_for(CLAIMS["mergesfl"], "cpu", "locfedmix_sl", 1, None)
     assert (
-        theirs["rounds"] == 30 and config_for(claim, "cpu", "locfedmix_sl", 1, None)["rounds"] == 20
+        theirs["rounds"] == 40 and config_for(claim, "cpu", "locfedmix_sl", 1, None)["rounds"] == 20
     )
     record = {"rows": _rows([0.1 * (k % 10) for k in range(40)]), "config": theirs}
     (tmp_path / "mergesfl-locfedmix_sl-s1.json").write_text(json.dumps(record))
