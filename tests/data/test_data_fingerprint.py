@@ -97,3 +97,22 @@ def test_a_checkpoint_without_a_fingerprint_resumes_with_a_note(tmp_path, capsys
     capsys.readouterr()
     assert main(["run", "--resume", str(run_dir), "rounds=2", "--no-progress"]) == 0
     assert "holds no data fingerprint (written by an older splitfl)" in capsys.readouterr().err
+
+
+def test_a_broadcast_input_is_fingerprinted_without_expanding_it():
+    """``executor: timing`` with ``data.train_samples`` broadcasts one zero sample to every
+    index (``labels_only``); the fingerprint hashed the expanded bytes, 31.9 GB for MergeSFL's
+    IMAGE-100 at 3×144×144 (128,117 samples), and the timing run died allocating them (issue
+    50 item 4's row). Here a 1e6 × 3×144×144 view (249 GB expanded) fingerprints at once, and
+    the digest still tells shapes and stored values apart."""
+    from splitfl.data.base import ArrayDataset, DatasetBundle, labels_only
+
+    bundle = labels_only("image100_144", 1_000_000)
+    digest = fingerprint.bundle_digest(bundle)
+    assert digest == fingerprint.bundle_digest(labels_only("image100_144", 1_000_000))
+    assert digest != fingerprint.bundle_digest(labels_only("image100_144", 999_999))
+    x = torch.ones(1, 3, 4, 4).expand(5, 3, 4, 4)
+    y = torch.zeros(5, dtype=torch.int64)
+    ones = DatasetBundle("t", ArrayDataset(x, y), ArrayDataset(x, y), 2, (3, 4, 4))
+    zeros = DatasetBundle("t", ArrayDataset(0 * x, y), ArrayDataset(0 * x, y), 2, (3, 4, 4))
+    assert fingerprint.bundle_digest(ones) != fingerprint.bundle_digest(zeros)

@@ -207,3 +207,25 @@ def test_server_rate_overrides_the_preset_server_link():
 def test_bad_contention_config_is_one_line_error(key, value):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         as_config(tiny_config(**{key: value}))
+
+
+def test_s2fl_table1_default_does_not_share_the_printed_server_rate(tmp_path):
+    """S²FL §5.1 prints the server's rate ("the transfer rate is set to 1 × 10^7") and Eq. (1)
+    charges each device its own R: by default (``devices.contention: null``) the round's
+    transfers are not paced by the 1e7 B/s server link, even where they exceed it (issue 50
+    item 9: a default with no behavioural test). Shared as printed is the reading
+    ``devices.contention: true``: slower."""
+    changes = {"rounds": 1, "devices.preset": "s2fl_table1", "algorithm": "splitfed_v1"}
+    ctx = prepare(as_config(tiny_config(**changes))).ctx
+    server = ctx.population.server
+    assert (server.uplink, server.downlink) == (1e7, 1e7)
+    rows = {}
+    for name, contention in (("default", None), ("off", False), ("on", True)):
+        run_cfg = tiny_config(**changes, **{"devices.contention": contention})
+        rows[name] = splitfl.run(run_cfg, run_dir=tmp_path / name).metrics[0]
+    rates = [ctx.population.at(c, 0).uplink for c in rows["default"]["clients"]]
+    assert sum(rates) > 1e7  # the round's uploads would exceed the server's rate
+    assert rows["default"]["client_times"] == rows["off"]["client_times"]
+    # max-min shares slow the fast devices (High 5e6 B/s), never the slowest
+    pairs = list(zip(rows["on"]["client_times"], rows["default"]["client_times"], strict=True))
+    assert all(on >= off for on, off in pairs) and any(on > off for on, off in pairs)
