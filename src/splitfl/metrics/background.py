@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from splitfl.metrics import plots
+
 #: the one line that tells a plotter to draw
 DRAW = "draw"
 #: plotters started and not yet waited for (finished ones are reaped as new ones start)
@@ -119,8 +121,6 @@ def _main(argv: list[str]) -> int:
     """The worker: import matplotlib, wait for :data:`DRAW`, draw (one line on failure)."""
     run_dir, spec = Path(argv[0]), json.loads(argv[1])
     try:
-        from splitfl.metrics import plots
-
         plots.pyplot()  # the import, while the run's rounds go on
         if sys.stdin.readline().strip() != DRAW:
             return 0  # the run ended without a summary: nothing to draw
