@@ -178,6 +178,35 @@ def one_partition(scheme: str, n: int, clients: int) -> dict:
     return {"scheme": scheme, "n": n, "clients": clients, "seconds": seconds, "cpu_s": cpu}
 
 
+def plot_rounds(logs: list[str], png: Path) -> None:
+    """Log–log plot of the ``rounds`` rows in ``logs`` (this script's JSON lines): the round
+    time against the number of clients N, one line per (algorithm, clients per round K)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for log in logs:
+        for line in Path(log).read_text().splitlines():
+            row = json.loads(line) if line.startswith("{") else {}
+            if "round_s" in row:
+                key = (row["algorithm"], row["per_round"])
+                curves.setdefault(key, []).append((row["clients"], row["round_s"]))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (algorithm, k), points in sorted(curves.items()):
+        xs, ys = zip(*sorted(points), strict=True)
+        ax.loglog(
+            xs, ys, marker="o", linestyle="-" if k <= 10 else "--", label=f"{algorithm}, K={k}"
+        )
+    ax.set_xlabel("clients N")
+    ax.set_ylabel("round time, executor: timing (s)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 def _spawn(src: str, args: list[str], timeout: float) -> dict:
     env = {**os.environ, "PYTHONPATH": src}
     cmd = [sys.executable, str(Path(__file__).resolve()), "_one", *args]
@@ -194,7 +223,7 @@ def _spawn(src: str, args: list[str], timeout: float) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["prep", "partition", "rounds", "_one"])
+    parser.add_argument("what", choices=["prep", "partition", "rounds", "plot", "_one"])
     parser.add_argument("--algorithms", nargs="+", default=["splitfed_v1"])
     parser.add_argument("--per-round", type=int, nargs="+", default=[10])
     parser.add_argument(
@@ -218,6 +247,9 @@ def main(argv: list[str] | None = None) -> None:
     a = parser.parse_args(argv)
     if a.profile:
         os.environ["BENCH_SCALE_PROFILE"] = "1"
+    if a.what == "plot":  # plot LOG... PNG: the rounds rows of earlier invocations' output
+        plot_rounds(a.rest[:-1], Path(a.rest[-1]))
+        return
     if a.what == "_one":
         kind, *values = a.rest
         if kind == "prep":
