@@ -18,7 +18,8 @@ same script measures an older commit exported with ``git archive``.
     python benchmarks/bench_scale.py prep --sizes 100000 --src /tmp/old/src   # the old code
     python benchmarks/bench_scale.py rounds --clients 100 10000 100000 --algorithms splitfed_v1
     python benchmarks/bench_scale.py rounds --executor timing --algorithms pyramidfl ifca \
-        --clients 100 1000 10000 100000 1000000 --per-round 10 100
+        --clients 100 1000 10000 100000 1000000 --per-round 10 100 > rounds.jsonl
+    python benchmarks/bench_scale.py plot rounds.jsonl benchmarks/results/scale-rounds.png
 """
 
 from __future__ import annotations
