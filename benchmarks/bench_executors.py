@@ -59,6 +59,12 @@ WORKLOADS: dict[str, tuple[str, str, int, int, int, dict]] = {
         {"options.mergesfl.batch_regulation": True},
     ),
     "resnet8-sfl-10k-registered": ("splitfed_v1", "resnet8", 10_000, 100, 128, {}),
+    # issue 54 item 4: K = 10 / 50 / 100 on the quickstart CNN (digits) and ResNet-8 at batch 32
+    **{
+        f"cnn-digits-sfl-{k}": ("splitfed_v1", "cnn_digits", 100, k, 16, {"data.dataset": "digits"})
+        for k in (10, 50, 100)
+    },
+    **{f"resnet8-b32-sfl-{k}": ("splitfed_v1", "resnet8", 100, k, 32, {}) for k in (10, 50, 100)},
 }
 
 
@@ -72,7 +78,7 @@ def workload_config(name: str, executor: str, args) -> dict:
         "executor": executor,
         "device": args.device,
         "precision": args.precision_one,
-        "threads": None,
+        "threads": args.threads,
         "data": {
             "dataset": "synthetic_cifar",
             "partition": "iid",
@@ -165,6 +171,7 @@ def run_child(name: str, executor: str, precision: str, args) -> dict:
         str(args.steps),
         "--warmup",
         str(args.warmup),
+        *(["--threads", str(args.threads)] if args.threads else []),
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -182,8 +189,8 @@ def table(rows: list[dict]) -> str:
         "| workload | executor | precision | clients | iters/s | TFLOP/s | peak MiB "
         "| speed-up | loss |\n|---|---|---|---:|---:|---:|---:|---:|---:|"
     )
-    base = {
-        (r["workload"], r["precision"]): r["iters_per_s"]
+    base = {  # each speed-up against the sequential run of the same repeat
+        (r["workload"], r["precision"], r.get("repeat")): r["iters_per_s"]
         for r in rows
         if r.get("executor") == "sequential" and "error" not in r
     }
@@ -195,7 +202,7 @@ def table(rows: list[dict]) -> str:
                 f"error: {r['error']} | | | | | |"
             )
             continue
-        ref = base.get((r["workload"], r["precision"]))
+        ref = base.get((r["workload"], r["precision"], r.get("repeat")))
         speed = f"{r['iters_per_s'] / ref:.2f}×" if ref else "—"
         lines.append(
             f"| {r['workload']} | {r['executor']} | {r['precision']} | {r['clients']} "
@@ -213,6 +220,14 @@ def main() -> None:
     p.add_argument("--precision", nargs="+", default=["fp32"])
     p.add_argument("--steps", type=int, default=2, help="local steps per client in a round")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds before the timed one")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="measure every (workload, executor) this many times, interleaved: each repeat "
+        "runs the workload's executors in turn, in an order rotated by one each repeat",
+    )
     p.add_argument("--out", default=None, help="JSON results file")
     p.add_argument("--child", nargs=2, metavar=("WORKLOAD", "EXECUTOR"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -221,16 +236,20 @@ def main() -> None:
         print(json.dumps(measure(*args.child, args)))
         return
     rows = []
-    for name in args.workloads.split(","):
-        for precision in args.precision:
-            for executor in args.executors.split(","):
-                row = run_child(name, executor, precision, args)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    executors = args.executors.split(",")
+    for rep in range(args.repeats):
+        for name in args.workloads.split(","):
+            for precision in args.precision:
+                turn = rep % len(executors)
+                for executor in executors[turn:] + executors[:turn]:
+                    row = {**run_child(name, executor, precision, args), "repeat": rep}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor()
     header = (
         f"device: {args.device} ({gpu or platform.machine()}), torch {torch.__version__}, "
-        f"{date.today()}, {args.steps} local steps/client, {args.warmup} warm-up round(s)"
+        f"{date.today()}, {args.steps} local steps/client, {args.warmup} warm-up round(s), "
+        f"threads {args.threads or 'all'}, {args.repeats} repeat(s)"
     )
     print(header)
     print(table(rows))

@@ -8,7 +8,8 @@ it and builds the model with :func:`peer_workload.build_model` (seeded weights),
 train the same clients on the same mini-batches from the same weights. Runs are interleaved
 (plain, splitfl, pfl, flwr, then again) ``--repeats`` times. Per run: the median steady-
 state round (rounds after :data:`peer_workload.WARM`), the 30 rounds' wall time, the set-up
-(launch to round 1), the whole process (launch to exit), the peak resident memory of the
+(launch to round 1), the whole process (launch to exit), for splitfl the time until its
+end-of-run plots exist (``plots_ready_s``), the peak resident memory of the
 process tree, and the CPU that other processes used meanwhile (``/proc/stat`` less the
 tree's own: a run with more than ``--dirty`` cores of it is flagged). Accuracy per round and
 the final model are compared with the plain loop's.
@@ -153,6 +154,21 @@ def _sample(tree: list[psutil.Process], cpu: dict[int, float]) -> int:
     return rss
 
 
+#: the runners whose run draws accuracy.png and loss.png
+PLOTTING = ("splitfl", "splitfl_before")
+
+
+def plots_ready(run_dir: Path, t0: float, timeout: float) -> float | None:
+    """Seconds from launch until ``run_dir`` holds both end-of-run plots (drawn after the
+    run's process has exited where a background process draws them), polled every 10 ms;
+    None if they never appear. The next run starts only after this one's plots."""
+    while time.perf_counter() - t0 < timeout:
+        if (run_dir / "accuracy.png").is_file() and (run_dir / "loss.png").is_file():
+            return time.perf_counter() - t0
+        time.sleep(0.01)
+    return None
+
+
 def launch(framework: str, folder: Path, out: Path, timeout: float, src: str | None) -> dict:
     """Run ``framework``'s runner in a fresh process and measure it from outside: whole
     process, peak tree memory (sampled every 20 ms), the machine's other CPU use. ``src``: a
@@ -181,6 +197,7 @@ def launch(framework: str, folder: Path, out: Path, timeout: float, src: str | N
         proc.kill()
     log = proc.communicate()[0]
     whole, busy = time.perf_counter() - t0, busy_cpu_s() - busy0
+    ready = plots_ready(Path(str(out) + ".run"), t0, timeout) if framework in PLOTTING else None
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     own = max(own, sum(cpu.values()))
@@ -190,6 +207,7 @@ def launch(framework: str, folder: Path, out: Path, timeout: float, src: str | N
     steady, cpu = row["round_s"][WARM:], row.get("round_cpu_s")
     row.update(
         whole_s=whole,
+        plots_ready_s=ready,
         peak_rss_mib=peak / 2**20,
         tree_cpu_s=own,
         other_cpu_cores=max(busy - own, 0.0) / whole,
@@ -227,6 +245,7 @@ RATIOS = (
     "rounds_wall_s",
     "setup_s",
     "whole_s",
+    "plots_ready_s",
     "peak_rss_mib",
 )
 
@@ -249,7 +268,8 @@ def summarize(runs: list[dict], dirty: float) -> dict:
             if not keyed:
                 continue
             vals = [r[key] for r in keyed]
-            ratios = [r[key] / plains[r["repeat"]][key] for r in keyed if r["repeat"] in plains]
+            base = "whole_s" if key == "plots_ready_s" else key  # the plain loop's exit
+            ratios = [r[key] / plains[r["repeat"]][base] for r in keyed if r["repeat"] in plains]
             fig[key] = {"values": vals, "median": statistics.median(vals)}
             if ratios:
                 fig[key].update(ratio=ratios, ratio_median=statistics.median(ratios))
@@ -334,9 +354,14 @@ def _line(row: dict) -> str:
     return (
         f"{head}: steady round {row['steady_round_s'] * 1e3:.1f} ms{cpu}, "
         f"30 rounds {row['rounds_wall_s']:.2f} s, set-up {row['setup_s']:.2f} s, "
-        f"whole {row['whole_s']:.2f} s, peak {row['peak_rss_mib']:.0f} MiB, "
+        f"whole {row['whole_s']:.2f} s{_ready(row)}, peak {row['peak_rss_mib']:.0f} MiB, "
         f"other CPU {row['other_cpu_cores']:.2f} cores {row.get('vs_plain', '')}"
     )
+
+
+def _ready(row: dict) -> str:
+    ready = row.get("plots_ready_s")
+    return f", plots at {ready:.2f} s" if ready is not None else ""
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ same script measures an older commit exported with ``git archive``.
     python benchmarks/bench_scale.py partition --n 1000000 --clients 100 10000 1000000
     python benchmarks/bench_scale.py prep --sizes 100000 --src /tmp/old/src   # the old code
     python benchmarks/bench_scale.py rounds --clients 100 10000 100000 --algorithms splitfed_v1
+    python benchmarks/bench_scale.py rounds --executor timing --algorithms pyramidfl ifca \
+        --clients 100 1000 10000 100000 1000000 --per-round 10 100 > rounds.jsonl
+    python benchmarks/bench_scale.py plot rounds.jsonl benchmarks/results/scale-rounds.png
 """
 
 from __future__ import annotations
@@ -106,10 +109,13 @@ def one_prep(n: int, clients: int) -> dict:
     }
 
 
-def one_rounds(algorithm: str, clients: int, per_round: int, rounds: int = 4) -> dict:
+def one_rounds(
+    algorithm: str, clients: int, per_round: int, rounds: int = 4, executor: str = "sequential"
+) -> dict:
     """``rounds`` rounds of ``algorithm`` with ``clients`` clients of 4 samples each (IID),
     ``per_round`` of them a round: the median time of a round after the first (the
-    ``wall_time`` column's steps), and the peak RSS."""
+    ``wall_time`` column's steps), and the peak RSS. ``executor: timing`` trains nothing: the
+    round is then the algorithm's selection, planning and bookkeeping, and the clock's."""
     import tempfile
 
     import splitfl
@@ -127,6 +133,7 @@ def one_rounds(algorithm: str, clients: int, per_round: int, rounds: int = 4) ->
         "data.min_samples": 1,
         "train.clients_per_round": per_round,
         "import_dirs": [str(HERE)],
+        "executor": executor,
     }
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
@@ -139,6 +146,7 @@ def one_rounds(algorithm: str, clients: int, per_round: int, rounds: int = 4) ->
         "algorithm": algorithm,
         "clients": clients,
         "per_round": per_round,
+        "executor": executor,
         "n": n,
         "round_s": steps[len(steps) // 2],
         "run_s": total,
@@ -171,6 +179,35 @@ def one_partition(scheme: str, n: int, clients: int) -> dict:
     return {"scheme": scheme, "n": n, "clients": clients, "seconds": seconds, "cpu_s": cpu}
 
 
+def plot_rounds(logs: list[str], png: Path) -> None:
+    """Log–log plot of the ``rounds`` rows in ``logs`` (this script's JSON lines): the round
+    time against the number of clients N, one line per (algorithm, clients per round K)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for log in logs:
+        for line in Path(log).read_text().splitlines():
+            row = json.loads(line) if line.startswith("{") else {}
+            if "round_s" in row:
+                key = (row["algorithm"], row["per_round"])
+                curves.setdefault(key, []).append((row["clients"], row["round_s"]))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (algorithm, k), points in sorted(curves.items()):
+        xs, ys = zip(*sorted(points), strict=True)
+        ax.loglog(
+            xs, ys, marker="o", linestyle="-" if k <= 10 else "--", label=f"{algorithm}, K={k}"
+        )
+    ax.set_xlabel("clients N")
+    ax.set_ylabel("round time, executor: timing (s)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 def _spawn(src: str, args: list[str], timeout: float) -> dict:
     env = {**os.environ, "PYTHONPATH": src}
     cmd = [sys.executable, str(Path(__file__).resolve()), "_one", *args]
@@ -187,9 +224,12 @@ def _spawn(src: str, args: list[str], timeout: float) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["prep", "partition", "rounds", "_one"])
+    parser.add_argument("what", choices=["prep", "partition", "rounds", "plot", "_one"])
     parser.add_argument("--algorithms", nargs="+", default=["splitfed_v1"])
     parser.add_argument("--per-round", type=int, nargs="+", default=[10])
+    parser.add_argument(
+        "--executor", default="sequential", help="rounds: timing measures planning alone"
+    )
     parser.add_argument("rest", nargs="*")
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--n", type=int, default=1_000_000)
@@ -208,12 +248,15 @@ def main(argv: list[str] | None = None) -> None:
     a = parser.parse_args(argv)
     if a.profile:
         os.environ["BENCH_SCALE_PROFILE"] = "1"
+    if a.what == "plot":  # plot LOG... PNG: the rounds rows of earlier invocations' output
+        plot_rounds(a.rest[:-1], Path(a.rest[-1]))
+        return
     if a.what == "_one":
         kind, *values = a.rest
         if kind == "prep":
             row = one_prep(*map(int, values))
         elif kind == "rounds":
-            row = one_rounds(values[0], int(values[1]), int(values[2]))
+            row = one_rounds(values[0], int(values[1]), int(values[2]), executor=values[3])
         else:
             row = one_partition(values[0], int(values[1]), int(values[2]))
         print(json.dumps(row))
@@ -222,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         jobs = [["prep", str(n), str(a.clients[0])] for n in a.sizes]
     elif a.what == "rounds":
         jobs = [
-            ["rounds", alg, str(c), str(k)]
+            ["rounds", alg, str(c), str(k), a.executor]
             for alg in a.algorithms
             for k in a.per_round
             for c in a.clients

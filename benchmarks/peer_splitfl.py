@@ -4,15 +4,17 @@ The workload's tensors reach splitfl through the extension API: :func:`load_bund
 dataset (``data.dataset: peer_splitfl:load_bundle``, a ``DatasetBundle`` whose writer ids are
 the clients, ``partition: natural``) and :func:`peer_workload.build_model` the model. FedAvg,
 the sequential executor, every default a user gets (metrics rows, the simulated clock,
-checkpoints every 10 rounds, the plots and summary at the end). Round times are the
+checkpoints every 10 rounds, the plots and summary at the end; the run directory is
+``$PEERS_OUT.run``, kept for the launcher, which waits for the plots that a background
+process draws after the run, ``plots_ready_s``). Round times are the
 differences of the rows' ``wall_time`` (and of the CPU time read with them); the rounds
 start when splitfl's round loop does.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -22,6 +24,7 @@ from peer_workload import (
     BATCH,
     LR,
     NUM_CLIENTS,
+    OUT_ENV,
     PER_ROUND,
     ROUNDS,
     SEED,
@@ -97,13 +100,13 @@ def main(folder: Path, plots: bool = True) -> None:
             ends.append(time.time())
 
     loop._play_rounds = timed
-    with tempfile.TemporaryDirectory() as tmp:
-        result = splitfl.run(config(folder, tmp, plots), run_dir=Path(tmp) / "run")
-        walls = [row["wall_time"] for row in result.metrics]
-        report.round_s = [b - a for a, b in zip([0.0, *walls], walls, strict=False)]
-        report.round_cpu_s = [b - a for a, b in zip(clock.cpu, clock.cpu[1:], strict=False)]
-        report.acc = [row["test_acc"] for row in result.metrics]
-        save_final(torch.load(result.run_dir / "model.pt", weights_only=True))
+    run_dir = Path(os.environ[OUT_ENV] + ".run")  # kept: the launcher waits for its plots
+    result = splitfl.run(config(folder, str(run_dir.parent), plots), run_dir=run_dir)
+    walls = [row["wall_time"] for row in result.metrics]
+    report.round_s = [b - a for a, b in zip([0.0, *walls], walls, strict=False)]
+    report.round_cpu_s = [b - a for a, b in zip(clock.cpu, clock.cpu[1:], strict=False)]
+    report.acc = [row["test_acc"] for row in result.metrics]
+    save_final(torch.load(result.run_dir / "model.pt", weights_only=True))
     report.write(ends[0])
 
 

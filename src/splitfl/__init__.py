@@ -10,6 +10,7 @@ Python API (mirrors the CLI)::
     splitfl.catalog()                                                  # splitfl list
     splitfl.sweep("sweep.yaml", backend="local")                       # splitfl sweep
     splitfl.report("runs/my-sweep")                                    # splitfl report
+    result.wait_plots()  # accuracy.png and loss.png, drawn by a background process
 
 Your own model, data and algorithm (ARCHITECTURE.md, "Extension points"): a module that
 calls ``splitfl.register_model`` / ``register_dataset`` / ``register_algorithm``, named in
@@ -45,6 +46,7 @@ _API = {
     "BlockModel": "splitfl.models.base",
     "DatasetBundle": "splitfl.data.base",
     "ArrayDataset": "splitfl.data.base",
+    "wait_plots": "splitfl.metrics.background",
 }
 
 if TYPE_CHECKING:
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from splitfl.experiment import CompareResult, RunResult, compare, resume, run, validate
     from splitfl.experiment.validation import load_config
     from splitfl.listing import catalog
+    from splitfl.metrics.background import wait_plots
     from splitfl.metrics.report import ReportResult, report
     from splitfl.models.base import BlockModel
     from splitfl.models.registry import register_model
@@ -96,4 +99,5 @@ __all__ = [
     "report",
     "sweep",
     "validate",
+    "wait_plots",
 ]

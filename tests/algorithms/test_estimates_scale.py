@@ -30,8 +30,33 @@ def test_pyramidfl_reads_a_measured_clients_times_without_a_table_pass(monkeypat
     def no_pass(*args, **kwargs):
         raise AssertionError("filled the whole table for one measured client")
 
-    for module, name in ((estimates, "fill_value"), (pyramidfl, "fill_unmeasured")):
+    pairs = ((estimates, "fill_value"), (pyramidfl, "fill_value"), (pyramidfl, "fill_unmeasured"))
+    for module, name in pairs:
         monkeypatch.setattr(module, name, no_pass, raising=False)  # either one: a pass
     assert algo.step_and_transfer(3) == (0.25, 0.5)
     monkeypatch.undo()
     assert algo.step_and_transfer(4) == (1.125, 0.5)  # the medians of the measured ones
+
+
+def test_pyramidfl_fills_its_never_measured_clients_once_a_round(monkeypatch):
+    """The medians a never-measured client is estimated at are computed once after each
+    change of the tables, not once per client (a pass over all N clients for each of a
+    round's unmeasured participants and explored clients made a round O(N x K)); the
+    estimates are the same."""
+    algo = prepare(as_config(config_for("pyramidfl"))).algorithm
+    algo.time_per_step[3], algo.transfer_time[3] = 0.25, 0.5
+    algo.time_per_step[5], algo.transfer_time[5] = 2.0, 1.0
+    passes = []
+    fill = estimates.fill_value
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        passes.append(1)
+        return fill(*args, **kwargs)
+
+    monkeypatch.setattr(pyramidfl, "fill_value", counted, raising=False)
+    monkeypatch.setattr(estimates, "fill_value", counted)  # the old code's path
+    unmeasured = [c for c in range(algo.ctx.num_clients) if c not in (3, 5)]
+    assert {algo.step_and_transfer(c) for c in unmeasured} == {(1.125, 0.75)}
+    assert len(passes) == 2  # one per table, for all the unmeasured clients
+    algo.load_state_dict(algo.state_dict())  # the tables may have changed: computed anew
+    assert algo.step_and_transfer(0) == (1.125, 0.75) and len(passes) == 4

@@ -317,7 +317,7 @@ def test_timing_charges_what_sequential_charges(algorithm, tmp_path, sequential_
     assert got.summary["final_acc"] is None and got.summary["best_acc"] is None
     strict_json((got.run_dir / "metrics.jsonl").read_text())
     strict_json((got.run_dir / "summary.json").read_text().replace("\n", " "))
-    assert not (got.run_dir / "accuracy.png").exists()
+    assert got.wait_plots() and not (got.run_dir / "accuracy.png").exists()
     if cls.training_signals:
         # else ``executor: timing`` refuses it (tests/system/test_timing.py)
         assert cls.timing_stand_in

@@ -53,7 +53,7 @@ def test_run_directory_records_version_and_commit(tmp_path):
     assert record["splitfl_version"] == splitfl.__version__
     assert set(record) >= {"git_commit", "git_dirty", "torch_version", "python_version"}
     assert not (result.run_dir / ".splitfl.lock").exists()  # a finished run holds no lock
-    assert (result.run_dir / "loss.png").is_file()
+    assert result.wait_plots() and (result.run_dir / "loss.png").is_file()
     root = checkout_root()
     if root is None:  # an installed wheel: no checkout to name
         assert record["git_commit"] is None and record["git_dirty"] is None

@@ -1,6 +1,13 @@
-"""Plots: whole-round ticks on round axes, and the loss plot (training and test loss)."""
+"""Plots: whole-round ticks on round axes, and the loss plot (training and test loss); the
+end-of-run plots drawn by a background process (the run's own process never imports
+matplotlib; waiting for them, from the API and the command line)."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -28,7 +35,7 @@ def figures(monkeypatch):
     kept = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: kept.append(fig) or path)
     yield kept
-    plt = plots._pyplot()
+    plt = plots.pyplot()
     for fig in kept:
         plt.close(fig)
 
@@ -69,6 +76,7 @@ def test_output_plots_draws_the_run_plots_or_none(tmp_path, plots):
     assert splitfl.ExperimentConfig().output.plots is True
     cfg = tiny_config(algorithm="fedavg", rounds=1, **{"output.plots": plots})
     result = splitfl.run(cfg, run_dir=tmp_path / "r")
+    assert result.wait_plots() is True
     pngs = sorted(p.name for p in result.run_dir.glob("*.png"))
     assert pngs == (["accuracy.png", "loss.png"] if plots else [])
     assert result.metrics[0]["test_acc"] is not None
@@ -105,3 +113,69 @@ def test_the_compare_title_names_the_partitions_parameter():
     assert partition_label(DataConfig(alpha=0.5)) == "dirichlet α=0.5"
     assert partition_label(DataConfig(p=2.0)) == "dirichlet p=2"
     assert partition_label(DataConfig(partition="shards")) == "shards (2 classes per client)"
+
+
+def test_the_run_returns_before_its_plots_and_never_imports_matplotlib(tmp_path):
+    """``splitfl.run`` returns once ``summary.json`` is written: the plots are drawn by a
+    background process, so the run's own process never imports matplotlib (it did, 0.6 s a
+    run: issue 54); :meth:`RunResult.wait_plots` then finds both PNGs written, and they are
+    the PNGs :func:`plots.plot_run` draws from the run's rows (same sizes: same pixels)."""
+    cfg = tiny_config(algorithm="fedavg", rounds=2, **{"output.plots": True})
+    script = textwrap.dedent(
+        """
+        import json, sys
+        import splitfl
+        result = splitfl.run(json.loads(sys.argv[1]), run_dir=sys.argv[2])
+        print(json.dumps({
+            "matplotlib": "matplotlib" in sys.modules,
+            "summary": (result.run_dir / "summary.json").is_file(),
+            "drawn": result.wait_plots(),
+            "pngs": sorted(p.name for p in result.run_dir.glob("*.png")),
+        }))
+        """
+    )
+    run_dir = tmp_path / "r"
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(cfg), str(run_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen == {
+        "matplotlib": False,
+        "summary": True,
+        "drawn": True,
+        "pngs": ["accuracy.png", "loss.png"],
+    }
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    plots.plot_run(rows, tmp_path, "fedavg", "accuracy", "test_acc")
+    for name in ("accuracy.png", "loss.png"):
+        assert (tmp_path / name).read_bytes() == (run_dir / name).read_bytes()
+
+
+def test_the_command_line_waits_for_the_plots(tmp_path, capsys):
+    """``splitfl run`` exits only once the plots are written (the background process's
+    pending plots are waited for before the command returns)."""
+    from splitfl.cli.main import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps(tiny_config(algorithm="fedavg", rounds=1, **{"output.plots": True})))
+    assert main(["run", str(cfg), "--out", str(tmp_path / "r")]) == 0
+    assert sorted(p.name for p in (tmp_path / "r").glob("*.png")) == ["accuracy.png", "loss.png"]
+    assert splitfl.wait_plots() is True  # nothing left pending
+
+
+def test_a_plot_that_cannot_be_drawn_is_one_warning(tmp_path, capsys):
+    """A plot process that fails (here: the run directory is gone before it draws) is one
+    ``warning:`` line when waited for, not a traceback; the run's result stands."""
+    from splitfl.metrics.background import start_plotter
+
+    (tmp_path / "gone").mkdir()
+    plotter = start_plotter(tmp_path / "gone", {"name": "a", "metric": "accuracy", "key": "x"})
+    (tmp_path / "gone").rmdir()
+    plotter.draw()
+    assert splitfl.wait_plots(tmp_path / "gone") is False
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {tmp_path / 'gone'}: plots not drawn: ")
+    assert "FileNotFoundError" in err[0]

@@ -294,7 +294,7 @@ def test_regression_and_multi_label_runs_end_to_end(algorithm, task, metric, tmp
         assert math.isfinite(row["test_loss"]) and math.isfinite(row[f"test_{metric}"])
     assert res.summary[f"final_{metric}"] == rows[-1][f"test_{metric}"]
     assert res.summary["final_loss"] == rows[-1]["test_loss"]
-    assert (res.run_dir / f"{metric}.png").is_file()
+    assert res.wait_plots() and (res.run_dir / f"{metric}.png").is_file()
     if metric == "mse":  # the mse metric of a one-output regression is its mse loss
         assert rows[-1]["test_mse"] == pytest.approx(rows[-1]["test_loss"])
 

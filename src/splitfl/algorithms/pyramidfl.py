@@ -20,7 +20,7 @@ import numpy as np
 
 from splitfl.aggregation.layerwise import robust_average
 from splitfl.algorithms.base import Algorithm
-from splitfl.algorithms.estimates import estimate_of, update_table
+from splitfl.algorithms.estimates import fill_value, update_table
 from splitfl.config import ConfigError
 from splitfl.core.plan import Charge, ClientTask, RoundPlan, RoundReport, RoundResult
 from splitfl.models.profile import BYTES_PER_ELEMENT
@@ -114,6 +114,9 @@ class PyramidFL(Algorithm):
         self.time_per_step: list[float | None] = [None] * n
         self.transfer_time: list[float | None] = [None] * n
         self.last_round = [0] * n
+        #: the medians of the measured step and transfer times (None: not computed since the
+        #: tables last changed), what a never-measured client is estimated at
+        self._fills: tuple[float, float] | None = None
         #: parameter tensors each client of the current round does not upload (dropout)
         self.dropped: dict[int, set[str]] = {}
         model = ctx.model
@@ -123,9 +126,13 @@ class PyramidFL(Algorithm):
         """(compute time per step ``c_i``, model-transfer time per round ``m_i``) as measured;
         never measured: the medians of the measured ones (1.0 and 0.0 before any
         measurement) — no device profile is read."""
-        per_step = estimate_of(self.time_per_step, client)
-        transfer = estimate_of(self.transfer_time, client, default=0.0)
-        return per_step, transfer
+        per_step, transfer = self.time_per_step[client], self.transfer_time[client]
+        if per_step is None or transfer is None:
+            if self._fills is None:  # the medians, once per observed round (not per client)
+                self._fills = (fill_value(self.time_per_step), fill_value(self.transfer_time, 0.0))
+            per_step = self._fills[0] if per_step is None else per_step
+            transfer = self._fills[1] if transfer is None else transfer
+        return float(per_step), float(transfer)
 
     def expected_time(self, client: int, steps: int, round_idx: int) -> float:
         """``t_i = m_i + c_i · steps`` (:meth:`step_and_transfer`)."""
@@ -206,6 +213,7 @@ class PyramidFL(Algorithm):
         return new
 
     def observe(self, round_idx: int, plan: RoundPlan, report: RoundReport) -> None:
+        self._fills = None  # the tables change
         for task in plan.tasks:
             c = task.client
             # the whole model trains on the device: its communication is the model transfers
@@ -225,6 +233,7 @@ class PyramidFL(Algorithm):
         }
 
     def load_state_dict(self, state: dict) -> None:
+        self._fills = None
         self.stat = list(state["stat"])
         self.time_per_step = list(state["time_per_step"])
         self.transfer_time = list(state["transfer_time"])

@@ -25,6 +25,7 @@ from splitfl.experiment import compare, resume, run, validate
 from splitfl.experiment.model_card import cards_markdown
 from splitfl.extensions import add_import_flag
 from splitfl.listing import catalog
+from splitfl.metrics.background import wait_plots
 from splitfl.metrics.report import report
 from splitfl.metrics.summary import comparison_table
 from splitfl.models.crossing import RawInputWarning
@@ -182,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="RUN_DIR", help="run directory (default: output.out_dir/…)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
+        "--no-wait-plots",
+        action="store_true",
+        help="exit once summary.json is written; accuracy.png and loss.png are drawn by a "
+        "background process that finishes after the command (default: wait for them)",
+    )
+    p.add_argument(
         "--address",
         help="Ray cluster of executor: parallel's workers (parallel.backend: ray): auto or "
         "ray://host:10001; sets parallel.address (default: a local Ray instance)",
@@ -275,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     if extra:  # key=value overrides given after an option, e.g. after --algorithms
         args.args = [*getattr(args, "args", []), *extra]
     try:
-        return args.fn(args)
+        try:
+            return args.fn(args)
+        finally:  # the end-of-run plots, drawn by background processes
+            if not getattr(args, "no_wait_plots", False):
+                wait_plots()
     except (ConfigError, DatasetError, WorkersLostError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -289,8 +289,11 @@ class OutputConfig:
     """Where and how a run is written. ``tracking`` lists optional loggers that receive each
     round's metrics row (``tensorboard``, ``mlflow``; extras of the same names); the run
     directory stays the source of truth. ``plots`` draws ``accuracy.png`` and ``loss.png`` when
-    a run ends (about 0.6 s of matplotlib per run: sweeps of many short runs, and the test
-    suite, may turn it off; ``splitfl report`` draws the same curves later from the metrics)."""
+    a run ends, after ``summary.json``, in a background process that imports matplotlib while
+    the rounds run (the result does not wait for it; ``RunResult.wait_plots()`` does, and so
+    does the command line unless ``--no-wait-plots``); about 0.6 s of CPU a run: sweeps of
+    many short runs, and the test suite, may turn it off; ``splitfl report`` draws the same
+    curves later from the metrics."""
 
     out_dir: str = "runs"
     name: str | None = None

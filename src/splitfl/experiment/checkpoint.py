@@ -114,8 +114,14 @@ def encode_numpy(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: encode_numpy(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
+        if set(map(type, obj)) <= PLAIN:  # a per-client table: nothing to encode
+            return obj
         return type(obj)(encode_numpy(v) for v in obj)
     return obj
+
+
+#: element types that neither :func:`encode_numpy` nor :func:`decode_numpy` change
+PLAIN = frozenset({int, float, bool, str, type(None)})
 
 
 def decode_numpy(obj: Any) -> Any:
@@ -126,6 +132,8 @@ def decode_numpy(obj: Any) -> Any:
             return arr[()] if obj.get("scalar") else arr
         return {k: decode_numpy(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
+        if set(map(type, obj)) <= PLAIN:
+            return obj
         return type(obj)(decode_numpy(v) for v in obj)
     return obj
 

@@ -55,6 +55,7 @@ from splitfl.experiment.model_errors import ModelRoundError
 from splitfl.experiment.provenance import write_data_record, write_version
 from splitfl.experiment.validation import check_config, load_config, with_imports
 from splitfl.extensions import import_user_modules, reject_objects
+from splitfl.metrics.background import wait_plots
 from splitfl.models.base import moving_state
 from splitfl.net.server.session import StartError
 from splitfl.ray_cluster import RayJoinError
@@ -63,12 +64,19 @@ from splitfl.rundir.lock import LOCK_FILE, hold_lock
 
 @dataclass
 class RunResult:
-    """What :func:`run` returns: the run directory, its per-round metrics and its summary."""
+    """What :func:`run` returns: the run directory, its per-round metrics and its summary.
+    It is returned once ``summary.json`` is written; ``accuracy.png`` and ``loss.png``
+    (``output.plots``) are drawn by a background process: :meth:`wait_plots` waits for them."""
 
     run_dir: Path
     config: ExperimentConfig
     metrics: list[dict[str, Any]]
     summary: dict[str, Any]
+
+    def wait_plots(self, timeout: float | None = None) -> bool:
+        """Wait until this run's end-of-run plots are written (none pending: at once); True
+        if they were drawn (:func:`splitfl.metrics.background.wait_plots`)."""
+        return wait_plots(self.run_dir, timeout)
 
 
 def prepare(config: ExperimentConfig, dtype: torch.dtype | None = None) -> Prepared:

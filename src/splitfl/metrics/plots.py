@@ -8,7 +8,7 @@ from typing import Any
 from splitfl.core.atomic import write_atomic
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     """``matplotlib.pyplot`` on the file-only Agg backend, imported on first use (a command
     that draws nothing, such as ``splitfl list``, does not pay for it)."""
     import matplotlib
@@ -21,11 +21,25 @@ def _pyplot() -> Any:
 
 def _save(fig: Any, path: Path) -> Path:
     """Save ``fig`` as ``path`` atomically (a kill or a full disk leaves no half PNG)."""
-    plt = _pyplot()
+    plt = pyplot()
     try:
         return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110))
     finally:
         plt.close(fig)
+
+
+def plot_run(rows: list[dict[str, Any]], run_dir: Path, name: str, metric: str, key: str) -> None:
+    """One run's end-of-run plots in ``run_dir``: ``accuracy.png`` (without an accuracy, e.g.
+    a regression, ``<metric>.png`` of the metrics-row ``key``; no evaluations, as under
+    ``executor: timing``: none) and ``loss.png``, titled ``name`` (the algorithm)."""
+    run_dir = Path(run_dir)
+    if any(r.get("test_acc") is not None for r in rows):
+        plot_accuracy({name: rows}, run_dir / "accuracy.png", name)
+    elif any(r.get("test_loss") is not None for r in rows):  # no accuracy metric
+        label = f"test {metric}"
+        plot_accuracy({name: rows}, run_dir / f"{metric}.png", name, key, label, scale=1.0)
+    if any(r.get(k) is not None for r in rows for k in ("train_loss", "test_loss")):
+        plot_loss({name: rows}, run_dir / "loss.png", name)
 
 
 def plot_accuracy(
@@ -42,7 +56,7 @@ def plot_accuracy(
     report's mean over seeds); a run whose line is another's per round says so in its
     legend entry (it hides under that line)."""
     many = len(runs) > 6  # legend beside the panels, and line styles beyond 10 colours
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax_round, ax_time) = plt.subplots(1, 2, figsize=(14 if many else 11, 4))
     styles = ("-", "--", ":", "-.")
     plotted = False  # runs without evaluations (executor: timing) draw no line
@@ -111,7 +125,7 @@ def plot_loss(runs: dict[str, list[dict[str, Any]]], path: Path, title: str = ""
     """Two panels — training loss and test loss vs round — one line per run (rounds without
     the value, e.g. between evaluations, are skipped)."""
     many = len(runs) > 6
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(14 if many else 11, 4))
     styles = ("-", "--", ":", "-.")
     plotted = False
@@ -140,7 +154,7 @@ def plot_bars(
     names = list(values)
     heights = [values[n] or 0.0 for n in names]
     yerr = [(errors or {}).get(n) or 0.0 for n in names] if errors else None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 3.5))
     ax.bar(names, heights, yerr=yerr, capsize=4 if yerr else 0, color=color)
     ax.set_ylabel(ylabel)

@@ -44,9 +44,14 @@ RUN_FILES: dict[str, RunFile] = {
         "``stopped at round k: <error>``)",
     ),
     "accuracy.png": RunFile(
-        "at the end (``output.plots``)", "accuracy vs round and vs simulated time"
+        "after ``summary.json``, by a background process (``output.plots``; "
+        "``RunResult.wait_plots()`` waits for it, ``splitfl run`` too unless "
+        "``--no-wait-plots``)",
+        "accuracy vs round and vs simulated time",
     ),
-    "loss.png": RunFile("at the end (``output.plots``)", "training and test loss vs round"),
+    "loss.png": RunFile(
+        "with ``accuracy.png`` (``output.plots``)", "training and test loss vs round"
+    ),
     "checkpoints/": RunFile(
         "every ``output.checkpoint_every`` rounds",
         "``checkpoints/last.pt``: the state a ``--resume`` continues from, with the metric "
