@@ -175,13 +175,14 @@ class RunContext:
         device's speed (no bytes)."""
         prof = self.profile
         params = prof.device_bytes(cut)
+        head_grad = 0 if tail is None else prof.gradient_bytes(tail)
         per_sample = defence_flops_per_sample(
             self.config.train.defence,
             math.prod(self.bundle.input_shape),
             prof.gradient_bytes(cut) // BYTES_PER_ELEMENT,
             batch_size or self.config.train.batch_size,
             device_params=params // BYTES_PER_ELEMENT,
-            head_grad_elements=0 if tail is None else prof.gradient_bytes(tail) // BYTES_PER_ELEMENT,
+            head_grad_elements=head_grad // BYTES_PER_ELEMENT,
         )
         cost.device_flops += samples * per_sample
         cost.device_time += samples * per_sample / device.flops

@@ -32,8 +32,8 @@ from splitfl.experiment.round_step import LoopState, evaluate_state, play_round,
 from splitfl.experiment.runtimes import RUNTIMES, build_runtime
 from splitfl.metrics.summary import BUDGET_STATUS
 from splitfl.models.base import moving_state, user_state_dict
-from splitfl.roles.dp_sgd import history_from_rows
 from splitfl.models.hf_export import exported_state
+from splitfl.roles.dp_sgd import history_from_rows
 from splitfl.system import SimClock, Traffic
 from splitfl.training import import_optimizers
 

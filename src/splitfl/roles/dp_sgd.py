@@ -28,6 +28,7 @@ data of the current batch private (noise them with ``noise_std`` for that).
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from collections.abc import Iterable
 
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 
 from splitfl.config import ConfigError, DefenceConfig
+from splitfl.core.extras import install_extra
 
 # Opacus's hooks are full backward hooks; on a part's first layer, whose input needs no
 # gradient, torch notes that the hook sees the output's gradient only: what Opacus reads.
@@ -56,7 +58,13 @@ def dp_active(config: DefenceConfig) -> bool:
 def check_supported(module: nn.Module) -> None:
     """One line naming the first layer Opacus cannot give per-sample gradients for: a
     trainable layer with buffers, e.g. BatchNorm, whose statistics mix a batch's samples
-    (Opacus's own ``GradSampleModule.validate`` rule)."""
+    (Opacus's own ``GradSampleModule.validate`` rule); one line too when Opacus is not
+    installed."""
+    if importlib.util.find_spec("opacus") is None:
+        raise ConfigError(
+            "train.defence.dp_noise",
+            f"DP-SGD needs the opacus package: {install_extra('privacy', 'opacus>=1.5')}",
+        )
     for name, m in module.named_modules():
         own = any(p.requires_grad for p in m.parameters(recurse=False))
         if own and any(True for _ in m.buffers(recurse=False)):

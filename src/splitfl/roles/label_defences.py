@@ -75,8 +75,9 @@ def marvell_lambdas(u: float, v: float, d: int, g: float, p: float, power: float
 
     budget = {
         "type": "ineq",
-        "fun": lambda x: power / scale
-        - (p * (x[2] + (d - 1) * x[3]) + (1 - p) * (x[0] + (d - 1) * x[1])),
+        "fun": lambda x: (
+            power / scale - (p * (x[2] + (d - 1) * x[3]) + (1 - p) * (x[0] + (d - 1) * x[1]))
+        ),
     }
     order = [
         {"type": "ineq", "fun": lambda x: x[0] - x[1]},
