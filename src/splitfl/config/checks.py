@@ -25,6 +25,7 @@ from splitfl.config.schema import (
     TIED_WEIGHTS,
     TRACKERS,
     ConfigError,
+    DefenceConfig,
     ExperimentConfig,
 )
 from splitfl.core.extras import install_extra
@@ -208,6 +209,7 @@ def check_fields(config: ExperimentConfig) -> None:
     )
     if t.lora is not None:
         _validate_lora(t.lora)
+    _validate_defence(t.defence)
     e = config.eval
     _check(e.every >= 1, "eval.every", "must be >= 1")
     _check(
@@ -227,6 +229,17 @@ def check_fields(config: ExperimentConfig) -> None:
     _validate_tracking(config.output.tracking)
     _validate_network(config)
     _validate_parallel(config)
+
+
+def _validate_defence(c: DefenceConfig) -> None:
+    """``train.defence``'s choices and combinations (ranges: ``config/ranges.py``)."""
+    _choice(c.label_noise, ["none", "max_norm", "marvell"], "train.defence.label_noise")
+    _check(
+        c.dp_noise == 0 or c.nopeek == 0,
+        "train.defence.dp_noise",
+        "DP-SGD clips per-sample gradients; NoPeek's loss couples the samples of a batch "
+        "(its per-sample gradients are not one sample's): set nopeek: 0 or dp_noise: 0",
+    )
 
 
 def _validate_eval_on(config: ExperimentConfig) -> None:

@@ -175,11 +175,30 @@ class DefenceConfig:
     device (0: off), after each sample's smashed data is clipped to L2 norm ``noise_clip``
     (null: no clipping, and then no privacy accounting: the sensitivity is unbounded); with a
     clip, :func:`splitfl.roles.defences.gaussian_epsilon` gives the (ε, δ) of the Gaussian
-    mechanism (Mironov, "Rényi differential privacy", CSF 2017, Props. 3 and 7)."""
+    mechanism (Mironov, "Rényi differential privacy", CSF 2017, Props. 3 and 7).
+
+    ``dp_noise`` is DP-SGD's noise multiplier σ on the device part's training (Abadi et al.,
+    "Deep Learning with Differential Privacy", CCS 2016, Alg. 1, with Opacus: each sample's
+    gradient clipped to L2 norm ``dp_clip``, noise ``N(0, σ²·dp_clip²)`` on their sum;
+    0: off); the metrics report each client's ε for ``δ = dp_delta`` from Opacus's RDP
+    accountant (:mod:`splitfl.roles.dp_sgd`). ``label_noise`` protects the labels of a
+    U-shaped run (the device holds them) by perturbing the cut-layer gradients the device
+    sends the server (Li et al., "Label Leakage and Protection in Two-party Split Learning",
+    ICLR 2022, §4): ``max_norm`` (each sample's gradient scaled by ``1 + N(0, σ_i²)`` so its
+    expected norm is the batch's largest) or ``marvell`` (class-dependent Gaussian noise
+    minimising the symmetrised KL between the classes' gradient distributions under the
+    power budget ``P = marvell_s·‖ḡ₁ − ḡ₀‖²``); ``label_positive`` is the class against the
+    rest (:mod:`splitfl.roles.label_defences`)."""
 
     nopeek: float = 0.0
     noise_std: float = 0.0
     noise_clip: float | None = None
+    dp_noise: float = 0.0
+    dp_clip: float = 1.0
+    dp_delta: float = 1e-5
+    label_noise: str = "none"
+    marvell_s: float = 1.0
+    label_positive: int = 1
 
 
 @dataclass(frozen=True)

@@ -165,15 +165,24 @@ class RunContext:
             self.charge_defence(cost, cut, samples, batch_size, device)
         return cost
 
-    def charge_defence(self, cost: ClientCost, cut: int, samples: int, batch_size, device):
+    def charge_defence(
+        self, cost: ClientCost, cut: int, samples: int, batch_size, device, tail=None
+    ):
         """``train.defence``'s device FLOPs for ``samples`` samples at ``cut`` (the U-shaped
-        family's price calls it too) (:func:`~splitfl.roles.defences.
-        defence_flops_per_sample`) added to ``cost`` at the device's speed (no bytes)."""
+        family's price calls it too, with its ``tail``: the head's gradient is what the label
+        defences perturb; DP-SGD trains the front, blocks ``[0, cut)``)
+        (:func:`~splitfl.roles.defences.defence_flops_per_sample`) added to ``cost`` at the
+        device's speed (no bytes)."""
+        prof = self.profile
+        params = prof.device_bytes(cut)
+        head_grad = 0 if tail is None else prof.gradient_bytes(tail)
         per_sample = defence_flops_per_sample(
             self.config.train.defence,
             math.prod(self.bundle.input_shape),
-            self.profile.gradient_bytes(cut) // BYTES_PER_ELEMENT,
+            prof.gradient_bytes(cut) // BYTES_PER_ELEMENT,
             batch_size or self.config.train.batch_size,
+            device_params=params // BYTES_PER_ELEMENT,
+            head_grad_elements=head_grad // BYTES_PER_ELEMENT,
         )
         cost.device_flops += samples * per_sample
         cost.device_time += samples * per_sample / device.flops

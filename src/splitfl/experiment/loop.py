@@ -33,6 +33,7 @@ from splitfl.experiment.runtimes import RUNTIMES, build_runtime
 from splitfl.metrics.summary import BUDGET_STATUS
 from splitfl.models.base import moving_state, user_state_dict
 from splitfl.models.hf_export import exported_state
+from splitfl.roles.dp_sgd import history_from_rows
 from splitfl.system import SimClock, Traffic
 from splitfl.training import import_optimizers
 
@@ -88,6 +89,7 @@ def start_state(
     st = LoopState({**base, **start["global_state"]}, clock, cum, start.get("initial_loss"))
     st.server_opt = start.get("server_optimizer", {})  # absent: written without one
     rec = Recorder.restored(run_dir, config, start)
+    st.dp_history = history_from_rows(rec.rows)  # DP-SGD's accountant, from the rows
     rec.state_keys = set(moving_state(prep.ctx.model, prep.ctx.model))
     rec.data_fingerprint = prep.data_fingerprint
     return st, rec

@@ -21,6 +21,7 @@ from splitfl.core.seeding import derive_seed, rng_for, seed_torch
 from splitfl.executors import NonFiniteLossError, evaluate
 from splitfl.experiment.client_eval import client_keys, evaluate_clients
 from splitfl.experiment.context import RunContext
+from splitfl.roles.dp_sgd import dp_active, dp_round, epsilon_fields
 from splitfl.roles.parts import load_state
 from splitfl.system import LINKS, ClientCost, SimClock, Traffic, jitter_factors
 from splitfl.system.cost import server_bytes
@@ -42,6 +43,8 @@ class LoopState:
     cum: Traffic
     initial_loss: float | None
     server_opt: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    #: DP-SGD's steps per client (``train.defence.dp_noise``; rebuilt from the rows on resume)
+    dp_history: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
 
 
 def measure(
@@ -233,6 +236,10 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
         "traffic_total_cum": st.cum.total,
         **{f"plan_{k}": v for k, v in plan.info.items()},
     }
+    defence = config.train.defence
+    if dp_active(defence) and trains(executor):  # DP-SGD's accountant (roles/dp_sgd.py)
+        row.update(dp_round(st.dp_history, plan, result, [len(i) for i in ctx.client_indices]))
+        row.update(epsilon_fields(defence, st.dp_history, row["clients"]))
     if config.eval.on != "server":
         row.update(dict.fromkeys(client_keys(config.eval.metrics)))
     if not trains(executor):  # executor: timing — nothing trained, nothing to evaluate

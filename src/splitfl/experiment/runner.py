@@ -56,9 +56,10 @@ from splitfl.experiment.provenance import write_data_record, write_version
 from splitfl.experiment.validation import check_config, load_config, with_imports
 from splitfl.extensions import import_user_modules, reject_objects
 from splitfl.metrics.background import wait_plots
-from splitfl.models.base import moving_state
+from splitfl.models.base import ModelPart, moving_state
 from splitfl.net.server.session import StartError
 from splitfl.ray_cluster import RayJoinError
+from splitfl.roles.dp_sgd import check_supported, dp_active
 from splitfl.rundir.lock import LOCK_FILE, hold_lock
 
 
@@ -101,6 +102,9 @@ def prepare(config: ExperimentConfig, dtype: torch.dtype | None = None) -> Prepa
         cut = getattr(resolve_algorithm(name, config.options)[1], "cut", None)
         if cut is not None:
             ctx.resolve_cut(cut, name)
+    if dp_active(config.train.defence):  # before the run directory: a BatchNorm front
+        deepest = max(ctx.model.cut_points, default=ctx.num_blocks)
+        check_supported(ModelPart(ctx.model, 0, deepest))
     return Prepared(ctx.config, ctx, cls(options, ctx))
 
 

@@ -12,6 +12,7 @@ from splitfl.algorithms import algorithm_names, resolve_algorithm
 from splitfl.config import ConfigError, DataConfig, ExperimentConfig, check_fields
 from splitfl.config import load_config as read_config
 from splitfl.config.choices import unknown_choice
+from splitfl.core.topology import UShaped
 from splitfl.data import PARTITIONERS, dataset_names
 from splitfl.data.base import VERIFY_MODES
 from splitfl.data.formats import CLIENT_FORMATS, FORMATS
@@ -258,6 +259,19 @@ def check_server_optimizer(config: ExperimentConfig, cls: type) -> None:
         )
 
 
+def check_label_defence(config: ExperimentConfig, cls: type) -> None:
+    """``train.defence.label_noise`` perturbs the gradients a U-shaped device sends about its
+    own labels; in every other family the labels reach the server, so it is refused."""
+    if config.train.defence.label_noise == "none":
+        return
+    if getattr(cls, "topology", None) is not UShaped:
+        raise ConfigError(
+            "train.defence.label_noise",
+            f"protects labels that stay on the device (U-shaped, ushaped_sl); "
+            f"{config.algorithm} sends its labels to the server",
+        )
+
+
 def check_config(config: ExperimentConfig, config_dir: str | Path | None = None) -> None:
     """Static checks of every field and every registry name (``splitfl validate`` without
     the data), after importing the config's modules (searching ``config_dir`` too). Raises
@@ -276,6 +290,7 @@ def check_algorithm(config: ExperimentConfig) -> None:
     check_recipe(config, cls)
     check_aggregation(config, cls)
     check_server_optimizer(config, cls)
+    check_label_defence(config, cls)
 
 
 def with_imports(config: ExperimentConfig, imports: list[str] | None) -> ExperimentConfig:

@@ -18,7 +18,9 @@
 
 :func:`defence_flops_per_sample` is what the clock charges the device for them (in the shared
 cost model, :meth:`splitfl.experiment.context.RunContext.client_cost`, and the U-shaped
-family's price; the ring family's own cost function does not charge them yet).
+family's price; the ring family's own cost function does not charge them yet). DP-SGD of the
+device part is :mod:`splitfl.roles.dp_sgd`, the U-shaped family's label defences
+:mod:`splitfl.roles.label_defences`.
 """
 
 from __future__ import annotations
@@ -30,11 +32,18 @@ import torch
 from splitfl.config import DefenceConfig
 from splitfl.core.activations import Activation, differentiable, leaves, rebuild
 from splitfl.core.seeding import derive_seed
+from splitfl.roles.dp_sgd import dp_flops_per_sample
+from splitfl.roles.label_defences import label_flops_per_sample
 
 
 def is_active(config: DefenceConfig) -> bool:
     """Whether any defence is on (all defaults: off)."""
-    return config.nopeek > 0 or config.noise_std > 0
+    return (
+        config.nopeek > 0
+        or config.noise_std > 0
+        or config.dp_noise > 0
+        or config.label_noise != "none"
+    )
 
 
 def clip_rows(t: torch.Tensor, clip: float) -> torch.Tensor:
@@ -128,16 +137,28 @@ def gaussian_epsilon(std: float, clip: float, releases: int, delta: float) -> fl
 
 
 def defence_flops_per_sample(
-    config: DefenceConfig, input_elements: int, smashed_elements: int, batch_size: int
+    config: DefenceConfig,
+    input_elements: int,
+    smashed_elements: int,
+    batch_size: int,
+    device_params: int = 0,
+    head_grad_elements: int = 0,
 ) -> float:
     """The device FLOPs the defences add per trained sample (the clock charges them, S²FL
     Eq. 1's device term): noise, ≈ 5 per smashed element (norm 2, scale 1, draw and add 2);
     NoPeek, the two ``B × B`` distance matrices of a batch of ``B`` (≈ 3 FLOPs per element pair
-    and dimension) forward and ≈ twice that backward, ≈ ``9·B·(d_x + d_z)`` per sample. No
-    bytes: the noised smashed data has the shape of the clean one."""
+    and dimension) forward and ≈ twice that backward, ≈ ``9·B·(d_x + d_z)`` per sample; DP-SGD,
+    :func:`~splitfl.roles.dp_sgd.dp_flops_per_sample` of the ``device_params`` trained;
+    label noise on the ``head_grad_elements`` of the U-shaped head's gradient,
+    :func:`~splitfl.roles.label_defences.label_flops_per_sample`. No bytes: every defended
+    tensor has the shape of the clean one."""
     flops = 0.0
     if config.noise_std > 0:
         flops += 5.0 * smashed_elements
     if config.nopeek > 0:
         flops += 9.0 * batch_size * (input_elements + smashed_elements)
+    if config.dp_noise > 0:
+        flops += dp_flops_per_sample(device_params, batch_size)
+    if config.label_noise != "none":
+        flops += label_flops_per_sample(config.label_noise, head_grad_elements)
     return flops

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from splitfl.config import TrainConfig
+from splitfl.config import ConfigError, TrainConfig
 from splitfl.core.activations import (
     Activation,
     Gradient,
@@ -39,6 +39,7 @@ from splitfl.core.activations import (
     tree_map,
 )
 from splitfl.core.plan import ClientTask, RoundPlan
+from splitfl.core.seeding import derive_seed
 from splitfl.data.transforms import Transforms, augment_batch, batch_seed
 from splitfl.roles.aux_numerics import (
     Memory,
@@ -58,6 +59,7 @@ from splitfl.roles.common import (
     to_memory_format,
 )
 from splitfl.roles.defences import device_defence
+from splitfl.roles.dp_sgd import device_dp, dp_active
 from splitfl.training import loss_fn
 
 
@@ -118,6 +120,17 @@ class DeviceRole:
         trainable = part if aux is None else nn.ModuleList([part, aux])
         if optimizer is None:  # else the pool's for this part (``PartPool.optimizer``)
             optimizer = local_optimizer(trainable, task.lr, train)
+        self.dp = None
+        if dp_active(train.defence):  # DP-SGD of the part (Opacus's per-sample clipping)
+            if aux is not None:
+                raise ConfigError(
+                    "train.defence.dp_noise",
+                    "DP-SGD covers a device part stepped on the server's gradient; this "
+                    "algorithm also trains an auxiliary model on the device",
+                )
+            seed = derive_seed(round_seed, "dp-sgd", task.client)
+            self.dp = device_dp(train.defence, part, optimizer, task.batch_size, seed)
+            optimizer = optimizer if self.dp is None else self.dp.optimizer
         self.optimizer = optimizer
         self.loss, self.loss_name = loss_fn(train.loss), train.loss
         self.defence = device_defence(train.defence, task.client, round_seed)
@@ -136,6 +149,8 @@ class DeviceRole:
         one tensor, or a tuple where several cross the cut; with ``train.defence``, what the
         defences let leave the device (:mod:`splitfl.roles.defences`)."""
         x, y = self.batch(step)
+        if self.dp is not None:
+            self.dp.capture()
         fx = self.runtime.forward(self.part, x)
         if self.defence is not None:
             fx = self.defence.protect(x, fx, step)
@@ -157,8 +172,15 @@ class DeviceRole:
         """Back-propagate the returned activation gradient and step (S²FL Eq. 4's device side)."""
         self.optimizer.zero_grad()
         backward(self._fx, grad, self._penalty())
-        self.optimizer.step()
+        self._optimizer_step()
         self._fx = None
+
+    def _optimizer_step(self) -> None:
+        """The optimiser's step; under DP-SGD Opacus's (clip, noise, average) and the
+        per-sample gradient hooks removed."""
+        self.optimizer.step()
+        if self.dp is not None:
+            self.dp.release()
 
     def head_update(self) -> None:
         """``device_loss: local``: one step of the part and the auxiliary model on the
@@ -179,7 +201,7 @@ class DeviceRole:
         self.optimizer.zero_grad()
         loss.backward(retain_graph=True)
         backward(self._fx, grad)
-        self.optimizer.step()
+        self._optimizer_step()
         self._fx = None
 
     def estimate_update(self) -> None:
@@ -190,7 +212,7 @@ class DeviceRole:
         grad = estimate_gradient(self.aux, self._fx, self._y, self.loss_name, self.runtime.forward)
         self.optimizer.zero_grad()
         backward(self._fx, grad, self._penalty())
-        self.optimizer.step()
+        self._optimizer_step()
         self._fx = None
 
     def aux_update(self, device_loss: str) -> None:
@@ -224,17 +246,19 @@ class DeviceRole:
         per step on a small CNN)."""
         self.optimizer.zero_grad()
         x, y = self.batch(step)
+        if self.dp is not None:
+            self.dp.capture()
         loss = self.loss(self.runtime.forward(self.part, x), y)
         value = finite_value(loss, self.task.client)
         loss.backward()
-        self.optimizer.step()
+        self._optimizer_step()
         return value * len(y), len(y)
 
     def _step(self, loss: torch.Tensor) -> None:
         check_finite(loss, self.task.client)
         self.optimizer.zero_grad()
         loss.backward()
-        self.optimizer.step()
+        self._optimizer_step()
 
     def states(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
         """The trained device part and auxiliary model (detached clones)."""

@@ -80,7 +80,9 @@ class PriceView(Protocol):
 
     def client_cost(self, client: int, cut: int, samples: int, r: int, **flags): ...
 
-    def charge_defence(self, cost, cut: int, samples: int, batch_size, device) -> None: ...
+    def charge_defence(
+        self, cost, cut: int, samples: int, batch_size, device, tail: int | None = None
+    ) -> None: ...
 
 
 class Family(ABC):

@@ -115,7 +115,9 @@ class UShapedFamily(Family):
             exchange_latency=latency,
         )
         if is_active(view.config.train.defence):  # the front's smashed data are defended
-            view.charge_defence(cost, task.cut, samples, task.batch_size, device)
+            view.charge_defence(
+                cost, task.cut, samples, task.batch_size, device, tail_of(plan, task)
+            )
         return cost
 
 

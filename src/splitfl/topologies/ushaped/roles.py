@@ -10,7 +10,9 @@ One iteration (forward left to right, backward right to left):
     device front ◀──∂L/∂fx── server middle ◀──∂L/∂out── device head
 
 :class:`UDevice` keeps the labels on the device (its :meth:`UDevice.forward` returns the
-smashed data only); :class:`Middle` steps on the members' head gradients.
+smashed data only) and, with ``train.defence.label_noise``, perturbs the head's gradient
+before it sends it (:mod:`splitfl.roles.label_defences`); :class:`Middle` steps on the
+members' head gradients.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from torch import nn
 from splitfl.config import TrainConfig
 from splitfl.core.activations import Activation, Gradient, as_server_input, input_grad, leaves
 from splitfl.core.plan import ClientTask
+from splitfl.core.seeding import derive_seed
 from splitfl.roles.common import check_finite, detached, local_optimizer
+from splitfl.roles.label_defences import protect_labels
 from splitfl.roles.sides import DeviceRole, Runtime
 from splitfl.training import loss_fn
 
@@ -39,7 +43,9 @@ class UDevice:
         self.task: ClientTask = front.task
         self.optimizer = local_optimizer(head, front.task.lr, train)
         self.loss = loss_fn(train.loss)
+        self.defence = train.defence
         self._y: torch.Tensor | None = None
+        self._heads = 0  # head steps so far (seeds the label defence's noise)
 
     def forward(self, step: int) -> Activation:
         """The front's smashed data of mini-batch ``step``; the labels stay here."""
@@ -61,7 +67,16 @@ class UDevice:
         loss.backward()
         self.optimizer.step()
         size = len(y)
-        return input_grad(received), loss.item() * size, size
+        return self._protected(input_grad(received), y), loss.item() * size, size
+
+    def _protected(self, grad: Gradient, y: torch.Tensor) -> Gradient:
+        """``train.defence.label_noise`` on the gradient before it leaves the device
+        (:mod:`splitfl.roles.label_defences`; seeded per client and head step)."""
+        step, self._heads = self._heads, self._heads + 1
+        if self.defence.label_noise == "none" or not isinstance(grad, torch.Tensor):
+            return grad
+        seed = derive_seed(self.front.round_seed, "label-noise", self.task.client, step)
+        return protect_labels(self.defence, grad, y, seed)
 
     def backward(self, grad: Gradient) -> None:
         """The front's step on the middle's gradient of its input (``∂L/∂fx``)."""
