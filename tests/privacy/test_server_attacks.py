@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from label_toy import two_class_head_gradients as _two_class_head_gradients
 from splitfl.data.base import load_dataset
 from splitfl.privacy.labels import direction_scores, label_leak_auc, norm_scores
 from splitfl.privacy.metrics import psnr, reconstruction_scores, roc_auc, ssim
@@ -123,23 +124,6 @@ def test_inverse_network_for_flat_smashed_data():
 
 
 # ----------------------------------------------------------------------------- labels
-
-
-def _two_class_head_gradients(n=200, positives=20, seed=0):
-    """The gradient a U-shaped server receives: ∂(mean CE of the device's head)/∂h for the
-    middle's outputs h; the head is biased towards the common class (as a model trained on
-    an imbalanced task is, Li et al. §3.1), ``positives`` samples are of class 1."""
-    gen = torch.Generator().manual_seed(seed)
-    h = torch.randn(n, 6, generator=gen).requires_grad_(True)
-    head = nn.Linear(6, 2)
-    with torch.no_grad():
-        head.weight.copy_(0.1 * torch.randn(2, 6, generator=gen))
-        head.bias.copy_(torch.tensor([1.5, -1.5]))
-    y = torch.zeros(n, dtype=torch.long)
-    y[torch.randperm(n, generator=gen)[:positives]] = 1
-    loss = nn.functional.cross_entropy(head(h), y)
-    (grad,) = torch.autograd.grad(loss, h)
-    return grad, y
 
 
 def test_label_inference_auc_near_one_on_a_two_class_toy():

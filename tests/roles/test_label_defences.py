@@ -5,14 +5,13 @@ device perturbs what it sends, off changes nothing, other families refuse it."""
 
 import itertools
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import splitfl
+from label_toy import two_class_head_gradients as _two_class_head_gradients
 from splitfl.config import ConfigError, DefenceConfig
 from splitfl.privacy.labels import label_leak_auc
 from splitfl.roles.label_defences import (
@@ -23,9 +22,6 @@ from splitfl.roles.label_defences import (
     sum_kl,
 )
 from splitfl.testing import config_for
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "privacy"))
-from test_server_attacks import _two_class_head_gradients  # noqa: E402
 
 DROP = ("wall_time",)
 
