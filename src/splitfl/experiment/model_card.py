@@ -8,6 +8,10 @@ and the source — a quoted sentence with its section, a file of the authors' co
 checks, decision by decision, that every paper preset's default is the paper's model. A new
 realism option adds its row here, defaults to the paper's model on paper presets, and ships a
 sensitivity table.
+
+Over 400 lines as one concept, the card: a function of rows per device preset, the algorithms'
+rows and the one table they render to; split by preset, the rows a reader compares (a preset's
+speeds against the paper's sentence) would sit apart from the table that shows them.
 """
 
 from __future__ import annotations
