@@ -104,3 +104,9 @@ def test_python_api_takes_a_mapping(tmp_path):
 def test_the_documented_sweep_file_validates():
     sweep = load_sweep("examples/privacy_sweep.yaml")
     assert sweep.algorithms == ["splitfed_v1", "s2fl"] and sweep.reference == "none"
+
+
+def test_the_tutorial_sweep_file_validates():
+    sweep = load_sweep("examples/privacy_tutorial.yaml")
+    assert sweep.algorithms == ["splitfed_v1", "s2fl", "ushaped_sl"]
+    assert set(sweep.defences) == {"none", "nopeek", "noise"}
