@@ -110,3 +110,13 @@ def test_the_tutorial_sweep_file_validates():
     sweep = load_sweep("examples/privacy_tutorial.yaml")
     assert sweep.algorithms == ["splitfed_v1", "s2fl", "ushaped_sl"]
     assert set(sweep.defences) == {"none", "nopeek", "noise"}
+
+
+def test_a_non_empty_out_folder_is_refused_before_anything_runs(tmp_path, capsys):
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "table.md").write_text("an earlier sweep\n")
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(_sweep(tmp_path)))
+    assert main(["privacy", "eval", str(path)]) == 2
+    assert "out" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "sweep").iterdir()] == ["table.md"]

@@ -200,6 +200,8 @@ def evaluate_sweep(sweep: Sweep | Mapping[str, Any] | str | Path, out: str | Pat
     returns ``{"rows": ..., "t_dcs": ...}``. Validation happens before anything is written."""
     sweep = sweep if isinstance(sweep, Sweep) else load_sweep(sweep)
     out_dir = Path(out or sweep.out)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ConfigError("out", f"{out_dir} is not empty (a sweep writes a new folder)")
     rows: list[dict] = []
     for alg, cut, defence in cells(sweep):
         rows += _run_cell(sweep, alg, cut, defence, out_dir / "runs" / f"{alg}-cut{cut}-{defence}")
