@@ -182,3 +182,17 @@ def test_the_u_shaped_clock_charges_the_front_s_defence(tmp_path):
     plain, nopeek = (r.metrics[0] for r in runs.values())
     assert nopeek["traffic_total"] == plain["traffic_total"]
     assert nopeek["sim_time"] > plain["sim_time"]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("noise_std", 1.0), ("nopeek", 1.0), ("dp_noise", 1.0), ("label_noise", "max_norm")],
+)
+def test_ringsfl_refuses_a_defence_it_would_not_apply(tmp_path, key, value):
+    """RingSFL's ring ran these defences neither in the model nor on the clock (the run was
+    bit-identical to an undefended one): a defence switched on is refused in one line."""
+    with pytest.raises(ConfigError, match=f"train.defence.{key}"):
+        splitfl.run(
+            config_for("ringsfl", **{f"train.defence.{key}": value}), run_dir=tmp_path / "r"
+        )
+    assert not (tmp_path / "r").exists()

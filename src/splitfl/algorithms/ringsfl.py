@@ -116,6 +116,23 @@ def check_plain_sgd(train) -> None:
             )
 
 
+#: ``train.defence`` fields and their off values: RingSFL's ring does not apply them.
+DEFENCES_OFF = {"nopeek": 0.0, "noise_std": 0.0, "dp_noise": 0.0, "label_noise": "none"}
+
+
+def check_no_defence(defence) -> None:
+    """RingSFL's ring step (Alg. 2) does not run the device defences of
+    :mod:`splitfl.roles.defences`: refuse one that is switched on rather than train without it
+    (and charge nothing) while the config says it is on."""
+    for name, off in DEFENCES_OFF.items():
+        value = getattr(defence, name)
+        if value != off:
+            raise ConfigError(
+                f"train.defence.{name}",
+                f"RingSFL's ring does not apply device defences; must be {off} (got {value})",
+            )
+
+
 class RingSFL(Algorithm):
     name = "ringsfl"
     paper = "Shen et al., RingSFL §3 (Alg. 1-2, Eq. 1-7)"
@@ -139,6 +156,7 @@ class RingSFL(Algorithm):
         #: blocks, each member needing one — ``w`` of them drawn every round (said in a note)
         self.ring_size = min(n, w)
         check_plain_sgd(ctx.config.train)
+        check_no_defence(ctx.config.train.defence)
         try:
             if options.prop_lens is not None:
                 parse_ratios(options.prop_lens, n, w)

@@ -23,6 +23,7 @@ from splitfl.privacy.reconstruct import (
     unsplit_attack,
 )
 from splitfl.privacy.results import plot_attack, write_results
+from splitfl.privacy.sweep import dcs, evaluate_sweep, load_sweep
 
 __all__ = [
     "AttackConfig",
@@ -31,8 +32,10 @@ __all__ = [
     "RunAttack",
     "attack_run",
     "cosine_similarity",
+    "dcs",
     "direction_scores",
     "dlg_attack",
+    "evaluate_sweep",
     "gradient_from_update",
     "infer_label",
     "invert",
@@ -40,6 +43,7 @@ __all__ = [
     "leakage_curve",
     "leakage_probability",
     "load_attack_config",
+    "load_sweep",
     "mse",
     "norm_scores",
     "observe_fedavg",

@@ -17,6 +17,7 @@ from splitfl.privacy.experiment import load_attack_config, run_attack
 from splitfl.privacy.leakage import leakage_curve, leakage_probability, plot_leakage_curve
 from splitfl.privacy.on_run import RunAttack, attack_run
 from splitfl.privacy.results import plot_reconstruction, results_to_json, write_results
+from splitfl.privacy.sweep import evaluate_sweep, load_sweep
 
 FIG5_E = (0.1, 0.2, 0.4, 0.6)
 
@@ -132,6 +133,16 @@ def cmd_labels(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """The privacy–utility sweep (:func:`splitfl.privacy.sweep.evaluate_sweep`)."""
+    sweep = load_sweep(args.sweep)  # a bad field: one ConfigError line, exit 2, nothing written
+    out = Path(args.out or sweep.out)
+    result = evaluate_sweep(sweep, out)
+    print(f"{len(result['rows'])} rows: {out / 'table.md'}, {out / 'table.json'}, "
+          f"{out / 'privacy_utility.png'}")  # fmt: skip
+    return 0
+
+
 def _victim_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's folder (model.pt)")
     p.add_argument("--client", type=int, help="victim client (default: last round's first)")
@@ -172,4 +183,8 @@ def add_privacy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     _victim_flags(p)
     p.add_argument("--positive", type=int, default=1, help="the class scored (default 1)")
     p.set_defaults(fn=cmd_labels)
+    p = sub.add_parser("eval", help="privacy–utility sweep: algorithms × cuts × defences × attacks")
+    p.add_argument("sweep", metavar="SWEEP.yaml")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: the sweep's out)")
+    p.set_defaults(fn=cmd_eval)
     return parser

@@ -1,0 +1,211 @@
+"""The privacy–utility sweep (``splitfl privacy eval SWEEP.yaml``, :func:`evaluate_sweep`):
+algorithms × cuts × defences × attacks on real splitfl runs.
+
+Each (algorithm, cut, defence) cell is one run (:func:`splitfl.experiment.run`); each attack
+is then run on it (:func:`splitfl.privacy.on_run.attack_run`) for every point of its small
+hyper-parameter grid, and the best attack performance (AP) is kept — a defence is judged
+against its best attack, as SecretFlow's autoattack tunes attacks per defence. AP is SSIM
+(clipped to [0, 1]) for reconstructions and the larger of the norm and direction AUCs for
+label inference. Main-task performance (MP) is the run's final test accuracy; time and
+traffic to ``target_accuracy`` come from the run's ``summary.json``.
+
+VFLAIR's Defense Capability Score (Zou et al., "VFLAIR: A Research Library and Benchmark for
+Vertical Federated Learning", ICLR 2024, Eq. 1):
+
+    DCS = 1 / (1 + sqrt((1 − β)(AP − AP*)² + β(MP − MP*)²))
+
+with the ideal defence AP* = 0 and MP* = the undefended cell's MP (same algorithm and cut);
+T-DCS is DCS averaged over the attacks of one type (``reconstruction``, ``labels``).
+
+Per device: every client of the run's last round is attacked at its own cut, so algorithms
+whose cut varies per device (S²FL's sliding split) get one row per device.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from splitfl.config import ConfigError, read_yaml_mapping
+from splitfl.experiment.runner import as_config, run
+from splitfl.privacy.on_run import ATTACKS, RunAttack, _last_rows, attack_run
+from splitfl.privacy.sweep_report import write_report
+
+#: VFLAIR's default weighting of MP against AP in DCS (Zou et al., ICLR 2024, §4: β = 0.5).
+DEFAULT_BETA = 0.5
+#: The attack type of each attack, for T-DCS (VFLAIR groups attacks by type).
+ATTACK_TYPES = {"unsplit": "reconstruction", "inverse": "reconstruction", "labels": "labels"}
+SWEEP_FIELDS = (
+    "base", "algorithms", "cuts", "defences", "attacks", "reference", "beta", "out", "samples"
+)  # fmt: skip
+
+
+def dcs(ap: float, mp: float, mp_ideal: float, beta: float = DEFAULT_BETA, ap_ideal=0.0):
+    """VFLAIR's Defense Capability Score (Zou et al., ICLR 2024, Eq. 1), in (0, 1]."""
+    return 1.0 / (1.0 + math.sqrt((1 - beta) * (ap - ap_ideal) ** 2 + beta * (mp - mp_ideal) ** 2))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep: ``base`` config mapping (or a YAML path); ``algorithms``; ``cuts``
+    (``options.<alg>.cut``;
+    ``[null]`` keeps each algorithm's own); ``defences`` (name → dotted overrides);
+    ``reference``: the defence whose MP is DCS's MP* (the undefended one); ``attacks``
+    (name → field → list of values, the per-attack grid); ``samples`` attacked per device;
+    ``beta`` of DCS; ``out`` folder."""
+
+    base: dict
+    algorithms: list
+    defences: dict
+    attacks: dict
+    cuts: list = field(default_factory=lambda: [None])
+    reference: str = "none"
+    samples: int = 8
+    beta: float = DEFAULT_BETA
+    out: str = "runs/privacy-sweep"
+
+
+def _need(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(name, message)
+
+
+def load_sweep(data: Mapping[str, Any] | str | Path) -> Sweep:
+    """A validated :class:`Sweep` from a mapping or YAML file; a bad field is one ConfigError
+    naming it, raised before anything runs or is written."""
+    raw = read_yaml_mapping(data) if isinstance(data, str | Path) else dict(data)
+    for key in raw:
+        _need(
+            key in SWEEP_FIELDS, str(key), f"unknown sweep field; one of {', '.join(SWEEP_FIELDS)}"
+        )
+    for key in ("base", "algorithms", "defences", "attacks"):
+        _need(key in raw, key, "missing")
+    if isinstance(raw.get("base"), str):  # a config file, read as `splitfl run` reads it
+        raw["base"] = read_yaml_mapping(raw["base"])
+    sweep = Sweep(**raw)
+    _need(isinstance(sweep.base, dict), "base", "must be a config mapping")
+    _need(
+        isinstance(sweep.algorithms, list) and bool(sweep.algorithms),
+        "algorithms",
+        "a non-empty list",
+    )
+    _need(isinstance(sweep.cuts, list) and bool(sweep.cuts), "cuts", "a non-empty list")
+    _need(
+        isinstance(sweep.defences, dict) and bool(sweep.defences), "defences", "a non-empty mapping"
+    )
+    _need(isinstance(sweep.attacks, dict) and bool(sweep.attacks), "attacks", "a non-empty mapping")
+    _need(sweep.reference in sweep.defences, "reference", "must name one of the defences")
+    _need(isinstance(sweep.samples, int) and sweep.samples >= 2, "samples", "an integer >= 2")
+    _need(isinstance(sweep.beta, int | float) and 0 <= sweep.beta <= 1, "beta", "in [0, 1]")
+    for name, grid in sweep.attacks.items():
+        _need(name in ATTACKS, f"attacks.{name}", f"one of {', '.join(ATTACKS)}")
+        _need(isinstance(grid, dict), f"attacks.{name}", "a mapping field -> list of values")
+        for key, values in grid.items():
+            where = f"attacks.{name}.{key}"
+            _need(
+                key in RunAttack.__dataclass_fields__
+                and key not in ("run_dir", "attack", "client", "cut", "samples"),
+                where,
+                "not a tunable attack field",
+            )
+            _need(isinstance(values, list) and bool(values), where, "a non-empty list")
+    for alg, cut, defence in cells(sweep):
+        as_config(sweep.base, cell_overrides(sweep, alg, cut, defence))
+    return sweep
+
+
+def cells(sweep: Sweep):
+    """(algorithm, cut, defence) of every run of the sweep."""
+    return itertools.product(sweep.algorithms, sweep.cuts, sweep.defences)
+
+
+def cell_overrides(sweep: Sweep, alg: str, cut, defence: str) -> list[str]:
+    """The dotted overrides of one cell's run."""
+    over = [f"algorithm={alg}"] + ([f"options.{alg}.cut={cut}"] if cut is not None else [])
+    spec = sweep.defences[defence] or {}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"defences.{defence}", "a mapping of dotted config keys -> values")
+    return over + [f"{k}={v}" for k, v in spec.items()]
+
+
+def _best(run_dir: Path, name: str, grid: dict, client: int, cut: int, samples: int) -> dict:
+    """The best AP of attack ``name`` over its grid on ``client`` at ``cut``."""
+    best: dict | None = None
+    keys = list(grid)
+    for values in itertools.product(*(grid[k] for k in keys)) if keys else [()]:
+        params = dict(zip(keys, values, strict=True))
+        spec = RunAttack(str(run_dir), name, client=client, cut=cut, samples=samples, **params)
+        try:
+            out = attack_run(spec)
+        except ConfigError as err:  # e.g. labels on a run that is not U-shaped
+            return {"ap": None, "note": str(err)}
+        if name == "labels":
+            ap = max(out["auc_norm"], out["auc_direction"])
+        else:
+            ap = min(1.0, max(0.0, out["ssim"]))
+        if best is None or ap > best["ap"]:
+            best = {"ap": ap, "params": params, "psnr": out.get("psnr"), "mse": out.get("mse")}
+    return best
+
+
+def _run_cell(sweep: Sweep, alg: str, cut, defence: str, run_dir: Path) -> list[dict]:
+    """One run and its attack rows (one per device of the last round and attack)."""
+    run(sweep.base, cell_overrides(sweep, alg, cut, defence), run_dir=run_dir, progress=False)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    last = _last_rows(run_dir)[-1]
+    base = {
+        "algorithm": alg, "cut_option": cut, "defence": defence,
+        "mp": summary["final_acc"], "sim_time": summary["sim_time"],
+        "traffic_bytes": summary["traffic_bytes"],
+        "time_to_target": summary["to_target"]["sim_time"],
+        "traffic_to_target": summary["to_target"]["traffic_bytes"],
+    }  # fmt: skip
+    rows = []
+    for client, device_cut in zip(last["clients"], last["cuts"], strict=True):
+        for name, grid in sweep.attacks.items():
+            best = _best(run_dir, name, grid, client, device_cut, sweep.samples)
+            rows.append({**base, "device": client, "cut": device_cut, "attack": name, **best})
+    return rows
+
+
+def _score(rows: list[dict], sweep: Sweep) -> None:
+    """Add DCS to each row (MP* = the reference defence's MP, same algorithm and cut option)."""
+    reference = sweep.reference
+    ideal = {(r["algorithm"], r["cut_option"]): r["mp"] for r in rows if r["defence"] == reference}
+    for r in rows:
+        mp_ideal = ideal[(r["algorithm"], r["cut_option"])]
+        ok = r["ap"] is not None and r["mp"] is not None and mp_ideal is not None
+        r["dcs"] = dcs(r["ap"], r["mp"], mp_ideal, sweep.beta) if ok else None
+
+
+def t_dcs(rows: list[dict]) -> dict[str, float]:
+    """T-DCS (VFLAIR): DCS averaged over the attacks of each type, per algorithm/cut/defence
+    (over devices too); keys ``algorithm|cut|defence|type``."""
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if r["dcs"] is not None:
+            key = f"{r['algorithm']}|{r['cut_option']}|{r['defence']}|{ATTACK_TYPES[r['attack']]}"
+            groups.setdefault(key, []).append(r["dcs"])
+    return {k: sum(v) / len(v) for k, v in groups.items()}
+
+
+def evaluate_sweep(sweep: Sweep | Mapping[str, Any] | str | Path, out: str | Path | None = None):
+    """Run ``sweep`` (the Python twin of ``splitfl privacy eval``); writes ``table.json``,
+    ``table.md`` and ``privacy_utility.png`` to ``out`` (default: the sweep's ``out``) and
+    returns ``{"rows": ..., "t_dcs": ...}``. Validation happens before anything is written."""
+    sweep = sweep if isinstance(sweep, Sweep) else load_sweep(sweep)
+    out_dir = Path(out or sweep.out)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ConfigError("out", f"{out_dir} is not empty (a sweep writes a new folder)")
+    rows: list[dict] = []
+    for alg, cut, defence in cells(sweep):
+        rows += _run_cell(sweep, alg, cut, defence, out_dir / "runs" / f"{alg}-cut{cut}-{defence}")
+    _score(rows, sweep)
+    result = {"rows": rows, "t_dcs": t_dcs(rows), "beta": sweep.beta}
+    write_report(result, out_dir)
+    return result
