@@ -27,6 +27,7 @@ from splitfl.config import ConfigError
 from splitfl.core.benching import SitOut
 from splitfl.core.plan import RING_MEMBER_FAILED, ClientTask, RoundPlan
 from splitfl.core.topology import Ring, RingSpec
+from splitfl.roles.defences import OFF, active_defences
 
 
 def largest_remainder(shares: Sequence[float], total: int) -> list[int]:
@@ -116,21 +117,16 @@ def check_plain_sgd(train) -> None:
             )
 
 
-#: ``train.defence`` fields and their off values: RingSFL's ring does not apply them.
-DEFENCES_OFF = {"nopeek": 0.0, "noise_std": 0.0, "dp_noise": 0.0, "label_noise": "none"}
-
-
 def check_no_defence(defence) -> None:
     """RingSFL's ring step (Alg. 2) does not run the device defences of
     :mod:`splitfl.roles.defences`: refuse one that is switched on rather than train without it
     (and charge nothing) while the config says it is on."""
-    for name, off in DEFENCES_OFF.items():
-        value = getattr(defence, name)
-        if value != off:
-            raise ConfigError(
-                f"train.defence.{name}",
-                f"RingSFL's ring does not apply device defences; must be {off} (got {value})",
-            )
+    for name in active_defences(defence)[:1]:
+        raise ConfigError(
+            f"train.defence.{name}",
+            f"RingSFL's ring does not apply device defences; must be {OFF[name]} "
+            f"(got {getattr(defence, name)})",
+        )
 
 
 class RingSFL(Algorithm):

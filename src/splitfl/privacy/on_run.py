@@ -20,7 +20,6 @@ are not the tensors recorded on the wire during training (no run records them ye
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.config.parse import load_config
 from splitfl.core.seeding import derive_seed
 from splitfl.experiment.runner import prepare
+from splitfl.metrics.records import read_metrics
 from splitfl.models import ModelPart
 from splitfl.privacy.labels import label_leak_auc
 from splitfl.privacy.metrics import reconstruction_scores
@@ -74,11 +74,6 @@ def _check(spec: RunAttack) -> None:
         raise ConfigError("run_dir", f"{spec.run_dir} holds no model.pt (a finished run)")
 
 
-def _last_rows(run_dir: Path) -> list[dict]:
-    text = (run_dir / "metrics.jsonl").read_text() if (run_dir / "metrics.jsonl").is_file() else ""
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
 def _victim(spec: RunAttack, rows: list[dict], num_blocks: int) -> tuple[int, int]:
     """(client, cut): the spec's, else the last round's first client and its cut there."""
     last = rows[-1] if rows else {"clients": [], "cuts": []}
@@ -109,7 +104,7 @@ def attack_run(spec: RunAttack) -> dict:
     model = prep.ctx.model
     model.load_state_dict(torch.load(run_dir / "model.pt", weights_only=True))
     model.eval()
-    client, cut = _victim(spec, _last_rows(run_dir), model.num_blocks)
+    client, cut = _victim(spec, read_metrics(run_dir / "metrics.jsonl"), model.num_blocks)
     if not 0 <= client < len(prep.ctx.client_indices):
         raise ConfigError("client", f"must be in [0, {len(prep.ctx.client_indices) - 1}]")
     idx = torch.as_tensor(prep.ctx.client_indices[client][: spec.samples])

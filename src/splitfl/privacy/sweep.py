@@ -33,7 +33,8 @@ from typing import Any
 
 from splitfl.config import ConfigError, read_yaml_mapping
 from splitfl.experiment.runner import as_config, run
-from splitfl.privacy.on_run import ATTACKS, RunAttack, _last_rows, attack_run
+from splitfl.metrics.records import read_metrics
+from splitfl.privacy.on_run import ATTACKS, RunAttack, attack_run
 from splitfl.privacy.sweep_report import write_report
 
 #: VFLAIR's default weighting of MP against AP in DCS (Zou et al., ICLR 2024, §4: β = 0.5).
@@ -157,7 +158,7 @@ def _run_cell(sweep: Sweep, alg: str, cut, defence: str, run_dir: Path) -> list[
     """One run and its attack rows (one per device of the last round and attack)."""
     run(sweep.base, cell_overrides(sweep, alg, cut, defence), run_dir=run_dir, progress=False)
     summary = json.loads((run_dir / "summary.json").read_text())
-    last = _last_rows(run_dir)[-1]
+    last = read_metrics(run_dir / "metrics.jsonl")[-1]
     base = {
         "algorithm": alg, "cut_option": cut, "defence": defence,
         "mp": summary["final_acc"], "sim_time": summary["sim_time"],

@@ -35,15 +35,18 @@ from splitfl.core.seeding import derive_seed
 from splitfl.roles.dp_sgd import dp_flops_per_sample
 from splitfl.roles.label_defences import label_flops_per_sample
 
+#: Each ``train.defence`` switch and its off value (the defaults; ranges keep the rest >= 0).
+OFF = {"nopeek": 0.0, "noise_std": 0.0, "dp_noise": 0.0, "label_noise": "none"}
+
+
+def active_defences(config: DefenceConfig) -> list[str]:
+    """The ``train.defence`` fields switched on, in :data:`OFF`'s order."""
+    return [name for name, off in OFF.items() if getattr(config, name) != off]
+
 
 def is_active(config: DefenceConfig) -> bool:
     """Whether any defence is on (all defaults: off)."""
-    return (
-        config.nopeek > 0
-        or config.noise_std > 0
-        or config.dp_noise > 0
-        or config.label_noise != "none"
-    )
+    return bool(active_defences(config))
 
 
 def clip_rows(t: torch.Tensor, clip: float) -> torch.Tensor:
