@@ -59,6 +59,15 @@ class _Scaled(_Boosted):
     factor = -1.9
 
 
+def _unpinned(cfg: dict, aggregation: str | None = None) -> dict:
+    """``cfg`` without the test configs' ``network.untrusted_aggregation: mean`` pin
+    (``splitfl.testing.tiny_config``): the shipped default, or ``aggregation``."""
+    cfg["network"].pop("untrusted_aggregation", None)
+    if aggregation is not None:
+        cfg["network"]["untrusted_aggregation"] = aggregation
+    return cfg
+
+
 def _run(tmp_path, clients: int, colluders: int, rounds: int, agent=_Negated, **changes):
     names = [f"d{i}" for i in range(clients)]
     bed = Testbed.create(tmp_path / "bed", names)
@@ -66,7 +75,9 @@ def _run(tmp_path, clients: int, colluders: int, rounds: int, agent=_Negated, **
     net = bed.server_overrides(min_devices=clients)
     sized = {"data.num_clients": clients, "train.clients_per_round": clients}
     sized["network.bounds.min_cosine"] = 0.0  # FLTrust's rule (off by default)
+    aggregation = changes.pop("network.untrusted_aggregation", None)
     cfg = config_for("fedavg", rounds=rounds, **{**sized, **changes, **net})
+    cfg = _unpinned(cfg, aggregation)
     result = splitfl.run(cfg, run_dir=tmp_path / "run")
     for t in threads:
         t.join(30)
@@ -157,7 +168,8 @@ def test_the_untrusted_rule_by_hand():
     from splitfl.config.schema import ExperimentConfig
 
     def rule(**changes):
-        return Rule.of_run(from_dict(ExperimentConfig, config_for("fedavg", **changes)))
+        cfg = _unpinned(config_for("fedavg", **changes))
+        return Rule.of_run(from_dict(ExperimentConfig, cfg))
 
     assert rule(**{"executor": "networked"}) == Rule("median", None, 0.1, unweighted=True)
     assert rule(**{"executor": "networked", "network.trust": "trusted"}) == Rule("mean")
