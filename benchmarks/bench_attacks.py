@@ -204,6 +204,23 @@ def collusion_cases() -> list[Case]:
         Case("colluders-30pct-x6-late", "fedavg", negated(6.0, honest=3), fl, insiders=3),
         Case("colluder-round-of-2-x6", "fedavg", negated(6.0), fl, devices=2),
     ]
+    return out + default_cases()
+
+
+def default_cases() -> list[Case]:
+    """Issue 51, item 1: the unconfigured deployment (``network.trust: untrusted``, its
+    median aggregation, the direction check off) against colluders at 20 % and 30 % of ten
+    sending ``sent − k × (their honest move)`` for k in 0.5, 1, 1.9, 3, 6 (k = 1.9: inside a
+    2× norm bound), the same honest for their first 3 replies, and one of a round of two."""
+    out = [
+        Case(f"default-{n}0pct-x{k:g}", "fedavg", negated(k), insiders=n)
+        for n in (2, 3)
+        for k in (0.5, 1.0, 1.9, 3.0, 6.0)
+    ]
+    out += [
+        Case("default-30pct-x1.9-late", "fedavg", negated(1.9, honest=3), insiders=3),
+        Case("default-round-of-2-x1.9", "fedavg", negated(1.9), devices=2),
+    ]
     return out
 
 
@@ -247,6 +264,35 @@ def _networked(case: Case, folder: Path, rounds: int, honest: bool) -> dict[str,
     return outcome(status, rows, time.perf_counter() - t0)
 
 
+#: Issue 51's false-positive runs: honest fleets of ten, non-IID (Dirichlet α), algorithms
+#: with one cut and S²FL's mixed cuts.
+FP_ALGORITHMS, FP_ALPHAS = ("fedavg", "splitfed_v1", "s2fl"), (0.1, 0.5)
+
+
+def false_positives(folder: Path, rounds: int) -> list[dict[str, Any]]:
+    """Honest runs under the untrusted default and under ``network.trust: trusted`` (plain
+    ``mean``): every client-round dropped in the default is a false positive (goal 0);
+    the accuracy pair is what the median aggregation costs an honest fleet."""
+    out = []
+    for algorithm in FP_ALGORITHMS:
+        for alpha in FP_ALPHAS:
+            row: dict[str, Any] = {"algorithm": algorithm, "alpha": alpha}
+            for trust in ("untrusted", "trusted"):
+                changes = {"data.alpha": alpha, "network.trust": trust}
+                case = Case(f"fp-{algorithm}-{alpha:g}-{trust}", algorithm, None, changes)
+                run = networked(case, folder / case.name, rounds, True)
+                dropped = sum(len(r) for r in run.pop("dropped_clients"))
+                row[trust] = {**run, "client_rounds_dropped": dropped}
+            out.append(row)
+            u, t = row["untrusted"], row["trusted"]
+            print(
+                f"fp {algorithm:<12} alpha {alpha:g}: dropped {u['client_rounds_dropped']} "
+                f"client-rounds; acc {u['final_acc']} (median) vs {t['final_acc']} (mean)",
+                flush=True,
+            )
+    return out
+
+
 def outcome(status: str, rows: list[dict], wall_s: float) -> dict[str, Any]:
     """A run's result: status, final accuracy, each round's wall time (``wall_time`` is the
     time since the run began), the rounds the insider was dropped in and why."""
@@ -266,6 +312,7 @@ def outcome(status: str, rows: list[dict], wall_s: float) -> dict[str, Any]:
         "rounds_insider_dropped": caught,
         "reasons": sorted({why[:160] for why in reasons}),
         "wall_s": round(wall_s, 1),
+        "dropped_clients": [r.get("dropped_clients", []) for r in rows],
     }
 
 
@@ -360,10 +407,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-factor", type=float, default=3.0)
     parser.add_argument("--only", default="")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--false-positives", action="store_true", help="honest runs only")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     chosen = [c for c in cases() if args.only in c.name]
     results, baselines = [], {}
+    if args.false_positives:
+        with tempfile.TemporaryDirectory() as tmp:
+            fp = false_positives(Path(tmp), args.rounds)
+        total = sum(r["untrusted"]["client_rounds_dropped"] for r in fp)
+        report = {"date": str(datetime.date.today()), "rounds": args.rounds, "dropped": total}
+        out = args.out or Path(__file__).parent / "results" / "attacks-false-positives.json"
+        out.write_text(json.dumps({**report, "runs": fp}, indent=2, allow_nan=False) + "\n")
+        print(f"{total} honest client-rounds dropped; wrote {out}")
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         for k, case in enumerate(chosen):
             key = json.dumps([case.algorithm, case.changes, case.devices], sort_keys=True)

@@ -47,6 +47,9 @@ def tiny_config(**changes: Any) -> dict[str, Any]:
         "train": {"clients_per_round": 6, "batch_size": 16, "lr": 0.05},
         # plots cost ~0.6 s a run, a third of a tiny run (tests that read them turn them on)
         "output": {"progress": False, "checkpoint_every": 2, "plots": False},
+        # the networked≡simulation equality tests compare with the simulation's mean; the
+        # untrusted default (median) is tested by tests/net/test_direction.py, which drops this
+        "network": {"untrusted_aggregation": "mean"},
     }
     for key, value in changes.items():
         set_dotted(base, key.split("."), value)

@@ -52,14 +52,32 @@ class _Negated(_Boosted):
     factor = -6.0
 
 
-def _run(tmp_path, clients: int, colluders: int, rounds: int, **changes):
+class _Scaled(_Boosted):
+    """Sends ``sent − 1.9 × (its honest move)`` (issue 51: k < 2 stays inside a 2× norm
+    bound; the plain mean was wrecked by such colluders at 20 % and 30 % of the clients)."""
+
+    factor = -1.9
+
+
+def _unpinned(cfg: dict, aggregation: str | None = None) -> dict:
+    """``cfg`` without the test configs' ``network.untrusted_aggregation: mean`` pin
+    (``splitfl.testing.tiny_config``): the shipped default, or ``aggregation``."""
+    cfg["network"].pop("untrusted_aggregation", None)
+    if aggregation is not None:
+        cfg["network"]["untrusted_aggregation"] = aggregation
+    return cfg
+
+
+def _run(tmp_path, clients: int, colluders: int, rounds: int, agent=_Negated, **changes):
     names = [f"d{i}" for i in range(clients)]
     bed = Testbed.create(tmp_path / "bed", names)
-    threads = [bed.device(n, [i], _Negated if i < colluders else None) for i, n in enumerate(names)]
+    threads = [bed.device(n, [i], agent if i < colluders else None) for i, n in enumerate(names)]
     net = bed.server_overrides(min_devices=clients)
     sized = {"data.num_clients": clients, "train.clients_per_round": clients}
     sized["network.bounds.min_cosine"] = 0.0  # FLTrust's rule (off by default)
+    aggregation = changes.pop("network.untrusted_aggregation", None)
     cfg = config_for("fedavg", rounds=rounds, **{**sized, **changes, **net})
+    cfg = _unpinned(cfg, aggregation)
     result = splitfl.run(cfg, run_dir=tmp_path / "run")
     for t in threads:
         t.join(30)
@@ -87,12 +105,14 @@ def test_in_a_round_of_two_the_colluder_is_dropped_not_the_honest_client(tmp_pat
 
 def test_trusted_fleets_get_the_simulation_exactly(tmp_path, sequential_run):
     """``network.trust: trusted``: the sequential run's final model and its (weighted mean)
-    ``train_loss`` in every round; the untrusted default: the same model in an honest run
+    ``train_loss`` in every round; untrusted with ``network.untrusted_aggregation: mean``
+    (the default is the robust median, tested below): the same model in an honest run
     (nothing dropped), ``train_loss`` the clients' lower median."""
     seq = sequential_run(config_for("fedavg", rounds=2))
     seq_rows = [json.loads(x) for x in (seq.run_dir / "metrics.jsonl").read_text().splitlines()]
     trusted, _ = _networked(tmp_path / "t", "fedavg", rounds=2, **{"network.trust": "trusted"})
-    untrusted, _ = _networked(tmp_path / "u", "fedavg", rounds=2)
+    mean = {"network.untrusted_aggregation": "mean"}
+    untrusted, _ = _networked(tmp_path / "u", "fedavg", rounds=2, **mean)
     for run in (trusted, untrusted):
         a, b = _final(run), _final(seq)
         assert max((a[k].double() - b[k].double()).abs().max().item() for k in a) <= 1e-5
@@ -105,3 +125,58 @@ def test_trusted_fleets_get_the_simulation_exactly(tmp_path, sequential_run):
         assert u["dropped_clients"] == [] and u["train_loss_outliers"] == []
         assert u["train_loss"] == u["train_loss_median"]
         assert u["train_loss_mean"] == pytest.approx(s["train_loss"], abs=1e-5)
+
+
+def _move(state: dict, start: dict) -> dict:
+    return {k: state[k].double() - start[k].double() for k in start if start[k].is_floating_point()}
+
+
+def test_the_untrusted_default_aggregates_robustly_against_colluders(tmp_path):
+    """Two colluders of five at ``k = 1.9``, the direction check off (its default): the
+    untrusted default aggregates with the coordinate-wise median (Yin et al. ICML 2018), so
+    the round's move keeps the honest direction (cosine > 0.5 with the honest fleet's mean
+    move); the plain mean (old default) moved it backward: (3 − 2 × 1.9) / 5 = −0.16 × the
+    honest move, cosine < 0."""
+    from splitfl.config.parse import from_dict
+    from splitfl.config.schema import ExperimentConfig
+    from splitfl.experiment.context import build_context
+
+    off = {"network.bounds.min_cosine": -1.0}
+    cfg = config_for("fedavg", rounds=1, **{"data.num_clients": 5, "train.clients_per_round": 5})
+    start = build_context(from_dict(ExperimentConfig, cfg)).model.state_dict()
+    honest, _ = _run(tmp_path / "h", 5, 0, rounds=1, **off, **{"network.trust": "trusted"})
+    robust, _ = _run(tmp_path / "r", 5, 2, 1, _Scaled, **off)
+    mean = {"network.untrusted_aggregation": "mean"}  # the old default's aggregate
+    plain, _ = _run(tmp_path / "p", 5, 2, 1, _Scaled, **off, **mean)
+    ref = _move(torch.load(honest.run_dir / "model.pt", weights_only=True), start)
+    moves = {
+        name: _move(torch.load(r.run_dir / "model.pt", weights_only=True), start)
+        for name, r in (("robust", robust), ("plain", plain))
+    }
+    assert cosine(moves["robust"], ref) > 0.5
+    assert cosine(moves["plain"], ref) < 0
+
+
+def test_the_untrusted_rule_by_hand():
+    """``Rule.of_run``: an untrusted networked fleet with ``train.aggregation: mean`` gets
+    ``network.untrusted_aggregation`` (median), each client counted once; trusted fleets,
+    the simulation and an explicit robust ``train.aggregation`` keep theirs. Values 0, 1,
+    10 with weights 1, 1, 5: the weighted median is 10 (the heavy client holds 5/7 of the
+    weight: a device's sample count is its own claim), the unweighted one 1."""
+    from splitfl.aggregation.robust import Rule, combine
+    from splitfl.config.parse import from_dict
+    from splitfl.config.schema import ExperimentConfig
+
+    def rule(**changes):
+        cfg = _unpinned(config_for("fedavg", **changes))
+        return Rule.of_run(from_dict(ExperimentConfig, cfg))
+
+    assert rule(**{"executor": "networked"}) == Rule("median", None, 0.1, unweighted=True)
+    assert rule(**{"executor": "networked", "network.trust": "trusted"}) == Rule("mean")
+    assert rule() == Rule("mean")  # the simulation
+    clip = {"executor": "networked", "train.aggregation": "trimmed_mean"}
+    assert rule(**clip) == Rule("trimmed_mean", None, 0.1)
+    values = [torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([10.0])]
+    now = torch.zeros(1)
+    assert combine(now, values, [1, 1, 5], Rule("median")).item() == 10.0
+    assert combine(now, values, [1, 1, 5], Rule("median", unweighted=True)).item() == 1.0

@@ -40,11 +40,35 @@ class Rule:
     name: str = "mean"
     clip_norm: float | None = None
     trim_fraction: float = 0.1
+    #: Each participant counts once, whatever its weight (an untrusted fleet: Yin et al.'s
+    #: median is over machines, and a device's sample count is its own claim).
+    unweighted: bool = False
 
     @classmethod
     def of(cls, train) -> Rule:
         """The rule of a ``train`` config section."""
         return cls(train.aggregation, train.clip_norm, train.trim_fraction)
+
+    @classmethod
+    def of_run(cls, config) -> Rule:
+        """The rule a run aggregates with: ``train.aggregation``, except that an untrusted
+        fleet (``executor: networked``, ``network.trust: untrusted``) whose
+        ``train.aggregation`` is the plain ``mean`` aggregates with
+        ``network.untrusted_aggregation`` (default ``median``: Yin et al. ICML 2018, a
+        coordinate-wise median no coalition below half the round's clients can move outside
+        the honest values, each client counted once; a plain mean is moved without bound by
+        one client, issue 51). A ``trusted`` fleet and the simulation keep ``train.aggregation``."""
+        train = config.train
+        network = getattr(config, "network", None)
+        if (
+            train.aggregation == "mean"
+            and getattr(config, "executor", None) == "networked"
+            and network is not None
+            and network.trust == "untrusted"
+        ):
+            rule = network.untrusted_aggregation
+            return cls(rule, train.clip_norm, train.trim_fraction, unweighted=rule != "mean")
+        return cls.of(train)
 
 
 MEAN = Rule()
@@ -91,7 +115,7 @@ def combine(
     robust ``rule`` (``scales``: :func:`clip_scales`, for ``clip_mean``); the result has
     ``current``'s dtype. ``mean`` itself is computed by the callers' own loop."""
     stack = torch.stack([s.to(torch.float64) for s in sources])
-    w = torch.tensor(weights, dtype=torch.float64)
+    w = torch.tensor([1.0] * len(weights) if rule.unweighted else weights, dtype=torch.float64)
     shape = (-1,) + (1,) * current.dim()
     if rule.name == "clip_mean":
         if scales is not None and current.is_floating_point():

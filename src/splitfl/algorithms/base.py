@@ -126,8 +126,10 @@ class Algorithm:
 
     @property
     def aggregation(self) -> Rule:
-        """The run's ``train.aggregation`` rule (every algorithm's averaging uses it)."""
-        return Rule.of(self.ctx.config.train)
+        """The run's aggregation rule (every algorithm's averaging uses it):
+        ``train.aggregation``, or ``network.untrusted_aggregation`` for an untrusted
+        networked fleet (:meth:`Rule.of_run`)."""
+        return Rule.of_run(self.ctx.config)
 
     def notes(self) -> list[str]:
         """What ``splitfl validate`` should tell the user about this run's configuration

@@ -338,6 +338,7 @@ def _validate_network(config: ExperimentConfig) -> None:
     n = config.network
     _choice(n.compression, list(COMPRESSIONS), "network.compression")
     _choice(n.trust, list(TRUSTS), "network.trust")
+    _choice(n.untrusted_aggregation, list(AGGREGATIONS), "network.untrusted_aggregation")
     _check(n.devices >= 0, "network.devices", f"must be >= 0 (got {n.devices})")
     _check(  # a slice of the test set: more than this is an evaluation, not a yardstick
         0 <= n.bounds.reference_samples <= 4096,

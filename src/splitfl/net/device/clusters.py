@@ -58,7 +58,7 @@ def host_cluster(agent, c: int, msg: Message) -> Message:
     tensors = state_tensors("server", server.state())
     if updates:  # Eq. (4): the top worker averages its members' bottom parts
         bottom = state_from("part", msg.tensors)
-        rule = Rule.of(agent.config.train)  # train.aggregation, as the server's averages
+        rule = Rule.of_run(agent.config)  # the server's rule (untrusted: robust)
         states = [u.state for u in updates]
         average = robust_average(states, [1.0] * len(updates), rule, reference=bottom)
         tensors.update(state_tensors("part", average))
