@@ -130,3 +130,17 @@ def test_a_shards_label_is_its_most_frequent_the_smaller_among_equals():
     shard_of = np.array([0, 0, 0, 0, 1, 1, 1, 2])
     labels = np.array([1, 1, 2, 2, 0, 3, 3, 4])
     assert partition._shard_modes(shard_of, labels, 3).tolist() == [1, 3, 4]
+
+
+def test_dirichlet_stops_redrawing_after_a_hopeless_draw(monkeypatch):
+    """One sample a client on average (issue 54): a draw leaving ``HOPELESS_SHORT_CLIENTS``
+    or more clients short ends the redraws, so one draw and the top-up — not
+    ``MAX_DIRICHLET_ATTEMPTS`` draws that all fail — and every client still gets a sample."""
+    draws = []
+    real = partition._dirichlet_draw
+    monkeypatch.setattr(partition, "_dirichlet_draw", lambda *a: draws.append(1) or real(*a))
+    labels = _labels(3000, 10, 0)
+    parts = partition.dirichlet(labels, 2000, np.random.default_rng(0), alpha=0.5)
+    assert len(draws) == 1
+    assert min(len(p) for p in parts) >= 1
+    assert sorted(np.concatenate(parts).tolist()) == list(range(3000))
