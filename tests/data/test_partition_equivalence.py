@@ -65,7 +65,9 @@ def test_top_up_donors_that_received_give_back_their_last_sample_first():
     while client 0 is now the largest of equals (size 3, lowest id) and gives back what it
     took — the reference's arrays end the same way."""
     parts = [np.array([0, 1]), np.array([2]), np.array([3, 4, 5])]
-    new = partition._top_up([p.copy() for p in parts], 3, np.random.default_rng(0))
+    new = partition.grouped(
+        *partition._top_up([p.copy() for p in parts], 3, np.random.default_rng(0)), 3
+    )
     old = before._top_up([p.copy() for p in parts], 3, np.random.default_rng(0))
     _same([np.sort(p) for p in new], [np.sort(p) for p in old])
 
@@ -144,3 +146,24 @@ def test_dirichlet_stops_redrawing_after_a_hopeless_draw(monkeypatch):
     assert len(draws) == 1
     assert min(len(p) for p in parts) >= 1
     assert sorted(np.concatenate(parts).tolist()) == list(range(3000))
+
+
+def test_top_up_shuffles_only_parts_of_two_or_more():
+    """A million clients of about one sample (issue 54): ``rng.permutation`` of a part of 0 or
+    1 samples draws nothing and returns it, so the top-up skips those calls — one call here,
+    not three — and the parts are the reference's."""
+
+    class Counting:
+        def __init__(self):
+            self.rng, self.calls = np.random.default_rng(0), 0
+
+        def permutation(self, p):
+            self.calls += 1
+            return self.rng.permutation(p)
+
+    parts = [np.array([0]), np.zeros(0, dtype=np.int64), np.array([1, 2, 3, 4])]
+    counting = Counting()
+    new = partition.grouped(*partition._top_up(parts, 1, counting), 3)
+    old = before._top_up(parts, 1, np.random.default_rng(0))
+    assert counting.calls == 1
+    _same(new, [np.sort(p) for p in old])

@@ -28,6 +28,9 @@ Schemes (see :func:`partition_indices`):
 * ``folders``: the data's own per-client layout (``root/clients/<id>/...``, read by
   :mod:`splitfl.data.formats`, which numbers the folders ``0..K-1`` as ``writers``): client
   ``k`` is folder ``k``; ``num_clients`` must equal ``K``. No randomness.
+
+One concept (how samples are dealt to clients) over ~400 lines: the five schemes share the
+size checks and the grouping, and Dirichlet's redraw/top-up rules sit beside the draw.
 """
 
 from __future__ import annotations
@@ -111,7 +114,9 @@ def dirichlet(
             return grouped_checked(*draw.owners(), num_clients, min_samples, "dirichlet")
         if short >= HOPELESS_SHORT_CLIENTS:
             break
-    return _finish(_top_up(draw.parts(), min_samples, rng), min_samples, "dirichlet")
+    return grouped_checked(
+        *_top_up(draw.parts(), min_samples, rng), num_clients, min_samples, "dirichlet"
+    )
 
 
 @dataclass
@@ -167,14 +172,18 @@ def _dirichlet_draw(
     return _Draw(classes, held)
 
 
-def _top_up(parts: list[np.ndarray], min_samples: int, rng: np.random.Generator) -> list:
+def _top_up(
+    parts: list[np.ndarray], min_samples: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Last resort when no Dirichlet draw gave every client ``min_samples``: each short client
     in turn takes the last sample of the currently largest client (the lowest id among equals),
     one at a time, every part shuffled first (documented deviation from the pure draw; it only
-    runs when :data:`MAX_DIRICHLET_ATTEMPTS` draws failed). The largest client comes from a
-    heap of ``(-size, id)`` (stale entries skipped), O(log N) per moved sample instead of a
-    scan of every client."""
-    parts = [rng.permutation(p) for p in parts]
+    runs when the redraws failed). The largest client comes from a heap of ``(-size, id)``
+    (stale entries skipped), O(log N) per moved sample instead of a scan of every client.
+    Returns every sample and its client (for :func:`grouped`), so no per-client array is built
+    in Python; a part of under 2 samples is not shuffled (``rng.permutation`` of it draws
+    nothing and returns it: the same stream and parts)."""
+    parts = [rng.permutation(p) if len(p) > 1 else p for p in parts]
     sizes = [len(p) for p in parts]
     kept = list(sizes)  # how much of each shuffled part is still its own (a prefix)
     received: dict[int, list[int]] = {}  # samples a client took, in the order it took them
@@ -194,10 +203,18 @@ def _top_up(parts: list[np.ndarray], min_samples: int, rng: np.random.Generator)
             sizes[client] += 1
             heapq.heappush(heap, (-sizes[donor], donor))
             heapq.heappush(heap, (-sizes[client], client))
-    return [
-        np.concatenate([parts[k][: kept[k]], np.asarray(received.get(k, []), dtype=np.int64)])
-        for k in range(len(parts))
-    ]
+    lengths = np.asarray([len(p) for p in parts], dtype=np.int64)
+    flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+    owner = np.repeat(np.arange(len(parts), dtype=np.int64), lengths)
+    start = np.concatenate(([0], np.cumsum(lengths)[:-1])) if len(parts) else lengths
+    own = np.arange(len(flat)) - start[owner] < np.asarray(kept, dtype=np.int64)[owner]
+    took = [(k, v) for k, got in received.items() for v in got]
+    took_owner = np.asarray([k for k, _ in took], dtype=np.int64)
+    took_value = np.asarray([v for _, v in took], dtype=np.int64)
+    return (
+        np.concatenate([flat[own], took_value]),
+        np.concatenate([owner[own], took_owner]),
+    )
 
 
 def _largest(heap: list[tuple[int, int]], sizes: list[int]) -> int:
