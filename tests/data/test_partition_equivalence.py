@@ -167,3 +167,18 @@ def test_top_up_shuffles_only_parts_of_two_or_more():
     old = before._top_up(parts, 1, np.random.default_rng(0))
     assert counting.calls == 1
     _same(new, [np.sort(p) for p in old])
+
+
+def test_shard_swaps_call_no_numpy_per_try(monkeypatch):
+    """500,000 clients (issue 54): a swap try works on the two k-long rows in plain Python,
+    so ``np.unique`` runs twice (the shards' labels, the classes), not also once per try; the
+    shards are the reference's."""
+    labels = _labels(2000, 10, 1)
+    old = before.shards(labels, 200, np.random.default_rng(1), classes_per_client=3)
+    calls = []
+    real = np.unique
+    monkeypatch.setattr(np, "unique", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    new = partition.shards(labels, 200, np.random.default_rng(1), classes_per_client=3)
+    monkeypatch.undo()
+    assert len(calls) == 2
+    _same(new, old)

@@ -238,21 +238,24 @@ def _dedupe_shards(
     labs = shard_label[assign]
 
     def is_bad(c: int) -> bool:
-        return len(np.unique(labs[c])) < k
+        return len(set(labs[c].tolist())) < k
 
     row_sorted = np.sort(labs, axis=1)
     bad = RankedSet(num_clients, np.flatnonzero((np.diff(row_sorted, axis=1) == 0).any(axis=1)))
-    for _ in range(50 * num_clients * k):
+    for _ in range(50 * num_clients * k):  # a try: plain Python on k-long rows, no numpy call
         if not len(bad):
             break
         a = bad.kth(int(rng.integers(len(bad))))
-        _, first = np.unique(labs[a], return_index=True)
-        pa = int(np.setdiff1d(np.arange(k), first)[0])  # a duplicated position
+        row_a = labs[a].tolist()
+        pa = next(i for i in range(k) if row_a[i] in row_a[:i])  # first repeat of a class
         b, pb = int(rng.integers(num_clients)), int(rng.integers(k))
-        if b == a or labs[b, pb] in np.delete(labs[a], pa) or labs[a, pa] in np.delete(labs[b], pb):
+        row_b = labs[b].tolist()
+        if b == a or row_b[pb] in row_a[:pa] + row_a[pa + 1 :]:
             continue
-        assign[[a, b], [pa, pb]] = assign[[b, a], [pb, pa]]
-        labs[[a, b], [pa, pb]] = labs[[b, a], [pb, pa]]
+        if row_a[pa] in row_b[:pb] + row_b[pb + 1 :]:
+            continue
+        assign[a, pa], assign[b, pb] = assign[b, pb], assign[a, pa]
+        labs[a, pa], labs[b, pb] = row_b[pb], row_a[pa]
         for c in (a, b):
             bad.set(c, is_bad(c))
     return assign
