@@ -411,3 +411,40 @@ def test_fill_budget_takes_the_larger_set_among_those_within_epsilon():
     filled = ga_select(*args, np.random.default_rng(0), phi0=phi0, balanced_kl=0.01)
     assert len(kl_only) == 4 and sum(dists[kl_only, 0] > 0.5) == 2  # 2 + 2
     assert filled.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_ga_repair_lists_the_selected_once_and_drops_as_before(monkeypatch):
+    """Issue 54: repair lists the selected workers once (one ``np.flatnonzero``), not a scan
+    of all N workers per dropped worker, and drops the same workers with the same draws as
+    that loop (written out here)."""
+    from splitfl.algorithms.mergesfl import selection
+
+    n = 200
+    rng0 = np.random.default_rng(4)
+    cost, genes = rng0.uniform(1.0, 3.0, n), rng0.random(n) < 0.5
+
+    def search(seed):
+        return selection._Search(
+            dists=np.full((n, 2), 0.5),
+            batch=np.ones(n),
+            prio=np.ones(n),
+            phi0=np.full(2, 0.5),
+            cost=cost,
+            budget=20.0,
+            fits_alone=np.arange(n),
+            rng=np.random.default_rng(seed),
+        )
+
+    ref, rng, used = genes.copy(), np.random.default_rng(9), cost[genes].sum()
+    while used > 20.0 * (1.0 + selection.BUDGET_RTOL):
+        on = np.flatnonzero(ref)
+        drop = on[rng.integers(on.size)]
+        ref[drop] = False
+        used -= cost[drop]
+    calls, real = [], np.flatnonzero
+    monkeypatch.setattr(np, "flatnonzero", lambda a: calls.append(1) or real(a))
+    got = search(9).repair(genes.copy())
+    monkeypatch.undo()
+    assert len(calls) == 1
+    assert np.array_equal(got, ref)
+    assert cost[got].sum() <= 20.0 * (1.0 + selection.BUDGET_RTOL)

@@ -65,7 +65,9 @@ def test_top_up_donors_that_received_give_back_their_last_sample_first():
     while client 0 is now the largest of equals (size 3, lowest id) and gives back what it
     took — the reference's arrays end the same way."""
     parts = [np.array([0, 1]), np.array([2]), np.array([3, 4, 5])]
-    new = partition._top_up([p.copy() for p in parts], 3, np.random.default_rng(0))
+    new = partition.grouped(
+        *partition._top_up([p.copy() for p in parts], 3, np.random.default_rng(0)), 3
+    )
     old = before._top_up([p.copy() for p in parts], 3, np.random.default_rng(0))
     _same([np.sort(p) for p in new], [np.sort(p) for p in old])
 
@@ -130,3 +132,53 @@ def test_a_shards_label_is_its_most_frequent_the_smaller_among_equals():
     shard_of = np.array([0, 0, 0, 0, 1, 1, 1, 2])
     labels = np.array([1, 1, 2, 2, 0, 3, 3, 4])
     assert partition._shard_modes(shard_of, labels, 3).tolist() == [1, 3, 4]
+
+
+def test_dirichlet_stops_redrawing_after_a_hopeless_draw(monkeypatch):
+    """One sample a client on average (issue 54): a draw leaving ``HOPELESS_SHORT_CLIENTS``
+    or more clients short ends the redraws, so one draw and the top-up — not
+    ``MAX_DIRICHLET_ATTEMPTS`` draws that all fail — and every client still gets a sample."""
+    draws = []
+    real = partition._dirichlet_draw
+    monkeypatch.setattr(partition, "_dirichlet_draw", lambda *a: draws.append(1) or real(*a))
+    labels = _labels(3000, 10, 0)
+    parts = partition.dirichlet(labels, 2000, np.random.default_rng(0), alpha=0.5)
+    assert len(draws) == 1
+    assert min(len(p) for p in parts) >= 1
+    assert sorted(np.concatenate(parts).tolist()) == list(range(3000))
+
+
+def test_top_up_shuffles_only_parts_of_two_or_more():
+    """A million clients of about one sample (issue 54): ``rng.permutation`` of a part of 0 or
+    1 samples draws nothing and returns it, so the top-up skips those calls — one call here,
+    not three — and the parts are the reference's."""
+
+    class Counting:
+        def __init__(self):
+            self.rng, self.calls = np.random.default_rng(0), 0
+
+        def permutation(self, p):
+            self.calls += 1
+            return self.rng.permutation(p)
+
+    parts = [np.array([0]), np.zeros(0, dtype=np.int64), np.array([1, 2, 3, 4])]
+    counting = Counting()
+    new = partition.grouped(*partition._top_up(parts, 1, counting), 3)
+    old = before._top_up(parts, 1, np.random.default_rng(0))
+    assert counting.calls == 1
+    _same(new, [np.sort(p) for p in old])
+
+
+def test_shard_swaps_call_no_numpy_per_try(monkeypatch):
+    """500,000 clients (issue 54): a swap try works on the two k-long rows in plain Python,
+    so ``np.unique`` runs twice (the shards' labels, the classes), not also once per try; the
+    shards are the reference's."""
+    labels = _labels(2000, 10, 1)
+    old = before.shards(labels, 200, np.random.default_rng(1), classes_per_client=3)
+    calls = []
+    real = np.unique
+    monkeypatch.setattr(np, "unique", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    new = partition.shards(labels, 200, np.random.default_rng(1), classes_per_client=3)
+    monkeypatch.undo()
+    assert len(calls) == 2
+    _same(new, old)

@@ -405,7 +405,11 @@ class ExperimentConfig:
     (default 1: per-client mini-batches of small models run fastest single-threaded, busy-waiting
     thread pools collapse when several processes share a few cores, and scipy's optimisers give
     the same digits in a shell and in a Ray worker; null keeps the libraries' defaults, better
-    for big models on CPU).
+    for big models on CPU). ``executor`` defaults to ``sequential``, chosen from the CPU
+    measurement of issue 54 (``benchmarks/results/executors-cpu-k10-50-100-2026-12-02.json``,
+    repeat 1): ``vectorized`` with vmap ran the quickstart CNN 1.26×/2.29×/2.15× faster at
+    10/50/100 clients a round but ResNet-8 0.79×/0.33×/0.36× as fast with up to 4.3× the memory,
+    so the reference engine is the default that is never far slower and never larger.
     """
 
     algorithm: str = "s2fl"

@@ -109,11 +109,12 @@ class _Search:
         """
         limit = self.budget * (1.0 + BUDGET_RTOL)
         used = self.cost[genes].sum()
-        while used > limit:
-            on = np.flatnonzero(genes)
-            drop = on[self.rng.integers(on.size)]
-            genes[drop] = False
-            used -= self.cost[drop]
+        if used > limit:  # the selected workers listed once, not a scan of all N a drop
+            on = np.flatnonzero(genes).tolist()
+            while used > limit:
+                drop = on.pop(int(self.rng.integers(len(on))))
+                genes[drop] = False
+                used -= self.cost[drop]
         if not genes.any():
             genes[self.fits_alone[self.rng.integers(self.fits_alone.size)]] = True
         return genes
