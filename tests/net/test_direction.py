@@ -180,3 +180,34 @@ def test_the_untrusted_rule_by_hand():
     now = torch.zeros(1)
     assert combine(now, values, [1, 1, 5], Rule("median")).item() == 10.0
     assert combine(now, values, [1, 1, 5], Rule("median", unweighted=True)).item() == 1.0
+
+
+@pytest.mark.parametrize(
+    ("trust", "rule", "expected"),
+    [
+        ("trusted", "median", "mean"),
+        ("untrusted", "mean", "mean"),
+        ("untrusted", "trimmed_mean", "trimmed_mean"),
+    ],
+)
+def test_a_top_worker_averages_with_the_servers_rule(trust, rule, expected):
+    """A ParallelSFL top worker averages its members with :meth:`Rule.of_run` of the config
+    the server sends it (``device_config``). It was sent ``network.bounds`` only, so a
+    device fell back to the defaults (untrusted, median) whatever the server's fleet was:
+    a ``trusted`` or ``untrusted_aggregation: mean`` run's clusters differed from the
+    simulation by 4.8e-3 (tests/conformance/test_topologies.py, Clusters)."""
+    from splitfl.aggregation.robust import Rule
+    from splitfl.config import ExperimentConfig, from_dict
+    from splitfl.net.server.session import device_config
+
+    server = from_dict(
+        ExperimentConfig,
+        config_for(
+            "parallelsfl",
+            executor="networked",
+            **{"network.trust": trust, "network.untrusted_aggregation": rule},
+        ),
+    )
+    device = from_dict(ExperimentConfig, device_config(server))
+    assert Rule.of_run(device) == Rule.of_run(server)
+    assert Rule.of_run(device).name == expected

@@ -67,15 +67,21 @@ class NoDevicesError(StartError):
     """Too few devices connected in time."""
 
 
+#: The ``network`` fields a device is told (:func:`device_config`).
+DEVICE_NETWORK_FIELDS = ("bounds", "trust", "untrusted_aggregation")
+
+
 def device_config(config: ExperimentConfig) -> dict:
     """What a device is told of the run's config: all but the server's ``output`` section and
-    its ``network`` section, of which only ``bounds`` (what a top worker checks its members'
-    replies against) is sent; the device keeps its own defaults for the rest (no paths of
-    the tokens file, keys or run directories). ``import_dirs`` (the server's folders) stays
+    its ``network`` section, of which only what a top worker needs is sent: ``bounds`` (what
+    it checks its members' replies against), ``trust`` and ``untrusted_aggregation`` (the
+    rule it averages them with, the server's: :meth:`~splitfl.aggregation.robust.Rule.of_run`);
+    the device keeps its own defaults for the rest (no paths of the tokens file, keys or run
+    directories). ``import_dirs`` (the server's folders) stays
     behind too: a device imports from its own environment."""
     fields = config.to_dict()
     out = {k: v for k, v in fields.items() if k not in ("network", "output", "import_dirs")}
-    out["network"] = {"bounds": fields["network"]["bounds"]}
+    out["network"] = {k: fields["network"][k] for k in DEVICE_NETWORK_FIELDS}
     return out
 
 
