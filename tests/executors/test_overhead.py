@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from splitfl.core.seeding import _key, derive_seed, rng_for, seed_torch
+from splitfl.data.grouping import grouped
 from splitfl.data.partition import _top_up, dirichlet
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.experiment.runner import as_config, prepare
@@ -79,7 +80,8 @@ def _dirichlet_reference(labels, num_clients, rng, alpha, min_samples, cap):
                 held[client] += len(chunk)
         if min(sum(len(c) for c in chunks) for chunks in parts) >= min_samples:
             return [np.concatenate(c) for c in parts]
-    return _top_up([np.concatenate(c) for c in parts], min_samples, rng)
+    values, owner = _top_up([np.concatenate(c) for c in parts], min_samples, rng)
+    return grouped(values, owner, num_clients)  # the top-up returns samples and owners
 
 
 @pytest.mark.parametrize("seed", range(6))
