@@ -10,6 +10,10 @@ same script measures an older commit exported with ``git archive``.
   ``clients`` clients. Reports seconds and peak RSS above the process with the data built.
 * ``rounds``: ``splitfl.run`` of an algorithm with ``clients`` clients of 4 samples each,
   ``--per-round`` of them a round: the median round time after the first, and peak RSS.
+* ``planning``: ParallelSFL's per-round planning (``plan_clusters``) on a random round of
+  ``clients`` workers: seconds, candidate evaluations, the plan's digest.
+* ``images``: first-epoch images/s of the lazy ``image_folder`` path beside a plain PIL +
+  ``DataLoader`` loop (torchvision's ``ImageFolder``) over the same ``--n`` PNGs.
 * ``partition``: one partitioner (``iid``, ``dirichlet``, ``shards``, ``natural``,
   ``folders``) of ``n`` labels among ``clients`` clients, seconds.
 
@@ -19,6 +23,8 @@ same script measures an older commit exported with ``git archive``.
     python benchmarks/bench_scale.py rounds --clients 100 10000 100000 --algorithms splitfed_v1
     python benchmarks/bench_scale.py rounds --executor timing --algorithms pyramidfl ifca \
         --clients 100 1000 10000 100000 1000000 --per-round 10 100 > rounds.jsonl
+    python benchmarks/bench_scale.py planning --clients 100 200 400 --src src /tmp/old/src
+    python benchmarks/bench_scale.py images --n 5000
     python benchmarks/bench_scale.py plot rounds.jsonl benchmarks/results/scale-rounds.png
 """
 
@@ -179,6 +185,120 @@ def one_partition(scheme: str, n: int, clients: int) -> dict:
     return {"scheme": scheme, "n": n, "clients": clients, "seconds": seconds, "cpu_s": cpu}
 
 
+def one_planning(n: int) -> dict:
+    """ParallelSFL's Alg. 1 (``plan_clusters``, K-means, greedy, line 11's local search) on a
+    random round of ``n`` workers (10 classes, Dirichlet(0.5) labels, uniform times and
+    link times β, the instance of ``tests/algorithms/test_parallelsfl_control.py``): seconds,
+    CPU seconds, passes of the swap sweep, ``_Evaluator._many`` calls (candidate-cluster
+    evaluations) and a digest of the clusters (equal digests: the same plan)."""
+    import hashlib
+
+    import numpy as np
+
+    from splitfl.algorithms.parallelsfl import clustering, finetune
+    from splitfl.algorithms.parallelsfl.planner import plan_clusters
+    from splitfl.algorithms.parallelsfl.problem import ClusterInputs
+
+    clustering.load_kmeans()  # scikit-learn's import is not the planning's
+    rng = np.random.default_rng(0)
+    v = rng.dirichlet(np.full(10, 0.5), size=n)
+    mu_b = rng.uniform(0.1, 2.0, n)
+    beta = rng.uniform(0.01, 1.0, (n, n))
+    beta = (beta + beta.T) / 2
+    np.fill_diagonal(beta, 0.0)
+    inputs = ClusterInputs(
+        v, mu_b, mu_b * rng.uniform(0.05, 0.6, n), beta, rng.uniform(0.5, 8.0, n), 1.0
+    )
+    count = {"passes": 0, "evaluations": 0}
+    many, swaps = finetune._Evaluator._many, finetune._Search.swaps
+
+    def counted_many(self, candidates, top):
+        count["evaluations"] += 1
+        return many(self, candidates, top)
+
+    def counted_swaps(self):
+        count["passes"] += 1
+        return swaps(self)
+
+    finetune._Evaluator._many, finetune._Search.swaps = counted_many, counted_swaps
+    start, cpu = time.perf_counter(), _cpu_s()
+    clusters, _, info = plan_clusters(inputs, np.random.default_rng(1), tau=5)
+    seconds, cpu = time.perf_counter() - start, _cpu_s() - cpu
+    digest = hashlib.sha256(json.dumps([[t, list(m)] for t, m in clusters]).encode()).hexdigest()
+    return {
+        "planning": "parallelsfl",
+        "n": n,
+        "seconds": seconds,
+        "cpu_s": cpu,
+        **count,
+        "sum_utility": info["sum_utility"],
+        "clusters_sha256": digest[:16],
+        "peak_mib": _peak_mib(),
+    }
+
+
+def one_images(n: int, plain: bool) -> dict:
+    """First-epoch throughput over ``n`` 32x32 RGB PNGs (10 class folders, written by
+    :func:`_write_images` into ``BENCH_SCALE_IMAGES``): splitfl's lazy ``image_folder``
+    (``data.lazy: true``: listing, then shuffled batches of 64 read through ``x[idx]``) or,
+    ``plain``, a ``PIL`` + ``DataLoader`` loop over the same files (what torchvision's
+    ``ImageFolder`` + ``ToTensor`` does: open, convert to RGB, scale to [0, 1]; one process,
+    ``num_workers=0`` like splitfl's reader). Images per second and the first batch's sum."""
+    import numpy as np
+    import torch
+
+    root = Path(os.environ["BENCH_SCALE_IMAGES"])
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    start, cpu = time.perf_counter(), _cpu_s()
+    if plain:
+        from PIL import Image
+        from torch.utils.data import DataLoader, Dataset
+
+        files = sorted((root / "train").glob("*/*.png"))
+
+        class Files(Dataset):
+            def __len__(self):
+                return len(files)
+
+            def __getitem__(self, i):
+                rgb = np.asarray(Image.open(files[i]).convert("RGB"), dtype=np.float32)
+                return torch.from_numpy(rgb / 255.0).permute(2, 0, 1), 0
+
+        batches = (x for x, _ in DataLoader(Files(), 64, sampler=order.tolist()))
+    else:
+        from splitfl.data.formats import ContainerOptions, load_container
+
+        train = load_container("image_folder", root, "bench", ContainerOptions(lazy=True)).train
+        batches = (train.x[order[i : i + 64]] for i in range(0, n, 64))
+    first, seen = None, 0
+    for x in batches:
+        first = float(x.sum()) if first is None else first
+        seen += len(x)
+    seconds = time.perf_counter() - start
+    return {
+        "images": "plain PIL + DataLoader" if plain else "splitfl lazy image_folder",
+        "n": seen,
+        "seconds": seconds,
+        "cpu_s": _cpu_s() - cpu,
+        "images_per_s": seen / seconds,
+        "first_batch_sum": first,
+    }
+
+
+def _write_images(root: Path, n: int) -> None:
+    """``n`` random 32x32 RGB PNGs in ``root/train/<class>/`` (10 classes), 20 in ``test``."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", n), ("test", 20)):
+        for i in range(count):
+            folder = root / split / f"c{i % 10}"
+            folder.mkdir(parents=True, exist_ok=True)
+            pixels = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i:07d}.png")
+
+
 def plot_rounds(logs: list[str], png: Path) -> None:
     """Log–log plot of the ``rounds`` rows in ``logs`` (this script's JSON lines): the round
     time against the number of clients N, one line per (algorithm, clients per round K)."""
@@ -224,7 +344,9 @@ def _spawn(src: str, args: list[str], timeout: float) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["prep", "partition", "rounds", "plot", "_one"])
+    parser.add_argument(
+        "what", choices=["prep", "partition", "rounds", "planning", "images", "plot", "_one"]
+    )
     parser.add_argument("--algorithms", nargs="+", default=["splitfed_v1"])
     parser.add_argument("--per-round", type=int, nargs="+", default=[10])
     parser.add_argument(
@@ -255,6 +377,10 @@ def main(argv: list[str] | None = None) -> None:
         kind, *values = a.rest
         if kind == "prep":
             row = one_prep(*map(int, values))
+        elif kind == "planning":
+            row = one_planning(int(values[0]))
+        elif kind == "images":
+            row = one_images(int(values[0]), values[1] == "plain")
         elif kind == "rounds":
             row = one_rounds(values[0], int(values[1]), int(values[2]), executor=values[3])
         else:
@@ -271,6 +397,13 @@ def main(argv: list[str] | None = None) -> None:
             for c in a.clients
             if k <= c
         ]
+    elif a.what == "planning":
+        jobs = [["planning", str(c)] for c in a.clients]
+    elif a.what == "images":  # interleaved: splitfl's lazy reader, the plain loop, again
+        root = Path(os.environ.setdefault("BENCH_SCALE_IMAGES", "/tmp/bench-scale-images"))
+        if not (root / "train").exists():
+            _write_images(root, a.n)
+        jobs = [["images", str(a.n), kind] for _ in range(3) for kind in ("lazy", "plain")]
     else:
         jobs = [["partition", s, str(a.n), str(c)] for s in a.schemes for c in a.clients]
     for job in jobs:

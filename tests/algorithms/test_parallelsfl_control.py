@@ -547,3 +547,38 @@ def test_plan_clusters_small_cases():
     one = (v[:1], mu_b[:1], mu_p[:1], beta[:1, :1], np.ones(1), 1.0)
     clusters, taus, info = plan_clusters(ClusterInputs(*one), rng, tau=5)
     assert clusters == [(0, [])] and taus.tolist() == [0] and info["n_top_only"] == 1
+
+
+def test_local_search_skips_settled_pairs_and_asks_unchanged_clusters_once(monkeypatch):
+    """Issue 54 (N = 200: 101,335 candidate evaluations): a cluster pair that found no swap
+    and whose clusters did not change since, and a cluster asked about a worker while it did
+    not change, are not evaluated again — the same clusters as the search re-evaluating
+    everything every pass (written here as the search with both records cleared), fewer
+    ``_Evaluator._many`` calls."""
+    from splitfl.algorithms.parallelsfl import finetune
+
+    rng = np.random.default_rng(3)
+    inputs = ClusterInputs(*_instance(rng, 60, 6))
+    start = greedy_clusters(inputs, 12, np.random.default_rng(4))
+    calls = [0]
+    real = finetune._Evaluator._many
+
+    def counted(self, candidates, top):
+        calls[0] += 1
+        return real(self, candidates, top)
+
+    monkeypatch.setattr(finetune._Evaluator, "_many", counted)
+    tuned = swap_finetune(start, inputs)
+    lean = calls[0]
+
+    class Forgetful(finetune._Search):  # every pass evaluates every pair and worker again
+        def swaps(self):
+            getattr(self, "settled", {}).clear()
+            getattr(self, "joined", {}).clear()
+            return super().swaps()
+
+    monkeypatch.setattr(finetune, "_Search", Forgetful)
+    calls[0] = 0
+    assert swap_finetune(start, inputs) == tuned
+    assert tuned != start  # the search changed something, over several passes
+    assert lean < 0.8 * calls[0], (lean, calls[0])

@@ -60,16 +60,62 @@ def test_dirichlet_top_up_equals_the_reference(monkeypatch, seed, minimum):
     assert min(len(p) for p in new) >= minimum
 
 
-def test_top_up_donors_that_received_give_back_their_last_sample_first():
-    """A hand case: client 0 is short and takes client 2's last sample; client 1 is short
-    while client 0 is now the largest of equals (size 3, lowest id) and gives back what it
-    took — the reference's arrays end the same way."""
+def test_top_up_refuses_too_few_samples():
+    """A hand case the reference ends with a client short: 6 samples cannot give 3 clients
+    3 each (:func:`partition.dirichlet` checks this first; the top-up says so itself)."""
     parts = [np.array([0, 1]), np.array([2]), np.array([3, 4, 5])]
+    with pytest.raises(ValueError, match="6 samples cannot give 3 clients 3"):
+        partition._top_up(parts, 3, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("minimum", [1, 2, 5])
+def test_top_up_moves_equal_the_one_by_one_reference(seed, minimum):
+    """Random sizes with many equal ones (ties broken by the lowest id) and many short
+    clients: the moves computed at once give the reference's parts (argmax per move)."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.choice([0, 0, 1, minimum, minimum + 1, minimum + 3, 3 * minimum + 4], 60)
+    sizes[0] = 60 * minimum  # enough samples for everyone
+    parts = np.split(rng.permutation(int(sizes.sum())), np.cumsum(sizes)[:-1])
     new = partition.grouped(
-        *partition._top_up([p.copy() for p in parts], 3, np.random.default_rng(0)), 3
+        *partition._top_up([p.copy() for p in parts], minimum, np.random.default_rng(seed)), 60
     )
-    old = before._top_up([p.copy() for p in parts], 3, np.random.default_rng(0))
-    _same([np.sort(p) for p in new], [np.sort(p) for p in old])
+    old = before._top_up([p.copy() for p in parts], minimum, np.random.default_rng(seed))
+    _same(new, [np.sort(p) for p in old])
+    assert min(len(p) for p in new) >= minimum
+
+
+def _calls_during(fn) -> int:
+    """Python and C function calls made while ``fn`` runs (``sys.setprofile``)."""
+    import sys
+
+    calls = [0]
+
+    def count(frame, event, arg):
+        if event in ("call", "c_call"):
+            calls[0] += 1
+
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls[0]
+
+
+def test_top_up_work_does_not_grow_with_the_moves():
+    """Issue 54 (10⁶ clients, ~350,000 moves took ~3 s through a heap): the same 2,001
+    parts with 1 short client or 1,000 short ones cost the same number of calls — the
+    moves are computed in numpy at once, not one heap pop and push per move."""
+    big = np.arange(5000, dtype=np.int64)
+
+    def parts(short: int) -> list[np.ndarray]:
+        ones = [np.array([5000 + i]) for i in range(2000 - short)]
+        return [big, *ones, *[np.zeros(0, dtype=np.int64)] * short]
+
+    few = _calls_during(lambda: partition._top_up(parts(1), 1, np.random.default_rng(0)))
+    many = _calls_during(lambda: partition._top_up(parts(1000), 1, np.random.default_rng(0)))
+    assert many - few < 50, (few, many)
 
 
 @pytest.mark.parametrize("seed", [0, 2, 4])

@@ -35,7 +35,6 @@ size checks and the grouping, and Dirichlet's redraw/top-up rules sit beside the
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -178,51 +177,58 @@ def _top_up(
     """Last resort when no Dirichlet draw gave every client ``min_samples``: each short client
     in turn takes the last sample of the currently largest client (the lowest id among equals),
     one at a time, every part shuffled first (documented deviation from the pure draw; it only
-    runs when the redraws failed). The largest client comes from a heap of ``(-size, id)``
-    (stale entries skipped), O(log N) per moved sample instead of a scan of every client.
-    Returns every sample and its client (for :func:`grouped`), so no per-client array is built
-    in Python; a part of under 2 samples is not shuffled (``rng.permutation`` of it draws
-    nothing and returns it: the same stream and parts)."""
+    runs when the redraws failed). The moves are computed at once (:func:`_donations`), not one
+    by one. Returns every sample and its client (for :func:`grouped`), so no per-client array
+    is built in Python; a part of under 2 samples is not shuffled (``rng.permutation`` of it
+    draws nothing and returns it: the same stream and parts).
+
+    With ``sum(sizes) >= N * min_samples`` (what :func:`dirichlet` checks first) a client
+    that took samples never gives one: while a client is short some client holds more than
+    ``min_samples`` (pigeonhole), so the largest is never one that stopped at ``min_samples``.
+    Fewer samples than that raise :class:`ValueError`."""
     parts = [rng.permutation(p) if len(p) > 1 else p for p in parts]
-    sizes = [len(p) for p in parts]
-    kept = list(sizes)  # how much of each shuffled part is still its own (a prefix)
-    received: dict[int, list[int]] = {}  # samples a client took, in the order it took them
-    heap = [(-size, k) for k, size in enumerate(sizes)]
-    heapq.heapify(heap)
-    for client in range(len(parts)):
-        while sizes[client] < min_samples:
-            donor = _largest(heap, sizes)
-            got = received.get(donor)
-            if got:  # a client that took samples gives back its last one first
-                sample = got.pop()
-            else:
-                kept[donor] -= 1
-                sample = int(parts[donor][kept[donor]])
-            received.setdefault(client, []).append(sample)
-            sizes[donor] -= 1
-            sizes[client] += 1
-            heapq.heappush(heap, (-sizes[donor], donor))
-            heapq.heappush(heap, (-sizes[client], client))
-    lengths = np.asarray([len(p) for p in parts], dtype=np.int64)
+    sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    if int(sizes.sum()) < len(parts) * min_samples:
+        raise ValueError(
+            f"dirichlet partition: {int(sizes.sum())} samples cannot give {len(parts)} "
+            f"clients {min_samples} samples each"
+        )
+    deficit = np.maximum(min_samples - sizes, 0)
+    donor, position = _donations(sizes, int(deficit.sum()))
+    clients = np.arange(len(parts), dtype=np.int64)
     flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
-    owner = np.repeat(np.arange(len(parts), dtype=np.int64), lengths)
-    start = np.concatenate(([0], np.cumsum(lengths)[:-1])) if len(parts) else lengths
-    own = np.arange(len(flat)) - start[owner] < np.asarray(kept, dtype=np.int64)[owner]
-    took = [(k, v) for k, got in received.items() for v in got]
-    took_owner = np.asarray([k for k, _ in took], dtype=np.int64)
-    took_value = np.asarray([v for _, v in took], dtype=np.int64)
+    owner = np.repeat(clients, sizes)
+    start = np.cumsum(sizes) - sizes
+    kept = sizes - np.bincount(donor, minlength=len(parts))  # a shuffled part's own prefix
+    own = np.arange(len(flat)) - start[owner] < kept[owner]
     return (
-        np.concatenate([flat[own], took_value]),
-        np.concatenate([owner[own], took_owner]),
+        np.concatenate([flat[own], flat[start[donor] + position]]),
+        np.concatenate([owner[own], np.repeat(clients, deficit)]),  # move j's taker, in order
     )
 
 
-def _largest(heap: list[tuple[int, int]], sizes: list[int]) -> int:
-    """The client of the largest size, the lowest id among equals (``np.argmax``), from a heap
-    whose entries may be stale (a size since changed: dropped)."""
-    while -heap[0][0] != sizes[heap[0][1]]:
-        heapq.heappop(heap)
-    return heap[0][1]
+def _donations(sizes: np.ndarray, moves: int) -> tuple[np.ndarray, np.ndarray]:
+    """The donor of each of ``moves`` successive "take one from the largest client (lowest
+    id among equals)" steps, and the position in its part of the sample it gives (its last
+    one then: size - 1). Taking from the largest lowers the clients of the top size one by
+    one in id order, then those of the next size, so the moves are every client's sizes
+    ``v = size, size - 1, ...`` sorted by (``v`` descending, id), down to the highest level
+    ``t`` whose sum ``sum(max(0, size - t + 1))`` covers ``moves`` (a binary search):
+    O(N log max + moves log moves), no per-move Python."""
+    if moves == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    low, high = 1, int(sizes.max())
+    while low < high:  # the highest level whose steps (and all above it) cover ``moves``
+        mid = (low + high + 1) // 2
+        if int(np.maximum(sizes - mid + 1, 0).sum()) >= moves:
+            low = mid
+        else:
+            high = mid - 1
+    count = np.maximum(sizes - low + 1, 0)
+    donor = np.repeat(np.arange(len(sizes), dtype=np.int64), count)
+    level = sizes[donor] - (np.arange(len(donor)) - (np.cumsum(count) - count)[donor])
+    order = np.lexsort((donor, -level))[:moves]
+    return donor[order], level[order] - 1
 
 
 def _dedupe_shards(

@@ -68,6 +68,18 @@ class _Search:
         self.tops = [int(t) for t, _ in clusters]
         self.mems = [[int(w) for w in m] for _, m in clusters]
         self.utils = [self.ev.single(m, t)[0] for t, m in zip(self.tops, self.mems, strict=True)]
+        #: how often each cluster's members changed; ``settled[(c, d)]`` the two counts when
+        #: :meth:`swap_pair` last found no swap between c and d. A pair whose clusters have
+        #: not changed since finds none again (the search is deterministic in the members and
+        #: utilities), so later passes skip it: splitfl's, not the paper's (issue 54; same
+        #: clusters, a pass after the first costs the changed clusters' pairs only).
+        self.changes = [0] * len(self.tops)
+        self.settled: dict[tuple[int, int], tuple[int, int]] = {}
+        self.joined: dict[tuple[int, int], tuple[int, float, bool]] = {}  # (d, w): :meth:`_with`
+
+    def _changed(self, *clusters: int) -> None:
+        for c in clusters:
+            self.changes[c] += 1
 
     def swap_pair(self, c: int, d: int) -> bool:
         """First-improvement swaps of bottom workers i ∈ c, j ∈ d (in list order) that lower
@@ -89,17 +101,24 @@ class _Search:
                 h = int(hits[0])
                 mc[p], md[q + h] = md[q + h], mc[p]
                 utils[c], utils[d] = float(uc[h]), float(ud[h])
+                self._changed(c, d)
                 changed = True
                 q += h + 1
         return changed
 
     def swaps(self) -> bool:
-        """One sweep of :meth:`swap_pair` over the cluster pairs c < d; True if any swap."""
+        """One sweep of :meth:`swap_pair` over the cluster pairs c < d, but those settled and
+        unchanged since (:attr:`settled`); True if any swap."""
         changed = False
-        n_c = len(self.tops)
+        n_c, counts = len(self.tops), self.changes
         for c in range(n_c):
             for d in range(c + 1, n_c):
-                changed = self.swap_pair(c, d) or changed
+                if self.settled.get((c, d)) == (counts[c], counts[d]):
+                    continue
+                if self.swap_pair(c, d):
+                    changed = True
+                else:
+                    self.settled[(c, d)] = (counts[c], counts[d])
         return changed
 
     def best_move(self, c: int, w: int, uc: float) -> tuple[float, int, float] | None:
@@ -109,14 +128,25 @@ class _Search:
         for d in range(len(self.tops)):
             if d == c:
                 continue
-            ud_arr, okd_arr = self.ev.add_one(self.mems[d], self.tops[d], [w])
-            ud = float(ud_arr[0])
+            ud, okd = self._with(d, w)
             gain = self.utils[c] + self.utils[d] - uc - ud
             if gain <= IMPROVE_TOL or (best is not None and gain <= best[0]):
                 continue
-            if bool(okd_arr[0]):
+            if okd:
                 best = (gain, d, ud)
         return best
+
+    def _with(self, d: int, w: int) -> tuple[float, bool]:
+        """Cluster d's utility and Eq. (8)/(10) check with ``w`` added, kept while d stays
+        unchanged (:attr:`changes`): a moves sweep asks each cluster about every worker, and
+        a later sweep asks the unchanged clusters the same again (same values). At most one
+        entry per (cluster, worker): N·K, below the N² link times β the inputs hold."""
+        seen = self.joined.get((d, w))
+        if seen is not None and seen[0] == self.changes[d]:
+            return seen[1], seen[2]
+        ud, okd = self.ev.add_one(self.mems[d], self.tops[d], [w])
+        self.joined[(d, w)] = (self.changes[d], float(ud[0]), bool(okd[0]))
+        return float(ud[0]), bool(okd[0])
 
     def moves(self) -> bool:
         """One sweep of moves: every bottom worker of a cluster with ≥ 2 bottom workers goes
@@ -137,6 +167,7 @@ class _Search:
                 mems[c] = new_c
                 mems[d] = mems[d] + [w]
                 utils[c], utils[d] = uc, ud
+                self._changed(c, d)
                 changed = True
         return changed
 
