@@ -18,7 +18,7 @@ from splitfl.testing import config_for
 
 #: How long the sleepy top worker sleeps before its report (inside the old wait,
 #: ``timeout_s`` 10 × (steps + 3)).
-SLEEP_S = 15.0
+SLEEP_S = 25.0
 
 
 class _SleepyTop(DeviceAgent):
@@ -32,10 +32,10 @@ class _SleepyTop(DeviceAgent):
 
 
 def test_a_sleeping_top_worker_is_cut_at_the_other_clusters_deadline(tmp_path):
-    """Client 11 (this seed: a top worker in round 1) sleeps 15 s before its report: its
-    cluster is ended once the other two reported and 3 × their median passed, naming it; the
-    round is shorter than the sleep, and round 2 does not elect it (the old code waited the
-    15 s and kept its report)."""
+    """Client 11 (this seed: a top worker in round 1) sleeps 25 s before its report: its
+    cluster is ended once the other two reported and 3 × their median + ``timeout_s`` 10 s
+    passed, naming it; round 2 does not elect it (the old code waited the 25 s and kept its
+    report)."""
     devices = {"a": [0, 1, 2, 3, 4, 5], "b": [6, 7, 8, 9, 10], "sleepy": [11]}
     agents = {"a": None, "b": None, "sleepy": _SleepyTop}
     bed = Testbed.create(tmp_path / "bed", list(devices))
@@ -57,12 +57,13 @@ def test_a_sleeping_top_worker_is_cut_at_the_other_clusters_deadline(tmp_path):
 
 def test_the_cluster_clock_by_hand():
     """Three clusters: no deadline until one other (half of 2, rounded up) reported; then
-    ``began`` + max(3 × the median report time, min_s)."""
+    ``began`` + max(3 × the median report time, min_s) (+ ``slack_s``)."""
     clock = ClusterClock(3, 3.0, 2.0, began=100.0)
     assert clock.cut_at() is None
     clock.reports.append(1.5)
     assert clock.cut_at() == (104.5, 1.5)
     clock.reports.append(0.5)  # lower median of (0.5, 1.5): 0.5 → the 2 s floor
     assert clock.cut_at() == (102.0, 0.5)
+    assert ClusterClock(3, 3.0, 2.0, 10.0, began=100.0, reports=[1.5]).cut_at() == (114.5, 1.5)
     assert ClusterClock(3, 0.0, 2.0).cut_at() is None  # off
     assert ClusterClock(1, 3.0, 2.0, reports=[1.0]).cut_at() is None  # no other cluster

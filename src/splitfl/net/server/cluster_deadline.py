@@ -8,11 +8,15 @@ clusters of a round run concurrently on the same local steps, and ParallelSFL's 
 (Alg. 1) balances their times, so the others' reports say when this one is due: once half
 (rounded up) of the round's other hosted clusters have reported, a top worker that has not
 reported by ``factor`` × their median report time (at least ``min_s``,
-``network.round_deadline_min_s``) after the round's start is given up on. Its cluster is
+``network.round_deadline_min_s``) + ``slack_s`` (``network.timeout_s``: an honest top worker
+waits that long on a silent member before dropping it and going on — without it, a member
+still busy from the round before got its honest top worker cut, in the benchmark) after the
+round's start is given up on. Its cluster is
 dropped for the round naming it (``top worker <k>: ...``: ParallelSFL then keeps it out of
 the next elections, :func:`~splitfl.algorithms.parallelsfl.planner.failed_tops`), so such a
-round lasts at most about ``factor`` × the honest clusters' time. splitfl's choice (the
-paper has no lateness).
+round lasts at most about ``factor`` × the honest clusters' time + ``timeout_s``. A round
+with one hosted cluster has no others to compare with: it waits ``timeout_s`` × (steps + 3)
+as before (a gap). splitfl's choice (the paper has no lateness).
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ POLL_S = 0.1
 
 @dataclass
 class ClusterClock:
-    """The round's hosted clusters (``hosted``: how many), ``factor`` (0: off) and ``min_s``;
-    ``reports``: the accepted reports' times after ``began`` (``time.monotonic``)."""
+    """The round's hosted clusters (``hosted``: how many), ``factor`` (0: off), ``min_s`` and
+    ``slack_s``; ``reports``: the accepted reports' times after ``began`` (``time.monotonic``)."""
 
     hosted: int
     factor: float
     min_s: float
+    slack_s: float = 0.0
     began: float = field(default_factory=time.monotonic)
     reports: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -54,7 +59,7 @@ class ClusterClock:
         if not self.factor or others < 1 or len(times) < math.ceil(others / 2):
             return None
         median = times[(len(times) - 1) // 2]
-        return self.began + max(self.factor * median, self.min_s), median
+        return self.began + max(self.factor * median, self.min_s) + self.slack_s, median
 
 
 def await_top(clock: ClusterClock | None, link: DeviceLink, host: int, seq: int, until: float):
@@ -76,5 +81,6 @@ def await_top(clock: ClusterClock | None, link: DeviceLink, host: int, seq: int,
             return (
                 f"no report {now - clock.began:.3g} s into the round, the other clusters' "
                 f"median {cut[1]:.3g} s (network.cluster_deadline_factor {clock.factor:g} x it,"
-                f" at least network.round_deadline_min_s {clock.min_s:g} s)"
+                f" at least network.round_deadline_min_s {clock.min_s:g} s, + network.timeout_s"
+                f" {clock.slack_s:g} s)"
             )

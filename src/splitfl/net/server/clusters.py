@@ -401,7 +401,8 @@ def clusters_round(at: NetRound) -> Groups:
     runs on its top worker (:func:`run_cluster`), any other on the server as a split family's."""
     hosts, plan = at.plan.topology.hosts, at.plan
     net = at.ctx.config.network
-    at.d2d.clock = ClusterClock(len(hosts), net.cluster_deadline_factor, net.round_deadline_min_s)
+    factor, min_s = net.cluster_deadline_factor, net.round_deadline_min_s
+    at.d2d.clock = ClusterClock(len(hosts), factor, min_s, slack_s=net.timeout_s)
 
     def group(run: GroupRun):
         if run.group not in hosts:
