@@ -42,9 +42,11 @@ from typing import Any
 import torch
 
 import splitfl
+from splitfl.net.device import clusters as device_clusters
 from splitfl.net.device.agent import DeviceAgent, DeviceOptions
 from splitfl.net.device.session import start_in_thread
 from splitfl.net.server.testbed import FreezingRelay, Testbed
+from splitfl.net.transport.wire import Message
 from splitfl.testing import config_for
 
 AGGREGATIONS = ("mean", "median", "trimmed_mean", "clip_mean")
@@ -157,6 +159,82 @@ class SlowDrip(DeviceAgent):
         return super().handle(msg)
 
 
+# ------------------------------------------- issue 51 item 4 and 6: RingSFL and ParallelSFL
+class RingFlip(DeviceAgent):
+    """As a RingSFL member, uploads ``g − 9.9 ‖g‖ · unit(its honest move)`` per tensor."""
+
+    flip_ring = True
+
+
+class RingStallAfterAck(DeviceAgent):
+    """As a RingSFL member, from its second ring on: acknowledges the command, then stalls
+    (silent past the server's abort)."""
+
+    stall_after_ack = True
+    rings = 0
+
+
+class SleepyTop(DeviceAgent):
+    """As a ParallelSFL top worker, trains its cluster, then sleeps 15 s before reporting."""
+
+    def handle(self, msg):
+        reply = super().handle(msg)
+        if msg.type == "host":
+            time.sleep(15.0)
+        return reply
+
+
+def _ring_session(agent, c, msg, abort):
+    """device clusters' ``ring_session`` with :class:`RingFlip`'s and
+    :class:`RingStallAfterAck`'s tampering (other agents: unchanged)."""
+    if getattr(agent, "stall_after_ack", False):
+        agent.rings += 1
+        if agent.rings >= 2:
+            abort.wait(20.0)
+            time.sleep(2.0 + 1.0)  # the bench's timeout_s, and more
+            return Message("ring_failed", {"reason": "stalled", "client": c})
+    reply = _RING_SESSION(agent, c, msg, abort)
+    if getattr(agent, "flip_ring", False) and reply.type == "ring_done":
+        for name, t in reply.tensors.items():
+            g = msg.tensors.get(name)
+            if g is not None and t.is_floating_point():
+                step = t - g
+                reply.tensors[name] = g - 9.9 * g.norm() * step / step.norm().clamp_min(1e-12)
+    return reply
+
+
+_RING_SESSION = device_clusters.ring_session
+device_clusters.ring_session = _ring_session
+
+
+def d2d_fault_cases() -> list[Case]:
+    """Issue 51 items 4 and 6, each before (the fix switched off, or ``network.trust:
+    trusted`` for the ring's peer check, which is what the old code checked) and after."""
+    ring = {"options.ringsfl.version": "v1"}
+    clusters = {"options.parallelsfl.k": 4}
+    off = {"network.trust": "trusted"}
+    return [
+        Case("ring-model-flip/before-trusted", "ringsfl", RingFlip, {**ring, **off}, devices=4),
+        Case("ring-model-flip/after", "ringsfl", RingFlip, ring, devices=4),
+        Case(
+            "ring-ack-then-stall/before",
+            "ringsfl",
+            RingStallAfterAck,
+            {**ring, "options.ringsfl.exclude_stalled": False},
+            devices=4,
+        ),
+        Case("ring-ack-then-stall/after", "ringsfl", RingStallAfterAck, ring, devices=4),
+        Case(
+            "sleeping-top/before",
+            "parallelsfl",
+            SleepyTop,
+            {**clusters, "network.cluster_deadline_factor": 0.0},
+            devices=8,
+        ),
+        Case("sleeping-top/after", "parallelsfl", SleepyTop, clusters, devices=8),
+    ]
+
+
 # ----------------------------------------------------------------------------- the cases
 @dataclass(frozen=True)
 class Case:
@@ -190,7 +268,7 @@ def cases() -> list[Case]:
         Case("slow-drip", "splitfed_v1", SlowDrip),
         Case("loud-loss", "fedavg", LoudLoss),
     ]
-    return out + collusion_cases()
+    return out + collusion_cases() + d2d_fault_cases()
 
 
 def collusion_cases() -> list[Case]:

@@ -247,6 +247,28 @@ def test_a_stalling_ring_member_is_named_and_sits_out(tmp_path, monkeypatch):
     assert rows[2]["clients"] == [0, 2, 3] and rows[2]["dropped_clients"] == []
 
 
+def test_a_ring_member_that_stalls_after_its_ack_sits_out_the_rest_of_the_run(
+    tmp_path, monkeypatch
+):
+    """Issue 51 item 6: client 1 acknowledges its ring command, then stalls in every ring it
+    is in from its second. Named in round 2, it sits out every later round (``options.ringsfl.
+    exclude_stalled``): rounds 3 and 4 train without it (the old doubling bench let it back
+    in round 4, which it abandoned again: 2 of 3 rings)."""
+    original = ring_device._Member._on_backward
+    _DiesInRing.rounds = 0
+
+    def stalling(self, step, msg):
+        if self.c == 1 and step == 1 and _DiesInRing.rounds >= 2:
+            _stall(self)
+        return original(self, step, msg)
+
+    monkeypatch.setattr(ring_device._Member, "_on_backward", stalling)
+    rows, _ = _ring_run(tmp_path, 0.3, rounds=4, **{"network.timeout_s": STALL_TIMEOUT_S})
+    _assert_named(rows[1], 1, "stalled after acknowledging")
+    assert [r["clients"] for r in rows[2:]] == [[0, 2, 3]] * 2
+    assert [r["dropped_clients"] for r in rows[2:]] == [[], []]
+
+
 def test_lying_ring_member_is_rejected_and_the_model_is_unchanged(tmp_path, monkeypatch):
     original = ring_device._Member._forward_on
 

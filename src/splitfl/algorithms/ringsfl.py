@@ -25,7 +25,7 @@ from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.algorithms.base import Algorithm
 from splitfl.config import ConfigError
 from splitfl.core.benching import SitOut
-from splitfl.core.plan import RING_MEMBER_FAILED, ClientTask, RoundPlan
+from splitfl.core.plan import RING_MEMBER_FAILED, RING_MEMBER_STALLED, ClientTask, RoundPlan
 from splitfl.core.topology import Ring, RingSpec
 from splitfl.roles.defences import OFF, active_defences
 
@@ -82,6 +82,11 @@ class RingSFLOptions:
     #: failure (module docstring; our choice, the paper has no failures); 0: left out only
     #: while its device is not connected
     exclude_rounds: int = 1
+    #: A member that acknowledged its ring command and then stalled past the abort (device
+    #: connected, hung or hostile: ``core.plan.RING_MEMBER_STALLED``) sits out the rest of the
+    #: run, not ``exclude_rounds`` doubling (issue 51 item 6: each return abandoned a ring; our
+    #: choice, the paper has no failures); false: the doubling bench as for other failures
+    exclude_stalled: bool = True
 
     def __post_init__(self) -> None:
         if self.version not in ("v1", "v2"):
@@ -192,9 +197,15 @@ class RingSFL(Algorithm):
         ]
 
     def lost(self, round_idx: int, plan: RoundPlan, dropped: dict[int, str]) -> None:
-        """A member that broke the ring sits out ``exclude_rounds`` × 2^(failures − 1) rounds."""
+        """A member that broke the ring sits out ``exclude_rounds`` × 2^(failures − 1) rounds;
+        one that stalled after acknowledging its command, the rest of the run
+        (``exclude_stalled``)."""
         for c, why in dropped.items():
-            if why.startswith(RING_MEMBER_FAILED):
+            if not why.startswith(RING_MEMBER_FAILED):
+                continue
+            if self.options.exclude_stalled and RING_MEMBER_STALLED in why:
+                self.sit_out.for_good(c)
+            else:
                 self.sit_out.fail(c, round_idx)
 
     def ring_lengths(self, members: list[int]) -> dict[int, int]:

@@ -73,6 +73,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.connect_timeout_s": Range(0, 86400),  # 0: wait for the devices for ever
     "network.rejoin_s": Range(0, 86400),
     "network.round_deadline_factor": Range(0, 1e6),
+    "network.cluster_deadline_factor": Range(0, 1e6),
     "network.round_deadline_min_s": Range(0, 86400),
     "network.max_message_mb": Range(0, 4096, lo_open=True),
     "network.rate_limit": Range(0, 1e9),

@@ -12,6 +12,10 @@ paper models clients that fail (RingSFL §3.1 assumes they all stay).
 
 from __future__ import annotations
 
+#: The last round of a client benched for the rest of the run (:meth:`SitOut.for_good`): past
+#: any run's rounds, and an int JSON and a checkpoint keep exactly.
+FOR_GOOD = 2**31 - 1
+
 
 class SitOut:
     """``failures``: client → failures in a row; ``last_out``: client → the last round (from 0)
@@ -29,6 +33,11 @@ class SitOut:
             return
         n = self.failures[client] = self.failures.get(client, 0) + 1
         self.last_out[client] = round_idx + self.rounds * 2 ** min(n - 1, 20)
+
+    def for_good(self, client: int) -> None:
+        """``client`` sits out every later round (:data:`FOR_GOOD`), whatever ``rounds``."""
+        self.failures[client] = self.failures.get(client, 0) + 1
+        self.last_out[client] = FOR_GOOD
 
     def forgive(self, client: int) -> None:
         """``client`` finished a round: its next failure counts as the first."""

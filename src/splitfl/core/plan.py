@@ -100,6 +100,13 @@ class ClientTask:
 #: out of the next rounds' ring (``options.ringsfl.exclude_rounds``).
 RING_MEMBER_FAILED = "ring member failed"
 
+#: In a :data:`RING_MEMBER_FAILED` reason: the member acknowledged its ring command, then was
+#: silent past the server's abort (``timeout_s`` more) while its device stayed connected —
+#: hung or hostile, not a lost link. RingSFL leaves it out for the rest of the run
+#: (``options.ringsfl.exclude_stalled``; issue 51 item 6: the doubling bench let it back to
+#: abandon 2 of 3 rings).
+RING_MEMBER_STALLED = "stalled after acknowledging its command"
+
 
 @dataclass
 class RoundPlan:

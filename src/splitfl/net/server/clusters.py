@@ -41,6 +41,7 @@ from splitfl.core.plan import ClientUpdate, RoundPlan
 from splitfl.core.topology import Clusters
 from splitfl.models import BlockModel, ModelPart
 from splitfl.net.device.emulation import UNSHAPED, Profile
+from splitfl.net.server.cluster_deadline import ClusterClock, await_top
 from splitfl.net.server.groups import NETWORKED_GROUPS, Groups, NetRound
 from splitfl.net.server.remote_fleet import Meter
 from splitfl.net.transport.auth import new_token, token_hash
@@ -91,6 +92,9 @@ class D2DRound:
     #: checked), and the members found slow to start, with why (:mod:`splitfl.net.server.ring`)
     late_start_factor: float = 0.0
     late_starts: dict[int, str] = field(default_factory=dict)
+    #: ParallelSFL: the deadline relative to the round's other clusters (None: none;
+    #: :mod:`splitfl.net.server.cluster_deadline`)
+    clock: ClusterClock | None = None
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,7 @@ def run_cluster(
         join["token"] = tokens[t.client]
         joins[t.client] = send_command(links[t.client], t.client, Message("join", join))[0]
     deadline = time.monotonic() + rnd.timeout_s * (max(t.steps for t in tasks) + 3)
-    got = await_reply(top, host, seq, deadline)
+    got = await_top(rnd.clock, top, host, seq, deadline)
     failed = isinstance(got, str) or got[0].type != "hosted" or got[0].fields.get("error")
     if failed:  # members may still be waiting for the top worker: release them
         for t in tasks:
@@ -206,6 +210,8 @@ def run_cluster(
             lost[t.client] = f"top worker {host}: rejected report: {checked}"
         return [], None
     average, server_state, report = checked
+    if rnd.clock is not None:
+        rnd.clock.reported()
     if report:
         steps = max(t.steps for t in tasks)
         tops, bottoms = rnd.moves["top part"], rnd.moves["bottom average"]
@@ -394,6 +400,9 @@ def clusters_round(at: NetRound) -> Groups:
     (:data:`~splitfl.net.server.groups.NETWORKED_GROUPS`): a group ``Clusters.hosts`` names
     runs on its top worker (:func:`run_cluster`), any other on the server as a split family's."""
     hosts, plan = at.plan.topology.hosts, at.plan
+    net = at.ctx.config.network
+    factor, min_s = net.cluster_deadline_factor, net.round_deadline_min_s
+    at.d2d.clock = ClusterClock(len(hosts), factor, min_s, slack_s=net.timeout_s)
 
     def group(run: GroupRun):
         if run.group not in hosts:

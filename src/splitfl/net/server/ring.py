@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from splitfl.core.plan import RING_MEMBER_FAILED, ClientUpdate, RoundPlan
+from splitfl.core.plan import RING_MEMBER_FAILED, RING_MEMBER_STALLED, ClientUpdate, RoundPlan
 from splitfl.core.topology import Ring
 from splitfl.models import BlockModel
 from splitfl.net.device.emulation import UNSHAPED, Profile
@@ -175,7 +175,8 @@ def _collect(rnd: D2DRound, links: dict[int, DeviceLink], sent: dict, steps: int
                 replies[c] = got
                 rnd.meters[c].finished_at = time.monotonic()
                 continue
-            _fault(c, got, links[c], sent, faults, reported, released, rnd.timeout_s)
+            acked = c in started  # a silent member that acknowledged its command: hung
+            _fault(c, got, links[c], sent, faults, reported, released, rnd.timeout_s, acked)
             if aborted is not None and c not in faults:
                 _late_answer(c, time.monotonic() - aborted, faults, rnd)
             if not released:
@@ -253,11 +254,16 @@ def _late_answer(c: int, after_s: float, faults: dict[int, str], rnd: D2DRound) 
         )
 
 
-def _fault(c, got, link, sent, faults, reported, released: bool, timeout_s: float) -> None:
-    """Record member ``c``'s failed reply ``got`` (None: none in time; LOST; a message)."""
+def _fault(
+    c, got, link, sent, faults, reported, released: bool, timeout_s: float, acked: bool = False
+) -> None:
+    """Record member ``c``'s failed reply ``got`` (None: none in time; LOST; a message);
+    ``acked``: it acknowledged its command (:data:`~splitfl.core.plan.RING_MEMBER_STALLED`
+    when it is then silent past the abort)."""
     if got is None:
+        stalled = RING_MEMBER_STALLED if acked else "stalled"
         faults[c] = (
-            f"no reply within {timeout_s:g} s of the abort (stalled)"
+            f"no reply within {timeout_s:g} s of the abort ({stalled})"
             if released
             else "no reply within the round's deadline"
         )

@@ -2,18 +2,30 @@
 calling.
 
 **Pre-authentication limits** (:class:`Gate`): at most ``max_pending`` streams may be
-unauthenticated at once; when they are all taken, a new stream takes the slot of the oldest
-one that has not said hello yet (else the oldest), which is cancelled — a flood of silent
-streams cannot keep a device out, it only shortens its own streams' lives. A stream must say
+unauthenticated at once; when they are all taken, a new stream takes a slot of the caller
+holding the most — the address with the most pending streams, within it the connection
+(``context.peer()``, address and port) with the most — its oldest stream that has not said
+hello yet (else its oldest), which is cancelled. A flood of streams, silent or saying hellos
+it never proves, from one connection or address cannot keep a device out: it only shortens
+its own streams' lives (issue 51 item 6: ≈136 hello streams/s on one TLS connection
+cancelled 6 of 8 valid logins when the globally oldest stream was evicted). One stream per
+HTTP/2 connection is not enforced with ``grpc.max_concurrent_streams``: grpc shares one
+connection among a process's channels with equal arguments, so that would also cap honest
+devices run in one process. A stream must say
 hello within :data:`HELLO_TIMEOUT_S` and prove its token within ``auth_timeout_s`` of opening,
 or one watchdog thread (no thread per stream) cancels it. Failed proofs are counted per
 (address, claimed name), never per address alone (devices behind one NAT share an address):
 ``auth_failures`` of them within a minute *throttle* that pair for a minute — it may then hold
 one unauthenticated stream at a time (a newer one replaces it) — but a stream that proves
-the right token is always admitted. A stream closed before its hello is not a failed
-authentication. The hello itself is bounded by ``max_hello_bytes`` (the hub reads it with its
-own :class:`~splitfl.net.transport.wire.Reassembler`). Refusals are written down by
-:class:`~splitfl.net.transport.audit.Audit`.
+the right token is always admitted. A hello never proved — its stream closed or timed out
+after the hello without a right proof — counts as a failed authentication of its pair (issue
+51: such hellos never engaged the throttle); a stream closed before its hello does not, nor
+does one evicted for another's slot. The hello itself is bounded by ``max_hello_bytes`` (the
+hub reads it with its own :class:`~splitfl.net.transport.wire.Reassembler`). Refusals are
+written down by :class:`~splitfl.net.transport.audit.Audit`. TLS handshake failures are not:
+grpc's Python API (1.85) creates no call for a failed handshake; the one hook near it,
+``dynamic_ssl_server_credentials``' fetcher, runs before each handshake but is told neither
+the peer nor the outcome (only grpc core's trace log, ``GRPC_TRACE``, sees it): a gap.
 """
 
 from __future__ import annotations
@@ -40,6 +52,9 @@ class _Pending:
     deadline: float
     opened: float
     key: tuple[str, str] | None = None  # (address, name) once its hello arrived
+    peer: str = ""  # the connection (``context.peer()``: address and port)
+    address: str = ""
+    proved: bool = False  # its proof checked out (a later refusal is no failed proof)
 
 
 class Gate:
@@ -61,21 +76,34 @@ class Gate:
         oldest pending stream when every slot is taken; the reason to refuse it, else None."""
         now = time.monotonic()
         with self.lock:
-            evicted = self._evict_oldest() if len(self.pending) >= self.max_pending else None
+            full = len(self.pending) >= self.max_pending
+            evicted = self._evict_from_most() if full else None
             if len(self.pending) >= self.max_pending:
                 return f"more than {self.max_pending} unauthenticated connections; retry later"
             hello_by = now + min(HELLO_TIMEOUT_S, self.auth_timeout_s)
-            self.pending[context] = _Pending(hello_by, now)
+            peer = str(context.peer() or "")
+            self.pending[context] = _Pending(hello_by, now, None, peer, address)
         if evicted is not None:
             self.audit("refused", peer_address(evicted), "evicted: unauthenticated slots full")
             evicted.cancel()
         return None
 
-    def _evict_oldest(self):
-        """Remove (under the lock) the oldest stream without a hello, else the oldest; it."""
+    def _evict_from_most(self):
+        """Remove (under the lock) a stream of the caller holding the most slots (the
+        address with the most pending streams, within it the connection with the most): its
+        oldest without a hello, else its oldest; it."""
         if not self.pending:
             return None
-        silent = [c for c, p in self.pending.items() if p.key is None] or list(self.pending)
+        by_address = collections.Counter(p.address for p in self.pending.values())
+        top = max(by_address.values())
+        # ties: the address whose oldest stream is the oldest (the order they came)
+        mine = [c for c, p in self.pending.items() if by_address[p.address] == top]
+        address = self.pending[min(mine, key=lambda c: self.pending[c].opened)].address
+        mine = [c for c in mine if self.pending[c].address == address]
+        by_peer = collections.Counter(self.pending[c].peer for c in mine)
+        top = max(by_peer.values())
+        mine = [c for c in mine if by_peer[self.pending[c].peer] == top]
+        silent = [c for c in mine if self.pending[c].key is None] or mine
         oldest = min(silent, key=lambda c: self.pending[c].opened)
         del self.pending[oldest]
         return oldest
@@ -104,10 +132,20 @@ class Gate:
             entry = self.pending.get(context)
             return entry.deadline if entry is not None else time.monotonic()
 
-    def leave(self, context) -> None:
-        """The stream authenticated, was refused or ended."""
+    def proved(self, context) -> None:
+        """``context``'s proof checked out: its end is no failed authentication."""
         with self.lock:
-            self.pending.pop(context, None)
+            entry = self.pending.get(context)
+            if entry is not None:
+                entry.proved = True
+
+    def leave(self, context) -> None:
+        """The stream authenticated, was refused or ended; a hello it never proved counts as
+        a failed authentication of its (address, name)."""
+        with self.lock:
+            entry = self.pending.pop(context, None)
+        if entry is not None and entry.key is not None and not entry.proved:
+            self.failed(*entry.key)
 
     def failed(self, address: str, name: str) -> None:
         """Count a failed proof for (address, name); throttle the pair once over the cap."""
@@ -145,6 +183,8 @@ class Gate:
                 why = "no authentication in time" if entry.key else "no hello in time"
                 self.audit("refused", peer_address(ctx), why)
                 ctx.cancel()
+                if entry.key is not None:  # a hello never proved
+                    self.failed(*entry.key)
             self.audit.flush()
         self.audit.flush(force=True)
 

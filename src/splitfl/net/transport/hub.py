@@ -308,9 +308,11 @@ class Hub:
         f, address = hello.fields, peer_address(context)
         name = f["name"]
         if proof.type != "proof" or not self._known(name, nonce, f, proof, context):
-            self.gate.failed(address, name)
+            # counted as a failed authentication as the stream leaves the gate (a hello never
+            # proved, :meth:`~splitfl.net.transport.guard.Gate.leave`)
             why = f"unknown device name or wrong token (name {name[:60]!r})"
             self._refuse(context, address, grpc.StatusCode.UNAUTHENTICATED, why)
+        self.gate.proved(context)
         peer = f.get("peer") or {}
         with self.lock:
             old = self.links.get(name)

@@ -1,0 +1,69 @@
+"""A ParallelSFL top worker that sleeps before its report (issue 51 item 6: rounds of 20-50 s
+against 1-2 s honest): its cluster is ended at the deadline of the round's other clusters
+(``network.cluster_deadline_factor``, :mod:`splitfl.net.server.cluster_deadline`). Loopback
+gRPC, devices in threads."""
+
+from __future__ import annotations
+
+import time
+
+from test_hostile_insiders import THREE_CLUSTERS
+from test_networked_d2d import _rows
+
+import splitfl
+from splitfl.net.device.agent import DeviceAgent
+from splitfl.net.server.cluster_deadline import ClusterClock
+from splitfl.net.server.testbed import Testbed
+from splitfl.testing import config_for
+
+#: How long the sleepy top worker sleeps before its report (inside the old wait,
+#: ``timeout_s`` 10 × (steps + 3)).
+SLEEP_S = 25.0
+
+
+class _SleepyTop(DeviceAgent):
+    """As a top worker, trains its cluster, then sleeps ``SLEEP_S`` before reporting."""
+
+    def handle(self, msg):
+        reply = super().handle(msg)
+        if msg.type == "host":
+            time.sleep(SLEEP_S)
+        return reply
+
+
+def test_a_sleeping_top_worker_is_cut_at_the_other_clusters_deadline(tmp_path):
+    """Client 11 (this seed: a top worker in round 1) sleeps 25 s before its report: its
+    cluster is ended once the other two reported and 3 × their median + ``timeout_s`` 10 s
+    passed, naming it; round 2 does not elect it (the old code waited the 25 s and kept its
+    report)."""
+    devices = {"a": [0, 1, 2, 3, 4, 5], "b": [6, 7, 8, 9, 10], "sleepy": [11]}
+    agents = {"a": None, "b": None, "sleepy": _SleepyTop}
+    bed = Testbed.create(tmp_path / "bed", list(devices))
+    threads = [bed.device(n, c, agents[n], retry_s=20.0) for n, c in devices.items()]
+    net = bed.server_overrides(min_devices=3, timeout_s=10.0)
+    cfg = config_for("parallelsfl", **{**net, **THREE_CLUSTERS, "rounds": 2})
+    began = time.monotonic()
+    result = splitfl.run(cfg, run_dir=tmp_path / "n")
+    for t in threads:
+        t.join(SLEEP_S + 30)
+    first, second = _rows(result)
+    assert 11 in first["plan_tops"], first["plan_tops"]
+    dropped = first["dropped_reasons"]
+    assert dropped and all(why.startswith("top worker 11: no report") for why in dropped.values())
+    assert all("network.cluster_deadline_factor" in why for why in dropped.values())
+    assert 11 not in second["plan_tops"]
+    assert time.monotonic() - began < 120  # bounded (not a timing measurement)
+
+
+def test_the_cluster_clock_by_hand():
+    """Three clusters: no deadline until one other (half of 2, rounded up) reported; then
+    ``began`` + max(3 × the median report time, min_s) (+ ``slack_s``)."""
+    clock = ClusterClock(3, 3.0, 2.0, began=100.0)
+    assert clock.cut_at() is None
+    clock.reports.append(1.5)
+    assert clock.cut_at() == (104.5, 1.5)
+    clock.reports.append(0.5)  # lower median of (0.5, 1.5): 0.5 → the 2 s floor
+    assert clock.cut_at() == (102.0, 0.5)
+    assert ClusterClock(3, 3.0, 2.0, 10.0, began=100.0, reports=[1.5]).cut_at() == (114.5, 1.5)
+    assert ClusterClock(3, 0.0, 2.0).cut_at() is None  # off
+    assert ClusterClock(1, 3.0, 2.0, reports=[1.0]).cut_at() is None  # no other cluster
