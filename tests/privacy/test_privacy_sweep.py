@@ -145,3 +145,13 @@ def test_mergesfl_and_parallelsfl_get_a_row_per_device_with_its_batch_and_cluste
     assert len({r["group"] for r in rows if r["algorithm"] == "parallelsfl"}) > 1  # clusters
     assert len({r["batch_size"] for r in rows if r["algorithm"] == "mergesfl"}) > 1
     assert all(r["batch_size"] is None for r in rows if r["algorithm"] == "parallelsfl")
+
+
+def test_the_cifar10_sweep_file_validates():
+    """The CIFAR-10-subset sweep the tutorial quotes: the issue's algorithms × defences ×
+    attacks (DP-SGD and the inverse network among them)."""
+    sweep = load_sweep("examples/privacy_cifar10.yaml")
+    assert sweep.algorithms == ["splitfed_v1", "s2fl", "mergesfl", "ushaped_sl"]
+    assert set(sweep.defences) == {"none", "nopeek", "noise", "dp_sgd"}
+    assert set(sweep.attacks) == {"unsplit", "inverse", "labels"}
+    assert sweep.base["data"]["dataset"] == "cifar10"
