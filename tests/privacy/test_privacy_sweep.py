@@ -9,6 +9,7 @@ import yaml
 
 from splitfl.cli.main import main
 from splitfl.config import ConfigError
+from splitfl.metrics.records import read_metrics
 from splitfl.privacy.sweep import dcs, evaluate_sweep, load_sweep, t_dcs
 from splitfl.testing import config_for
 
@@ -120,3 +121,37 @@ def test_a_non_empty_out_folder_is_refused_before_anything_runs(tmp_path, capsys
     assert main(["privacy", "eval", str(path)]) == 2
     assert "out" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "sweep").iterdir()] == ["table.md"]
+
+
+def test_mergesfl_and_parallelsfl_get_a_row_per_device_with_its_batch_and_cluster(tmp_path):
+    """Issue 53: MergeSFL's heterogeneous batches and ParallelSFL's clusters, as S²FL's cuts:
+    one row per device of the last round, each with that device's batch size and cluster as
+    the run's metrics row lists them (same order as its ``clients``)."""
+    sweep = _sweep(
+        tmp_path,
+        algorithms=["mergesfl", "parallelsfl"],
+        defences={"none": {}},
+        attacks={"unsplit": {"iterations": [5]}},
+        samples=2,
+    )
+    rows = evaluate_sweep(sweep)["rows"]
+    for alg, column in (("mergesfl", "plan_batch_sizes"), ("parallelsfl", "groups")):
+        run_dir = tmp_path / "sweep" / "runs" / f"{alg}-cutNone-none"
+        last = read_metrics(run_dir / "metrics.jsonl")[-1]
+        mine = [r for r in rows if r["algorithm"] == alg]
+        assert [r["device"] for r in mine] == last["clients"]
+        key = "batch_size" if column == "plan_batch_sizes" else "group"
+        assert [r[key] for r in mine] == last[column]
+    assert len({r["group"] for r in rows if r["algorithm"] == "parallelsfl"}) > 1  # clusters
+    assert len({r["batch_size"] for r in rows if r["algorithm"] == "mergesfl"}) > 1
+    assert all(r["batch_size"] is None for r in rows if r["algorithm"] == "parallelsfl")
+
+
+def test_the_cifar10_sweep_file_validates():
+    """The CIFAR-10-subset sweep the tutorial quotes: the issue's algorithms × defences ×
+    attacks (DP-SGD and the inverse network among them)."""
+    sweep = load_sweep("examples/privacy_cifar10.yaml")
+    assert sweep.algorithms == ["splitfed_v1", "s2fl", "mergesfl", "ushaped_sl"]
+    assert set(sweep.defences) == {"none", "nopeek", "noise", "dp_sgd"}
+    assert set(sweep.attacks) == {"unsplit", "inverse", "labels"}
+    assert sweep.base["data"]["dataset"] == "cifar10"

@@ -272,6 +272,23 @@ def check_label_defence(config: ExperimentConfig, cls: type) -> None:
         )
 
 
+def check_smashed_defence(config: ExperimentConfig, cls: type) -> None:
+    """``train.defence.noise_std`` and ``nopeek`` act on the smashed data a device sends the
+    server; an algorithm that does not split the model (FedAvg and the FL baselines,
+    ``Algorithm.splits_model``) sends none, so either would be silently ignored: refused.
+    DP-SGD (``dp_noise``) still applies there, to the whole model the device trains."""
+    if getattr(cls, "splits_model", True):
+        return
+    defence = config.train.defence
+    for name in ("noise_std", "nopeek"):
+        if getattr(defence, name) != 0:
+            raise ConfigError(
+                f"train.defence.{name}",
+                f"acts on smashed data; {config.algorithm} trains the whole model on the "
+                f"device and sends none: must be 0 (got {getattr(defence, name)})",
+            )
+
+
 def check_config(config: ExperimentConfig, config_dir: str | Path | None = None) -> None:
     """Static checks of every field and every registry name (``splitfl validate`` without
     the data), after importing the config's modules (searching ``config_dir`` too). Raises
@@ -291,6 +308,7 @@ def check_algorithm(config: ExperimentConfig) -> None:
     check_aggregation(config, cls)
     check_server_optimizer(config, cls)
     check_label_defence(config, cls)
+    check_smashed_defence(config, cls)
 
 
 def with_imports(config: ExperimentConfig, imports: list[str] | None) -> ExperimentConfig:

@@ -18,7 +18,9 @@ with the ideal defence AP* = 0 and MP* = the undefended cell's MP (same algorith
 T-DCS is DCS averaged over the attacks of one type (``reconstruction``, ``labels``).
 
 Per device: every client of the run's last round is attacked at its own cut, so algorithms
-whose cut varies per device (S²FL's sliding split) get one row per device.
+whose cut varies per device (S²FL's sliding split) get one row per device; each row also
+names the device's group (ParallelSFL's cluster) and batch size (MergeSFL's heterogeneous
+batches), :func:`device_columns`.
 """
 
 from __future__ import annotations
@@ -167,11 +169,24 @@ def _run_cell(sweep: Sweep, alg: str, cut, defence: str, run_dir: Path) -> list[
         "traffic_to_target": summary["to_target"]["traffic_bytes"],
     }  # fmt: skip
     rows = []
-    for client, device_cut in zip(last["clients"], last["cuts"], strict=True):
+    for i, (client, device_cut) in enumerate(zip(last["clients"], last["cuts"], strict=True)):
+        device = {"device": client, "cut": device_cut, **device_columns(last, i)}
         for name, grid in sweep.attacks.items():
             best = _best(run_dir, name, grid, client, device_cut, sweep.samples)
-            rows.append({**base, "device": client, "cut": device_cut, "attack": name, **best})
+            rows.append({**base, **device, "attack": name, **best})
     return rows
+
+
+def device_columns(last: dict, i: int) -> dict:
+    """What sets device ``i`` of the last round's metrics row apart besides its cut: its
+    ``group`` (S²FL's group, ParallelSFL's cluster) and its ``batch_size`` (MergeSFL's
+    heterogeneous batches, ``plan_batch_sizes``; None where the algorithm has one batch
+    size). Both lists are in the plan's task order, as ``clients`` is."""
+    sizes = last.get("plan_batch_sizes")
+    return {
+        "group": last["groups"][i] if "groups" in last else None,
+        "batch_size": sizes[i] if sizes is not None else None,
+    }
 
 
 def _score(rows: list[dict], sweep: Sweep) -> None:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-COLUMNS = ("algorithm", "cut_option", "defence", "device", "cut", "attack", "ap", "mp", "dcs",
-           "time_to_target", "traffic_to_target", "params")  # fmt: skip
+COLUMNS = ("algorithm", "cut_option", "defence", "device", "cut", "group", "batch_size",
+           "attack", "ap", "mp", "dcs", "time_to_target", "traffic_to_target",
+           "params")  # fmt: skip
 
 
 def _cell(value) -> str:
