@@ -88,7 +88,25 @@ def test_a_top_worker_whose_top_part_points_elsewhere_is_rejected():
     assert [u.client for u in kept] == [2, 3, 4, 5, 6, 7] and sorted(states) == [1, 2, 3]
     assert sorted(rnd.lost) == [0, 1]
     assert rnd.lost[0].startswith("top worker 10: rejected top part: 3.8 per step from the")
-    assert 3.0 not in history["top part"].accepted
+    assert all(3.0 not in kind for kind in history["top part"].kinds.values())
+
+
+def test_the_norm_history_of_one_cut_does_not_judge_another():
+    """Issue 51 item 3: S²FL's clients train different cuts. Rounds of three cut-1 parts
+    (norm 1 per step) filled the one history; a lone client of a deeper cut (its part holds
+    more tensors, norm 13) was then held to their median and dropped at 13x. The history is
+    per kind (the tensors an update holds): the deeper cut has no history yet and is kept; a
+    lone cut-1 part at 13x is still dropped."""
+    history = PeerHistory(10.0)
+    for _ in range(2):
+        shallow = _moves({1: [1.0], 2: [1.0], 3: [1.1]})
+        assert shallow.outliers(history, 10.0) == {}
+    deep = RoundMoves()
+    part = {"w": torch.tensor([12.0]), "v": torch.tensor([5.0])}  # norm 13
+    deep.add(4, part, {k: torch.zeros(1) for k in part}, 1)
+    assert deep.outliers(history, 10.0) == {}
+    lone = _moves({5: [13.0]}).outliers(history, 10.0)
+    assert list(lone) == [5] and "13.0x the earlier rounds' median 1 " in lone[5]
 
 
 class _Flipped(DeviceAgent):

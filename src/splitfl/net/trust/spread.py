@@ -102,7 +102,7 @@ class RoundMoves:
             names = list(self.delta[keys[0]])
             own = None if reference is None else (lambda names=names: reference(names))
             group = {k: self.distance[k] for k in keys}
-            norm |= history.outliers(group, what, own, found)
+            norm |= history.outliers(group, what, own, found, kind=tuple(sorted(names)))
         return found | norm
 
 
