@@ -159,3 +159,26 @@ def test_the_norm_check_compares_parts_of_the_same_tensors():
         moves.add(c, {"b": torch.tensor([2.0, 0.0])}, {"b": torch.zeros(2)}, 1)
     assert moves.outliers(PeerHistory(10.0), 10.0) == {}
     assert len(peer_outliers(moves.distance, 10.0)) == 3  # all together: b's three dropped
+
+
+def test_a_tiny_median_late_in_training_is_floored_at_the_parts_norm():
+    """Issue 51 item 3: late in training honest moves are tiny, and an honest update at 20x a
+    median of 1e-5 per step was dropped. Parts sent of norm 100, floor 1e-3: the medians the
+    checks compare with are at least 0.1, so a move of 2e-4 is kept; one of 5 (50x the floor)
+    is still dropped, and the reason names the floor. Without the floor (0): the old rule."""
+    sent = {"w": torch.tensor([100.0, 0.0])}
+
+    def late_round() -> RoundMoves:
+        moves = RoundMoves()
+        for c, move in {0: [1e-5, 0.0], 1: [0.0, 1e-5], 2: [1e-5, 1e-5], 3: [2e-4, 0.0]}.items():
+            moves.add(c, {"w": sent["w"] + torch.tensor(move)}, sent, 1)
+        return moves
+
+    assert late_round().outliers(PeerHistory(10.0), 10.0, floor=1e-3) == {}
+    assert 3 in late_round().outliers(PeerHistory(10.0), 10.0)  # no floor: dropped, as before
+    loud = late_round()
+    loud.add(4, {"w": sent["w"] + torch.tensor([5.0, 0.0])}, sent, 1)
+    found = loud.outliers(PeerHistory(10.0), 10.0, floor=1e-3)
+    assert list(found) == [4] and "peer_update_floor" in found[4]
+    assert peer_outliers({1: 1e-5, 2: 1e-5, 3: 3e-4}, 10.0, floor=0.1) == {}
+    assert list(peer_outliers({1: 1e-5, 2: 1e-5, 3: 3e-4}, 10.0)) == [3]

@@ -83,6 +83,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.bounds.activation_abs": Range(0, 1e6),
     "network.bounds.loss_max": Range(0, 1e30, lo_open=True),
     "network.bounds.peer_update_factor": Range(1, 1e6),
+    "network.bounds.peer_update_floor": Range(0, 1),
     "network.bounds.peer_spread_factor": Range(1, 1e6),
     "network.bounds.activation_rms_factor": Range(1, 1e6),
     "network.bounds.activation_rms_abs": Range(0, 1e6),

@@ -198,7 +198,12 @@ class NetworkedExecutor:
         history, names = self._updates["model update"], None if own is None else own.distance
         toward = None if own is None else own.move
         outliers = moves.outliers(
-            history, b.peer_spread_factor, reference=names, toward=toward, min_cosine=b.min_cosine
+            history,
+            b.peer_spread_factor,
+            reference=names,
+            toward=toward,
+            min_cosine=b.min_cosine,
+            floor=b.peer_update_floor,
         )
         rnd.lost.update(outliers)
         return [u for u in updates if u.client not in outliers]
