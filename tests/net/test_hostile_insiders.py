@@ -22,6 +22,7 @@ from test_own_data import _partition, _write_devices
 import splitfl
 from splitfl.algorithms.parallelsfl.planner import failed_tops
 from splitfl.config import ExperimentConfig
+from splitfl.config.parse import load_config
 from splitfl.core.plan import ClientUpdate, RoundResult
 from splitfl.experiment.context import Positions
 from splitfl.experiment.guards import LossExplosionError, check_explosion

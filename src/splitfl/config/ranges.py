@@ -68,6 +68,8 @@ FLOAT_RANGES: dict[str, Range] = {
     "train.defence.marvell_s": Range(0, 1e6, lo_open=True),
     "train.explode_recovery": Range(0, 1e30),
     "eval.target_accuracy": Range(0, 1, lo_open=True),
+    "eval.collapse_share": Range(0, 1),
+    "eval.collapse_from": Range(0, 1),
     "eval.client_holdout": Range(0, 1, lo_open=True, hi_open=True),
     "network.timeout_s": Range(0, 86400, lo_open=True),
     "network.connect_timeout_s": Range(0, 86400),  # 0: wait for the devices for ever
