@@ -44,6 +44,7 @@ import torch
 import yaml
 
 import splitfl
+from splitfl.config.network import NetworkConfig
 from splitfl.net.device.agent import DeviceAgent, DeviceOptions
 from splitfl.net.device.session import start_in_thread
 from splitfl.net.server.testbed import FreezingRelay, Testbed
@@ -209,19 +210,25 @@ def collusion_cases() -> list[Case]:
     return out + default_cases()
 
 
+#: The shipped ``network.untrusted_aggregation`` (``config_for``'s tiny configs pin ``mean``
+#: for the tests' networked-vs-simulation equality): the default cases and the false-positive
+#: runs set it, so they measure the unconfigured deployment.
+SHIPPED = {"network.untrusted_aggregation": NetworkConfig.untrusted_aggregation}
+
+
 def default_cases() -> list[Case]:
     """Issue 51, item 1: the unconfigured deployment (``network.trust: untrusted``, its
     median aggregation, the direction check off) against colluders at 20 % and 30 % of ten
     sending ``sent − k × (their honest move)`` for k in 0.5, 1, 1.9, 3, 6 (k = 1.9: inside a
     2× norm bound), the same honest for their first 3 replies, and one of a round of two."""
     out = [
-        Case(f"default-{n}0pct-x{k:g}", "fedavg", negated(k), insiders=n)
+        Case(f"default-{n}0pct-x{k:g}", "fedavg", negated(k), SHIPPED, insiders=n)
         for n in (2, 3)
         for k in (0.5, 1.0, 1.9, 3.0, 6.0)
     ]
     out += [
-        Case("default-30pct-x1.9-late", "fedavg", negated(1.9, honest=3), insiders=3),
-        Case("default-round-of-2-x1.9", "fedavg", negated(1.9), devices=2),
+        Case("default-30pct-x1.9-late", "fedavg", negated(1.9, honest=3), SHIPPED, insiders=3),
+        Case("default-round-of-2-x1.9", "fedavg", negated(1.9), SHIPPED, devices=2),
     ]
     return out
 
@@ -317,11 +324,11 @@ def false_positive_rate(folder: Path, rounds: int) -> dict[str, Any]:
     runs = []
     for algorithm, devices, extra in FP_RATE_RUNS:
         for alpha in FP_ALPHAS:
-            changes = {"data.alpha": alpha, **extra}
+            changes = {"data.alpha": alpha, **SHIPPED, **extra}
             case = Case(f"{algorithm}-a{alpha:g}", algorithm, None, changes, devices=devices)
             runs.append(_rate(case.name, networked(case, folder / case.name, rounds, True)))
             print(f"fp-rate {case.name}: {runs[-1]['dropped']} dropped", flush=True)
-    freeze = Case("freeze", "splitfed_v1", None, {"data.alpha": 0.5})
+    freeze = Case("freeze", "splitfed_v1", None, {"data.alpha": 0.5, **SHIPPED})
     with _server_sleeps(FREEZE_S):
         runs.append(
             _rate(
@@ -383,7 +390,7 @@ def resumed(folder: Path, rounds: int) -> dict[str, Any]:
     """An honest S²FL run (α 0.5) stopped after half its rounds and resumed, as ``splitfl
     server --resume``, on a fresh server with freshly started devices: what the server held
     in memory (the peer histories, the lateness record) is gone."""
-    case = Case("resume", "s2fl", None, {"data.alpha": 0.5})
+    case = Case("resume", "s2fl", None, {"data.alpha": 0.5, **SHIPPED})
     first = networked(case, folder / "first", rounds // 2, True)
     run_dir = sorted((folder / "first").glob("try*/run"))[-1]
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
