@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,7 +28,6 @@ from splitfl.core.activations import leaves, names, pack, unpack
 from splitfl.core.plan import AUX_LOSSES, ClientTask
 from splitfl.core.topology import AuxSpec
 from splitfl.net.device.emulation import Profile, stretch
-from splitfl.net.server.stalls import StallClock
 from splitfl.net.transport.hub import LOST, DeviceLink, Hub
 from splitfl.net.transport.wire import Message, payload_bytes, state_from, state_tensors
 from splitfl.net.trust.checks import (
@@ -44,6 +44,9 @@ from splitfl.net.trust.expect import Expect
 from splitfl.net.trust.spread import RoundMoves
 from splitfl.roles.aux_numerics import aux_module, returned_names
 from splitfl.roles.sides import ServerRole
+
+if TYPE_CHECKING:  # a type only: a device process imports this module, not the server's clock
+    from splitfl.net.server.stalls import StallClock
 
 State = dict[str, torch.Tensor]
 #: The drop reason of a client still working at the round deadline.
