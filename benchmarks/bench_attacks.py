@@ -28,6 +28,7 @@ contains NAME.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import statistics
@@ -40,8 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 import splitfl
+from splitfl.config.network import NetworkConfig
 from splitfl.net.device import clusters as device_clusters
 from splitfl.net.device.agent import DeviceAgent, DeviceOptions
 from splitfl.net.device.session import start_in_thread
@@ -285,19 +288,25 @@ def collusion_cases() -> list[Case]:
     return out + default_cases()
 
 
+#: The shipped ``network.untrusted_aggregation`` (``config_for``'s tiny configs pin ``mean``
+#: for the tests' networked-vs-simulation equality): the default cases and the false-positive
+#: runs set it, so they measure the unconfigured deployment.
+SHIPPED = {"network.untrusted_aggregation": NetworkConfig.untrusted_aggregation}
+
+
 def default_cases() -> list[Case]:
     """Issue 51, item 1: the unconfigured deployment (``network.trust: untrusted``, its
     median aggregation, the direction check off) against colluders at 20 % and 30 % of ten
     sending ``sent − k × (their honest move)`` for k in 0.5, 1, 1.9, 3, 6 (k = 1.9: inside a
     2× norm bound), the same honest for their first 3 replies, and one of a round of two."""
     out = [
-        Case(f"default-{n}0pct-x{k:g}", "fedavg", negated(k), insiders=n)
+        Case(f"default-{n}0pct-x{k:g}", "fedavg", negated(k), SHIPPED, insiders=n)
         for n in (2, 3)
         for k in (0.5, 1.0, 1.9, 3.0, 6.0)
     ]
     out += [
-        Case("default-30pct-x1.9-late", "fedavg", negated(1.9, honest=3), insiders=3),
-        Case("default-round-of-2-x1.9", "fedavg", negated(1.9), devices=2),
+        Case("default-30pct-x1.9-late", "fedavg", negated(1.9, honest=3), SHIPPED, insiders=3),
+        Case("default-round-of-2-x1.9", "fedavg", negated(1.9), SHIPPED, devices=2),
     ]
     return out
 
@@ -345,6 +354,21 @@ def _networked(case: Case, folder: Path, rounds: int, honest: bool) -> dict[str,
 #: Issue 51's false-positive runs: honest fleets of ten, non-IID (Dirichlet α), algorithms
 #: with one cut and S²FL's mixed cuts.
 FP_ALGORITHMS, FP_ALPHAS = ("fedavg", "splitfed_v1", "s2fl"), (0.1, 0.5)
+#: Issue 51 item 3's false-positive rate (``--false-positive-rate``): every algorithm the
+#: attack cases run networked (RingSFL on its ring of four, ParallelSFL with up to 4
+#: clusters of 8), at both α, under the untrusted default; then a server whose round loop
+#: sleeps :data:`FREEZE_S` once (past ``timeout_s`` 2 s and the 2 s deadline floor) and an
+#: S²FL run resumed at half its rounds on a fresh server (its histories lost).
+FP_RATE_RUNS = (
+    ("fedavg", 10, {}),
+    ("splitfed_v1", 10, {}),
+    ("s2fl", 10, {}),
+    ("parallelsfl", 8, {"options.parallelsfl.k": 4}),
+    ("ringsfl", 4, {"options.ringsfl.version": "v1"}),
+)
+FREEZE_S = 5.0
+#: drop reasons that say a device was not there (not a check's verdict on an honest update)
+ABSENT = ("device not connected",)
 
 
 def false_positives(folder: Path, rounds: int) -> list[dict[str, Any]]:
@@ -371,6 +395,101 @@ def false_positives(folder: Path, rounds: int) -> list[dict[str, Any]]:
     return out
 
 
+def false_positive_rate(folder: Path, rounds: int) -> dict[str, Any]:
+    """Issue 51 item 3: honest client-rounds dropped (for any reason but an absent device)
+    over all honest client-rounds, per run of :data:`FP_RATE_RUNS` at each α, a server
+    freeze and a resume; goal 0."""
+    runs = []
+    for algorithm, devices, extra in FP_RATE_RUNS:
+        for alpha in FP_ALPHAS:
+            changes = {"data.alpha": alpha, **SHIPPED, **extra}
+            case = Case(f"{algorithm}-a{alpha:g}", algorithm, None, changes, devices=devices)
+            runs.append(_rate(case.name, networked(case, folder / case.name, rounds, True)))
+            print(f"fp-rate {case.name}: {runs[-1]['dropped']} dropped", flush=True)
+    freeze = Case("freeze", "splitfed_v1", None, {"data.alpha": 0.5, **SHIPPED})
+    with _server_sleeps(FREEZE_S):
+        runs.append(
+            _rate(
+                f"splitfed_v1-a0.5-freeze-{FREEZE_S:g}s",
+                networked(freeze, folder / "f", rounds, True),
+            )
+        )
+    runs.append(_rate("s2fl-a0.5-resumed", resumed(folder / "r", rounds)))
+    for r in runs:
+        print(f"fp-rate {r['run']:<32} {r['dropped']}/{r['client_rounds']} {r['status'][:60]}")
+    dropped, total = sum(r["dropped"] for r in runs), sum(r["client_rounds"] for r in runs)
+    return {
+        "dropped": dropped,
+        "client_rounds": total,
+        "rate": dropped / max(total, 1),
+        "runs": runs,
+    }
+
+
+def _rate(name: str, run: dict[str, Any]) -> dict[str, Any]:
+    """A run's honest client-rounds and those dropped, with their reasons (absent devices
+    counted apart: a round waits for all but two devices)."""
+    reasons = [why for row in run["dropped_reasons"] for why in row.values()]
+    checked = [why for why in reasons if not why.startswith(ABSENT)]
+    return {
+        "run": name,
+        "status": run["status"],
+        "final_acc": run["final_acc"],
+        "client_rounds": run["client_rounds"],
+        "dropped": len(checked),
+        "absent": len(reasons) - len(checked),
+        "reasons": sorted({why[:120] for why in checked}),
+        "wall_s": run["wall_s"],
+    }
+
+
+@contextlib.contextmanager
+def _server_sleeps(seconds: float):
+    """The server's round loop sleeps ``seconds`` once, in the first round with a deadline,
+    before it reads a reply (the smallest server freeze: tests/net/test_server_stalls.py)."""
+    from splitfl.net.server.remote_fleet import RemoteFleet
+
+    original, slept = RemoteFleet._await, []
+
+    def sleepy(self, link, c, seq, deadline):
+        if self.round_deadline is not None and not slept:
+            slept.append(c)
+            time.sleep(seconds)
+        return original(self, link, c, seq, deadline)
+
+    RemoteFleet._await = sleepy
+    try:
+        yield
+    finally:
+        RemoteFleet._await = original
+
+
+def resumed(folder: Path, rounds: int) -> dict[str, Any]:
+    """An honest S²FL run (α 0.5) stopped after half its rounds and resumed, as ``splitfl
+    server --resume``, on a fresh server with freshly started devices: what the server held
+    in memory (the peer histories, the lateness record) is gone."""
+    case = Case("resume", "s2fl", None, {"data.alpha": 0.5, **SHIPPED})
+    first = networked(case, folder / "first", rounds // 2, True)
+    run_dir = sorted((folder / "first").glob("try*/run"))[-1]
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["rounds"] = rounds
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    names = [f"d{i}" for i in range(case.devices)]
+    bed = Testbed.create(folder / "bed2", names)
+    threads = [bed.device(n, [i], None, retry_s=30.0) for i, n in enumerate(names)]
+    flags = [f"network.listen=127.0.0.1:{bed.port}", f"network.tokens={bed.tokens_file}"]
+    t0 = time.perf_counter()
+    try:
+        result = splitfl.resume(run_dir, overrides=flags)
+        status, rows = result.summary["status"], result.metrics
+    except Exception as err:  # noqa: BLE001 (a stopped run is a counted outcome)
+        status, rows = f"raised {type(err).__name__}: {str(err)[:200]}", []
+    for t in threads:
+        t.join(30)
+    resumed_run = outcome(status, rows, time.perf_counter() - t0 + first["wall_s"])
+    return resumed_run
+
+
 def outcome(status: str, rows: list[dict], wall_s: float) -> dict[str, Any]:
     """A run's result: status, final accuracy, each round's wall time (``wall_time`` is the
     time since the run began), the rounds the insider was dropped in and why."""
@@ -391,6 +510,8 @@ def outcome(status: str, rows: list[dict], wall_s: float) -> dict[str, Any]:
         "reasons": sorted({why[:160] for why in reasons}),
         "wall_s": round(wall_s, 1),
         "dropped_clients": [r.get("dropped_clients", []) for r in rows],
+        "dropped_reasons": [r.get("dropped_reasons") or {} for r in rows],
+        "client_rounds": sum(len(r.get("clients", [])) for r in rows),
     }
 
 
@@ -486,10 +607,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--false-positives", action="store_true", help="honest runs only")
+    parser.add_argument(
+        "--false-positive-rate", action="store_true", help="issue 51 item 3: honest drop rate"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     chosen = [c for c in cases() if args.only in c.name]
     results, baselines = [], {}
+    if args.false_positive_rate:
+        with tempfile.TemporaryDirectory() as tmp:
+            rate = false_positive_rate(Path(tmp), args.rounds)
+        report = {"date": str(datetime.date.today()), "rounds": args.rounds, **rate}
+        out = args.out or Path(__file__).parent / "results" / "attacks-fp-rate.json"
+        out.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        print(f"{rate['dropped']} of {rate['client_rounds']} honest client-rounds dropped; {out}")
+        return 0
     if args.false_positives:
         with tempfile.TemporaryDirectory() as tmp:
             fp = false_positives(Path(tmp), args.rounds)

@@ -88,7 +88,25 @@ def test_a_top_worker_whose_top_part_points_elsewhere_is_rejected():
     assert [u.client for u in kept] == [2, 3, 4, 5, 6, 7] and sorted(states) == [1, 2, 3]
     assert sorted(rnd.lost) == [0, 1]
     assert rnd.lost[0].startswith("top worker 10: rejected top part: 3.8 per step from the")
-    assert 3.0 not in history["top part"].accepted
+    assert all(3.0 not in kind for kind in history["top part"].kinds.values())
+
+
+def test_the_norm_history_of_one_cut_does_not_judge_another():
+    """Issue 51 item 3: S²FL's clients train different cuts. Rounds of three cut-1 parts
+    (norm 1 per step) filled the one history; a lone client of a deeper cut (its part holds
+    more tensors, norm 13) was then held to their median and dropped at 13x. The history is
+    per kind (the tensors an update holds): the deeper cut has no history yet and is kept; a
+    lone cut-1 part at 13x is still dropped."""
+    history = PeerHistory(10.0)
+    for _ in range(2):
+        shallow = _moves({1: [1.0], 2: [1.0], 3: [1.1]})
+        assert shallow.outliers(history, 10.0) == {}
+    deep = RoundMoves()
+    part = {"w": torch.tensor([12.0]), "v": torch.tensor([5.0])}  # norm 13
+    deep.add(4, part, {k: torch.zeros(1) for k in part}, 1)
+    assert deep.outliers(history, 10.0) == {}
+    lone = _moves({5: [13.0]}).outliers(history, 10.0)
+    assert list(lone) == [5] and "13.0x the earlier rounds' median 1 " in lone[5]
 
 
 class _Flipped(DeviceAgent):
@@ -141,3 +159,26 @@ def test_the_norm_check_compares_parts_of_the_same_tensors():
         moves.add(c, {"b": torch.tensor([2.0, 0.0])}, {"b": torch.zeros(2)}, 1)
     assert moves.outliers(PeerHistory(10.0), 10.0) == {}
     assert len(peer_outliers(moves.distance, 10.0)) == 3  # all together: b's three dropped
+
+
+def test_a_tiny_median_late_in_training_is_floored_at_the_parts_norm():
+    """Issue 51 item 3: late in training honest moves are tiny, and an honest update at 20x a
+    median of 1e-5 per step was dropped. Parts sent of norm 100, floor 1e-3: the medians the
+    checks compare with are at least 0.1, so a move of 2e-4 is kept; one of 5 (50x the floor)
+    is still dropped, and the reason names the floor. Without the floor (0): the old rule."""
+    sent = {"w": torch.tensor([100.0, 0.0])}
+
+    def late_round() -> RoundMoves:
+        moves = RoundMoves()
+        for c, move in {0: [1e-5, 0.0], 1: [0.0, 1e-5], 2: [1e-5, 1e-5], 3: [2e-4, 0.0]}.items():
+            moves.add(c, {"w": sent["w"] + torch.tensor(move)}, sent, 1)
+        return moves
+
+    assert late_round().outliers(PeerHistory(10.0), 10.0, floor=1e-3) == {}
+    assert 3 in late_round().outliers(PeerHistory(10.0), 10.0)  # no floor: dropped, as before
+    loud = late_round()
+    loud.add(4, {"w": sent["w"] + torch.tensor([5.0, 0.0])}, sent, 1)
+    found = loud.outliers(PeerHistory(10.0), 10.0, floor=1e-3)
+    assert list(found) == [4] and "peer_update_floor" in found[4]
+    assert peer_outliers({1: 1e-5, 2: 1e-5, 3: 3e-4}, 10.0, floor=0.1) == {}
+    assert list(peer_outliers({1: 1e-5, 2: 1e-5, 3: 3e-4}, 10.0)) == [3]

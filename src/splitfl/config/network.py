@@ -38,6 +38,14 @@ class BoundsConfig:
     #: spread seen in the tests: up to 5.3× (vanilla SL's chain, whose first clients move a
     #: fresh model most).
     peer_update_factor: float = 10.0
+    #: The median that check compares with is at least ``peer_update_floor`` × the norm of
+    #: the part the updates were sent (L2 over its float tensors, the median over the
+    #: round's updates of that kind): late in training honest moves are tiny and honest
+    #: replies were dropped at 11-35× a tiny median (issue 51 item 3). 1e-3 is the
+    #: update-to-weight ratio of healthy SGD training (Karpathy, CS231n notes, "Neural
+    #: Networks Part 3", ratio of weights:updates ~1e-3); an update moving less than
+    #: ``peer_update_factor`` × that per step is never a norm outlier. 0 = no floor.
+    peer_update_floor: float = 1e-3
     #: An update whose move per local step lies further from the round's coordinate-wise
     #: median move than ``peer_spread_factor`` × the median such distance + the median move's
     #: length is dropped (3 or more updates of the same tensors; ``splitfl.net.trust.spread``): a

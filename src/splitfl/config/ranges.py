@@ -68,6 +68,8 @@ FLOAT_RANGES: dict[str, Range] = {
     "train.defence.marvell_s": Range(0, 1e6, lo_open=True),
     "train.explode_recovery": Range(0, 1e30),
     "eval.target_accuracy": Range(0, 1, lo_open=True),
+    "eval.collapse_share": Range(0, 1),
+    "eval.collapse_from": Range(0, 1),
     "eval.client_holdout": Range(0, 1, lo_open=True, hi_open=True),
     "network.timeout_s": Range(0, 86400, lo_open=True),
     "network.connect_timeout_s": Range(0, 86400),  # 0: wait for the devices for ever
@@ -84,6 +86,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.bounds.activation_abs": Range(0, 1e6),
     "network.bounds.loss_max": Range(0, 1e30, lo_open=True),
     "network.bounds.peer_update_factor": Range(1, 1e6),
+    "network.bounds.peer_update_floor": Range(0, 1),
     "network.bounds.peer_spread_factor": Range(1, 1e6),
     "network.bounds.activation_rms_factor": Range(1, 1e6),
     "network.bounds.activation_rms_abs": Range(0, 1e6),

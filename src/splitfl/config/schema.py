@@ -297,6 +297,16 @@ class EvalConfig:
     metrics: list[str] = field(default_factory=lambda: ["accuracy"])
     on: str = "server"
     client_holdout: float = 0.1
+    #: A finished run whose final test accuracy is below ``collapse_share`` × its best (a
+    #: best of at least ``collapse_from``: a run that trained) has the status
+    #: ``degraded (test accuracy collapsed: ...)``, never ``ok`` (issue 51 item 1: colluders
+    #: wrecked runs that said ``ok (...)``; ``splitfl.metrics.summary.run_warnings``).
+    #: splitfl's choice (no paper defines a collapse): losing half of the best accuracy is
+    #: a broken run, not the round-to-round noise of non-IID training; 0.3 is three times
+    #: chance on the ten-class datasets the papers use, so a run that never left chance is
+    #: not called collapsed. ``collapse_share`` 0 = never.
+    collapse_share: float = 0.5
+    collapse_from: float = 0.3
 
 
 #: Optional per-round metric loggers for ``output.tracking`` and the package each needs.

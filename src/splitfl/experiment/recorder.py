@@ -157,7 +157,8 @@ class Recorder:
             trackers, self.trackers = self.trackers, None
             trackers.close()
         config = self.config
-        summary = summarize(self.rows, config.eval.target_accuracy, status, config.rounds)
+        collapse = (config.eval.collapse_share, config.eval.collapse_from)
+        summary = summarize(self.rows, config.eval.target_accuracy, status, config.rounds, collapse)
         try:
             if final_state is not None:
                 save_atomic(final_state, self.run_dir / "model.pt")

@@ -157,23 +157,27 @@ def _absent(why: str) -> bool:
 
 #: A finished run whose final test accuracy is below this share of its best (reached at
 #: this accuracy or more) says so (:func:`run_warnings`): a run that trained and then broke.
+#: The defaults of ``eval.collapse_share`` and ``eval.collapse_from`` (their reasons there).
 COLLAPSE_SHARE, COLLAPSE_FROM = 0.5, 0.3
 #: How that warning begins.
 COLLAPSED = "test accuracy collapsed"
 
 
-def run_warnings(rows: list[dict[str, Any]]) -> list[str]:
+def run_warnings(
+    rows: list[dict[str, Any]], share: float = COLLAPSE_SHARE, least: float = COLLAPSE_FROM
+) -> list[str]:
     """What a reader of an ``ok`` run must know (``summary.json`` ``warnings``, one line
     each; the status of an ``ok`` run carries them in brackets): test accuracy that
-    collapsed from its best, devices absent or rings abandoned (:func:`network_warnings`),
-    and other client work the server dropped (``dropped_reasons``: hostile or stalling
-    devices)."""
+    collapsed from its best (below ``share`` × a best of at least ``least``:
+    ``eval.collapse_share``, ``eval.collapse_from``), devices absent or rings abandoned
+    (:func:`network_warnings`), and other client work the server dropped
+    (``dropped_reasons``: hostile or stalling devices)."""
     out = []
     evals = [(r["round"], r["test_acc"]) for r in rows if r.get("test_acc") is not None]
     if evals:
         best_round, best = max(evals, key=lambda e: e[1])
         final = evals[-1][1]
-        if best >= COLLAPSE_FROM and final < COLLAPSE_SHARE * best:
+        if best >= least and final < share * best:
             out.append(
                 f"{COLLAPSED}: {100 * final:.1f}% at the end, "
                 f"{100 * best:.1f}% at round {best_round}"
@@ -214,14 +218,16 @@ def summarize(
     target: float | None,
     status: str = "ok",
     planned: int | None = None,
+    collapse: tuple[float, float] = (COLLAPSE_SHARE, COLLAPSE_FROM),
 ) -> dict:
     """Summary of a run (what ``summary.json`` holds and ``compare`` tabulates); ``planned``
-    is the configured number of rounds (see :func:`checked_status`)."""
+    is the configured number of rounds (see :func:`checked_status`); ``collapse``: the run's
+    ``(eval.collapse_share, eval.collapse_from)`` (:func:`run_warnings`)."""
     evals = [r for r in rows if r.get("test_acc") is not None]
     losses = [r for r in rows if r.get("test_loss") is not None]
     waits = [r["avg_waiting"] for r in rows]
     last = rows[-1] if rows else {}
-    status, warnings = checked_status(rows, status, planned), run_warnings(rows)
+    status, warnings = checked_status(rows, status, planned), run_warnings(rows, *collapse)
     if status == "ok" and warnings:
         collapsed = any(w.startswith(COLLAPSED) for w in warnings)
         status = f"{DEGRADED if collapsed else 'ok'} ({'; '.join(warnings)})"

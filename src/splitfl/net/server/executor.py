@@ -35,6 +35,7 @@ from splitfl.net.server.groups import NETWORKED_GROUPS, NETWORKED_ROUNDS, Groups
 from splitfl.net.server.lateness import LateClients
 from splitfl.net.server.remote_fleet import LATE, Meter, RemoteFleet, TimedServer
 from splitfl.net.server.session import NetworkSession
+from splitfl.net.server.stalls import StallClock
 from splitfl.net.trust.checks import REFERENCE_SAMPLES, PeerHistory, PeerScale
 from splitfl.net.trust.expect import Expect, expect_for
 from splitfl.net.trust.reference import server_step
@@ -59,6 +60,7 @@ class NetworkedExecutor:
         #: benched, would meet a deadline set by the fast ones alone)
         self._client_s: dict[int, float] = {}
         self._deadline: float | None = None
+        self._began: float | None = None  # when (time.monotonic()) the round began
         #: seconds :meth:`reachable` waited for devices before this round was planned
         self._waited: float | None = None
         #: the run's accepted smashed-data scales (the peer RMS check, across rounds)
@@ -72,6 +74,9 @@ class NetworkedExecutor:
         self._next_round = 0  # the run's round planned next (from 0): whom reachable() benches
         #: per-sample FLOPs of each auxiliary model the plans named (emulation)
         self._aux_cost: dict = {}
+        #: the server process's own stalls (:mod:`splitfl.net.server.stalls`): excluded from
+        #: the clients' lateness; runs between :meth:`open` and :meth:`close`
+        self._stalls: StallClock | None = None
 
     def open(self, ctx, run_dir: Path) -> None:
         """Start listening (and the local device processes, if any) and wait for devices."""
@@ -86,6 +91,7 @@ class NetworkedExecutor:
             "histogram_epsilon": self.config.network.histogram_epsilon,
         }
         self.session = NetworkSession(self.config, ctx.num_clients, run_dir, data)
+        self._stalls = StallClock().start()
         self.session.start()
         if own:  # computations on a client's own samples (IFCA's identity) run on its device
             ctx.client_compute = RemoteClientData(self.session.hub, self.config.network.timeout_s)
@@ -112,6 +118,9 @@ class NetworkedExecutor:
         return dict(self.session.hub.announced)
 
     def close(self) -> None:
+        if self._stalls is not None:
+            self._stalls.stop()
+            self._stalls = None
         if self.session is not None:
             self.session.stop()
             self.session = None
@@ -136,7 +145,7 @@ class NetworkedExecutor:
         r = number if plan.round_idx is None else plan.round_idx  # the run's round, from 0
         net = self.config.network
         rnd = D2DRound(self.session.hub, tag, round_seed, net.timeout_s, meters, lost, net.bounds)
-        began = time.monotonic()
+        began = self._began = time.monotonic()
         known = [self._client_s[t.client] for t in plan.tasks if t.client in self._client_s]
         self._deadline = round_deadline(net, float(np.median(known)) if known else None, began)
         start = time.perf_counter()
@@ -160,8 +169,9 @@ class NetworkedExecutor:
                 updates = self._peer_checked(ctx, model, plan, rnd, moves, updates, server_states)
         wall = time.perf_counter() - start
         for c, m in meters.items():  # the next deadlines: when these clients finished
-            if m.finished_at and c not in lost:
-                self._client_s[c] = m.finished_at - began
+            if m.finished_at and c not in lost:  # the client's own time: the server's excluded
+                stalled = self._stalls.since(began) if self._stalls else 0.0
+                self._client_s[c] = max(m.finished_at - began - stalled - m.held_s, 0.0)
             elif lost.get(c, "").startswith(LATE):  # censored: finishing at the deadline
                 self._client_s[c] = self._deadline - began
         self._late.record(r, on_server, lost)
@@ -188,7 +198,12 @@ class NetworkedExecutor:
         history, names = self._updates["model update"], None if own is None else own.distance
         toward = None if own is None else own.move
         outliers = moves.outliers(
-            history, b.peer_spread_factor, reference=names, toward=toward, min_cosine=b.min_cosine
+            history,
+            b.peer_spread_factor,
+            reference=names,
+            toward=toward,
+            min_cosine=b.min_cosine,
+            floor=b.peer_update_floor,
         )
         rnd.lost.update(outliers)
         return [u for u in updates if u.client not in outliers]
@@ -232,6 +247,8 @@ class NetworkedExecutor:
                 peers,
                 plan.aux,
                 plan.device_loss,
+                self._stalls,
+                self._began,
                 **extra,
             )
 

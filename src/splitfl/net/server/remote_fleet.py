@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,6 +45,9 @@ from splitfl.net.trust.spread import RoundMoves
 from splitfl.roles.aux_numerics import aux_module, returned_names
 from splitfl.roles.sides import ServerRole
 
+if TYPE_CHECKING:  # a type only: a device process imports this module, not the server's clock
+    from splitfl.net.server.stalls import StallClock
+
 State = dict[str, torch.Tensor]
 #: The drop reason of a client still working at the round deadline.
 LATE = "still working at the round deadline"
@@ -64,6 +68,14 @@ class Meter:
     finished_at: float | None = None
     #: the device (link name) that trained the client this round
     device: str | None = None
+    #: seconds of the round the server held the client up: before its first command, and
+    #: from each reply's arrival to the next command (the server's own work, its waits on
+    #: other clients, its sleeps); excluded from the client's lateness (issue 51 item 3)
+    held_s: float = 0.0
+    #: when (``time.perf_counter()``) the client's last reply arrived, until its next command
+    replied_at: float | None = None
+    #: whether the server sent the client a command this round
+    contacted: bool = False
 
     @property
     def busy_s(self) -> float:
@@ -93,6 +105,8 @@ class RemoteFleet:
         peers: PeerScale | None = None,
         aux: AuxSpec | None = None,
         device_loss: str = "server",
+        stalls: StallClock | None = None,
+        began: float | None = None,
     ):
         self.hub, self.round_seed, self.timeout_s, self.expect = hub, round_seed, timeout_s, expect
         self.meters, self.lost, self.profiles = meters, lost, profiles
@@ -102,6 +116,9 @@ class RemoteFleet:
         #: when (``time.monotonic()``) the round's clients must be done (None: no deadline
         #: but ``timeout_s`` per command); see ``network.round_deadline_factor``
         self.round_deadline = round_deadline
+        #: the server process's stalls and when (``time.monotonic()``) the round began: the
+        #: deadlines move by the time the server itself stood still (:mod:`.stalls`)
+        self.stalls, self.began = stalls, began
         #: the round's accepted smashed data, shared by its groups (the peer RMS check)
         b = expect.bounds
         self.peers = peers or PeerScale(b.activation_rms_factor, b.activation_rms_abs)
@@ -254,11 +271,23 @@ class RemoteFleet:
         seq = next(self._seq)
         msg.fields.update(client=c, seq=seq)
         sent_at = time.perf_counter()
+        self._hold(c, sent_at)
         size = link.send(msg)
         self.meters[c].wire_down += size
         if link_name:
             self.meters[c].count(link_name, payload_bytes(msg))
         return link, seq, sent_at, size
+
+    def _hold(self, c: int, sent_at: float) -> None:
+        """Count the time since client ``c``'s last reply (since the round began before its
+        first command) as the server's: ``Meter.held_s``."""
+        meter = self.meters[c]
+        if meter.replied_at is not None:
+            meter.held_s += max(sent_at - meter.replied_at, 0.0)
+        elif not meter.contacted and self.began is not None:
+            began = time.perf_counter() - (time.monotonic() - self.began)  # on perf_counter
+            meter.held_s += max(sent_at - began, 0.0)
+        meter.replied_at, meter.contacted = None, True
 
     def _call(
         self, requests: dict[int, tuple[Message, str | None]], reply: str
@@ -276,6 +305,7 @@ class RemoteFleet:
             if got is None:
                 continue
             msg, up, arrived = got
+            self.meters[c].replied_at = arrived
             if msg.type == "error":
                 self._drop(c, f"device refused: {str(msg.fields.get('error'))[:200]}")
                 continue
@@ -287,8 +317,20 @@ class RemoteFleet:
         return out
 
     def _await(self, link: DeviceLink, c: int, seq: int, deadline: float):
-        late = self.round_deadline is not None and self.round_deadline < deadline
-        got = link.reply(c, seq, (self.round_deadline if late else deadline) - time.monotonic())
+        """Client ``c``'s reply to command ``seq``, or None (dropped: late at the round
+        deadline, silent for ``timeout_s`` or lost). The round deadline is on the client's
+        clock: it moves by the time the server held the client up (``Meter.held_s``) and by
+        the server process's own stalls (issue 51 item 3: honest devices benched as late
+        because the server was)."""
+        while True:
+            stalled = self._stalled()
+            late = self.round_deadline is not None
+            end = self.round_deadline + self.meters[c].held_s + stalled if late else deadline
+            late = late and end < deadline + stalled
+            end = end if late else deadline + stalled
+            got = link.reply(c, seq, end - time.monotonic())
+            if got is not None or self._stalled() == stalled:
+                break
         if got is None and late:  # the link stays: the device's late replies are dropped
             self._drop(c, f"{LATE} (network.round_deadline_factor)")
         elif got is None:
@@ -299,6 +341,11 @@ class RemoteFleet:
         else:
             return got
         return None
+
+    def _stalled(self) -> float:
+        """Seconds the server process stood still since the round began (0 without a stall
+        clock)."""
+        return 0.0 if self.stalls is None or self.began is None else self.stalls.since(self.began)
 
     def _measure(self, c, msg, rtt, up, down) -> None:
         compute = msg.fields.get("compute_s")

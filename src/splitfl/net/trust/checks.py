@@ -237,23 +237,30 @@ class PeerScale:
 
 
 def peer_outliers(
-    distances: dict[int, float], factor: float, what: str = "model update"
+    distances: dict[int, float], factor: float, what: str = "model update", floor: float = 0.0
 ) -> dict[int, str]:
     """Keys (clients; or a ParallelSFL round's clusters, :mod:`splitfl.net.server.clusters`) whose
     update distance (from the part they were sent) is above ``factor`` × the median of the round's
-    distances, with the reason to record (``what`` names the part); none with fewer than 3
-    updates or a zero median (nothing moved)."""
+    distances (at least ``floor``: ``network.bounds.peer_update_floor``), with the reason to
+    record (``what`` names the part); none with fewer than 3 updates or a zero median (nothing
+    moved)."""
     if len(distances) < 3:
         return {}
     ordered = sorted(distances.values())
     n = len(ordered)
-    return _above(
-        distances, (ordered[(n - 1) // 2] + ordered[n // 2]) / 2, factor, what, "round's median"
-    )
+    median = (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+    return _above(distances, *_floored(median, floor, "round's median"), factor, what)
+
+
+def _floored(median: float, floor: float, whose: str) -> tuple[float, str]:
+    """``median`` at least ``floor``, and what the reason calls it."""
+    if floor > median:
+        return floor, f"floor (network.bounds.peer_update_floor x the part's norm, above {whose})"
+    return median, whose
 
 
 def _above(
-    distances: dict[int, float], median: float, factor: float, what: str, whose: str
+    distances: dict[int, float], median: float, whose: str, factor: float, what: str
 ) -> dict[int, str]:
     """The keys whose distance is above ``factor`` × ``median``, with their reasons."""
     if median <= 0:
@@ -270,15 +277,28 @@ def _above(
 
 class PeerHistory:
     """:func:`peer_outliers` across rounds: the accepted distances (per local step) of the
-    last ``keep`` updates stand in for the round's median when a round has fewer than 3 (a
-    ParallelSFL round of one or two clusters, a round of two clients), once 3 were accepted;
-    before that, the server's own step on its held samples (``reference``).
+    last ``keep`` updates of the same kind stand in for the round's median when a round has
+    fewer than 3 of that kind (a ParallelSFL round of one or two clusters, a round of two
+    clients, an S²FL cut only one or two clients train), once 3 were accepted; before that,
+    the server's own step on its held samples (``reference``). A kind is what the updates
+    hold (:meth:`~splitfl.net.trust.spread.RoundMoves.outliers` passes the tensor names):
+    S²FL's cuts differ in kind, and one history of all cuts held a lone client of a larger
+    cut to a median of smaller cuts' parts (issue 51 item 3: an honest update dropped at
+    13.4× "the median").
     The history lives in the server process (a resumed run starts a new one, as
     :class:`PeerScale`)."""
 
     def __init__(self, factor: float, keep: int = 32):
-        self.factor = factor
-        self.accepted: collections.deque[float] = collections.deque(maxlen=keep)
+        self.factor, self.keep = factor, keep
+        self.kinds: dict[object, collections.deque[float]] = {}
+
+    @property
+    def accepted(self) -> collections.deque[float]:
+        """The accepted distances of updates of no stated kind (``kind=None``)."""
+        return self._of(None)
+
+    def _of(self, kind: object) -> collections.deque[float]:
+        return self.kinds.setdefault(kind, collections.deque(maxlen=self.keep))
 
     def outliers(
         self,
@@ -286,20 +306,24 @@ class PeerHistory:
         what: str = "model update",
         reference: Callable[[], float] | None = None,
         rejected: Collection[int] = (),
+        kind: object = None,
+        floor: float = 0.0,
     ) -> dict[int, str]:
-        """The round's outliers (its own median, else the earlier rounds', else — before 3
-        were accepted — ``reference``: the server's own step per local step,
-        :class:`~splitfl.net.trust.reference.ServerStep`); records the rest but ``rejected`` (keys
-        another check refused: the spread, :mod:`splitfl.net.trust.spread`)."""
-        found = peer_outliers(distances, self.factor, what)
-        if len(distances) < 3 and len(self.accepted) >= 3:
-            earlier = sorted(self.accepted)[(len(self.accepted) - 1) // 2]  # the lower median
-            found = _above(distances, earlier, self.factor, what, "earlier rounds' median")
+        """The round's outliers (its own median, else the earlier rounds' of ``kind``, else
+        — before 3 were accepted — ``reference``: the server's own step per local step,
+        :class:`~splitfl.net.trust.reference.ServerStep`); records the rest but ``rejected``
+        (keys another check refused: the spread, :mod:`splitfl.net.trust.spread`); each median
+        at least ``floor`` (:func:`peer_outliers`)."""
+        found = peer_outliers(distances, self.factor, what, floor)
+        accepted = self._of(kind)
+        if len(distances) < 3 and len(accepted) >= 3:
+            earlier = sorted(accepted)[(len(accepted) - 1) // 2]  # the lower median
+            earlier, whose = _floored(earlier, floor, "earlier rounds' median")
+            found = _above(distances, earlier, whose, self.factor, what)
         elif len(distances) < 3 and distances and reference is not None:
-            found = _above(distances, reference(), self.factor, what, "server's own step")
-        self.accepted.extend(
-            d for c, d in distances.items() if c not in found and c not in rejected
-        )
+            own, whose = _floored(reference(), floor, "server's own step")
+            found = _above(distances, own, whose, self.factor, what)
+        accepted.extend(d for c, d in distances.items() if c not in found and c not in rejected)
         return found
 
 

@@ -42,6 +42,8 @@ class RoundMoves:
     def __init__(self) -> None:
         self.distance: dict[int, float] = {}
         self.delta: dict[int, State] = {}
+        #: the norm of the part each update was sent (the norm check's floor)
+        self.scale: dict[int, float] = {}
 
     def add(self, key: int, part: State, sent: State, steps: int) -> None:
         """Record ``part`` (floating tensors) against ``sent`` after ``steps`` local steps."""
@@ -52,11 +54,19 @@ class RoundMoves:
         }
         self.delta[key] = delta
         self.distance[key] = update_distance(part, sent) / max(steps, 1)
+        floats = {k: sent[k] for k, t in part.items() if t.is_floating_point()}
+        self.scale[key] = update_distance(
+            floats, {k: torch.zeros_like(t) for k, t in floats.items()}
+        )
 
-    def spread_outliers(self, factor: float, what: str = "model update") -> dict[int, str]:
+    def spread_outliers(
+        self, factor: float, what: str = "model update", floor: float = 0.0
+    ) -> dict[int, str]:
         """The keys whose move lies more than ``factor`` × the median distance + the median
-        length from the coordinate-wise median move (module docstring), with their reasons;
-        checked among the keys that sent the same tensors, 3 or more of them."""
+        length (at least ``floor`` × the median norm of the parts sent:
+        ``network.bounds.peer_update_floor``) from the coordinate-wise median move (module
+        docstring), with their reasons; checked among the keys that sent the same tensors, 3
+        or more of them."""
         found: dict[int, str] = {}
         for keys in same_tensors(self.delta).values():
             if len(keys) < 3:
@@ -64,6 +74,7 @@ class RoundMoves:
             spread = spread_from_centre([self.delta[k] for k in keys])
             typical = statistics.median(spread)
             norm = statistics.median(self.distance[k] for k in keys)
+            norm = max(norm, floor * statistics.median(self.scale[k] for k in keys))
             room = factor * typical + norm
             found |= {
                 k: (
@@ -84,6 +95,7 @@ class RoundMoves:
         reference: Callable[[Iterable[str]], float] | None = None,
         toward: Toward | None = None,
         min_cosine: float | None = None,
+        floor: float = 0.0,
     ) -> dict[int, str]:
         """The peer checks, as every checking place runs them: the spread
         (:meth:`spread_outliers`), the direction (with ``min_cosine``; ``toward``: the server's
@@ -93,8 +105,9 @@ class RoundMoves:
         some tensors); where several reject, the last one's reason. Each check compares like
         with like: updates of the same tensors (S²FL's clients train different cuts, whose
         parts' norms differ in kind: issue 51, an honest client dropped at 13.4× a median of
-        other cuts' parts)."""
-        found = self.spread_outliers(spread_factor, what)
+        other cuts' parts). The norm check's median is at least ``floor`` × the median norm of
+        the parts sent (``network.bounds.peer_update_floor``)."""
+        found = self.spread_outliers(spread_factor, what, floor)
         if min_cosine is not None:  # the direction check is on (network.trust: untrusted)
             found |= direction_outliers(self.delta, toward, min_cosine, what)
         norm: dict[int, str] = {}
@@ -102,7 +115,9 @@ class RoundMoves:
             names = list(self.delta[keys[0]])
             own = None if reference is None else (lambda names=names: reference(names))
             group = {k: self.distance[k] for k in keys}
-            norm |= history.outliers(group, what, own, found)
+            least = floor * statistics.median(self.scale[k] for k in keys)
+            kind = tuple(sorted(names))
+            norm |= history.outliers(group, what, own, found, kind=kind, floor=least)
         return found | norm
 
 
