@@ -50,7 +50,7 @@ from splitfl.net.device.agent import DeviceAgent, DeviceOptions
 from splitfl.net.device.session import start_in_thread
 from splitfl.net.server.testbed import FreezingRelay, Testbed
 from splitfl.net.transport.wire import Message
-from splitfl.testing import config_for
+from splitfl.testing import config_for, flip_away
 
 AGGREGATIONS = ("mean", "median", "trimmed_mean", "clip_mean")
 
@@ -198,11 +198,7 @@ def _ring_session(agent, c, msg, abort):
             return Message("ring_failed", {"reason": "stalled", "client": c})
     reply = _RING_SESSION(agent, c, msg, abort)
     if getattr(agent, "flip_ring", False) and reply.type == "ring_done":
-        for name, t in reply.tensors.items():
-            g = msg.tensors.get(name)
-            if g is not None and t.is_floating_point():
-                step = t - g
-                reply.tensors[name] = g - 9.9 * g.norm() * step / step.norm().clamp_min(1e-12)
+        flip_away(reply.tensors, msg.tensors)
     return reply
 
 

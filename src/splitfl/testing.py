@@ -60,3 +60,15 @@ def config_for(algorithm: str, **changes: Any) -> dict[str, Any]:
     """A tiny config that fits ``algorithm`` (fast options, ring-sized for RingSFL)."""
     extra = RING_SIZED if algorithm.startswith("ringsfl") else {}
     return tiny_config(algorithm=algorithm, **{**FAST_OPTIONS, **extra, **changes})
+
+
+def flip_away(tensors: dict[str, Any], sent: dict[str, Any], factor: float = 9.9) -> None:
+    """The model-flip attack of issue 51 (item 4), in place: each floating tensor ``t`` with a
+    sent counterpart ``g`` becomes ``g − factor · ‖g‖ · unit(t − g)``, inside the norm bounds
+    (``factor`` below ``peer_update_factor`` 10) but pointing away from the honest move.
+    Used by the ring tests and ``benchmarks/bench_attacks.py``."""
+    for name, t in tensors.items():
+        g = sent.get(name)
+        if g is not None and t.is_floating_point():
+            step = t - g
+            tensors[name] = g - factor * g.norm() * step / step.norm().clamp_min(1e-12)

@@ -12,6 +12,7 @@ from test_networked_d2d import RING_DEVICES, _networked, _rows
 from splitfl.core.plan import RING_MEMBER_FAILED
 from splitfl.net.device import clusters as device_clusters
 from splitfl.net.server.ring import peer_faults
+from splitfl.testing import flip_away
 
 
 def _flipped_upload(monkeypatch, member: int) -> None:
@@ -21,11 +22,7 @@ def _flipped_upload(monkeypatch, member: int) -> None:
     def flipping(agent, c, msg, abort):
         reply = original(agent, c, msg, abort)
         if c == member and reply.type == "ring_done":
-            for name, t in reply.tensors.items():
-                g = msg.tensors.get(name)
-                if g is not None and t.is_floating_point():
-                    step = t - g
-                    reply.tensors[name] = g - 9.9 * g.norm() * step / step.norm().clamp_min(1e-12)
+            flip_away(reply.tensors, msg.tensors)
         return reply
 
     monkeypatch.setattr(device_clusters, "ring_session", flipping)
