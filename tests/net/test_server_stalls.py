@@ -84,8 +84,9 @@ def test_the_round_deadline_moves_by_the_servers_own_stall():
 def test_honest_clients_are_not_benched_when_the_server_sleeps_past_the_deadline(
     tmp_path, monkeypatch
 ):
-    """The smallest reproducer: the server's round loop sleeps 3 s (past its 1-2 s round
-    deadline) before it reads its clients' replies in round 2. Before the fix every
+    """The smallest reproducer: the server's round loop sleeps 6 s (past its 3-4 s round
+    deadline; a 1 s floor let an honest client's own work under a loaded suite run past it)
+    before it reads its clients' replies in round 2. Before the fix every
     client it read after the sleep was dropped as late, then benched in round 3."""
     slept, original = [], RemoteFleet._await
 
@@ -98,7 +99,7 @@ def test_honest_clients_are_not_benched_when_the_server_sleeps_past_the_deadline
     monkeypatch.setattr(RemoteFleet, "_await", sleepy)
     bed = Testbed.create(tmp_path / "bed", ["a", "b"])
     threads = [bed.device("a", [0, 1]), bed.device("b", [2, 3])]
-    deadline = {"round_deadline_factor": 2.0, "round_deadline_min_s": 1.0}
+    deadline = {"round_deadline_factor": 2.0, "round_deadline_min_s": 3.0}
     net = bed.server_overrides(min_devices=2, **deadline)
     small = {"rounds": 3, "data.num_clients": 4, "train.clients_per_round": 4}
     cfg = config_for("fedavg", **small, **net)
