@@ -13,6 +13,11 @@ proportion to the bytes each way (one-way times need synchronised clocks, which 
 not have), the server's compute for the client's iterations, and bytes: the tensor payload
 per link (as the cost model counts it) and the
 encoded messages on the wire.
+
+Over 400 lines as one concept: the fleet's calls and what each call measures and drops are
+one job (the :class:`Meter`'s held time and the deadline on the client's clock are read
+where each reply is awaited); the peer checks and the stall clock live in
+:mod:`splitfl.net.trust` and :mod:`splitfl.net.server.stalls`.
 """
 
 from __future__ import annotations

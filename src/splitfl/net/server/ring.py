@@ -7,7 +7,11 @@ within ``timeout_s`` of the abort the others answer), whose report was rejected,
 a neighbour refused, or, at the round deadline (relative to the measured rounds, as for every
 round: ``network.round_deadline_factor``), the one that answers the abort late. RingSFL
 leaves it out of the next rounds' ring (:data:`~splitfl.core.plan.RING_MEMBER_FAILED`,
-``options.ringsfl.exclude_rounds``)."""
+``options.ringsfl.exclude_rounds``).
+
+Over 400 lines as one concept: one ring round on the server, from its commands to the member
+it names (the peer check of the uploaded models and the stalled-after-ack naming are the
+round's own verdicts on its members)."""
 
 from __future__ import annotations
 
