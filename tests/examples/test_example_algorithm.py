@@ -70,6 +70,11 @@ def test_the_example_options_fail_in_one_line_before_the_run(project, override, 
 
 
 def _load_example():
+    """A fresh copy of the example module. A run of the example's config in this process (the
+    own-algorithm tutorial's snippet, tests/examples/test_docs_snippets.py) has registered
+    it already: that registration and module are set aside and put back."""
+    registered = ALGORITHMS.pop("power_of_choice", None)
+    imported = sys.modules.pop("power_of_choice", None)
     spec = importlib.util.spec_from_file_location("power_of_choice", EXAMPLE / "power_of_choice.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["power_of_choice"] = module  # dataclasses look their module up
@@ -78,6 +83,10 @@ def _load_example():
     finally:
         ALGORITHMS.pop("power_of_choice", None)  # the example registers itself
         sys.modules.pop("power_of_choice", None)
+        if registered is not None:
+            ALGORITHMS["power_of_choice"] = registered
+        if imported is not None:
+            sys.modules["power_of_choice"] = imported
     return module
 
 

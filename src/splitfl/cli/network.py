@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from splitfl.config import ConfigError
+from splitfl.config.parse import apply_overrides, read_yaml_mapping
 from splitfl.data.clients import write_partition
 from splitfl.experiment import resume, run
 from splitfl.experiment.runner import as_config
@@ -30,8 +31,17 @@ def _split(values: list[str]) -> tuple[str | None, list[str]]:
     return config, [v for v in values if v != config]
 
 
+#: ``splitfl server``'s address when neither ``--listen`` nor the config (file or overrides)
+#: names one: the config's own default, port 0, is a port no device could be told.
+SERVER_LISTEN = "127.0.0.1:7070"
+
+
 def _network_overrides(args: argparse.Namespace) -> list[str]:
-    out = [f"network.listen={args.listen}", "network.devices=0"]
+    """The server flags as config overrides. ``--listen`` only when given: a config's
+    ``network.listen`` (and a resumed run's recorded address) stands otherwise."""
+    out = ["network.devices=0"]
+    if args.listen is not None:
+        out.append(f"network.listen={args.listen}")
     for flag, key in (
         ("tls_cert", "tls_cert"),
         ("tls_key", "tls_key"),
@@ -46,6 +56,13 @@ def _network_overrides(args: argparse.Namespace) -> list[str]:
     if args.insecure:
         out.append("network.insecure=true")
     return out
+
+
+def _named_listen(config: str, overrides: list[str]) -> str | None:
+    """The ``network.listen`` the config file and its overrides name, or None."""
+    data = apply_overrides(read_yaml_mapping(config), overrides)
+    network = data.get("network")
+    return network.get("listen") if isinstance(network, dict) else None
 
 
 def _report(result) -> int:
@@ -66,6 +83,8 @@ def cmd_server(args: argparse.Namespace) -> int:
         raise ConfigError("CONFIG", "give a config file (e.g. configs/quickstart.yaml)")
     run_dir = Path(args.out) if args.out else None
     overrides = [*overrides, "executor=networked", *net]
+    if args.listen is None and _named_listen(config, overrides) is None:
+        overrides.append(f"network.listen={SERVER_LISTEN}")
     return _report(run(config, overrides, run_dir=run_dir, progress=progress, imports=args.imports))
 
 
@@ -129,7 +148,12 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def add_network_parsers(sub) -> None:
     p = sub.add_parser("server", help="run as the server of a networked run (devices connect)")
     p.add_argument("args", nargs="*", metavar="CONFIG [key=value ...]")
-    p.add_argument("--listen", default="127.0.0.1:7070", metavar="HOST:PORT")
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help=f"default: the config's network.listen, else {SERVER_LISTEN}; "
+        "on --resume the run's own address",
+    )
     p.add_argument("--tls-cert", metavar="PEM")
     p.add_argument("--tls-key", metavar="PEM")
     p.add_argument("--tokens", metavar="FILE", help="device tokens file (splitfl token)")
