@@ -16,7 +16,7 @@ from splitfl.net.server.remote_fleet import LATE, Meter, RemoteFleet
 from splitfl.net.server.stalls import TICK_S, StallClock
 from splitfl.net.server.testbed import Testbed
 from splitfl.net.transport.inbox import Inbox
-from splitfl.net.transport.link import DeviceLink
+from splitfl.net.transport.link import DeviceLink, judges_silence, keep_alive
 from splitfl.net.transport.wire import Message
 from splitfl.testing import config_for
 
@@ -30,6 +30,33 @@ def test_a_stall_clock_counts_the_gaps_of_a_frozen_process_by_hand():
     assert clock.stalls == [(100.1 + TICK_S, 140.1)]
     assert abs(clock.since(0.0) - (40.0 - TICK_S)) < 1e-9
     assert abs(clock.since(120.0) - 20.1) < 1e-9 and clock.since(141.0) == 0.0
+
+
+def test_a_freeze_counts_before_the_heartbeat_has_beaten_again():
+    """A real ``SIGSTOP``: the thread whose wait timed out in the freeze may ask before the
+    heartbeat thread has run (benchmarks/bench_server_freeze.py: the old clock said 0 s, and
+    3 of 4 honest clients were dropped, "no reply within 2 s", after a 5 s freeze)."""
+    now = [100.0]
+    clock = StallClock(clock=lambda: now[0], gap_s=0.5)
+    now[0] += 0.05
+    clock.beat()
+    now[0] += 5.0  # frozen; no beat since
+    assert abs(clock.since(99.0) - (5.0 - TICK_S)) < 1e-9
+    now[0] += 0.05
+    clock.beat()  # the heartbeat's own beat after it does not count the stall twice
+    assert abs(clock.since(99.0) - (5.0 - TICK_S)) < 1e-9
+
+
+def test_a_keepalive_tick_that_woke_late_closes_no_link():
+    """A 40 s freeze: the hub's heartbeat wakes 40 s late, before the read threads have read
+    what the devices sent meanwhile; it pings and judges at its next tick."""
+    assert judges_silence(100.0, 110.2, 10.0) and not judges_silence(100.0, 140.0, 10.0)
+    link = DeviceLink("d", [0], inbox={0: Inbox()})
+    link.ready, link.heard = True, time.monotonic() - 40.0
+    keep_alive(link, 10.0, judge=False)
+    assert link.alive and not link.outbox.empty()  # pinged
+    keep_alive(link, 10.0)
+    assert not link.alive and link.reason.startswith("silent for 40 s")
 
 
 def _fleet(deadline: float, stalls=None, began=None) -> RemoteFleet:

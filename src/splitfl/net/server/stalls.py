@@ -49,7 +49,11 @@ class StallClock:
             self.last = now
 
     def since(self, moment: float) -> float:
-        """Seconds the process stood still after ``moment`` (up to the last heartbeat)."""
+        """Seconds the process stood still after ``moment``, a stall still unrecorded included:
+        after a freeze (``SIGSTOP``) every thread wakes at once, and a thread whose wait
+        timed out in it may ask before the heartbeat thread has beaten again — the gap since
+        the last beat is judged here first (:meth:`beat`), as the heartbeat would."""
+        self.beat()
         with self._lock:
             return sum(end - max(start, moment) for start, end in self.stalls if end > moment)
 

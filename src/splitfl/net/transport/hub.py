@@ -47,6 +47,7 @@ from splitfl.net.transport.link import (
     SILENT_PERIODS,
     DeviceLink,
     answers,
+    judges_silence,
     keep_alive,
     keepalive_options,
     stop_grpc_server,
@@ -366,11 +367,14 @@ class Hub:
     def _heartbeat(self) -> None:
         """Each ``keepalive_s``: ping every link; close those silent for too long."""
         period = self.settings.keepalive_s
+        woke = time.monotonic()
         while not self.stopping.wait(period):
+            now = time.monotonic()
+            judge, woke = judges_silence(woke, now, period), now
             with self.lock:
                 links = [k for k in self.links.values() if k.alive]
             for link in links:
-                keep_alive(link, period)
+                keep_alive(link, period, judge)
             with self.lock:
                 self.lock.notify_all()
 
