@@ -21,6 +21,8 @@ same script measures an older commit exported with ``git archive``.
     python benchmarks/bench_scale.py partition --n 1000000 --clients 100 10000 1000000
     python benchmarks/bench_scale.py prep --sizes 100000 --src /tmp/old/src   # the old code
     python benchmarks/bench_scale.py rounds --clients 100 10000 100000 --algorithms splitfed_v1
+    python benchmarks/bench_scale.py rounds --executor timing --algorithms s2fl --clients 1000 \
+        --per-round 100 --profile      # cProfile's top 40 by cumulative time, on stderr
     python benchmarks/bench_scale.py rounds --executor timing --algorithms pyramidfl ifca \
         --clients 100 1000 10000 100000 1000000 --per-round 10 100 > rounds.jsonl
     python benchmarks/bench_scale.py planning --clients 100 200 400 --src src /tmp/old/src
@@ -68,6 +70,20 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
+def _profiled(fn, *args, sort: str, top: int, **kwargs):
+    """``fn(*args, **kwargs)``; under ``--profile`` (``BENCH_SCALE_PROFILE``) in cProfile, its
+    ``top`` functions by ``sort`` printed on stderr."""
+    if not os.environ.get("BENCH_SCALE_PROFILE"):
+        return fn(*args, **kwargs)
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    result = profiler.runcall(fn, *args, **kwargs)
+    pstats.Stats(profiler, stream=sys.stderr).sort_stats(sort).print_stats(top)
+    return result
+
+
 def one_prep(n: int, clients: int) -> dict:
     """``prepare`` once (this process): seconds and peak RSS above the data's own."""
     from splitfl.experiment.runner import as_config, prepare
@@ -93,15 +109,7 @@ def one_prep(n: int, clients: int) -> dict:
     config["import_dirs"] = [str(HERE)]
     before, cpu = _peak_mib(), _cpu_s()
     start = time.perf_counter()
-    if os.environ.get("BENCH_SCALE_PROFILE"):  # --profile: the top functions, on stderr
-        import cProfile
-        import pstats
-
-        profiler = cProfile.Profile()
-        profiler.runcall(prepare, as_config(config))
-        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(8)
-    else:
-        prepare(as_config(config))
+    _profiled(prepare, as_config(config), sort="tottime", top=8)
     seconds = time.perf_counter() - start
     data_mib = n * (4 * 64 + 8) / 2**20
     return {
@@ -143,7 +151,8 @@ def one_rounds(
     }
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
-        result = splitfl.run(tiny_config(**changes), run_dir=Path(folder) / "run")
+        config, run_dir = tiny_config(**changes), Path(folder) / "run"
+        result = _profiled(splitfl.run, config, run_dir=run_dir, sort="cumtime", top=40)
         total = time.perf_counter() - start
         rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
     walls = [r["wall_time"] for r in rows]
@@ -301,29 +310,39 @@ def _write_images(root: Path, n: int) -> None:
 
 def plot_rounds(logs: list[str], png: Path) -> None:
     """Log–log plot of the ``rounds`` rows in ``logs`` (this script's JSON lines): the round
-    time against the number of clients N, one line per (algorithm, clients per round K)."""
+    time against the number of clients N, one line per (algorithm, clients per round K).
+    Rows of a tree under ``/tmp/`` (an older commit exported for a before/after pair) are
+    left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves: dict[tuple[str, int], list[tuple[int, float]]] = {}
-    for log in logs:
+    points: dict[tuple[str, int], dict[int, float]] = {}
+    for log in logs:  # a later row of the same (algorithm, K, N) replaces an earlier one
         for line in Path(log).read_text().splitlines():
             row = json.loads(line) if line.startswith("{") else {}
-            if "round_s" in row:
-                key = (row["algorithm"], row["per_round"])
-                curves.setdefault(key, []).append((row["clients"], row["round_s"]))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+            if "round_s" in row and not row.get("src", "").startswith("/tmp/"):
+                key = (row["algorithm"], row["per_round"])  # /tmp/...: a "before" tree
+                points.setdefault(key, {})[row["clients"]] = row["round_s"]
+    curves = {key: list(by_n.items()) for key, by_n in points.items()}
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    colour = {a: f"C{i}" for i, a in enumerate(sorted({a for a, _ in curves}))}  # one each
     for (algorithm, k), points in sorted(curves.items()):
         xs, ys = zip(*sorted(points), strict=True)
+        style = "-" if k <= 10 else "--"
         ax.loglog(
-            xs, ys, marker="o", linestyle="-" if k <= 10 else "--", label=f"{algorithm}, K={k}"
+            xs,
+            ys,
+            marker="o",
+            linestyle=style,
+            color=colour[algorithm],
+            label=f"{algorithm}, K={k}",
         )
     ax.set_xlabel("clients N")
     ax.set_ylabel("round time, executor: timing (s)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize="small", ncol=2)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
@@ -366,7 +385,9 @@ def main(argv: list[str] | None = None) -> None:
         help="trees to measure, interleaved (e.g. the old code's src)",
     )
     parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--profile", action="store_true", help="prep: cProfile's top, stderr")
+    parser.add_argument(
+        "--profile", action="store_true", help="prep, rounds: cProfile's top, on stderr"
+    )
     a = parser.parse_args(argv)
     if a.profile:
         os.environ["BENCH_SCALE_PROFILE"] = "1"
