@@ -91,11 +91,15 @@ def pytest_runtest_teardown(item, nextitem):
             ray.shutdown()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """The tests on :func:`ray_instance` run first (each group in its collected order), as
     one xdist group (``--dist loadgroup``, pyproject's addopts): one worker starts one Ray
     instance and runs them while the other works through the rest; last, they held one
-    worker at the end of the suite while the other sat idle."""
+    worker at the end of the suite while the other sat idle. ``tryfirst``: xdist's worker
+    reads the ``xdist_group`` marks in its own hook, registered after this conftest and so
+    called before it (the marks came too late and the group was split over both workers,
+    each starting Ray; tests/test_conftest.py)."""
     for item in items:
         if _on_ray(item):
             item.add_marker(pytest.mark.xdist_group("ray"))
