@@ -64,6 +64,15 @@ def test_a_device_never_welcomed_gives_up_after_retry_s(monkeypatch):
     assert lines[-1] == "splitfl device d0: no server for 60 s, giving up"
 
 
+def test_the_last_dial_falls_on_the_deadline(monkeypatch):
+    """A server that starts listening just before ``retry_s`` is reached, not missed by the
+    backoff (dials at 15.5 s and 25.5 s would both miss one that listens at 20 s; a test
+    failed so on a loaded CI machine: one of two devices gave up before the server listened)."""
+    code, lines, dials, clock = _serve(monkeypatch, False, retry_s=20, resume_wait_s=900)
+    assert code == 1 and dials[-1] == pytest.approx(1020) and clock.now == pytest.approx(1020)
+    assert lines[-1] == "splitfl device d0: no server for 20 s, giving up"
+
+
 def test_the_flags(tmp_path):
     token = tmp_path / "t"
     token.write_text("x" * 43)

@@ -79,8 +79,11 @@ def _rows(run_dir: Path) -> list[dict]:
 
 def _threads(tmp_path, folders: dict[str, Path], agent_cls=None, **opts):
     bed = Testbed.create(tmp_path / "bed", list(folders))
+    # 60 s: a loaded machine's server may take tens of seconds to listen (a 20 s wait failed
+    # CI once: one of two devices gave up first)
+    retry_s = opts.pop("retry_s", 60.0)
     threads = [
-        bed.device(name, [], agent_cls, data=str(path), retry_s=opts.pop("retry_s", 20.0), **opts)
+        bed.device(name, [], agent_cls, data=str(path), retry_s=retry_s, **opts)
         for name, path in folders.items()
     ]
     return bed, threads

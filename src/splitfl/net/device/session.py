@@ -174,10 +174,11 @@ def _serve_server(opts: DeviceOptions, log, agent_cls, peer: PeerEndpoint | None
         except OSError as err:
             outage.failed(f"connection: {err}")
         limit = outage.limit()
-        if time.monotonic() > contact.at + limit:
+        left = contact.at + limit - time.monotonic()
+        if left <= 0:
             log(f"splitfl device {opts.name}: no server for {limit:g} s, giving up")
             return 1
-        time.sleep(delay)
+        time.sleep(min(delay, left))  # the last dial falls on the deadline, not before it
         delay = min(delay * 2, 10.0)
 
 
