@@ -14,6 +14,10 @@ A split-learning iteration is an exchange between them (S²FL Alg. 1, MergeSFL A
 Both are plain torch and know nothing of where the other runs: the sequential executor wires
 them in-process (:mod:`splitfl.roles.fleet`), the networked executor
 (:mod:`splitfl.net`) puts gRPC between them. The arithmetic is the same code in both.
+
+Over 400 lines as one concept: the two ends of one exchange, each step next to the step of
+the other side it answers (a device's ``backward`` reads what ``ServerRole.step`` returns);
+apart, a change to the exchange would be made in two files.
 """
 
 from __future__ import annotations
