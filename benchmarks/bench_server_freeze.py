@@ -30,20 +30,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from bench_attacks import ABSENT  # one definition of 'not a verdict on an update'
 
 import splitfl
+from splitfl.metrics.records import read_metrics, read_record
 from splitfl.net.server.testbed import Testbed
 from splitfl.testing import config_for
 
-#: drop reasons that say a device was not there (not a check's verdict on an honest update)
-ABSENT = ("device not connected",)
 
-
-def _rows(run_dir: Path) -> list[dict[str, Any]]:
+def _rounds_recorded(run_dir: Path) -> int:
+    """Complete lines of the run's ``metrics.jsonl`` while the server writes it (a line being
+    written is not counted)."""
     path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
 def _server(cfg: Path, run_dir: Path) -> subprocess.Popen:
@@ -71,7 +70,7 @@ def one_run(folder: Path, args: argparse.Namespace, freeze: bool) -> dict[str, A
     t0 = time.monotonic()
     try:
         if freeze:
-            while len(_rows(run_dir)) < args.freeze_after and server.poll() is None:
+            while _rounds_recorded(run_dir) < args.freeze_after and server.poll() is None:
                 time.sleep(0.01)
             time.sleep(args.offset_s)
             os.kill(server.pid, signal.SIGSTOP)
@@ -86,9 +85,9 @@ def one_run(folder: Path, args: argparse.Namespace, freeze: bool) -> dict[str, A
             server.wait(10)
         for t in threads:
             t.join(30)
-    rows = _rows(run_dir)
+    rows = read_metrics(run_dir / "metrics.jsonl")
     summary_path = run_dir / "summary.json"
-    status = json.loads(summary_path.read_text())["status"] if summary_path.exists() else None
+    status = (read_record(summary_path) or {}).get("status")
     reasons = [why for r in rows for why in (r.get("dropped_reasons") or {}).values()]
     checked = [why for why in reasons if not why.startswith(ABSENT)]
     events = [e for r in rows for e in r.get("executor_events", []) if "late" in str(e)]
