@@ -295,6 +295,7 @@ def test_every_executor_equals_sequential(changes, executor):
     # parallel: auxiliary plans are one coupled unit (``parallel.coupled``), run in the driver
     other = VectorizedExecutor() if executor == "vectorized" else ParallelExecutor()
     got = other.run_round(ctx, state, plan, round_seed=3)
+    assert ref.updates and ref.server_states  # the loops below are not vacuous
     for u, v in zip(ref.updates, got.updates, strict=True):
         assert (u.client, u.samples, u.uploaded) == (v.client, v.samples, v.uploaded)
         for k in u.state:

@@ -150,6 +150,7 @@ def test_a_nan_in_a_reply_is_refused_and_metrics_stay_strict_json(tmp_path, monk
     # the insider's link is closed each round and it redials: after the run, 3 s (not 20)
     result = _run(tmp_path, "s2fl", _NaNTime, retry_s=3.0, clock="measured")
     rows = _strict_rows(result.run_dir)  # old code: NaN literals, not JSON
+    assert rows  # the loop below is not vacuous
     for row in rows:
         assert "non-finite" in row["dropped_reasons"]["0"]
         assert all(t is None or math.isfinite(t) for t in row["measured_compute_s"])

@@ -180,6 +180,7 @@ def test_jetson80_run_charges_the_ps_link(tmp_path):
     )
     off_changes = {**changes, "devices.contention": False}
     off = splitfl.run(tiny_config(**off_changes), run_dir=tmp_path / "off")
+    assert len(on.metrics) == 2  # the loop below is not vacuous
     for a, b in zip(on.metrics, off.metrics, strict=True):
         pairs = list(zip(a["client_times"], b["client_times"], strict=True))
         assert all(t_on >= t_off for t_on, t_off in pairs)
