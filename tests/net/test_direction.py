@@ -45,6 +45,28 @@ def test_cosine_and_the_direction_check_by_hand():
     assert direction_outliers({7: moves[7]}, None, 0.0) == {}  # no reference: not checked
 
 
+def test_small_rounds_are_held_to_the_servers_step_whatever_min_cosine():
+    """``small_round_min_cosine`` (default 0) judges only moves with no median of their own
+    (fewer than 3 of the same tensors): with ``min_cosine`` off (-1), the moves of the test
+    above lose 7 (cosine −0.894 with the server's step) but keep 3 (cosine −0.316 with its
+    round's median: 3 or more keep ``min_cosine``); the larger bound applies (0.1 over 0
+    drops 8, cosine 0, too; a small bound below ``min_cosine`` changes nothing)."""
+    step = {"v": torch.tensor([1.0, 0.0])}
+    w = {0: [2.0, 1.0], 1: [1.0, 0.5], 2: [0.0, 1.0], 3: [-3.0, -1.0]}
+    moves = {c: {"w": torch.tensor(m)} for c, m in w.items()}
+    moves |= {7: {"v": torch.tensor([-1.0, 0.5])}, 8: {"v": torch.tensor([0.0, 3.0])}}
+    toward = lambda names: {k: step[k] for k in names if k in step}  # noqa: E731
+    out = direction_outliers(moves, toward, -1.0, small_round_min_cosine=0.0)
+    assert sorted(out) == [7]
+    assert out[7] == (
+        "rejected model update: cosine -0.894 with the server's own step, below 0 "
+        "(network.bounds.small_round_min_cosine; FLTrust's trust score)"
+    )
+    assert direction_outliers(moves, toward, -1.0) == {}
+    assert sorted(direction_outliers(moves, toward, 0.0, small_round_min_cosine=0.1)) == [3, 7, 8]
+    assert sorted(direction_outliers(moves, toward, 0.0, small_round_min_cosine=-0.5)) == [3, 7]
+
+
 class _Negated(_Boosted):
     """Sends ``sent − 6 × (its honest move)`` (issue 51's colluders: inside every norm
     bound the old checks had)."""
@@ -101,6 +123,19 @@ def test_in_a_round_of_two_the_colluder_is_dropped_not_the_honest_client(tmp_pat
     step by norm and, on issue 51's run, dropped the honest one)."""
     _, rows = _run(tmp_path, 2, 1, rounds=2)
     assert [row["dropped_clients"] for row in rows] == [[0], [0]]
+
+
+def test_a_round_of_two_is_protected_by_default(tmp_path):
+    """The shipped bounds (``min_cosine`` off) and aggregation (median): one colluder of two
+    at ``sent − 1.9 × move`` is dropped in every round by its cosine with the server's own
+    step (``network.bounds.small_round_min_cosine`` 0), the honest client never. The old
+    code dropped nothing, the median of two is their mean, and the model stayed at 9.2 %
+    (honest 98.6 %) with status ``ok`` (benchmarks/bench_attacks.py, default-round-of-2)."""
+    off = {"network.bounds.min_cosine": -1.0}
+    _, rows = _run(tmp_path, 2, 1, 2, _Scaled, **off)
+    assert [row["dropped_clients"] for row in rows] == [[0], [0]]
+    for row in rows:
+        assert "(network.bounds.small_round_min_cosine;" in row["dropped_reasons"]["0"]
 
 
 def test_trusted_fleets_get_the_simulation_exactly(tmp_path, sequential_run):

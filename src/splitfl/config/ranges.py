@@ -92,6 +92,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.bounds.activation_rms_abs": Range(0, 1e6),
     "network.bounds.peer_samples_factor": Range(1, 1e9),
     "network.bounds.min_cosine": Range(-1, 1),
+    "network.bounds.small_round_min_cosine": Range(-1, 1),
     "network.bounds.peer_loss_factor": Range(1, 1e9),
     "train.clip_norm": Range(0, 1e30, lo_open=True),
     "train.comm_budget_mb": Range(0, 1e30, lo_open=True),
