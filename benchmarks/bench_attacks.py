@@ -426,6 +426,57 @@ def false_positive_rate(folder: Path, rounds: int, only: str = "") -> dict[str, 
     }
 
 
+#: Issue 51 item 3: networked aggregation rules compared for the untrusted default, each as
+#: the config changes that select it (``train.aggregation: mean``, so the untrusted rule
+#: applies): the attack rows and the honest non-IID rows of :func:`tradeoff`.
+TRADEOFF_RULES: dict[str, dict[str, Any]] = {
+    "mean": {"network.untrusted_aggregation": "mean"},
+    "median": {"network.untrusted_aggregation": "median"},
+    "trimmed_mean-0.3": {
+        "network.untrusted_aggregation": "trimmed_mean",
+        "train.trim_fraction": 0.3,
+    },
+    "clip_mean": {"network.untrusted_aggregation": "clip_mean"},
+    "mean+min_cosine-0": {
+        "network.untrusted_aggregation": "mean",
+        "network.bounds.min_cosine": 0.0,
+    },
+}
+#: the coalitions of the tradeoff's attack rows: 30 % of ten at k, honest for ``honest`` replies
+TRADEOFF_ATTACKS = ((1.9, 0), (6.0, 0), (1.9, 3))
+
+
+def tradeoff(
+    folder: Path, rounds: int, honest_rounds: int, only: str, wreck_points: float
+) -> list[dict[str, Any]]:
+    """Per rule of :data:`TRADEOFF_RULES` (those whose name contains ``only``): three
+    colluders of ten at each of :data:`TRADEOFF_ATTACKS` for ``rounds`` rounds next to the
+    honest run of the same config, and honest FedAvg fleets at Dirichlet α 0.1 and 0.5 for
+    ``honest_rounds`` rounds (each round's accuracy kept: the gap after 4 and after 20)."""
+    out = []
+    for rule, changes in TRADEOFF_RULES.items():
+        if only not in rule:
+            continue
+        row: dict[str, Any] = {"rule": rule, "changes": changes, "attacks": [], "honest": {}}
+        base = networked(Case(f"{rule}-base", "fedavg", None, changes), folder / rule, rounds, True)
+        for k, honest in TRADEOFF_ATTACKS:
+            case = Case(
+                f"{rule}-30pct-x{k:g}-h{honest}", "fedavg", negated(k, honest), changes, 10, 3
+            )
+            run = networked(case, folder / case.name, rounds, False)
+            verdict = judge(run, base, wreck_points, 3.0)
+            row["attacks"].append({"k": k, "honest_replies": honest, **verdict, "run": run})
+            print(_line({"case": case.name, **verdict, "run": run, "baseline": base}), flush=True)
+        row["baseline"] = base
+        for alpha in FP_ALPHAS:
+            case = Case(f"{rule}-a{alpha:g}", "fedavg", None, {**changes, "data.alpha": alpha})
+            run = _rate(case.name, networked(case, folder / case.name, honest_rounds, True))
+            row["honest"][f"{alpha:g}"] = run
+            print(f"tradeoff {case.name}: accs {run['accs']} dropped {run['dropped']}", flush=True)
+        out.append(row)
+    return out
+
+
 def _rate(name: str, run: dict[str, Any]) -> dict[str, Any]:
     """A run's honest client-rounds and those dropped, with their reasons (absent devices
     counted apart: a round waits for all but two devices)."""
@@ -435,6 +486,7 @@ def _rate(name: str, run: dict[str, Any]) -> dict[str, Any]:
         "run": name,
         "status": run["status"],
         "final_acc": run["final_acc"],
+        "accs": run["accs"],
         "client_rounds": run["client_rounds"],
         "dropped": len(checked),
         "absent": len(reasons) - len(checked),
@@ -610,10 +662,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--false-positive-rate", action="store_true", help="issue 51 item 3: honest drop rate"
     )
+    parser.add_argument(
+        "--tradeoff", action="store_true", help="issue 51 item 3: rules, attacks vs honest"
+    )
+    parser.add_argument("--honest-rounds", type=int, default=20)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     chosen = [c for c in cases() if args.only in c.name]
     results, baselines = [], {}
+    if args.tradeoff:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = tradeoff(
+                Path(tmp), args.rounds, args.honest_rounds, args.only, args.wreck_points
+            )
+        report = {"date": str(datetime.date.today()), "rounds": args.rounds, "rules": rows}
+        report["honest_rounds"] = args.honest_rounds
+        out = args.out or Path(__file__).parent / "results" / "attacks-tradeoff.json"
+        out.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        print(f"wrote {out}")
+        return 0
     if args.false_positive_rate:
         with tempfile.TemporaryDirectory() as tmp:
             rate = false_positive_rate(Path(tmp), args.rounds, args.only)

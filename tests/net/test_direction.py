@@ -138,6 +138,17 @@ def test_a_round_of_two_is_protected_by_default(tmp_path):
         assert "(network.bounds.small_round_min_cosine;" in row["dropped_reasons"]["0"]
 
 
+def test_a_run_whose_every_update_was_rejected_is_degraded(tmp_path):
+    """Both clients of a round of two lie (``sent − 1.9 × move``): both are dropped in
+    every round, the model never leaves its initial accuracy (near 10 % on ten classes),
+    and the status says ``degraded (test accuracy at chance: ...)``. The old status: ``ok
+    (4 client updates dropped ...)``."""
+    off = {"network.bounds.min_cosine": -1.0}
+    result, rows = _run(tmp_path, 2, 2, 2, _Scaled, **off)
+    assert [row["dropped_clients"] for row in rows] == [[0, 1], [0, 1]]
+    assert result.summary["status"].startswith("degraded (test accuracy at chance: ")
+
+
 def test_trusted_fleets_get_the_simulation_exactly(tmp_path, sequential_run):
     """``network.trust: trusted``: the sequential run's final model and its (weighted mean)
     ``train_loss`` in every round; untrusted with ``network.untrusted_aggregation: mean``

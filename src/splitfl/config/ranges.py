@@ -70,6 +70,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "eval.target_accuracy": Range(0, 1, lo_open=True),
     "eval.collapse_share": Range(0, 1),
     "eval.collapse_from": Range(0, 1),
+    "eval.chance_margin": Range(0, 1),
     "eval.client_holdout": Range(0, 1, lo_open=True, hi_open=True),
     "network.timeout_s": Range(0, 86400, lo_open=True),
     "network.connect_timeout_s": Range(0, 86400),  # 0: wait for the devices for ever

@@ -307,6 +307,16 @@ class EvalConfig:
     #: not called collapsed. ``collapse_share`` 0 = never.
     collapse_share: float = 0.5
     collapse_from: float = 0.3
+    #: A finished run in which the server rejected client updates (``dropped_reasons`` other
+    #: than absent devices) and whose final test accuracy is at most chance (1 / classes) +
+    #: ``chance_margin`` × (1 − chance) has the status ``degraded (test accuracy at chance:
+    #: ...)``: wrecked from its first round, it never reached ``collapse_from`` (issue 51:
+    #: 9.2 % in every round with status ``ok``). A run with nothing rejected is not judged
+    #: (one round, a hard task: slow, not attacked). splitfl's choice: 0.05 of the way from
+    #: chance to 100 % (14.5 % on ten classes; the issue's wrecked run sat at 9.2 %, its
+    #: honest control at 66.9 % after one round). 0 = at or below chance only.
+    #: ``splitfl.metrics.summary.at_chance``.
+    chance_margin: float = 0.05
 
 
 #: Optional per-round metric loggers for ``output.tracking`` and the package each needs.
