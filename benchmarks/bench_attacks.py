@@ -437,6 +437,7 @@ TRADEOFF_RULES: dict[str, dict[str, Any]] = {
         "train.trim_fraction": 0.3,
     },
     "clip_mean": {"network.untrusted_aggregation": "clip_mean"},
+    "centered_clip": {"network.untrusted_aggregation": "centered_clip"},
     "mean+min_cosine-0": {
         "network.untrusted_aggregation": "mean",
         "network.bounds.min_cosine": 0.0,

@@ -243,7 +243,9 @@ class TrainConfig:
     #: ``splitfl.aggregation.robust``): ``mean`` (the papers' weighted average), ``clip_mean``
     #: (each update's distance from the global model clipped to ``clip_norm``; null = the
     #: round's median update norm), ``median`` or ``trimmed_mean`` (coordinate-wise,
-    #: dropping ``trim_fraction`` of the clients at each end).
+    #: dropping ``trim_fraction`` of the clients at each end), ``centered_clip`` (Karimireddy
+    #: et al. ICML 2021: each model's distance from the coordinate-wise median clipped to
+    #: ``clip_norm``, null = the median such distance, then averaged around that centre).
     aggregation: str = "mean"
     clip_norm: float | None = None
     trim_fraction: float = 0.1
@@ -346,7 +348,7 @@ class OutputConfig:
 #: ``executor: networked``) the times measured on the devices.
 CLOCKS = ("simulated", "measured")
 #: ``train.aggregation`` values (``splitfl.aggregation.robust``).
-AGGREGATIONS = ("mean", "clip_mean", "median", "trimmed_mean")
+AGGREGATIONS = ("mean", "clip_mean", "median", "trimmed_mean", "centered_clip")
 #: ``train.drop_last`` values (TrainConfig.drop_last); ``auto`` is resolved to one of the
 #: others before a run (:func:`splitfl.experiment.context.build_context`).
 DROP_LAST = (False, True, "single", "auto")
