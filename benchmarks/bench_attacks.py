@@ -6,7 +6,7 @@ the 4-block MLP) on the embedded digits, one of them an insider holding a valid 
 to the same run with every device honest (its *baseline*). A run is
 
 * **wrecked** when its final test accuracy is more than ``--wreck-points`` (10) percentage
-  points below the baseline's, or its status says the accuracy collapsed;
+  points below the baseline's, or its status says the accuracy collapsed or is at chance;
 * **stalled** when its median round takes more than ``--stall-factor`` (3) times the
   baseline's median round (``wall_time`` per metrics row);
 * **stopped** when ``splitfl.run`` raises or the status is not ``ok``;
@@ -597,7 +597,7 @@ def judge(run: dict, base: dict, wreck_points: float, stall_factor: float) -> di
     stopped = not run["status"].startswith("ok")
     acc, ref = run["final_acc"], base["final_acc"]
     wrecked = acc is None or (ref is not None and 100 * (ref - acc) > wreck_points)
-    wrecked = wrecked or "collapsed" in run["status"]
+    wrecked = wrecked or "collapsed" in run["status"] or "at chance" in run["status"]
     slow, ref_s = run["median_round_s"], base["median_round_s"]
     stalled = slow is not None and ref_s is not None and slow > stall_factor * ref_s
     return {

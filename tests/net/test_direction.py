@@ -126,10 +126,10 @@ def test_in_a_round_of_two_the_colluder_is_dropped_not_the_honest_client(tmp_pat
 
 
 def test_a_round_of_two_is_protected_by_default(tmp_path):
-    """The shipped bounds (``min_cosine`` off) and aggregation (median): one colluder of two
+    """The shipped bounds (``min_cosine`` off) and aggregation: one colluder of two
     at ``sent − 1.9 × move`` is dropped in every round by its cosine with the server's own
     step (``network.bounds.small_round_min_cosine`` 0), the honest client never. The old
-    code dropped nothing, the median of two is their mean, and the model stayed at 9.2 %
+    code dropped nothing, the median of two was their mean, and the model stayed at 9.2 %
     (honest 98.6 %) with status ``ok`` (benchmarks/bench_attacks.py, default-round-of-2)."""
     off = {"network.bounds.min_cosine": -1.0}
     _, rows = _run(tmp_path, 2, 1, 2, _Scaled, **off)
@@ -152,7 +152,7 @@ def test_a_run_whose_every_update_was_rejected_is_degraded(tmp_path):
 def test_trusted_fleets_get_the_simulation_exactly(tmp_path, sequential_run):
     """``network.trust: trusted``: the sequential run's final model and its (weighted mean)
     ``train_loss`` in every round; untrusted with ``network.untrusted_aggregation: mean``
-    (the default is the robust median, tested below): the same model in an honest run
+    (the default is a robust rule, tested below): the same model in an honest run
     (nothing dropped), ``train_loss`` the clients' lower median."""
     seq = sequential_run(config_for("fedavg", rounds=2))
     seq_rows = [json.loads(x) for x in (seq.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -179,10 +179,11 @@ def _move(state: dict, start: dict) -> dict:
 
 def test_the_untrusted_default_aggregates_robustly_against_colluders(tmp_path):
     """Two colluders of five at ``k = 1.9``, the direction check off (its default): the
-    untrusted default aggregates with the coordinate-wise median (Yin et al. ICML 2018), so
-    the round's move keeps the honest direction (cosine > 0.5 with the honest fleet's mean
-    move); the plain mean (old default) moved it backward: (3 − 2 × 1.9) / 5 = −0.16 × the
-    honest move, cosine < 0."""
+    untrusted default aggregates with centred clipping around the coordinate-wise median
+    (Karimireddy et al. ICML 2021; Yin et al. ICML 2018), so the round's move keeps the
+    honest direction (cosine > 0.5 with the honest fleet's mean move), as the median did;
+    the plain mean (the default before the median) moved it backward: (3 − 2 × 1.9) / 5 =
+    −0.16 × the honest move, cosine < 0."""
     from splitfl.config.parse import from_dict
     from splitfl.config.schema import ExperimentConfig
     from splitfl.experiment.context import build_context
@@ -205,7 +206,8 @@ def test_the_untrusted_default_aggregates_robustly_against_colluders(tmp_path):
 
 def test_the_untrusted_rule_by_hand():
     """``Rule.of_run``: an untrusted networked fleet with ``train.aggregation: mean`` gets
-    ``network.untrusted_aggregation`` (median), each client counted once; trusted fleets,
+    ``network.untrusted_aggregation`` (``centered_clip``, issue 51 item 3: the median cost
+    honest α 0.1 fleets 23 points after 20 rounds), each client counted once; trusted fleets,
     the simulation and an explicit robust ``train.aggregation`` keep theirs. Values 0, 1,
     10 with weights 1, 1, 5: the weighted median is 10 (the heavy client holds 5/7 of the
     weight: a device's sample count is its own claim), the unweighted one 1."""
@@ -217,7 +219,7 @@ def test_the_untrusted_rule_by_hand():
         cfg = _unpinned(config_for("fedavg", **changes))
         return Rule.of_run(from_dict(ExperimentConfig, cfg))
 
-    assert rule(**{"executor": "networked"}) == Rule("median", None, 0.1, unweighted=True)
+    assert rule(**{"executor": "networked"}) == Rule("centered_clip", None, 0.1, unweighted=True)
     assert rule(**{"executor": "networked", "network.trust": "trusted"}) == Rule("mean")
     assert rule() == Rule("mean")  # the simulation
     clip = {"executor": "networked", "train.aggregation": "trimmed_mean"}

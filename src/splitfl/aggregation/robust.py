@@ -62,10 +62,11 @@ class Rule:
         """The rule a run aggregates with: ``train.aggregation``, except that an untrusted
         fleet (``executor: networked``, ``network.trust: untrusted``) whose
         ``train.aggregation`` is the plain ``mean`` aggregates with
-        ``network.untrusted_aggregation`` (default ``median``: Yin et al. ICML 2018, a
-        coordinate-wise median no coalition below half the round's clients can move outside
-        the honest values, each client counted once; a plain mean is moved without bound by
-        one client, issue 51). A ``trusted`` fleet and the simulation keep ``train.aggregation``."""
+        ``network.untrusted_aggregation`` (default ``centered_clip``: centred clipping around
+        the coordinate-wise median, each client counted once; a plain mean is moved without
+        bound by one client, issue 51; the median cost honest non-IID fleets 23 points after
+        20 rounds, ``network.untrusted_aggregation``'s docstring). A ``trusted`` fleet and
+        the simulation keep ``train.aggregation``."""
         train = config.train
         network = getattr(config, "network", None)
         if (
