@@ -80,9 +80,10 @@ class BoundsConfig:
     min_cosine: float = -1.0
     #: ``network.trust: untrusted``, star rounds of fewer than 3 updates of the same tensors
     #: (a round of two clients: no median or trimmed mean separates one liar from one honest
-    #: client; an S²FL cut that one or two of the round's clients train): an update whose move has cosine below ``small_round_min_cosine`` with the
-    #: server's own step (above, ``reference_samples``) is dropped, whatever ``min_cosine``
-    #: (the larger of the two applies). Default 0: FLTrust's ReLU (Cao et al. NDSS 2021,
+    #: client; an S²FL cut that one or two of the round's clients train): an update whose
+    #: move has cosine below ``small_round_min_cosine`` with the server's own step (above,
+    #: ``reference_samples``) is dropped, whatever ``min_cosine`` (the larger of the two
+    #: applies). Default 0: FLTrust's ReLU (Cao et al. NDSS 2021,
     #: §IV-B). Issue 51: one colluder of two at ``sent − 1.9 × move`` kept the default run at
     #: 9.2 % (honest 98.6 %) with status ``ok``; honest clients of rounds of two at Dirichlet
     #: α 0.1 and 0.5 were not dropped (``benchmarks/README.md``). Rounds of 3 or more keep
