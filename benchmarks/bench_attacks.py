@@ -6,7 +6,7 @@ the 4-block MLP) on the embedded digits, one of them an insider holding a valid 
 to the same run with every device honest (its *baseline*). A run is
 
 * **wrecked** when its final test accuracy is more than ``--wreck-points`` (10) percentage
-  points below the baseline's, or its status says the accuracy collapsed;
+  points below the baseline's, or its status says the accuracy collapsed or is at chance;
 * **stalled** when its median round takes more than ``--stall-factor`` (3) times the
   baseline's median round (``wall_time`` per metrics row);
 * **stopped** when ``splitfl.run`` raises or the status is not ``ok``;
@@ -361,6 +361,9 @@ FP_RATE_RUNS = (
     ("s2fl", 10, {}),
     ("parallelsfl", 8, {"options.parallelsfl.k": 4}),
     ("ringsfl", 4, {"options.ringsfl.version": "v1"}),
+    # rounds of two: only the server's step judges them (network.bounds.small_round_min_cosine)
+    ("fedavg", 2, {}),
+    ("splitfed_v1", 2, {}),
 )
 FREEZE_S = 5.0
 #: drop reasons that say a device was not there (not a check's verdict on an honest update)
@@ -391,26 +394,27 @@ def false_positives(folder: Path, rounds: int) -> list[dict[str, Any]]:
     return out
 
 
-def false_positive_rate(folder: Path, rounds: int) -> dict[str, Any]:
+def false_positive_rate(folder: Path, rounds: int, only: str = "") -> dict[str, Any]:
     """Issue 51 item 3: honest client-rounds dropped (for any reason but an absent device)
     over all honest client-rounds, per run of :data:`FP_RATE_RUNS` at each α, a server
-    freeze and a resume; goal 0."""
+    freeze and a resume (those whose name contains ``only``); goal 0."""
     runs = []
     for algorithm, devices, extra in FP_RATE_RUNS:
         for alpha in FP_ALPHAS:
             changes = {"data.alpha": alpha, **SHIPPED, **extra}
-            case = Case(f"{algorithm}-a{alpha:g}", algorithm, None, changes, devices=devices)
+            name = f"{algorithm}-a{alpha:g}" + ("" if devices >= 3 else f"-{devices}-clients")
+            if only not in name:
+                continue
+            case = Case(name, algorithm, None, changes, devices=devices)
             runs.append(_rate(case.name, networked(case, folder / case.name, rounds, True)))
             print(f"fp-rate {case.name}: {runs[-1]['dropped']} dropped", flush=True)
     freeze = Case("freeze", "splitfed_v1", None, {"data.alpha": 0.5, **SHIPPED})
-    with _server_sleeps(FREEZE_S):
-        runs.append(
-            _rate(
-                f"splitfed_v1-a0.5-freeze-{FREEZE_S:g}s",
-                networked(freeze, folder / "f", rounds, True),
-            )
-        )
-    runs.append(_rate("s2fl-a0.5-resumed", resumed(folder / "r", rounds)))
+    frozen = f"splitfed_v1-a0.5-freeze-{FREEZE_S:g}s"
+    if only in frozen:
+        with _server_sleeps(FREEZE_S):
+            runs.append(_rate(frozen, networked(freeze, folder / "f", rounds, True)))
+    if only in "s2fl-a0.5-resumed":
+        runs.append(_rate("s2fl-a0.5-resumed", resumed(folder / "r", rounds)))
     for r in runs:
         print(f"fp-rate {r['run']:<32} {r['dropped']}/{r['client_rounds']} {r['status'][:60]}")
     dropped, total = sum(r["dropped"] for r in runs), sum(r["client_rounds"] for r in runs)
@@ -422,6 +426,58 @@ def false_positive_rate(folder: Path, rounds: int) -> dict[str, Any]:
     }
 
 
+#: Issue 51 item 3: networked aggregation rules compared for the untrusted default, each as
+#: the config changes that select it (``train.aggregation: mean``, so the untrusted rule
+#: applies): the attack rows and the honest non-IID rows of :func:`tradeoff`.
+TRADEOFF_RULES: dict[str, dict[str, Any]] = {
+    "mean": {"network.untrusted_aggregation": "mean"},
+    "median": {"network.untrusted_aggregation": "median"},
+    "trimmed_mean-0.3": {
+        "network.untrusted_aggregation": "trimmed_mean",
+        "train.trim_fraction": 0.3,
+    },
+    "clip_mean": {"network.untrusted_aggregation": "clip_mean"},
+    "centered_clip": {"network.untrusted_aggregation": "centered_clip"},
+    "mean+min_cosine-0": {
+        "network.untrusted_aggregation": "mean",
+        "network.bounds.min_cosine": 0.0,
+    },
+}
+#: the coalitions of the tradeoff's attack rows: 30 % of ten at k, honest for ``honest`` replies
+TRADEOFF_ATTACKS = ((1.9, 0), (6.0, 0), (1.9, 3))
+
+
+def tradeoff(
+    folder: Path, rounds: int, honest_rounds: int, only: str, wreck_points: float
+) -> list[dict[str, Any]]:
+    """Per rule of :data:`TRADEOFF_RULES` (those whose name contains ``only``): three
+    colluders of ten at each of :data:`TRADEOFF_ATTACKS` for ``rounds`` rounds next to the
+    honest run of the same config, and honest FedAvg fleets at Dirichlet α 0.1 and 0.5 for
+    ``honest_rounds`` rounds (each round's accuracy kept: the gap after 4 and after 20)."""
+    out = []
+    for rule, changes in TRADEOFF_RULES.items():
+        if only not in rule:
+            continue
+        row: dict[str, Any] = {"rule": rule, "changes": changes, "attacks": [], "honest": {}}
+        base = networked(Case(f"{rule}-base", "fedavg", None, changes), folder / rule, rounds, True)
+        for k, honest in TRADEOFF_ATTACKS:
+            case = Case(
+                f"{rule}-30pct-x{k:g}-h{honest}", "fedavg", negated(k, honest), changes, 10, 3
+            )
+            run = networked(case, folder / case.name, rounds, False)
+            verdict = judge(run, base, wreck_points, 3.0)
+            row["attacks"].append({"k": k, "honest_replies": honest, **verdict, "run": run})
+            print(_line({"case": case.name, **verdict, "run": run, "baseline": base}), flush=True)
+        row["baseline"] = base
+        for alpha in FP_ALPHAS:
+            case = Case(f"{rule}-a{alpha:g}", "fedavg", None, {**changes, "data.alpha": alpha})
+            run = _rate(case.name, networked(case, folder / case.name, honest_rounds, True))
+            row["honest"][f"{alpha:g}"] = run
+            print(f"tradeoff {case.name}: accs {run['accs']} dropped {run['dropped']}", flush=True)
+        out.append(row)
+    return out
+
+
 def _rate(name: str, run: dict[str, Any]) -> dict[str, Any]:
     """A run's honest client-rounds and those dropped, with their reasons (absent devices
     counted apart: a round waits for all but two devices)."""
@@ -431,6 +487,7 @@ def _rate(name: str, run: dict[str, Any]) -> dict[str, Any]:
         "run": name,
         "status": run["status"],
         "final_acc": run["final_acc"],
+        "accs": run["accs"],
         "client_rounds": run["client_rounds"],
         "dropped": len(checked),
         "absent": len(reasons) - len(checked),
@@ -540,7 +597,7 @@ def judge(run: dict, base: dict, wreck_points: float, stall_factor: float) -> di
     stopped = not run["status"].startswith("ok")
     acc, ref = run["final_acc"], base["final_acc"]
     wrecked = acc is None or (ref is not None and 100 * (ref - acc) > wreck_points)
-    wrecked = wrecked or "collapsed" in run["status"]
+    wrecked = wrecked or "collapsed" in run["status"] or "at chance" in run["status"]
     slow, ref_s = run["median_round_s"], base["median_round_s"]
     stalled = slow is not None and ref_s is not None and slow > stall_factor * ref_s
     return {
@@ -606,13 +663,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--false-positive-rate", action="store_true", help="issue 51 item 3: honest drop rate"
     )
+    parser.add_argument(
+        "--tradeoff", action="store_true", help="issue 51 item 3: rules, attacks vs honest"
+    )
+    parser.add_argument("--honest-rounds", type=int, default=20)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     chosen = [c for c in cases() if args.only in c.name]
     results, baselines = [], {}
+    if args.tradeoff:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = tradeoff(
+                Path(tmp), args.rounds, args.honest_rounds, args.only, args.wreck_points
+            )
+        report = {"date": str(datetime.date.today()), "rounds": args.rounds, "rules": rows}
+        report["honest_rounds"] = args.honest_rounds
+        out = args.out or Path(__file__).parent / "results" / "attacks-tradeoff.json"
+        out.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        print(f"wrote {out}")
+        return 0
     if args.false_positive_rate:
         with tempfile.TemporaryDirectory() as tmp:
-            rate = false_positive_rate(Path(tmp), args.rounds)
+            rate = false_positive_rate(Path(tmp), args.rounds, args.only)
         report = {"date": str(datetime.date.today()), "rounds": args.rounds, **rate}
         out = args.out or Path(__file__).parent / "results" / "attacks-fp-rate.json"
         out.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")

@@ -45,6 +45,28 @@ def test_cosine_and_the_direction_check_by_hand():
     assert direction_outliers({7: moves[7]}, None, 0.0) == {}  # no reference: not checked
 
 
+def test_small_rounds_are_held_to_the_servers_step_whatever_min_cosine():
+    """``small_round_min_cosine`` (default 0) judges only moves with no median of their own
+    (fewer than 3 of the same tensors): with ``min_cosine`` off (-1), the moves of the test
+    above lose 7 (cosine −0.894 with the server's step) but keep 3 (cosine −0.316 with its
+    round's median: 3 or more keep ``min_cosine``); the larger bound applies (0.1 over 0
+    drops 8, cosine 0, too; a small bound below ``min_cosine`` changes nothing)."""
+    step = {"v": torch.tensor([1.0, 0.0])}
+    w = {0: [2.0, 1.0], 1: [1.0, 0.5], 2: [0.0, 1.0], 3: [-3.0, -1.0]}
+    moves = {c: {"w": torch.tensor(m)} for c, m in w.items()}
+    moves |= {7: {"v": torch.tensor([-1.0, 0.5])}, 8: {"v": torch.tensor([0.0, 3.0])}}
+    toward = lambda names: {k: step[k] for k in names if k in step}  # noqa: E731
+    out = direction_outliers(moves, toward, -1.0, small_round_min_cosine=0.0)
+    assert sorted(out) == [7]
+    assert out[7] == (
+        "rejected model update: cosine -0.894 with the server's own step, below 0 "
+        "(network.bounds.small_round_min_cosine; FLTrust's trust score)"
+    )
+    assert direction_outliers(moves, toward, -1.0) == {}
+    assert sorted(direction_outliers(moves, toward, 0.0, small_round_min_cosine=0.1)) == [3, 7, 8]
+    assert sorted(direction_outliers(moves, toward, 0.0, small_round_min_cosine=-0.5)) == [3, 7]
+
+
 class _Negated(_Boosted):
     """Sends ``sent − 6 × (its honest move)`` (issue 51's colluders: inside every norm
     bound the old checks had)."""
@@ -103,10 +125,34 @@ def test_in_a_round_of_two_the_colluder_is_dropped_not_the_honest_client(tmp_pat
     assert [row["dropped_clients"] for row in rows] == [[0], [0]]
 
 
+def test_a_round_of_two_is_protected_by_default(tmp_path):
+    """The shipped bounds (``min_cosine`` off) and aggregation: one colluder of two
+    at ``sent − 1.9 × move`` is dropped in every round by its cosine with the server's own
+    step (``network.bounds.small_round_min_cosine`` 0), the honest client never. The old
+    code dropped nothing, the median of two was their mean, and the model stayed at 9.2 %
+    (honest 98.6 %) with status ``ok`` (benchmarks/bench_attacks.py, default-round-of-2)."""
+    off = {"network.bounds.min_cosine": -1.0}
+    _, rows = _run(tmp_path, 2, 1, 2, _Scaled, **off)
+    assert [row["dropped_clients"] for row in rows] == [[0], [0]]
+    for row in rows:
+        assert "(network.bounds.small_round_min_cosine;" in row["dropped_reasons"]["0"]
+
+
+def test_a_run_whose_every_update_was_rejected_is_degraded(tmp_path):
+    """Both clients of a round of two lie (``sent − 1.9 × move``): both are dropped in
+    every round, the model never leaves its initial accuracy (near 10 % on ten classes),
+    and the status says ``degraded (test accuracy at chance: ...)``. The old status: ``ok
+    (4 client updates dropped ...)``."""
+    off = {"network.bounds.min_cosine": -1.0}
+    result, rows = _run(tmp_path, 2, 2, 2, _Scaled, **off)
+    assert [row["dropped_clients"] for row in rows] == [[0, 1], [0, 1]]
+    assert result.summary["status"].startswith("degraded (test accuracy at chance: ")
+
+
 def test_trusted_fleets_get_the_simulation_exactly(tmp_path, sequential_run):
     """``network.trust: trusted``: the sequential run's final model and its (weighted mean)
     ``train_loss`` in every round; untrusted with ``network.untrusted_aggregation: mean``
-    (the default is the robust median, tested below): the same model in an honest run
+    (the default is a robust rule, tested below): the same model in an honest run
     (nothing dropped), ``train_loss`` the clients' lower median."""
     seq = sequential_run(config_for("fedavg", rounds=2))
     seq_rows = [json.loads(x) for x in (seq.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -133,10 +179,11 @@ def _move(state: dict, start: dict) -> dict:
 
 def test_the_untrusted_default_aggregates_robustly_against_colluders(tmp_path):
     """Two colluders of five at ``k = 1.9``, the direction check off (its default): the
-    untrusted default aggregates with the coordinate-wise median (Yin et al. ICML 2018), so
-    the round's move keeps the honest direction (cosine > 0.5 with the honest fleet's mean
-    move); the plain mean (old default) moved it backward: (3 − 2 × 1.9) / 5 = −0.16 × the
-    honest move, cosine < 0."""
+    untrusted default aggregates with centred clipping around the coordinate-wise median
+    (Karimireddy et al. ICML 2021; Yin et al. ICML 2018), so the round's move keeps the
+    honest direction (cosine > 0.5 with the honest fleet's mean move), as the median did;
+    the plain mean (the default before the median) moved it backward: (3 − 2 × 1.9) / 5 =
+    −0.16 × the honest move, cosine < 0."""
     from splitfl.config.parse import from_dict
     from splitfl.config.schema import ExperimentConfig
     from splitfl.experiment.context import build_context
@@ -159,7 +206,8 @@ def test_the_untrusted_default_aggregates_robustly_against_colluders(tmp_path):
 
 def test_the_untrusted_rule_by_hand():
     """``Rule.of_run``: an untrusted networked fleet with ``train.aggregation: mean`` gets
-    ``network.untrusted_aggregation`` (median), each client counted once; trusted fleets,
+    ``network.untrusted_aggregation`` (``centered_clip``, issue 51 item 3: the median cost
+    honest α 0.1 fleets 23 points after 20 rounds), each client counted once; trusted fleets,
     the simulation and an explicit robust ``train.aggregation`` keep theirs. Values 0, 1,
     10 with weights 1, 1, 5: the weighted median is 10 (the heavy client holds 5/7 of the
     weight: a device's sample count is its own claim), the unweighted one 1."""
@@ -171,7 +219,7 @@ def test_the_untrusted_rule_by_hand():
         cfg = _unpinned(config_for("fedavg", **changes))
         return Rule.of_run(from_dict(ExperimentConfig, cfg))
 
-    assert rule(**{"executor": "networked"}) == Rule("median", None, 0.1, unweighted=True)
+    assert rule(**{"executor": "networked"}) == Rule("centered_clip", None, 0.1, unweighted=True)
     assert rule(**{"executor": "networked", "network.trust": "trusted"}) == Rule("mean")
     assert rule() == Rule("mean")  # the simulation
     clip = {"executor": "networked", "train.aggregation": "trimmed_mean"}

@@ -354,7 +354,26 @@ def test_clip_mean_clips_each_update_to_the_norm():
     assert got == pytest.approx(want, rel=1e-12)
 
 
-@pytest.mark.parametrize("rule", ["clip_mean", "median", "trimmed_mean"])
+def test_centered_clip_clips_each_distance_from_the_median_by_hand():
+    """Centre: the coordinate-wise median of A, B, C, (2, 0); distances from it √101, 4 and
+    98; τ null: their median √101, so only C's (98, 0) is scaled, to length √101; the
+    weighted (1, 1, 2) mean of the clipped deviations is added to the centre. τ = 5 scales
+    A's (−1, 10) by 5/√101 and C's by 5/98; B (distance 4) is kept whole."""
+    r = math.sqrt(101)
+    want = [2 + (-1 + 0 + 2 * r) / 4, (10 - 4 + 0) / 4]
+    assert _agg(Rule("centered_clip")) == pytest.approx(want, rel=1e-12)
+    sa = 5 / r
+    want = [2 + (-sa + 0 + 2 * 5) / 4, (10 * sa - 4) / 4]
+    assert _agg(Rule("centered_clip", clip_norm=5.0)) == pytest.approx(want, rel=1e-12)
+    # a liar far out moves the result by at most τ × its weight share: 0, 1, 2, 100 → 1.25
+    # (the lower median 1; distances 1, 0, 1, 99; τ the median 1; the mean would be 25.75)
+    ups, weights = _updates([[0.0], [1.0], [2.0], [100.0]], [1, 1, 1, 1])
+    one = {"blocks.0.w": torch.zeros(1, dtype=torch.float64)}
+    got = layerwise_aggregate(one, ups, {}, weights, Rule("centered_clip"))
+    assert got["blocks.0.w"].item() == pytest.approx(1.25, rel=1e-12)
+
+
+@pytest.mark.parametrize("rule", ["clip_mean", "median", "trimmed_mean", "centered_clip"])
 def test_every_rule_runs_an_experiment(tmp_path, rule):
     config = config_for("splitfed_v1", rounds=1, **{"train.aggregation": rule})
     result = splitfl.run(config, run_dir=tmp_path / rule)

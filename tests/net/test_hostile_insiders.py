@@ -253,6 +253,35 @@ def test_the_explosion_check_reads_the_clients_lower_median():
     assert lower_median([]) is None
 
 
+def test_a_run_left_at_chance_while_updates_were_dropped_is_degraded_by_hand():
+    """Ten classes (chance 10 %), ``eval.chance_margin`` 0.05: the bound is 10 + 0.05 × 90 =
+    14.5 %. A run at 9.2 % from round 1 in which the server rejected updates never reached
+    ``collapse_from`` (the collapse rule says nothing) and is ``degraded``; the same
+    accuracies with nothing rejected (a hard task, one round) or only absent devices, or
+    a final 14.6 %, or no chance known (not a classifier) stay ``ok``."""
+    drop = {"0": "rejected model update: cosine -0.6 with the server's own step"}
+    rows = [
+        {"round": r, "test_acc": 0.092, "dropped_reasons": drop, "avg_waiting": 0.0} for r in (1, 2)
+    ]
+    rows = [{**r, "sim_time": 1.0} for r in rows]
+    warning = (
+        "test accuracy at chance: 9.2% after 2 rounds, at most 14.5% (chance 10.0% + "
+        "eval.chance_margin 0.05) while client updates were dropped"
+    )
+    assert run_warnings(rows, chance=0.1)[0] == warning
+    summary = summarize(rows, None, "ok", 2, chance=(0.1, 0.05))
+    assert summary["status"].startswith(f"degraded ({warning}; 2 client updates dropped")
+    assert is_ok(summary["status"])
+    assert summarize(rows, None, "ok", 2)["status"].startswith("ok (2 client updates")
+    honest = [{**r, "dropped_reasons": {}} for r in rows]
+    assert summarize(honest, None, "ok", 2, chance=(0.1, 0.05))["status"] == "ok"
+    absent = [{**r, "dropped_reasons": {"0": "device not connected"}} for r in rows]
+    assert not summarize(absent, None, "ok", 2, chance=(0.1, 0.05))["status"].startswith("deg")
+    above = [*rows[:1], {**rows[1], "test_acc": 0.146}]
+    assert summarize(above, None, "ok", 2, chance=(0.1, 0.05))["status"].startswith("ok (")
+    assert run_warnings(rows, chance=0.1, margin=0.0)[0].startswith("test accuracy at chance")
+
+
 def test_a_collapsed_run_says_so_by_hand():
     rows = [
         {"round": 1, "test_acc": 0.5, "dropped_clients": []},

@@ -20,7 +20,14 @@ from typing import Protocol
 import torch
 
 from splitfl.aggregation.mean import weighted_average
-from splitfl.aggregation.robust import MEAN, Rule, clip_scales, combine, robust_average
+from splitfl.aggregation.robust import (
+    MEAN,
+    Rule,
+    centred_clip,
+    clip_scales,
+    combine,
+    robust_average,
+)
 from splitfl.models.base import block_index
 
 __all__ = ["Rule", "layerwise_aggregate", "robust_average", "weighted_average"]
@@ -59,10 +66,13 @@ def layerwise_aggregate(
         ]
         for key in global_state
     }
-    scales = None
-    if rule.name == "clip_mean" and updates:
+    scales, centre = None, {}
+    if rule.name in ("clip_mean", "centered_clip") and updates:
         models = [{key: copies[i] for key, copies in picked.items()} for i in range(len(updates))]
-        scales = clip_scales(dict(global_state), models, rule)
+        if rule.name == "clip_mean":
+            scales = clip_scales(dict(global_state), models, rule)
+        else:
+            centre, scales = centred_clip(models, rule)
     out: dict[str, torch.Tensor] = {}
     for key, current in global_state.items():
         sources = picked[key]
@@ -77,7 +87,7 @@ def layerwise_aggregate(
         if sum(w) == 0:
             out[key] = current.clone()
         elif rule.name != "mean":
-            out[key] = combine(current, sources, w, rule, scales)
+            out[key] = combine(current, sources, w, rule, scales, centre.get(key))
         else:
             out[key] = _mean(current, sources, w)
     return out

@@ -17,6 +17,14 @@ FedAvg) — ``mean``, the default, computed exactly as before. Where some client
 * ``trimmed_mean`` — coordinate-wise trimmed mean (Yin et al.): per coordinate drop the
   ``⌊trim_fraction · n⌋`` smallest and largest values (at least one value is kept) and take
   the weighted mean of the rest with their weights.
+* ``centered_clip`` — centred clipping (Karimireddy, He, Jaggi, "Learning from History for
+  Byzantine Robust Optimization", ICML 2021, Eq. (CC)): one step
+  ``v + Σ_i w_i (x_i − v) · min(1, τ / ‖x_i − v‖) / Σ_i w_i`` from a centre ``v``, the
+  participants' whole models ``x_i``. The paper starts from the previous round's aggregate
+  (server momentum); a rule without state starts from the coordinate-wise median (a robust
+  starting point, as the paper allows) and takes ``τ`` = ``train.clip_norm`` or (null) the
+  median of the ``‖x_i − v‖``: an honest participant's deviation counts whole, a liar's at
+  most ``τ``.
 
 Integer tensors (BatchNorm's batch counter) follow the same rule and are rounded; clipping
 applies to floating-point tensors only.
@@ -54,10 +62,11 @@ class Rule:
         """The rule a run aggregates with: ``train.aggregation``, except that an untrusted
         fleet (``executor: networked``, ``network.trust: untrusted``) whose
         ``train.aggregation`` is the plain ``mean`` aggregates with
-        ``network.untrusted_aggregation`` (default ``median``: Yin et al. ICML 2018, a
-        coordinate-wise median no coalition below half the round's clients can move outside
-        the honest values, each client counted once; a plain mean is moved without bound by
-        one client, issue 51). A ``trusted`` fleet and the simulation keep ``train.aggregation``."""
+        ``network.untrusted_aggregation`` (default ``centered_clip``: centred clipping around
+        the coordinate-wise median, each client counted once; a plain mean is moved without
+        bound by one client, issue 51; the median cost honest non-IID fleets 23 points after
+        20 rounds, ``network.untrusted_aggregation``'s docstring). A ``trusted`` fleet and
+        the simulation keep ``train.aggregation``."""
         train = config.train
         network = getattr(config, "network", None)
         if (
@@ -86,6 +95,25 @@ def clip_scales(
     return [1.0 if n <= bound or n == 0 else bound / n for n in norms]
 
 
+def centred_clip(
+    models: list[dict[str, torch.Tensor]], rule: Rule
+) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """``centered_clip``: the centre ``v`` (each floating tensor's coordinate-wise median
+    over ``models``, unweighted: where the liars are fewer than half it lies among the honest
+    values) and each participant's factor ``min(1, τ / ‖x_i − v‖)`` (module docstring)."""
+    centre = {
+        key: torch.stack([m[key].double() for m in models]).median(dim=0).values
+        for key, first in models[0].items()
+        if first.is_floating_point()
+    }
+    norms = [
+        math.sqrt(sum(float((m[k].double() - c).pow(2).sum()) for k, c in centre.items()))
+        for m in models
+    ]
+    bound = rule.clip_norm if rule.clip_norm is not None else _median(norms)
+    return centre, [1.0 if n <= bound or n == 0 else bound / n for n in norms]
+
+
 def _median(values: list[float]) -> float:
     """The median (mean of the two middle values for an even count)."""
     ordered = sorted(values)
@@ -110,14 +138,22 @@ def combine(
     weights: list[float],
     rule: Rule,
     scales: list[float] | None = None,
+    centre: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One layer from the participants' copies ``sources`` (weights ``weights``) under a
-    robust ``rule`` (``scales``: :func:`clip_scales`, for ``clip_mean``); the result has
-    ``current``'s dtype. ``mean`` itself is computed by the callers' own loop."""
+    robust ``rule`` (``scales``: :func:`clip_scales`, for ``clip_mean``, or with ``centre``
+    the layer's part of :func:`centred_clip`); the result has ``current``'s dtype. ``mean``
+    itself is computed by the callers' own loop."""
     stack = torch.stack([s.to(torch.float64) for s in sources])
     w = torch.tensor([1.0] * len(weights) if rule.unweighted else weights, dtype=torch.float64)
     shape = (-1,) + (1,) * current.dim()
-    if rule.name == "clip_mean":
+    if rule.name == "centered_clip":
+        if centre is None or scales is None:  # integer tensors (BatchNorm's counter)
+            value = weighted_median(stack, w)
+        else:
+            moved = (stack - centre) * torch.tensor(scales, dtype=torch.float64).view(shape)
+            value = centre + (moved * w.view(shape)).sum(0) / w.sum()
+    elif rule.name == "clip_mean":
         if scales is not None and current.is_floating_point():
             base = current.to(torch.float64)
             stack = base + (stack - base) * torch.tensor(scales, dtype=torch.float64).view(shape)
@@ -166,14 +202,17 @@ def robust_average(
     copy the ``clip_mean`` updates are measured from; without it nothing is clipped)."""
     if rule.name == "mean" or not states:
         return weighted_average(states, weights)
-    scales = None
+    scales, centre = None, {}
     if rule.name == "clip_mean" and reference is not None:
         scales = clip_scales({k: reference[k] for k in states[0]}, states, rule)
+    elif rule.name == "centered_clip":
+        centre, scales = centred_clip(states, rule)
     out = {}
     for key, first in states[0].items():
         if all(s[key] is first for s in states):
             out[key] = first.clone()
             continue
         base = reference[key] if reference is not None else first
-        out[key] = combine(base, [s[key] for s in states], weights, rule, scales)
+        sources = [s[key] for s in states]
+        out[key] = combine(base, sources, weights, rule, scales, centre.get(key))
     return out

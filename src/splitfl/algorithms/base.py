@@ -63,7 +63,13 @@ class Algorithm:
     needs_class_labels: ClassVar[str] = ""
     #: ``train.aggregation`` rules the algorithm's aggregation supports
     #: (:mod:`splitfl.aggregation.robust`); the validation refuses others in one line.
-    aggregations: ClassVar[tuple[str, ...]] = ("mean", "clip_mean", "median", "trimmed_mean")
+    aggregations: ClassVar[tuple[str, ...]] = (
+        "mean",
+        "clip_mean",
+        "median",
+        "trimmed_mean",
+        "centered_clip",
+    )
     #: ``executor: parallel``: "" when a round's groups are independent units (dealt to the
     #: workers), else why a round is one coupled unit (it runs in the driver, as sequential).
     coupled_round: ClassVar[str] = ""

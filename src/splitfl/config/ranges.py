@@ -70,6 +70,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "eval.target_accuracy": Range(0, 1, lo_open=True),
     "eval.collapse_share": Range(0, 1),
     "eval.collapse_from": Range(0, 1),
+    "eval.chance_margin": Range(0, 1),
     "eval.client_holdout": Range(0, 1, lo_open=True, hi_open=True),
     "network.timeout_s": Range(0, 86400, lo_open=True),
     "network.connect_timeout_s": Range(0, 86400),  # 0: wait for the devices for ever
@@ -92,6 +93,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "network.bounds.activation_rms_abs": Range(0, 1e6),
     "network.bounds.peer_samples_factor": Range(1, 1e9),
     "network.bounds.min_cosine": Range(-1, 1),
+    "network.bounds.small_round_min_cosine": Range(-1, 1),
     "network.bounds.peer_loss_factor": Range(1, 1e9),
     "train.clip_norm": Range(0, 1e30, lo_open=True),
     "train.comm_budget_mb": Range(0, 1e30, lo_open=True),

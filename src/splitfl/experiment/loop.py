@@ -71,7 +71,7 @@ def start_state(
         st = LoopState(global_state, SimClock(), Traffic(), initial)
         rec = Recorder(run_dir, config, [], [], 0)
         rec.state_keys = set(moving_state(prep.ctx.model, prep.ctx.model))
-        rec.data_fingerprint = prep.data_fingerprint
+        rec.data_fingerprint, rec.chance = prep.data_fingerprint, chance_of(prep)
         return st, rec
     clock = SimClock()
     clock.now = start["clock"]
@@ -91,8 +91,15 @@ def start_state(
     rec = Recorder.restored(run_dir, config, start)
     st.dp_history = history_from_rows(rec.rows)  # DP-SGD's accountant, from the rows
     rec.state_keys = set(moving_state(prep.ctx.model, prep.ctx.model))
-    rec.data_fingerprint = prep.data_fingerprint
+    rec.data_fingerprint, rec.chance = prep.data_fingerprint, chance_of(prep)
     return st, rec
+
+
+def chance_of(prep: Prepared) -> float | None:
+    """A guess's test accuracy, 1 / the number of classes, for a ``cross_entropy`` run (as
+    ``splitfl.metrics.rundirs.chance_accuracy`` reads it back); None otherwise."""
+    classes = prep.ctx.bundle.num_classes
+    return 1 / classes if prep.config.train.loss == "cross_entropy" and classes else None
 
 
 @contextlib.contextmanager

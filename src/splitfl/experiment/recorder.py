@@ -53,6 +53,8 @@ class Recorder:
         self.state_keys: set[str] | None = None
         #: the data the run read (:mod:`~splitfl.experiment.fingerprint`); None: not taken
         self.data_fingerprint: dict[str, str] | None = None
+        #: the test accuracy of a guess, 1 / classes (None: not a classifier; set by the loop)
+        self.chance: float | None = None
         #: the state after the last recorded round (:meth:`remember`)
         self.last: dict[str, Any] | None = None
         self.consistent = True  # False while a round has changed the state but is not recorded
@@ -158,7 +160,10 @@ class Recorder:
             trackers.close()
         config = self.config
         collapse = (config.eval.collapse_share, config.eval.collapse_from)
-        summary = summarize(self.rows, config.eval.target_accuracy, status, config.rounds, collapse)
+        chance = (self.chance, config.eval.chance_margin)
+        summary = summarize(
+            self.rows, config.eval.target_accuracy, status, config.rounds, collapse, chance
+        )
         try:
             if final_state is not None:
                 save_atomic(final_state, self.run_dir / "model.pt")

@@ -161,19 +161,29 @@ def _absent(why: str) -> bool:
 COLLAPSE_SHARE, COLLAPSE_FROM = 0.5, 0.3
 #: How that warning begins.
 COLLAPSED = "test accuracy collapsed"
+#: The default of ``eval.chance_margin`` (its reasons there), and how the warning of a run
+#: left at chance while updates were dropped begins (:func:`at_chance`).
+CHANCE_MARGIN = 0.05
+AT_CHANCE = "test accuracy at chance"
 
 
 def run_warnings(
-    rows: list[dict[str, Any]], share: float = COLLAPSE_SHARE, least: float = COLLAPSE_FROM
+    rows: list[dict[str, Any]],
+    share: float = COLLAPSE_SHARE,
+    least: float = COLLAPSE_FROM,
+    chance: float | None = None,
+    margin: float = CHANCE_MARGIN,
 ) -> list[str]:
     """What a reader of an ``ok`` run must know (``summary.json`` ``warnings``, one line
     each; the status of an ``ok`` run carries them in brackets): test accuracy that
     collapsed from its best (below ``share`` × a best of at least ``least``:
-    ``eval.collapse_share``, ``eval.collapse_from``), devices absent or rings abandoned
+    ``eval.collapse_share``, ``eval.collapse_from``) or stayed at ``chance`` while client
+    updates were rejected (:func:`at_chance`), devices absent or rings abandoned
     (:func:`network_warnings`), and other client work the server dropped
     (``dropped_reasons``: hostile or stalling devices)."""
     out = []
     evals = [(r["round"], r["test_acc"]) for r in rows if r.get("test_acc") is not None]
+    rejected = [[c for c, why in _reasons(r) if not _absent(why)] for r in rows]
     if evals:
         best_round, best = max(evals, key=lambda e: e[1])
         final = evals[-1][1]
@@ -182,8 +192,9 @@ def run_warnings(
                 f"{COLLAPSED}: {100 * final:.1f}% at the end, "
                 f"{100 * best:.1f}% at round {best_round}"
             )
+        elif any(rejected) and chance is not None:
+            out += at_chance(final, len(rows), chance, margin)
     out += network_warnings(rows)
-    rejected = [[c for c, why in _reasons(r) if not _absent(why)] for r in rows]
     if any(rejected):
         count = sum(len(r) for r in rejected)
         clients = sorted({int(c) for r in rejected for c in r})
@@ -194,6 +205,24 @@ def run_warnings(
             f"(clients {shown}; dropped_reasons in metrics.jsonl)"
         )
     return out
+
+
+def at_chance(final: float, rounds: int, chance: float, margin: float) -> list[str]:
+    """The warning of a run whose final test accuracy ``final`` is at most ``chance`` (1 /
+    the number of classes) + ``margin`` (``eval.chance_margin``) × (1 − ``chance``), asked
+    only of runs in which the server rejected client updates (:func:`run_warnings`): an
+    honest run at chance (one round, a hard task) is not judged, but one whose devices were
+    caught lying and that never left chance was wrecked, not slow (issue 51: one colluder of
+    two kept a run at 9.2 % from round 1 with status ``ok``; the collapse rule needs a best
+    of ``eval.collapse_from`` first). Empty above the bound."""
+    bound = chance + margin * (1 - chance)
+    if final > bound:
+        return []
+    return [
+        f"{AT_CHANCE}: {100 * final:.1f}% after {rounds} rounds, at most {100 * bound:.1f}% "
+        f"(chance {100 * chance:.1f}% + eval.chance_margin {margin:g}) while client updates "
+        f"were dropped"
+    ]
 
 
 def warmup_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -219,17 +248,20 @@ def summarize(
     status: str = "ok",
     planned: int | None = None,
     collapse: tuple[float, float] = (COLLAPSE_SHARE, COLLAPSE_FROM),
+    chance: tuple[float | None, float] = (None, CHANCE_MARGIN),
 ) -> dict:
     """Summary of a run (what ``summary.json`` holds and ``compare`` tabulates); ``planned``
     is the configured number of rounds (see :func:`checked_status`); ``collapse``: the run's
-    ``(eval.collapse_share, eval.collapse_from)`` (:func:`run_warnings`)."""
+    ``(eval.collapse_share, eval.collapse_from)``, ``chance``: its chance accuracy (None:
+    not a classifier's) and ``eval.chance_margin`` (:func:`run_warnings`)."""
     evals = [r for r in rows if r.get("test_acc") is not None]
     losses = [r for r in rows if r.get("test_loss") is not None]
     waits = [r["avg_waiting"] for r in rows]
     last = rows[-1] if rows else {}
-    status, warnings = checked_status(rows, status, planned), run_warnings(rows, *collapse)
+    status = checked_status(rows, status, planned)
+    warnings = run_warnings(rows, *collapse, *chance)
     if status == "ok" and warnings:
-        collapsed = any(w.startswith(COLLAPSED) for w in warnings)
+        collapsed = any(w.startswith((COLLAPSED, AT_CHANCE)) for w in warnings)
         status = f"{DEGRADED if collapsed else 'ok'} ({'; '.join(warnings)})"
     return {
         "status": status,

@@ -204,6 +204,7 @@ class NetworkedExecutor:
             toward=toward,
             min_cosine=b.min_cosine,
             floor=b.peer_update_floor,
+            small_round_min_cosine=b.small_round_min_cosine,
         )
         rnd.lost.update(outliers)
         return [u for u in updates if u.client not in outliers]

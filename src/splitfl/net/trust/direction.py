@@ -61,25 +61,35 @@ def cosine(a: State, b: State) -> float | None:
 
 
 def direction_outliers(
-    moves: dict[int, State], toward: Toward | None, min_cosine: float, what: str = "model update"
+    moves: dict[int, State],
+    toward: Toward | None,
+    min_cosine: float,
+    what: str = "model update",
+    small_round_min_cosine: float | None = None,
 ) -> dict[int, str]:
     """The keys whose move (``moves``: key → tensor moves) has cosine below ``min_cosine``
     with the round's direction, with the reason to record: among 3 or more moves of the same
     tensors, their coordinate-wise median move (:func:`median_move`; the centre colluders
     cannot pull while they are fewer than half); for fewer, the server's step over the move's
-    own tensors (``toward``; None: not checked)."""
+    own tensors (``toward``; None: not checked), held to the larger of ``min_cosine`` and
+    ``small_round_min_cosine`` (``network.bounds.small_round_min_cosine``: no robust rule
+    separates one liar from one honest client, their direction does; None: ``min_cosine``)."""
     found = {}
     for keys in same_tensors(moves).values():
         centre = median_move([moves[k] for k in keys]) if len(keys) >= 3 else None
         if centre is None and toward is None:
             continue
+        bound, field = min_cosine, "min_cosine"
+        if centre is None and small_round_min_cosine is not None:
+            if small_round_min_cosine > min_cosine:
+                bound, field = small_round_min_cosine, "small_round_min_cosine"
         whose = "the round's median move" if centre is not None else "the server's own step"
         for key in keys:
             c = cosine(moves[key], centre if centre is not None else toward(moves[key].keys()))
-            if c is not None and c < min_cosine:
+            if c is not None and c < bound:
                 found[key] = (
-                    f"rejected {what}: cosine {c:.3g} with {whose}, below {min_cosine:g} "
-                    f"(network.bounds.min_cosine; FLTrust's trust score)"
+                    f"rejected {what}: cosine {c:.3g} with {whose}, below {bound:g} "
+                    f"(network.bounds.{field}; FLTrust's trust score)"
                 )
     return found
 

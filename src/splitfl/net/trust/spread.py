@@ -96,6 +96,7 @@ class RoundMoves:
         toward: Toward | None = None,
         min_cosine: float | None = None,
         floor: float = 0.0,
+        small_round_min_cosine: float | None = None,
     ) -> dict[int, str]:
         """The peer checks, as every checking place runs them: the spread
         (:meth:`spread_outliers`), the direction (with ``min_cosine``; ``toward``: the server's
@@ -106,10 +107,14 @@ class RoundMoves:
         with like: updates of the same tensors (S²FL's clients train different cuts, whose
         parts' norms differ in kind: issue 51, an honest client dropped at 13.4× a median of
         other cuts' parts). The norm check's median is at least ``floor`` × the median norm of
-        the parts sent (``network.bounds.peer_update_floor``)."""
+        the parts sent (``network.bounds.peer_update_floor``); ``small_round_min_cosine``:
+        the direction check's bound where fewer than 3 updates of the same tensors leave the
+        server's step as the only yardstick (star rounds of one or two clients)."""
         found = self.spread_outliers(spread_factor, what, floor)
         if min_cosine is not None:  # the direction check is on (network.trust: untrusted)
-            found |= direction_outliers(self.delta, toward, min_cosine, what)
+            found |= direction_outliers(
+                self.delta, toward, min_cosine, what, small_round_min_cosine
+            )
         norm: dict[int, str] = {}
         for keys in same_tensors(self.delta).values():
             names = list(self.delta[keys[0]])
