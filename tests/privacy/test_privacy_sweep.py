@@ -155,3 +155,21 @@ def test_the_cifar10_sweep_file_validates():
     assert set(sweep.defences) == {"none", "nopeek", "noise", "dp_sgd"}
     assert set(sweep.attacks) == {"unsplit", "inverse", "labels"}
     assert sweep.base["data"]["dataset"] == "cifar10"
+
+
+def test_the_plot_judges_each_defence_by_its_most_leaking_device_and_best_attack():
+    """One point per (algorithm, defence): the largest attack performance over its devices
+    and attacks of the panel (by hand), labels apart from reconstruction."""
+    from splitfl.privacy.sweep_report import worst_cases
+
+    def row(device, attack, ap, defence="none"):
+        return {"algorithm": "s2fl", "defence": defence, "device": device, "attack": attack,
+                "ap": ap, "mp": 0.3}  # fmt: skip
+
+    rows = [row(0, "unsplit", 0.54), row(0, "inverse", 0.49), row(2, "unsplit", 0.09)]
+    rows += [row(1, "inverse", 0.02, "noise"), row(1, "labels", None), row(3, "labels", 0.9)]
+    assert worst_cases(rows, ("unsplit", "inverse")) == {
+        ("s2fl", "none"): (0.54, 0.3),
+        ("s2fl", "noise"): (0.02, 0.3),
+    }
+    assert worst_cases(rows, ("labels",)) == {("s2fl", "none"): (0.9, 0.3)}

@@ -1,6 +1,6 @@
 """The privacy–utility sweep's outputs (:mod:`splitfl.privacy.sweep`): ``table.json``
-(strict JSON), ``table.md`` and ``privacy_utility.png`` (best attack performance against
-main-task accuracy, one point per cell and device)."""
+(strict JSON), ``table.md`` and ``privacy_utility.png`` (best attack performance on the
+most-leaking device against main-task accuracy, one point per algorithm and defence)."""
 
 from __future__ import annotations
 
@@ -25,23 +25,57 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The attacks of each panel of the plot and what their performance measures.
+PANELS = (
+    (("unsplit", "inverse"), "input reconstruction: SSIM"),
+    (("labels",), "label inference: AUC"),
+)
+MARKERS = "osD^vP*X"
+
+
+def worst_cases(rows: list[dict], attacks: tuple[str, ...]) -> dict[tuple[str, str], tuple]:
+    """Per (algorithm, defence): (the best of ``attacks`` on the device it leaks most from,
+    main-task accuracy): a defence judged against its best attack on its weakest device."""
+    out: dict[tuple[str, str], tuple] = {}
+    for r in rows:
+        if r["attack"] not in attacks or r["ap"] is None or r["mp"] is None:
+            continue
+        key = (r["algorithm"], r["defence"])
+        if key not in out or r["ap"] > out[key][0]:
+            out[key] = (r["ap"], r["mp"])
+    return out
+
+
 def plot_privacy_utility(rows: list[dict], path: Path) -> Path:
-    """Attack performance (x) against main-task accuracy (y), labelled by cell."""
+    """Attack performance (x) against main-task accuracy (y): a panel per kind of attack
+    (:data:`PANELS`, those with rows), a point per algorithm (colour) and defence (marker)
+    at its worst case (:func:`worst_cases`); every device's row is in ``table.md``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for r in rows:
-        if r["ap"] is None or r["mp"] is None:
-            continue
-        ax.scatter(r["ap"], r["mp"])
-        label = f"{r['algorithm']}/{r['defence']}/{r['attack']}/d{r['device']}"
-        ax.annotate(label, (r["ap"], r["mp"]), fontsize=6)
-    ax.set_xlabel("best attack performance (SSIM or AUC)")
-    ax.set_ylabel("main-task accuracy")
-    ax.set_title("privacy–utility: up-left is better (accurate, little leaked)")
+    panels = [(a, title, worst_cases(rows, a)) for a, title in PANELS]
+    panels = [p for p in panels if p[2]] or panels[:1]
+    algorithms = sorted({r["algorithm"] for r in rows})
+    defences = sorted({r["defence"] for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.2), squeeze=False)
+    for ax, (_, title, points) in zip(axes[0], panels, strict=True):
+        for (algorithm, defence), (ap, mp) in sorted(points.items()):
+            colour = f"C{algorithms.index(algorithm) % 10}"
+            marker = MARKERS[defences.index(defence) % len(MARKERS)]
+            ax.scatter(ap, mp, color=colour, marker=marker, s=40)
+        ax.set_xlabel(f"best attack, most-leaking device ({title.split(': ')[1]})")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlim(-0.03, 1.03)
+    axes[0][0].set_ylabel("main-task accuracy")
+    handles = [Patch(color=f"C{i % 10}", label=a) for i, a in enumerate(algorithms)] + [
+        plt.Line2D([], [], color="grey", marker=MARKERS[i % len(MARKERS)], linestyle="", label=d)
+        for i, d in enumerate(defences)
+    ]
+    axes[0][-1].legend(handles=handles, fontsize=7, loc="best")
+    fig.suptitle("privacy–utility: up-left is better (accurate, little leaked)", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
