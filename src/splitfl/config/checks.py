@@ -14,6 +14,7 @@ import torch
 
 from splitfl.config.choices import unknown_choice
 from splitfl.config.network import COMPRESSIONS, TRUSTS
+from splitfl.config.privacy import check_privacy
 from splitfl.config.ranges import FLOAT_RANGES
 from splitfl.config.schema import (
     AGGREGATIONS,
@@ -229,6 +230,7 @@ def check_fields(config: ExperimentConfig) -> None:
     _validate_tracking(config.output.tracking)
     _validate_network(config)
     _validate_parallel(config)
+    check_privacy(config.privacy, config.rounds, config.data.num_clients, config.executor)
 
 
 def _validate_defence(c: DefenceConfig) -> None:

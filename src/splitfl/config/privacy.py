@@ -1,0 +1,70 @@
+"""``privacy:`` — what the run records for privacy evaluation (its own module of the schema:
+:mod:`splitfl.config.schema` re-exports it; its checks are :func:`check_privacy`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Most clients, rounds and mini-batches ``privacy.record`` may name (each recorded batch is
+#: a tensor file's worth of smashed data: the bound keeps a typo from filling the disk).
+MAX_RECORDED = 1000
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """``privacy.record``: the server side keeps what it receives at the cut during training
+    (:mod:`splitfl.roles.cut_record`; attacked by ``splitfl privacy reconstruct|labels RUN_DIR
+    --recorded``). For each client in ``clients`` (client ids, from 0) and each round in
+    ``rounds`` (1-based, as ``metrics.jsonl``'s ``round``), the first ``batches`` mini-batches
+    that client's server receives: the smashed data as they arrived (after the device's
+    ``train.defence``), and in U-shaped runs (labels on the device) the cut-layer gradients
+    of the head the device sends back; with them the sample indices of each batch (for the
+    evaluator: the attacks do not read them), the device part the server sent at the round's
+    start, and the round, client, cut and step. Written to ``RUN_DIR/cut_record/``. The
+    threat model is the honest-but-curious server of docs/explanation/privacy-threat-models.md
+    (Pasquini et al., "Unleashing the Tiger", CCS 2021; Erdoğan et al., "UnSplit", WPES 2022)."""
+
+    clients: list[int] = field(default_factory=lambda: [0])
+    rounds: list[int] = field(default_factory=lambda: [1])
+    batches: int = 1
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """``privacy``: ``record`` (null: nothing is recorded, the default) — see
+    :class:`RecordConfig`."""
+
+    record: RecordConfig | None = None
+
+
+def check_privacy(privacy: PrivacyConfig, rounds: int, num_clients: int, executor: str):
+    """Raise ConfigError (one line naming the field) for a ``privacy.record`` that cannot be
+    met: clients outside ``[0, num_clients)``, rounds outside ``[1, rounds]``, repeated
+    entries, ``batches < 1``, too many, or ``executor: parallel`` (its workers do not record)."""
+    from splitfl.config.schema import ConfigError
+
+    rec = privacy.record
+    if rec is None:
+        return
+    for name, values, hi in (
+        ("clients", rec.clients, num_clients - 1),
+        ("rounds", rec.rounds, rounds),
+    ):
+        path, lo = f"privacy.record.{name}", 0 if name == "clients" else 1
+        if not values or len(values) > MAX_RECORDED:
+            raise ConfigError(path, f"a list of 1 to {MAX_RECORDED} entries (got {len(values)})")
+        if len(set(values)) != len(values):
+            raise ConfigError(path, f"entries must be distinct (got {values[:10]})")
+        bad = [v for v in values if not lo <= v <= hi]
+        if bad:
+            raise ConfigError(path, f"each must be in [{lo}, {hi}] (got {bad[0]})")
+    if not 1 <= rec.batches <= MAX_RECORDED:
+        raise ConfigError(
+            "privacy.record.batches", f"must be in [1, {MAX_RECORDED}] (got {rec.batches})"
+        )
+    if executor == "parallel":
+        raise ConfigError(
+            "privacy.record",
+            "executor: parallel does not record (its workers hold the server copies); "
+            "use sequential, vectorized or networked",
+        )
