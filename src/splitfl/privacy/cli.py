@@ -189,6 +189,7 @@ def add_privacy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("--attack", choices=("unsplit", "inverse"), default="unsplit")
     p.add_argument("--iterations", type=int, help="UnSplit's Adam steps (300)")
     p.add_argument("--lr", type=float, help="UnSplit's Adam learning rate (0.05)")
+    p.add_argument("--optimizer", choices=("adam", "lbfgs"), help="UnSplit's optimiser (adam)")
     p.add_argument("--epochs", type=int, help="inverse network's training epochs (20)")
     p.add_argument("--aux-samples", type=int, help="server's test samples it trains on (1024)")
     p.set_defaults(fn=cmd_reconstruct)

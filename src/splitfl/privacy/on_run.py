@@ -21,6 +21,9 @@ here whose devices step on the server's gradient; vanilla SL's chain also starts
 from the previous client's part), so later batches are attacked with a part that is a step
 or more behind. The true inputs and labels are fetched by the recorded sample indices (the
 unaugmented samples: with ``data.transforms`` augmentation the device's input differed).
+The attacks run the part in eval mode (UnSplit's clone always is): a device part with
+BatchNorm or dropout computed the recorded batch in training mode, which even its true
+inputs reproduce only through that batch's statistics and masks.
 
 * ``reconstruct``: UnSplit or the inverse network (:mod:`splitfl.privacy.reconstruct`) on
   those smashed data; MSE, PSNR, SSIM against the true inputs, an image grid.
@@ -58,7 +61,8 @@ class RunAttack:
     """One attack on a run: ``attack`` (``unsplit``, ``inverse``, ``labels``) on ``samples``
     training samples of ``client`` (null: the first client of the last round), at ``cut``
     (null: that client's last cut). UnSplit: ``iterations`` Adam steps at ``lr`` (the
-    authors' λ_TV = 0.1, λ_2 = 1 unless changed). Inverse network: trained ``epochs`` on the
+    authors' λ_TV = 0.1, λ_2 = 1 unless changed; ``optimizer`` ``adam``, or ``lbfgs`` for a
+    convex objective such as a linear device part's). Inverse network: trained ``epochs`` on the
     first ``aux_samples`` test samples. Labels: ``positive`` class. ``recorded``: attack
     the tensors recorded during training (``privacy.record``) of round ``round`` (null: the
     victim's first recorded round); ``client`` null: the first recorded client."""
@@ -72,6 +76,7 @@ class RunAttack:
     lr: float = 0.05
     lambda_tv: float = 0.1
     lambda_l2: float = 1.0
+    optimizer: str = "adam"
     epochs: int = 20
     aux_samples: int = 1024
     positive: int = 1
@@ -85,6 +90,8 @@ def _check(spec: RunAttack) -> None:
     for name in ("samples", "iterations", "epochs", "aux_samples"):
         if getattr(spec, name) < 1:
             raise ConfigError(name, f"must be >= 1 (got {getattr(spec, name)})")
+    if spec.optimizer not in ("adam", "lbfgs"):
+        raise ConfigError("optimizer", f"adam or lbfgs (got {spec.optimizer!r})")
     if not spec.lr > 0:
         raise ConfigError("lr", f"must be > 0 (got {spec.lr})")
     if spec.round is not None and not spec.recorded:
@@ -158,7 +165,7 @@ def attack_run(spec: RunAttack) -> dict:
     if spec.attack == "unsplit":
         rec = unsplit_attack(
             v.front, v.sent, v.x.shape[1:], iterations=spec.iterations, lr=spec.lr,
-            lambda_tv=spec.lambda_tv, lambda_l2=spec.lambda_l2,
+            lambda_tv=spec.lambda_tv, lambda_l2=spec.lambda_l2, optimizer=spec.optimizer,
         ).inputs  # fmt: skip
     else:
         aux = prep.ctx.bundle.test.x[: spec.aux_samples]
