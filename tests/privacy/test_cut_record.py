@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import force_batching
 
 import splitfl
+from conftest import force_batching
 from splitfl.cli.main import main
 from splitfl.config import ConfigError
 from splitfl.config.parse import load_config

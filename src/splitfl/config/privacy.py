@@ -1,5 +1,6 @@
 """``privacy:`` — what the run records for privacy evaluation (its own module of the schema:
-:mod:`splitfl.config.schema` re-exports it; its checks are :func:`check_privacy`)."""
+:mod:`splitfl.config.schema` re-exports it; its checks are
+:func:`splitfl.config.checks.check_privacy`)."""
 
 from __future__ import annotations
 
@@ -35,36 +36,3 @@ class PrivacyConfig:
     :class:`RecordConfig`."""
 
     record: RecordConfig | None = None
-
-
-def check_privacy(privacy: PrivacyConfig, rounds: int, num_clients: int, executor: str):
-    """Raise ConfigError (one line naming the field) for a ``privacy.record`` that cannot be
-    met: clients outside ``[0, num_clients)``, rounds outside ``[1, rounds]``, repeated
-    entries, ``batches < 1``, too many, or ``executor: parallel`` (its workers do not record)."""
-    from splitfl.config.schema import ConfigError
-
-    rec = privacy.record
-    if rec is None:
-        return
-    for name, values, hi in (
-        ("clients", rec.clients, num_clients - 1),
-        ("rounds", rec.rounds, rounds),
-    ):
-        path, lo = f"privacy.record.{name}", 0 if name == "clients" else 1
-        if not values or len(values) > MAX_RECORDED:
-            raise ConfigError(path, f"a list of 1 to {MAX_RECORDED} entries (got {len(values)})")
-        if len(set(values)) != len(values):
-            raise ConfigError(path, f"entries must be distinct (got {values[:10]})")
-        bad = [v for v in values if not lo <= v <= hi]
-        if bad:
-            raise ConfigError(path, f"each must be in [{lo}, {hi}] (got {bad[0]})")
-    if not 1 <= rec.batches <= MAX_RECORDED:
-        raise ConfigError(
-            "privacy.record.batches", f"must be in [1, {MAX_RECORDED}] (got {rec.batches})"
-        )
-    if executor == "parallel":
-        raise ConfigError(
-            "privacy.record",
-            "executor: parallel does not record (its workers hold the server copies); "
-            "use sequential, vectorized or networked",
-        )
