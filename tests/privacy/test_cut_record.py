@@ -23,7 +23,7 @@ from splitfl.testing import config_for
 HERE = str(Path(__file__).parent)
 PLAIN = {"options.splitfed_v1.cut": 1}
 #: every client of the tiny config, both rounds, two mini-batches each
-RECORD = {"privacy.record.clients": list(range(12)), "privacy.record.rounds": [1, 2]}
+RECORD = {"privacy.record.rounds": [1, 2]}  # every selected client (clients: null)
 RECORD2 = {**RECORD, "privacy.record.batches": 2}
 NOISE = {"train.defence.noise_std": 2.0, "train.defence.noise_clip": 20.0}
 
@@ -42,7 +42,7 @@ def runs(tmp_path_factory):
         "model": "linear_models:linear_front",
         "import_dirs": [HERE],
         "options.splitfed_v1.cut": 2,
-        "privacy.record.clients": list(range(12)),
+        "privacy.record.clients": [0, 1, 2, 3, 4, 5],
         "privacy.record.rounds": [2],
     }
     vectorised = {}
@@ -148,6 +148,8 @@ def test_unsplit_inverts_a_recorded_linear_part_exactly(runs):
     assert out["round"] == 2 and out["cut"] == 2
     assert (out["reconstruction"] - out["true_x"]).abs().max() < 1e-5
     record = read_record(runs["linear"])
+    chosen = set(_rows(runs["linear"])[1]["clients"]) & set(range(6))
+    assert {b.client for b in record} == chosen and {b.round for b in record} == {2}
     final = _model(runs["linear"])
     assert not torch.equal(record[0].part["blocks.1.weight"], final["1.weight"])  # user keys
 

@@ -235,16 +235,17 @@ def check_fields(config: ExperimentConfig) -> None:
 
 
 def check_privacy(privacy: PrivacyConfig, rounds: int, num_clients: int, executor: str):
-    """``privacy.record``: clients in ``[0, num_clients)`` and rounds in ``[1, rounds]``, each
-    list distinct with 1 to :data:`MAX_RECORDED` entries, ``batches`` in ``[1, MAX_RECORDED]``;
-    not ``executor: parallel`` (its workers hold the server copies and do not record)."""
+    """``privacy.record``: clients (unless null) in ``[0, num_clients)`` and rounds in
+    ``[1, rounds]``, each list distinct with 1 to :data:`MAX_RECORDED` entries, ``batches`` in
+    ``[1, MAX_RECORDED]``; not ``executor: parallel`` (its workers hold the server copies
+    and do not record)."""
     rec = privacy.record
     if rec is None:
         return
-    for name, values, lo, hi in (
-        ("clients", rec.clients, 0, num_clients - 1),
-        ("rounds", rec.rounds, 1, rounds),
-    ):
+    lists = [("rounds", rec.rounds, 1, rounds)]
+    if rec.clients is not None:  # null: every client a recorded round selects
+        lists.append(("clients", rec.clients, 0, num_clients - 1))
+    for name, values, lo, hi in lists:
         path = f"privacy.record.{name}"
         _check(0 < len(values) <= MAX_RECORDED, path, f"1 to {MAX_RECORDED} entries")
         _check(len(set(values)) == len(values), path, f"entries must be distinct ({values[:9]})")

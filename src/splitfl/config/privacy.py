@@ -25,7 +25,7 @@ class RecordConfig:
     threat model is the honest-but-curious server of docs/explanation/privacy-threat-models.md
     (Pasquini et al., "Unleashing the Tiger", CCS 2021; Erdoğan et al., "UnSplit", WPES 2022)."""
 
-    clients: list[int] = field(default_factory=lambda: [0])
+    clients: list[int] | None = None
     rounds: list[int] = field(default_factory=lambda: [1])
     batches: int = 1
 

@@ -134,7 +134,8 @@ class CutRecorder:
                 f"the server receives no smashed data in {type(plan.topology).__name__} "
                 "rounds (recorded: star, turns, U-shaped)",
             )
-        tasks = {t.client: t for t in plan.tasks if t.client in self.spec.clients}
+        chosen = self.spec.clients
+        tasks = {t.client: t for t in plan.tasks if chosen is None or t.client in chosen}
         indices = {
             c: task_batches(self.client_indices[c], t, round_seed, self.drop_last)
             for c, t in tasks.items()
