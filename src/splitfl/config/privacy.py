@@ -15,8 +15,8 @@ MAX_RECORDED = 1000
 class RecordConfig:
     """``privacy.record``: the server side keeps what it receives at the cut during training
     (:mod:`splitfl.roles.cut_record`; attacked by ``splitfl privacy reconstruct|labels RUN_DIR
-    --recorded``). For each client in ``clients`` (client ids, from 0) and each round in
-    ``rounds`` (1-based, as ``metrics.jsonl``'s ``round``), the first ``batches`` mini-batches
+    --recorded``). For each client in ``clients`` (client ids, from 0; null, the default:
+    every client the round selects) and each round in ``rounds`` (1-based, as ``metrics.jsonl``'s ``round``), the first ``batches`` mini-batches
     that client's server receives: the smashed data as they arrived (after the device's
     ``train.defence``), and in U-shaped runs (labels on the device) the cut-layer gradients
     of the head the device sends back; with them the sample indices of each batch (for the
