@@ -245,18 +245,23 @@ def test_ring_rounds_are_refused_before_they_train(tmp_path):
         splitfl.run(config, run_dir=tmp_path / "ring")
 
 
-def test_the_networked_server_records_what_arrived_on_the_wire(runs, tmp_path):
-    """Three thread devices (the Testbed) send their smashed data over gRPC; the server
-    records the decoded messages: the sequential run's tensors, indices and parts."""
+@pytest.mark.parametrize(
+    ("algorithm", "local"), [("splitfed_v1", "seq"), ("ushaped_sl", "ushaped")]
+)
+def test_the_networked_server_records_what_arrived_on_the_wire(runs, tmp_path, algorithm, local):
+    """Three thread devices (the Testbed) send their smashed data (and, U-shaped, their
+    heads' gradients) over gRPC; the server records the decoded messages: the sequential
+    run's tensors, indices and parts."""
     devices = {"d0": [0, 3, 6, 9], "d1": [1, 4, 7, 10], "d2": [2, 5, 8, 11]}
     bed = Testbed.create(tmp_path / "bed", list(devices))
     threads = [bed.device(name, clients, retry_s=20.0) for name, clients in devices.items()]
     net = bed.server_overrides(min_devices=len(devices))
-    config = config_for("splitfed_v1", rounds=2, **PLAIN, **RECORD2, **net)
+    cut = PLAIN if algorithm == "splitfed_v1" else {}
+    config = config_for(algorithm, rounds=2, **cut, **RECORD2, **net)
     run_dir = splitfl.run(config, run_dir=tmp_path / "net").run_dir
     for t in threads:
         t.join(30)
-    seq, remote = _keyed(runs["seq"]), _keyed(run_dir)
+    seq, remote = _keyed(runs[local]), _keyed(run_dir)
     assert seq.keys() == remote.keys()
     for key, a in seq.items():
         b = remote[key]
