@@ -51,6 +51,8 @@ def runs(tmp_path_factory):
             force_batching(mp, use_vmap)
             name = "vmap" if use_vmap else "rows"
             vectorised[name] = _run(base, name, **PLAIN, **RECORD2, executor="vectorized")
+            if use_vmap:
+                vectorised["vmap_off"] = _run(base, "vmap_off", **PLAIN, executor="vectorized")
     return {
         **vectorised,
         "off": _run(base, "off", **PLAIN),
@@ -77,7 +79,7 @@ def _rows(run_dir: Path) -> list[dict]:
 
 def test_recording_leaves_the_run_unchanged(runs):
     """With the record on the model and the metrics are those of the run without it."""
-    for on, off in (("seq", "off"), ("noised", "noised_off")):
+    for on, off in (("seq", "off"), ("noised", "noised_off"), ("vmap", "vmap_off")):
         a, b = _model(runs[on]), _model(runs[off])
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
         assert _rows(runs[on]) == _rows(runs[off])
