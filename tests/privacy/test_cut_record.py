@@ -55,6 +55,7 @@ def runs(tmp_path_factory):
                 vectorised["vmap_off"] = _run(base, "vmap_off", **PLAIN, executor="vectorized")
     return {
         **vectorised,
+        "parallel": _run(base, "parallel", **PLAIN, **RECORD2, executor="parallel"),
         "off": _run(base, "off", **PLAIN),
         "seq": _run(base, "seq", **PLAIN, **RECORD2),
         "noised": _run(base, "noised", **PLAIN, **RECORD2, **NOISE),
@@ -106,8 +107,10 @@ def test_the_record_holds_each_chosen_batch_with_its_indices_and_part(runs):
             torch.testing.assert_close(front(x), b.value, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("mode", ["vmap", "rows"])
-def test_sequential_and_vectorised_record_the_same_tensors(runs, mode):
+@pytest.mark.parametrize("mode", ["vmap", "rows", "parallel"])
+def test_sequential_vectorised_and_parallel_record_the_same_tensors(runs, mode):
+    """The vectorised executor's bucket rows; the parallel executor's worker processes
+    (``parallel.backend: local``), whose loops' tensors come back with each unit's answer."""
     seq, vec = _keyed(runs["seq"]), _keyed(runs[mode])
     assert seq.keys() == vec.keys()
     for key, a in seq.items():
@@ -229,7 +232,6 @@ def test_a_missing_or_damaged_record_is_one_line_naming_the_file(
         ({"privacy.record.rounds": [5]}, "privacy.record.rounds"),
         ({"privacy.record.rounds": [1, 1]}, "privacy.record.rounds"),
         ({"privacy.record.batches": 0}, "privacy.record.batches"),
-        ({"privacy.record.batches": 1, "executor": "parallel"}, "privacy.record"),
     ],
 )
 def test_bad_record_settings_are_one_line_naming_the_field(tmp_path, capsys, changes, field):

@@ -231,14 +231,13 @@ def check_fields(config: ExperimentConfig) -> None:
     _validate_tracking(config.output.tracking)
     _validate_network(config)
     _validate_parallel(config)
-    check_privacy(config.privacy, config.rounds, config.data.num_clients, config.executor)
+    check_privacy(config.privacy, config.rounds, config.data.num_clients)
 
 
-def check_privacy(privacy: PrivacyConfig, rounds: int, num_clients: int, executor: str):
+def check_privacy(privacy: PrivacyConfig, rounds: int, num_clients: int) -> None:
     """``privacy.record``: clients (unless null) in ``[0, num_clients)`` and rounds in
     ``[1, rounds]``, each list distinct with 1 to :data:`MAX_RECORDED` entries, ``batches`` in
-    ``[1, MAX_RECORDED]``; not ``executor: parallel`` (its workers hold the server copies
-    and do not record)."""
+    ``[1, MAX_RECORDED]``."""
     rec = privacy.record
     if rec is None:
         return
@@ -252,12 +251,6 @@ def check_privacy(privacy: PrivacyConfig, rounds: int, num_clients: int, executo
         bad = [v for v in values if not lo <= v <= hi] or [None]
         _check(bad[0] is None, path, f"each must be in [{lo}, {hi}] (got {bad[0]})")
     _check(1 <= rec.batches <= MAX_RECORDED, "privacy.record.batches", f"in [1, {MAX_RECORDED}]")
-    _check(
-        executor != "parallel",
-        "privacy.record",
-        "executor: parallel does not record (its workers hold the server copies); use "
-        "sequential, vectorized or networked",
-    )
 
 
 def _validate_defence(c: DefenceConfig) -> None:

@@ -20,7 +20,9 @@ it follows the protocol and keeps what arrives. For the clients and rounds of
 
 A :class:`CutRecorder` opens a :class:`RoundTap` for a recorded round; the executors hand
 the tap to the loops that receive tensors (one call per tensor: :meth:`RoundTap.smashed`,
-:meth:`RoundTap.gradient`); the recorder writes the round when it closes. Recording clones
+:meth:`RoundTap.gradient`); the recorder writes the round when it closes. A parallel
+worker's loops record into a :class:`RelayTap`, whose tensors travel back with the unit's
+answer into the driver's tap (:meth:`RoundTap.put`). Recording clones
 what it keeps and draws no random number, so the run trains exactly as without it.
 
 Files (``RUN_DIR/cut_record/``): ``round_NNNN.pt`` — plain tensors, written with
@@ -81,13 +83,15 @@ class RoundTap:
 
     def smashed(self, client: int, step: int, features: Activation) -> None:
         """The smashed data of ``client``'s mini-batch ``step`` as the server received them."""
-        self._put(SMASHED, client, step, features)
+        self.put(SMASHED, client, step, features)
 
     def gradient(self, client: int, step: int, grad: Activation) -> None:
         """The head's cut-layer gradient ``client`` sent for mini-batch ``step`` (U-shaped)."""
-        self._put(HEAD_GRADIENT, client, step, grad)
+        self.put(HEAD_GRADIENT, client, step, grad)
 
-    def _put(self, kind: str, client: int, step: int, value: Activation) -> None:
+    def put(self, kind: str, client: int, step: int, value: Activation) -> None:
+        """Keep ``value`` (``kind`` :data:`SMASHED` or :data:`HEAD_GRADIENT`) of ``client``'s
+        mini-batch ``step`` if the round records it (a parallel worker's relayed ones too)."""
         if not self.wants(client, step):
             return
         name = f"{kind}.k{client}.s{step}"
@@ -110,6 +114,30 @@ class RoundTap:
             for k, v in self.parts[client].items():
                 self.tensors.setdefault(entry["part"] + k, _kept(v))
             self.entries.append(entry)
+
+
+@dataclass
+class RelayTap:
+    """A parallel worker's tap: what its unit's loops received from ``clients`` in
+    mini-batches ``step < batches``, kept for the driver's :class:`RoundTap`
+    (``items``: kind, client, step, the tensors)."""
+
+    batches: int
+    clients: frozenset[int]
+    items: list[tuple[str, int, int, list[torch.Tensor]]] = field(default_factory=list)
+
+    def wants(self, client: int, step: int) -> bool:
+        return client in self.clients and step < self.batches
+
+    def smashed(self, client: int, step: int, features: Activation) -> None:
+        self._put(SMASHED, client, step, features)
+
+    def gradient(self, client: int, step: int, grad: Activation) -> None:
+        self._put(HEAD_GRADIENT, client, step, grad)
+
+    def _put(self, kind: str, client: int, step: int, value: Activation) -> None:
+        if self.wants(client, step):
+            self.items.append((kind, client, step, [_kept(t) for t in leaves(value)]))
 
 
 class CutRecorder:
