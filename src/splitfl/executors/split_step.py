@@ -34,7 +34,7 @@ from splitfl.executors.rowstack import (
     row_losses,
 )
 from splitfl.models import BlockModel, ModelPart
-from splitfl.roles.cut_record import RoundTap
+from splitfl.roles.cut_record import Tap
 from splitfl.roles.sides import group_loss, own_grad_factor
 from splitfl.training import loss_fn
 
@@ -54,7 +54,7 @@ class SplitRound:
     momenta: dict[str, float | None]
     x_all: torch.Tensor
     y_all: torch.Tensor
-    tap: RoundTap | None = None
+    tap: Tap | None = None
     parts: dict[tuple[int, int], tuple[ModelPart, list[str]]] = field(default_factory=dict)
 
     def part(self, start: int, stop: int) -> tuple[ModelPart, list[str]]:

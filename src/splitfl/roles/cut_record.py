@@ -64,10 +64,42 @@ def _kept(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
 
+class Tap:
+    """What the loops that receive tensors call (``smashed``, ``gradient``); a tap keeps
+    those of the clients it records (:meth:`chosen`) in mini-batches ``step < batches``."""
+
+    batches: int
+
+    def chosen(self, client: int) -> bool:
+        raise NotImplementedError
+
+    def wants(self, client: int, step: int) -> bool:
+        return self.chosen(client) and step < self.batches
+
+    def smashed(self, client: int, step: int, features: Activation) -> None:
+        """The smashed data of ``client``'s mini-batch ``step`` as the server received them."""
+        if self.wants(client, step):
+            self.put(SMASHED, client, step, features)
+
+    def gradient(self, client: int, step: int, grad: Activation) -> None:
+        """The head's cut-layer gradient ``client`` sent for mini-batch ``step`` (U-shaped)."""
+        if self.wants(client, step):
+            self.put(HEAD_GRADIENT, client, step, grad)
+
+    def put(self, kind: str, client: int, step: int, value: Activation) -> None:
+        raise NotImplementedError
+
+
+def _kept_leaves(value: Activation) -> list[torch.Tensor]:
+    """The tensors of ``value`` (a gradient's None leaves left out), copied to the CPU."""
+    return [_kept(t) for t in leaves(value) if t is not None]
+
+
 @dataclass
-class RoundTap:
-    """One recorded round: what the server received from ``clients`` in mini-batches
-    ``step < batches``; ``batch_indices[client][step]`` the sample indices of each."""
+class RoundTap(Tap):
+    """One recorded round: what the server received from the clients of ``tasks`` in
+    mini-batches ``step < batches``; ``batch_indices[client][step]`` the sample indices of
+    each, ``parts[client]`` the device part it was sent."""
 
     round: int
     batches: int
@@ -78,16 +110,8 @@ class RoundTap:
     entries: list[dict] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def wants(self, client: int, step: int) -> bool:
-        return client in self.tasks and step < self.batches
-
-    def smashed(self, client: int, step: int, features: Activation) -> None:
-        """The smashed data of ``client``'s mini-batch ``step`` as the server received them."""
-        self.put(SMASHED, client, step, features)
-
-    def gradient(self, client: int, step: int, grad: Activation) -> None:
-        """The head's cut-layer gradient ``client`` sent for mini-batch ``step`` (U-shaped)."""
-        self.put(HEAD_GRADIENT, client, step, grad)
+    def chosen(self, client: int) -> bool:
+        return client in self.tasks
 
     def put(self, kind: str, client: int, step: int, value: Activation) -> None:
         """Keep ``value`` (``kind`` :data:`SMASHED` or :data:`HEAD_GRADIENT`) of ``client``'s
@@ -95,18 +119,18 @@ class RoundTap:
         if not self.wants(client, step):
             return
         name = f"{kind}.k{client}.s{step}"
-        kept = {f"{name}.{i}": _kept(t) for i, t in enumerate(leaves(value)) if t is not None}
-        cut = self.tasks[client].cut
+        kept = {f"{name}.{i}": t for i, t in enumerate(_kept_leaves(value))}
+        task = self.tasks[client]
         entry = {
             "round": self.round,
             "client": client,
-            "group": self.tasks[client].group,
-            "cut": cut,
+            "group": task.group,
+            "cut": task.cut,
             "step": step,
             "kind": kind,
             "tensors": sorted(kept),
             "indices": f"indices.k{client}.s{step}",
-            "part": _part_key(self.tasks[client]),
+            "part": _part_key(task),
         }
         with self.lock:
             self.tensors.update(kept)
@@ -117,7 +141,7 @@ class RoundTap:
 
 
 @dataclass
-class RelayTap:
+class RelayTap(Tap):
     """A parallel worker's tap: what its unit's loops received from ``clients`` in
     mini-batches ``step < batches``, kept for the driver's :class:`RoundTap`
     (``items``: kind, client, step, the tensors)."""
@@ -126,18 +150,11 @@ class RelayTap:
     clients: frozenset[int]
     items: list[tuple[str, int, int, list[torch.Tensor]]] = field(default_factory=list)
 
-    def wants(self, client: int, step: int) -> bool:
-        return client in self.clients and step < self.batches
+    def chosen(self, client: int) -> bool:
+        return client in self.clients
 
-    def smashed(self, client: int, step: int, features: Activation) -> None:
-        self._put(SMASHED, client, step, features)
-
-    def gradient(self, client: int, step: int, grad: Activation) -> None:
-        self._put(HEAD_GRADIENT, client, step, grad)
-
-    def _put(self, kind: str, client: int, step: int, value: Activation) -> None:
-        if self.wants(client, step):
-            self.items.append((kind, client, step, [_kept(t) for t in leaves(value)]))
+    def put(self, kind: str, client: int, step: int, value: Activation) -> None:
+        self.items.append((kind, client, step, _kept_leaves(value)))
 
 
 class CutRecorder:

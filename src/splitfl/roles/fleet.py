@@ -27,7 +27,7 @@ from splitfl.core.plan import LOCAL_AND_SERVER, ClientTask, ClientUpdate, RoundP
 from splitfl.core.topology import AuxSpec
 from splitfl.models import BlockModel, ModelPart, block_index
 from splitfl.roles.aux_numerics import device_aux, remember
-from splitfl.roles.cut_record import RoundTap
+from splitfl.roles.cut_record import Tap
 from splitfl.roles.parts import PartPool
 from splitfl.roles.sides import DeviceRole, Runtime, ServerRole, Smashed
 
@@ -39,7 +39,7 @@ class Fleet(Protocol):
     where the server records what it receives (``privacy.record``; None: nothing)."""
 
     dropped: set[int]
-    tap: RoundTap | None
+    tap: Tap | None
 
     def begin(self, tasks: list[ClientTask], parts: dict[int, State], aux: dict[int, State]):
         """Send each task and the device part (and auxiliary model) it starts from."""
@@ -85,7 +85,7 @@ class LocalFleet:
         self,
         make: Callable[[ClientTask, State, State | None], DeviceRole],
         pool: PartPool | None = None,
-        tap: RoundTap | None = None,
+        tap: Tap | None = None,
     ):
         self.make, self.pool, self.tap = make, pool, tap
         self.roles: dict[int, DeviceRole] = {}

@@ -50,7 +50,7 @@ class UnitEnv:
     settings and runtime; the mixup stream ``gen``; the round seed; the part pool (None: fresh
     copies); each client's samples ``data_of(client) -> (x, y, indices)`` and pre-drawn
     mini-batches ``batches`` (None: each device draws its own); ``tap``: where the server
-    side records what it receives (:class:`~splitfl.roles.cut_record.RoundTap`, None: not
+    side records what it receives (:class:`~splitfl.roles.cut_record.Tap`, None: not
     recorded)."""
 
     model: Any  # splitfl.models.BlockModel
@@ -62,7 +62,7 @@ class UnitEnv:
     data_of: Callable[[int], tuple]
     pool: Any = None  # splitfl.roles.parts.PartPool
     batches: dict[int, list[torch.Tensor]] | None = None
-    tap: Any = None  # splitfl.roles.cut_record.RoundTap
+    tap: Any = None  # splitfl.roles.cut_record.Tap
 
     def batches_of(self, client: int) -> list[torch.Tensor] | None:
         return None if self.batches is None else self.batches.get(client)

@@ -21,7 +21,7 @@ from splitfl.config import TrainConfig
 from splitfl.core.activations import Activation, Gradient, leaves
 from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan
 from splitfl.models import BlockModel, ModelPart, block_index
-from splitfl.roles.cut_record import RoundTap
+from splitfl.roles.cut_record import Tap
 from splitfl.roles.fleet import GroupRun
 from splitfl.roles.sides import Runtime
 from splitfl.topologies.ushaped.roles import Middle, Sent, UDevice
@@ -34,7 +34,7 @@ class UFleet(Protocol):
     ``tap``: where the server records what it receives (``privacy.record``; None: nothing)."""
 
     dropped: set[int]
-    tap: RoundTap | None
+    tap: Tap | None
 
     def begin(self, tasks: list[ClientTask], parts: dict[int, State]) -> None:
         """Send each task and the device state (front and head) it starts from."""
@@ -55,7 +55,7 @@ class UFleet(Protocol):
 class LocalUFleet:
     """U-shaped devices in this process: ``make(task, state)`` builds a client's device."""
 
-    def __init__(self, make: Callable[[ClientTask, State], UDevice], tap: RoundTap | None = None):
+    def __init__(self, make: Callable[[ClientTask, State], UDevice], tap: Tap | None = None):
         self.make, self.tap = make, tap
         self.devices: dict[int, UDevice] = {}
         self.dropped: set[int] = set()
@@ -174,7 +174,7 @@ def run_group(fleet: UFleet, middle: Middle, run: GroupRun) -> list[ClientUpdate
     ]
 
 
-def _record(tap: RoundTap | None, step: int, sent: list[Sent], answers: dict) -> None:
+def _record(tap: Tap | None, step: int, sent: list[Sent], answers: dict) -> None:
     """What the server received this step (``privacy.record``): each member's smashed data
     and the cut-layer gradient its head sent back (Li et al.'s label-leak signal)."""
     if tap is None:
