@@ -232,6 +232,10 @@ def test_a_missing_or_damaged_record_is_one_line_naming_the_file(
         ({"privacy.record.rounds": [5]}, "privacy.record.rounds"),
         ({"privacy.record.rounds": [1, 1]}, "privacy.record.rounds"),
         ({"privacy.record.batches": 0}, "privacy.record.batches"),
+        (
+            {"privacy.record.batches": 1, "data.source": "devices", "executor": "networked"},
+            "privacy.record",
+        ),
     ],
 )
 def test_bad_record_settings_are_one_line_naming_the_field(tmp_path, capsys, changes, field):

@@ -231,13 +231,13 @@ def check_fields(config: ExperimentConfig) -> None:
     _validate_tracking(config.output.tracking)
     _validate_network(config)
     _validate_parallel(config)
-    check_privacy(config.privacy, config.rounds, config.data.num_clients)
+    check_privacy(config.privacy, config.rounds, config.data.num_clients, config.data.source)
 
 
-def check_privacy(privacy: PrivacyConfig, rounds: int, num_clients: int) -> None:
+def check_privacy(privacy: PrivacyConfig, rounds: int, num_clients: int, source: str) -> None:
     """``privacy.record``: clients (unless null) in ``[0, num_clients)`` and rounds in
     ``[1, rounds]``, each list distinct with 1 to :data:`MAX_RECORDED` entries, ``batches`` in
-    ``[1, MAX_RECORDED]``."""
+    ``[1, MAX_RECORDED]``; ``data.source: partition`` (the indices point into its data)."""
     rec = privacy.record
     if rec is None:
         return
@@ -251,6 +251,12 @@ def check_privacy(privacy: PrivacyConfig, rounds: int, num_clients: int) -> None
         bad = [v for v in values if not lo <= v <= hi] or [None]
         _check(bad[0] is None, path, f"each must be in [{lo}, {hi}] (got {bad[0]})")
     _check(1 <= rec.batches <= MAX_RECORDED, "privacy.record.batches", f"in [1, {MAX_RECORDED}]")
+    _check(
+        source == "partition",
+        "privacy.record",
+        "needs data.source: partition (the record's sample indices point into the server's "
+        "copy of the training data; devices with their own data have none there)",
+    )
 
 
 def _validate_defence(c: DefenceConfig) -> None:
