@@ -406,3 +406,33 @@ def test_frames_cross_a_socket_unjoined_and_arrive_decodable(prep):
         got = recv_message(theirs)
         sender.join()
     assert got == [frame.tobytes(), bytearray(b"raw")]
+
+
+def test_recorded_tensors_round_trip_and_a_stranger_s_are_refused(prep):
+    """``privacy.record`` under ``executor: parallel``: a unit asks for its members'
+    received tensors, the answer carries them back as sent; an entry naming a client
+    outside the unit, or lacking its tensors, is one ChannelError."""
+    ctx = prep.ctx
+    _, run = _local_run(prep)
+    member = run.tasks[0].client
+    unit = channel.read(_bytes(channel.unit_message(run, (2, [member]))), ("unit",))
+    assert channel.read_unit_record(unit) == (2, [member])
+    plain = channel.read(_bytes(channel.unit_message(run)), ("unit",))
+    assert channel.read_unit_record(plain) is None
+    updates, server = _trained(ctx, run)
+    fx, skip = torch.randn(4, 3), torch.arange(4)
+    recorded = [("smashed", member, 1, [fx]), ("head_gradient", member, 0, [fx, skip])]
+    msg = channel.read(
+        _bytes(channel.trained_answer(updates, server, 0.5, 1, recorded)), ("trained",)
+    )
+    specs = channel.specs_of(ctx.model.state_dict())
+    blocks = (min(t.cut for t in run.tasks), ctx.num_blocks)
+    assert len(channel.read_trained(msg, run, specs, blocks)[0]) == len(updates)
+    (k1, c1, s1, v1), (k2, c2, s2, v2) = channel.read_recorded(msg, run)
+    assert (k1, c1, s1, k2, c2, s2) == ("smashed", member, 1, "head_gradient", member, 0)
+    assert torch.equal(v1, fx) and torch.equal(v2[0], fx) and torch.equal(v2[1], skip)
+    stranger = max(t.client for t in run.tasks) + 1
+    for bad in ([("smashed", stranger, 0, [fx])], [("smashed", member, 0, [])]):
+        frame = channel.trained_answer(updates, server, 0.5, 1, bad)
+        with pytest.raises(ChannelError, match="recorded entry 0"):
+            channel.read_recorded(channel.read(_bytes(frame), ("trained",)), run)

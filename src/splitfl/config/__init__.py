@@ -36,6 +36,7 @@ from splitfl.config.parse import (
     read_yaml_mapping,
     set_dotted,
 )
+from splitfl.config.privacy import PrivacyConfig, RecordConfig
 from splitfl.config.ranges import FLOAT_RANGES, Range
 from splitfl.config.schema import (
     AGGREGATIONS,
@@ -84,6 +85,8 @@ __all__ = [
     "DefenceConfig",
     "LoraConfig",
     "NetworkConfig",
+    "PrivacyConfig",
+    "RecordConfig",
     "OutputConfig",
     "ParallelConfig",
     "ServerOptimizerConfig",

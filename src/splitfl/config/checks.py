@@ -1,5 +1,6 @@
 """Static checks of a config (:func:`check_fields`): ranges of every float (:data:`FLOAT_RANGES`),
-counts, devices, trackers and the network section; no registry is consulted here."""
+counts, devices, trackers, the network and privacy sections; no registry is consulted here.
+Just over 400 lines: the static checks of every section are one list, read in one place."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 
 from splitfl.config.choices import unknown_choice
 from splitfl.config.network import COMPRESSIONS, TRUSTS
+from splitfl.config.privacy import MAX_RECORDED, PrivacyConfig
 from splitfl.config.ranges import FLOAT_RANGES
 from splitfl.config.schema import (
     AGGREGATIONS,
@@ -229,6 +231,32 @@ def check_fields(config: ExperimentConfig) -> None:
     _validate_tracking(config.output.tracking)
     _validate_network(config)
     _validate_parallel(config)
+    check_privacy(config.privacy, config.rounds, config.data.num_clients, config.data.source)
+
+
+def check_privacy(privacy: PrivacyConfig, rounds: int, num_clients: int, source: str) -> None:
+    """``privacy.record``: clients (unless null) in ``[0, num_clients)`` and rounds in
+    ``[1, rounds]``, each list distinct with 1 to :data:`MAX_RECORDED` entries, ``batches`` in
+    ``[1, MAX_RECORDED]``; ``data.source: partition`` (the indices point into its data)."""
+    rec = privacy.record
+    if rec is None:
+        return
+    lists = [("rounds", rec.rounds, 1, rounds)]
+    if rec.clients is not None:  # null: every client a recorded round selects
+        lists.append(("clients", rec.clients, 0, num_clients - 1))
+    for name, values, lo, hi in lists:
+        path = f"privacy.record.{name}"
+        _check(0 < len(values) <= MAX_RECORDED, path, f"1 to {MAX_RECORDED} entries")
+        _check(len(set(values)) == len(values), path, f"entries must be distinct ({values[:9]})")
+        bad = [v for v in values if not lo <= v <= hi] or [None]
+        _check(bad[0] is None, path, f"each must be in [{lo}, {hi}] (got {bad[0]})")
+    _check(1 <= rec.batches <= MAX_RECORDED, "privacy.record.batches", f"in [1, {MAX_RECORDED}]")
+    _check(
+        source == "partition",
+        "privacy.record",
+        "needs data.source: partition (the record's sample indices point into the server's "
+        "copy of the training data; devices with their own data have none there)",
+    )
 
 
 def _validate_defence(c: DefenceConfig) -> None:

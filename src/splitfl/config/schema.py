@@ -3,7 +3,7 @@
 Over 400 lines because the schema is one piece: each section's dataclass carries its fields'
 documentation (the generated reference, ``docs/reference/config.md``, is read from it); the
 ``network`` section lives in :mod:`splitfl.config.network`, its checks in ``checks.py`` and
-``ranges.py``."""
+``ranges.py``; the ``privacy`` section in :mod:`splitfl.config.privacy`, with its checks."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from splitfl.config.network import NetworkConfig
+from splitfl.config.privacy import PrivacyConfig
 
 
 class ConfigError(ValueError):
@@ -453,6 +454,7 @@ class ExperimentConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
     hf: HfConfig = field(default_factory=HfConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Python modules imported before the config is checked (they register models, datasets
     #: and algorithms), found on PYTHONPATH, in the current directory and in the config

@@ -285,10 +285,11 @@ def plan_data(value: Any, tensors: State, cls: type, where: str) -> Any:
         raise ChannelError(f"{where}: {err}") from None
 
 
-def unit_message(run: GroupRun) -> Frame:
+def unit_message(run: GroupRun, record: tuple[int, list[int]] | None = None) -> Frame:
     """One group: its tasks (``tasks``; a task's tensors, its ``init_state`` where it starts
     from its own state, ``task:<i>/…``) and its members' aux heads (``aux:<i>/…``), ``i`` the
-    task's position."""
+    task's position; ``record``: (batches, clients) whose received tensors the worker sends
+    back (``privacy.record``), None: nothing."""
     tasks, tensors = [], {}
     for i, t in enumerate(run.tasks):
         value, own = plan_codec.encode(t)
@@ -296,7 +297,19 @@ def unit_message(run: GroupRun) -> Frame:
         tensors |= state_tensors(f"task:{i}", own)
         tensors |= state_tensors(f"aux:{i}", run.aux.get(t.client))
     fields = {"group": run.group, "tasks": tasks, "aux": [t.client in run.aux for t in run.tasks]}
+    fields["record"] = None if record is None else [record[0], list(record[1])]
     return _send("unit", fields, tensors)
+
+
+def read_unit_record(msg: Message) -> tuple[int, list[int]] | None:
+    """A unit's ``record`` (:func:`unit_message`): (batches, clients), or None."""
+    value = msg.fields.get("record")
+    if value is None:
+        return None
+    ok = type(value) is list and len(value) == 2 and type(value[0]) is int
+    if not ok or type(value[1]) is not list or any(type(c) is not int for c in value[1]):
+        raise ChannelError("unit: 'record' must be [batches, [clients]]")
+    return value[0], value[1]
 
 
 def read_unit(
@@ -347,17 +360,42 @@ def error_answer(err: BaseException, trace: str, peak_rss: int) -> Frame:
 
 
 def trained_answer(
-    updates: list[ClientUpdate], server_state: State | None, seconds: float, peak_rss: int
+    updates: list[ClientUpdate],
+    server_state: State | None,
+    seconds: float,
+    peak_rss: int,
+    recorded: list | None = None,
 ) -> Frame:
-    """A unit's updates (``part:<i>/…``, ``aux:<i>/…``), server copy (``server/…``)."""
+    """A unit's updates (``part:<i>/…``, ``aux:<i>/…``), server copy (``server/…``) and
+    the tensors its loops received for the record (``recorded``: a
+    :class:`~splitfl.roles.cut_record.RelayTap`'s items, ``rec:<j>/<i>``)."""
     rows, tensors = [], {}
+    for j, (_, _, _, parts) in enumerate(recorded or []):
+        tensors |= {f"rec:{j}/{i}": t for i, t in enumerate(parts)}
     for i, u in enumerate(updates):
         kinds = {k: v for k, v in UPDATE_FIELDS.items() if k != "aux"}
         rows.append({**plain(u, kinds), "aux": u.aux_state is not None})
         tensors |= state_tensors(f"part:{i}", u.state) | state_tensors(f"aux:{i}", u.aux_state)
     tensors |= state_tensors("server", server_state)
     fields = {"updates": rows, "server": server_state is not None, "seconds": seconds}
+    fields["recorded"] = [[kind, c, step, len(parts)] for kind, c, step, parts in recorded or []]
     return _send("trained", {**fields, "peak_rss": peak_rss}, tensors)
+
+
+def read_recorded(msg: Message, run: GroupRun) -> list[tuple[str, int, int, Any]]:
+    """A ``trained`` answer's recorded tensors: (kind, client, step, one tensor or a tuple),
+    each of a client of ``run``."""
+    rows, by, out = msg.fields.get("recorded") or [], groups(msg), []
+    members = {t.client for t in run.tasks}
+    for j, row in enumerate(rows if type(rows) is list else [None]):
+        ok = type(row) is list and len(row) == 4 and row[0] in ("smashed", "head_gradient")
+        if not ok or any(type(v) is not int for v in row[1:]) or row[1] not in members:
+            raise ChannelError(f"trained: recorded entry {j} is not [kind, member, step, n]")
+        parts = [by.get(f"rec:{j}", {}).get(str(i)) for i in range(row[3])]
+        if not parts or any(p is None for p in parts):
+            raise ChannelError(f"trained: recorded entry {j} lacks its tensors")
+        out.append((row[0], row[1], row[2], parts[0] if len(parts) == 1 else tuple(parts)))
+    return out
 
 
 def read_error(msg: Message) -> tuple[str, str, str]:
@@ -376,7 +414,8 @@ def read_trained(
     seconds = field(msg.fields, "seconds", "number", "trained")
     if len(rows) != len(run.tasks):
         raise ChannelError(f"trained: {len(rows)} updates for {len(run.tasks)} tasks")
-    by, updates = groups(msg), []
+    by = {k: v for k, v in groups(msg).items() if not k.startswith("rec:")}  # read_recorded
+    updates = []
     for i, (row, t) in enumerate(zip(rows, run.tasks, strict=True)):
         where = f"trained: update {i}"
         f = checked_fields(row if type(row) is dict else {}, UPDATE_FIELDS, where)

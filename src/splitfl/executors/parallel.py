@@ -52,6 +52,7 @@ from splitfl.executors.pools import (
 from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.workers import peak_rss
 from splitfl.roles.common import NonFiniteLossError
+from splitfl.roles.cut_record import tap_of
 from splitfl.roles.fleet import GroupRun, State
 from splitfl.topologies import family_of
 
@@ -87,6 +88,7 @@ class ParallelExecutor:
         self.stats: dict[str, Any] = new_stats()
         self.fresh: set[int] = set()  # workers started anew since they were last sent init
         self.events: list[str] = []  # lost workers since the last round's result
+        self._tap = None  # the round's RoundTap (privacy.record), None: not recorded
 
     def open(self, ctx, run_dir=None) -> None:  # noqa: ANN001 - the experiment's RunContext
         """Start the workers; send each the run's config (it builds the model from it and
@@ -188,6 +190,7 @@ class ParallelExecutor:
         setup = channel.setup_message(global_state, plan, round_seed)
         count = next(self._rounds)
         self._expect = (channel.specs_of(global_state), ctx.num_blocks, plan)
+        self._tap = tap_of(ctx, plan)  # privacy.record: the workers send back what they receive
         answers = self._deal(ctx, runs, setup, count if plan.round_idx is None else plan.round_idx)
         updates: list[ClientUpdate] = []
         server_states: dict[int, dict[str, torch.Tensor]] = {}
@@ -249,7 +252,8 @@ class ParallelExecutor:
         queue, runs = deal.queue, deal.runs
         i = next((i for i in queue if clients(runs[i]) <= self.held[w]), queue[0])
         missing = clients(runs[i]) - self.held[w]
-        unit = channel.unit_message(runs[i])
+        tap = self._tap
+        unit = channel.unit_message(runs[i], None if tap is None else (tap.batches, [*tap.tasks]))
         if depth and (missing or w not in deal.set_up or len(unit) > PIPELINE_BYTES):
             return
         ops = self._start_ops(ctx, w) if w in self.fresh else []
@@ -289,9 +293,12 @@ class ParallelExecutor:
             specs, n, plan = self._expect
             blocks = family_of(plan).server_blocks(run.tasks, plan, n)
             updates, server_state, seconds = channel.read_trained(answer, run, specs, blocks)
+            recorded = channel.read_recorded(answer, run)
         except channel.ChannelError as err:
             return WorkerError(f"{self.pool.describe(w)} answered unit {run.group}: {err}")
         answers[i] = (updates, server_state)
+        for kind, client, step, value in recorded:  # what the worker's loops received
+            self._tap.put(kind, client, step, value)
         self.stats["unit_seconds"].append(seconds)
         return None
 

@@ -18,6 +18,7 @@ from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
 from splitfl.core.seeding import derive_seed
 from splitfl.models import BlockModel
 from splitfl.roles.common import round_batches
+from splitfl.roles.cut_record import tap_of
 from splitfl.roles.parts import PartPool, load_state
 from splitfl.roles.sides import Runtime
 from splitfl.topologies import Family, UnitEnv, family_of
@@ -56,6 +57,7 @@ class SequentialExecutor:
             batches=round_batches(
                 plan.tasks, ctx.client_indices, round_seed, ctx.config.train.drop_last
             ),
+            tap=tap_of(ctx, plan),
         )
         return run_units(family_of(plan), env)
 

@@ -34,6 +34,7 @@ from splitfl.executors.rowstack import (
     row_losses,
 )
 from splitfl.models import BlockModel, ModelPart
+from splitfl.roles.cut_record import Tap
 from splitfl.roles.sides import group_loss, own_grad_factor
 from splitfl.training import loss_fn
 
@@ -53,6 +54,7 @@ class SplitRound:
     momenta: dict[str, float | None]
     x_all: torch.Tensor
     y_all: torch.Tensor
+    tap: Tap | None = None
     parts: dict[tuple[int, int], tuple[ModelPart, list[str]]] = field(default_factory=dict)
 
     def part(self, start: int, stop: int) -> tuple[ModelPart, list[str]]:
@@ -108,6 +110,9 @@ def _device_forward(round_: SplitRound, active: list[WorkerRow], step: int) -> l
             (losses / y.shape[1]).sum().backward()
             account(bucket, losses, y.shape[1])
             continue
+        if round_.tap is not None:  # privacy.record: each row, as the server receives it
+            for i, r in enumerate(bucket):
+                round_.tap.smashed(r.task.client, step, row_of(out, i))
         sent.append((bucket, out, as_server_input(out), y))
     return sent
 

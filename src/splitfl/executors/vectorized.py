@@ -61,6 +61,7 @@ from splitfl.executors.sequential import SequentialExecutor
 from splitfl.executors.split_step import SplitRound, split_step
 from splitfl.models import BlockModel, ModelPart, block_index
 from splitfl.roles.common import task_batches
+from splitfl.roles.cut_record import tap_of
 from splitfl.roles.defences import is_active
 from splitfl.topologies import family_of
 
@@ -198,6 +199,7 @@ class VectorizedExecutor:
             momenta,
             x_all,
             y_all,
+            tap_of(ctx, plan),
         )
 
     def _server_stack(

@@ -33,6 +33,7 @@ from splitfl.executors.channel import ChannelError, Init
 from splitfl.executors.sequential import run_unit, working_model
 from splitfl.extensions import build_model, import_config_modules
 from splitfl.models.registry import Split
+from splitfl.roles.cut_record import RelayTap
 from splitfl.roles.fleet import GroupRun, StartParts
 from splitfl.roles.parts import PartPool, load_state
 from splitfl.roles.sides import Runtime
@@ -153,6 +154,8 @@ class UnitWorker:
         """Train one group of the round: its updates and server state, and the seconds."""
         start = time.perf_counter()
         group, tasks, aux = channel.read_unit(msg, self.specs, self.init.num_classes)
+        record = channel.read_unit_record(msg)
+        tap = None if record is None else RelayTap(record[0], frozenset(record[1]))
         if not self.round:
             raise ChannelError("'unit' before 'setup'")
         missing = sorted({t.client for t in tasks} - self.data.keys())
@@ -172,10 +175,12 @@ class UnitWorker:
             round_seed=seed,
             data_of=self._data_of,
             pool=self.pool,
+            tap=tap,
         )
         updates, server = run_unit(family, run, env)
         seconds = time.perf_counter() - start
-        return channel.trained_answer(updates, server, seconds, peak_rss())
+        recorded = None if tap is None else tap.items
+        return channel.trained_answer(updates, server, seconds, peak_rss(), recorded)
 
     def _data_of(self, client: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """A client's samples with positions as its indices: the sequential executor's

@@ -75,6 +75,9 @@ class RunContext:
     #: networked runs: a callable → the clients whose device is connected now (set by the
     #: networked executor; RingSFL forms its ring of them); None = every client
     reachable: object | None = None
+    #: ``privacy.record``: the run's :class:`~splitfl.roles.cut_record.CutRecorder` (set by
+    #: the loop; the executors take each recorded round's tap from it); None = not recorded
+    cut_record: object | None = None
     #: ``eval.on: clients | both``: each client's held-out samples (indices into
     #: ``bundle.train``, never in ``client_indices``, so never trained on); None otherwise.
     holdout_indices: list[np.ndarray] | None = None

@@ -33,6 +33,7 @@ from splitfl.experiment.runtimes import RUNTIMES, build_runtime
 from splitfl.metrics.summary import BUDGET_STATUS
 from splitfl.models.base import moving_state, user_state_dict
 from splitfl.models.hf_export import exported_state
+from splitfl.roles.cut_record import CutRecorder
 from splitfl.roles.dp_sgd import history_from_rows
 from splitfl.system import SimClock, Traffic
 from splitfl.training import import_optimizers
@@ -140,6 +141,13 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
     with thread_limits(config.threads), executor_session(executor, prep.ctx, run_dir):
         adopt_device_data(prep, executor, run_dir, resuming=start is not None)
         config = prep.config  # adopted from the devices' data where they hold it
+        if config.privacy.record is not None and trains(executor):
+            prep.ctx.cut_record = CutRecorder(
+                config.privacy.record,
+                run_dir,
+                prep.ctx.client_indices,
+                prep.ctx.config.train.drop_last,
+            )
         if RUNTIMES[config.executor].trains_here:
             import_optimizers()
         eval_model = prep.ctx.model if device == "cpu" else copy.deepcopy(prep.ctx.model).to(device)

@@ -208,7 +208,12 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     clients = algorithm.select_clients(r, rng_for(config.seed, "select", r))
     plan = algorithm.plan_round(r, clients, rng_for(config.seed, "plan", r))
     plan.round_idx = r
-    result = executor.run_round(ctx, st.global_state, plan, derive_seed(config.seed, "b", r))
+    round_seed = derive_seed(config.seed, "b", r)
+    if ctx.cut_record is not None:  # privacy.record: the round's tap, for the executors
+        ctx.cut_record.open_round(plan, st.global_state, round_seed)
+    result = executor.run_round(ctx, st.global_state, plan, round_seed)
+    if ctx.cut_record is not None:
+        ctx.cut_record.close_round()
     # the algorithm hears of the clients that completed only (a networked device may be lost)
     done = plan
     if result.dropped:

@@ -2,7 +2,9 @@
 Deep-Leakage-from-Gradients attack on FedAvg vs RingSFL uploads (§4.2.5, Eq. 9, Fig. 15–16),
 and an honest-but-curious server's attacks on what crosses the cut: UnSplit and the inverse
 network on smashed data (:mod:`~splitfl.privacy.reconstruct`), label inference on cut-layer
-gradients (:mod:`~splitfl.privacy.labels`), scored by :mod:`~splitfl.privacy.metrics`."""
+gradients (:mod:`~splitfl.privacy.labels`), scored by :mod:`~splitfl.privacy.metrics`;
+on a finished run's final model or on the tensors it recorded during training
+(``privacy.record``: :func:`read_record`, :func:`attack_recorded`)."""
 
 from splitfl.privacy.attack import DLGResult, cosine_similarity, dlg_attack, infer_label
 from splitfl.privacy.experiment import AttackConfig, load_attack_config, run_attack
@@ -15,7 +17,7 @@ from splitfl.privacy.observe import (
     observe_ringsfl,
     true_gradient,
 )
-from splitfl.privacy.on_run import RunAttack, attack_run
+from splitfl.privacy.on_run import RunAttack, attack_recorded, attack_run
 from splitfl.privacy.reconstruct import (
     Reconstruction,
     invert,
@@ -24,12 +26,15 @@ from splitfl.privacy.reconstruct import (
 )
 from splitfl.privacy.results import plot_attack, write_results
 from splitfl.privacy.sweep import dcs, evaluate_sweep, load_sweep
+from splitfl.roles.cut_record import RecordedBatch, read_record
 
 __all__ = [
     "AttackConfig",
     "DLGResult",
     "Reconstruction",
+    "RecordedBatch",
     "RunAttack",
+    "attack_recorded",
     "attack_run",
     "cosine_similarity",
     "dcs",
@@ -51,6 +56,7 @@ __all__ = [
     "plot_attack",
     "plot_leakage_curve",
     "psnr",
+    "read_record",
     "reconstruction_scores",
     "roc_auc",
     "run_attack",

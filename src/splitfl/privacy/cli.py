@@ -1,5 +1,6 @@
 """``splitfl privacy leakage|attack|reconstruct|labels``: RingSFL Eq. (8)/Fig. 5, the DLG attack
-of §4.2.5, and a curious server's attacks on a finished run (:mod:`splitfl.privacy.on_run`).
+of §4.2.5, and a curious server's attacks on a finished run or on what it recorded during
+training (``--recorded``, :mod:`splitfl.privacy.on_run`).
 
 Wire into :func:`splitfl.cli.main.build_parser` with ``add_privacy_parser(sub)``. Bad values
 raise :class:`~splitfl.config.ConfigError` (``main`` prints one line and exits 2).
@@ -104,6 +105,11 @@ def _write_run_attack(result: dict, out: Path) -> Path:
     return path
 
 
+def _recorded_round(result: dict) -> str:
+    """``, recorded in round r`` for an attack on recorded tensors, else nothing."""
+    return f", recorded in round {result['round']}" if "round" in result else ""
+
+
 def cmd_reconstruct(args: argparse.Namespace) -> int:
     """UnSplit or the inverse network on a run's victim client; results.json and grid.png."""
     result = attack_run(_spec(args, args.attack))
@@ -112,8 +118,8 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
     grid = plot_reconstruction(result["true_x"], result["reconstruction"], out / "grid.png")
     print(
         f"{args.attack} on client {result['client']} (cut {result['cut']}, "
-        f"{result['samples']} samples): MSE {result['mse']:.4g}  PSNR {result['psnr']:.2f} dB  "
-        f"SSIM {result['ssim']:.3f}"
+        f"{result['samples']} samples{_recorded_round(result)}): MSE {result['mse']:.4g}  "
+        f"PSNR {result['psnr']:.2f} dB  SSIM {result['ssim']:.3f}"
     )
     print(f"results: {json_path}, {grid}")
     return 0
@@ -126,7 +132,7 @@ def cmd_labels(args: argparse.Namespace) -> int:
     print(
         f"label inference on client {result['client']} (cut {result['cut']}, tail "
         f"{result['tail']}, {result['samples']} samples, {result['positives']} of class "
-        f"{args.positive}): AUC norm {result['auc_norm']:.3f}  direction "
+        f"{args.positive}{_recorded_round(result)}): AUC norm {result['auc_norm']:.3f}  direction "
         f"{result['auc_direction']:.3f}"
     )
     print(f"results: {json_path}")
@@ -149,6 +155,13 @@ def _victim_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, help="victim's training samples attacked (16)")
     p.add_argument("--cut", type=int, help="cut point (default: the client's last cut)")
     p.add_argument("--out", metavar="DIR", help="output folder (default: RUN_DIR/privacy)")
+    p.add_argument(
+        "--recorded",
+        action="store_true",
+        default=None,
+        help="attack the tensors the server recorded during training (privacy.record)",
+    )
+    p.add_argument("--round", type=int, help="with --recorded: the round (default: the first)")
 
 
 def add_privacy_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -176,6 +189,7 @@ def add_privacy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("--attack", choices=("unsplit", "inverse"), default="unsplit")
     p.add_argument("--iterations", type=int, help="UnSplit's Adam steps (300)")
     p.add_argument("--lr", type=float, help="UnSplit's Adam learning rate (0.05)")
+    p.add_argument("--optimizer", choices=("adam", "lbfgs"), help="UnSplit's optimiser (adam)")
     p.add_argument("--epochs", type=int, help="inverse network's training epochs (20)")
     p.add_argument("--aux-samples", type=int, help="server's test samples it trains on (1024)")
     p.set_defaults(fn=cmd_reconstruct)

@@ -27,6 +27,7 @@ from splitfl.core.plan import LOCAL_AND_SERVER, ClientTask, ClientUpdate, RoundP
 from splitfl.core.topology import AuxSpec
 from splitfl.models import BlockModel, ModelPart, block_index
 from splitfl.roles.aux_numerics import device_aux, remember
+from splitfl.roles.cut_record import Tap
 from splitfl.roles.parts import PartPool
 from splitfl.roles.sides import DeviceRole, Runtime, ServerRole, Smashed
 
@@ -34,9 +35,11 @@ State = dict[str, torch.Tensor]
 
 
 class Fleet(Protocol):
-    """Calls on the devices of a group; each takes and returns per-client dicts."""
+    """Calls on the devices of a group; each takes and returns per-client dicts. ``tap``:
+    where the server records what it receives (``privacy.record``; None: nothing)."""
 
     dropped: set[int]
+    tap: Tap | None
 
     def begin(self, tasks: list[ClientTask], parts: dict[int, State], aux: dict[int, State]):
         """Send each task and the device part (and auxiliary model) it starts from."""
@@ -82,8 +85,9 @@ class LocalFleet:
         self,
         make: Callable[[ClientTask, State, State | None], DeviceRole],
         pool: PartPool | None = None,
+        tap: Tap | None = None,
     ):
-        self.make, self.pool = make, pool
+        self.make, self.pool, self.tap = make, pool, tap
         self.roles: dict[int, DeviceRole] = {}
         self.dropped: set[int] = set()
 
@@ -289,8 +293,13 @@ class SplitLoop:
         fleet.backward({s.client: grad for s, (grad, _) in zip(sent, answers, strict=True)})
 
     def _forward(self, tasks: list[ClientTask], step: int) -> list[Smashed]:
-        """The members' smashed data of mini-batch ``step`` (the devices that answered)."""
+        """The members' smashed data of mini-batch ``step`` (the devices that answered),
+        recorded as received where the fleet has a tap (``privacy.record``)."""
         received = self.fleet.forward({t.client: step for t in tasks})
+        tap = self.fleet.tap
+        if tap is not None:
+            for c, (features, _) in received.items():
+                tap.smashed(c, step, features)
         return [
             Smashed(t.client, t.cut, *received[t.client]) for t in tasks if t.client in received
         ]

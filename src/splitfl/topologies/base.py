@@ -49,7 +49,9 @@ class UnitEnv:
     """Where a unit trains in-process: the round's model (its weights loaded), plan, training
     settings and runtime; the mixup stream ``gen``; the round seed; the part pool (None: fresh
     copies); each client's samples ``data_of(client) -> (x, y, indices)`` and pre-drawn
-    mini-batches ``batches`` (None: each device draws its own)."""
+    mini-batches ``batches`` (None: each device draws its own); ``tap``: where the server
+    side records what it receives (:class:`~splitfl.roles.cut_record.Tap`, None: not
+    recorded)."""
 
     model: Any  # splitfl.models.BlockModel
     plan: RoundPlan
@@ -60,6 +62,7 @@ class UnitEnv:
     data_of: Callable[[int], tuple]
     pool: Any = None  # splitfl.roles.parts.PartPool
     batches: dict[int, list[torch.Tensor]] | None = None
+    tap: Any = None  # splitfl.roles.cut_record.Tap
 
     def batches_of(self, client: int) -> list[torch.Tensor] | None:
         return None if self.batches is None else self.batches.get(client)

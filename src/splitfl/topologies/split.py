@@ -64,7 +64,8 @@ class SplitFamily(Family):
         server = server_role(
             env.model, unit.tasks, env.plan, env.train, env.runtime, env.gen, env.pool
         )
-        updates = self.schedule(LocalFleet(make, env.pool), server, unit, env.plan)
+        fleet = LocalFleet(make, env.pool, env.tap)
+        updates = self.schedule(fleet, server, unit, env.plan)
         if server is None:
             return updates, None
         if env.pool is None:

@@ -41,6 +41,7 @@ from splitfl.net.trust.expect import Expect, expect_for
 from splitfl.net.trust.reference import server_step
 from splitfl.net.trust.spread import RoundMoves
 from splitfl.roles.aux_numerics import spec_flops
+from splitfl.roles.cut_record import tap_of
 from splitfl.roles.fleet import GroupRun, server_role
 from splitfl.roles.sides import Runtime
 from splitfl.topologies import family_of
@@ -234,8 +235,10 @@ class NetworkedExecutor:
             server_emulation = (ctx.profile.server_flops, ctx.population.server.flops)
         family = family_of(plan)
 
+        tap = tap_of(ctx, plan)
+
         def fleet_of(cls=RemoteFleet, **extra) -> RemoteFleet:
-            return cls(
+            fleet = cls(
                 rnd.hub,
                 rnd.round_seed,
                 rnd.timeout_s,
@@ -252,6 +255,8 @@ class NetworkedExecutor:
                 self._began,
                 **extra,
             )
+            fleet.tap = tap  # privacy.record: what arrives from the devices, as decoded
+            return fleet
 
         def split_group(run: GroupRun):
             server = server_role(model, run.tasks, plan, ctx.config.train, self.runtime, gen)

@@ -128,6 +128,9 @@ class RemoteFleet:
         b = expect.bounds
         self.peers = peers or PeerScale(b.activation_rms_factor, b.activation_rms_abs)
         self.dropped: set[int] = set()
+        #: where what arrives is recorded (``privacy.record``: the executor sets the round's
+        #: :class:`~splitfl.roles.cut_record.RoundTap`; None: nothing is)
+        self.tap = None
         self.tasks: dict[int, ClientTask] = {}
         #: bytes sent without a reply of their own (gradients): the next exchange carries them
         self.unanswered: dict[int, int] = {}

@@ -71,7 +71,7 @@ class UShapedFamily(Family):
                 env.batches_of(task.client),
             )
 
-        fleet = LocalUFleet(device_maker(env.model, env.plan, env.train, role_of))
+        fleet = LocalUFleet(device_maker(env.model, env.plan, env.train, role_of), env.tap)
         middle = middle_of(env.model, unit, env.plan, env.train, env.runtime)
         return run_group(fleet, middle, unit), middle.state()
 

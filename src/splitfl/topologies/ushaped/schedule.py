@@ -21,6 +21,7 @@ from splitfl.config import TrainConfig
 from splitfl.core.activations import Activation, Gradient, leaves
 from splitfl.core.plan import ClientTask, ClientUpdate, RoundPlan
 from splitfl.models import BlockModel, ModelPart, block_index
+from splitfl.roles.cut_record import Tap
 from splitfl.roles.fleet import GroupRun
 from splitfl.roles.sides import Runtime
 from splitfl.topologies.ushaped.roles import Middle, Sent, UDevice
@@ -29,9 +30,11 @@ State = dict[str, torch.Tensor]
 
 
 class UFleet(Protocol):
-    """Calls on the devices of a U-shaped group; each takes and returns per-client dicts."""
+    """Calls on the devices of a U-shaped group; each takes and returns per-client dicts.
+    ``tap``: where the server records what it receives (``privacy.record``; None: nothing)."""
 
     dropped: set[int]
+    tap: Tap | None
 
     def begin(self, tasks: list[ClientTask], parts: dict[int, State]) -> None:
         """Send each task and the device state (front and head) it starts from."""
@@ -52,8 +55,8 @@ class UFleet(Protocol):
 class LocalUFleet:
     """U-shaped devices in this process: ``make(task, state)`` builds a client's device."""
 
-    def __init__(self, make: Callable[[ClientTask, State], UDevice]):
-        self.make = make
+    def __init__(self, make: Callable[[ClientTask, State], UDevice], tap: Tap | None = None):
+        self.make, self.tap = make, tap
         self.devices: dict[int, UDevice] = {}
         self.dropped: set[int] = set()
 
@@ -149,6 +152,7 @@ def run_group(fleet: UFleet, middle: Middle, run: GroupRun) -> list[ClientUpdate
             continue
         outs = middle.forward(sent)
         answers = fleet.head({s.client: out for s, out in zip(sent, outs, strict=True)})
+        _record(fleet.tap, step, sent, answers)
         back = middle.backward({c: grad for c, (grad, _, _) in answers.items()})
         for c, (_, loss_sum, samples) in answers.items():
             tally[c][0] += samples
@@ -168,6 +172,17 @@ def run_group(fleet: UFleet, middle: Middle, run: GroupRun) -> list[ClientUpdate
         for t in run.tasks
         if t.client in done
     ]
+
+
+def _record(tap: Tap | None, step: int, sent: list[Sent], answers: dict) -> None:
+    """What the server received this step (``privacy.record``): each member's smashed data
+    and the cut-layer gradient its head sent back (Li et al.'s label-leak signal)."""
+    if tap is None:
+        return
+    for s in sent:
+        tap.smashed(s.client, step, s.features)
+    for c, (grad, _, _) in answers.items():
+        tap.gradient(c, step, grad)
 
 
 def _rows(x: Activation) -> int:
