@@ -130,10 +130,10 @@ class HijackingServer:
     iteration's values (the authors' persistent tape: every gradient from the nets before
     this iteration's updates)."""
 
-    def __init__(self, input_shape, smashed_shape, spec: FshaConfig, seed: int):
+    def __init__(self, pilot: nn.Module, input_shape, smashed_shape, spec: FshaConfig, seed: int):
+        self.pilot = pilot.train()
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            self.pilot = pilot_network(input_shape, smashed_shape, spec.width)
             self.decoder = inverse_network(smashed_shape, input_shape, spec.width)
             self.critic = discriminator(smashed_shape, spec.width)
         autoencoder = [*self.pilot.parameters(), *self.decoder.parameters()]
@@ -192,6 +192,7 @@ class FshaConfig:
     gradient_penalty: float = 500.0
     lr_server: float = 1e-3
     client_optimizer: str = "adam"
+    pilot: str = "linear"
     width: int = 64
     private_samples: int = 0
     eval_samples: int = 64
@@ -205,6 +206,7 @@ class FshaConfig:
 POSITIVE = ("iterations", "batch_size", "width", "eval_samples", "checkpoint_every")
 RATES = ("lr_client", "lr_pilot", "lr_discriminator", "lr_server")
 OPTIMIZERS = ("adam", "sgd", "adamw")
+PILOTS = ("linear", "client")
 
 
 def validate_fsha(spec: FshaConfig) -> None:
@@ -224,6 +226,8 @@ def validate_fsha(spec: FshaConfig) -> None:
     for name in ("private_samples", "splitguard_start", "cut"):
         if getattr(spec, name) < 0:
             raise ConfigError(name, f"must be >= 0 (got {getattr(spec, name)})")
+    if spec.pilot not in PILOTS:
+        raise ConfigError("pilot", f"one of {', '.join(PILOTS)} (got {spec.pilot!r})")
     if spec.client_optimizer not in OPTIMIZERS:
         raise ConfigError(
             "client_optimizer", f"one of {', '.join(OPTIMIZERS)} (got {spec.client_optimizer!r})"
@@ -240,6 +244,7 @@ class Setup:
     num_classes: int
     model: nn.Module
     smashed_shape: tuple[int, ...]
+    pilot: nn.Module
 
 
 def prepare_fsha(spec: FshaConfig) -> Setup:
@@ -271,7 +276,15 @@ def prepare_fsha(spec: FshaConfig) -> Setup:
     if not isinstance(probe, torch.Tensor):
         raise ConfigError("cut", f"FSHA needs one tensor crossing cut {spec.cut}")
     model.train()
-    return Setup(x, y, bundle.test.x, bundle.num_classes, model, tuple(probe.shape[1:]))
+    shape = tuple(probe.shape[1:])
+    with torch.random.fork_rng():
+        torch.manual_seed(derive_seed(spec.seed, "fsha-pilot"))
+        if spec.pilot == "client":  # the client part's architecture, initialised afresh
+            fresh = build_model(spec.model, tuple(bundle.input_shape), bundle.num_classes)
+            pilot: nn.Module = ModelPart(fresh, 0, spec.cut)
+        else:
+            pilot = pilot_network(tuple(bundle.input_shape), shape, spec.width)
+    return Setup(x, y, bundle.test.x, bundle.num_classes, model, shape, pilot)
 
 
 Reply = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -314,7 +327,7 @@ def train_client(
 def _hijacked(spec: FshaConfig, setup: Setup) -> tuple[dict, torch.Tensor]:
     """The FSHA run: its checkpoints, SplitGuard scores and the last reconstruction."""
     input_shape = tuple(setup.x.shape[1:])
-    server = HijackingServer(input_shape, setup.smashed_shape, spec,
+    server = HijackingServer(copy.deepcopy(setup.pilot), input_shape, setup.smashed_shape, spec,
                              derive_seed(spec.seed, "fsha-server"))  # fmt: skip
     order = client_batches(np.arange(len(setup.public)), spec.batch_size, spec.iterations,
                            derive_seed(spec.seed, "fsha-public"), drop_last=True)  # fmt: skip
