@@ -203,6 +203,7 @@ FSHA_HELP = {
     "gradient_penalty": "WGAN-GP weight",
     "lr_server": "honest server's Adam learning rate",
     "client_optimizer": "client's optimiser",
+    "pilot": "pilot architecture: client (the client part's, fresh) or linear (the authors')",
     "width": "channels of the server's nets",
     "private_samples": "client's training samples (0: all)",
     "eval_samples": "private samples reconstructed at each checkpoint",

@@ -26,9 +26,13 @@ at ``lr_server``: the SplitGuard notebook's Adam at 0.001) as the control, and b
 carry SplitGuard's fake batches (:mod:`splitfl.privacy.splitguard`).
 
 Where this differs from the authors' code: the client's part is the registered splitfl
-model cut at ``cut`` (theirs: a ResNet prefix); the pilot is linear as theirs (no
-activations) but made of stride-1/stride-2 3×3 convolutions that reach the cut's shape (an
-MLP for flat smashed data); the decoder is splitfl's inverse network
+model cut at ``cut`` (theirs: a ResNet prefix). The pilot's architecture is the attacker's
+choice (the paper's ``f̃`` need not match ``f``): ``pilot: client`` (the default) is the
+client part's own architecture, initialised afresh from the seed (a SplitFed server knows
+it); ``pilot: linear`` is linear as the authors' ``architectures.pilot`` (no activations),
+stride-1/stride-2 3×3 convolutions that reach the cut's shape (an MLP for flat smashed
+data). On splitfl's models, whose blocks end in ReLU, the linear pilot's signed features lie
+far from ``f``'s and the hijack takes longer (benchmarks/README.md). The decoder is splitfl's inverse network
 (:func:`~splitfl.privacy.reconstruct.inverse_network`: bilinear upsampling and convolutions,
 no final tanh; theirs: transposed convolutions and tanh); ``D`` is a two-convolution net
 (theirs: convolutions and residual blocks); the gradient penalty's norm runs over every
@@ -175,7 +179,8 @@ class FshaConfig:
     training samples of ``dataset`` (0: all) and trains ``model``'s blocks ``[0, cut)`` with
     ``client_optimizer`` at ``lr_client``; the server's public data are the test split.
     Server nets: ``width`` channels; ``eval_samples`` private samples are reconstructed every
-    ``checkpoint_every`` iterations. SplitGuard: fake batches with probability
+    ``checkpoint_every`` iterations. ``pilot``: ``client`` or ``linear`` (module docstring).
+SplitGuard: fake batches with probability
     ``fake_probability`` after ``splitguard_start`` batches. Defaults: the FSHA notebook's
     (``lr_f``, ``lr_tilde``, ``lr_D``, ``gradient_penalty``, batch 64, 10 000 iterations) and
     the SplitGuard notebook's (``p_fake``, ``N``, Adam at 0.001 for the honest server)."""
@@ -192,7 +197,7 @@ class FshaConfig:
     gradient_penalty: float = 500.0
     lr_server: float = 1e-3
     client_optimizer: str = "adam"
-    pilot: str = "linear"
+    pilot: str = "client"
     width: int = 64
     private_samples: int = 0
     eval_samples: int = 64
