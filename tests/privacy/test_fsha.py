@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from splitfl.cli.main import main
-from splitfl.privacy.fsha import FshaConfig, prepare_fsha, run_fsha, train_client
+from splitfl.privacy.fsha_run import FshaConfig, prepare_fsha, run_fsha, train_client
 from splitfl.privacy.splitguard import (
     SplitGuard,
     _Set,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from splitfl.config import ConfigError
 from splitfl.privacy.experiment import load_attack_config, run_attack
-from splitfl.privacy.fsha import FshaConfig, run_fsha, validate_fsha
+from splitfl.privacy.fsha_run import FshaConfig, run_fsha, validate_fsha
 from splitfl.privacy.leakage import leakage_curve, leakage_probability, plot_leakage_curve
 from splitfl.privacy.on_run import RunAttack, attack_run
 from splitfl.privacy.results import plot_reconstruction, results_to_json, write_results
