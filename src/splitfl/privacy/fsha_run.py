@@ -29,7 +29,9 @@ from splitfl.config import ConfigError, TrainConfig
 from splitfl.core.plan import ClientTask, RoundPlan
 from splitfl.core.seeding import derive_seed
 from splitfl.core.topology import ServerSpec, Star
-from splitfl.models import ModelPart
+from splitfl.data import dataset_names
+from splitfl.data.base import load_dataset
+from splitfl.models import ModelPart, build_model, model_names
 from splitfl.privacy.fsha import HijackingServer, pilot_network
 from splitfl.privacy.metrics import reconstruction_scores
 from splitfl.privacy.splitguard import SplitGuard, fake_labels
@@ -120,10 +122,6 @@ class Setup:
 def prepare_fsha(spec: FshaConfig) -> Setup:
     """Load the data and build the (seeded) model; :class:`ConfigError` for a model, dataset
     or cut that does not fit."""
-    from splitfl.data import dataset_names
-    from splitfl.data.base import load_dataset
-    from splitfl.models import build_model, model_names
-
     validate_fsha(spec)
     if spec.model not in model_names():
         raise ConfigError("model", f"unknown {spec.model!r}; allowed: {', '.join(model_names())}")
