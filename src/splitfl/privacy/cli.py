@@ -219,8 +219,8 @@ def _fsha_flags(p: argparse.ArgumentParser) -> None:
     for field in dataclasses.fields(FshaConfig):
         kind = {"int": int, "float": float}.get(str(field.type), str)
         p.add_argument(
-            _fsha_flag(field.name), type=kind, dest=field.name,
-            help=f"{FSHA_HELP[field.name]} (default {field.default})",
+            _fsha_flag(field.name), type=kind, dest=field.name, default=field.default,
+            help=FSHA_HELP[field.name],
         )  # fmt: skip
 
 
