@@ -136,9 +136,16 @@ def prepare_fsha(spec: FshaConfig) -> Setup:
         raise ConfigError("private_samples", f"{len(x)} samples hold no batch of {spec.batch_size}")
     if len(bundle.test) < spec.batch_size:
         raise ConfigError("batch_size", f"the public (test) split has only {len(bundle.test)}")
-    with torch.random.fork_rng():
-        torch.manual_seed(derive_seed(spec.seed, "fsha-model"))
-        model = build_model(spec.model, tuple(bundle.input_shape), bundle.num_classes)
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(derive_seed(spec.seed, "fsha-model"))
+            model = build_model(spec.model, tuple(bundle.input_shape), bundle.num_classes)
+        with torch.no_grad():
+            model.eval()(x[:2])
+    except (RuntimeError, ValueError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        shape = tuple(bundle.input_shape)
+        raise ConfigError("model", f"{spec.model} does not fit input {shape}: {first}") from err
     if not 1 <= spec.cut < model.num_blocks:
         raise ConfigError("cut", f"must be in [1, {model.num_blocks - 1}] (got {spec.cut})")
     with torch.no_grad():
