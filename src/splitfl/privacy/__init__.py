@@ -2,12 +2,16 @@
 Deep-Leakage-from-Gradients attack on FedAvg vs RingSFL uploads (§4.2.5, Eq. 9, Fig. 15–16),
 and an honest-but-curious server's attacks on what crosses the cut: UnSplit and the inverse
 network on smashed data (:mod:`~splitfl.privacy.reconstruct`), label inference on cut-layer
-gradients (:mod:`~splitfl.privacy.labels`), scored by :mod:`~splitfl.privacy.metrics`;
+gradients (:mod:`~splitfl.privacy.labels`), scored by :mod:`~splitfl.privacy.metrics`,
 on a finished run's final model or on the tensors it recorded during training
-(``privacy.record``: :func:`read_record`, :func:`attack_recorded`)."""
+(``privacy.record``: :func:`read_record`, :func:`attack_recorded`); a malicious server's
+feature-space hijacking (FSHA, :mod:`~splitfl.privacy.fsha`, run by
+:mod:`~splitfl.privacy.fsha_run`) and the client's SplitGuard score
+(:mod:`~splitfl.privacy.splitguard`)."""
 
 from splitfl.privacy.attack import DLGResult, cosine_similarity, dlg_attack, infer_label
 from splitfl.privacy.experiment import AttackConfig, load_attack_config, run_attack
+from splitfl.privacy.fsha_run import FshaConfig, run_fsha
 from splitfl.privacy.labels import direction_scores, label_leak_auc, norm_scores
 from splitfl.privacy.leakage import leakage_curve, leakage_probability, plot_leakage_curve
 from splitfl.privacy.metrics import mse, psnr, reconstruction_scores, roc_auc, ssim
@@ -31,6 +35,7 @@ from splitfl.roles.cut_record import RecordedBatch, read_record
 __all__ = [
     "AttackConfig",
     "DLGResult",
+    "FshaConfig",
     "Reconstruction",
     "RecordedBatch",
     "RunAttack",
@@ -60,6 +65,7 @@ __all__ = [
     "reconstruction_scores",
     "roc_auc",
     "run_attack",
+    "run_fsha",
     "ssim",
     "train_inverse_network",
     "true_gradient",

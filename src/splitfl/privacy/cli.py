@@ -1,6 +1,7 @@
-"""``splitfl privacy leakage|attack|reconstruct|labels``: RingSFL Eq. (8)/Fig. 5, the DLG attack
-of §4.2.5, and a curious server's attacks on a finished run or on what it recorded during
-training (``--recorded``, :mod:`splitfl.privacy.on_run`).
+"""``splitfl privacy leakage|attack|reconstruct|labels|eval|fsha``: RingSFL Eq. (8)/Fig. 5, the
+DLG attack of §4.2.5, a curious server's attacks on a finished run or on what it recorded
+during training (``--recorded``, :mod:`splitfl.privacy.on_run`), and a malicious server's FSHA
+with the client's SplitGuard score (:mod:`splitfl.privacy.fsha`).
 
 Wire into :func:`splitfl.cli.main.build_parser` with ``add_privacy_parser(sub)``. Bad values
 raise :class:`~splitfl.config.ConfigError` (``main`` prints one line and exits 2).
@@ -9,12 +10,14 @@ raise :class:`~splitfl.config.ConfigError` (``main`` prints one line and exits 2
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import replace
 from pathlib import Path
 
 from splitfl.config import ConfigError
 from splitfl.privacy.experiment import load_attack_config, run_attack
+from splitfl.privacy.fsha_run import FshaConfig, run_fsha, validate_fsha
 from splitfl.privacy.leakage import leakage_curve, leakage_probability, plot_leakage_curve
 from splitfl.privacy.on_run import RunAttack, attack_run
 from splitfl.privacy.results import plot_reconstruction, results_to_json, write_results
@@ -149,6 +152,84 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fsha_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _fsha_config(args: argparse.Namespace) -> FshaConfig:
+    """The :class:`FshaConfig` of a command line; a bad value is one line naming its flag."""
+    given = {k: v for k, v in vars(args).items() if k in FshaConfig.__dataclass_fields__}
+    config = FshaConfig(**{k: v for k, v in given.items() if v is not None})
+    try:
+        validate_fsha(config)
+    except ConfigError as err:
+        raise ConfigError(_fsha_flag(err.field_path), str(err).split(": ", 1)[1]) from None
+    return config
+
+
+def cmd_fsha(args: argparse.Namespace) -> int:
+    """FSHA and its honest control on one client; results.json and grid.png."""
+    config = _fsha_config(args)
+    try:
+        result = run_fsha(config)
+    except ConfigError as err:
+        if err.field_path not in FshaConfig.__dataclass_fields__:
+            raise
+        raise ConfigError(_fsha_flag(err.field_path), str(err).split(": ", 1)[1]) from None
+    out = Path(config.out)
+    json_path = _write_run_attack(result, out)
+    grid = plot_reconstruction(result["true_x"], result["reconstruction"], out / "grid.png")
+    last = result["fsha"]["checkpoints"][-1]
+    guess = result["baseline"]["public_mean"]
+    print(
+        f"FSHA on {config.model} cut {config.cut} ({config.dataset}, {config.iterations} "
+        f"iterations): MSE {last['mse']:.4g}  PSNR {last['psnr']:.2f} dB  SSIM "
+        f"{last['ssim']:.3f}  (public mean image: MSE {guess['mse']:.4g}, SSIM "
+        f"{guess['ssim']:.3f})"
+    )
+    print(
+        f"SplitGuard mean score: FSHA server {result['fsha']['splitguard_mean']:.3f}, honest "
+        f"server {result['honest']['splitguard_mean']:.3f} "
+        f"({result['fsha']['fake_batches']} fake batches)"
+    )
+    print(f"results: {json_path}, {grid}")
+    return 0
+
+
+FSHA_HELP = {
+    "model": "registered model whose device part is attacked",
+    "dataset": "dataset: the client's training split, the server's test split",
+    "root": "dataset folder",
+    "cut": "cut point: the client holds blocks [0, cut)",
+    "iterations": "training iterations of each run",
+    "batch_size": "batch size (client and server)",
+    "lr_client": "client's learning rate (FSHA's lr_f)",
+    "lr_pilot": "pilot and decoder learning rate (lr_tilde)",
+    "lr_discriminator": "discriminator learning rate (lr_D)",
+    "gradient_penalty": "WGAN-GP weight",
+    "lr_server": "honest server's Adam learning rate",
+    "client_optimizer": "client's optimiser",
+    "pilot": "pilot architecture: client (the client part's, fresh) or linear (the authors')",
+    "width": "channels of the server's nets",
+    "private_samples": "client's training samples (0: all)",
+    "eval_samples": "private samples reconstructed at each checkpoint",
+    "checkpoint_every": "iterations between checkpoints",
+    "fake_probability": "SplitGuard's probability of a fake batch",
+    "splitguard_start": "batches before SplitGuard starts",
+    "seed": "seed of every random choice",
+    "out": "output folder",
+}
+
+
+def _fsha_flags(p: argparse.ArgumentParser) -> None:
+    for field in dataclasses.fields(FshaConfig):
+        kind = {"int": int, "float": float}.get(str(field.type), str)
+        p.add_argument(
+            _fsha_flag(field.name), type=kind, dest=field.name, default=field.default,
+            help=FSHA_HELP[field.name],
+        )  # fmt: skip
+
+
 def _victim_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's folder (model.pt)")
     p.add_argument("--client", type=int, help="victim client (default: last round's first)")
@@ -201,4 +282,7 @@ def add_privacy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("sweep", metavar="SWEEP.yaml")
     p.add_argument("--out", metavar="DIR", help="output folder (default: the sweep's out)")
     p.set_defaults(fn=cmd_eval)
+    p = sub.add_parser("fsha", help="FSHA by a malicious server, SplitGuard score vs an honest one")
+    _fsha_flags(p)
+    p.set_defaults(fn=cmd_fsha)
     return parser
