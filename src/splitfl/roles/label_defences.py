@@ -2,8 +2,9 @@
 holds the labels, perturbs the cut-layer gradients ``g_i = ∂L/∂h_i`` it sends the server.
 
 Li et al., "Label Leakage and Protection in Two-party Split Learning" (ICLR 2022), §4, for a
-binary task (here: ``label_positive`` against the rest); the authors' code
-(``marvell_solver.py``, ``gradient_masking`` and ``KL_gradient_perturb``) is followed:
+binary task (here: ``label_positive`` against the rest); the authors' code is followed
+(``OscarcarLi/label-protection``: ``solver.py``, and ``gradient_masking`` and
+``KL_gradient_perturb`` of ``custom_gradients_masking.py``):
 
 * **max-norm** (§4.1, "expectation norm alignment"): ``g̃_i = g_i·(1 + σ_i·ξ_i)``,
   ``ξ_i ~ N(0, 1)`` one scalar per sample, ``σ_i = sqrt(max(‖g_max‖²/‖g_i‖² − 1, 0))`` with
