@@ -131,14 +131,20 @@ def test_cli_import_flag_and_one_line_import_errors(tmp_path, monkeypatch, capsy
 
 
 @pytest.mark.slow
-def test_ray_sweep_trials_import_the_user_module(tmp_path):
+def test_ray_sweep_trials_import_the_user_module(tmp_path, ray_instance):
+    """``splitfl sweep --backend ray`` in a process of its own, joining the session's Ray
+    instance by ``--address`` (its own local start cost 13-16 s of a 120 s test on a busy
+    machine; a job that joins still ships the module as its ``py_modules`` and gets fresh
+    workers of its own)."""
     proj = _project(tmp_path / "proj").parent
     log = tmp_path / "imported-from.txt"  # where each process found the module
     with (proj / "user_ext.py").open("a") as f:
         f.write(f"\nopen({str(log)!r}, 'a').write(__file__ + '\\n')\n")
     sweep = {"base": "config.yaml", "axes": {"seed": [0, 1]}}
     (proj / "sweep.yaml").write_text(yaml.safe_dump(sweep))
-    done = _splitfl("sweep", "sweep.yaml", "--backend", "ray", "--out", "sw", cwd=proj, timeout=400)
+    address = ray_instance.get_runtime_context().gcs_address
+    args = ("sweep", "sweep.yaml", "--backend", "ray", "--address", address, "--out", "sw")
+    done = _splitfl(*args, cwd=proj, timeout=400)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     index = json.loads((proj / "sw" / "trials.json").read_text())["trials"]
     assert [t["status"] for t in index] == ["done", "done"]

@@ -9,6 +9,7 @@ model; bad tokens, versions, duplicate names and oversized messages are refused.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -49,6 +50,8 @@ def _rows(result) -> list[dict]:
 
 
 def _networked(tmp_path, algorithm, devices=DEVICES, agent_cls=None, network=None, **changes):
+    """The run on thread devices; an ``agent_cls`` with a ``woken`` event (:class:`_Stall`)
+    has it set once the run has returned, before the threads are joined."""
     bed = Testbed.create(tmp_path / "bed", list(devices))
     # Honest devices wait long enough for a loaded machine's server to start listening; a
     # device cut off at the end (misbehaving, stalled, oversized) retries briefly, then gives up.
@@ -57,7 +60,12 @@ def _networked(tmp_path, algorithm, devices=DEVICES, agent_cls=None, network=Non
         bed.device(name, clients, agent_cls, retry_s=retry_s) for name, clients in devices.items()
     ]
     net = bed.server_overrides(min_devices=len(devices), **(network or {}))
-    result = splitfl.run(config_for(algorithm, **{**changes, **net}), run_dir=tmp_path / "net")
+    woken = getattr(agent_cls, "woken", None)
+    try:
+        result = splitfl.run(config_for(algorithm, **{**changes, **net}), run_dir=tmp_path / "net")
+    finally:
+        if woken is not None:
+            woken.set()
     for t in threads:
         t.join(30)
     return result, threads
@@ -176,9 +184,14 @@ def test_lost_device_is_dropped_for_the_round_and_selectable_after_reconnecting(
 
 
 class _Stall(DeviceAgent):
+    """Client 0 stalls ``STALL_S`` in its forward, or until ``woken`` (set once the run has
+    returned: the rest of the stall is not waited out before the threads are joined)."""
+
+    woken = threading.Event()
+
     def _on_forward(self, c, msg):
         if c == 0:
-            time.sleep(STALL_S)
+            _Stall.woken.wait(STALL_S)
         return super()._on_forward(c, msg)
 
 
@@ -191,6 +204,7 @@ STALL_S, TIMEOUT_S = 12.0, 4.0
 def test_stalled_device_is_dropped_within_the_timeout(tmp_path):
     changes = {"rounds": 1, "data.num_clients": 2, "train.clients_per_round": 2}
     start = time.monotonic()
+    _Stall.woken.clear()
     net, _ = _networked(
         tmp_path,
         "splitfed_v1",
