@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -146,7 +147,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """The privacy–utility sweep (:func:`splitfl.privacy.sweep.evaluate_sweep`)."""
     sweep = load_sweep(args.sweep)  # a bad field: one ConfigError line, exit 2, nothing written
     out = Path(args.out or sweep.out)
-    result = evaluate_sweep(sweep, out)
+    progress = None if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
+    result = evaluate_sweep(sweep, out, progress)
     print(f"{len(result['rows'])} rows: {out / 'table.md'}, {out / 'table.json'}, "
           f"{out / 'privacy_utility.png'}")  # fmt: skip
     return 0
@@ -281,6 +283,7 @@ def add_privacy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p = sub.add_parser("eval", help="privacy–utility sweep: algorithms × cuts × defences × attacks")
     p.add_argument("sweep", metavar="SWEEP.yaml")
     p.add_argument("--out", metavar="DIR", help="output folder (default: the sweep's out)")
+    p.add_argument("--no-progress", action="store_true", help="no line per finished cell")
     p.set_defaults(fn=cmd_eval)
     p = sub.add_parser("fsha", help="FSHA by a malicious server, SplitGuard score vs an honest one")
     _fsha_flags(p)

@@ -28,7 +28,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,21 @@ def _run_cell(sweep: Sweep, alg: str, cut, defence: str, run_dir: Path) -> list[
     return rows
 
 
+def cell_line(n: int, total: int, rows: list[dict], elapsed_s: float) -> str:
+    """The progress line of the ``n``-th of ``total`` cells, its ``rows`` done after
+    ``elapsed_s``: the cell, its accuracy and the best attack on its most-leaking device."""
+    first = rows[0] if rows else {}
+    scored = [r for r in rows if r.get("ap") is not None]
+    worst = max(scored, key=lambda r: r["ap"]) if scored else None
+    leak = f"{worst['attack']} {worst['ap']:.3f} on device {worst['device']}" if worst else "-"
+    acc = first.get("mp")
+    return (
+        f"cell {n}/{total} {first.get('algorithm')} cut={first.get('cut_option')} "
+        f"{first.get('defence')}: acc {acc if acc is None else f'{acc:.3f}'}, most leaked {leak} "
+        f"({elapsed_s / 60:.1f} min)"
+    )
+
+
 def device_columns(last: dict, i: int) -> dict:
     """What sets device ``i`` of the last round's metrics row apart besides its cut: its
     ``group`` (S²FL's group, ParallelSFL's cluster) and its ``batch_size`` (MergeSFL's
@@ -210,17 +226,26 @@ def t_dcs(rows: list[dict]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in groups.items()}
 
 
-def evaluate_sweep(sweep: Sweep | Mapping[str, Any] | str | Path, out: str | Path | None = None):
+def evaluate_sweep(
+    sweep: Sweep | Mapping[str, Any] | str | Path,
+    out: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
+):
     """Run ``sweep`` (the Python twin of ``splitfl privacy eval``); writes ``table.json``,
     ``table.md`` and ``privacy_utility.png`` to ``out`` (default: the sweep's ``out``) and
-    returns ``{"rows": ..., "t_dcs": ...}``. Validation happens before anything is written."""
+    returns ``{"rows": ..., "t_dcs": ...}``. Validation happens before anything is written.
+    ``progress`` gets one line per finished cell (:func:`cell_line`; the CLI prints them)."""
     sweep = sweep if isinstance(sweep, Sweep) else load_sweep(sweep)
     out_dir = Path(out or sweep.out)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError("out", f"{out_dir} is not empty (a sweep writes a new folder)")
     rows: list[dict] = []
-    for alg, cut, defence in cells(sweep):
-        rows += _run_cell(sweep, alg, cut, defence, out_dir / "runs" / f"{alg}-cut{cut}-{defence}")
+    todo, began = list(cells(sweep)), time.monotonic()
+    for n, (alg, cut, defence) in enumerate(todo, 1):
+        cell = _run_cell(sweep, alg, cut, defence, out_dir / "runs" / f"{alg}-cut{cut}-{defence}")
+        rows += cell
+        if progress is not None:
+            progress(cell_line(n, len(todo), cell, time.monotonic() - began))
     _score(rows, sweep)
     result = {"rows": rows, "t_dcs": t_dcs(rows), "beta": sweep.beta}
     write_report(result, out_dir)
