@@ -1,13 +1,14 @@
 """A ParallelSFL top worker that sleeps before its report (issue 51 item 6: rounds of 20-50 s
-against 1-2 s honest): its cluster is ended at the deadline of the round's other clusters
-(``network.cluster_deadline_factor``, :mod:`splitfl.net.server.cluster_deadline`). Loopback
-gRPC, devices in threads."""
+against 1-2 s honest): its cluster is ended at the deadline of the round's other clusters, or
+of the run's earlier rounds for a lone cluster (``network.cluster_deadline_factor``,
+:mod:`splitfl.net.server.cluster_deadline`). Loopback gRPC, devices in threads."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import pytest
 from test_hostile_insiders import THREE_CLUSTERS
 from test_networked_d2d import _rows
 
@@ -68,12 +69,84 @@ def test_a_sleeping_top_worker_is_cut_at_the_other_clusters_deadline(tmp_path):
 def test_the_cluster_clock_by_hand():
     """Three clusters: no deadline until one other (half of 2, rounded up) reported; then
     ``began`` + max(3 × the median report time, min_s) (+ ``slack_s``)."""
+    others = "the other clusters'"
     clock = ClusterClock(3, 3.0, 2.0, began=100.0)
     assert clock.cut_at() is None
     clock.reports.append(1.5)
-    assert clock.cut_at() == (104.5, 1.5)
+    assert clock.cut_at() == (104.5, 1.5, others)
     clock.reports.append(0.5)  # lower median of (0.5, 1.5): 0.5 → the 2 s floor
-    assert clock.cut_at() == (102.0, 0.5)
-    assert ClusterClock(3, 3.0, 2.0, 10.0, began=100.0, reports=[1.5]).cut_at() == (114.5, 1.5)
+    assert clock.cut_at() == (102.0, 0.5, others)
+    with_slack = ClusterClock(3, 3.0, 2.0, 10.0, began=100.0, reports=[1.5])
+    assert with_slack.cut_at() == (114.5, 1.5, others)
     assert ClusterClock(3, 0.0, 2.0).cut_at() is None  # off
-    assert ClusterClock(1, 3.0, 2.0, reports=[1.0]).cut_at() is None  # no other cluster
+    # earlier rounds' reports do not judge a round with other clusters to compare with
+    assert ClusterClock(3, 3.0, 2.0, began=100.0, earlier=[1.0]).cut_at() is None
+
+
+def test_a_lone_cluster_is_judged_by_the_earlier_rounds_by_hand():
+    """One hosted cluster: no deadline before any report of the run was accepted; then the
+    same rule over the earlier reports' lower median (the old clock had none: it waited
+    ``timeout_s`` × (steps + 3)); an accepted report joins the run's list."""
+    earlier: list[float] = []
+    assert ClusterClock(1, 3.0, 2.0, began=100.0, earlier=earlier).cut_at() is None
+    earlier += [1.2, 4.0, 0.9]  # lower median 1.2
+    lone = ClusterClock(1, 3.0, 2.0, 5.0, began=100.0, earlier=earlier)
+    assert lone.cut_at() == pytest.approx((108.6, 1.2, "the earlier rounds' clusters'"))
+    lone.reported()
+    assert len(earlier) == 4 and lone.reports == [earlier[-1]]
+
+
+#: The lone cluster's top worker of round 2 sleeps this long (under the old wait, ``timeout_s``
+#: 10 × (steps + 3)), or until the test wakes it after the run.
+LONE_SLEEP_S = 35.0
+
+
+class _SleepsAtTheSecondHosting(DeviceAgent):
+    """Every device runs this: the second ``host`` command of the run (round 2's top worker,
+    whoever it is) trains its cluster, then sleeps ``LONE_SLEEP_S`` (or until ``woken``)."""
+
+    woken = threading.Event()
+    hostings = 0
+    lock = threading.Lock()
+
+    def handle(self, msg):
+        reply = super().handle(msg)
+        if msg.type == "host":
+            with _SleepsAtTheSecondHosting.lock:
+                _SleepsAtTheSecondHosting.hostings += 1
+                second = _SleepsAtTheSecondHosting.hostings == 2
+            if second:
+                _SleepsAtTheSecondHosting.woken.wait(LONE_SLEEP_S)
+        return reply
+
+
+def test_a_lone_cluster_s_sleeping_top_worker_is_cut_at_the_earlier_rounds_deadline(tmp_path):
+    """Four clients, ``options.parallelsfl.k: 1``: one hosted cluster (top worker 0 in both
+    rounds), no other to compare with. Round 1 is
+    honest; round 2's top worker sleeps 35 s before its report: it is given up on at 3 × round
+    1's report time + ``timeout_s`` 10 s, naming it (the old clock waited out the sleep and
+    kept its report: nothing dropped)."""
+    devices = {"a": [0], "b": [1], "c": [2], "d": [3]}  # four clients: one cluster, top 0
+    bed = Testbed.create(tmp_path / "bed", list(devices))
+    agent = _SleepsAtTheSecondHosting
+    agent.hostings = 0
+    agent.woken.clear()
+    threads = [bed.device(n, c, agent, retry_s=20.0) for n, c in devices.items()]
+    net = bed.server_overrides(min_devices=4, timeout_s=10.0)
+    sized = {"data.num_clients": 4, "train.clients_per_round": 4, "options.parallelsfl.k": 1}
+    cfg = config_for("parallelsfl", **{**net, **sized, "rounds": 2})
+    try:
+        result = splitfl.run(cfg, run_dir=tmp_path / "n")
+    finally:
+        agent.woken.set()
+    for t in threads:
+        t.join(LONE_SLEEP_S + 30)
+    first, second = _rows(result)
+    assert len(first["plan_tops"]) == len(second["plan_tops"]) == 1
+    assert first["dropped_reasons"] == {}
+    top = second["plan_tops"][0]
+    dropped = second["dropped_reasons"]
+    assert dropped, "round 2's sleeping top worker was waited out"
+    for why in dropped.values():
+        assert why.startswith(f"top worker {top}: no report"), why
+        assert "the earlier rounds' clusters' median" in why, why

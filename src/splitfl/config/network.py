@@ -133,7 +133,8 @@ class NetworkConfig:
     #: clusters have reported, a cluster whose top worker has not reported by
     #: ``cluster_deadline_factor`` × their median report time (at least
     #: ``round_deadline_min_s``) + ``timeout_s`` (an honest top worker's wait on a silent
-    #: member) after the round's start is ended, its members dropped naming
+    #: member) after the round's start is ended (a round with one hosted cluster: the median
+    #: of the run's earlier accepted reports instead), its members dropped naming
     #: the top worker (``splitfl.net.server.cluster_deadline``; issue 51: a top worker that
     #: slept before its report made rounds of 20-50 s against 1-2 s honest). 3: ParallelSFL's
     #: clustering balances the clusters' times (Alg. 1), so honest ones land near each other;

@@ -15,8 +15,10 @@ round's start is given up on. Its cluster is
 dropped for the round naming it (``top worker <k>: ...``: ParallelSFL then keeps it out of
 the next elections, :func:`~splitfl.algorithms.parallelsfl.planner.failed_tops`), so such a
 round lasts at most about ``factor`` × the honest clusters' time + ``timeout_s``. A round
-with one hosted cluster has no others to compare with: it waits ``timeout_s`` × (steps + 3)
-as before (a gap). splitfl's choice (the paper has no lateness).
+with one hosted cluster has no others to compare with: its deadline is the same rule over the
+accepted report times of this run's earlier rounds (``earlier``: every cluster's; their
+median); before any was accepted it waits ``timeout_s`` × (steps + 3) as before. splitfl's
+choice (the paper has no lateness).
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ POLL_S = 0.1
 @dataclass
 class ClusterClock:
     """The round's hosted clusters (``hosted``: how many), ``factor`` (0: off), ``min_s`` and
-    ``slack_s``; ``reports``: the accepted reports' times after ``began`` (``time.monotonic``)."""
+    ``slack_s``; ``reports``: the accepted reports' times after ``began`` (``time.monotonic``);
+    ``earlier``: the run's accepted report times so far (the executor's list, kept across
+    rounds; each accepted report is appended to it too)."""
 
     hosted: int
     factor: float
@@ -43,23 +47,28 @@ class ClusterClock:
     slack_s: float = 0.0
     began: float = field(default_factory=time.monotonic)
     reports: list[float] = field(default_factory=list)
+    earlier: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reported(self) -> None:
         """A cluster's report was accepted now."""
         with self.lock:
             self.reports.append(time.monotonic() - self.began)
+            self.earlier.append(self.reports[-1])
 
-    def cut_at(self) -> tuple[float, float] | None:
-        """(when a cluster still waiting is given up on, the others' median report time),
-        or None: off, or fewer than half of the other clusters reported yet."""
+    def cut_at(self) -> tuple[float, float, str] | None:
+        """(when a cluster still waiting is given up on, the median report time it rests on,
+        whose times those are), or None: off, fewer than half of the other clusters reported
+        yet, or a lone cluster before any earlier report."""
         with self.lock:
-            times = sorted(self.reports)
-        others = self.hosted - 1
-        if not self.factor or others < 1 or len(times) < math.ceil(others / 2):
+            others = self.hosted - 1
+            times = sorted(self.reports if others >= 1 else self.earlier)
+        whose = "the other clusters'" if others >= 1 else "the earlier rounds' clusters'"
+        need = math.ceil(others / 2) if others >= 1 else 1
+        if not self.factor or len(times) < need:
             return None
         median = times[(len(times) - 1) // 2]
-        return self.began + max(self.factor * median, self.min_s) + self.slack_s, median
+        return self.began + max(self.factor * median, self.min_s) + self.slack_s, median, whose
 
 
 def await_top(clock: ClusterClock | None, link: DeviceLink, host: int, seq: int, until: float):
@@ -79,7 +88,7 @@ def await_top(clock: ClusterClock | None, link: DeviceLink, host: int, seq: int,
             return "no reply within the round's deadline"
         if cut is not None and now >= cut[0]:
             return (
-                f"no report {now - clock.began:.3g} s into the round, the other clusters' "
+                f"no report {now - clock.began:.3g} s into the round, {cut[2]} "
                 f"median {cut[1]:.3g} s (network.cluster_deadline_factor {clock.factor:g} x it,"
                 f" at least network.round_deadline_min_s {clock.min_s:g} s, + network.timeout_s"
                 f" {clock.slack_s:g} s)"

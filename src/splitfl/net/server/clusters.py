@@ -95,6 +95,9 @@ class D2DRound:
     #: ParallelSFL: the deadline relative to the round's other clusters (None: none;
     #: :mod:`splitfl.net.server.cluster_deadline`)
     clock: ClusterClock | None = None
+    #: ParallelSFL: this run's accepted cluster report times so far (the executor's list,
+    #: kept across rounds: a round with one hosted cluster is judged against them)
+    cluster_reports: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -402,7 +405,9 @@ def clusters_round(at: NetRound) -> Groups:
     hosts, plan = at.plan.topology.hosts, at.plan
     net = at.ctx.config.network
     factor, min_s = net.cluster_deadline_factor, net.round_deadline_min_s
-    at.d2d.clock = ClusterClock(len(hosts), factor, min_s, slack_s=net.timeout_s)
+    at.d2d.clock = ClusterClock(
+        len(hosts), factor, min_s, slack_s=net.timeout_s, earlier=at.d2d.cluster_reports
+    )
 
     def group(run: GroupRun):
         if run.group not in hosts:

@@ -60,6 +60,9 @@ class NetworkedExecutor:
         #: median over a round's clients, benched ones included (else a slow device, once
         #: benched, would meet a deadline set by the fast ones alone)
         self._client_s: dict[int, float] = {}
+        #: ParallelSFL: the accepted cluster reports' times of the run so far (seconds after
+        #: their round's start; :mod:`splitfl.net.server.cluster_deadline`)
+        self._cluster_reports: list[float] = []
         self._deadline: float | None = None
         self._began: float | None = None  # when (time.monotonic()) the round began
         #: seconds :meth:`reachable` waited for devices before this round was planned
@@ -146,6 +149,7 @@ class NetworkedExecutor:
         r = number if plan.round_idx is None else plan.round_idx  # the run's round, from 0
         net = self.config.network
         rnd = D2DRound(self.session.hub, tag, round_seed, net.timeout_s, meters, lost, net.bounds)
+        rnd.cluster_reports = self._cluster_reports
         began = self._began = time.monotonic()
         known = [self._client_s[t.client] for t in plan.tasks if t.client in self._client_s]
         self._deadline = round_deadline(net, float(np.median(known)) if known else None, began)
