@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,14 +65,16 @@ def _kept(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
 
-class Tap:
+class Tap(ABC):
     """What the loops that receive tensors call (``smashed``, ``gradient``); a tap keeps
-    those of the clients it records (:meth:`chosen`) in mini-batches ``step < batches``."""
+    those of the clients it records (:meth:`chosen`) in mini-batches ``step < batches``.
+    Abstract: :class:`RoundTap` keeps them for the driver, :class:`RelayTap` in a worker."""
 
     batches: int
 
+    @abstractmethod
     def chosen(self, client: int) -> bool:
-        raise NotImplementedError
+        """Whether ``client``'s tensors are recorded."""
 
     def wants(self, client: int, step: int) -> bool:
         return self.chosen(client) and step < self.batches
@@ -86,8 +89,9 @@ class Tap:
         if self.wants(client, step):
             self.put(HEAD_GRADIENT, client, step, grad)
 
+    @abstractmethod
     def put(self, kind: str, client: int, step: int, value: Activation) -> None:
-        raise NotImplementedError
+        """Keep ``value`` (``kind``: smashed data or head gradient) of ``client``'s ``step``."""
 
 
 def _kept_leaves(value: Activation) -> list[torch.Tensor]:
