@@ -1,7 +1,8 @@
-"""A small privacy–utility table (issue 53; not the ``splitfl privacy eval`` sweep, which is not
-built): algorithms × device-side defences on the embedded digits, each run attacked by the
+"""A small privacy–utility table (issue 53; the grid with tuned attacks is ``splitfl privacy
+eval``): algorithms × device-side defences on the embedded digits, each run attacked by the
 curious server (``splitfl.privacy.attack_run``): UnSplit's PSNR/SSIM on a split run's victim,
-label inference AUCs on a U-shaped run; with the run's final accuracy and simulated time.
+label inference AUCs on a U-shaped run (also under the label defences max-norm and Marvell,
+which only a U-shaped device applies); with the run's final accuracy and simulated time.
 
 Run: ``python benchmarks/privacy_tiny.py [--rounds 3] [--out benchmarks/results/privacy-tiny.json]``
 (a few minutes on 2 cores).
@@ -24,12 +25,23 @@ DEFENCES = {
     "noise": {"train.defence.noise_std": 0.5, "train.defence.noise_clip": 20.0},
     "nopeek": {"train.defence.nopeek": 5.0},
 }
+LABEL_DEFENCES = {  # U-shaped only: the head's gradients are what they perturb
+    "max_norm": {"train.defence.label_noise": "max_norm"},
+    "marvell": {"train.defence.label_noise": "marvell", "train.defence.marvell_s": 4.0},
+}
+
+
+def defences_of(algorithm: str) -> dict[str, dict]:
+    """The defences a run of ``algorithm`` can take."""
+    return {**DEFENCES, **LABEL_DEFENCES} if algorithm == "ushaped_sl" else DEFENCES
 
 
 def cell(algorithm: str, defence: str, rounds: int, base: Path) -> dict:
     """One run and its attack."""
     run_dir = base / f"{algorithm}-{defence}"
-    run = splitfl.run(config_for(algorithm, rounds=rounds, **DEFENCES[defence]), run_dir=run_dir)
+    run = splitfl.run(
+        config_for(algorithm, rounds=rounds, **defences_of(algorithm)[defence]), run_dir=run_dir
+    )
     last = run.metrics[-1]
     row = {"algorithm": algorithm, "defence": defence, "test_acc": last["test_acc"]}
     row["sim_time"] = last["sim_time"]
@@ -49,7 +61,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/privacy-tiny.json")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="privacy-tiny-"))
-    rows = [cell(a, d, args.rounds, base) for a in ALGORITHMS for d in DEFENCES]
+    rows = [cell(a, d, args.rounds, base) for a in ALGORITHMS for d in defences_of(a)]
     for r in rows:
         attack = (
             f"AUC norm {r['auc_norm']:.3f} direction {r['auc_direction']:.3f}"
@@ -57,7 +69,7 @@ def main() -> None:
             else f"UnSplit PSNR {r['psnr']:.2f} dB SSIM {r['ssim']:.3f}"
         )
         print(
-            f"{r['algorithm']:12s} {r['defence']:7s} cut {r['cut']} acc {r['test_acc']:.3f} "
+            f"{r['algorithm']:12s} {r['defence']:8s} cut {r['cut']} acc {r['test_acc']:.3f} "
             f"sim {r['sim_time']:.3f} s  {attack}"
         )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,11 @@ def runs(tmp_path_factory):
         "plain": config_for("splitfed_v1", rounds=2, **PLAIN),
         "noised": config_for("splitfed_v1", rounds=2, **noised),
         "ushaped": config_for("ushaped_sl", rounds=2),
+        "marvell": config_for(
+            "ushaped_sl",
+            rounds=2,
+            **{"train.defence.label_noise": "marvell", "train.defence.marvell_s": 4.0},
+        ),
     }
     return {name: splitfl.run(cfg, run_dir=base / name).run_dir for name, cfg in configs.items()}
 
@@ -63,6 +68,16 @@ def test_cli_labels_on_a_u_shaped_run(runs, tmp_path, capsys):
     assert written["tail"] > written["cut"]
     assert written["auc_direction"] > 0.9  # labels leak through the head's gradients
     assert "AUC norm" in capsys.readouterr().out
+
+
+def test_the_label_attack_reads_the_gradients_the_device_sends(runs):
+    """Under ``train.defence.label_noise`` the server receives perturbed head gradients: the
+    attack on the final model scores those, not the raw ones (before, Marvell showed no effect)."""
+    plain = attack_run(RunAttack(str(runs["ushaped"]), "labels", samples=64))
+    marvell = attack_run(RunAttack(str(runs["marvell"]), "labels", samples=64))
+    assert plain["client"] == marvell["client"] and plain["positives"] == marvell["positives"]
+    assert plain["auc_direction"] > 0.95
+    assert marvell["auc_direction"] < 0.85
 
 
 @pytest.mark.parametrize(

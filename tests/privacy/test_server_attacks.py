@@ -36,6 +36,23 @@ def test_psnr_and_ssim_by_hand():
     assert ssim(x, noisy) < 0.5
 
 
+def test_ssim_of_signed_images_does_not_reward_an_inverted_image():
+    """Eq. (13)'s luminance term assumes intensities ≥ 0: signed inputs are shifted by the
+    true inputs' minimum, so −x no longer scores near 1 against x."""
+    ramp = torch.linspace(-1, 1, 16)
+    x = (ramp[:, None] * ramp[None, :]).reshape(1, 1, 16, 16)  # a saddle spanning [-1, 1]
+    assert ssim(x, x) == pytest.approx(1.0)
+    assert ssim(x, -x) < 0  # 0.96 before the shift
+    # constant images −0.5 vs 0.5 (L = 1) become 0 vs 1: SSIM = C1 / (1 + C1)
+    a, b = torch.full((1, 1, 5, 5), -0.5), torch.full((1, 1, 5, 5), 0.5)
+    c1 = (0.01 * 1.0) ** 2
+    assert ssim(a, b, value_range=1.0) == pytest.approx(c1 / (1 + c1))
+    # images that are already non-negative are unchanged
+    assert ssim(a + 0.8, b + 0.8, value_range=1.0) == pytest.approx(
+        (2 * 0.3 * 1.3 + c1) / (0.09 + 1.69 + c1)
+    )
+
+
 def test_roc_auc_matches_hand_counts_and_scikit_learn():
     from sklearn.metrics import roc_auc_score
 

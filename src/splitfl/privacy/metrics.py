@@ -6,7 +6,12 @@
   similarity", IEEE TIP 2004, Eq. (13): an 11×11 Gaussian window (σ = 1.5), ``K1 = 0.01``,
   ``K2 = 0.03``, ``C_i = (K_i·L)²``, the mean of the SSIM map over valid window positions of
   each channel (no padding), averaged over channels and images; images smaller than the
-  window use a window the size of their shorter side (odd).
+  window use a window the size of their shorter side (odd). Eq. (13)'s luminance term
+  ``(2μₓμᵧ + C₁)/(μₓ² + μᵧ² + C₁)`` assumes non-negative intensities: on signed inputs
+  (data normalised to [−1, 1]) it scores an inverted image ``−x`` close to 1 (0.96 on a
+  test image). Both images are therefore shifted by the true inputs' minimum when it is
+  negative (a shift of both leaves MSE, PSNR and the contrast/structure terms unchanged;
+  splitfl's choice, as image libraries take intensities in ``[0, L]``).
 * AUC is the area under the ROC curve as the Mann–Whitney statistic: the probability that a
   positive sample scores above a negative one, ties counting one half (Li et al., "Label
   Leakage and Protection in Two-party Split Learning", ICLR 2022, §3: leak AUC).
@@ -62,8 +67,9 @@ def ssim(x: torch.Tensor, x_hat: torch.Tensor, value_range: float | None = None)
     size -= 1 - size % 2  # odd
     window = _gaussian_window(size, SSIM_SIGMA)[None, None]
     b, c, h, w = x.shape
-    a = x.double().reshape(b * c, 1, h, w)
-    e = x_hat.double().reshape(b * c, 1, h, w)
+    shift = min(float(x.min()), 0.0)  # signed inputs into [0, L]: see the module docstring
+    a = x.double().reshape(b * c, 1, h, w) - shift
+    e = x_hat.double().reshape(b * c, 1, h, w) - shift
 
     def local(t: torch.Tensor) -> torch.Tensor:
         return F.conv2d(t, window)

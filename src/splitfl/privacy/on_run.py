@@ -29,7 +29,8 @@ inputs reproduce only through that batch's statistics and masks.
   those smashed data; MSE, PSNR, SSIM against the true inputs, an image grid.
 * ``labels`` (U-shaped runs, labels on the device): the head's cut-layer gradients
   ``∂L/∂h`` the server receives for those samples (the final front, middle and head; the
-  device's mean loss over the batch), scored by Li et al.'s norm and direction attacks
+  device's mean loss over the batch; its ``train.defence.label_noise`` applied as the
+  device applies it), scored by Li et al.'s norm and direction attacks
   (:mod:`splitfl.privacy.labels`): the leak AUC of "label == positive".
 """
 
@@ -51,6 +52,7 @@ from splitfl.privacy.metrics import reconstruction_scores
 from splitfl.privacy.reconstruct import invert, train_inverse_network, unsplit_attack
 from splitfl.roles.cut_record import HEAD_GRADIENT, SMASHED, RecordedBatch, read_record
 from splitfl.roles.defences import DeviceDefence
+from splitfl.roles.label_defences import protect_labels
 from splitfl.training import loss_fn
 
 ATTACKS = ("unsplit", "inverse", "labels")
@@ -195,7 +197,7 @@ def _final_victim(spec: RunAttack, config, prep, run_dir: Path, tail: int | None
         sent = _sent(config, client, x, front(x))
     v = Victim(client, cut, front, x, y, sent)
     if spec.attack == "labels":
-        v.grads = _final_head_grads(config, model, cut, tail, sent, y)
+        v.grads = _final_head_grads(config, model, (client, cut, tail), sent, y)
     return v
 
 
@@ -250,14 +252,19 @@ def _one_tensor(batch: RecordedBatch) -> torch.Tensor:
     return batch.value
 
 
-def _final_head_grads(config, model, cut: int, tail: int, sent, y) -> torch.Tensor:
-    """The head's cut-layer gradients of a U-shaped run's final model for ``sent``."""
+def _final_head_grads(config, model, where: tuple[int, int, int], sent, y) -> torch.Tensor:
+    """The head's cut-layer gradients of a U-shaped run's final model for ``sent``, as the
+    device ``where = (client, cut, tail)`` sends them: its ``train.defence.label_noise``
+    (max-norm / Marvell, :func:`~splitfl.roles.label_defences.protect_labels`) applied, noise
+    seeded from the run's seed and the client."""
+    client, cut, tail = where
     with torch.no_grad():
         h = ModelPart(model, cut, tail)(sent, start=cut)
     h = h.detach().requires_grad_(True)
     loss = loss_fn(config.train.loss)(ModelPart(model, tail, model.num_blocks)(h, start=tail), y)
     (grads,) = torch.autograd.grad(loss, h)
-    return grads
+    seed = derive_seed(config.seed, "privacy-attack-label-noise", client)
+    return protect_labels(config.train.defence, grads, y, seed)
 
 
 def _label_scores(spec: RunAttack, grads: torch.Tensor, y: torch.Tensor) -> dict:
