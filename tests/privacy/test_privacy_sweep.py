@@ -10,7 +10,7 @@ import yaml
 from splitfl.cli.main import main
 from splitfl.config import ConfigError
 from splitfl.metrics.records import read_metrics
-from splitfl.privacy.sweep import dcs, evaluate_sweep, load_sweep, t_dcs
+from splitfl.privacy.sweep import cells, dcs, evaluate_sweep, load_sweep, t_dcs
 from splitfl.testing import config_for
 
 
@@ -188,3 +188,45 @@ def test_a_cell_s_progress_line_names_its_most_leaked_device():
     assert cell_line(3, 16, rows, 90.0) == (
         "cell 3/16 s2fl cut=None noise: acc 0.308, most leaked inverse 0.095 on device 1 (1.5 min)"
     )
+
+
+def test_a_label_defence_runs_only_with_the_algorithms_only_names(tmp_path):
+    """``only``: max-norm/Marvell perturb the head gradients of a U-shaped device; a sweep
+    naming them with SplitFed V1 is refused before anything runs unless ``only`` restricts
+    them, and then they run with the U-shaped algorithm alone and lower its label leak."""
+    sweep = _sweep(
+        tmp_path,
+        base=config_for("ushaped_sl", rounds=2, **{"data.partition": "iid"}),
+        algorithms=["splitfed_v1", "ushaped_sl"],
+        defences={
+            "none": {},
+            "marvell": {"train.defence.label_noise": "marvell", "train.defence.marvell_s": 4.0},
+        },
+        attacks={"labels": {}},
+        samples=32,
+    )
+    with pytest.raises(ConfigError, match=r"defences\.marvell: with splitfed_v1: .*only\.marvell"):
+        load_sweep(sweep)
+    assert not (tmp_path / "sweep").exists()
+    with pytest.raises(ConfigError, match=r"only\.none"):
+        load_sweep({**sweep, "only": {"none": ["ushaped_sl"]}})
+    with pytest.raises(ConfigError, match=r"only\.marvell: 's2fl'"):
+        load_sweep({**sweep, "only": {"marvell": ["s2fl"]}})
+    rows = evaluate_sweep({**sweep, "only": {"marvell": ["ushaped_sl"]}})["rows"]
+    cells = {(r["algorithm"], r["defence"]) for r in rows}
+    assert cells == {("splitfed_v1", "none"), ("ushaped_sl", "none"), ("ushaped_sl", "marvell")}
+    u = [r for r in rows if r["algorithm"] == "ushaped_sl"]
+    assert all(r["ap"] is not None for r in u), [r.get("note") for r in u]
+    leak = {d: [r["ap"] for r in u if r["defence"] == d] for d in ("none", "marvell")}
+    mean = {d: sum(aps) / len(aps) for d, aps in leak.items()}
+    assert min(leak["none"]) > 0.95 and mean["marvell"] < mean["none"] - 0.1  # 1.0 vs 0.80
+
+
+def test_the_label_defence_sweep_file_validates():
+    sweep = load_sweep("examples/privacy_label_defences.yaml")
+    assert list(cells(sweep)) == [
+        ("splitfed_v1", None, "none"),
+        ("ushaped_sl", None, "none"),
+        ("ushaped_sl", None, "max_norm"),
+        ("ushaped_sl", None, "marvell"),
+    ]

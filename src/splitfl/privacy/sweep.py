@@ -45,7 +45,8 @@ DEFAULT_BETA = 0.5
 #: The attack type of each attack, for T-DCS (VFLAIR groups attacks by type).
 ATTACK_TYPES = {"unsplit": "reconstruction", "inverse": "reconstruction", "labels": "labels"}
 SWEEP_FIELDS = (
-    "base", "algorithms", "cuts", "defences", "attacks", "reference", "beta", "out", "samples"
+    "base", "algorithms", "cuts", "defences", "attacks", "reference", "beta", "out", "samples",
+    "only",
 )  # fmt: skip
 
 
@@ -61,7 +62,9 @@ class Sweep:
     ``[null]`` keeps each algorithm's own); ``defences`` (name → dotted overrides);
     ``reference``: the defence whose MP is DCS's MP* (the undefended one); ``attacks``
     (name → field → list of values, the per-attack grid); ``samples`` attacked per device;
-    ``beta`` of DCS; ``out`` folder."""
+    ``beta`` of DCS; ``out`` folder; ``only``: defence → the algorithms it runs with (a
+    defence not named runs with every algorithm): the label defences (``label_noise``)
+    apply only to U-shaped algorithms, whose labels stay on the device."""
 
     base: dict
     algorithms: list
@@ -72,6 +75,7 @@ class Sweep:
     samples: int = 8
     beta: float = DEFAULT_BETA
     out: str = "runs/privacy-sweep"
+    only: dict = field(default_factory=dict)
 
 
 def _need(ok: bool, name: str, message: str) -> None:
@@ -118,14 +122,37 @@ def load_sweep(data: Mapping[str, Any] | str | Path) -> Sweep:
                 "not a tunable attack field",
             )
             _need(isinstance(values, list) and bool(values), where, "a non-empty list")
+    _check_only(sweep)
     for alg, cut, defence in cells(sweep):
-        as_config(sweep.base, cell_overrides(sweep, alg, cut, defence))
+        try:
+            as_config(sweep.base, cell_overrides(sweep, alg, cut, defence))
+        except ConfigError as err:
+            if not sweep.defences[defence]:
+                raise  # the base config or the algorithm's, not a defence's
+            hint = f"; only.{defence} lists the algorithms a defence applies to"
+            raise ConfigError(f"defences.{defence}", f"with {alg}: {err}{hint}") from err
     return sweep
 
 
+def _check_only(sweep: Sweep) -> None:
+    """``only``: defence → a non-empty list of the sweep's algorithms; never the reference
+    (every algorithm needs its MP*)."""
+    _need(isinstance(sweep.only, dict), "only", "a mapping defence -> list of algorithms")
+    for name, algs in sweep.only.items():
+        where = f"only.{name}"
+        _need(name in sweep.defences, where, "must name one of the defences")
+        _need(name != sweep.reference, where, "the reference defence runs with every algorithm")
+        _need(isinstance(algs, list) and bool(algs), where, "a non-empty list of algorithms")
+        for alg in algs:
+            _need(alg in sweep.algorithms, where, f"{alg!r} is not one of the sweep's algorithms")
+
+
 def cells(sweep: Sweep):
-    """(algorithm, cut, defence) of every run of the sweep."""
-    return itertools.product(sweep.algorithms, sweep.cuts, sweep.defences)
+    """(algorithm, cut, defence) of every run of the sweep (a defence in ``only`` with its
+    algorithms alone)."""
+    for alg, cut, defence in itertools.product(sweep.algorithms, sweep.cuts, sweep.defences):
+        if defence not in sweep.only or alg in sweep.only[defence]:
+            yield alg, cut, defence
 
 
 def cell_overrides(sweep: Sweep, alg: str, cut, defence: str) -> list[str]:
