@@ -438,6 +438,8 @@ TRADEOFF_RULES: dict[str, dict[str, Any]] = {
     },
     "clip_mean": {"network.untrusted_aggregation": "clip_mean"},
     "centered_clip": {"network.untrusted_aggregation": "centered_clip"},
+    # FLTrust (Cao et al. NDSS 2021): trust scores against the server's own step
+    "fltrust": {"network.untrusted_aggregation": "fltrust"},
     "mean+min_cosine-0": {
         "network.untrusted_aggregation": "mean",
         "network.bounds.min_cosine": 0.0,

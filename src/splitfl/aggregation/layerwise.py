@@ -27,6 +27,8 @@ from splitfl.aggregation.robust import (
     clip_scales,
     combine,
     robust_average,
+    trust_factors,
+    trust_layer,
 )
 from splitfl.models.base import block_index
 
@@ -57,7 +59,7 @@ def layerwise_aggregate(
             smallest cut in the group).
         weights: ``|D_i|`` per client.
         rule: ``train.aggregation`` (:mod:`splitfl.aggregation.robust`); ``mean`` is the
-            paper's average.
+            paper's average; ``fltrust`` needs the round's server step (``rule.toward``).
     """
     updates = list(updates)
     picked = {
@@ -66,10 +68,14 @@ def layerwise_aggregate(
         ]
         for key in global_state
     }
-    scales, centre = None, {}
-    if rule.name in ("clip_mean", "centered_clip") and updates:
+    scales, centre, scores = None, {}, []
+    if rule.name == "fltrust" and rule.toward is None:
+        raise ValueError("fltrust aggregation without the server's step (RoundResult.server_move)")
+    if rule.name in ("clip_mean", "centered_clip", "fltrust") and updates:
         models = [{key: copies[i] for key, copies in picked.items()} for i in range(len(updates))]
-        if rule.name == "clip_mean":
+        if rule.name == "fltrust":
+            scores, scales = trust_factors(global_state, models, rule.toward)
+        elif rule.name == "clip_mean":
             scales = clip_scales(dict(global_state), models, rule)
         else:
             centre, scales = centred_clip(models, rule)
@@ -86,6 +92,8 @@ def layerwise_aggregate(
         w = [float(weights[u.client]) for u in updates]
         if sum(w) == 0:
             out[key] = current.clone()
+        elif rule.name == "fltrust":  # FLTrust Eq. 5; tensors g_0 lacks: trust-weighted mean
+            out[key] = trust_layer(current, sources, scores, scales if key in rule.toward else None)
         elif rule.name != "mean":
             out[key] = combine(current, sources, w, rule, scales, centre.get(key))
         else:

@@ -25,6 +25,23 @@ FedAvg) — ``mean``, the default, computed exactly as before. Where some client
   starting point, as the paper allows) and takes ``τ`` = ``train.clip_norm`` or (null) the
   median of the ``‖x_i − v‖``: an honest participant's deviation counts whole, a liar's at
   most ``τ``.
+* ``fltrust`` — FLTrust (Cao, Fang, Liu, Gong, "FLTrust: Byzantine-robust Federated Learning
+  via Trust Bootstrapping", NDSS 2021, Algorithm 1, Eq. 3–5), ``network.untrusted_aggregation``
+  only: the networked server trains the model it sent on its own held samples (its *root
+  dataset*, ``network.bounds.reference_samples``), an update ``g_0``
+  (``RoundResult.server_move``, :attr:`Rule.toward`); each participant's update
+  ``g_i = x_i − w`` (over the parameters ``g_0`` covers) gets the trust score
+  ``TS_i = ReLU(cos(g_i, g_0))`` (Eq. 3), is rescaled to ``g_0``'s length,
+  ``ḡ_i = ‖g_0‖ / ‖g_i‖ · g_i`` (Eq. 4), and the model moves by
+  ``Σ_i TS_i ḡ_i / Σ_i TS_i`` (Eq. 5; unweighted, as the paper). Tensors ``g_0`` does not
+  cover (BatchNorm's running statistics and counter) are the trust-weighted mean
+  ``Σ_i TS_i x_i / Σ_i TS_i`` (not rescaled: they are not gradient steps). Where every score
+  is 0 (no participant points within 90° of the server's step) the model is kept as it was
+  sent: the paper leaves ``Σ TS_i = 0`` undefined, and the server's own step is not applied
+  instead because it was trained on test samples (the server's held slice of the test set),
+  which would then leak into the model it evaluates. Averages over tensors ``g_0`` does not
+  cover at all (an auxiliary head, a ParallelSFL top worker's cluster average: the device
+  holds no root data) use ``centered_clip`` (:func:`robust_average`).
 
 Integer tensors (BatchNorm's batch counter) follow the same rule and are rounded; clipping
 applies to floating-point tensors only.
@@ -33,7 +50,8 @@ applies to floating-point tensors only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -51,6 +69,9 @@ class Rule:
     #: Each participant counts once, whatever its weight (an untrusted fleet: Yin et al.'s
     #: median is over machines, and a device's sample count is its own claim).
     unweighted: bool = False
+    #: ``fltrust``: the server's own step ``g_0`` of the round being aggregated, by tensor
+    #: name (module docstring; set from ``RoundResult.server_move`` by the algorithm).
+    toward: Mapping[str, torch.Tensor] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, train) -> Rule:
@@ -58,7 +79,7 @@ class Rule:
         return cls(train.aggregation, train.clip_norm, train.trim_fraction)
 
     @classmethod
-    def of_run(cls, config) -> Rule:
+    def of_run(cls, config, toward: Mapping[str, torch.Tensor] | None = None) -> Rule:
         """The rule a run aggregates with: ``train.aggregation``, except that an untrusted
         fleet (``executor: networked``, ``network.trust: untrusted``) whose
         ``train.aggregation`` is the plain ``mean`` aggregates with
@@ -66,7 +87,8 @@ class Rule:
         the coordinate-wise median, each client counted once; a plain mean is moved without
         bound by one client, issue 51; the median cost honest non-IID fleets 23 points after
         20 rounds, ``network.untrusted_aggregation``'s docstring). A ``trusted`` fleet and
-        the simulation keep ``train.aggregation``."""
+        the simulation keep ``train.aggregation``. ``toward``: the round's server step
+        (:attr:`toward`, for ``fltrust``)."""
         train = config.train
         network = getattr(config, "network", None)
         if (
@@ -76,7 +98,7 @@ class Rule:
             and network.trust == "untrusted"
         ):
             rule = network.untrusted_aggregation
-            return cls(rule, train.clip_norm, train.trim_fraction, unweighted=rule != "mean")
+            return cls(rule, train.clip_norm, train.trim_fraction, rule != "mean", toward=toward)
         return cls.of(train)
 
 
@@ -112,6 +134,58 @@ def centred_clip(
     ]
     bound = rule.clip_norm if rule.clip_norm is not None else _median(norms)
     return centre, [1.0 if n <= bound or n == 0 else bound / n for n in norms]
+
+
+def trust_factors(
+    current: Mapping[str, torch.Tensor],
+    models: list[dict[str, torch.Tensor]],
+    toward: Mapping[str, torch.Tensor],
+) -> tuple[list[float], list[float]]:
+    """``fltrust``: each participant's trust score ``TS_i = ReLU(cos(g_i, g_0))`` (FLTrust
+    Eq. 3) and its factor ``TS_i · ‖g_0‖ / ‖g_i‖`` (Eq. 4), with ``g_i = x_i − w`` over the
+    floating tensors of ``toward`` (``g_0``) that ``models`` hold; a ``g_i`` or ``g_0`` of
+    zero length has no direction and scores 0."""
+    keys = [k for k in toward if k in models[0] and models[0][k].is_floating_point()]
+    g0 = {k: toward[k].double().flatten() for k in keys}
+    n0 = math.sqrt(sum(float(v @ v) for v in g0.values()))
+    scores, factors = [], []
+    for m in models:
+        dot = sq = 0.0
+        for k in keys:
+            g = (m[k].double() - current[k].double()).flatten()
+            dot += float(g @ g0[k])
+            sq += float(g @ g)
+        ni = math.sqrt(sq)
+        score = max(dot / (ni * n0), 0.0) if ni > 0 and n0 > 0 else 0.0
+        scores.append(score)
+        factors.append(score * n0 / ni if score > 0 else 0.0)
+    return scores, factors
+
+
+def trust_layer(
+    current: torch.Tensor,
+    sources: list[torch.Tensor],
+    scores: list[float],
+    factors: list[float] | None,
+) -> torch.Tensor:
+    """One layer under ``fltrust`` (FLTrust Eq. 5): ``w + Σ_i f_i (x_i − w) / Σ_i TS_i``
+    with ``factors`` ``f_i`` (:func:`trust_factors`), or, for a tensor ``g_0`` does not
+    cover (``factors`` None), ``Σ_i TS_i x_i / Σ_i TS_i``; ``current`` itself where every
+    score is 0 (module docstring). The result has ``current``'s dtype."""
+    total = sum(scores)
+    if total == 0:
+        return current.clone()
+    stack = torch.stack([s.to(torch.float64) for s in sources])
+    shape = (-1,) + (1,) * current.dim()
+    if factors is not None:
+        base = current.to(torch.float64)
+        f = torch.tensor(factors, dtype=torch.float64).view(shape)
+        value = base + ((stack - base) * f).sum(0) / total
+    else:
+        value = (stack * torch.tensor(scores, dtype=torch.float64).view(shape)).sum(0) / total
+    return (
+        value.to(current.dtype) if current.is_floating_point() else value.round().to(current.dtype)
+    )
 
 
 def _median(values: list[float]) -> float:
@@ -202,6 +276,11 @@ def robust_average(
     copy the ``clip_mean`` updates are measured from; without it nothing is clipped)."""
     if rule.name == "mean" or not states:
         return weighted_average(states, weights)
+    if rule.name == "fltrust":
+        covered = rule.toward is not None and reference is not None
+        if covered and any(k in rule.toward for k in states[0]):
+            return _trusted_average(states, reference, rule.toward)
+        rule = replace(rule, name="centered_clip")  # no root-data step for these tensors
     scales, centre = None, {}
     if rule.name == "clip_mean" and reference is not None:
         scales = clip_scales({k: reference[k] for k in states[0]}, states, rule)
@@ -216,3 +295,19 @@ def robust_average(
         sources = [s[key] for s in states]
         out[key] = combine(base, sources, weights, rule, scales, centre.get(key))
     return out
+
+
+def _trusted_average(
+    states: list[dict[str, torch.Tensor]],
+    reference: Mapping[str, torch.Tensor],
+    toward: Mapping[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """:func:`robust_average` under ``fltrust`` (FLTrust Eq. 3–5, :func:`trust_layer`), the
+    updates measured from ``reference``."""
+    scores, factors = trust_factors(reference, states, toward)
+    return {
+        key: trust_layer(
+            reference[key], [s[key] for s in states], scores, factors if key in toward else None
+        )
+        for key in states[0]
+    }

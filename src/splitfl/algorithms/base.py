@@ -86,6 +86,9 @@ class Algorithm:
     #: Whether its plans cut the model (False: every client trains the whole model, cut =
     #: the number of blocks; such an algorithm runs a model without a usable cut point).
     splits_model: ClassVar[bool] = True
+    #: The server's own step of the round being aggregated (``RoundResult.server_move``,
+    #: FLTrust's ``g_0``; set by the round step before :meth:`aggregate`), else None.
+    server_move: dict[str, torch.Tensor] | None = None
 
     @classmethod
     def networked_problem(cls, options: Any) -> str:
@@ -134,8 +137,9 @@ class Algorithm:
     def aggregation(self) -> Rule:
         """The run's aggregation rule (every algorithm's averaging uses it):
         ``train.aggregation``, or ``network.untrusted_aggregation`` for an untrusted
-        networked fleet (:meth:`Rule.of_run`)."""
-        return Rule.of_run(self.ctx.config)
+        networked fleet (:meth:`Rule.of_run`), with the round's server step
+        (:attr:`server_move`, for ``fltrust``)."""
+        return Rule.of_run(self.ctx.config, self.server_move)
 
     def notes(self) -> list[str]:
         """What ``splitfl validate`` should tell the user about this run's configuration

@@ -26,6 +26,7 @@ from splitfl.config.schema import (
     PARALLEL_BACKENDS,
     TIED_WEIGHTS,
     TRACKERS,
+    UNTRUSTED_AGGREGATIONS,
     ConfigError,
     DefenceConfig,
     ExperimentConfig,
@@ -366,7 +367,13 @@ def _validate_network(config: ExperimentConfig) -> None:
     n = config.network
     _choice(n.compression, list(COMPRESSIONS), "network.compression")
     _choice(n.trust, list(TRUSTS), "network.trust")
-    _choice(n.untrusted_aggregation, list(AGGREGATIONS), "network.untrusted_aggregation")
+    _choice(n.untrusted_aggregation, list(UNTRUSTED_AGGREGATIONS), "network.untrusted_aggregation")
+    _check(  # FLTrust's g0 is the server's step on these samples (aggregation/robust.py)
+        n.untrusted_aggregation != "fltrust" or n.bounds.reference_samples > 0,
+        "network.bounds.reference_samples",
+        "must be > 0 with network.untrusted_aggregation: fltrust (the server's own step "
+        "on them is FLTrust's g0)",
+    )
     _check(n.devices >= 0, "network.devices", f"must be >= 0 (got {n.devices})")
     _check(  # a slice of the test set: more than this is an evaluation, not a yardstick
         0 <= n.bounds.reference_samples <= 4096,

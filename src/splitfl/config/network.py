@@ -193,8 +193,8 @@ class NetworkConfig:
     trust: str = "untrusted"
     #: ``network.trust: untrusted`` with ``train.aggregation: mean``: the rule the server
     #: (and a ParallelSFL top worker) aggregates with instead (``train.aggregation``'s
-    #: values), each client counted once. Default ``centered_clip``: centred clipping
-    #: (Karimireddy, He, Jaggi, ICML 2021) around the coordinate-wise median (Yin et al.,
+    #: values, or ``fltrust``), each client counted once. Default ``centered_clip``: centred
+    #: clipping (Karimireddy, He, Jaggi, ICML 2021) around the coordinate-wise median (Yin et al.,
     #: "Byzantine-Robust Distributed Learning", ICML 2018, whose centre colluders fewer than
     #: half of a round cannot move outside the honest values), each model's distance from it
     #: clipped to the median distance: a liar moves the aggregate by at most that distance ×
@@ -203,7 +203,12 @@ class NetworkConfig:
     #: 8.6 points against its honest control (the plain mean was wrecked: 20.6 % against
     #: 95.0 %); honest Dirichlet α 0.1 fleets reached 94.7 % after 20 rounds against the
     #: median's 73.8 % and the mean's 96.7 %. ``median`` and ``mean`` (the papers' average)
-    #: remain. splitfl's choice. ``splitfl.aggregation.robust.Rule.of_run``.
+    #: remain. ``fltrust`` (Cao, Fang, Liu, Gong, NDSS 2021, Alg. 1, Eq. 3–5): each update
+    #: weighted by its trust score ReLU(cos) with the server's own step on its first
+    #: ``bounds.reference_samples`` test samples (computed every round; must be > 0) and
+    #: rescaled to that step's length; the model is kept where every score is 0; a top
+    #: worker, which holds no root data, centre-clips its cluster's average.
+    #: splitfl's choice. ``splitfl.aggregation.robust.Rule.of_run``.
     untrusted_aggregation: str = "centered_clip"
     #: Bounds on what devices send (:class:`BoundsConfig`).
     bounds: BoundsConfig = field(default_factory=BoundsConfig)

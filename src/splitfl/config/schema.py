@@ -350,6 +350,9 @@ class OutputConfig:
 CLOCKS = ("simulated", "measured")
 #: ``train.aggregation`` values (``splitfl.aggregation.robust``).
 AGGREGATIONS = ("mean", "clip_mean", "median", "trimmed_mean", "centered_clip")
+#: ``network.untrusted_aggregation`` values: ``train.aggregation``'s and ``fltrust``, which
+#: needs the networked server's own step on its held samples (``splitfl.aggregation.robust``).
+UNTRUSTED_AGGREGATIONS = (*AGGREGATIONS, "fltrust")
 #: ``train.drop_last`` values (TrainConfig.drop_last); ``auto`` is resolved to one of the
 #: others before a run (:func:`splitfl.experiment.context.build_context`).
 DROP_LAST = (False, True, "single", "auto")

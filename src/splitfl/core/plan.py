@@ -226,6 +226,10 @@ class RoundResult:
     #: What the executor recovered from this round (a parallel worker lost and replaced, its
     #: units dealt again), one line each; recorded as the row's ``executor_events``.
     events: list[str] = field(default_factory=list)
+    #: The server's own step on its held samples from the model it sent, by parameter name
+    #: (FLTrust's ``g_0``, Cao et al. NDSS 2021): filled by the networked executor in every
+    #: untrusted round whose rule is ``network.untrusted_aggregation: fltrust``; else None.
+    server_move: dict[str, torch.Tensor] | None = None
 
     @property
     def train_loss(self) -> float:

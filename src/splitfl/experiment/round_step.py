@@ -222,6 +222,7 @@ def play_round(prep: Prepared, executor, st: LoopState, r: int, eval_model, t0: 
     algorithm.lost(r, plan, result.dropped)
     if result.updates:
         algorithm.observe(r, done, report)
+        algorithm.server_move = result.server_move  # fltrust's g_0 (Algorithm.aggregation)
         aggregated = algorithm.aggregate(st.global_state, done, result)
         before = st.global_state
         st.global_state, st.server_opt = server_step(

@@ -58,7 +58,9 @@ def host_cluster(agent, c: int, msg: Message) -> Message:
     tensors = state_tensors("server", server.state())
     if updates:  # Eq. (4): the top worker averages its members' bottom parts
         bottom = state_from("part", msg.tensors)
-        rule = Rule.of_run(agent.config)  # the server's rule (untrusted: robust)
+        # the server's rule (untrusted: robust); fltrust needs the server's root-data step,
+        # which a top worker has not: robust_average centre-clips instead (aggregation/robust)
+        rule = Rule.of_run(agent.config)
         states = [u.state for u in updates]
         average = robust_average(states, [1.0] * len(updates), rule, reference=bottom)
         tensors.update(state_tensors("part", average))

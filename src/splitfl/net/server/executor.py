@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from splitfl.aggregation.robust import Rule
 from splitfl.config import ExperimentConfig
 from splitfl.core.allocator import keep_freed_memory
 from splitfl.core.plan import ClientUpdate, RoundPlan, RoundResult
@@ -38,7 +39,7 @@ from splitfl.net.server.session import NetworkSession
 from splitfl.net.server.stalls import StallClock
 from splitfl.net.trust.checks import REFERENCE_SAMPLES, PeerHistory, PeerScale
 from splitfl.net.trust.expect import Expect, expect_for
-from splitfl.net.trust.reference import server_step
+from splitfl.net.trust.reference import ServerStep, server_step
 from splitfl.net.trust.spread import RoundMoves
 from splitfl.roles.aux_numerics import spec_flops
 from splitfl.roles.cut_record import tap_of
@@ -158,6 +159,7 @@ class NetworkedExecutor:
         at = NetRound(ctx, model, plan, self.runtime, meters, emulate, links, rnd)
         whole = NETWORKED_ROUNDS.get(type(plan.topology))
         on_server: list[int] = []  # the clients the server itself contacts (lateness)
+        own = None if net.trust == "trusted" else server_step(ctx, model, plan)
         if whole is not None:  # the members run the round (the ring)
             rnd.deadline, rnd.late_start_factor = self._deadline, net.round_deadline_factor
             done = whole(at)
@@ -171,7 +173,10 @@ class NetworkedExecutor:
             lost.update(self._late.benched(r, on_server))  # not contacted this round
             updates, server_states = run_groups(family_of(plan), model, plan, groups)
             if net.trust != "trusted":  # a lab fleet: the magnitude checks only
-                updates = self._peer_checked(ctx, model, plan, rnd, moves, updates, server_states)
+                updates = self._peer_checked(own, rnd, moves, updates, server_states)
+        # fltrust's g_0, every untrusted round (inside the round's wall: the measured clock
+        # charges it as the server's other work)
+        server_move = self._server_move(own, global_state)
         wall = time.perf_counter() - start
         for c, m in meters.items():  # the next deadlines: when these clients finished
             if m.finished_at and c not in lost:  # the client's own time: the server's excluded
@@ -191,14 +196,24 @@ class NetworkedExecutor:
             measured_round_time=waited + wall,
             devices={c: m.device for c, m in meters.items() if m.device and c not in lost},
             events=[f"ring member {c} {why}" for c, why in rnd.late_starts.items()],
+            server_move=server_move,
         )
 
-    def _peer_checked(self, ctx, model, plan, rnd, moves: RoundMoves, updates, server_states):
+    def _server_move(self, own: ServerStep | None, global_state) -> dict | None:
+        """The server's own step over the model's parameters (``RoundResult.server_move``,
+        FLTrust's ``g_0``) where the run aggregates with ``fltrust``, else None (``own`` is
+        None for a trusted fleet, a plan without tasks, or no ``reference_samples``, which
+        the validation refuses with ``fltrust``)."""
+        if own is None or Rule.of_run(self.config).name != "fltrust":
+            return None
+        return own.move(global_state)
+
+    def _peer_checked(self, own, rnd, moves: RoundMoves, updates, server_states):
         """The round's updates but those the checks against peers and against the server's
         own step reject (ParallelSFL's top workers, then each update: the spread, the
         direction — FLTrust's cosine, :mod:`splitfl.net.trust.direction` — and the norm),
         which are recorded in ``rnd.lost`` with their reasons."""
-        own, b = server_step(ctx, model, plan), self.config.network.bounds
+        b = self.config.network.bounds
         updates = reject_outlying_tops(rnd, updates, server_states, self._updates, own, True)
         history, names = self._updates["model update"], None if own is None else own.distance
         toward = None if own is None else own.move
