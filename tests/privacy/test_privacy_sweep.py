@@ -154,7 +154,9 @@ def test_the_cifar10_sweep_file_validates():
     attacks (DP-SGD and the inverse network among them)."""
     sweep = load_sweep("examples/privacy_cifar10.yaml")
     assert sweep.algorithms == ["splitfed_v1", "s2fl", "mergesfl", "ushaped_sl"]
-    assert set(sweep.defences) == {"none", "nopeek", "noise", "dp_sgd"}
+    assert set(sweep.defences) == {"none", "nopeek", "noise", "dp_sgd", "max_norm", "marvell"}
+    assert sweep.only == {"max_norm": ["ushaped_sl"], "marvell": ["ushaped_sl"]}
+    assert len(list(cells(sweep))) == 4 * 4 + 2
     assert set(sweep.attacks) == {"unsplit", "inverse", "labels"}
     assert sweep.base["data"]["dataset"] == "cifar10"
 
