@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import torch
 from test_hostile_insiders import THREE_CLUSTERS
 from test_networked_d2d import _rows
 
@@ -150,3 +151,64 @@ def test_a_lone_cluster_s_sleeping_top_worker_is_cut_at_the_earlier_rounds_deadl
     for why in dropped.values():
         assert why.startswith(f"top worker {top}: no report"), why
         assert "the earlier rounds' clusters' median" in why, why
+
+
+def test_a_resumed_server_judges_a_lone_cluster_by_the_rounds_before_its_restart(tmp_path):
+    """The run's accepted cluster report times outlive the server process (checkpointed,
+    ``NetworkedExecutor.state_dict``): round 1 runs in one server, round 2 in a resumed one
+    (``splitfl.resume``, rounds 2), whose lone cluster's top worker sleeps 35 s. It is cut at
+    3 × round 1's report time + ``timeout_s`` (before, a resumed server started with no
+    earlier report and waited ``timeout_s`` × (steps + 3): nothing dropped)."""
+    devices = {"a": [0], "b": [1], "c": [2], "d": [3]}
+    agent = _SleepsAtTheSecondHosting
+    agent.hostings = 0
+    agent.woken.clear()
+    sized = {"data.num_clients": 4, "train.clients_per_round": 4, "options.parallelsfl.k": 1}
+    bed = Testbed.create(tmp_path / "bed1", list(devices))
+    threads = [bed.device(n, c, agent, retry_s=20.0) for n, c in devices.items()]
+    net = bed.server_overrides(min_devices=4, timeout_s=10.0)
+    cfg = config_for("parallelsfl", **{**net, **sized, "rounds": 1})
+    first = splitfl.run(cfg, run_dir=tmp_path / "n")
+    for t in threads:
+        t.join(30)
+    kept = torch.load(tmp_path / "n" / "checkpoints" / "last.pt", weights_only=True)
+    assert len(kept["executor"]["cluster_reports"]) == 1
+    bed = Testbed.create(tmp_path / "bed2", list(devices))
+    threads = [bed.device(n, c, agent, retry_s=20.0) for n, c in devices.items()]
+    flags = [f"network.listen=127.0.0.1:{bed.port}", f"network.tokens={bed.tokens_file}"]
+    try:
+        resumed = splitfl.resume(first.run_dir, overrides=[*flags, "rounds=2"])
+    finally:
+        agent.woken.set()
+    for t in threads:
+        t.join(LONE_SLEEP_S + 30)
+    _, second = _rows(resumed)
+    dropped = second["dropped_reasons"]
+    assert dropped, "the resumed server waited out round 2's sleeping top worker"
+    for why in dropped.values():
+        assert "the earlier rounds' clusters' median" in why, why
+
+
+def test_the_networked_executor_s_judging_state_round_trips_and_refuses_damage():
+    """``state_dict``/``load_state_dict`` by hand: deadlines' times, cluster reports, benched
+    clients and the next round survive; a negative or non-finite time is refused."""
+    from splitfl.experiment.runner import as_config
+    from splitfl.net.server.executor import NetworkedExecutor
+
+    cfg = as_config(config_for("parallelsfl"))
+    old = NetworkedExecutor(cfg)
+    old._client_s = {0: 1.5, 3: 0.25}
+    old._cluster_reports += [0.9, 1.1]
+    old._late.sit_out.fail(2, round_idx=4)
+    old._next_round = 5
+    state = old.state_dict()
+    new = NetworkedExecutor(cfg)
+    reports = new._cluster_reports  # the list the round's ClusterClock appends to
+    new.load_state_dict(state)
+    assert new._client_s == {0: 1.5, 3: 0.25} and reports == [0.9, 1.1]
+    assert new._cluster_reports is reports
+    assert new._late.sit_out.out(2, 5) and new._next_round == 5
+    assert new.state_dict() == state
+    for bad in ({"client_s": {"0": -1.0}}, {"cluster_reports": [float("nan")]}):
+        with pytest.raises(ValueError, match="finite"):
+            NetworkedExecutor(cfg).load_state_dict(bad)

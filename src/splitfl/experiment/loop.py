@@ -91,9 +91,29 @@ def start_state(
     st.server_opt = start.get("server_optimizer", {})  # absent: written without one
     rec = Recorder.restored(run_dir, config, start)
     st.dp_history = history_from_rows(rec.rows)  # DP-SGD's accountant, from the rows
+    st.executor = start.get("executor")  # absent: written by an executor that keeps none
     rec.state_keys = set(moving_state(prep.ctx.model, prep.ctx.model))
     rec.data_fingerprint, rec.chance = prep.data_fingerprint, chance_of(prep)
     return st, rec
+
+
+def executor_state(executor) -> dict | None:  # noqa: ANN001
+    """The executor's run-spanning state to checkpoint (``state_dict``), None without one."""
+    state_dict = getattr(executor, "state_dict", None)
+    return None if state_dict is None else state_dict()
+
+
+def restore_executor(executor, state: dict | None) -> None:  # noqa: ANN001
+    """Give a resumed run's executor the state its checkpoint kept (nothing for a fresh run,
+    an executor that keeps none, or a checkpoint written without it)."""
+    if state is None or not hasattr(executor, "load_state_dict"):
+        return
+    try:
+        executor.load_state_dict(state)
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        raise ConfigError(
+            "--resume", f"the checkpoint's executor state is damaged ({type(err).__name__}: {err})"
+        ) from None
 
 
 def chance_of(prep: Prepared) -> float | None:
@@ -152,6 +172,7 @@ def run_loop(prep: Prepared, run_dir: Path, start: dict | None, progress: bool |
             import_optimizers()
         eval_model = prep.ctx.model if device == "cpu" else copy.deepcopy(prep.ctx.model).to(device)
         st, rec = start_state(prep, start, eval_model, run_dir, trains(executor))
+        restore_executor(executor, st.executor)
         bar = round_progress(config, len(rec.rows), progress)
         status = None  # set by the handlers below; never "ok" unless the run finished
         try:
@@ -222,6 +243,7 @@ def _play_rounds(prep: Prepared, executor, st, rec: Recorder, eval_model, bar, f
                 raise
             raise ModelRoundError(line, len(rec.rows)) from None
         rec.record(row)
+        st.executor = executor_state(executor)
         write_devices(config, executor, rec.run_dir, rec.rows)  # with the devices' own data
         rec.consistent = True  # model, algorithm, clock and rows all after round r + 1
         rec.remember(st, algorithm)

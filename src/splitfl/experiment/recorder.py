@@ -128,6 +128,7 @@ class Recorder:
             "clock": st.clock.now,
             "traffic": st.cum.to_dict(),
             "initial_loss": st.initial_loss,
+            **({} if st.executor is None else {"executor": st.executor}),
         }
 
     def _write(self, state: dict) -> None:

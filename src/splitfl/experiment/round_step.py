@@ -45,6 +45,9 @@ class LoopState:
     server_opt: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     #: DP-SGD's steps per client (``train.defence.dp_noise``; rebuilt from the rows on resume)
     dp_history: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
+    #: the executor's run-spanning state after the last recorded round (its ``state_dict``:
+    #: the networked server's deadlines and benched clients), None where it keeps none
+    executor: dict | None = None
 
 
 def measure(

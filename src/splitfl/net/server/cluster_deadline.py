@@ -17,7 +17,8 @@ the next elections, :func:`~splitfl.algorithms.parallelsfl.planner.failed_tops`)
 round lasts at most about ``factor`` × the honest clusters' time + ``timeout_s``. A round
 with one hosted cluster has no others to compare with: its deadline is the same rule over the
 accepted report times of this run's earlier rounds (``earlier``: every cluster's; their
-median); before any was accepted it waits ``timeout_s`` × (steps + 3) as before. splitfl's
+median; checkpointed, so a resumed server keeps them: ``NetworkedExecutor.state_dict``);
+before any was accepted it waits ``timeout_s`` × (steps + 3) as before. splitfl's
 choice (the paper has no lateness).
 """
 

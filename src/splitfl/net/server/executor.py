@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -82,6 +83,33 @@ class NetworkedExecutor:
         #: the server process's own stalls (:mod:`splitfl.net.server.stalls`): excluded from
         #: the clients' lateness; runs between :meth:`open` and :meth:`close`
         self._stalls: StallClock | None = None
+
+    def state_dict(self) -> dict:
+        """What judges the run's next rounds and must outlive the server process (checkpointed
+        with each round, restored by ``splitfl server --resume``; plain numbers): each
+        client's time to its update in its last contacted round (the round deadline), the
+        accepted ParallelSFL cluster reports' times (a lone cluster's deadline,
+        :mod:`~splitfl.net.server.cluster_deadline`), who sits out for lateness and the
+        round planned next (whom :meth:`reachable` benches). The
+        peer windows (``PeerScale``, ``PeerHistory``) are not kept: they refill within a
+        round, and until they do the model-relative bounds and the server's own step judge."""
+        return {
+            "client_s": {str(c): s for c, s in self._client_s.items()},
+            "cluster_reports": list(self._cluster_reports),
+            "late": self._late.sit_out.state_dict(),
+            "next_round": self._next_round,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """What :meth:`state_dict` returned (a checkpoint's): times must be finite and ≥ 0."""
+        times = [float(s) for s in state.get("client_s", {}).values()]
+        reports = [float(s) for s in state.get("cluster_reports", [])]
+        if not all(math.isfinite(t) and t >= 0 for t in times + reports):
+            raise ValueError("the networked executor's checkpointed times must be finite, >= 0")
+        self._client_s = {int(c): float(s) for c, s in state.get("client_s", {}).items()}
+        self._cluster_reports[:] = reports
+        self._late.sit_out.load_state_dict(state.get("late", {}))
+        self._next_round = int(state.get("next_round", 0))
 
     def open(self, ctx, run_dir: Path) -> None:
         """Start listening (and the local device processes, if any) and wait for devices."""
