@@ -12,6 +12,8 @@ same script measures an older commit exported with ``git archive``.
   ``--per-round`` of them a round: the median round time after the first, and peak RSS.
 * ``planning``: ParallelSFL's per-round planning (``plan_clusters``) on a random round of
   ``clients`` workers: seconds, candidate evaluations, the plan's digest.
+* ``grouping``: S²FL's §3.2 grouping (``balanced_groups``) of ``clients`` devices in groups
+  of 5, ``--restarts`` starts: seconds, swap steps, the groups' digest.
 * ``images``: first-epoch images/s of the lazy ``image_folder`` path beside a plain PIL +
   ``DataLoader`` loop (torchvision's ``ImageFolder``) over the same ``--n`` PNGs.
 * ``partition``: one partitioner (``iid``, ``dirichlet``, ``shards``, ``natural``,
@@ -26,6 +28,7 @@ same script measures an older commit exported with ``git archive``.
     python benchmarks/bench_scale.py rounds --executor timing --algorithms pyramidfl ifca \
         --clients 100 1000 10000 100000 1000000 --per-round 10 100 > rounds.jsonl
     python benchmarks/bench_scale.py planning --clients 100 200 400 --src src /tmp/old/src
+    python benchmarks/bench_scale.py grouping --clients 1000 10000 --src src /tmp/old/src
     python benchmarks/bench_scale.py images --n 5000
     python benchmarks/bench_scale.py plot rounds.jsonl benchmarks/results/scale-rounds.png
 """
@@ -124,12 +127,18 @@ def one_prep(n: int, clients: int) -> dict:
 
 
 def one_rounds(
-    algorithm: str, clients: int, per_round: int, rounds: int = 4, executor: str = "sequential"
+    algorithm: str,
+    clients: int,
+    per_round: int,
+    rounds: int = 4,
+    executor: str = "sequential",
+    overrides: dict | None = None,
 ) -> dict:
     """``rounds`` rounds of ``algorithm`` with ``clients`` clients of 4 samples each (IID),
     ``per_round`` of them a round: the median time of a round after the first (the
-    ``wall_time`` column's steps), and the peak RSS. ``executor: timing`` trains nothing: the
-    round is then the algorithm's selection, planning and bookkeeping, and the clock's."""
+    ``wall_time`` column's steps; every step in ``steps_s``), and the peak RSS. ``executor:
+    timing`` trains nothing: the round is then the algorithm's selection, planning and
+    bookkeeping, and the clock's. ``overrides``: more config keys (``--set``)."""
     import tempfile
 
     import splitfl
@@ -148,6 +157,7 @@ def one_rounds(
         "train.clients_per_round": per_round,
         "import_dirs": [str(HERE)],
         "executor": executor,
+        **(overrides or {}),
     }
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
@@ -156,7 +166,8 @@ def one_rounds(
         total = time.perf_counter() - start
         rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
     walls = [r["wall_time"] for r in rows]
-    steps = sorted(b - a for a, b in zip(walls, walls[1:], strict=False))
+    in_order = [b - a for a, b in zip(walls, walls[1:], strict=False)]
+    steps = sorted(in_order)
     return {
         "algorithm": algorithm,
         "clients": clients,
@@ -164,6 +175,8 @@ def one_rounds(
         "executor": executor,
         "n": n,
         "round_s": steps[len(steps) // 2],
+        "steps_s": in_order,
+        "overrides": overrides or {},
         "run_s": total,
         "peak_mib": _peak_mib(),
     }
@@ -242,6 +255,46 @@ def one_planning(n: int) -> dict:
         **count,
         "sum_utility": info["sum_utility"],
         "clusters_sha256": digest[:16],
+        "peak_mib": _peak_mib(),
+    }
+
+
+def one_grouping(n: int, restarts: int) -> dict:
+    """S²FL's §3.2 grouping (``balanced_groups``) of ``n`` devices in groups of 5 (the
+    default ``group_size``), ``restarts`` random starts: a warm-up round's grouping of its
+    timed devices (``S2FL.warmup_groups``). Devices of the ``rounds`` workload: 4 IID samples
+    of 10 classes each. Seconds, CPU seconds, swap steps, a digest of the groups."""
+    import hashlib
+
+    import numpy as np
+
+    from splitfl.algorithms.s2fl import data_balance
+
+    rng = np.random.default_rng(0)
+    hist = np.zeros((n, 10))
+    np.add.at(hist, (np.repeat(np.arange(n), 4), rng.integers(0, 10, 4 * n)), 1)
+    count = {"steps": 0}
+    best_swap = data_balance._best_swap
+
+    def counted(*args):
+        count["steps"] += 1
+        return best_swap(*args)
+
+    data_balance._best_swap = counted
+    start, cpu = time.perf_counter(), _cpu_s()
+    groups, _ = data_balance.balanced_groups(
+        hist, -(-n // 5), np.random.default_rng(1), restarts=restarts
+    )
+    seconds, cpu = time.perf_counter() - start, _cpu_s() - cpu
+    digest = hashlib.sha256(json.dumps(groups).encode()).hexdigest()
+    return {
+        "planning": "s2fl_grouping",
+        "n": n,
+        "restarts": restarts,
+        "seconds": seconds,
+        "cpu_s": cpu,
+        **count,
+        "groups_sha256": digest[:16],
         "peak_mib": _peak_mib(),
     }
 
@@ -364,7 +417,8 @@ def _spawn(src: str, args: list[str], timeout: float) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "what", choices=["prep", "partition", "rounds", "planning", "images", "plot", "_one"]
+        "what",
+        choices=["prep", "partition", "rounds", "planning", "grouping", "images", "plot", "_one"],
     )
     parser.add_argument("--algorithms", nargs="+", default=["splitfed_v1"])
     parser.add_argument("--per-round", type=int, nargs="+", default=[10])
@@ -385,6 +439,9 @@ def main(argv: list[str] | None = None) -> None:
         help="trees to measure, interleaved (e.g. the old code's src)",
     )
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--restarts", type=int, default=8, help="grouping: random starts")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds: rounds a run")
+    parser.add_argument("--set", nargs="*", default=[], help="rounds: KEY=JSON config overrides")
     parser.add_argument(
         "--profile", action="store_true", help="prep, rounds: cProfile's top, on stderr"
     )
@@ -400,10 +457,13 @@ def main(argv: list[str] | None = None) -> None:
             row = one_prep(*map(int, values))
         elif kind == "planning":
             row = one_planning(int(values[0]))
+        elif kind == "grouping":
+            row = one_grouping(int(values[0]), int(values[1]))
         elif kind == "images":
             row = one_images(int(values[0]), values[1] == "plain")
         elif kind == "rounds":
-            row = one_rounds(values[0], int(values[1]), int(values[2]), executor=values[3])
+            alg, c, k, executor, rounds, sets = values
+            row = one_rounds(alg, int(c), int(k), int(rounds), executor, json.loads(sets))
         else:
             row = one_partition(values[0], int(values[1]), int(values[2]))
         print(json.dumps(row))
@@ -411,8 +471,9 @@ def main(argv: list[str] | None = None) -> None:
     if a.what == "prep":
         jobs = [["prep", str(n), str(a.clients[0])] for n in a.sizes]
     elif a.what == "rounds":
+        sets = {k: json.loads(v) for k, v in (item.split("=", 1) for item in a.set)}
         jobs = [
-            ["rounds", alg, str(c), str(k), a.executor]
+            ["rounds", alg, str(c), str(k), a.executor, str(a.rounds), json.dumps(sets)]
             for alg in a.algorithms
             for k in a.per_round
             for c in a.clients
@@ -420,6 +481,8 @@ def main(argv: list[str] | None = None) -> None:
         ]
     elif a.what == "planning":
         jobs = [["planning", str(c)] for c in a.clients]
+    elif a.what == "grouping":
+        jobs = [["grouping", str(c), str(a.restarts)] for c in a.clients]
     elif a.what == "images":  # interleaved: splitfl's lazy reader, the plain loop, again
         root = Path(os.environ.setdefault("BENCH_SCALE_IMAGES", "/tmp/bench-scale-images"))
         if not (root / "train").exists():

@@ -222,7 +222,8 @@ class S2FL(Algorithm):
         ones among themselves in groups of their own (never mixed with the selected)."""
         selected = self._selected or []
         groups, info = self.choose_groups(selected, rng)
-        timed = [c for c in clients if c not in set(selected)]
+        chosen = set(selected)  # once: the list below is O(N), not O(N·K)
+        timed = [c for c in clients if c not in chosen]
         if timed:
             others, _ = self.choose_groups(timed, rng)
             offset = max(groups.values(), default=-1) + 1

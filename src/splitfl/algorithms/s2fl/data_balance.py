@@ -143,6 +143,11 @@ class _SwapTable:
         self.square, self.total = np.zeros(len(groups)), np.zeros(len(groups))
         self._update_sums(list(range(len(groups))))
         self.changes = np.stack([self._row(x) for x in range(len(groups))])
+        count = len(groups)
+        #: ``upper[x]``: the least entry of row x right of the diagonal, ``changes[x, x+1:]``.
+        self.upper = np.where(np.tri(count, dtype=bool), np.inf, self.changes).min(axis=1)
+        #: Entries of ``changes`` and ``upper`` read since the table was built (work, for tests).
+        self.scanned = 0
         scale = 16 * (self.classes * self.totals.sum()) ** 2
         self.integral = bool(np.all(hist == np.round(hist))) and scale < _EXACT_INTS
 
@@ -192,8 +197,26 @@ class _SwapTable:
         """Member i of group a and member j of group b change places (``dists`` is current)."""
         self.members[a, i], self.members[b, j] = self.members[b, j], self.members[a, i]
         self._update_sums([a, b])
+        before = self.changes[:, [a, b]].copy()
         for g in (a, b):
             self.changes[g] = self.changes[:, g] = self._row(g)
+        self._update_upper((a, b), before)
+
+    def _update_upper(self, changed: tuple[int, int], before: np.ndarray) -> None:
+        """Keep :attr:`upper` after the rows and columns ``changed`` were recomputed
+        (``before``: their columns as they were), in O(G): a row's least entry is lowered by a
+        new entry below it, and only a row whose least entry was one that rose is rescanned."""
+        count = len(self.upper)
+        stale = np.zeros(count, dtype=bool)
+        stale[list(changed)] = True
+        for k, g in enumerate(changed):
+            old, new = before[:g, k], self.changes[:g, g]
+            stale[:g] |= (old == self.upper[:g]) & (new > old)
+            self.upper[:g] = np.minimum(self.upper[:g], new)
+        for x in np.flatnonzero(stale).tolist():
+            self.upper[x] = self.changes[x, x + 1 :].min(initial=np.inf)
+            self.scanned += count - x - 1
+        self.scanned += 4 * count
 
 
 def _best_swap(
@@ -204,26 +227,55 @@ def _best_swap(
 
     Only pairs whose table entry could pass that test are scored exactly: an entry is within
     ``slack`` of the exact change, so a pair whose entry is at or above
-    ``best − cost − _TOL + slack`` cannot be taken. The first few pairs scored lower ``best``,
-    which rules out most of the others.
+    ``best − cost − _TOL + slack`` cannot be taken. Rows are visited in order and only while
+    their least entry (:attr:`_SwapTable.upper`) is under that bound, so a step reads O(G)
+    entries and the rows it scores, not the G × G table. The first few pairs scored lower
+    ``best``, which rules out most of the others.
     """
-    slack, count, width = table.error_bound(cost), len(table.changes), table.members.shape[1]
-    order = np.flatnonzero(np.triu(table.changes < slack - _TOL, 1))  # row-major: in order
+    slack, count = table.error_bound(cost), len(table.changes)
+    rows = np.flatnonzero(table.upper < slack - _TOL)
+    table.scanned += count
     best, move, take = cost, None, 1
-    while True:
-        order = order[table.changes.ravel()[order] < best - cost - _TOL + slack]
-        if not len(order):
-            return best, move
-        pairs, order = np.stack(np.divmod(order[:take], count), axis=1), order[take:]
-        new = _swap_costs(hist, table.members, sums, table.dists, cost, pairs)
-        real = table.real[pairs[:, 0]][:, :, None] & table.real[pairs[:, 1]][:, None, :]
-        new = np.where(real, new, np.inf).reshape(len(pairs), -1)
-        first = new.argmin(axis=1)
-        for k, value in enumerate(new[np.arange(len(pairs)), first].tolist()):
-            if value < best - _TOL:
-                i, j = divmod(int(first[k]), width)
-                best, move = value, (int(pairs[k, 0]), int(pairs[k, 1]), i, j)
-        take = min(2 * take, _CHUNK)
+    while len(rows):
+        rows = rows[table.upper[rows] < best - cost - _TOL + slack]
+        table.scanned += len(rows)
+        if not len(rows):
+            break
+        a, rows = int(rows[0]), rows[1:]
+        cols = a + 1 + np.flatnonzero(table.changes[a, a + 1 :] < slack - _TOL)
+        table.scanned += count - a - 1
+        while len(cols):
+            cols = cols[table.changes[a, cols] < best - cost - _TOL + slack]
+            batch, cols = cols[:take], cols[take:]
+            if len(batch):
+                best, move = _score_pairs(hist, table, sums, cost, a, batch, best, move)
+            take = min(2 * take, _CHUNK)
+    return best, move
+
+
+def _score_pairs(
+    hist: np.ndarray,
+    table: _SwapTable,
+    sums: np.ndarray,
+    cost: float,
+    a: int,
+    cols: np.ndarray,
+    best: float,
+    move: tuple[int, int, int, int] | None,
+) -> tuple[float, tuple[int, int, int, int] | None]:
+    """Score the pairs ``(a, b)``, ``b`` in ``cols`` (in order), exactly; a pair's best swap
+    (the first on ties) is taken when it lowers ``best`` by more than :data:`_TOL`."""
+    width = table.members.shape[1]
+    pairs = np.stack([np.full(len(cols), a), cols], axis=1)
+    new = _swap_costs(hist, table.members, sums, table.dists, cost, pairs)
+    real = table.real[pairs[:, 0]][:, :, None] & table.real[pairs[:, 1]][:, None, :]
+    new = np.where(real, new, np.inf).reshape(len(pairs), -1)
+    first = new.argmin(axis=1)
+    for k, value in enumerate(new[np.arange(len(pairs)), first].tolist()):
+        if value < best - _TOL:
+            i, j = divmod(int(first[k]), width)
+            best, move = value, (a, int(pairs[k, 1]), i, j)
+    return best, move
 
 
 def _swap_search(hist: np.ndarray, groups: list[list[int]]) -> tuple[float, list[list[int]]]:
