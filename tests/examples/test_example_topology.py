@@ -4,6 +4,7 @@ agree, and its plans cross processes through the plan codec."""
 
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -28,13 +29,15 @@ def _rows(out: Path) -> list[dict]:
 def test_the_how_to_commands_run_and_the_executors_agree(project):
     commands = [line for line in DOC.read_text().splitlines() if line.startswith("python -m")]
     assert len(commands) == 3
-    rows = {}
+    argvs = []
     for i, line in enumerate(commands):
         args = line.split()[1:] + [f"output.out_dir=out{i}"]
         args[3] = "config.yaml"  # the copy's own config (the doc's path is from the repository)
-        _python(*args, cwd=project)
-        rows[i] = _rows(project / f"out{i}")
-    sequential, parallel, timing = rows[0], rows[1], rows[2]
+        argvs.append(args)
+    with ThreadPoolExecutor(3) as pool:  # the three commands at once (own output folders)
+        for done in [pool.submit(_python, *args, cwd=project) for args in argvs]:
+            done.result()
+    sequential, parallel, timing = (_rows(project / f"out{i}") for i in range(3))
     assert [r["test_acc"] for r in sequential] == [r["test_acc"] for r in parallel]
     assert [r["train_loss"] for r in sequential] == [r["train_loss"] for r in parallel]
     assert [r["round_time"] for r in sequential] == [r["round_time"] for r in timing]

@@ -221,13 +221,16 @@ def test_missing_ray_gives_a_one_line_hint(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_sweep_on_a_local_ray_instance_matches_local_executor(tmp_path, ray_instance):
-    path = _sweep_file(tmp_path)
+    """Two trials, one per algorithm (the seed axis is the local sweep tests'): each Ray
+    trial's rows equal the local backend's."""
+    path = _sweep_file(tmp_path, axes={"algorithm": ["fedavg", "s2fl"], "seed": [0]})
+    names = [NAMES[0], NAMES[2]]
     local = splitfl.sweep(path, out_dir=tmp_path / "local", backend="local", progress=False)
     result = splitfl.sweep(
         path, out_dir=tmp_path / "ray", backend="ray", gpus_per_trial=0, progress=False
     )
-    assert result.ok and [t["name"] for t in result.trials] == NAMES
-    for name in NAMES:
+    assert result.ok and [t["name"] for t in result.trials] == names
+    for name in names:
         assert _rows(tmp_path / "ray" / name) == _rows(local.out_dir / name)
     assert (tmp_path / "ray" / "report.html").exists()
 
