@@ -10,6 +10,7 @@ import yaml
 from splitfl.cli.main import main
 from splitfl.config import ConfigError
 from splitfl.metrics.records import read_metrics
+from splitfl.privacy.on_run import RunAttack, attack_run
 from splitfl.privacy.sweep import cells, dcs, evaluate_sweep, load_sweep, t_dcs
 from splitfl.testing import config_for
 
@@ -83,6 +84,8 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys):
         ({"attacks": {"dlg": {}}}, "attacks.dlg"),
         ({"attacks": {"unsplit": {"lr": 0.1}}}, "attacks.unsplit.lr"),
         ({"attacks": {"unsplit": {"run_dir": ["x"]}}}, "attacks.unsplit.run_dir"),
+        ({"attacks": {"unsplit": {"device_part": ["estimated"]}}}, "attacks.unsplit.device_part"),
+        ({"attacks": {"unsplit_guessed": {}}}, "attacks.unsplit_guessed"),
         ({"defences": {"none": {}, "bad": {"train.defence.noise_sd": 1.0}}}, "noise_sd"),
         ({"beta": 2}, "beta"),
         ({"reference": "nothing"}, "reference"),
@@ -97,6 +100,27 @@ def test_a_bad_field_is_named_before_anything_runs(tmp_path, capsys, change, fie
     assert not (tmp_path / "sweep").exists()
     with pytest.raises(ConfigError):
         load_sweep(path)
+
+
+def test_the_estimated_part_unsplit_in_a_tiny_sweep(tmp_path):
+    """``unsplit_estimated``: UnSplit with a re-drawn device part (the architecture-only
+    server), tuned over its grid; each row's AP is the SSIM of that attack at its best
+    grid point, recomputed here, and a reconstruction row of T-DCS."""
+    grid = {"iterations": [10], "model_iters": [1, 2]}
+    sweep = _sweep(
+        tmp_path, algorithms=["splitfed_v1"], defences={"none": {}}, samples=2,
+        attacks={"unsplit": {"iterations": [10]}, "unsplit_estimated": grid},
+    )  # fmt: skip
+    result = evaluate_sweep(sweep)
+    rows = [r for r in result["rows"] if r["attack"] == "unsplit_estimated"]
+    assert rows and len(rows) == len([r for r in result["rows"] if r["attack"] == "unsplit"])
+    run_dir = tmp_path / "sweep" / "runs" / "splitfed_v1-cutNone-none"
+    for r in rows[:2]:
+        assert r["params"]["model_iters"] in (1, 2)
+        spec = RunAttack(str(run_dir), client=r["device"], cut=r["cut"], samples=2,
+                         device_part="estimated", **r["params"])  # fmt: skip
+        assert r["ap"] == pytest.approx(min(1.0, max(0.0, attack_run(spec)["ssim"])))
+    assert "splitfed_v1|None|none|reconstruction" in result["t_dcs"]
 
 
 def test_python_api_takes_a_mapping(tmp_path):

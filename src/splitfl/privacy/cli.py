@@ -120,8 +120,9 @@ def cmd_reconstruct(args: argparse.Namespace) -> int:
     out = Path(args.out or Path(args.run_dir) / "privacy")
     json_path = _write_run_attack(result, out)
     grid = plot_reconstruction(result["true_x"], result["reconstruction"], out / "grid.png")
+    estimated = " (estimated device part)" if result["spec"]["device_part"] == "estimated" else ""
     print(
-        f"{args.attack} on client {result['client']} (cut {result['cut']}, "
+        f"{args.attack}{estimated} on client {result['client']} (cut {result['cut']}, "
         f"{result['samples']} samples{_recorded_round(result)}): MSE {result['mse']:.4g}  "
         f"PSNR {result['psnr']:.2f} dB  SSIM {result['ssim']:.3f}"
     )
@@ -273,6 +274,18 @@ def add_privacy_parser(subparsers: argparse._SubParsersAction) -> argparse.Argum
     p.add_argument("--iterations", type=int, help="UnSplit's Adam steps (300)")
     p.add_argument("--lr", type=float, help="UnSplit's Adam learning rate (0.05)")
     p.add_argument("--optimizer", choices=("adam", "lbfgs"), help="UnSplit's optimiser (adam)")
+    p.add_argument(
+        "--device-part",
+        metavar="known|estimated",
+        help="UnSplit's server holds the device part (known, default) or only its "
+        "architecture (estimated: a re-drawn part fitted by model stealing)",
+    )
+    p.add_argument(
+        "--model-iters", type=int, help="UnSplit's steps of the part per iteration (0; estimated 1)"
+    )
+    p.add_argument("--input-iters", type=int, help="UnSplit's input steps per iteration (1)")
+    p.add_argument("--lambda-tv", type=float, help="UnSplit's total-variation weight (0.1)")
+    p.add_argument("--lambda-l2", type=float, help="UnSplit's mean(x²) weight (1)")
     p.add_argument("--epochs", type=int, help="inverse network's training epochs (20)")
     p.add_argument("--aux-samples", type=int, help="server's test samples it trains on (1024)")
     p.set_defaults(fn=cmd_reconstruct)

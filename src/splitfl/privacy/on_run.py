@@ -26,7 +26,13 @@ BatchNorm or dropout computed the recorded batch in training mode, which even it
 inputs reproduce only through that batch's statistics and masks.
 
 * ``reconstruct``: UnSplit or the inverse network (:mod:`splitfl.privacy.reconstruct`) on
-  those smashed data; MSE, PSNR, SSIM against the true inputs, an image grid.
+  those smashed data; MSE, PSNR, SSIM against the true inputs, an image grid. UnSplit inverts
+  with the device part the server holds (``device_part="known"``) or, as the paper's server
+  that knows only the architecture (Erdogan et al., WPES 2022, Alg. 1), with
+  ``device_part="estimated"``: a re-drawn part of the same architecture
+  (:func:`~splitfl.privacy.reconstruct.reinitialised`, seeded from the run's seed and the
+  victim client) fitted by model stealing, its reconstruction brought into the range of the
+  server's test split (:func:`~splitfl.privacy.reconstruct.align_to_domain`).
 * ``labels`` (U-shaped runs, labels on the device): the head's cut-layer gradients
   ``∂L/∂h`` the server receives for those samples (the final front, middle and head; the
   device's mean loss over the batch; its ``train.defence.label_noise`` applied as the
@@ -49,13 +55,21 @@ from splitfl.metrics.records import read_metrics
 from splitfl.models import ModelPart
 from splitfl.privacy.labels import label_leak_auc
 from splitfl.privacy.metrics import reconstruction_scores
-from splitfl.privacy.reconstruct import invert, train_inverse_network, unsplit_attack
+from splitfl.privacy.reconstruct import (
+    align_to_domain,
+    invert,
+    reinitialised,
+    train_inverse_network,
+    unsplit_attack,
+)
 from splitfl.roles.cut_record import HEAD_GRADIENT, SMASHED, RecordedBatch, read_record
 from splitfl.roles.defences import DeviceDefence
 from splitfl.roles.label_defences import protect_labels
 from splitfl.training import loss_fn
 
 ATTACKS = ("unsplit", "inverse", "labels")
+#: What UnSplit's server knows of the device part: its weights, or only its architecture.
+DEVICE_PARTS = ("known", "estimated")
 
 
 @dataclass(frozen=True)
@@ -64,7 +78,11 @@ class RunAttack:
     training samples of ``client`` (null: the first client of the last round), at ``cut``
     (null: that client's last cut). UnSplit: ``iterations`` Adam steps at ``lr`` (the
     authors' λ_TV = 0.1, λ_2 = 1 unless changed; ``optimizer`` ``adam``, or ``lbfgs`` for a
-    convex objective such as a linear device part's). Inverse network: trained ``epochs`` on the
+    convex objective such as a linear device part's); ``device_part`` ``known`` (the part the
+    server holds) or ``estimated`` (architecture only: a re-drawn part, stepped
+    ``model_iters`` times per iteration — null: 0 with the known part, 1 with an estimated
+    one — and the result aligned to the first ``aux_samples`` test samples);
+    ``input_iters`` input steps per iteration. Inverse network: trained ``epochs`` on the
     first ``aux_samples`` test samples. Labels: ``positive`` class. ``recorded``: attack
     the tensors recorded during training (``privacy.record``) of round ``round`` (null: the
     victim's first recorded round); ``client`` null: the first recorded client."""
@@ -84,14 +102,18 @@ class RunAttack:
     positive: int = 1
     recorded: bool = False
     round: int | None = None
+    device_part: str = "known"
+    model_iters: int | None = None
+    input_iters: int = 1
 
 
 def _check(spec: RunAttack) -> None:
     if spec.attack not in ATTACKS:
         raise ConfigError("attack", f"one of {', '.join(ATTACKS)} (got {spec.attack!r})")
-    for name in ("samples", "iterations", "epochs", "aux_samples"):
+    for name in ("samples", "iterations", "epochs", "aux_samples", "input_iters"):
         if getattr(spec, name) < 1:
             raise ConfigError(name, f"must be >= 1 (got {getattr(spec, name)})")
+    _check_device_part(spec)
     if spec.optimizer not in ("adam", "lbfgs"):
         raise ConfigError("optimizer", f"adam or lbfgs (got {spec.optimizer!r})")
     if not spec.lr > 0:
@@ -102,6 +124,17 @@ def _check(spec: RunAttack) -> None:
         raise ConfigError("run_dir", f"{spec.run_dir} holds no config.yaml (a splitfl run)")
     if not spec.recorded and not (Path(spec.run_dir) / "model.pt").is_file():
         raise ConfigError("run_dir", f"{spec.run_dir} holds no model.pt (a finished run)")
+
+
+def _check_device_part(spec: RunAttack) -> None:
+    if spec.device_part not in DEVICE_PARTS:
+        raise ConfigError("device_part", f"known or estimated (got {spec.device_part!r})")
+    if spec.device_part == "estimated" and spec.attack != "unsplit":
+        raise ConfigError("device_part", f"estimated is UnSplit's (got attack {spec.attack})")
+    if spec.model_iters is not None and spec.model_iters < 0:
+        raise ConfigError("model_iters", f"must be >= 0 (got {spec.model_iters})")
+    if spec.device_part == "estimated" and spec.model_iters == 0:
+        raise ConfigError("model_iters", "an estimated part is fitted: must be >= 1 (got 0)")
 
 
 def _victim(spec: RunAttack, rows: list[dict], num_blocks: int) -> tuple[int, int]:
@@ -164,16 +197,30 @@ def attack_run(spec: RunAttack) -> dict:
         out["round"] = v.round
     if spec.attack == "labels":
         return {**out, "tail": tail, **_label_scores(spec, v.grads, v.y)}
+    aux = prep.ctx.bundle.test.x[: spec.aux_samples]
     if spec.attack == "unsplit":
-        rec = unsplit_attack(
-            v.front, v.sent, v.x.shape[1:], iterations=spec.iterations, lr=spec.lr,
-            lambda_tv=spec.lambda_tv, lambda_l2=spec.lambda_l2, optimizer=spec.optimizer,
-        ).inputs  # fmt: skip
+        rec = _unsplit(spec, v, aux, config.seed)
     else:
-        aux = prep.ctx.bundle.test.x[: spec.aux_samples]
         g, _ = train_inverse_network(v.front, aux, epochs=spec.epochs, seed=config.seed)
         rec = invert(g, v.sent)
     return {**out, **reconstruction_scores(v.x, rec), "true_x": v.x, "reconstruction": rec}
+
+
+def _unsplit(spec: RunAttack, v: Victim, aux: torch.Tensor, seed: int) -> torch.Tensor:
+    """UnSplit on the victim: with its device part (known), or with a part of its
+    architecture re-drawn from ``(seed, "unsplit-estimated", client)`` and fitted by model
+    stealing, the result aligned to the auxiliary data (estimated; UnSplit Alg. 1)."""
+    estimated = spec.device_part == "estimated"
+    model_iters = spec.model_iters if spec.model_iters is not None else int(estimated)
+    part = v.front
+    if estimated:
+        part = reinitialised(part, derive_seed(seed, "unsplit-estimated", v.client))
+    rec = unsplit_attack(
+        part, v.sent, v.x.shape[1:], iterations=spec.iterations, lr=spec.lr,
+        lambda_tv=spec.lambda_tv, lambda_l2=spec.lambda_l2, optimizer=spec.optimizer,
+        input_iters=spec.input_iters, model_iters=model_iters,
+    ).inputs  # fmt: skip
+    return align_to_domain(rec, aux) if estimated else rec
 
 
 def attack_recorded(run_dir: str | Path, attack: str = "unsplit", **options) -> dict:

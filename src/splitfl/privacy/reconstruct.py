@@ -13,6 +13,12 @@ uploaded for aggregation, so the server knows it after each round).
   part is known and only the input is optimised. ``optimizer="lbfgs"`` replaces Adam for the
   input (not in the paper: it solves the convex case, a linear device part, exactly).
   TV is the authors' squared-difference total variation (``unsplit/util.py::TV``).
+* :func:`reinitialised` / :func:`align_to_domain` — the paper's server that knows only the
+  device part's *architecture* (Alg. 1): a freshly drawn model of that architecture, stepped by
+  :func:`unsplit_attack`'s model stealing; its reconstruction is defined only up to the
+  affine map the estimated part absorbs, so it is brought into the auxiliary data's range
+  (the authors' ``unsplit/util.py::normalize``) with a sign chosen against the auxiliary
+  mean image (not in the paper).
 * :func:`train_inverse_network` / :func:`invert` — the learned inverse network of He, Zhang
   and Lee, "Model inversion attacks against collaborative inference", ACSAC 2019, §4.2
   (black-box attack: query ``f`` on auxiliary data of the same domain, fit ``g ≈ f⁻¹`` by
@@ -198,3 +204,44 @@ def invert(inverse: nn.Module, smashed: torch.Tensor) -> torch.Tensor:
     """``x̂ = g(z)`` for recorded smashed data ``z``."""
     with torch.no_grad():
         return inverse(smashed.detach())
+
+
+def reinitialised(part: nn.Module, seed: int) -> nn.Module:
+    """A deep copy of ``part`` with every module that has ``reset_parameters`` re-drawn, in
+    ``modules()`` order, from ``torch.manual_seed(seed)`` inside ``fork_rng`` (the caller's
+    random state is untouched): the architecture-only server's starting clone (UnSplit,
+    Erdogan et al., WPES 2022, Alg. 1; the authors' ``model_inversion_demo.py`` attacks with
+    a fresh ``MnistNet()``/``CifarNet()``). BatchNorm's running statistics are reset with its
+    affine parameters. A parameter or buffer of a module without ``reset_parameters`` keeps
+    the value ``part`` has: nothing here knows how to draw it."""
+    clone = copy.deepcopy(part)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for module in clone.modules():
+            reset = getattr(module, "reset_parameters", None)
+            if callable(reset):
+                reset()
+    return clone
+
+
+def align_to_domain(x_hat: torch.Tensor, auxiliary: torch.Tensor) -> torch.Tensor:
+    """Each reconstruction ``x_hat[i]`` min-max scaled into the range of the auxiliary data
+    ``[auxiliary.min(), auxiliary.max()]``: the authors' ``unsplit/util.py::normalize`` (per
+    image, into [0, 1] there; an image with no range goes to the range's low end, as their
+    zeros), which their demo applies to CIFAR-10 reconstructions.
+
+    Not in the paper: first the sign of ``x_hat[i]`` is chosen so that its Pearson
+    correlation with the auxiliary mean image is not negative. A clone fitted by model
+    stealing can reproduce the smashed data from ``−x`` as well as from ``x`` (a conv + ReLU
+    clone did: correlation −1.000 with the true image on 8 of 8 images), and min-max
+    scaling alone keeps that inversion."""
+    flat = x_hat.flatten(1)
+    mean = auxiliary.mean(0).flatten().to(flat.dtype)
+    centred = flat - flat.mean(1, keepdim=True)
+    agree = centred @ (mean - mean.mean())
+    signed = torch.where((agree < 0)[:, None], -flat, flat)
+    low = signed.min(1, keepdim=True).values
+    span = signed.max(1, keepdim=True).values - low
+    unit = torch.where(span > 0, (signed - low) / span.clamp_min(1e-30), 0.0)
+    lo, hi = float(auxiliary.min()), float(auxiliary.max())
+    return (lo + unit * (hi - lo)).reshape(x_hat.shape)

@@ -37,13 +37,27 @@ from typing import Any
 from splitfl.config import ConfigError, read_yaml_mapping
 from splitfl.experiment.runner import as_config, run
 from splitfl.metrics.records import read_metrics
-from splitfl.privacy.on_run import ATTACKS, RunAttack, attack_run
+from splitfl.privacy.on_run import RunAttack, attack_run
 from splitfl.privacy.sweep_report import write_report
 
 #: VFLAIR's default weighting of MP against AP in DCS (Zou et al., ICLR 2024, §4: β = 0.5).
 DEFAULT_BETA = 0.5
+#: Each sweep attack name and the :class:`RunAttack` fields it fixes: ``unsplit_estimated``
+#: is UnSplit by the paper's server that knows only the device part's architecture
+#: (Erdogan et al., WPES 2022, Alg. 1), ``unsplit`` the SplitFed server that holds the part.
+SWEEP_ATTACKS = {
+    "unsplit": {"attack": "unsplit"},
+    "unsplit_estimated": {"attack": "unsplit", "device_part": "estimated"},
+    "inverse": {"attack": "inverse"},
+    "labels": {"attack": "labels"},
+}
 #: The attack type of each attack, for T-DCS (VFLAIR groups attacks by type).
-ATTACK_TYPES = {"unsplit": "reconstruction", "inverse": "reconstruction", "labels": "labels"}
+ATTACK_TYPES = {
+    "unsplit": "reconstruction", "unsplit_estimated": "reconstruction",
+    "inverse": "reconstruction", "labels": "labels",
+}  # fmt: skip
+#: RunAttack fields a grid may not set: the victim's (per device) and the attack's own.
+FIXED_FIELDS = ("run_dir", "attack", "client", "cut", "samples", "device_part")
 SWEEP_FIELDS = (
     "base", "algorithms", "cuts", "defences", "attacks", "reference", "beta", "out", "samples",
     "only",
@@ -111,13 +125,12 @@ def load_sweep(data: Mapping[str, Any] | str | Path) -> Sweep:
     _need(isinstance(sweep.samples, int) and sweep.samples >= 2, "samples", "an integer >= 2")
     _need(isinstance(sweep.beta, int | float) and 0 <= sweep.beta <= 1, "beta", "in [0, 1]")
     for name, grid in sweep.attacks.items():
-        _need(name in ATTACKS, f"attacks.{name}", f"one of {', '.join(ATTACKS)}")
+        _need(name in SWEEP_ATTACKS, f"attacks.{name}", f"one of {', '.join(SWEEP_ATTACKS)}")
         _need(isinstance(grid, dict), f"attacks.{name}", "a mapping field -> list of values")
         for key, values in grid.items():
             where = f"attacks.{name}.{key}"
             _need(
-                key in RunAttack.__dataclass_fields__
-                and key not in ("run_dir", "attack", "client", "cut", "samples"),
+                key in RunAttack.__dataclass_fields__ and key not in FIXED_FIELDS,
                 where,
                 "not a tunable attack field",
             )
@@ -170,7 +183,8 @@ def _best(run_dir: Path, name: str, grid: dict, client: int, cut: int, samples: 
     keys = list(grid)
     for values in itertools.product(*(grid[k] for k in keys)) if keys else [()]:
         params = dict(zip(keys, values, strict=True))
-        spec = RunAttack(str(run_dir), name, client=client, cut=cut, samples=samples, **params)
+        fixed = SWEEP_ATTACKS[name]
+        spec = RunAttack(str(run_dir), client=client, cut=cut, samples=samples, **fixed, **params)
         try:
             out = attack_run(spec)
         except ConfigError as err:  # e.g. labels on a run that is not U-shaped

@@ -27,7 +27,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 #: The attacks of each panel of the plot and what their performance measures.
 PANELS = (
-    (("unsplit", "inverse"), "input reconstruction: SSIM"),
+    (("unsplit", "unsplit_estimated", "inverse"), "input reconstruction: SSIM"),
     (("labels",), "label inference: AUC"),
 )
 MARKERS = "osD^vP*X"
