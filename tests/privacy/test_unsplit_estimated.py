@@ -86,7 +86,8 @@ def test_the_estimated_part_attack_beats_the_auxiliary_mean_image(seed, sign):
     prior recovers digits-like images far better than the auxiliary mean image (the best
     guess without the smashed data). The two draws' raw reconstructions have opposite signs
     (correlation with the truth 0.99 and −0.96 or beyond), so both branches of the sign
-    choice are exercised. Measured over draws 0–7: MSE 0.007–0.066, SSIM 0.79–0.96."""
+    choice are exercised. Measured over draws 0–7: MSE 0.007–0.066, SSIM 0.90–0.99 (the mean
+    image 0.300 and 0.443)."""
     aux, x = glyph_digits(256, 1), glyph_digits(8, 2)
     torch.manual_seed(100)
     part = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU())
@@ -100,6 +101,6 @@ def test_the_estimated_part_attack_beats_the_auxiliary_mean_image(seed, sign):
     assert bool((sign * _correlation(raw, x) > 0.9).all())
     scores = reconstruction_scores(x, align_to_domain(raw, aux))
     guess = reconstruction_scores(x, aux.mean(0, keepdim=True).expand_as(x))
-    assert guess["mse"] > 0.25 and guess["ssim"] < 0.35  # measured: 0.300 and 0.281
+    assert guess["mse"] > 0.25 and guess["ssim"] < 0.5  # measured: 0.300 and 0.443
     assert scores["mse"] < 0.25 * guess["mse"]  # measured: 0.012 (draw 1), 0.031 (draw 3)
-    assert scores["ssim"] > guess["ssim"] + 0.4  # measured: 0.938, 0.839
+    assert scores["ssim"] > guess["ssim"] + 0.4  # measured: 0.983, 0.959
