@@ -14,8 +14,10 @@ from test_hostile_insiders import THREE_CLUSTERS
 from test_networked_d2d import _rows
 
 import splitfl
+from splitfl.experiment.runner import as_config
 from splitfl.net.device.agent import DeviceAgent
 from splitfl.net.server.cluster_deadline import ClusterClock
+from splitfl.net.server.executor import NetworkedExecutor
 from splitfl.net.server.testbed import Testbed
 from splitfl.testing import config_for
 
@@ -192,9 +194,6 @@ def test_a_resumed_server_judges_a_lone_cluster_by_the_rounds_before_its_restart
 def test_the_networked_executor_s_judging_state_round_trips_and_refuses_damage():
     """``state_dict``/``load_state_dict`` by hand: deadlines' times, cluster reports, benched
     clients and the next round survive; a negative or non-finite time is refused."""
-    from splitfl.experiment.runner import as_config
-    from splitfl.net.server.executor import NetworkedExecutor
-
     cfg = as_config(config_for("parallelsfl"))
     old = NetworkedExecutor(cfg)
     old._client_s = {0: 1.5, 3: 0.25}

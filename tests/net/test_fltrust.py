@@ -16,6 +16,8 @@ from splitfl.aggregation.layerwise import layerwise_aggregate
 from splitfl.aggregation.robust import Rule, robust_average
 from splitfl.config import ConfigError, ExperimentConfig, from_dict
 from splitfl.config.checks import check_fields
+from splitfl.experiment.context import build_context
+from splitfl.experiment.validation import check_algorithm
 from splitfl.net.trust.direction import cosine
 from splitfl.testing import config_for
 
@@ -86,6 +88,18 @@ def test_fltrust_is_a_validated_untrusted_rule():
         _checked(**{"train.aggregation": "fltrust"})
 
 
+def test_fltrust_is_refused_where_the_aggregate_is_not_the_model_sent():
+    """IFCA aggregates K cluster models, but the server's step (``g_0``) starts from the one
+    global model: scoring a cluster's updates against it is not FLTrust, so ``fltrust`` is
+    refused in one line naming the field (FedAvg, one global model, is accepted)."""
+    net = {"executor": "networked", "network.untrusted_aggregation": "fltrust"}
+    check_algorithm(from_dict(ExperimentConfig, config_for("fedavg", **net)))
+    ifca = from_dict(ExperimentConfig, config_for("ifca", **net))
+    with pytest.raises(ConfigError, match="network.untrusted_aggregation.*cluster model"):
+        check_algorithm(ifca)
+    check_algorithm(from_dict(ExperimentConfig, config_for("ifca", executor="networked")))
+
+
 def _checked(**changes) -> ExperimentConfig:
     config = from_dict(ExperimentConfig, config_for("fedavg", **changes))
     check_fields(config)
@@ -115,7 +129,7 @@ def test_fltrust_neutralises_negating_colluders_and_keeps_the_honest_run(tmp_pat
     0.999 (honest fltrust vs mean)."""
     fl = {"network.untrusted_aggregation": "fltrust", **_WIDE}
     mean = {"network.untrusted_aggregation": "mean", **_WIDE}
-    start = _final_of_config()
+    start = _start_of("fedavg", {"data.num_clients": 10, "train.clients_per_round": 10})
     honest, honest_rows = _run(tmp_path / "h", 10, 0, 3, **fl)
     plain_honest, plain_rows = _run(tmp_path / "m", 10, 0, 3, **mean)
     attacked, attacked_rows = _run(tmp_path / "a", 10, 3, 3, _Negated, **fl)
@@ -133,14 +147,6 @@ def test_fltrust_neutralises_negating_colluders_and_keeps_the_honest_run(tmp_pat
     assert abs(acc["h"] - acc["m"]) <= 0.1
     assert attacked_rows[-1]["test_acc"] >= acc["h"] - 0.1
     assert _rows(wrecked)[-1]["test_acc"] < acc["m"] - 0.3  # the attack bites the mean
-
-
-def _final_of_config() -> dict[str, torch.Tensor]:
-    """The model every run of this file starts from (``config_for``'s seed)."""
-    from splitfl.experiment.context import build_context
-
-    cfg = config_for("fedavg", rounds=1, **{"data.num_clients": 10, "train.clients_per_round": 10})
-    return build_context(from_dict(ExperimentConfig, cfg)).model.state_dict()
 
 
 @pytest.mark.parametrize(
@@ -173,7 +179,6 @@ def test_fltrust_runs_the_ring_and_hosted_clusters(tmp_path, algorithm, devices,
 
 
 def _start_of(algorithm: str, changes: dict) -> dict[str, torch.Tensor]:
-    from splitfl.experiment.context import build_context
-
+    """The model a run of ``algorithm`` with ``changes`` starts from (``config_for``'s seed)."""
     cfg = config_for(algorithm, rounds=1, **changes)
     return build_context(from_dict(ExperimentConfig, cfg)).model.state_dict()

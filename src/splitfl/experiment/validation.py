@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from splitfl.aggregation.robust import Rule
 from splitfl.algorithms import algorithm_names, resolve_algorithm
 from splitfl.config import ConfigError, DataConfig, ExperimentConfig, check_fields
 from splitfl.config import load_config as read_config
@@ -259,6 +260,20 @@ def check_server_optimizer(config: ExperimentConfig, cls: type) -> None:
         )
 
 
+def check_fltrust(config: ExperimentConfig, cls: type) -> None:
+    """FLTrust's ``g_0`` (``network.untrusted_aggregation: fltrust``) is the server's step from
+    the one global model it sent (:mod:`splitfl.net.trust.reference`); an algorithm whose
+    aggregate is not that model (``Algorithm.no_server_optimizer`` says why: IFCA's cluster
+    models) would score its updates against another model's step, so it is refused."""
+    if Rule.of_run(config).name != "fltrust" or not cls.no_server_optimizer:
+        return
+    raise ConfigError(
+        "network.untrusted_aggregation",
+        f"fltrust scores updates against the server's step from the one global model; "
+        f"{config.algorithm} {cls.no_server_optimizer}; use centered_clip",
+    )
+
+
 def check_label_defence(config: ExperimentConfig, cls: type) -> None:
     """``train.defence.label_noise`` perturbs the gradients a U-shaped device sends about its
     own labels; in every other family the labels reach the server, so it is refused."""
@@ -307,6 +322,7 @@ def check_algorithm(config: ExperimentConfig) -> None:
     check_recipe(config, cls)
     check_aggregation(config, cls)
     check_server_optimizer(config, cls)
+    check_fltrust(config, cls)
     check_label_defence(config, cls)
     check_smashed_defence(config, cls)
 
