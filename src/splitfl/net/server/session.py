@@ -26,6 +26,7 @@ from splitfl.config import ConfigError, ExperimentConfig
 from splitfl.data.local import launch_format
 from splitfl.extensions import child_env
 from splitfl.net.transport.auth import AuthSetupError, TokenBook, new_token, server_credentials
+from splitfl.net.transport.connections import ConnectionTally
 from splitfl.net.transport.guard import Audit
 from splitfl.net.transport.hub import Hub, HubSettings
 
@@ -123,7 +124,8 @@ class NetworkSession:
         n = self.net
         try:
             book = TokenBook.read(n.tokens) if n.tokens else TokenBook()
-            creds = server_credentials(n.tls_cert, n.tls_key) if n.tls_cert else None
+            tally = ConnectionTally()  # connections that never opened a stream, audited
+            creds = server_credentials(n.tls_cert, n.tls_key, tally) if n.tls_cert else None
         except AuthSetupError as err:
             raise StartError("network", str(err)) from None
         if n.devices:
@@ -141,7 +143,8 @@ class NetworkSession:
         if self.data is not None:
             welcome["data"] = self.data
         audit = Audit(self.run_dir / "audit.log", sink=console_line)
-        self.hub = Hub(hub_settings(n, len(book.hashes)), book, self.num_clients, welcome, audit)
+        settings = hub_settings(n, len(book.hashes))
+        self.hub = Hub(settings, book, self.num_clients, welcome, audit, tally)
         host = n.listen.rpartition(":")[0]
         try:
             port = self.hub.start(n.listen, creds)

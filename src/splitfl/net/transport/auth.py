@@ -30,6 +30,7 @@ from pathlib import Path
 import grpc
 
 from splitfl.config.checks import is_loopback  # noqa: F401 (the net modules' import)
+from splitfl.net.transport.connections import ConnectionTally, counted_tls_credentials
 
 
 class AuthSetupError(ValueError):
@@ -179,10 +180,14 @@ def _read_bytes(path: str | Path, what: str) -> bytes:
         raise AuthSetupError(f"{path}: cannot read {what} ({err.strerror})") from None
 
 
-def server_credentials(cert: str | Path, key: str | Path) -> grpc.ServerCredentials:
+def server_credentials(
+    cert: str | Path, key: str | Path, tally: ConnectionTally | None = None
+) -> grpc.ServerCredentials:
     """TLS credentials of the server from PEM certificate (chain) and private key files,
     checked before gRPC sees them (it would only say ``Failed to bind``): the certificate
-    file holds a CERTIFICATE, the key file a PRIVATE KEY, and the two belong together."""
+    file holds a CERTIFICATE, the key file a PRIVATE KEY, and the two belong together.
+    ``tally``: told of every connection before its handshake
+    (:func:`~splitfl.net.transport.connections.counted_tls_credentials`)."""
     cert_pem, key_pem = _read_bytes(cert, "TLS certificate"), _read_bytes(key, "TLS key")
     has_cert, has_key = b"CERTIFICATE-----" in cert_pem, b"PRIVATE KEY-----" in key_pem
     if not has_cert and not has_key and b"PRIVATE KEY-----" in cert_pem:
@@ -200,6 +205,8 @@ def server_credentials(cert: str | Path, key: str | Path) -> grpc.ServerCredenti
             f"--tls-cert {cert} and --tls-key {key} do not make a TLS identity "
             f"({err.reason or err}): the key must be the certificate's, unencrypted"
         ) from None
+    if tally is not None:
+        return counted_tls_credentials(key_pem, cert_pem, tally)
     return grpc.ssl_server_credentials([(key_pem, cert_pem)])
 
 

@@ -22,10 +22,11 @@ after the hello without a right proof — counts as a failed authentication of i
 51: such hellos never engaged the throttle); a stream closed before its hello does not, nor
 does one evicted for another's slot. The hello itself is bounded by ``max_hello_bytes`` (the
 hub reads it with its own :class:`~splitfl.net.transport.wire.Reassembler`). Refusals are
-written down by :class:`~splitfl.net.transport.audit.Audit`. TLS handshake failures are not:
-grpc's Python API (1.85) creates no call for a failed handshake; the one hook near it,
-``dynamic_ssl_server_credentials``' fetcher, runs before each handshake but is told neither
-the peer nor the outcome (only grpc core's trace log, ``GRPC_TRACE``, sees it): a gap.
+written down by :class:`~splitfl.net.transport.audit.Audit`. TLS handshake failures only as a
+count: grpc's Python API (1.85) creates no call for a failed handshake, and the one hook near
+it, ``dynamic_ssl_server_credentials``' fetcher, runs before each handshake but is told
+neither the peer nor the outcome, so the server's hub audits the connections that never
+opened a stream (:mod:`splitfl.net.transport.connections`), without their addresses.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ import grpc
 from splitfl.net.transport.announce import Announced, keep_announced, ready_problem
 from splitfl.net.transport.assign import AssignRefused, assign_clients
 from splitfl.net.transport.auth import TokenBook, new_nonce
+from splitfl.net.transport.connections import ConnectionTally
 from splitfl.net.transport.guard import Audit, Gate, peer_address
 from splitfl.net.transport.handshake import (
     CONNECTED_ALREADY,
@@ -103,8 +104,13 @@ class Hub:
         num_clients: int,
         welcome: dict,
         audit: Audit | None = None,
+        connections: ConnectionTally | None = None,
     ):
+        """``connections``: the tally the TLS credentials' fetcher counts into
+        (:func:`~splitfl.net.transport.auth.server_credentials`); its streamless connections
+        are audited each ``keepalive_s`` and at :meth:`stop`."""
         self.settings, self.tokens, self.num_clients = settings, tokens, num_clients
+        self.connections = connections or ConnectionTally()
         self.welcome = welcome
         #: the model's input shape and class count and whether devices bring their own data
         #: (``data.source: devices``); None on a device's peer listener (no checks)
@@ -169,6 +175,7 @@ class Hub:
             self.server = None
         self.stopping.set()
         self.gate.stop()
+        self.connections.report(self.audit)
         # no thread of ours may run on at exit: a daemon thread in a C++ frame (a torch op)
         # then aborts the process ("terminate called without an active exception")
         deadline = time.monotonic() + 5.0
@@ -257,6 +264,7 @@ class Hub:
 
     # -- one device session -------------------------------------------------------------------
     def _connect(self, requests: Iterator[bytes], context) -> Iterator[bytes]:
+        self.connections.streamed(context.peer())
         address = peer_address(context)
         refused = self.gate.enter(context, address)
         if refused:
@@ -375,6 +383,7 @@ class Hub:
                 links = [k for k in self.links.values() if k.alive]
             for link in links:
                 keep_alive(link, period, judge)
+            self.connections.report(self.audit)
             with self.lock:
                 self.lock.notify_all()
 
