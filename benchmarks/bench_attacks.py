@@ -22,7 +22,8 @@ the server's bye. Lock-out and replay (issue 35, items 7–8) are tests, not cou
 
 Run: ``python benchmarks/bench_attacks.py`` (about 10 minutes on 2 cores), results in
 ``benchmarks/results/attacks-<date>.json``; ``--only NAME`` runs the cases whose name
-contains NAME.
+contains NAME; ``--untrusted-aggregation RULE`` sets ``network.untrusted_aggregation`` of
+every run and its honest control (attack cases and ``--false-positive-rate``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ import yaml
 
 import splitfl
 from splitfl.config.network import NetworkConfig
+from splitfl.config.schema import UNTRUSTED_AGGREGATIONS
 from splitfl.net.device import clusters as device_clusters
 from splitfl.net.device.agent import DeviceAgent, DeviceOptions
 from splitfl.net.device.session import start_in_thread
@@ -290,11 +292,22 @@ def collusion_cases() -> list[Case]:
 SHIPPED = {"network.untrusted_aggregation": NetworkConfig.untrusted_aggregation}
 
 
+def with_rule(case: Case, rule: str | None) -> Case:
+    """``case`` with ``network.untrusted_aggregation: rule`` (``--untrusted-aggregation``;
+    its honest control is run from the same case, so under the same rule); ``None``: the case
+    as defined (the shipped rule for the ``default-*`` cases, ``config_for``'s ``mean``
+    elsewhere). The rule applies where ``train.aggregation`` is ``mean``."""
+    if rule is None:
+        return case
+    return replace(case, changes={**case.changes, "network.untrusted_aggregation": rule})
+
+
 def default_cases() -> list[Case]:
     """Issue 51, item 1: the unconfigured deployment (``network.trust: untrusted``, its
-    median aggregation, the direction check off) against colluders at 20 % and 30 % of ten
-    sending ``sent − k × (their honest move)`` for k in 0.5, 1, 1.9, 3, 6 (k = 1.9: inside a
-    2× norm bound), the same honest for their first 3 replies, and one of a round of two."""
+    shipped aggregation :data:`SHIPPED`, the direction check off) against colluders at 20 %
+    and 30 % of ten sending ``sent − k × (their honest move)`` for k in 0.5, 1, 1.9, 3, 6
+    (k = 1.9: inside a 2× norm bound), the same honest for their first 3 replies, and one of
+    a round of two."""
     out = [
         Case(f"default-{n}0pct-x{k:g}", "fedavg", negated(k), SHIPPED, insiders=n)
         for n in (2, 3)
@@ -394,27 +407,43 @@ def false_positives(folder: Path, rounds: int) -> list[dict[str, Any]]:
     return out
 
 
-def false_positive_rate(folder: Path, rounds: int, only: str = "") -> dict[str, Any]:
-    """Issue 51 item 3: honest client-rounds dropped (for any reason but an absent device)
-    over all honest client-rounds, per run of :data:`FP_RATE_RUNS` at each α, a server
-    freeze and a resume (those whose name contains ``only``); goal 0."""
-    runs = []
+#: the false-positive rate's server-freeze and resumed runs (:func:`fp_rate_cases`)
+FROZEN, RESUMED = f"splitfed_v1-a0.5-freeze-{FREEZE_S:g}s", "s2fl-a0.5-resumed"
+
+
+def fp_rate_cases(only: str = "", rule: str | None = None) -> list[Case]:
+    """The false-positive rate's honest runs whose name contains ``only``: each of
+    :data:`FP_RATE_RUNS` at each α, then :data:`FROZEN` and :data:`RESUMED`, all under the
+    shipped rule or ``rule`` (:func:`with_rule`)."""
+    out = []
     for algorithm, devices, extra in FP_RATE_RUNS:
         for alpha in FP_ALPHAS:
             changes = {"data.alpha": alpha, **SHIPPED, **extra}
             name = f"{algorithm}-a{alpha:g}" + ("" if devices >= 3 else f"-{devices}-clients")
-            if only not in name:
-                continue
-            case = Case(name, algorithm, None, changes, devices=devices)
-            runs.append(_rate(case.name, networked(case, folder / case.name, rounds, True)))
-            print(f"fp-rate {case.name}: {runs[-1]['dropped']} dropped", flush=True)
-    freeze = Case("freeze", "splitfed_v1", None, {"data.alpha": 0.5, **SHIPPED})
-    frozen = f"splitfed_v1-a0.5-freeze-{FREEZE_S:g}s"
-    if only in frozen:
-        with _server_sleeps(FREEZE_S):
-            runs.append(_rate(frozen, networked(freeze, folder / "f", rounds, True)))
-    if only in "s2fl-a0.5-resumed":
-        runs.append(_rate("s2fl-a0.5-resumed", resumed(folder / "r", rounds)))
+            out.append(Case(name, algorithm, None, changes, devices=devices))
+    out += [
+        Case(FROZEN, "splitfed_v1", None, {"data.alpha": 0.5, **SHIPPED}),
+        Case(RESUMED, "s2fl", None, {"data.alpha": 0.5, **SHIPPED}),
+    ]
+    return [with_rule(c, rule) for c in out if only in c.name]
+
+
+def false_positive_rate(
+    folder: Path, rounds: int, only: str = "", rule: str | None = None
+) -> dict[str, Any]:
+    """Issue 51 item 3: honest client-rounds dropped (for any reason but an absent device)
+    over all honest client-rounds, per run of :func:`fp_rate_cases`; goal 0."""
+    runs = []
+    for case in fp_rate_cases(only, rule):
+        where = folder / case.name
+        if case.name == FROZEN:
+            with _server_sleeps(FREEZE_S):
+                runs.append(_rate(case.name, networked(case, where, rounds, True)))
+        elif case.name == RESUMED:
+            runs.append(_rate(case.name, resumed(case, where, rounds)))
+        else:
+            runs.append(_rate(case.name, networked(case, where, rounds, True)))
+        print(f"fp-rate {case.name}: {runs[-1]['dropped']} dropped", flush=True)
     for r in runs:
         print(f"fp-rate {r['run']:<32} {r['dropped']}/{r['client_rounds']} {r['status'][:60]}")
     dropped, total = sum(r["dropped"] for r in runs), sum(r["client_rounds"] for r in runs)
@@ -519,11 +548,11 @@ def _server_sleeps(seconds: float):
         RemoteFleet._await = original
 
 
-def resumed(folder: Path, rounds: int) -> dict[str, Any]:
-    """An honest S²FL run (α 0.5) stopped after half its rounds and resumed, as ``splitfl
-    server --resume``, on a fresh server with freshly started devices: what the server held
-    in memory (the peer histories, the lateness record) is gone."""
-    case = Case("resume", "s2fl", None, {"data.alpha": 0.5, **SHIPPED})
+def resumed(case: Case, folder: Path, rounds: int) -> dict[str, Any]:
+    """An honest run of ``case`` (:data:`RESUMED`: S²FL, α 0.5) stopped after half its rounds
+    and resumed, as ``splitfl server --resume``, on a fresh server with freshly started
+    devices: what the server held in memory (the peer histories, the lateness record) is
+    gone."""
     first = networked(case, folder / "first", rounds // 2, True)
     run_dir = sorted((folder / "first").glob("try*/run"))[-1]
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -669,9 +698,17 @@ def main(argv: list[str] | None = None) -> int:
         "--tradeoff", action="store_true", help="issue 51 item 3: rules, attacks vs honest"
     )
     parser.add_argument("--honest-rounds", type=int, default=20)
+    parser.add_argument(
+        "--untrusted-aggregation",
+        choices=UNTRUSTED_AGGREGATIONS,
+        default=None,
+        help="network.untrusted_aggregation of every run and its honest control "
+        "(attack cases, --false-positive-rate); default: each case's own",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    chosen = [c for c in cases() if args.only in c.name]
+    rule = args.untrusted_aggregation
+    chosen = [with_rule(c, rule) for c in cases() if args.only in c.name]
     results, baselines = [], {}
     if args.tradeoff:
         with tempfile.TemporaryDirectory() as tmp:
@@ -686,8 +723,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.false_positive_rate:
         with tempfile.TemporaryDirectory() as tmp:
-            rate = false_positive_rate(Path(tmp), args.rounds, args.only)
+            rate = false_positive_rate(Path(tmp), args.rounds, args.only, rule)
         report = {"date": str(datetime.date.today()), "rounds": args.rounds, **rate}
+        report["untrusted_aggregation"] = rule or NetworkConfig.untrusted_aggregation
         out = args.out or Path(__file__).parent / "results" / "attacks-fp-rate.json"
         out.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
         print(f"{rate['dropped']} of {rate['client_rounds']} honest client-rounds dropped; {out}")
@@ -717,6 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = {k: sum(r[k] for r in results) for k in ("wrecked", "stalled", "stopped", "caught")}
     print(f"{len(results)} insider runs: {counts}")
     report = {"date": str(datetime.date.today()), "rounds": args.rounds, "counts": counts}
+    report["untrusted_aggregation"] = rule  # None: each case's own
     report |= {"cases": results, "link_break": link, "splitfl": splitfl.__version__}
     out = args.out or Path(__file__).parent / "results" / f"attacks-{report['date']}.json"
     out.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
