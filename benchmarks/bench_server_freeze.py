@@ -11,8 +11,15 @@ the same run unfrozen (its control). A client-round dropped for any reason but a
 device is a false positive (goal 0); a device thread that ends before the server's bye is a
 device lost.
 
+Each run's ``per_round`` says what happened to the round in flight (its clients, those
+dropped with their reasons, its test accuracy and training loss), ``benched`` how many
+client-rounds were benched, ``device_lines`` the last lines each device said.
+``--keepalive-s`` sets ``network.keepalive_s`` and the devices' own keepalive: a freeze past 3 ×
+it is a silent server to the devices (they redial), so 2 s makes that case take seconds.
+
 Run: ``python benchmarks/bench_server_freeze.py`` (about 7 minutes on 2 cores), results in
-``benchmarks/results/server-freeze-<date>.json``.
+``benchmarks/results/server-freeze-<date>.json``;
+``--keepalive-s 2 --freezes 4,8,20`` for the stops past 3 × keepalive in about 4 minutes.
 """
 
 from __future__ import annotations
@@ -61,11 +68,13 @@ def one_run(folder: Path, args: argparse.Namespace, freeze: bool) -> dict[str, A
     net = bed.server_overrides(min_devices=args.devices, timeout_s=args.timeout_s)
     sized = {"data.num_clients": args.devices, "train.clients_per_round": args.devices}
     changes = {**sized, **net, "train.local_steps": args.local_steps, "data.alpha": 0.5}
+    changes["network.keepalive_s"] = args.keepalive_s
     cfg = folder / "config.yaml"
     cfg.write_text(yaml.safe_dump(config_for("splitfed_v1", rounds=args.rounds, **changes)))
     run_dir = folder / "run"
     server = _server(cfg, run_dir)
-    threads = [bed.device(n, [i], retry_s=120.0) for i, n in enumerate(names)]
+    ka = args.keepalive_s  # the devices' own keepalive (before a welcome tells the server's)
+    threads = [bed.device(n, [i], retry_s=120.0, keepalive_s=ka) for i, n in enumerate(names)]
     frozen_at = None
     t0 = time.monotonic()
     try:
@@ -105,6 +114,19 @@ def one_run(folder: Path, args: argparse.Namespace, freeze: bool) -> dict[str, A
         "device_exit_codes": [t.code for t in threads],
         "device_tail": [t.lines[-3:] for t in threads if t.code],
         "final_acc": rows[-1].get("test_acc") if rows else None,
+        # per round: its clients, those dropped (reason, shortened) and its test accuracy
+        "per_round": [
+            {
+                "round": r.get("round"),
+                "clients": r.get("clients"),
+                "dropped": {c: why[:60] for c, why in (r.get("dropped_reasons") or {}).items()},
+                "test_acc": r.get("test_acc"),
+                "train_loss": r.get("train_loss"),
+            }
+            for r in rows
+        ],
+        "benched": sum(why.startswith("benched") for why in reasons),
+        "device_lines": [[ln for ln in t.lines if "connected" not in ln][-6:] for t in threads],
         "wall_s": round(time.monotonic() - t0, 2),
         "server_tail": out.decode(errors="replace")[-600:] if server.returncode else "",
     }
@@ -116,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--local-steps", type=int, default=20)
     parser.add_argument("--timeout-s", type=float, default=2.0)
+    parser.add_argument(
+        "--keepalive-s", type=float, default=10.0, help="network.keepalive_s and the devices'"
+    )
     parser.add_argument("--freezes", default="5,20,40", help="seconds stopped, each a run")
     parser.add_argument("--freeze-after", type=int, default=2, help="rounds recorded first")
     parser.add_argument("--offsets", default="0.05,0.4", help="seconds after that row, each a run")

@@ -69,12 +69,9 @@ class NetworkedExecutor:
         self._began: float | None = None  # when (time.monotonic()) the round began
         #: seconds :meth:`reachable` waited for devices before this round was planned
         self._waited: float | None = None
-        #: the run's accepted smashed-data scales (the peer RMS check, across rounds)
-        b = config.network.bounds
-        self._peers = PeerScale(b.activation_rms_factor, b.activation_rms_abs)
-        #: the run's accepted update distances (the peer update check, across rounds)
-        parts = ("model update", "top part", "bottom average")
-        self._updates = {what: PeerHistory(b.peer_update_factor) for what in parts}
+        #: the run's accepted smashed-data scales (the peer RMS check, across rounds) and
+        #: accepted update distances (the peer update check, across rounds)
+        self._peers, self._updates = self._peer_windows()
         #: clients dropped for lateness, left out of the next rounds (network.late_bench_rounds)
         self._late = LateClients(config.network.late_bench_rounds)
         self._next_round = 0  # the run's round planned next (from 0): whom reachable() benches
@@ -84,28 +81,54 @@ class NetworkedExecutor:
         #: the clients' lateness; runs between :meth:`open` and :meth:`close`
         self._stalls: StallClock | None = None
 
+    def _peer_windows(self) -> tuple[PeerScale, dict[str, PeerHistory]]:
+        """Empty peer windows under ``network.bounds``: the smashed-data scales and the
+        update histories of each checked part."""
+        b = self.config.network.bounds
+        parts = ("model update", "top part", "bottom average")
+        peers = PeerScale(b.activation_rms_factor, b.activation_rms_abs)
+        return peers, {what: PeerHistory(b.peer_update_factor) for what in parts}
+
     def state_dict(self) -> dict:
         """What judges the run's next rounds and must outlive the server process (checkpointed
         with each round, restored by ``splitfl server --resume``; plain numbers): each
         client's time to its update in its last contacted round (the round deadline), the
         accepted ParallelSFL cluster reports' times (a lone cluster's deadline,
-        :mod:`~splitfl.net.server.cluster_deadline`), who sits out for lateness and the
-        round planned next (whom :meth:`reachable` benches). The
-        peer windows (``PeerScale``, ``PeerHistory``) are not kept: they refill within a
-        round, and until they do the model-relative bounds and the server's own step judge."""
+        :mod:`~splitfl.net.server.cluster_deadline`), who sits out for lateness, the
+        round planned next (whom :meth:`reachable` benches) and the peer windows: the accepted
+        smashed-data RMS per cut, tensor and step (``peer_scale``,
+        :class:`~splitfl.net.trust.checks.PeerScale`) and the accepted update distances per
+        kind (``peer_history``, :class:`~splitfl.net.trust.checks.PeerHistory`), so that a
+        resumed server holds a lone client or a round of two to the rounds before its restart
+        as the uninterrupted run would (issue 51). Strict JSON: string keys, lists, finite
+        floats and ints."""
         return {
             "client_s": {str(c): s for c, s in self._client_s.items()},
             "cluster_reports": list(self._cluster_reports),
             "late": self._late.sit_out.state_dict(),
             "next_round": self._next_round,
+            "peer_scale": self._peers.state_dict(),
+            "peer_history": {what: h.state_dict() for what, h in self._updates.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """What :meth:`state_dict` returned (a checkpoint's): times must be finite and ≥ 0."""
+        """What :meth:`state_dict` returned (a checkpoint's): times must be finite and ≥ 0,
+        the peer windows well formed (:meth:`PeerScale.load_state_dict
+        <splitfl.net.trust.checks.PeerScale.load_state_dict>`, loaded whole or not at all); a
+        checkpoint written before they were kept leaves them empty. Raises ValueError naming
+        the malformed field."""
         times = [float(s) for s in state.get("client_s", {}).values()]
         reports = [float(s) for s in state.get("cluster_reports", [])]
         if not all(math.isfinite(t) and t >= 0 for t in times + reports):
             raise ValueError("the networked executor's checkpointed times must be finite, >= 0")
+        histories = state.get("peer_history", {})
+        if not isinstance(histories, dict) or not set(histories) <= set(self._updates):
+            raise ValueError(f"peer_history: not a dict of {', '.join(self._updates)}")
+        peers, updates = self._peer_windows()
+        peers.load_state_dict(state.get("peer_scale", []))
+        for what, history in updates.items():
+            history.load_state_dict(histories.get(what, []), f"peer_history[{what!r}]")
+        self._peers, self._updates = peers, updates
         self._client_s = {int(c): float(s) for c, s in state.get("client_s", {}).items()}
         self._cluster_reports[:] = reports
         self._late.sit_out.load_state_dict(state.get("late", {}))

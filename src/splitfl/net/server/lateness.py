@@ -7,7 +7,8 @@ for lateness and keeps them out of the next rounds — not contacted, dropped wi
 ``benched`` — for ``late_bench_rounds`` rounds, doubled at each further late round in a row,
 so a drip costs one deadline per bench period instead of every round. A client that finishes
 a round on time starts again from no streak. splitfl's choice: the papers model no lateness.
-The record lives in the server process (a resumed run starts a new one).
+The record is checkpointed with the networked executor's state (``NetworkedExecutor.
+state_dict``), so a server resumed with ``splitfl server --resume`` keeps it.
 """
 
 from __future__ import annotations

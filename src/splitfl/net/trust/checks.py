@@ -201,7 +201,9 @@ class PeerScale:
     A scaled copy of honest activations passes the peak bound relative to the model; next to
     its peers' it does not. By step, because honest activations grow within a round as the
     parts train (Adam: ×10 per step over the first steps in the tests), alike on every
-    client. Shared by the round's groups (threads): locked."""
+    client. Shared by the round's groups (threads): locked. The windows outlive the server
+    process (:meth:`state_dict`, checkpointed with each round by the networked executor), so a
+    resumed run judges its first batches as the uninterrupted run would."""
 
     WINDOW = 64
 
@@ -234,6 +236,39 @@ class PeerScale:
         ordered = sorted(self.values[at])
         n = len(ordered)
         return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+
+    def state_dict(self) -> list[dict]:
+        """The windows as strict JSON: one entry per (cut, tensor, step) — ``at`` its key as a
+        list of ints, ``values`` its window's RMS values oldest first, ``clients`` the clients
+        seen there (sorted)."""
+        with self.lock:
+            return [
+                {
+                    "at": [int(k) for k in at],
+                    "values": [float(v) for v in window],
+                    "clients": sorted(int(c) for c in self.clients[at]),
+                }
+                for at, window in self.values.items()
+            ]
+
+    def load_state_dict(self, state: list) -> None:
+        """Replace the windows by what :meth:`state_dict` returned (a checkpoint's).
+
+        Raises:
+            ValueError: one line naming the malformed field (``peer_scale[i].values``...): keys
+            not lists of ints, values not finite numbers ≥ 0 or more than :attr:`WINDOW`,
+            clients not distinct ints ≥ 0, a key twice."""
+        values, clients = {}, {}
+        for i, entry in enumerate(_entries(state, "peer_scale", ("at", "values", "clients"))):
+            at = tuple(_ints(entry["at"], f"peer_scale[{i}].at"))
+            if at in values:
+                raise ValueError(f"peer_scale[{i}].at: {list(at)} twice")
+            window = _window(entry["values"], f"peer_scale[{i}].values", self.WINDOW)
+            seen = _ints(entry["clients"], f"peer_scale[{i}].clients", unique=True)
+            values[at] = collections.deque(window, maxlen=self.WINDOW)
+            clients[at] = set(seen)
+        with self.lock:
+            self.values, self.clients = values, clients
 
 
 def peer_outliers(
@@ -285,8 +320,8 @@ class PeerHistory:
     S²FL's cuts differ in kind, and one history of all cuts held a lone client of a larger
     cut to a median of smaller cuts' parts (issue 51 item 3: an honest update dropped at
     13.4× "the median").
-    The history lives in the server process (a resumed run starts a new one, as
-    :class:`PeerScale`)."""
+    The history outlives the server process (:meth:`state_dict`, checkpointed with each round
+    by the networked executor, as :class:`PeerScale`'s windows)."""
 
     def __init__(self, factor: float, keep: int = 32):
         self.factor, self.keep = factor, keep
@@ -325,6 +360,70 @@ class PeerHistory:
             found = _above(distances, own, whose, self.factor, what)
         accepted.extend(d for c, d in distances.items() if c not in found and c not in rejected)
         return found
+
+    def state_dict(self) -> list[dict]:
+        """The history as strict JSON: one entry per kind — ``kind`` null (no stated kind) or
+        its tensor names as a list, ``distances`` oldest first."""
+        return [
+            {
+                "kind": None if kind is None else [str(n) for n in kind],
+                "distances": [float(d) for d in window],
+            }
+            for kind, window in self.kinds.items()
+        ]
+
+    def load_state_dict(self, state: list, field: str = "peer_history") -> None:
+        """Replace the history by what :meth:`state_dict` returned (a checkpoint's).
+
+        Raises:
+            ValueError: one line naming the malformed field (``field[i].distances``...): a
+            kind neither null nor a list of strings, or twice; distances not finite numbers
+            ≥ 0 or more than ``keep``."""
+        kinds: dict[object, collections.deque[float]] = {}
+        for i, entry in enumerate(_entries(state, field, ("kind", "distances"))):
+            names = entry["kind"]
+            if names is not None and (
+                not isinstance(names, list) or not all(isinstance(n, str) for n in names)
+            ):
+                raise ValueError(f"{field}[{i}].kind: not null or a list of tensor names")
+            kind = None if names is None else tuple(names)
+            if kind in kinds:
+                raise ValueError(f"{field}[{i}].kind: {names} twice")
+            window = _window(entry["distances"], f"{field}[{i}].distances", self.keep)
+            kinds[kind] = collections.deque(window, maxlen=self.keep)
+        self.kinds = kinds
+
+
+def _entries(state, field: str, keys: tuple[str, ...]) -> list[dict]:
+    """``state`` as a list of dicts with exactly ``keys``, else a ValueError naming ``field``."""
+    if not isinstance(state, list):
+        raise ValueError(f"{field}: not a list")
+    for i, entry in enumerate(state):
+        if not isinstance(entry, dict) or set(entry) != set(keys):
+            raise ValueError(f"{field}[{i}]: not an entry of {', '.join(keys)}")
+    return state
+
+
+def _window(values, field: str, size: int) -> list[float]:
+    """``values`` as floats: a list of at most ``size`` finite numbers ≥ 0, else a
+    ValueError naming ``field``."""
+    if not isinstance(values, list) or len(values) > size:
+        raise ValueError(f"{field}: not a list of at most {size} values")
+    if not all(is_number(v) and v >= 0 for v in values):
+        raise ValueError(f"{field}: values must be finite numbers >= 0")
+    return [float(v) for v in values]
+
+
+def _ints(values, field: str, unique: bool = False) -> list[int]:
+    """``values``: a list of ints ≥ 0 (not bools; distinct with ``unique``), else a
+    ValueError naming ``field``."""
+    if not isinstance(values, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
+    ):
+        raise ValueError(f"{field}: not a list of integers >= 0")
+    if unique and len(set(values)) != len(values):
+        raise ValueError(f"{field}: a value twice")
+    return values
 
 
 def update_distance(state: State, sent: State) -> float:
