@@ -185,6 +185,19 @@ def test_the_cifar10_sweep_file_validates():
     assert sweep.base["data"]["dataset"] == "cifar10"
 
 
+def test_the_cifar10_label_sweep_file_validates_and_shares_the_base_run():
+    """The 64-sample label sweep the tutorial quotes: the U-shaped cells of the sweep above
+    (the same base run but for its algorithm), label inference only."""
+    labels, full = load_sweep("examples/privacy_cifar10_labels.yaml"), load_sweep(
+        "examples/privacy_cifar10.yaml"
+    )
+    assert labels.algorithms == ["ushaped_sl"] and set(labels.attacks) == {"labels"}
+    assert set(labels.defences) == {"none", "max_norm", "marvell"}
+    assert all(labels.defences[d] == full.defences[d] for d in labels.defences)
+    assert {**labels.base, "algorithm": None} == {**full.base, "algorithm": None}
+    assert labels.samples == 64
+
+
 def test_the_plot_judges_each_defence_by_its_most_leaking_device_and_best_attack():
     """One point per (algorithm, defence): the largest attack performance over its devices
     and attacks of the panel (by hand), labels apart from reconstruction."""
