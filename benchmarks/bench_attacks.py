@@ -367,7 +367,8 @@ FP_ALGORITHMS, FP_ALPHAS = ("fedavg", "splitfed_v1", "s2fl"), (0.1, 0.5)
 #: attack cases run networked (RingSFL on its ring of four, ParallelSFL with up to 4
 #: clusters of 8), at both α, under the untrusted default; then a server whose round loop
 #: sleeps :data:`FREEZE_S` once (past ``timeout_s`` 2 s and the 2 s deadline floor) and an
-#: S²FL run resumed at half its rounds on a fresh server (its histories lost).
+#: S²FL run resumed at half its rounds on a fresh server (what judges its rounds comes
+#: from the checkpoint: the peer windows since 2026-12-06, the lateness record before).
 FP_RATE_RUNS = (
     ("fedavg", 10, {}),
     ("splitfed_v1", 10, {}),
@@ -551,8 +552,9 @@ def _server_sleeps(seconds: float):
 def resumed(case: Case, folder: Path, rounds: int) -> dict[str, Any]:
     """An honest run of ``case`` (:data:`RESUMED`: S²FL, α 0.5) stopped after half its rounds
     and resumed, as ``splitfl server --resume``, on a fresh server with freshly started
-    devices: what the server held in memory (the peer histories, the lateness record) is
-    gone."""
+    devices: what judges the resumed rounds is what the checkpoint kept
+    (``NetworkedExecutor.state_dict``: deadlines, the lateness record and, since 2026-12-06,
+    the peer windows)."""
     first = networked(case, folder / "first", rounds // 2, True)
     run_dir = sorted((folder / "first").glob("try*/run"))[-1]
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
