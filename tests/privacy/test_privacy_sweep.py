@@ -305,3 +305,27 @@ def test_the_recorded_target_attacks_what_the_server_received(tmp_path):
     with pytest.raises(ConfigError, match=r"^rounds: round 3 is not recorded"):
         load_sweep({**sweep, "rounds": [3], "out": str(tmp_path / "other")})
     assert not (tmp_path / "other").exists()
+
+
+def test_the_recorded_target_scores_labels_on_the_recorded_head_gradients(tmp_path):
+    """U-shaped, ``target: recorded``: the label attack of each recorded device scores the
+    head gradients the device sent in that round, as ``attack_recorded(..., "labels")`` does
+    (AP: the larger AUC); the final-model target's AUCs on the same device differ."""
+    base = config_for("ushaped_sl", rounds=2, **{"data.partition": "iid",
+                                                 "privacy.record.rounds": [1, 2]})  # fmt: skip
+    sweep = _sweep(tmp_path, base=base, algorithms=["ushaped_sl"], defences={"none": {}},
+                   attacks={"labels": {}}, samples=16, target="recorded", rounds=[2])  # fmt: skip
+    rows = evaluate_sweep(sweep)["rows"]
+    run_dir = tmp_path / "sweep" / "runs" / "ushaped_sl-cutNone-none"
+    assert rows and all(r["round"] == 2 for r in rows)
+    scored = [r for r in rows if r["ap"] is not None]  # a batch without class 1 is not scored
+    assert scored and all("positive" in r["note"] for r in rows if r["ap"] is None)
+    differs = 0
+    for r in scored:
+        out = attack_recorded(run_dir, "labels", round=2, client=r["device"], samples=16)
+        assert r["ap"] == max(out["auc_norm"], out["auc_direction"])
+        spec = RunAttack(str(run_dir), "labels", client=r["device"], cut=r["cut"], samples=16)
+        final = attack_run(spec)
+        differs += (out["auc_norm"], out["auc_direction"]) != (
+            final["auc_norm"], final["auc_direction"])  # fmt: skip
+    assert differs > 0
