@@ -254,6 +254,25 @@ def test_ring_rounds_are_refused_before_they_train(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("algorithm", "pattern"), [("ringsfl", "Ring"), ("parallelsfl", "Clusters")]
+)
+def test_recording_an_unrecorded_pattern_is_refused_by_the_validation(
+    tmp_path, capsys, algorithm, pattern
+):
+    """The ring and the clusters give the central server no smashed data: ``splitfl validate``
+    refuses ``privacy.record`` there (one line naming it), so no run or sweep starts one
+    whose recorded round would fail (round 3: after two rounds trained, before)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config_for(algorithm, **{"privacy.record.rounds": [3]})))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "privacy.record:" in err and pattern in err
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps(config_for("splitfed_v1", **{"privacy.record.rounds": [3]})))
+    assert main(["validate", str(ok)]) == 0
+
+
+@pytest.mark.parametrize(
     ("algorithm", "local"), [("splitfed_v1", "seq"), ("ushaped_sl", "ushaped")]
 )
 def test_the_networked_server_records_what_arrived_on_the_wire(runs, tmp_path, algorithm, local):

@@ -5,13 +5,17 @@ import json
 import math
 
 import pytest
+import torch
 import yaml
 
 from splitfl.cli.main import main
 from splitfl.config import ConfigError
+from splitfl.config.parse import load_config
+from splitfl.experiment.runner import prepare
 from splitfl.metrics.records import read_metrics
-from splitfl.privacy.on_run import RunAttack, attack_run
+from splitfl.privacy.on_run import RunAttack, attack_recorded, attack_run
 from splitfl.privacy.sweep import cells, dcs, evaluate_sweep, load_sweep, t_dcs
+from splitfl.roles.cut_record import read_record
 from splitfl.testing import config_for
 
 
@@ -34,6 +38,11 @@ def test_t_dcs_averages_per_attack_type():
     assert t_dcs(rows) == pytest.approx(
         {"a|None|none|reconstruction": 0.4, "a|None|none|labels": 0.9}
     )
+
+
+#: A base config recording rounds 1 and 2 of 2 (``privacy.record``: every selected client,
+#: one mini-batch each).
+RECORDING = config_for("splitfed_v1", rounds=2, **{"privacy.record.rounds": [1, 2]})
 
 
 def _sweep(tmp_path, **changes):
@@ -89,6 +98,15 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys):
         ({"defences": {"none": {}, "bad": {"train.defence.noise_sd": 1.0}}}, "noise_sd"),
         ({"beta": 2}, "beta"),
         ({"reference": "nothing"}, "reference"),
+        ({"attacks": {"unsplit": {"round": [1]}}}, "attacks.unsplit.round"),
+        ({"attacks": {"unsplit": {"recorded": [True]}}}, "attacks.unsplit.recorded"),
+        ({"target": "everything"}, "target"),
+        ({"target": "recorded"}, "target"),  # the base config records nothing
+        ({"rounds": [1]}, "rounds"),  # with the final model
+        ({"target": "recorded", "rounds": [0], "base": RECORDING}, "rounds"),
+        ({"target": "recorded", "rounds": [1, 1], "base": RECORDING}, "rounds"),
+        ({"target": "recorded", "rounds": [3], "base": RECORDING}, "rounds"),  # unrecorded
+        ({"target": "recorded", "algorithms": ["parallelsfl"], "base": RECORDING}, "record"),
     ],
 )
 def test_a_bad_field_is_named_before_anything_runs(tmp_path, capsys, change, field):
@@ -269,3 +287,58 @@ def test_the_label_defence_sweep_file_validates():
         ("ushaped_sl", None, "max_norm"),
         ("ushaped_sl", None, "marvell"),
     ]
+
+
+def test_the_recorded_target_attacks_what_the_server_received(tmp_path):
+    """``target: recorded``: each device the record holds in each named round is attacked on
+    its recorded tensors: the row's AP is :func:`attack_recorded`'s on that round (the one
+    path), whose true inputs are the recorded batch's samples (by its recorded indices),
+    and it differs from the final model's attack on the same device (a round-1 part, other
+    samples); a round the record does not name is refused before anything runs."""
+    grid = {"unsplit": {"iterations": [20]}}
+    sweep = _sweep(tmp_path, base=RECORDING, algorithms=["splitfed_v1"], defences={"none": {}},
+                   attacks=grid, target="recorded", rounds=[1])  # fmt: skip
+    rows = evaluate_sweep(sweep)["rows"]
+    run_dir = tmp_path / "sweep" / "runs" / "splitfed_v1-cutNone-none"
+    record = [b for b in read_record(run_dir) if b.round == 1]
+    first = read_metrics(run_dir / "metrics.jsonl")[0]
+    assert [r["device"] for r in rows] == first["clients"]  # every client of round 1
+    assert {r["round"] for r in rows} == {1} and all(r["ap"] is not None for r in rows)
+    bundle = prepare(load_config(run_dir / "config.yaml")).ctx.bundle
+    for r in rows:
+        mine = [b for b in record if b.client == r["device"]]
+        assert r["cut"] == mine[0].cut
+        out = attack_recorded(run_dir, round=1, client=r["device"], samples=4, iterations=20)
+        assert r["ap"] == min(1.0, max(0.0, out["ssim"]))
+        assert torch.equal(out["true_x"], bundle.train.x[mine[0].indices[:4]])
+        spec = RunAttack(str(run_dir), client=r["device"], cut=r["cut"], samples=4, iterations=20)
+        final = attack_run(spec)
+        assert out["ssim"] != final["ssim"]
+    assert "| round |" in (tmp_path / "sweep" / "table.md").read_text()
+    with pytest.raises(ConfigError, match=r"^rounds: round 3 is not recorded"):
+        load_sweep({**sweep, "rounds": [3], "out": str(tmp_path / "other")})
+    assert not (tmp_path / "other").exists()
+
+
+def test_the_recorded_target_scores_labels_on_the_recorded_head_gradients(tmp_path):
+    """U-shaped, ``target: recorded``: the label attack of each recorded device scores the
+    head gradients the device sent in that round, as ``attack_recorded(..., "labels")`` does
+    (AP: the larger AUC); the final-model target's AUCs on the same device differ."""
+    base = config_for("ushaped_sl", rounds=2, **{"data.partition": "iid",
+                                                 "privacy.record.rounds": [1, 2]})  # fmt: skip
+    sweep = _sweep(tmp_path, base=base, algorithms=["ushaped_sl"], defences={"none": {}},
+                   attacks={"labels": {}}, samples=16, target="recorded", rounds=[2])  # fmt: skip
+    rows = evaluate_sweep(sweep)["rows"]
+    run_dir = tmp_path / "sweep" / "runs" / "ushaped_sl-cutNone-none"
+    assert rows and all(r["round"] == 2 for r in rows)
+    scored = [r for r in rows if r["ap"] is not None]  # a batch without class 1 is not scored
+    assert scored and all("positive" in r["note"] for r in rows if r["ap"] is None)
+    differs = 0
+    for r in scored:
+        out = attack_recorded(run_dir, "labels", round=2, client=r["device"], samples=16)
+        assert r["ap"] == max(out["auc_norm"], out["auc_direction"])
+        spec = RunAttack(str(run_dir), "labels", client=r["device"], cut=r["cut"], samples=16)
+        final = attack_run(spec)
+        differs += (out["auc_norm"], out["auc_direction"]) != (
+            final["auc_norm"], final["auc_direction"])  # fmt: skip
+    assert differs > 0

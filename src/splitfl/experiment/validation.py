@@ -22,6 +22,7 @@ from splitfl.executors import PRECISIONS
 from splitfl.experiment.runtimes import RUNTIMES
 from splitfl.extensions import check_dataset, check_model, fill_import_dirs, import_config_modules
 from splitfl.models.hf import hf_folder, is_hf_spec
+from splitfl.roles.cut_record import refuse_unrecorded
 from splitfl.system.devices import COMPOSITIONS, PRESETS, VARYING_BANDWIDTH, resolve_contention
 from splitfl.training import (
     FLOAT_TARGET_LOSSES,
@@ -325,6 +326,15 @@ def check_algorithm(config: ExperimentConfig) -> None:
     check_fltrust(config, cls)
     check_label_defence(config, cls)
     check_smashed_defence(config, cls)
+    check_record(config, cls)
+
+
+def check_record(config: ExperimentConfig, cls: type) -> None:
+    """``privacy.record`` keeps what the server receives at the cut: refused before any round
+    runs for an algorithm whose plans' pattern gives its server no smashed data (the ring,
+    the clusters; :func:`~splitfl.roles.cut_record.refuse_unrecorded`)."""
+    if config.privacy.record is not None:
+        refuse_unrecorded(cls.topology)
 
 
 def with_imports(config: ExperimentConfig, imports: list[str] | None) -> ExperimentConfig:

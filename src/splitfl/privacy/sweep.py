@@ -21,6 +21,14 @@ Per device: every client of the run's last round is attacked at its own cut, so 
 whose cut varies per device (S²FL's sliding split) get one row per device; each row also
 names the device's group (ParallelSFL's cluster) and batch size (MergeSFL's heterogeneous
 batches), :func:`device_columns`.
+
+Target: ``final`` (the default) attacks what each device would send the server with the final
+model (:func:`~splitfl.privacy.on_run.attack_run` on ``model.pt``); ``recorded`` attacks the
+tensors the server received during training (the run's ``privacy.record``, which the base
+config sets: :mod:`splitfl.roles.cut_record`), of each of ``rounds`` (default: every round
+the record names), every client recorded in that round at its cut there — the same
+``attack_run`` with ``recorded`` and ``round`` set, as
+:func:`~splitfl.privacy.on_run.attack_recorded` calls it. MP stays the final accuracy.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from splitfl.experiment.runner import as_config, run
 from splitfl.metrics.records import read_metrics
 from splitfl.privacy.on_run import RunAttack, attack_run
 from splitfl.privacy.sweep_report import write_report
+from splitfl.roles.cut_record import read_record
 
 #: VFLAIR's default weighting of MP against AP in DCS (Zou et al., ICLR 2024, §4: β = 0.5).
 DEFAULT_BETA = 0.5
@@ -56,12 +65,16 @@ ATTACK_TYPES = {
     "unsplit": "reconstruction", "unsplit_estimated": "reconstruction",
     "inverse": "reconstruction", "labels": "labels",
 }  # fmt: skip
-#: RunAttack fields a grid may not set: the victim's (per device) and the attack's own.
-FIXED_FIELDS = ("run_dir", "attack", "client", "cut", "samples", "device_part")
+#: RunAttack fields a grid may not set: the victim's (per device), the attack's own and the
+#: sweep's ``target`` (``recorded``, ``round``).
+FIXED_FIELDS = ("run_dir", "attack", "client", "cut", "samples", "device_part", "recorded", "round")
 SWEEP_FIELDS = (
     "base", "algorithms", "cuts", "defences", "attacks", "reference", "beta", "out", "samples",
-    "only",
+    "only", "target", "rounds",
 )  # fmt: skip
+#: What the attacks read: each device's smashed data recomputed with the final model, or
+#: the tensors the server recorded during training (``privacy.record``).
+TARGETS = ("final", "recorded")
 
 
 def dcs(ap: float, mp: float, mp_ideal: float, beta: float = DEFAULT_BETA, ap_ideal=0.0):
@@ -78,7 +91,9 @@ class Sweep:
     (name → field → list of values, the per-attack grid); ``samples`` attacked per device;
     ``beta`` of DCS; ``out`` folder; ``only``: defence → the algorithms it runs with (a
     defence not named runs with every algorithm): the label defences (``label_noise``)
-    apply only to U-shaped algorithms, whose labels stay on the device."""
+    apply only to U-shaped algorithms, whose labels stay on the device. ``target``:
+    ``final`` (the final model) or ``recorded`` (what ``privacy.record`` kept) of
+    ``rounds`` (recorded rounds from 1; null: every round the record names)."""
 
     base: dict
     algorithms: list
@@ -90,6 +105,8 @@ class Sweep:
     beta: float = DEFAULT_BETA
     out: str = "runs/privacy-sweep"
     only: dict = field(default_factory=dict)
+    target: str = "final"
+    rounds: list | None = None
 
 
 def _need(ok: bool, name: str, message: str) -> None:
@@ -136,15 +153,60 @@ def load_sweep(data: Mapping[str, Any] | str | Path) -> Sweep:
             )
             _need(isinstance(values, list) and bool(values), where, "a non-empty list")
     _check_only(sweep)
+    _check_target(sweep)
     for alg, cut, defence in cells(sweep):
-        try:
-            as_config(sweep.base, cell_overrides(sweep, alg, cut, defence))
-        except ConfigError as err:
-            if not sweep.defences[defence]:
-                raise  # the base config or the algorithm's, not a defence's
-            hint = f"; only.{defence} lists the algorithms a defence applies to"
-            raise ConfigError(f"defences.{defence}", f"with {alg}: {err}{hint}") from err
+        _check_recorded(sweep, _cell_config(sweep, alg, cut, defence))
     return sweep
+
+
+def _cell_config(sweep: Sweep, alg: str, cut, defence: str):
+    """One cell's validated config; a defence's error names the defence."""
+    try:
+        return as_config(sweep.base, cell_overrides(sweep, alg, cut, defence))
+    except ConfigError as err:
+        if not sweep.defences[defence]:
+            raise  # the base config or the algorithm's, not a defence's
+        hint = f"; only.{defence} lists the algorithms a defence applies to"
+        raise ConfigError(f"defences.{defence}", f"with {alg}: {err}{hint}") from err
+
+
+def _check_target(sweep: Sweep) -> None:
+    """``target`` one of :data:`TARGETS`; ``rounds`` (only with ``recorded``) distinct
+    integers >= 1."""
+    _need(sweep.target in TARGETS, "target", f"final or recorded (got {sweep.target!r})")
+    if sweep.rounds is None:
+        return
+    _need(sweep.target == "recorded", "rounds", "names recorded rounds: give target: recorded")
+    rounds = sweep.rounds if isinstance(sweep.rounds, list) else []
+    ok = all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in rounds)
+    _need(ok and bool(rounds), "rounds", f"a non-empty list of rounds from 1 (got {sweep.rounds})")
+    _need(len(set(rounds)) == len(rounds), "rounds", f"entries must be distinct ({rounds})")
+
+
+def _check_recorded(sweep: Sweep, config) -> None:
+    """``target: recorded``: the cell's run records (``privacy.record``) every round it
+    attacks."""
+    if sweep.target != "recorded":
+        return
+    record = config.privacy.record
+    _need(
+        record is not None,
+        "target",
+        "recorded attacks what privacy.record keeps: the base config records nothing "
+        "(set privacy.record.rounds)",
+    )
+    for r in attacked_rounds(sweep, config):
+        _need(
+            r in record.rounds,
+            "rounds",
+            f"round {r} is not recorded (privacy.record.rounds: {list(record.rounds)})",
+        )
+
+
+def attacked_rounds(sweep: Sweep, config) -> list[int]:
+    """The recorded rounds ``target: recorded`` attacks in a cell of ``config``: the sweep's
+    ``rounds``, else every round its ``privacy.record`` names."""
+    return list(sweep.rounds if sweep.rounds is not None else config.privacy.record.rounds)
 
 
 def _check_only(sweep: Sweep) -> None:
@@ -177,14 +239,17 @@ def cell_overrides(sweep: Sweep, alg: str, cut, defence: str) -> list[str]:
     return over + [f"{k}={v}" for k, v in spec.items()]
 
 
-def _best(run_dir: Path, name: str, grid: dict, client: int, cut: int, samples: int) -> dict:
-    """The best AP of attack ``name`` over its grid on ``client`` at ``cut``."""
+def _best(run_dir: Path, name: str, grid: dict, device: dict, samples: int) -> dict:
+    """The best AP of attack ``name`` over its grid on ``device`` (its client, cut and, for
+    ``target: recorded``, the recorded round; None: the final model)."""
     best: dict | None = None
     keys = list(grid)
+    r = device["round"]
+    victim = {"client": device["device"], "cut": device["cut"], "recorded": r is not None}
     for values in itertools.product(*(grid[k] for k in keys)) if keys else [()]:
         params = dict(zip(keys, values, strict=True))
         fixed = SWEEP_ATTACKS[name]
-        spec = RunAttack(str(run_dir), client=client, cut=cut, samples=samples, **fixed, **params)
+        spec = RunAttack(str(run_dir), **victim, round=r, samples=samples, **fixed, **params)
         try:
             out = attack_run(spec)
         except ConfigError as err:  # e.g. labels on a run that is not U-shaped
@@ -199,10 +264,11 @@ def _best(run_dir: Path, name: str, grid: dict, client: int, cut: int, samples: 
 
 
 def _run_cell(sweep: Sweep, alg: str, cut, defence: str, run_dir: Path) -> list[dict]:
-    """One run and its attack rows (one per device of the last round and attack)."""
-    run(sweep.base, cell_overrides(sweep, alg, cut, defence), run_dir=run_dir, progress=False)
+    """One run and its attack rows (one per attacked device, :func:`attacked_devices`, and
+    attack)."""
+    overrides = cell_overrides(sweep, alg, cut, defence)
+    run(sweep.base, overrides, run_dir=run_dir, progress=False)
     summary = json.loads((run_dir / "summary.json").read_text())
-    last = read_metrics(run_dir / "metrics.jsonl")[-1]
     base = {
         "algorithm": alg, "cut_option": cut, "defence": defence,
         "mp": summary["final_acc"], "sim_time": summary["sim_time"],
@@ -211,12 +277,37 @@ def _run_cell(sweep: Sweep, alg: str, cut, defence: str, run_dir: Path) -> list[
         "traffic_to_target": summary["to_target"]["traffic_bytes"],
     }  # fmt: skip
     rows = []
-    for i, (client, device_cut) in enumerate(zip(last["clients"], last["cuts"], strict=True)):
-        device = {"device": client, "cut": device_cut, **device_columns(last, i)}
+    for device in attacked_devices(sweep, as_config(sweep.base, overrides), run_dir):
         for name, grid in sweep.attacks.items():
-            best = _best(run_dir, name, grid, client, device_cut, sweep.samples)
+            best = _best(run_dir, name, grid, device, sweep.samples)
             rows.append({**base, **device, "attack": name, **best})
     return rows
+
+
+def attacked_devices(sweep: Sweep, config, run_dir: Path) -> list[dict]:
+    """Each device a cell attacks (``round``, ``device``, ``cut``, :func:`device_columns`):
+    ``target: final``, every client of the run's last round (``round`` None: the final
+    model); ``recorded``, per :func:`attacked_rounds` round the clients the run's record
+    holds there, in the order of that round's metrics row."""
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    if sweep.target == "final":
+        return _devices_of(metrics[-1], None, None)
+    record = read_record(run_dir)
+    out = []
+    for r in attacked_rounds(sweep, config):
+        row = next((m for m in metrics if m["round"] == r), {"clients": [], "cuts": []})
+        out += _devices_of(row, r, {b.client for b in record if b.round == r})
+    return out
+
+
+def _devices_of(row: dict, round_: int | None, kept: set[int] | None) -> list[dict]:
+    """The devices of a metrics ``row`` (those in ``kept`` unless None), tagged ``round_``."""
+    pairs = enumerate(zip(row["clients"], row["cuts"], strict=True))
+    return [
+        {"round": round_, "device": client, "cut": cut, **device_columns(row, i)}
+        for i, (client, cut) in pairs
+        if kept is None or client in kept
+    ]
 
 
 def cell_line(n: int, total: int, rows: list[dict], elapsed_s: float) -> str:
@@ -226,6 +317,8 @@ def cell_line(n: int, total: int, rows: list[dict], elapsed_s: float) -> str:
     scored = [r for r in rows if r.get("ap") is not None]
     worst = max(scored, key=lambda r: r["ap"]) if scored else None
     leak = f"{worst['attack']} {worst['ap']:.3f} on device {worst['device']}" if worst else "-"
+    if worst and worst.get("round") is not None:
+        leak += f" (recorded round {worst['round']})"
     acc = first.get("mp")
     return (
         f"cell {n}/{total} {first.get('algorithm')} cut={first.get('cut_option')} "

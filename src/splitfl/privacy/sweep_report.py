@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-COLUMNS = ("algorithm", "cut_option", "defence", "device", "cut", "group", "batch_size",
-           "attack", "ap", "mp", "dcs", "time_to_target", "traffic_to_target",
+#: ``round``: the recorded round attacked (``target: recorded``; — : the final model).
+COLUMNS = ("algorithm", "cut_option", "defence", "round", "device", "cut", "group",
+           "batch_size", "attack", "ap", "mp", "dcs", "time_to_target", "traffic_to_target",
            "params")  # fmt: skip
 
 

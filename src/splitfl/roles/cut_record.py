@@ -177,12 +177,7 @@ class CutRecorder:
         r = plan.round_idx + 1
         if r not in self.spec.rounds:
             return
-        if not isinstance(plan.topology, RECORDED_TOPOLOGIES):
-            raise ConfigError(
-                "privacy.record",
-                f"the server receives no smashed data in {type(plan.topology).__name__} "
-                "rounds (recorded: star, turns, U-shaped)",
-            )
+        refuse_unrecorded(type(plan.topology))
         chosen = self.spec.clients
         tasks = {t.client: t for t in plan.tasks if chosen is None or t.client in chosen}
         indices = {
@@ -232,6 +227,19 @@ def _start_part(global_state: State, task: ClientTask) -> State:
     if task.init_state:
         return dict(task.init_state)
     return {k: v for k, v in global_state.items() if block_index(k) < task.cut}
+
+
+def refuse_unrecorded(topology: type) -> None:
+    """ConfigError naming ``privacy.record`` unless the server of ``topology`` rounds (a
+    payload class of :mod:`splitfl.core.topology`) receives the devices' smashed data
+    (:data:`RECORDED_TOPOLOGIES`); the config validation asks it of the algorithm's
+    ``topology`` before any round runs, the recorder of each recorded round's plan."""
+    if not issubclass(topology, RECORDED_TOPOLOGIES):
+        raise ConfigError(
+            "privacy.record",
+            f"the server receives no smashed data in {topology.__name__} rounds "
+            "(recorded: star, turns, U-shaped)",
+        )
 
 
 @dataclass(frozen=True)
