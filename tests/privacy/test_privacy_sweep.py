@@ -206,8 +206,9 @@ def test_the_cifar10_sweep_file_validates():
 def test_the_cifar10_label_sweep_file_validates_and_shares_the_base_run():
     """The 64-sample label sweep the tutorial quotes: the U-shaped cells of the sweep above
     (the same base run but for its algorithm), label inference only."""
-    labels, full = load_sweep("examples/privacy_cifar10_labels.yaml"), load_sweep(
-        "examples/privacy_cifar10.yaml"
+    labels, full = (
+        load_sweep("examples/privacy_cifar10_labels.yaml"),
+        load_sweep("examples/privacy_cifar10.yaml"),
     )
     assert labels.algorithms == ["ushaped_sl"] and set(labels.attacks) == {"labels"}
     assert set(labels.defences) == {"none", "max_norm", "marvell"}
@@ -342,3 +343,27 @@ def test_the_recorded_target_scores_labels_on_the_recorded_head_gradients(tmp_pa
         differs += (out["auc_norm"], out["auc_direction"]) != (
             final["auc_norm"], final["auc_direction"])  # fmt: skip
     assert differs > 0
+
+
+def test_a_networked_cell_attacks_what_arrived_on_the_wire_as_the_sequential_cell_does(
+    tmp_path,
+):
+    """``target: recorded`` over a networked base run (two device processes, ``network.trust:
+    trusted``: plain mean, the sequential run's numbers): every row — the recorded clients,
+    their cuts, the attack's score and the final accuracy — equals the sequential cell's;
+    the networked server records what arrived on the wire (tests/privacy/test_cut_record.py)."""
+    grid = {"unsplit": {"iterations": [20]}}
+    networked = {"network.devices": 2, "network.trust": "trusted"}
+    over_the_wire = config_for(
+        "splitfed_v1", rounds=2, executor="networked", **{"privacy.record.rounds": [1, 2]},
+        **networked,
+    )  # fmt: skip
+    rows = {}
+    for name, base in (("seq", RECORDING), ("net", over_the_wire)):
+        one = {"algorithms": ["splitfed_v1"], "defences": {"none": {}}, "attacks": grid}
+        sweep = _sweep(tmp_path / name, base=base, target="recorded", rounds=[1], **one)
+        rows[name] = evaluate_sweep(sweep)["rows"]
+    keys = ("round", "device", "cut", "attack", "ap", "mp")
+    assert rows["seq"] and [[r[k] for k in keys] for r in rows["net"]] == [
+        [r[k] for k in keys] for r in rows["seq"]
+    ]
