@@ -15,7 +15,8 @@ same script measures an older commit exported with ``git archive``.
 * ``grouping``: S²FL's §3.2 grouping (``balanced_groups``) of ``clients`` devices in groups
   of 5, ``--restarts`` starts: seconds, swap steps, the groups' digest.
 * ``images``: first-epoch images/s of the lazy ``image_folder`` path beside a plain PIL +
-  ``DataLoader`` loop (torchvision's ``ImageFolder``) over the same ``--n`` PNGs.
+  ``DataLoader`` loop and (``--readers ... torchvision``, where it imports) torchvision's
+  ``ImageFolder`` + ``DataLoader`` over the same ``--n`` PNGs.
 * ``partition``: one partitioner (``iid``, ``dirichlet``, ``shards``, ``natural``,
   ``folders``) of ``n`` labels among ``clients`` clients, seconds.
 
@@ -299,20 +300,37 @@ def one_grouping(n: int, restarts: int) -> dict:
     }
 
 
-def one_images(n: int, plain: bool) -> dict:
+#: ``images`` readers: splitfl's lazy ``image_folder``, the written-out PIL loop, and
+#: torchvision's own ``ImageFolder`` + ``ToTensor`` (where torchvision imports).
+IMAGE_READERS = {
+    "lazy": "splitfl lazy image_folder",
+    "plain": "plain PIL + DataLoader",
+    "torchvision": "torchvision ImageFolder + DataLoader",
+}
+
+
+def one_images(n: int, reader: str) -> dict:
     """First-epoch throughput over ``n`` 32x32 RGB PNGs (10 class folders, written by
-    :func:`_write_images` into ``BENCH_SCALE_IMAGES``): splitfl's lazy ``image_folder``
-    (``data.lazy: true``: listing, then shuffled batches of 64 read through ``x[idx]``) or,
-    ``plain``, a ``PIL`` + ``DataLoader`` loop over the same files (what torchvision's
-    ``ImageFolder`` + ``ToTensor`` does: open, convert to RGB, scale to [0, 1]; one process,
-    ``num_workers=0`` like splitfl's reader). Images per second and the first batch's sum."""
+    :func:`_write_images` into ``BENCH_SCALE_IMAGES``) by ``reader`` (:data:`IMAGE_READERS`):
+    splitfl's lazy ``image_folder`` (``data.lazy: true``: listing, then shuffled batches of
+    64 read through ``x[idx]``); ``plain``, a ``PIL`` + ``DataLoader`` loop over the same
+    files (what torchvision's ``ImageFolder`` + ``ToTensor`` does: open, convert to RGB,
+    scale to [0, 1]); ``torchvision``, that dataset itself. One process, ``num_workers=0``
+    like splitfl's reader. Images per second and the first batch's sum."""
     import numpy as np
     import torch
 
     root = Path(os.environ["BENCH_SCALE_IMAGES"])
     order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
     start, cpu = time.perf_counter(), _cpu_s()
-    if plain:
+    if reader == "torchvision":
+        from torch.utils.data import DataLoader
+        from torchvision.datasets import ImageFolder
+        from torchvision.transforms import ToTensor
+
+        folder = ImageFolder(str(root / "train"), transform=ToTensor())
+        batches = (x for x, _ in DataLoader(folder, 64, sampler=order.tolist()))
+    elif reader == "plain":
         from PIL import Image
         from torch.utils.data import DataLoader, Dataset
 
@@ -338,7 +356,7 @@ def one_images(n: int, plain: bool) -> dict:
         seen += len(x)
     seconds = time.perf_counter() - start
     return {
-        "images": "plain PIL + DataLoader" if plain else "splitfl lazy image_folder",
+        "images": IMAGE_READERS[reader],
         "n": seen,
         "seconds": seconds,
         "cpu_s": _cpu_s() - cpu,
@@ -440,6 +458,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--restarts", type=int, default=8, help="grouping: random starts")
+    parser.add_argument(
+        "--readers", nargs="+", choices=sorted(IMAGE_READERS), help="images: default lazy plain"
+    )
     parser.add_argument("--rounds", type=int, default=4, help="rounds: rounds a run")
     parser.add_argument("--set", nargs="*", default=[], help="rounds: KEY=JSON config overrides")
     parser.add_argument(
@@ -460,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
         elif kind == "grouping":
             row = one_grouping(int(values[0]), int(values[1]))
         elif kind == "images":
-            row = one_images(int(values[0]), values[1] == "plain")
+            row = one_images(int(values[0]), values[1])
         elif kind == "rounds":
             alg, c, k, executor, rounds, sets = values
             row = one_rounds(alg, int(c), int(k), int(rounds), executor, json.loads(sets))
@@ -487,7 +508,8 @@ def main(argv: list[str] | None = None) -> None:
         root = Path(os.environ.setdefault("BENCH_SCALE_IMAGES", "/tmp/bench-scale-images"))
         if not (root / "train").exists():
             _write_images(root, a.n)
-        jobs = [["images", str(a.n), kind] for _ in range(3) for kind in ("lazy", "plain")]
+        kinds = a.readers or ["lazy", "plain"]
+        jobs = [["images", str(a.n), kind] for _ in range(3) for kind in kinds]
     else:
         jobs = [["partition", s, str(a.n), str(c)] for s in a.schemes for c in a.clients]
     for job in jobs:
