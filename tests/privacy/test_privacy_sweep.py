@@ -217,6 +217,23 @@ def test_the_cifar10_label_sweep_file_validates_and_shares_the_base_run():
     assert labels.samples == 64
 
 
+def test_the_cifar10_resnet8_sweep_file_validates_and_shares_the_base_run():
+    """The ResNet-8 sweep the tutorial quotes: the LeNet-5 sweep's base run but for its model,
+    its smashed-data defences but DP-SGD (BatchNorm) and its reconstruction attacks."""
+    resnet, full = (
+        load_sweep("examples/privacy_cifar10_resnet8.yaml"),
+        load_sweep("examples/privacy_cifar10.yaml"),
+    )
+    assert resnet.base["model"] == "resnet8"
+    assert {**resnet.base, "model": None} == {**full.base, "model": None}
+    assert resnet.algorithms == ["splitfed_v1", "s2fl"] and set(resnet.attacks) == {
+        "unsplit",
+        "inverse",
+    }
+    assert all(resnet.defences[d] == full.defences[d] for d in ("none", "nopeek", "noise"))
+    assert set(resnet.defences) == {"none", "nopeek", "noise"}
+
+
 def test_the_plot_judges_each_defence_by_its_most_leaking_device_and_best_attack():
     """One point per (algorithm, defence): the largest attack performance over its devices
     and attacks of the panel (by hand), labels apart from reconstruction."""
