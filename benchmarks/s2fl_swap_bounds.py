@@ -18,7 +18,9 @@ cheap bounds on a pair's best change rule out:
   the best any index over the clients' ``z`` (a ball tree) could do.
 
     PYTHONPATH=src python benchmarks/s2fl_swap_bounds.py --kinds four_samples dirichlet \
-        --clients 1000 5000
+        --clients 1000
+    PYTHONPATH=src python benchmarks/s2fl_swap_bounds.py --kinds dirichlet --clients 1000 5000 \
+        --samples 120
 
 One JSON line per (kind, N).
 """
@@ -38,16 +40,18 @@ _SLICE = 20_000
 BOUNDS = ("sum_of_distances", "triangle")
 
 
-def histograms(kind: str, n: int) -> np.ndarray:
+def histograms(kind: str, n: int, samples: int = 600) -> np.ndarray:
     """``four_samples``: ``bench_scale.py grouping``'s devices (4 IID samples of 10 classes);
-    ``dirichlet``: 600 samples a device, label shares from Dirichlet(0.5) (non-IID)."""
+    ``dirichlet``: ``samples`` a device, label shares from Dirichlet(0.5) (non-IID). Keep
+    ``16·(10·n·samples)² < 2⁵³``, or the table claims no error bound and the search scores
+    every improving pair exactly (``_SwapTable.error_bound``): hours at N = 5,000 × 600."""
     rng = np.random.default_rng(0)
     if kind == "four_samples":
         hist = np.zeros((n, 10))
         np.add.at(hist, (np.repeat(np.arange(n), 4), rng.integers(0, 10, 4 * n)), 1)
         return hist
     shares = rng.dirichlet([0.5] * 10, n)
-    return np.stack([rng.multinomial(600, p) for p in shares]).astype(np.float64)
+    return np.stack([rng.multinomial(samples, p) for p in shares]).astype(np.float64)
 
 
 def least_gaps(table: db._SwapTable, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -73,11 +77,11 @@ def lower_bounds(
     return {"sum_of_distances": -both, "triangle": np.maximum(-both, triangle)}
 
 
-def one_restart(kind: str, n: int, seed: int = 1) -> dict:
+def one_restart(kind: str, n: int, samples: int = 600, seed: int = 1) -> dict:
     """One restart of the search on ``n`` devices in groups of 5, counting what the bounds rule
     out: among the pairs each step rescores (no improving swap), among all pairs each step
     given the step's own best change (an oracle threshold), among all pairs at the end."""
-    hist = histograms(kind, n)
+    hist = histograms(kind, n, samples)
     count = -(-n // 5)
     order = np.random.default_rng(seed).permutation(n)
     cuts = np.cumsum([0, *db.group_sizes(n, count)])
@@ -121,6 +125,7 @@ def one_restart(kind: str, n: int, seed: int = 1) -> dict:
     final = lower_bounds(table, x, y, least[x, y])
     entries = table.changes[x, y]
     row = {"kind": kind, "n": n, "groups": count, "steps": tally["steps"], "cost": cost}
+    row["samples"] = samples if kind == "dirichlet" else 4
     row["rescored_pairs"] = tally["rescored"]
     row["rescored_improving"] = tally["rescored_improving"] / tally["rescored"]
     for name in BOUNDS:
@@ -140,10 +145,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kinds", nargs="+", default=["four_samples", "dirichlet"])
     parser.add_argument("--clients", type=int, nargs="+", default=[1000])
+    parser.add_argument("--samples", type=int, default=600, help="dirichlet: samples a device")
     a = parser.parse_args(argv)
     for kind in a.kinds:
         for n in a.clients:
-            print(json.dumps(one_restart(kind, n)), flush=True)
+            print(json.dumps(one_restart(kind, n, a.samples)), flush=True)
 
 
 if __name__ == "__main__":
