@@ -30,6 +30,7 @@ same script measures an older commit exported with ``git archive``.
         --clients 100 1000 10000 100000 1000000 --per-round 10 100 > rounds.jsonl
     python benchmarks/bench_scale.py planning --clients 100 200 400 --src src /tmp/old/src
     python benchmarks/bench_scale.py grouping --clients 1000 10000 --src src /tmp/old/src
+    python benchmarks/bench_scale.py grouping --clients 5000 --restarts 1 --profile
     python benchmarks/bench_scale.py images --n 5000
     python benchmarks/bench_scale.py plot rounds.jsonl benchmarks/results/scale-rounds.png
 """
@@ -283,8 +284,14 @@ def one_grouping(n: int, restarts: int) -> dict:
 
     data_balance._best_swap = counted
     start, cpu = time.perf_counter(), _cpu_s()
-    groups, _ = data_balance.balanced_groups(
-        hist, -(-n // 5), np.random.default_rng(1), restarts=restarts
+    groups, _ = _profiled(
+        data_balance.balanced_groups,
+        hist,
+        -(-n // 5),
+        np.random.default_rng(1),
+        restarts=restarts,
+        sort="tottime",
+        top=14,
     )
     seconds, cpu = time.perf_counter() - start, _cpu_s() - cpu
     digest = hashlib.sha256(json.dumps(groups).encode()).hexdigest()
@@ -464,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=4, help="rounds: rounds a run")
     parser.add_argument("--set", nargs="*", default=[], help="rounds: KEY=JSON config overrides")
     parser.add_argument(
-        "--profile", action="store_true", help="prep, rounds: cProfile's top, on stderr"
+        "--profile", action="store_true", help="prep, rounds, grouping: cProfile's top, on stderr"
     )
     a = parser.parse_args(argv)
     if a.profile:
