@@ -1,8 +1,10 @@
 """S²FL's swap search just inside and just outside its table's exact-integer range (issue 54).
 
-``_SwapTable`` claims an error bound on its entries only while ``16·(C·Σ samples)² < 2⁵³``
-(``_SwapTable.integral``); outside it ``error_bound`` is infinite and every improving pair is
-scored exactly each step. One restart of ``balanced_groups`` on 1,000 Dirichlet(0.5) devices
+``_SwapTable`` claimed an error bound on its entries only while ``16·(C·Σ samples)² < 2⁵³``
+(``_SwapTable.integral``; outside it ``error_bound`` is infinite and every improving pair is
+scored exactly each step); since 2026-12-06 the samples are those of the ``2 × width`` largest
+devices (a pair's scoring involves two groups), so ``in_range`` (the old rule) no longer
+decides. One restart of ``balanced_groups`` on 1,000 Dirichlet(0.5) devices
 (10 classes, 200 groups) with ``samples`` a device: at C = 10 the range ends at Σ ≈ 2.37·10⁶.
 
     PYTHONPATH=src python benchmarks/s2fl_integer_range.py --samples 2300 2400
@@ -37,7 +39,7 @@ def one(samples: int, n: int = 1000) -> dict:
         cpu = time.process_time() - start
     finally:
         db._score_pairs = score_pairs
-    in_range = bool(16 * (10 * hist.sum()) ** 2 < db._EXACT_INTS)
+    in_range = bool(16 * (10 * hist.sum()) ** 2 < db._EXACT_INTS)  # the rule before 2026-12-06
     return {"n": n, "samples": samples, "in_range": in_range, "cpu_s": cpu, "scored": scored[0]}
 
 
