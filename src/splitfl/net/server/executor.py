@@ -9,6 +9,10 @@ each; the server copies are independent), except with LocFedMix-SL's mixup, whos
 drawn from one per-round stream in group order. The result carries what was measured
 (:class:`~splitfl.net.server.remote_fleet.Meter` per client, the round's wall time) and the
 clients that were lost, with the reason.
+
+One concept over ~400 lines: the executor's round and the state it checkpoints (deadlines,
+lateness, peer windows) for an exact ``--resume``; the fleet, the ring and the clusters are
+their own modules.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ client or a burst over the rate limit closes the link; waiting calls see it as l
 One concept, a link's life on the server's end (admit, assign, keep alive, route, close),
 and over 400 lines for it: splitting admission from routing would put one link's state in
 two modules that each need all of it.
+
+One concept over ~430 lines: the hub's life cycle, its stream handler and the links it keeps
+share one lock and one set of threads; the pre-authentication gate, the audit and the TLS
+connection count live in their own modules (``guard.py``, ``audit.py``, ``connections.py``).
 """
 
 from __future__ import annotations

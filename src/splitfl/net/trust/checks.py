@@ -19,6 +19,10 @@ relative to the current model, so they scale with any model and need no tuning:
   changes a part's activations by a small factor within a round (factor 100).
 * a reported loss is finite, non-negative and at most ``loss_max`` per sample; times and byte
   counts are finite, non-negative and bounded (:func:`bounded`).
+
+One concept over ~450 lines: every bound a received tensor or number is held to, with the
+peer windows those bounds read (:class:`PeerScale`, :class:`PeerHistory`) and their strict-JSON
+state for a resume, kept beside the checks that use them.
 """
 
 from __future__ import annotations
